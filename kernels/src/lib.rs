@@ -1,0 +1,21 @@
+//! kiln-kernels: the operator seam and the CPU reference kernels.
+//!
+//! Kernels read [`TensorView`]s and write caller-owned [`TensorViewMut`]s (and caller-owned
+//! workspaces); they never allocate and never decide ownership. Every kernel validates dtypes,
+//! shapes and layouts and returns an [`Error`] that names the op and the operand. Reductions run
+//! in a fixed order, so the same inputs give the same bits on every run.
+//!
+//! This crate uses only `DType` and `Shape` from kiln-ir, never the graph. GPU kernel sources
+//! and vendor GEMM bindings will live here too.
+
+mod element;
+mod error;
+mod view;
+
+pub mod copy;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use element::{Element, Real};
+pub use error::{expect_rank, expect_shape, Error, Result};
+pub use view::{Data, DataMut, TensorView, TensorViewMut};
