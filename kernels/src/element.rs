@@ -3,6 +3,7 @@
 use half::{bf16, f16};
 use kiln_ir::DType;
 
+use crate::buffer::Buffer;
 use crate::view::{Data, DataMut};
 
 /// A Rust type that is one of kiln's dtypes.
@@ -17,6 +18,8 @@ pub trait Element: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn data(slice: &[Self]) -> Data<'_>;
     /// Wraps a mutable slice of this type.
     fn data_mut(slice: &mut [Self]) -> DataMut<'_>;
+    /// Wraps owned elements of this type (no copy).
+    fn into_buffer(values: Vec<Self>) -> Buffer;
     /// The value as f64 (exact for every dtype but i64 beyond 2^53).
     fn to_f64(self) -> f64;
     /// The nearest value of this type (round to nearest even; integers truncate toward zero).
@@ -44,6 +47,9 @@ macro_rules! element {
             }
             fn data_mut(slice: &mut [Self]) -> DataMut<'_> {
                 DataMut::$variant(slice)
+            }
+            fn into_buffer(values: Vec<Self>) -> Buffer {
+                Buffer::$variant(values)
             }
             fn to_f64(self) -> f64 {
                 let f: fn($ty) -> f64 = $to;

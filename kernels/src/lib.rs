@@ -8,6 +8,7 @@
 //! This crate uses only `DType` and `Shape` from kiln-ir, never the graph. GPU kernel sources
 //! and vendor GEMM bindings will live here too.
 
+mod buffer;
 mod element;
 mod error;
 mod view;
@@ -16,6 +17,7 @@ pub mod copy;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use buffer::Buffer;
 pub use element::{Element, Real};
 pub use error::{expect_rank, expect_shape, Error, Result};
 pub use view::{Data, DataMut, TensorView, TensorViewMut};

@@ -1,1 +1,20 @@
+//! kiln-runtime: devices, storage and tensors.
+//!
+//! A [`Storage`] is one allocation on a [`Device`] with shared lifetime; a [`Tensor`] is
+//! metadata (shape, element strides, element offset) over a shared Storage and obeys the Tensor
+//! N0 invariants of DESIGN.md. Views (reshape, transpose, slice) share storage; `contiguous()`
+//! is the one call that materializes.
+//!
+//! Only the CPU device exists today. The backend abstraction (CUDA, HIP), the activation arena,
+//! streams, events and graph capture/replay will live here too, over kiln-kernels and the
+//! planner's plans.
 
+mod device;
+mod error;
+mod storage;
+mod tensor;
+
+pub use device::Device;
+pub use error::{Error, Result};
+pub use storage::Storage;
+pub use tensor::Tensor;

@@ -1,0 +1,75 @@
+//! Errors of kiln-runtime.
+
+use kiln_ir::{DType, Shape};
+
+/// What went wrong with a storage or tensor.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    // --- construction ---
+    /// Data given for a tensor does not have the shape's element count.
+    #[error("{len} elements given for a tensor of shape {shape} ({numel} elements)")]
+    DataLength {
+        shape: Shape,
+        numel: usize,
+        len: usize,
+    },
+    /// A tensor of a different dtype was expected.
+    #[error("{op}: expected dtype {expected}, got {got}")]
+    DType {
+        op: &'static str,
+        expected: DType,
+        got: DType,
+    },
+
+    // --- views ---
+    /// An operation that needs a row-major tensor got a strided one.
+    #[error("{op}: the tensor is not contiguous (shape {shape}, strides {strides:?}); call contiguous() first")]
+    NotContiguous {
+        op: &'static str,
+        shape: Shape,
+        strides: Vec<usize>,
+    },
+    /// Reshape to a different element count.
+    #[error("reshape: cannot view {from} ({from_numel} elements) as {to} ({to_numel} elements)")]
+    Reshape {
+        from: Shape,
+        from_numel: usize,
+        to: Shape,
+        to_numel: usize,
+    },
+    /// A dimension index outside the tensor's rank.
+    #[error("{op}: dimension {axis} is out of range for rank {rank}")]
+    Axis {
+        op: &'static str,
+        axis: usize,
+        rank: usize,
+    },
+    /// A slice with bad bounds or step.
+    #[error(
+        "slice: range {start}..{end} step {step} is invalid for dimension {axis} of size {size}"
+    )]
+    Slice {
+        axis: usize,
+        start: usize,
+        end: usize,
+        step: usize,
+        size: usize,
+    },
+    /// A negative offset was given.
+    #[error("as_strided: offset {offset} is negative")]
+    NegativeOffset { offset: i64 },
+
+    // --- storage ---
+    /// The storage is being written (or read while a write was asked): two borrows of one
+    /// storage overlap, e.g. an op whose output aliases its input.
+    #[error("storage is already borrowed {held}; an output may not alias an input")]
+    Busy { held: &'static str },
+
+    // --- below ---
+    #[error(transparent)]
+    Shape(#[from] kiln_ir::Error),
+    #[error(transparent)]
+    Kernel(#[from] kiln_kernels::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,304 @@
+//! Tensor: shape, element strides and element offset over a shared [`Storage`].
+//!
+//! Tensor N0 invariants (DESIGN.md), each kept by construction or checked with an error:
+//! 1. A scalar (shape `{}`) has one element; zero-sized dimensions are valid.
+//! 2. Dimensions, strides and offsets are never negative: the signed entry point
+//!    [`Tensor::as_strided`] rejects them.
+//! 3. Offsets and strides count elements, not bytes.
+//! 4. A tensor lies entirely inside its storage (checked whenever a view is made).
+//! 5. `reshape` is zero-copy and needs a contiguous tensor; `transpose` and positive-step
+//!    `slice` are zero-copy; `contiguous()` is the one call that copies. Nothing else copies
+//!    behind the caller's back.
+
+use kiln_ir::{DType, Shape, Strides};
+use kiln_kernels::{Buffer, Element, TensorView, TensorViewMut};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+
+/// A view of a storage: shape, element strides, element offset.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    storage: Storage,
+    shape: Shape,
+    strides: Strides,
+    offset: usize,
+}
+
+impl Tensor {
+    /// Checks invariant 4 and builds the tensor.
+    fn view_of(storage: Storage, shape: Shape, strides: Strides, offset: usize) -> Result<Self> {
+        // Building a kernel view runs the one bounds check both layers share.
+        let read = storage.read()?;
+        TensorView::new(read.data(), shape.clone(), &strides, offset)?;
+        drop(read);
+        Ok(Tensor {
+            storage,
+            shape,
+            strides,
+            offset,
+        })
+    }
+
+    /// A contiguous tensor owning `values`; their count must equal the shape's element count.
+    pub fn from_vec<T: Element>(values: Vec<T>, shape: impl Into<Shape>) -> Result<Self> {
+        Self::from_buffer(Buffer::from_vec(values), shape)
+    }
+
+    /// A contiguous tensor owning `buffer`; its length must equal the shape's element count.
+    pub fn from_buffer(buffer: Buffer, shape: impl Into<Shape>) -> Result<Self> {
+        let shape = shape.into();
+        if buffer.len() != shape.numel() {
+            return Err(Error::DataLength {
+                numel: shape.numel(),
+                len: buffer.len(),
+                shape,
+            });
+        }
+        let strides = shape.contiguous_strides();
+        Ok(Tensor {
+            storage: Storage::from_buffer(buffer),
+            shape,
+            strides,
+            offset: 0,
+        })
+    }
+
+    /// A contiguous tensor of zeros.
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: Device) -> Self {
+        let shape = shape.into();
+        let strides = shape.contiguous_strides();
+        Tensor {
+            storage: Storage::zeros(device, dtype, shape.numel()),
+            shape,
+            strides,
+            offset: 0,
+        }
+    }
+
+    /// A scalar (shape `{}`) holding `value` rounded to `dtype`.
+    pub fn scalar(value: f64, dtype: DType) -> Self {
+        let out = Tensor::zeros(Shape::scalar(), dtype, Device::Cpu);
+        // A fresh tensor is contiguous and unshared, so the fill cannot fail.
+        let filled = out.fill(value);
+        debug_assert!(filled.is_ok());
+        out
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.rank()
+    }
+    /// Element strides, one per dimension.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+    /// Offset of the first element in the storage, in elements.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+    pub fn device(&self) -> Device {
+        self.storage.device()
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.shape.is_contiguous(&self.strides)
+    }
+
+    /// A view with the given signed shape, strides and offset over the same storage. Negative
+    /// values and views that leave the storage are rejected.
+    pub fn as_strided(&self, shape: &[i64], strides: &[i64], offset: i64) -> Result<Tensor> {
+        let shape = Shape::from_signed(shape)?;
+        if strides.len() != shape.rank() {
+            return Err(kiln_ir::Error::RankMismatch {
+                shape_rank: shape.rank(),
+                strides_rank: strides.len(),
+            }
+            .into());
+        }
+        let mut unsigned = Strides::new();
+        for (axis, &value) in strides.iter().enumerate() {
+            let stride = usize::try_from(value)
+                .map_err(|_| kiln_ir::Error::NegativeStride { axis, value })?;
+            unsigned.push(stride);
+        }
+        let offset = usize::try_from(offset).map_err(|_| Error::NegativeOffset { offset })?;
+        Self::view_of(self.storage.clone(), shape, unsigned, offset)
+    }
+
+    /// The same elements under another shape with the same element count; zero-copy, and only
+    /// for contiguous tensors (call `contiguous()` first otherwise).
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let to = shape.into();
+        if to.numel() != self.numel() {
+            return Err(Error::Reshape {
+                from: self.shape.clone(),
+                from_numel: self.numel(),
+                to_numel: to.numel(),
+                to,
+            });
+        }
+        self.expect_contiguous("reshape")?;
+        let strides = to.contiguous_strides();
+        Self::view_of(self.storage.clone(), to, strides, self.offset)
+    }
+
+    /// Swaps two dimensions; zero-copy.
+    pub fn transpose(&self, dim0: usize, dim1: usize) -> Result<Tensor> {
+        for axis in [dim0, dim1] {
+            if axis >= self.rank() {
+                return Err(Error::Axis {
+                    op: "transpose",
+                    axis,
+                    rank: self.rank(),
+                });
+            }
+        }
+        let mut dims: Vec<usize> = self.dims().to_vec();
+        let mut strides = self.strides.clone();
+        dims.swap(dim0, dim1);
+        strides.swap(dim0, dim1);
+        Ok(Tensor {
+            storage: self.storage.clone(),
+            shape: Shape::new(&dims),
+            strides,
+            offset: self.offset,
+        })
+    }
+
+    /// Elements `start, start+step, ...` below `end` along `axis`; zero-copy. `step` must be
+    /// positive and `start <= end <= size`.
+    pub fn slice(&self, axis: usize, start: usize, end: usize, step: usize) -> Result<Tensor> {
+        if axis >= self.rank() {
+            return Err(Error::Axis {
+                op: "slice",
+                axis,
+                rank: self.rank(),
+            });
+        }
+        let size = self.dims()[axis];
+        if step == 0 || start > end || end > size {
+            return Err(Error::Slice {
+                axis,
+                start,
+                end,
+                step,
+                size,
+            });
+        }
+        let mut dims: Vec<usize> = self.dims().to_vec();
+        let mut strides = self.strides.clone();
+        dims[axis] = (end - start).div_ceil(step);
+        let offset = self.offset + start * strides[axis];
+        strides[axis] *= step;
+        Self::view_of(self.storage.clone(), Shape::new(&dims), strides, offset)
+    }
+
+    /// A row-major tensor with the same elements: `self` (sharing storage) when already
+    /// contiguous, else a fresh copy. This is the one place a view materializes.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        self.deep_clone()
+    }
+
+    /// A fresh contiguous copy that shares nothing with `self`.
+    pub fn deep_clone(&self) -> Result<Tensor> {
+        let out = Tensor::zeros(self.shape.clone(), self.dtype(), self.device());
+        out.write_with(|mut dst| self.read_with(|src| kiln_kernels::copy::copy(&src, &mut dst)))???;
+        Ok(out)
+    }
+
+    /// Sets every element to `value` (rounded to the dtype), in place. Needs a contiguous tensor.
+    pub fn fill(&self, value: f64) -> Result<()> {
+        self.write_with(|mut view| kiln_kernels::copy::fill(&mut view, value))??;
+        Ok(())
+    }
+
+    /// Runs `f` on a read-only kernel view of this tensor.
+    pub fn read_with<R>(&self, f: impl FnOnce(TensorView<'_>) -> R) -> Result<R> {
+        let guard = self.storage.read()?;
+        let view = TensorView::new(guard.data(), self.shape.clone(), &self.strides, self.offset)?;
+        Ok(f(view))
+    }
+
+    /// Runs `f` on a writable kernel view of this tensor.
+    pub fn write_with<R>(&self, f: impl FnOnce(TensorViewMut<'_>) -> R) -> Result<R> {
+        let mut guard = self.storage.write()?;
+        let view = TensorViewMut::new(
+            guard.data_mut(),
+            self.shape.clone(),
+            &self.strides,
+            self.offset,
+        )?;
+        Ok(f(view))
+    }
+
+    /// The elements in row-major order of the shape, as `T` (dtype must match).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if self.dtype() != T::DTYPE {
+            return Err(Error::DType {
+                op: "to_vec",
+                expected: T::DTYPE,
+                got: self.dtype(),
+            });
+        }
+        let dense = self.contiguous()?;
+        Ok(dense.read_with(|view| view.slice::<T>("to_vec", "self").map(<[T]>::to_vec))??)
+    }
+
+    /// The elements in row-major order, converted to f64 (any dtype).
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let dense = self.contiguous()?;
+        dense
+            .read_with(|view| {
+                let mut out = Vec::with_capacity(view.numel());
+                macro_rules! take {
+                    ($t:ty) => {
+                        out.extend(
+                            view.slice::<$t>("to_f64_vec", "self")?
+                                .iter()
+                                .map(|x| x.to_f64()),
+                        )
+                    };
+                }
+                match view.dtype() {
+                    DType::F32 => take!(f32),
+                    DType::F64 => take!(f64),
+                    DType::BF16 => take!(half::bf16),
+                    DType::F16 => take!(half::f16),
+                    DType::I32 => take!(i32),
+                    DType::I64 => take!(i64),
+                }
+                Ok::<_, kiln_kernels::Error>(out)
+            })?
+            .map_err(Error::from)
+    }
+
+    fn expect_contiguous(&self, op: &'static str) -> Result<()> {
+        if self.is_contiguous() {
+            Ok(())
+        } else {
+            Err(Error::NotContiguous {
+                op,
+                shape: self.shape.clone(),
+                strides: self.strides.to_vec(),
+            })
+        }
+    }
+}
