@@ -30,13 +30,12 @@ pub enum Error {
         strides: Vec<usize>,
     },
     /// Reshape to a different element count.
-    #[error("reshape: cannot view {from} ({from_numel} elements) as {to} ({to_numel} elements)")]
-    Reshape {
-        from: Shape,
-        from_numel: usize,
-        to: Shape,
-        to_numel: usize,
-    },
+    #[error(
+        "reshape: cannot view {from} ({} elements) as {to} ({} elements)",
+        .from.numel(),
+        .to.numel()
+    )]
+    Reshape { from: Shape, to: Shape },
     /// A dimension index outside the tensor's rank.
     #[error("{op}: dimension {axis} is out of range for rank {rank}")]
     Axis {
@@ -68,8 +67,15 @@ pub enum Error {
     // --- below ---
     #[error(transparent)]
     Shape(#[from] kiln_ir::Error),
+    /// A kernel refused its operands (boxed: kernel errors carry shapes and strides).
     #[error(transparent)]
-    Kernel(#[from] kiln_kernels::Error),
+    Kernel(Box<kiln_kernels::Error>),
+}
+
+impl From<kiln_kernels::Error> for Error {
+    fn from(error: kiln_kernels::Error) -> Self {
+        Error::Kernel(Box::new(error))
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -147,8 +147,6 @@ impl Tensor {
         if to.numel() != self.numel() {
             return Err(Error::Reshape {
                 from: self.shape.clone(),
-                from_numel: self.numel(),
-                to_numel: to.numel(),
                 to,
             });
         }

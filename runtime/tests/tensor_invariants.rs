@@ -77,18 +77,10 @@ fn views_must_lie_inside_their_storage() {
     let t = Tensor::from_vec(vec![1i64, 2, 3, 4, 5, 6], [2, 3]).unwrap();
     assert!(t.as_strided(&[2, 3], &[3, 1], 0).is_ok());
     let err = t.as_strided(&[2, 3], &[3, 1], 1).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Kernel(kiln_kernels::Error::ViewOutOfBounds { .. })
-        ),
-        "{err}"
-    );
+    let out_of_bounds = |err: &Error| matches!(err, Error::Kernel(e) if matches!(**e, kiln_kernels::Error::ViewOutOfBounds { .. }));
+    assert!(out_of_bounds(&err), "{err}");
     let err = t.as_strided(&[3, 3], &[3, 1], 0).unwrap_err();
-    assert!(matches!(
-        err,
-        Error::Kernel(kiln_kernels::Error::ViewOutOfBounds { .. })
-    ));
+    assert!(out_of_bounds(&err), "{err}");
     // An empty view may sit at the very end, not past it.
     assert!(t.as_strided(&[0], &[1], 6).is_ok());
     assert!(t.as_strided(&[0], &[1], 7).is_err());
@@ -102,16 +94,9 @@ fn reshape_is_zero_copy_and_needs_contiguous_input() {
     assert!(r.storage().same(t.storage()));
     assert_eq!(r.to_vec::<f64>().unwrap(), values);
     let err = t.reshape([5, 5]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Reshape {
-                from_numel: 24,
-                to_numel: 25,
-                ..
-            }
-        ),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        "reshape: cannot view [2,3,4] (24 elements) as [5,5] (25 elements)"
     );
     let transposed = t.transpose(1, 2).unwrap();
     let err = transposed.reshape([24]).unwrap_err();
