@@ -1,1 +1,15 @@
+//! kiln-frontend: the eager oracle and the models.
+//!
+//! The eager oracle runs every op immediately on the CPU reference kernels and records a tape
+//! ([`autograd`]) so `backward()` can compute gradients; every compiled result of kiln is
+//! checked against it. Models (Qwen2 and Llama families), Hugging Face configs and safetensors
+//! weights, tracing into the IR and the prefill/decode/train programs will live here too.
 
+pub mod autograd;
+mod error;
+mod launch;
+pub mod model;
+pub mod ops;
+
+pub use autograd::Var;
+pub use error::{Error, Result};

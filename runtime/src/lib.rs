@@ -16,5 +16,5 @@ mod tensor;
 
 pub use device::Device;
 pub use error::{Error, Result};
-pub use storage::Storage;
+pub use storage::{Storage, StorageRead, StorageWrite};
 pub use tensor::Tensor;

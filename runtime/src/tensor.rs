@@ -15,7 +15,7 @@ use kiln_kernels::{Buffer, Element, TensorView, TensorViewMut};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageRead, StorageWrite};
 
 /// A view of a storage: shape, element strides, element offset.
 #[derive(Clone, Debug)]
@@ -228,11 +228,30 @@ impl Tensor {
         Ok(())
     }
 
+    /// A read-only kernel view of this tensor through a guard of its storage.
+    pub fn view<'g>(&self, guard: &'g StorageRead<'_>) -> Result<TensorView<'g>> {
+        Ok(TensorView::new(
+            guard.data(),
+            self.shape.clone(),
+            &self.strides,
+            self.offset,
+        )?)
+    }
+
+    /// A writable kernel view of this tensor through a guard of its storage.
+    pub fn view_mut<'g>(&self, guard: &'g mut StorageWrite<'_>) -> Result<TensorViewMut<'g>> {
+        Ok(TensorViewMut::new(
+            guard.data_mut(),
+            self.shape.clone(),
+            &self.strides,
+            self.offset,
+        )?)
+    }
+
     /// Runs `f` on a read-only kernel view of this tensor.
     pub fn read_with<R>(&self, f: impl FnOnce(TensorView<'_>) -> R) -> Result<R> {
         let guard = self.storage.read()?;
-        let view = TensorView::new(guard.data(), self.shape.clone(), &self.strides, self.offset)?;
-        Ok(f(view))
+        Ok(f(self.view(&guard)?))
     }
 
     /// Runs `f` on a writable kernel view of this tensor.

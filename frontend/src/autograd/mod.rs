@@ -1,0 +1,10 @@
+//! Tape autograd for the eager oracle: values that record their producers ([`Var`]), the
+//! backward pass, and leaf gradients with bound buffers and ready hooks.
+
+mod engine;
+mod leaf;
+mod var;
+
+pub use leaf::GradHook;
+pub(crate) use leaf::add_fresh;
+pub use var::Var;

@@ -1,0 +1,81 @@
+//! Errors of kiln-frontend.
+
+use kiln_ir::{DType, Shape};
+
+/// What went wrong in the eager oracle or a model.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    // --- autograd ---
+    /// Gradients exist only for floating-point leaves.
+    #[error("a {dtype} tensor cannot require a gradient (only float tensors can)")]
+    NotDifferentiable { dtype: DType },
+    /// `backward` was called on a value no gradient flows to.
+    #[error("backward: the value does not require a gradient (no leaf that requires one is behind it)")]
+    NoGradient,
+    /// The seed gradient does not match the value.
+    #[error("backward: seed gradient is {got_dtype} {got}, the value is {expected_dtype} {expected}")]
+    Seed {
+        expected: Shape,
+        expected_dtype: DType,
+        got: Shape,
+        got_dtype: DType,
+    },
+    /// `backward()` without a seed needs a one-element value.
+    #[error("backward: the value has shape {shape}; without a seed gradient it must have one element")]
+    NotScalar { shape: Shape },
+    /// An operation that only leaves support was asked of a computed value.
+    #[error("{op}: the value is not a leaf (it was computed by `{producer}`)")]
+    NotLeaf {
+        op: &'static str,
+        producer: &'static str,
+    },
+    /// A gradient buffer is already bound to this leaf.
+    #[error("bind_grad_buffer: the leaf already has a bound gradient buffer; unbind it first")]
+    AlreadyBound,
+    /// Unbinding a leaf that has no bound buffer.
+    #[error("unbind_grad_buffer: the leaf has no bound gradient buffer")]
+    NotBound,
+    /// A bound gradient may not be replaced (it would move the address others rely on).
+    #[error("set_grad: the leaf's gradient is a bound buffer; unbind it before replacing it")]
+    ReplaceBound,
+    /// The leaf already holds a gradient that binding would silently drop.
+    #[error("bind_grad_buffer: the leaf already has a gradient; call zero_grad() first")]
+    GradientPresent,
+    /// A gradient buffer or gradient of the wrong kind.
+    #[error("{op}: {reason}")]
+    GradBuffer { op: &'static str, reason: String },
+    /// An op's backward returned a gradient that does not match its input (a bug in that op).
+    #[error("backward of `{op}`: gradient for input {input} is {got_dtype} {got}, expected {expected_dtype} {expected}")]
+    GradientMismatch {
+        op: &'static str,
+        input: usize,
+        expected: Shape,
+        expected_dtype: DType,
+        got: Shape,
+        got_dtype: DType,
+    },
+
+    // --- ops ---
+    /// An op was given operands it cannot combine.
+    #[error("{op}: {reason}")]
+    Operand { op: &'static str, reason: String },
+
+    // --- below ---
+    /// A tensor or kernel error (boxed: they carry shapes and strides).
+    #[error(transparent)]
+    Runtime(Box<kiln_runtime::Error>),
+}
+
+impl From<kiln_runtime::Error> for Error {
+    fn from(error: kiln_runtime::Error) -> Self {
+        Error::Runtime(Box::new(error))
+    }
+}
+
+impl From<kiln_kernels::Error> for Error {
+    fn from(error: kiln_kernels::Error) -> Self {
+        Error::Runtime(Box::new(error.into()))
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

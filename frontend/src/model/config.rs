@@ -1,0 +1,62 @@
+//! Model hyper-parameters (the subset of a Hugging Face config.json kiln implements).
+
+/// Which Hugging Face architecture a config describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// `model_type: "qwen2"`: q/k/v biases, no o_proj bias.
+    Qwen2,
+    /// `model_type: "llama"`: biases as `attention_bias` / `mlp_bias` say.
+    Llama,
+}
+
+/// The shapes and constants of a decoder-only Transformer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub family: Family,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry a bias.
+    pub qkv_bias: bool,
+    /// o_proj carries a bias.
+    pub o_bias: bool,
+    /// gate/up/down projections carry a bias.
+    pub mlp_bias: bool,
+    pub max_position_embeddings: usize,
+}
+
+impl ModelConfig {
+    /// A tiny Qwen2-style model (GQA 4:2, q/k/v biases, untied head) that runs in
+    /// milliseconds: kiln's embedded default.
+    pub fn tiny() -> Self {
+        ModelConfig {
+            family: Family::Qwen2,
+            hidden_size: 64,
+            intermediate_size: 112,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 16,
+            vocab_size: 97,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            tie_word_embeddings: false,
+            qkv_bias: true,
+            o_bias: false,
+            mlp_bias: false,
+            max_position_embeddings: 128,
+        }
+    }
+
+    /// Query heads per key/value head.
+    pub fn group_size(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads.max(1)
+    }
+}

@@ -1,0 +1,48 @@
+//! The eager oracle as an [`Ops`] implementation: every op runs now and records its VJP.
+
+use crate::autograd::Var;
+use crate::error::Result;
+use crate::model::ops::Ops;
+use crate::ops;
+
+/// Runs models on the CPU reference kernels with tape autograd.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Eager;
+
+impl Ops for Eager {
+    type Value = Var;
+
+    fn dims(&self, x: &Var) -> Vec<usize> {
+        x.dims().to_vec()
+    }
+    fn embedding(&self, weight: &Var, ids: &Var) -> Result<Var> {
+        ops::embedding(weight, ids.value())
+    }
+    fn linear(&self, x: &Var, weight: &Var, bias: Option<&Var>) -> Result<Var> {
+        ops::linear(x, weight, bias)
+    }
+    fn rmsnorm(&self, x: &Var, weight: &Var, eps: f64) -> Result<Var> {
+        ops::rmsnorm(x, weight, eps)
+    }
+    fn add_rmsnorm(&self, x: &Var, residual: &Var, weight: &Var, eps: f64) -> Result<(Var, Var)> {
+        ops::add_rmsnorm(x, residual, weight, eps)
+    }
+    fn rope(&self, x: &Var, positions: &Var, bias: Option<&Var>, theta: f64) -> Result<Var> {
+        ops::rope(x, positions.value(), bias, theta)
+    }
+    fn heads_first(&self, x: &Var) -> Result<Var> {
+        ops::contiguous(&ops::transpose(x, 1, 2)?)
+    }
+    fn attention(&self, q: &Var, k: &Var, v: &Var, scale: f64) -> Result<Var> {
+        ops::attention(q, k, v, scale)
+    }
+    fn swiglu(&self, gate: &Var, up: &Var) -> Result<Var> {
+        ops::swiglu(gate, up)
+    }
+    fn reshape(&self, x: &Var, dims: &[usize]) -> Result<Var> {
+        ops::reshape(x, dims)
+    }
+    fn cross_entropy(&self, logits: &Var, targets: &Var, ignore_index: i64) -> Result<Var> {
+        ops::cross_entropy(logits, targets.value(), ignore_index)
+    }
+}

@@ -1,0 +1,13 @@
+//! Decoder-only Transformers (Qwen2 and Llama families), written once against [`Ops`].
+
+mod config;
+mod eager;
+mod ops;
+mod transformer;
+mod weights;
+
+pub use config::{Family, ModelConfig};
+pub use eager::Eager;
+pub use ops::Ops;
+pub use transformer::{causal_lm_loss, forward, shifted_targets, IGNORE_INDEX};
+pub use weights::{parameter_shapes, random_weights, LayerWeights, ModelWeights};

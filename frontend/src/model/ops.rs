@@ -1,0 +1,61 @@
+//! The ops a model is written against. The same model code runs on the eager oracle today and
+//! will drive the IR tracer: one Transformer, never two hand-kept copies.
+
+use crate::error::Result;
+
+/// Operations a decoder-only Transformer needs, over some value type (an eager `Var`, or a
+/// traced IR value). Integer inputs (token ids, positions, targets) are values too.
+pub trait Ops {
+    type Value: Clone;
+
+    /// Dimensions of a value.
+    fn dims(&self, x: &Self::Value) -> Vec<usize>;
+    /// Rows of `weight [V,H]` picked by `ids [...]` → `[..., H]`.
+    fn embedding(&self, weight: &Self::Value, ids: &Self::Value) -> Result<Self::Value>;
+    /// `x · weightᵀ (+ bias)` with `weight [out, in]` as Hugging Face stores it.
+    fn linear(
+        &self,
+        x: &Self::Value,
+        weight: &Self::Value,
+        bias: Option<&Self::Value>,
+    ) -> Result<Self::Value>;
+    /// RMSNorm over the last dim.
+    fn rmsnorm(&self, x: &Self::Value, weight: &Self::Value, eps: f64) -> Result<Self::Value>;
+    /// `(x + residual, rmsnorm(x + residual))`.
+    fn add_rmsnorm(
+        &self,
+        x: &Self::Value,
+        residual: &Self::Value,
+        weight: &Self::Value,
+        eps: f64,
+    ) -> Result<(Self::Value, Self::Value)>;
+    /// Rotary embedding of `x [B,T,H,D]` (+ bias) at `positions [B,T]` → `[B,H,T,D]`.
+    fn rope(
+        &self,
+        x: &Self::Value,
+        positions: &Self::Value,
+        bias: Option<&Self::Value>,
+        theta: f64,
+    ) -> Result<Self::Value>;
+    /// `[B,T,H,D]` → `[B,H,T,D]`, materialized.
+    fn heads_first(&self, x: &Self::Value) -> Result<Self::Value>;
+    /// Causal GQA attention: `q [B,Hq,T,D]`, `k`, `v [B,Hkv,S,D]` → `[B,T,Hq,D]`.
+    fn attention(
+        &self,
+        q: &Self::Value,
+        k: &Self::Value,
+        v: &Self::Value,
+        scale: f64,
+    ) -> Result<Self::Value>;
+    /// `silu(gate) · up`.
+    fn swiglu(&self, gate: &Self::Value, up: &Self::Value) -> Result<Self::Value>;
+    /// Zero-copy reshape.
+    fn reshape(&self, x: &Self::Value, dims: &[usize]) -> Result<Self::Value>;
+    /// Mean cross-entropy of `logits [N,V]` against `targets [N]`, skipping `ignore_index`.
+    fn cross_entropy(
+        &self,
+        logits: &Self::Value,
+        targets: &Self::Value,
+        ignore_index: i64,
+    ) -> Result<Self::Value>;
+}

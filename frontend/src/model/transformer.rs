@@ -1,0 +1,123 @@
+//! The decoder-only Transformer (Qwen2 / Llama), written once against [`Ops`].
+//!
+//! Per layer, as Hugging Face computes it:
+//! `h = h + o_proj(attention(rope(q_proj(norm(h))), rope(k_proj(..)), v_proj(..)))`,
+//! `h = h + down_proj(silu(gate_proj(norm(h))) · up_proj(norm(h)))`,
+//! with each residual add fused into the RMSNorm that follows it. q/k biases are fused into
+//! RoPE (they are added before the rotation, as in Hugging Face's projection).
+
+use crate::error::Result;
+use crate::model::config::ModelConfig;
+use crate::model::ops::Ops;
+use crate::model::weights::{LayerWeights, ModelWeights};
+
+/// Hugging Face's ignore index for labels.
+pub const IGNORE_INDEX: i64 = -100;
+
+/// Logits `[B,T,V]` for `tokens [B,T]` at `positions [B,T]`.
+pub fn forward<O: Ops>(
+    ops: &O,
+    config: &ModelConfig,
+    weights: &ModelWeights<O::Value>,
+    tokens: &O::Value,
+    positions: &O::Value,
+) -> Result<O::Value> {
+    let mut hidden = ops.embedding(&weights.embed_tokens, tokens)?;
+    // `residual` is the running sum; `hidden` the output of the last block not yet added to it.
+    let mut residual: Option<O::Value> = None;
+    for layer in &weights.layers {
+        let normed = pre_norm(ops, config, &hidden, &mut residual, &layer.input_layernorm)?;
+        hidden = attention_block(ops, config, layer, &normed, positions)?;
+        let normed = pre_norm(
+            ops,
+            config,
+            &hidden,
+            &mut residual,
+            &layer.post_attention_layernorm,
+        )?;
+        hidden = mlp_block(ops, layer, &normed)?;
+    }
+    let normed = pre_norm(ops, config, &hidden, &mut residual, &weights.norm)?;
+    let head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
+    ops.linear(&normed, head, None)
+}
+
+/// `rmsnorm(hidden + residual)`, updating `residual`; the first call starts the residual.
+fn pre_norm<O: Ops>(
+    ops: &O,
+    config: &ModelConfig,
+    hidden: &O::Value,
+    residual: &mut Option<O::Value>,
+    weight: &O::Value,
+) -> Result<O::Value> {
+    match residual {
+        None => {
+            *residual = Some(hidden.clone());
+            ops.rmsnorm(hidden, weight, config.rms_norm_eps)
+        }
+        Some(previous) => {
+            let (sum, normed) = ops.add_rmsnorm(hidden, previous, weight, config.rms_norm_eps)?;
+            *residual = Some(sum);
+            Ok(normed)
+        }
+    }
+}
+
+fn attention_block<O: Ops>(
+    ops: &O,
+    config: &ModelConfig,
+    layer: &LayerWeights<O::Value>,
+    x: &O::Value,
+    positions: &O::Value,
+) -> Result<O::Value> {
+    let dims = ops.dims(x);
+    let (batch, seq) = (dims[0], dims[1]);
+    let (heads, kv_heads, head_dim) = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    );
+    let q = ops.linear(x, &layer.q_proj, None)?;
+    let q = ops.reshape(&q, &[batch, seq, heads, head_dim])?;
+    let q = ops.rope(&q, positions, layer.q_bias.as_ref(), config.rope_theta)?;
+    let k = ops.linear(x, &layer.k_proj, None)?;
+    let k = ops.reshape(&k, &[batch, seq, kv_heads, head_dim])?;
+    let k = ops.rope(&k, positions, layer.k_bias.as_ref(), config.rope_theta)?;
+    let v = ops.linear(x, &layer.v_proj, layer.v_bias.as_ref())?;
+    let v = ops.reshape(&v, &[batch, seq, kv_heads, head_dim])?;
+    let v = ops.heads_first(&v)?;
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let attended = ops.attention(&q, &k, &v, scale)?;
+    let attended = ops.reshape(&attended, &[batch, seq, heads * head_dim])?;
+    ops.linear(&attended, &layer.o_proj, layer.o_bias.as_ref())
+}
+
+fn mlp_block<O: Ops>(ops: &O, layer: &LayerWeights<O::Value>, x: &O::Value) -> Result<O::Value> {
+    let gate = ops.linear(x, &layer.gate_proj, layer.gate_bias.as_ref())?;
+    let up = ops.linear(x, &layer.up_proj, layer.up_bias.as_ref())?;
+    let act = ops.swiglu(&gate, &up)?;
+    ops.linear(&act, &layer.down_proj, layer.down_bias.as_ref())
+}
+
+/// Hugging Face's causal-LM loss: mean cross-entropy of `logits[:, :-1]` against
+/// `tokens[:, 1:]`. `targets [B·T]` are the tokens shifted left by one with the last position
+/// of each row set to [`IGNORE_INDEX`] (see [`shifted_targets`]), which gives the same mean
+/// without slicing the logits.
+pub fn causal_lm_loss<O: Ops>(ops: &O, logits: &O::Value, targets: &O::Value) -> Result<O::Value> {
+    let dims = ops.dims(logits);
+    let vocab = dims.last().copied().unwrap_or(0);
+    let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+    let flat = ops.reshape(logits, &[rows, vocab])?;
+    ops.cross_entropy(&flat, targets, IGNORE_INDEX)
+}
+
+/// Targets for [`causal_lm_loss`]: row-major `tokens [B,T]` shifted left, last column ignored.
+pub fn shifted_targets(tokens: &[i64], batch: usize, seq: usize) -> Vec<i64> {
+    let mut targets = vec![IGNORE_INDEX; batch * seq];
+    for b in 0..batch {
+        for t in 0..seq.saturating_sub(1) {
+            targets[b * seq + t] = tokens[b * seq + t + 1];
+        }
+    }
+    targets
+}
