@@ -1,5 +1,5 @@
 //! Tests of `norm`: forward passes against a plain f64 computation written here, backward passes
-//! against central differences of the forward kernels and determinism.
+//! against central differences of the forward kernels, and determinism.
 
 use super::*;
 use crate::testing::{assert_close, central_difference, dot, rng, signed, uniform};
