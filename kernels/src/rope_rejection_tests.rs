@@ -50,8 +50,8 @@ fn rope_rejections_name_the_operand() {
         assert_names(err, operand);
     };
     let odd = TensorView::contiguous(&x[..15], [1, 1, 3, 5]).unwrap();
-    let mut odd_out = [0f32; 15];
-    let mut odd_out = TensorViewMut::contiguous(&mut odd_out[..], [1, 3, 1, 5]).unwrap();
+    let mut odd_buffer = [0f32; 15];
+    let mut odd_out = TensorViewMut::contiguous(&mut odd_buffer[..], [1, 3, 1, 5]).unwrap();
     let one_position = TensorView::contiguous(&positions[..1], [1, 1]).unwrap();
     shape(rope_with(&odd, &one_position, None, 1e4, &mut odd_out), "x");
     let rank3 = TensorView::contiguous(&x[..], [2, 2, 4]).unwrap();
