@@ -14,6 +14,9 @@ mod error;
 mod view;
 
 pub mod copy;
+pub mod norm;
+pub mod optim;
+pub mod rope;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -1,0 +1,170 @@
+//! AdamW (decoupled weight decay, bias-corrected moments), step for step as
+//! `torch.optim.AdamW(foreach=False)` computes it.
+//!
+//! One call is one optimizer step for one parameter tensor. With `step` counted from 1 and
+//! `g = grad`, every element is updated in torch's order:
+//!
+//! ```text
+//! param  *= 1 − lr·weight_decay                     (decoupled decay, before the moments)
+//! m       = lerp(m, g, 1 − β1)                       (torch's lerp, see below)
+//! v       = v·β2 + ((1 − β2)·g)·g                    (torch's mul_ then addcmul_)
+//! bc1     = 1 − β1^step,   bc2 = 1 − β2^step
+//! denom   = sqrt(v) / sqrt(bc2) + eps
+//! param  −= (lr / bc1) · m / denom
+//! ```
+//!
+//! As in torch, the scalars (`1 − lr·wd`, `1 − β1`, `β2`, `1 − β2`, `lr / bc1`, `sqrt(bc2)`,
+//! `eps`) are computed in f64, as Python computes them, and then rounded to the tensors' dtype,
+//! as torch's kernels round a Python scalar. torch's `lerp(start, end, w)` is
+//! `start + w·(end − start)` when `|w| < 0.5` (the usual case, β1 > 0.5) and
+//! `end − (end − start)·(1 − w)` otherwise; both are kept so that small β1 match too.
+//!
+//! Layouts and invariants: `param`, `grad`, `m` (first moment, `exp_avg`) and `v` (second
+//! moment, `exp_avg_sq`) are contiguous, of one shape and one dtype (f32 or f64); `m` and `v`
+//! start as zeros at step 1 and are owned by the caller between steps. `step >= 1`; `lr`, `eps`
+//! and `weight_decay` are finite and >= 0; `beta1`, `beta2` lie in `[0, 1)`.
+
+use crate::dispatch_real;
+use crate::element::Real;
+use crate::error::{expect_shape, Error, Result};
+use crate::view::{TensorView, TensorViewMut};
+
+/// Hyperparameters of AdamW; `Default` is torch's defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamW {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for AdamW {
+    /// `lr = 1e-3`, `betas = (0.9, 0.999)`, `eps = 1e-8`, `weight_decay = 1e-2`, as torch.
+    fn default() -> Self {
+        AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 1e-2,
+        }
+    }
+}
+
+fn invalid(op: &'static str, argument: &'static str, reason: String) -> Error {
+    Error::Argument {
+        op,
+        argument,
+        reason,
+    }
+}
+
+impl AdamW {
+    /// Rejects hyperparameters torch rejects, and non-finite ones.
+    fn validate(&self, op: &'static str) -> Result<()> {
+        let non_negative = [
+            ("lr", self.lr),
+            ("eps", self.eps),
+            ("weight_decay", self.weight_decay),
+        ];
+        for (argument, value) in non_negative {
+            if !(value.is_finite() && value >= 0.0) {
+                let reason = format!("must be finite and >= 0, got {value}");
+                return Err(invalid(op, argument, reason));
+            }
+        }
+        for (argument, value) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&value) {
+                return Err(invalid(
+                    op,
+                    argument,
+                    format!("must be in [0, 1), got {value}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// torch's `lerp` for a scalar weight: the formula depends on the weight's size, which decides
+/// the rounding.
+fn torch_lerp<T: Real>(start: T, end: T, weight: T) -> T {
+    if weight.abs() < T::of(0.5) {
+        start + weight * (end - start)
+    } else {
+        end - (end - start) * (T::one() - weight)
+    }
+}
+
+fn adamw_typed<T: Real>(
+    param: &mut TensorViewMut<'_>,
+    grad: &TensorView<'_>,
+    m: &mut TensorViewMut<'_>,
+    v: &mut TensorViewMut<'_>,
+    step: u64,
+    config: &AdamW,
+) -> Result<()> {
+    const OP: &str = "adamw";
+    let grad = grad.slice::<T>(OP, "grad")?;
+    let param = param.slice_mut::<T>(OP, "param")?;
+    let m = m.slice_mut::<T>(OP, "m")?;
+    let v = v.slice_mut::<T>(OP, "v")?;
+
+    // Python-side scalars: f64 arithmetic, then rounded to the tensor dtype.
+    let decay = T::of(1.0 - config.lr * config.weight_decay);
+    let m_weight = T::of(1.0 - config.beta1);
+    let beta2 = T::of(config.beta2);
+    let v_weight = T::of(1.0 - config.beta2);
+    let step = step as f64;
+    let bias_correction1 = 1.0 - config.beta1.powf(step);
+    let bias_correction2 = 1.0 - config.beta2.powf(step);
+    let step_size = T::of(config.lr / bias_correction1);
+    let bias_correction2_sqrt = T::of(bias_correction2.sqrt());
+    let eps = T::of(config.eps);
+
+    for (((p, &g), m), v) in param
+        .iter_mut()
+        .zip(grad)
+        .zip(m.iter_mut())
+        .zip(v.iter_mut())
+    {
+        *p *= decay;
+        *m = torch_lerp(*m, g, m_weight);
+        *v = *v * beta2 + v_weight * g * g;
+        let denom = v.sqrt() / bias_correction2_sqrt + eps;
+        *p -= step_size * *m / denom;
+    }
+    Ok(())
+}
+
+/// One AdamW step (`step` counted from 1) for `param`, updating the moments `m` and `v` in
+/// place; `param`, `grad`, `m`, `v` share one shape and one dtype.
+pub fn adamw(
+    param: &mut TensorViewMut<'_>,
+    grad: &TensorView<'_>,
+    m: &mut TensorViewMut<'_>,
+    v: &mut TensorViewMut<'_>,
+    step: u64,
+    config: &AdamW,
+) -> Result<()> {
+    const OP: &str = "adamw";
+    config.validate(OP)?;
+    if step == 0 {
+        let reason = "steps are counted from 1, got 0".to_string();
+        return Err(invalid(OP, "step", reason));
+    }
+    let dims = param.shape().dims();
+    expect_shape(OP, "grad", grad.shape(), dims)?;
+    expect_shape(OP, "m", m.shape(), dims)?;
+    expect_shape(OP, "v", v.shape(), dims)?;
+    dispatch_real!(
+        OP,
+        param.dtype(),
+        adamw_typed(param, grad, m, v, step, config)
+    )
+}
+
+#[cfg(test)]
+#[path = "optim_tests.rs"]
+mod tests;

@@ -1,0 +1,305 @@
+//! Tests of `optim`: AdamW against a textbook scalar f64 AdamW written here, descent on a
+//! quadratic, and every rejection.
+
+use super::*;
+use crate::testing::{assert_close, rng, signed, uniform};
+use crate::Element;
+
+/// AdamW as the paper writes it (Loshchilov & Hutter, with Adam's bias correction), in f64.
+fn reference_step(
+    param: &mut [f64],
+    grad: &[f64],
+    m: &mut [f64],
+    v: &mut [f64],
+    step: u64,
+    c: &AdamW,
+) {
+    for i in 0..param.len() {
+        param[i] -= c.lr * c.weight_decay * param[i];
+        m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * grad[i];
+        v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * grad[i] * grad[i];
+        let m_hat = m[i] / (1.0 - c.beta1.powi(step as i32));
+        let v_hat = v[i] / (1.0 - c.beta2.powi(step as i32));
+        param[i] -= c.lr * m_hat / (v_hat.sqrt() + c.eps);
+    }
+}
+
+/// The optimizer state of one tensor, kept in T and read back as f64.
+struct State<T> {
+    dims: Vec<usize>,
+    param: Vec<T>,
+    m: Vec<T>,
+    v: Vec<T>,
+}
+
+impl<T: Real> State<T> {
+    fn new(dims: &[usize], param: &[f64], m: &[f64], v: &[f64]) -> Self {
+        let to = |values: &[f64]| values.iter().map(|&x| T::of(x)).collect();
+        State {
+            dims: dims.to_vec(),
+            param: to(param),
+            m: to(m),
+            v: to(v),
+        }
+    }
+
+    fn step(&mut self, grad: &[f64], step: u64, config: &AdamW) {
+        let grad: Vec<T> = grad.iter().map(|&x| T::of(x)).collect();
+        let dims = &self.dims[..];
+        adamw(
+            &mut TensorViewMut::contiguous(&mut self.param, dims).unwrap(),
+            &TensorView::contiguous(&grad, dims).unwrap(),
+            &mut TensorViewMut::contiguous(&mut self.m, dims).unwrap(),
+            &mut TensorViewMut::contiguous(&mut self.v, dims).unwrap(),
+            step,
+            config,
+        )
+        .unwrap();
+    }
+
+    fn read(values: &[T]) -> Vec<f64> {
+        values.iter().map(|&x| Element::to_f64(x)).collect()
+    }
+}
+
+fn round_f32(values: &[f64]) -> Vec<f64> {
+    values.iter().map(|&v| v as f32 as f64).collect()
+}
+
+const CONFIGS: &[AdamW] = &[
+    AdamW {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 1e-2,
+    },
+    AdamW {
+        lr: 1e-2,
+        beta1: 0.8,
+        beta2: 0.99,
+        eps: 1e-6,
+        weight_decay: 0.1,
+    },
+    // beta1 < 0.5 takes torch's other lerp formula.
+    AdamW {
+        lr: 3e-3,
+        beta1: 0.3,
+        beta2: 0.5,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    },
+];
+
+#[test]
+fn default_is_torch_default() {
+    assert_eq!(AdamW::default(), CONFIGS[0]);
+}
+
+#[test]
+fn adamw_matches_reference_over_several_steps() {
+    let mut rng = rng("adamw_matches_reference_over_several_steps");
+    let shapes: &[&[usize]] = &[&[5], &[3, 7], &[17, 9], &[2, 0]];
+    for config in CONFIGS {
+        for &dims in shapes {
+            let numel: usize = dims.iter().product();
+            // Both a fresh state (zeros, steps 1..) and a state mid-training (steps 10..).
+            for first_step in [1u64, 10] {
+                let param = signed(&mut rng, numel);
+                let (m, v) = if first_step == 1 {
+                    (vec![0.0; numel], vec![0.0; numel])
+                } else {
+                    (
+                        uniform(&mut rng, numel, -0.1, 0.1),
+                        uniform(&mut rng, numel, 0.0, 0.1),
+                    )
+                };
+                let what = format!("{config:?} {dims:?} from step {first_step}");
+
+                let (mut p_ref, mut m_ref, mut v_ref) = (param.clone(), m.clone(), v.clone());
+                let mut state64 = State::<f64>::new(dims, &param, &m, &v);
+                for step in first_step..first_step + 6 {
+                    let grad = signed(&mut rng, numel);
+                    reference_step(&mut p_ref, &grad, &mut m_ref, &mut v_ref, step, config);
+                    state64.step(&grad, step, config);
+                }
+                let (p64, m64, v64) = (
+                    State::read(&state64.param),
+                    State::read(&state64.m),
+                    State::read(&state64.v),
+                );
+                assert_close(&format!("f64 param {what}"), &p64, &p_ref, 1e-12, 1e-15);
+                assert_close(&format!("f64 m {what}"), &m64, &m_ref, 1e-12, 1e-15);
+                assert_close(&format!("f64 v {what}"), &v64, &v_ref, 1e-12, 1e-15);
+
+                // f32 state from the same (rounded) start, fed the same rounded gradients.
+                let (param, m, v) = (round_f32(&param), round_f32(&m), round_f32(&v));
+                let (mut p_ref, mut m_ref, mut v_ref) = (param.clone(), m.clone(), v.clone());
+                let mut state32 = State::<f32>::new(dims, &param, &m, &v);
+                for step in first_step..first_step + 6 {
+                    let grad = round_f32(&signed(&mut rng, numel));
+                    reference_step(&mut p_ref, &grad, &mut m_ref, &mut v_ref, step, config);
+                    state32.step(&grad, step, config);
+                }
+                let p32 = State::read(&state32.param);
+                let (m32, v32) = (State::read(&state32.m), State::read(&state32.v));
+                assert_close(&format!("f32 param {what}"), &p32, &p_ref, 1e-5, 1e-6);
+                assert_close(&format!("f32 m {what}"), &m32, &m_ref, 1e-5, 1e-7);
+                assert_close(&format!("f32 v {what}"), &v32, &v_ref, 1e-5, 1e-9);
+            }
+        }
+    }
+}
+
+#[test]
+fn first_step_moves_each_parameter_by_about_lr() {
+    // From zero moments, bias correction makes step 1 a sign step: p·(1 − lr·wd) − lr·g/(|g|+ε').
+    let config = AdamW::default();
+    let param = [0.5, -0.25, 2.0];
+    let grad = [0.3, -0.02, 1e-3];
+    let mut state = State::<f64>::new(&[3], &param, &[0.0; 3], &[0.0; 3]);
+    state.step(&grad, 1, &config);
+    let want: Vec<f64> = param
+        .iter()
+        .zip(&grad)
+        .map(|(p, g)| p * (1.0 - config.lr * config.weight_decay) - config.lr * g.signum())
+        .collect();
+    assert_close("step 1", &State::read(&state.param), &want, 0.0, 1e-7);
+}
+
+#[test]
+fn a_few_steps_decrease_a_quadratic() {
+    let mut rng = rng("a_few_steps_decrease_a_quadratic");
+    let numel = 13;
+    let target = signed(&mut rng, numel);
+    // Start at least 0.5 away in every coordinate, so steps of about lr never overshoot.
+    let start: Vec<f64> = target
+        .iter()
+        .zip(uniform(&mut rng, numel, 0.5, 1.5))
+        .zip(signed(&mut rng, numel))
+        .map(|((t, distance), side)| t + distance * side.signum())
+        .collect();
+    let loss = |p: &[f64]| -> f64 { p.iter().zip(&target).map(|(p, t)| (p - t) * (p - t)).sum() };
+    let gradient =
+        |p: &[f64]| -> Vec<f64> { p.iter().zip(&target).map(|(p, t)| 2.0 * (p - t)).collect() };
+    let config = AdamW {
+        lr: 1e-2,
+        ..AdamW::default()
+    };
+
+    let mut state64 = State::<f64>::new(&[numel], &start, &[0.0; 13], &[0.0; 13]);
+    let mut state32 = State::<f32>::new(&[numel], &start, &[0.0; 13], &[0.0; 13]);
+    let (mut last64, mut last32) = (loss(&start), loss(&round_f32(&start)));
+    for step in 1..=10 {
+        let p64 = State::read(&state64.param);
+        state64.step(&gradient(&p64), step, &config);
+        let now64 = loss(&State::read(&state64.param));
+        assert!(now64 < last64, "f64 step {step}: {now64} >= {last64}");
+        last64 = now64;
+
+        let p32 = State::read(&state32.param);
+        state32.step(&gradient(&p32), step, &config);
+        let now32 = loss(&State::read(&state32.param));
+        assert!(now32 < last32, "f32 step {step}: {now32} >= {last32}");
+        last32 = now32;
+    }
+    assert!(last64 < 0.9 * loss(&start), "{last64} vs {}", loss(&start));
+}
+
+#[track_caller]
+fn assert_argument(result: Result<()>, argument: &str) {
+    let err = result.unwrap_err();
+    assert!(matches!(err, Error::Argument { .. }), "{err}");
+    assert!(err.to_string().contains(&format!("`{argument}`")), "{err}");
+}
+
+/// Runs one step on a valid [2,3] f32 problem with the given config and step.
+fn step_f32(step: u64, config: &AdamW) -> Result<()> {
+    let mut param = [0.5f32; 6];
+    let grad = [0.1f32; 6];
+    let (mut m, mut v) = ([0f32; 6], [0f32; 6]);
+    adamw(
+        &mut TensorViewMut::contiguous(&mut param[..], [2, 3]).unwrap(),
+        &TensorView::contiguous(&grad[..], [2, 3]).unwrap(),
+        &mut TensorViewMut::contiguous(&mut m[..], [2, 3]).unwrap(),
+        &mut TensorViewMut::contiguous(&mut v[..], [2, 3]).unwrap(),
+        step,
+        config,
+    )
+}
+
+#[test]
+fn rejects_bad_step_and_config() {
+    let ok = AdamW::default();
+    assert!(step_f32(1, &ok).is_ok());
+    assert_argument(step_f32(0, &ok), "step");
+    let bad = |edit: fn(&mut AdamW)| {
+        let mut config = ok;
+        edit(&mut config);
+        step_f32(1, &config)
+    };
+    assert_argument(bad(|c| c.lr = -1e-3), "lr");
+    assert_argument(bad(|c| c.lr = f64::NAN), "lr");
+    assert_argument(bad(|c| c.eps = -1e-8), "eps");
+    assert_argument(bad(|c| c.eps = f64::INFINITY), "eps");
+    assert_argument(bad(|c| c.weight_decay = -0.1), "weight_decay");
+    assert_argument(bad(|c| c.beta1 = 1.0), "beta1");
+    assert_argument(bad(|c| c.beta1 = -0.1), "beta1");
+    assert_argument(bad(|c| c.beta2 = 1.0), "beta2");
+    assert_argument(bad(|c| c.beta2 = f64::NAN), "beta2");
+}
+
+#[test]
+fn rejects_wrong_shapes_dtypes_and_layouts() {
+    let config = AdamW::default();
+    let mut param = [0.5f32; 6];
+    let grad = [0.1f32; 6];
+    let grad64 = [0.1f64; 6];
+    let (mut m, mut v) = ([0f32; 6], [0f32; 6]);
+    let names = |err: Error, operand: &str| {
+        assert!(err.to_string().contains(&format!("`{operand}`")), "{err}");
+        err
+    };
+    let mut run = |grad: &TensorView<'_>, m_dims: [usize; 2], v_dims: [usize; 2]| {
+        adamw(
+            &mut TensorViewMut::contiguous(&mut param[..], [2, 3]).unwrap(),
+            grad,
+            &mut TensorViewMut::contiguous(&mut m[..], m_dims).unwrap(),
+            &mut TensorViewMut::contiguous(&mut v[..], v_dims).unwrap(),
+            1,
+            &config,
+        )
+        .unwrap_err()
+    };
+    let g = TensorView::contiguous(&grad[..], [2, 3]).unwrap();
+    let g_wrong = TensorView::contiguous(&grad[..], [3, 2]).unwrap();
+    let err = names(run(&g_wrong, [2, 3], [2, 3]), "grad");
+    assert!(matches!(err, Error::Shape { .. }), "{err}");
+    let err = names(run(&g, [6, 1], [2, 3]), "m");
+    assert!(matches!(err, Error::Shape { .. }), "{err}");
+    let err = names(run(&g, [2, 3], [1, 6]), "v");
+    assert!(matches!(err, Error::Shape { .. }), "{err}");
+    let g64 = TensorView::contiguous(&grad64[..], [2, 3]).unwrap();
+    let err = names(run(&g64, [2, 3], [2, 3]), "grad");
+    assert!(matches!(err, Error::DType { .. }), "{err}");
+    let g_transposed = TensorView::new(&grad[..], [2, 3], &[1, 2], 0).unwrap();
+    let err = names(run(&g_transposed, [2, 3], [2, 3]), "grad");
+    assert!(matches!(err, Error::NotContiguous { .. }), "{err}");
+
+    let mut ids = [1i64; 6];
+    let mut m64 = [0f64; 6];
+    let mut v64 = [0f64; 6];
+    let err = adamw(
+        &mut TensorViewMut::contiguous(&mut ids[..], [2, 3]).unwrap(),
+        &g64,
+        &mut TensorViewMut::contiguous(&mut m64[..], [2, 3]).unwrap(),
+        &mut TensorViewMut::contiguous(&mut v64[..], [2, 3]).unwrap(),
+        1,
+        &config,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::UnsupportedDType { op: "adamw", .. }),
+        "{err}"
+    );
+}
