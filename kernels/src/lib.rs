@@ -12,7 +12,10 @@ mod element;
 mod error;
 mod view;
 
+pub mod activation;
+pub mod attention;
 pub mod copy;
+pub mod loss;
 #[cfg(feature = "testing")]
 pub mod testing;
 
