@@ -13,7 +13,10 @@ mod element;
 mod error;
 mod view;
 
+pub mod activation;
+pub mod attention;
 pub mod copy;
+pub mod loss;
 pub mod norm;
 pub mod optim;
 pub mod rope;
