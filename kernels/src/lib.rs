@@ -13,6 +13,7 @@ mod error;
 mod view;
 
 pub mod copy;
+pub mod elementwise;
 pub mod embedding;
 #[cfg(feature = "testing")]
 pub mod testing;
