@@ -15,6 +15,7 @@ mod view;
 pub mod copy;
 pub mod elementwise;
 pub mod embedding;
+pub mod matmul;
 #[cfg(feature = "testing")]
 pub mod testing;
 
