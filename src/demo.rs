@@ -30,7 +30,10 @@ fn l2(values: &[f64]) -> f64 {
 /// Runs the tiny model on `batch × seq` random tokens drawn from `seed`.
 pub fn run(seed: u64, batch: usize, seq: usize) -> Result<DemoReport> {
     let config = ModelConfig::tiny();
-    anyhow::ensure!(batch > 0 && seq > 1, "demo needs --batch >= 1 and --seq >= 2");
+    anyhow::ensure!(
+        batch > 0 && seq > 1,
+        "demo needs --batch >= 1 and --seq >= 2"
+    );
     anyhow::ensure!(
         seq <= config.max_position_embeddings,
         "--seq {seq} exceeds the tiny model's {} positions",
@@ -74,7 +77,10 @@ pub fn run(seed: u64, batch: usize, seq: usize) -> Result<DemoReport> {
         config.vocab_size,
         params
     )?;
-    writeln!(text, "engine: eager oracle (CPU reference kernels, tape autograd), f32")?;
+    writeln!(
+        text,
+        "engine: eager oracle (CPU reference kernels, tape autograd), f32"
+    )?;
     writeln!(text, "batch {batch} x seq {seq}, seed {seed}")?;
     writeln!(
         text,

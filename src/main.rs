@@ -4,7 +4,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "Graph-compiled execution engine for Transformer models")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Graph-compiled execution engine for Transformer models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -12,10 +12,17 @@ fn kiln(args: &[&str]) -> std::process::Output {
 #[test]
 fn demo_reports_loss_and_gradient_norms() {
     let out = kiln(&["demo", "--seed", "3", "--batch", "2", "--seq", "8"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("loss "), "{text}");
-    assert!(text.contains("model.layers.1.mlp.down_proj.weight"), "{text}");
+    assert!(
+        text.contains("model.layers.1.mlp.down_proj.weight"),
+        "{text}"
+    );
     assert!(text.contains("total"), "{text}");
 }
 
@@ -26,8 +33,16 @@ fn demo_is_reproducible_and_sane() {
     assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "same seed, same bits");
     // A freshly initialized model predicts near-uniformly: loss close to ln(vocab).
     let uniform = (97f64).ln();
-    assert!((a.loss - uniform).abs() < 0.5, "loss {} vs ln V {uniform}", a.loss);
-    assert!(a.grad_norms.iter().all(|(_, n)| n.is_finite() && *n > 0.0), "{:?}", a.grad_norms);
+    assert!(
+        (a.loss - uniform).abs() < 0.5,
+        "loss {} vs ln V {uniform}",
+        a.loss
+    );
+    assert!(
+        a.grad_norms.iter().all(|(_, n)| n.is_finite() && *n > 0.0),
+        "{:?}",
+        a.grad_norms
+    );
 }
 
 #[test]

@@ -10,18 +10,17 @@ pub enum Error {
     #[error("a {dtype} tensor cannot require a gradient (only float tensors can)")]
     NotDifferentiable { dtype: DType },
     /// `backward` was called on a value no gradient flows to.
-    #[error("backward: the value does not require a gradient (no leaf that requires one is behind it)")]
+    #[error(
+        "backward: the value does not require a gradient (no leaf that requires one is behind it)"
+    )]
     NoGradient,
     /// The seed gradient does not match the value.
-    #[error("backward: seed gradient is {got_dtype} {got}, the value is {expected_dtype} {expected}")]
-    Seed {
-        expected: Shape,
-        expected_dtype: DType,
-        got: Shape,
-        got_dtype: DType,
-    },
+    #[error("backward: seed gradient is {got}, the value is {expected}")]
+    Seed { expected: String, got: String },
     /// `backward()` without a seed needs a one-element value.
-    #[error("backward: the value has shape {shape}; without a seed gradient it must have one element")]
+    #[error(
+        "backward: the value has shape {shape}; without a seed gradient it must have one element"
+    )]
     NotScalar { shape: Shape },
     /// An operation that only leaves support was asked of a computed value.
     #[error("{op}: the value is not a leaf (it was computed by `{producer}`)")]
@@ -45,14 +44,12 @@ pub enum Error {
     #[error("{op}: {reason}")]
     GradBuffer { op: &'static str, reason: String },
     /// An op's backward returned a gradient that does not match its input (a bug in that op).
-    #[error("backward of `{op}`: gradient for input {input} is {got_dtype} {got}, expected {expected_dtype} {expected}")]
+    #[error("backward of `{op}`: gradient for input {input} is {got}, expected {expected}")]
     GradientMismatch {
         op: &'static str,
         input: usize,
-        expected: Shape,
-        expected_dtype: DType,
-        got: Shape,
-        got_dtype: DType,
+        expected: String,
+        got: String,
     },
 
     // --- ops ---
@@ -79,3 +76,8 @@ impl From<kiln_kernels::Error> for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `"f32 [2,3]"`: how errors name a value's type.
+pub(crate) fn type_name(dtype: DType, shape: &Shape) -> String {
+    format!("{dtype} {shape}")
+}

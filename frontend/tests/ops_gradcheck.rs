@@ -7,12 +7,19 @@ use kiln_runtime::Tensor;
 use rand::rngs::StdRng;
 
 /// Checks the tape's gradient of `L = Σ c ⊙ f(inputs)` (random `c`) for every input.
-fn gradcheck(rng: &mut StdRng, name: &str, inputs: &[(Vec<f64>, Vec<usize>)], f: impl Fn(&[Var]) -> Var) {
+fn gradcheck(
+    rng: &mut StdRng,
+    name: &str,
+    inputs: &[(Vec<f64>, Vec<usize>)],
+    f: impl Fn(&[Var]) -> Var,
+) {
     let leaves = |values: &[Vec<f64>]| -> Vec<Var> {
         values
             .iter()
             .zip(inputs)
-            .map(|(v, (_, dims))| Var::leaf(Tensor::from_vec(v.clone(), dims.as_slice()).unwrap()).unwrap())
+            .map(|(v, (_, dims))| {
+                Var::leaf(Tensor::from_vec(v.clone(), dims.as_slice()).unwrap()).unwrap()
+            })
             .collect()
     };
     let base: Vec<Vec<f64>> = inputs.iter().map(|(v, _)| v.clone()).collect();
@@ -20,7 +27,10 @@ fn gradcheck(rng: &mut StdRng, name: &str, inputs: &[(Vec<f64>, Vec<usize>)], f:
     let out = f(&vars);
     let c = testing::signed(rng, out.value().numel());
     let c_var = Var::constant(Tensor::from_vec(c.clone(), out.shape().clone()).unwrap());
-    ops::sum(&ops::mul(&out, &c_var).unwrap()).unwrap().backward().unwrap();
+    ops::sum(&ops::mul(&out, &c_var).unwrap())
+        .unwrap()
+        .backward()
+        .unwrap();
     for (index, var) in vars.iter().enumerate() {
         let numeric = testing::central_difference(
             |p| {
@@ -31,8 +41,17 @@ fn gradcheck(rng: &mut StdRng, name: &str, inputs: &[(Vec<f64>, Vec<usize>)], f:
             &base[index],
             1e-6,
         );
-        let analytic = var.grad().map(|g| g.to_f64_vec().unwrap()).unwrap_or_else(|| vec![0.0; numeric.len()]);
-        testing::assert_close(&format!("{name}: input {index}"), &analytic, &numeric, 1e-6, 1e-8);
+        let analytic = var
+            .grad()
+            .map(|g| g.to_f64_vec().unwrap())
+            .unwrap_or_else(|| vec![0.0; numeric.len()]);
+        testing::assert_close(
+            &format!("{name}: input {index}"),
+            &analytic,
+            &numeric,
+            1e-6,
+            1e-8,
+        );
     }
 }
 
@@ -57,17 +76,29 @@ fn matmul_all_transpose_flags() {
 #[test]
 fn linear_with_bias() {
     let mut rng = testing::rng("linear_with_bias");
-    let inputs = [input(&mut rng, &[2, 3, 5]), input(&mut rng, &[7, 5]), input(&mut rng, &[7])];
-    gradcheck(&mut rng, "linear", &inputs, |v| ops::linear(&v[0], &v[1], Some(&v[2])).unwrap());
+    let inputs = [
+        input(&mut rng, &[2, 3, 5]),
+        input(&mut rng, &[7, 5]),
+        input(&mut rng, &[7]),
+    ];
+    gradcheck(&mut rng, "linear", &inputs, |v| {
+        ops::linear(&v[0], &v[1], Some(&v[2])).unwrap()
+    });
 }
 
 #[test]
 fn elementwise_with_broadcast() {
     let mut rng = testing::rng("elementwise_with_broadcast");
     let inputs = [input(&mut rng, &[3, 4]), input(&mut rng, &[4])];
-    gradcheck(&mut rng, "add", &inputs, |v| ops::add(&v[0], &v[1]).unwrap());
-    gradcheck(&mut rng, "mul", &inputs, |v| ops::mul(&v[0], &v[1]).unwrap());
-    gradcheck(&mut rng, "scale", &inputs[..1], |v| ops::scale(&v[0], -1.7).unwrap());
+    gradcheck(&mut rng, "add", &inputs, |v| {
+        ops::add(&v[0], &v[1]).unwrap()
+    });
+    gradcheck(&mut rng, "mul", &inputs, |v| {
+        ops::mul(&v[0], &v[1]).unwrap()
+    });
+    gradcheck(&mut rng, "scale", &inputs[..1], |v| {
+        ops::scale(&v[0], -1.7).unwrap()
+    });
     gradcheck(&mut rng, "sum", &inputs[..1], |v| ops::sum(&v[0]).unwrap());
 }
 
@@ -78,7 +109,9 @@ fn views() {
     gradcheck(&mut rng, "transpose+contiguous", &inputs, |v| {
         ops::contiguous(&ops::transpose(&v[0], 0, 2).unwrap()).unwrap()
     });
-    gradcheck(&mut rng, "reshape", &inputs, |v| ops::reshape(&v[0], [6, 4]).unwrap());
+    gradcheck(&mut rng, "reshape", &inputs, |v| {
+        ops::reshape(&v[0], [6, 4]).unwrap()
+    });
 }
 
 #[test]
@@ -86,7 +119,9 @@ fn embedding() {
     let mut rng = testing::rng("embedding");
     let ids = Tensor::from_vec(vec![3i64, 0, 3, 5, 1], [5]).unwrap();
     let inputs = [input(&mut rng, &[6, 3])];
-    gradcheck(&mut rng, "embedding", &inputs, |v| ops::embedding(&v[0], &ids).unwrap());
+    gradcheck(&mut rng, "embedding", &inputs, |v| {
+        ops::embedding(&v[0], &ids).unwrap()
+    });
 }
 
 #[test]
@@ -95,7 +130,9 @@ fn norms() {
     let x = input(&mut rng, &[3, 7]);
     let r = input(&mut rng, &[3, 7]);
     let w = (testing::uniform(&mut rng, 7, 0.5, 1.5), vec![7]);
-    gradcheck(&mut rng, "rmsnorm", &[x.clone(), w.clone()], |v| ops::rmsnorm(&v[0], &v[1], 1e-6).unwrap());
+    gradcheck(&mut rng, "rmsnorm", &[x.clone(), w.clone()], |v| {
+        ops::rmsnorm(&v[0], &v[1], 1e-6).unwrap()
+    });
     // Both outputs feed the loss, as the residual stream does in a model.
     gradcheck(&mut rng, "add_rmsnorm", &[x, r, w], |v| {
         let (sum, out) = ops::add_rmsnorm(&v[0], &v[1], &v[2], 1e-6).unwrap();
@@ -108,8 +145,12 @@ fn rope_with_bias() {
     let mut rng = testing::rng("rope_with_bias");
     let positions = Tensor::from_vec(vec![0i64, 1, 2, 7, 3, 4], [2, 3]).unwrap();
     let inputs = [input(&mut rng, &[2, 3, 2, 6]), input(&mut rng, &[12])];
-    gradcheck(&mut rng, "rope", &inputs, |v| ops::rope(&v[0], &positions, Some(&v[1]), 10000.0).unwrap());
-    gradcheck(&mut rng, "rope (no bias)", &inputs[..1], |v| ops::rope(&v[0], &positions, None, 500.0).unwrap());
+    gradcheck(&mut rng, "rope", &inputs, |v| {
+        ops::rope(&v[0], &positions, Some(&v[1]), 10000.0).unwrap()
+    });
+    gradcheck(&mut rng, "rope (no bias)", &inputs[..1], |v| {
+        ops::rope(&v[0], &positions, None, 500.0).unwrap()
+    });
 }
 
 #[test]
@@ -121,9 +162,12 @@ fn attention_gqa() {
             input(&mut rng, &[2, kv_heads, keys, 5]),
             input(&mut rng, &[2, kv_heads, keys, 5]),
         ];
-        gradcheck(&mut rng, &format!("attention {q_heads}/{kv_heads} T={seq} S={keys}"), &inputs, |v| {
-            ops::attention(&v[0], &v[1], &v[2], 0.4).unwrap()
-        });
+        gradcheck(
+            &mut rng,
+            &format!("attention {q_heads}/{kv_heads} T={seq} S={keys}"),
+            &inputs,
+            |v| ops::attention(&v[0], &v[1], &v[2], 0.4).unwrap(),
+        );
     }
 }
 
@@ -131,8 +175,14 @@ fn attention_gqa() {
 fn activations_and_loss() {
     let mut rng = testing::rng("activations_and_loss");
     let inputs = [input(&mut rng, &[3, 5]), input(&mut rng, &[3, 5])];
-    gradcheck(&mut rng, "swiglu", &inputs, |v| ops::swiglu(&v[0], &v[1]).unwrap());
-    gradcheck(&mut rng, "softmax", &inputs[..1], |v| ops::softmax(&v[0]).unwrap());
+    gradcheck(&mut rng, "swiglu", &inputs, |v| {
+        ops::swiglu(&v[0], &v[1]).unwrap()
+    });
+    gradcheck(&mut rng, "softmax", &inputs[..1], |v| {
+        ops::softmax(&v[0]).unwrap()
+    });
     let targets = Tensor::from_vec(vec![4i64, -100, 0], [3]).unwrap();
-    gradcheck(&mut rng, "cross_entropy", &inputs[..1], |v| ops::cross_entropy(&v[0], &targets, -100).unwrap());
+    gradcheck(&mut rng, "cross_entropy", &inputs[..1], |v| {
+        ops::cross_entropy(&v[0], &targets, -100).unwrap()
+    });
 }

@@ -116,6 +116,18 @@ impl From<&[usize]> for Shape {
     }
 }
 
+impl From<Vec<usize>> for Shape {
+    fn from(dims: Vec<usize>) -> Self {
+        Shape(SmallVec::from_vec(dims))
+    }
+}
+
+impl From<&Vec<usize>> for Shape {
+    fn from(dims: &Vec<usize>) -> Self {
+        Shape::new(dims)
+    }
+}
+
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(dims: [usize; N]) -> Self {
         Shape::new(&dims)

@@ -15,7 +15,7 @@ use kiln_runtime::Tensor;
 
 use super::leaf::add_fresh;
 use super::var::{Node, Origin, Var};
-use crate::error::{Error, Result};
+use crate::error::{type_name, Error, Result};
 use crate::launch::empty;
 
 impl Var {
@@ -35,10 +35,8 @@ impl Var {
     pub fn backward_with(&self, seed: Tensor) -> Result<()> {
         if seed.shape() != self.shape() || seed.dtype() != self.dtype() {
             return Err(Error::Seed {
-                expected: self.shape().clone(),
-                expected_dtype: self.dtype(),
-                got: seed.shape().clone(),
-                got_dtype: seed.dtype(),
+                expected: type_name(self.dtype(), self.shape()),
+                got: type_name(seed.dtype(), seed.shape()),
             });
         }
         match &self.0.origin {
@@ -86,8 +84,10 @@ fn reach(root: &Rc<Node>) -> Reach {
                     edges.pending += 1;
                 }
                 Origin::Output { node: producer, .. } => {
-                    if !found.nodes.contains_key(&producer.id) {
-                        found.nodes.insert(producer.id, producer.clone());
+                    if let std::collections::btree_map::Entry::Vacant(slot) =
+                        found.nodes.entry(producer.id)
+                    {
+                        slot.insert(producer.clone());
                         stack.push(producer.clone());
                     }
                 }
@@ -180,10 +180,8 @@ fn check_input_grads(node: &Node, grads: &[Option<Tensor>]) -> Result<()> {
                 return Err(Error::GradientMismatch {
                     op: node.op,
                     input: input_index,
-                    expected: input.shape().clone(),
-                    expected_dtype: input.dtype(),
-                    got: grad.shape().clone(),
-                    got_dtype: grad.dtype(),
+                    expected: type_name(input.dtype(), input.shape()),
+                    got: type_name(grad.dtype(), grad.shape()),
                 });
             }
         }

@@ -102,7 +102,10 @@ impl Var {
             return Err(Error::GradientPresent);
         }
         let reason = if self.dtype() != DType::F32 {
-            Some(format!("the leaf is {}; only f32 leaves can bind a buffer", self.dtype()))
+            Some(format!(
+                "the leaf is {}; only f32 leaves can bind a buffer",
+                self.dtype()
+            ))
         } else if buffer.dtype() != DType::F32 {
             Some(format!("the buffer is {}; it must be f32", buffer.dtype()))
         } else if buffer.shape() != self.shape() {

@@ -6,5 +6,4 @@ mod leaf;
 mod var;
 
 pub use leaf::GradHook;
-pub(crate) use leaf::add_fresh;
 pub use var::Var;

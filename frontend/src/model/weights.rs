@@ -40,7 +40,11 @@ pub struct ModelWeights<V> {
 
 /// The shape of every parameter, in Hugging Face naming order.
 pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, i, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
+    let (h, i, v) = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+    );
     let q = config.num_attention_heads * config.head_dim;
     let kv = config.num_key_value_heads * config.head_dim;
     let mut shapes = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
@@ -53,7 +57,10 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             ("v_proj", kv, config.qkv_bias),
             ("o_proj", h, config.o_bias),
         ] {
-            shapes.push((p(&format!("self_attn.{proj}.weight")), vec![out, if proj == "o_proj" { q } else { h }]));
+            shapes.push((
+                p(&format!("self_attn.{proj}.weight")),
+                vec![out, if proj == "o_proj" { q } else { h }],
+            ));
             if bias {
                 shapes.push((p(&format!("self_attn.{proj}.bias")), vec![out]));
             }
@@ -91,7 +98,10 @@ impl<V> ModelWeights<V> {
                     out.push((p(&format!("self_attn.{proj}.bias")), bias));
                 }
             }
-            out.push((p("post_attention_layernorm.weight"), &layer.post_attention_layernorm));
+            out.push((
+                p("post_attention_layernorm.weight"),
+                &layer.post_attention_layernorm,
+            ));
             for (proj, weight, bias) in [
                 ("gate_proj", &layer.gate_proj, &layer.gate_bias),
                 ("up_proj", &layer.up_proj, &layer.up_bias),
@@ -165,18 +175,18 @@ pub fn random_weights(config: &ModelConfig, seed: u64) -> Result<ModelWeights<Va
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     ModelWeights::build(config, |name, dims| {
         let numel: usize = dims.iter().product();
-        let (center, half_width) = if name.ends_with("layernorm.weight") || name == "model.norm.weight" {
-            (1.0, 0.1)
-        } else if name.ends_with(".bias") {
-            (0.0, 0.05)
-        } else {
-            // Uniform on [-a, a] has standard deviation a/sqrt(3).
-            (0.0, 0.02 * 3f64.sqrt())
-        };
+        let (center, half_width) =
+            if name.ends_with("layernorm.weight") || name == "model.norm.weight" {
+                (1.0, 0.1)
+            } else if name.ends_with(".bias") {
+                (0.0, 0.05)
+            } else {
+                // Uniform on [-a, a] has standard deviation a/sqrt(3).
+                (0.0, 0.02 * 3f64.sqrt())
+            };
         let values: Vec<f32> = (0..numel)
             .map(|_| (center + rng.random_range(-half_width..half_width)) as f32)
             .collect();
         Var::leaf(Tensor::from_vec(values, dims)?)
     })
 }
-

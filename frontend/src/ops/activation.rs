@@ -16,10 +16,14 @@ pub fn swiglu(gate: &Var, up: &Var) -> Result<Var> {
     Ok(Var::record_one("swiglu", &[gate, up], out, move |g| {
         let grad_gate = empty(gate_value.shape().clone(), gate_value.dtype());
         let grad_up = empty(up_value.shape().clone(), up_value.dtype());
-        launch(&[&gate_value, &up_value, g], &[&grad_gate, &grad_up], |i, o| {
-            let (gg, gu) = o.split_at_mut(1);
-            k::swiglu_backward(&i[0], &i[1], &i[2], &mut gg[0], &mut gu[0])
-        })?;
+        launch(
+            &[&gate_value, &up_value, g],
+            &[&grad_gate, &grad_up],
+            |i, o| {
+                let (gg, gu) = o.split_at_mut(1);
+                k::swiglu_backward(&i[0], &i[1], &i[2], &mut gg[0], &mut gu[0])
+            },
+        )?;
         Ok(vec![Some(grad_gate), Some(grad_up)])
     }))
 }

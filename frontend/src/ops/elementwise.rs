@@ -21,7 +21,11 @@ fn sum_to(grad: &Tensor, shape: &Shape) -> Result<Tensor> {
 fn binary(
     a: &Tensor,
     b: &Tensor,
-    kernel: impl FnOnce(&kiln_kernels::TensorView<'_>, &kiln_kernels::TensorView<'_>, &mut kiln_kernels::TensorViewMut<'_>) -> kiln_kernels::Result<()>,
+    kernel: impl FnOnce(
+        &kiln_kernels::TensorView<'_>,
+        &kiln_kernels::TensorView<'_>,
+        &mut kiln_kernels::TensorViewMut<'_>,
+    ) -> kiln_kernels::Result<()>,
 ) -> Result<Tensor> {
     let out = empty(a.shape().clone(), a.dtype());
     launch(&[a, b], &[&out], |i, o| kernel(&i[0], &i[1], &mut o[0]))?;
@@ -75,7 +79,9 @@ pub fn sum(x: &Var) -> Result<Var> {
 
 pub(crate) fn cast_tensor(x: &Tensor, dtype: DType) -> Result<Tensor> {
     let out = empty(x.shape().clone(), dtype);
-    launch(&[x], &[&out], |i, o| kiln_kernels::copy::cast(&i[0], &mut o[0]))?;
+    launch(&[x], &[&out], |i, o| {
+        kiln_kernels::copy::cast(&i[0], &mut o[0])
+    })?;
     Ok(out)
 }
 

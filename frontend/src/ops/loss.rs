@@ -16,11 +16,16 @@ pub fn cross_entropy(logits: &Var, targets: &Tensor, ignore_index: i64) -> Resul
         k::cross_entropy(&i[0], &i[1], ignore_index, &mut o[0])
     })?;
     let (logits_value, targets) = (logits.value().clone(), targets.clone());
-    Ok(Var::record_one("cross_entropy", &[logits], loss, move |g| {
-        let grad = empty(logits_value.shape().clone(), logits_value.dtype());
-        launch(&[&logits_value, &targets, g], &[&grad], |i, o| {
-            k::cross_entropy_backward(&i[0], &i[1], ignore_index, &i[2], &mut o[0])
-        })?;
-        Ok(vec![Some(grad)])
-    }))
+    Ok(Var::record_one(
+        "cross_entropy",
+        &[logits],
+        loss,
+        move |g| {
+            let grad = empty(logits_value.shape().clone(), logits_value.dtype());
+            launch(&[&logits_value, &targets, g], &[&grad], |i, o| {
+                k::cross_entropy_backward(&i[0], &i[1], ignore_index, &i[2], &mut o[0])
+            })?;
+            Ok(vec![Some(grad)])
+        },
+    ))
 }

@@ -30,13 +30,26 @@ fn product(a: &Tensor, b: &Tensor, transpose: Transpose) -> Result<Tensor> {
         });
     }
     let rank = a_dims.len();
-    let m = if transpose.a { a_dims[rank - 1] } else { a_dims[rank - 2] };
-    let n = if transpose.b { b_dims[rank - 2] } else { b_dims[rank - 1] };
+    let m = if transpose.a {
+        a_dims[rank - 1]
+    } else {
+        a_dims[rank - 2]
+    };
+    let n = if transpose.b {
+        b_dims[rank - 2]
+    } else {
+        b_dims[rank - 1]
+    };
     let mut dims = a_dims[..rank - 2].to_vec();
     dims.extend([m, n]);
-    let out_dtype = if a.dtype() == DType::BF16 { DType::F32 } else { a.dtype() };
+    let out_dtype = if a.dtype() == DType::BF16 {
+        DType::F32
+    } else {
+        a.dtype()
+    };
     let out = empty(dims, out_dtype);
-    let mut workspace = vec![0f32; k::matmul_workspace_len(a.dtype(), a.shape(), b.shape(), transpose)];
+    let mut workspace =
+        vec![0f32; k::matmul_workspace_len(a.dtype(), a.shape(), b.shape(), transpose)];
     launch(&[a, b], &[&out], |i, o| {
         k::matmul(&i[0], &i[1], &mut o[0], transpose, &mut workspace)
     })?;
@@ -51,19 +64,55 @@ pub fn matmul(a: &Var, b: &Var, transpose: Transpose) -> Result<Var> {
     let (a_value, b_value) = (a.value().clone(), b.value().clone());
     Ok(Var::record_one("matmul", &[a, b], out, move |g| {
         let input_dtype = a_value.dtype();
-        let g = if g.dtype() == input_dtype { g.clone() } else { cast_tensor(g, input_dtype)? };
-        let grad_a = if transpose.a {
-            product(&b_value, &g, Transpose { a: transpose.b, b: true })?
+        let g = if g.dtype() == input_dtype {
+            g.clone()
         } else {
-            product(&g, &b_value, Transpose { a: false, b: !transpose.b })?
+            cast_tensor(g, input_dtype)?
+        };
+        let grad_a = if transpose.a {
+            product(
+                &b_value,
+                &g,
+                Transpose {
+                    a: transpose.b,
+                    b: true,
+                },
+            )?
+        } else {
+            product(
+                &g,
+                &b_value,
+                Transpose {
+                    a: false,
+                    b: !transpose.b,
+                },
+            )?
         };
         let grad_b = if transpose.b {
-            product(&g, &a_value, Transpose { a: true, b: transpose.a })?
+            product(
+                &g,
+                &a_value,
+                Transpose {
+                    a: true,
+                    b: transpose.a,
+                },
+            )?
         } else {
-            product(&a_value, &g, Transpose { a: !transpose.a, b: false })?
+            product(
+                &a_value,
+                &g,
+                Transpose {
+                    a: !transpose.a,
+                    b: false,
+                },
+            )?
         };
         let back = |t: Tensor| -> Result<Tensor> {
-            if t.dtype() == input_dtype { Ok(t) } else { cast_tensor(&t, input_dtype) }
+            if t.dtype() == input_dtype {
+                Ok(t)
+            } else {
+                cast_tensor(&t, input_dtype)
+            }
         };
         Ok(vec![Some(back(grad_a)?), Some(back(grad_b)?)])
     }))
@@ -76,7 +125,11 @@ pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>) -> Result<Var> {
     let (Some(&features), Some(&outputs)) = (dims.last(), weight.dims().first()) else {
         return Err(Error::Operand {
             op: "linear",
-            reason: format!("input {} and weight {} must have rank >= 1", x.shape(), weight.shape()),
+            reason: format!(
+                "input {} and weight {} must have rank >= 1",
+                x.shape(),
+                weight.shape()
+            ),
         });
     };
     let rows = x.shape().rows();

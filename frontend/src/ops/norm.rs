@@ -17,10 +17,14 @@ pub fn rmsnorm(x: &Var, weight: &Var, eps: f64) -> Result<Var> {
     Ok(Var::record_one("rmsnorm", &[x, weight], out, move |g| {
         let grad_x = empty(x_value.shape().clone(), x_value.dtype());
         let grad_weight = empty(weight_value.shape().clone(), weight_value.dtype());
-        launch(&[&x_value, &weight_value, g], &[&grad_x, &grad_weight], |i, o| {
-            let (gx, gw) = o.split_at_mut(1);
-            k::rmsnorm_backward(&i[0], &i[1], &i[2], eps, &mut gx[0], &mut gw[0])
-        })?;
+        launch(
+            &[&x_value, &weight_value, g],
+            &[&grad_x, &grad_weight],
+            |i, o| {
+                let (gx, gw) = o.split_at_mut(1);
+                k::rmsnorm_backward(&i[0], &i[1], &i[2], eps, &mut gx[0], &mut gw[0])
+            },
+        )?;
         Ok(vec![Some(grad_x), Some(grad_weight)])
     }))
 }
@@ -29,10 +33,14 @@ pub fn rmsnorm(x: &Var, weight: &Var, eps: f64) -> Result<Var> {
 pub fn add_rmsnorm(x: &Var, residual: &Var, weight: &Var, eps: f64) -> Result<(Var, Var)> {
     let sum = empty(x.shape().clone(), x.dtype());
     let out = empty(x.shape().clone(), x.dtype());
-    launch(&[x.value(), residual.value(), weight.value()], &[&sum, &out], |i, o| {
-        let (s, n) = o.split_at_mut(1);
-        k::add_rmsnorm(&i[0], &i[1], &i[2], eps, &mut s[0], &mut n[0])
-    })?;
+    launch(
+        &[x.value(), residual.value(), weight.value()],
+        &[&sum, &out],
+        |i, o| {
+            let (s, n) = o.split_at_mut(1);
+            k::add_rmsnorm(&i[0], &i[1], &i[2], eps, &mut s[0], &mut n[0])
+        },
+    )?;
     let (sum_value, weight_value) = (sum.clone(), weight.value().clone());
     let mut outs = Var::record(
         "add_rmsnorm",
@@ -46,11 +54,23 @@ pub fn add_rmsnorm(x: &Var, residual: &Var, weight: &Var, eps: f64) -> Result<(V
                 &[&grad_input, &grad_weight],
                 |i, o| {
                     let (gi, gw) = o.split_at_mut(1);
-                    k::add_rmsnorm_backward(&i[0], &i[1], &i[2], Some(&i[3]), eps, &mut gi[0], &mut gw[0])
+                    k::add_rmsnorm_backward(
+                        &i[0],
+                        &i[1],
+                        &i[2],
+                        Some(&i[3]),
+                        eps,
+                        &mut gi[0],
+                        &mut gw[0],
+                    )
                 },
             )?;
             // d sum/dx = d sum/d residual = I: both get the same (never mutated) gradient.
-            Ok(vec![Some(grad_input.clone()), Some(grad_input), Some(grad_weight)])
+            Ok(vec![
+                Some(grad_input.clone()),
+                Some(grad_input),
+                Some(grad_weight),
+            ])
         },
     );
     let out = outs.remove(1);
