@@ -57,6 +57,59 @@ pub enum Error {
     #[error("{op}: {reason}")]
     Operand { op: &'static str, reason: String },
 
+    // --- model files ---
+    /// A config field is missing or malformed.
+    #[error("{path}: field `{field}`: {reason}")]
+    Config {
+        path: String,
+        field: String,
+        reason: String,
+    },
+    /// A config asks for something kiln does not implement.
+    #[error("{path}: unsupported {field} = {value}: {reason}")]
+    Unsupported {
+        path: String,
+        field: String,
+        value: String,
+        reason: String,
+    },
+    /// A file could not be read, written or renamed.
+    #[error("{path}: {reason}")]
+    Io { path: String, reason: String },
+    /// A safetensors file (or shard index) is malformed: truncated, header offsets outside the
+    /// file, overlapping data ranges, a bad header.
+    #[error("{path}: {reason}")]
+    Safetensors { path: String, reason: String },
+    /// A tensor the config needs is not in the weights.
+    #[error("{path}: missing tensor `{name}` (expected shape {expected})")]
+    MissingTensor {
+        path: String,
+        name: String,
+        expected: String,
+    },
+    /// The weights hold a tensor the config does not use.
+    #[error("{path}: unexpected tensor `{name}` (the config has no such parameter)")]
+    UnexpectedTensor { path: String, name: String },
+    /// A tensor has the wrong shape for the config.
+    #[error("{path}: tensor `{name}` has shape {found}, expected {expected}")]
+    TensorShape {
+        path: String,
+        name: String,
+        expected: String,
+        found: String,
+    },
+    /// A tensor has a dtype kiln cannot use there.
+    #[error("{path}: tensor `{name}` has dtype {found}, expected {expected}")]
+    TensorDType {
+        path: String,
+        name: String,
+        expected: String,
+        found: String,
+    },
+    /// A preset name kiln does not know.
+    #[error("unknown preset `{name}` (known: {known})")]
+    UnknownPreset { name: String, known: String },
+
     // --- below ---
     /// A tensor or kernel error (boxed: they carry shapes and strides).
     #[error(transparent)]

@@ -1,0 +1,2 @@
+//! Hugging Face model directories: `config.json`, `model.safetensors` (or a sharded
+//! `model.safetensors.index.json`), and kiln's built-in presets.
