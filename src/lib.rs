@@ -8,4 +8,5 @@ pub use kiln_kernels as kernels;
 pub use kiln_planner as planner;
 pub use kiln_runtime as runtime;
 
+pub mod commands;
 pub mod demo;

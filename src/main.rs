@@ -1,7 +1,11 @@
 //! The `kiln` command line.
 
+use std::path::PathBuf;
+
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+
+use kiln::commands;
 
 #[derive(Parser)]
 #[command(
@@ -12,6 +16,14 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// Dtypes a checkpoint can be written in.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum CheckpointDType {
+    F32,
+    Bf16,
+    F16,
 }
 
 #[derive(Subcommand)]
@@ -29,6 +41,41 @@ enum Command {
         #[arg(long, default_value_t = 16)]
         seq: usize,
     },
+    /// Write a preset's config.json and model.safetensors with seeded random weights, so
+    /// official shapes run with no download.
+    InitModel {
+        /// tiny, qwen2.5-0.5b or deepseek-r1-distill-qwen-1.5b.
+        #[arg(long)]
+        preset: String,
+        /// Seed for the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Directory to create or fill; existing model files are never overwritten.
+        #[arg(long)]
+        out: PathBuf,
+        /// Dtype of the written weights (default: the preset's official dtype).
+        #[arg(long, value_enum)]
+        dtype: Option<CheckpointDType>,
+    },
+    /// Logits, causal-LM loss and (with --grads) every parameter's gradient for a batch of
+    /// tokens, written as safetensors.
+    Eval {
+        /// A Hugging Face model directory or a preset name.
+        #[arg(long)]
+        model: String,
+        /// Seed for a preset's random weights (ignored for a directory).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// safetensors file with an integer tensor `tokens` [B,T].
+        #[arg(long)]
+        tokens: PathBuf,
+        /// Output safetensors file (logits, loss, grad.<name>); must not exist yet.
+        #[arg(long)]
+        out: PathBuf,
+        /// Also write the gradient of the loss for every parameter.
+        #[arg(long)]
+        grads: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -37,6 +84,26 @@ fn main() -> Result<()> {
             let report = kiln::demo::run(seed, batch, seq)?;
             print!("{}", report.text);
         }
+        Command::InitModel {
+            preset,
+            seed,
+            out,
+            dtype,
+        } => {
+            let dtype = dtype.map(|d| match d {
+                CheckpointDType::F32 => kiln_ir::DType::F32,
+                CheckpointDType::Bf16 => kiln_ir::DType::BF16,
+                CheckpointDType::F16 => kiln_ir::DType::F16,
+            });
+            commands::init_model(&preset, seed, &out, dtype)?;
+        }
+        Command::Eval {
+            model,
+            seed,
+            tokens,
+            out,
+            grads,
+        } => commands::eval(&model, seed, &tokens, &out, grads)?,
     }
     Ok(())
 }

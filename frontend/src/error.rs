@@ -110,6 +110,21 @@ pub enum Error {
     #[error("unknown preset `{name}` (known: {known})")]
     UnknownPreset { name: String, known: String },
 
+    /// `--model` named neither a model directory nor a preset.
+    #[error("`{arg}` is neither a model directory nor a preset (presets: {known})")]
+    ModelSource { arg: String, known: String },
+    /// A token id outside the model's vocabulary.
+    #[error("token id {id} at [{row}, {column}] is outside the vocabulary 0..{vocab}")]
+    TokenOutOfRange {
+        row: usize,
+        column: usize,
+        id: i64,
+        vocab: usize,
+    },
+    /// A token batch of the wrong shape or dtype.
+    #[error("tokens: {reason}")]
+    Tokens { reason: String },
+
     // --- below ---
     /// A tensor or kernel error (boxed: they carry shapes and strides).
     #[error(transparent)]

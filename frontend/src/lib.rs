@@ -7,6 +7,7 @@
 
 pub mod autograd;
 mod error;
+pub mod eval;
 pub mod hf;
 mod launch;
 pub mod model;

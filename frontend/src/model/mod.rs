@@ -10,4 +10,6 @@ pub use config::{Family, ModelConfig};
 pub use eager::Eager;
 pub use ops::Ops;
 pub use transformer::{causal_lm_loss, forward, shifted_targets, IGNORE_INDEX};
-pub use weights::{parameter_shapes, random_weights, LayerWeights, ModelWeights};
+pub use weights::{
+    parameter_shapes, random_parameters, random_weights, LayerWeights, ModelWeights,
+};

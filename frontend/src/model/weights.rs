@@ -1,11 +1,14 @@
 //! Model parameters under their Hugging Face names.
 
+use half::{bf16, f16};
+use kiln_ir::DType;
+use kiln_kernels::Buffer;
 use kiln_runtime::Tensor;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::autograd::Var;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 
 /// Parameters of one decoder layer.
@@ -168,25 +171,56 @@ fn required<V>(value: Option<V>) -> V {
     value.unwrap_or_else(|| unreachable!("parameter_shapes lists every required parameter"))
 }
 
-/// Seeded random f32 parameters as Hugging Face initializes them in spirit: projections and
-/// embeddings uniform with standard deviation 0.02, biases small, norm weights near 1 (not
-/// exactly 1, so tests see the weight's effect).
-pub fn random_weights(config: &ModelConfig, seed: u64) -> Result<ModelWeights<Var>> {
+/// Seeded random parameters in Hugging Face naming order, each generated in f32 and rounded to
+/// `dtype`: projections and embeddings uniform with standard deviation 0.02 (Hugging Face's
+/// initializer range), biases small, norm weights near 1 (not exactly 1, so tests see the
+/// weight's effect). Values depend only on the config and the seed; `progress` is called once
+/// per parameter.
+pub fn random_parameters(
+    config: &ModelConfig,
+    seed: u64,
+    dtype: DType,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<(String, Tensor)>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    ModelWeights::build(config, |name, dims| {
+    let mut out = Vec::new();
+    for (name, dims) in parameter_shapes(config) {
         let numel: usize = dims.iter().product();
-        let (center, half_width) =
-            if name.ends_with("layernorm.weight") || name == "model.norm.weight" {
-                (1.0, 0.1)
-            } else if name.ends_with(".bias") {
-                (0.0, 0.05)
-            } else {
-                // Uniform on [-a, a] has standard deviation a/sqrt(3).
-                (0.0, 0.02 * 3f64.sqrt())
-            };
-        let values: Vec<f32> = (0..numel)
-            .map(|_| (center + rng.random_range(-half_width..half_width)) as f32)
-            .collect();
-        Var::leaf(Tensor::from_vec(values, dims)?)
+        let is_norm = name.ends_with("layernorm.weight") || name == "model.norm.weight";
+        let (center, half_width) = if is_norm {
+            (1.0, 0.1)
+        } else if name.ends_with(".bias") {
+            (0.0, 0.05)
+        } else {
+            // Uniform on [-a, a] has standard deviation a/sqrt(3).
+            (0.0, 0.02 * 3f64.sqrt())
+        };
+        let mut draw = || (center + rng.random_range(-half_width..half_width)) as f32;
+        let buffer = match dtype {
+            DType::F32 => Buffer::F32((0..numel).map(|_| draw()).collect()),
+            DType::F64 => Buffer::F64((0..numel).map(|_| f64::from(draw())).collect()),
+            DType::BF16 => Buffer::BF16((0..numel).map(|_| bf16::from_f32(draw())).collect()),
+            DType::F16 => Buffer::F16((0..numel).map(|_| f16::from_f32(draw())).collect()),
+            other => {
+                return Err(Error::Operand {
+                    op: "random_parameters",
+                    reason: format!("parameters must be a float dtype, got {other}"),
+                })
+            }
+        };
+        progress(&name);
+        out.push((name, Tensor::from_buffer(buffer, dims)?));
+    }
+    Ok(out)
+}
+
+/// Seeded random f32 parameters (see [`random_parameters`]) as leaves of the eager oracle.
+pub fn random_weights(config: &ModelConfig, seed: u64) -> Result<ModelWeights<Var>> {
+    let mut tensors = random_parameters(config, seed, DType::F32, |_| {})?.into_iter();
+    ModelWeights::build(config, |_, _| {
+        let (_, tensor) = tensors
+            .next()
+            .unwrap_or_else(|| unreachable!("one tensor per parameter, in the same order"));
+        Var::leaf(tensor)
     })
 }

@@ -1,0 +1,102 @@
+//! `kiln eval`: logits, the causal-LM loss and (optionally) every parameter's gradient for a
+//! batch of token ids — the contract scripts and the parity tests rely on.
+
+use kiln_ir::DType;
+use kiln_runtime::Tensor;
+
+use crate::autograd::Var;
+use crate::error::{Error, Result};
+use crate::model::{causal_lm_loss, forward, shifted_targets, Eager, ModelConfig, ModelWeights};
+use crate::ops;
+
+/// What one evaluation produced, every tensor f32.
+pub struct Evaluation {
+    /// `[B,T,V]`.
+    pub logits: Tensor,
+    /// `[1]`: mean cross-entropy of `logits[:, :-1]` against `tokens[:, 1:]`.
+    pub loss: Tensor,
+    /// Gradient of the loss per parameter, Hugging Face names (tied models: the embedding only).
+    pub grads: Vec<(String, Tensor)>,
+}
+
+/// Checks `tokens` (integer `[B,T]`, `B >= 1`, `T >= 2`, ids inside the vocabulary) and returns
+/// them as i64 values.
+pub fn check_tokens(tokens: &Tensor, vocab: usize) -> Result<(usize, usize, Vec<i64>)> {
+    let &[batch, seq] = tokens.dims() else {
+        return Err(Error::Tokens {
+            reason: format!("expected shape [B,T], got {}", tokens.shape()),
+        });
+    };
+    if batch == 0 || seq < 2 {
+        return Err(Error::Tokens {
+            reason: format!(
+                "shape {} has no next-token pairs; the loss needs B >= 1 and T >= 2",
+                tokens.shape()
+            ),
+        });
+    }
+    let ids: Vec<i64> = match tokens.dtype() {
+        DType::I64 => tokens.to_vec::<i64>()?,
+        DType::I32 => tokens.to_vec::<i32>()?.into_iter().map(i64::from).collect(),
+        other => {
+            return Err(Error::Tokens {
+                reason: format!("expected integer ids (i64 or i32), got {other}"),
+            })
+        }
+    };
+    if let Some(at) = ids.iter().position(|&id| id < 0 || id as u64 >= vocab as u64) {
+        return Err(Error::TokenOutOfRange {
+            row: at / seq,
+            column: at % seq,
+            id: ids[at],
+            vocab,
+        });
+    }
+    Ok((batch, seq, ids))
+}
+
+fn to_f32(tensor: &Tensor) -> Result<Tensor> {
+    if tensor.dtype() == DType::F32 {
+        return Ok(tensor.clone());
+    }
+    Ok(ops::cast(&Var::constant(tensor.clone()), DType::F32)?
+        .value()
+        .clone())
+}
+
+/// Runs the model on `tokens` at positions `0..T` through the eager oracle.
+pub fn evaluate(
+    config: &ModelConfig,
+    weights: &ModelWeights<Var>,
+    tokens: &Tensor,
+    with_grads: bool,
+) -> Result<Evaluation> {
+    let (batch, seq, ids) = check_tokens(tokens, config.vocab_size)?;
+    let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
+    let targets = shifted_targets(&ids, batch, seq);
+    let ids = Var::constant(Tensor::from_vec(ids, [batch, seq])?);
+    let positions = Var::constant(Tensor::from_vec(positions, [batch, seq])?);
+    let targets = Var::constant(Tensor::from_vec(targets, [batch * seq])?);
+    let logits = forward(&Eager, config, weights, &ids, &positions)?;
+    let loss = causal_lm_loss(&Eager, &logits, &targets)?;
+    let mut grads = Vec::new();
+    if with_grads {
+        for (_, param) in weights.named() {
+            param.zero_grad()?;
+        }
+        loss.backward()?;
+        for (name, param) in weights.named() {
+            let grad = match param.grad() {
+                Some(grad) => to_f32(&grad)?,
+                // A parameter no gradient reached (possible only for degenerate inputs).
+                None => Tensor::zeros(param.shape().clone(), DType::F32, param.value().device()),
+            };
+            grads.push((name, grad));
+        }
+    }
+    Ok(Evaluation {
+        logits: to_f32(logits.value())?,
+        loss: to_f32(loss.value())?.reshape([1])?,
+        grads,
+    })
+}

@@ -1,0 +1,58 @@
+//! Where a model comes from: a Hugging Face directory or a built-in preset. Everywhere kiln takes
+//! `--model`, either works.
+
+use std::path::{Path, PathBuf};
+
+use kiln_ir::DType;
+
+use crate::autograd::Var;
+use crate::error::{Error, Result};
+use crate::hf::config::load_config;
+use crate::hf::presets::{preset, PRESETS};
+use crate::hf::weights_io::load_weights;
+use crate::model::{random_weights, ModelConfig, ModelWeights};
+
+/// A resolved `--model` argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A directory with config.json and safetensors weights.
+    Dir(PathBuf),
+    /// A built-in preset: its config with seeded random weights.
+    Preset(String),
+}
+
+impl ModelSource {
+    /// A directory if `arg` is one, else a preset name if it is one, else an error naming both
+    /// possibilities.
+    pub fn resolve(arg: &str) -> Result<ModelSource> {
+        if Path::new(arg).is_dir() {
+            Ok(ModelSource::Dir(PathBuf::from(arg)))
+        } else if PRESETS.contains(&arg) {
+            Ok(ModelSource::Preset(arg.to_string()))
+        } else {
+            Err(Error::ModelSource {
+                arg: arg.to_string(),
+                known: PRESETS.join(", "),
+            })
+        }
+    }
+
+    /// The config and the checkpoint dtype (a preset's official dtype).
+    pub fn config(&self) -> Result<(ModelConfig, DType)> {
+        match self {
+            ModelSource::Dir(dir) => load_config(dir),
+            ModelSource::Preset(name) => preset(name),
+        }
+    }
+
+    /// The config and the weights as f32 leaves of the eager oracle. A preset's weights are
+    /// random from `seed`, exactly what `kiln init-model --seed` writes.
+    pub fn load(&self, seed: u64) -> Result<(ModelConfig, ModelWeights<Var>)> {
+        let (config, _) = self.config()?;
+        let weights = match self {
+            ModelSource::Dir(dir) => load_weights(dir, &config, DType::F32)?,
+            ModelSource::Preset(_) => random_weights(&config, seed)?,
+        };
+        Ok((config, weights))
+    }
+}

@@ -1,0 +1,53 @@
+//! `kiln eval`: the output contract scripts and tests rely on.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use kiln_frontend::eval::evaluate;
+use kiln_frontend::hf::safetensors_io::{write_safetensors, SafetensorsFile};
+use kiln_frontend::hf::source::ModelSource;
+use kiln_ir::DType;
+
+/// Evaluates `model` on the `tokens` tensor of `tokens_path` and writes `logits`, `loss` and,
+/// with `grads`, `grad.<name>` to `out` (which must not exist).
+pub fn eval(model: &str, seed: u64, tokens_path: &Path, out: &Path, grads: bool) -> Result<()> {
+    if out.exists() {
+        bail!(
+            "{} already exists; kiln never overwrites files (choose another --out)",
+            out.display()
+        );
+    }
+    let source = ModelSource::resolve(model)?;
+    let file = SafetensorsFile::open(tokens_path)?;
+    if file.info("tokens").is_none() {
+        bail!(
+            "{} has no tensor `tokens` (it holds: {})",
+            tokens_path.display(),
+            file.names().join(", ")
+        );
+    }
+    let tokens = file.tensor("tokens", DType::I64)?;
+    let (config, weights) = source
+        .load(seed)
+        .with_context(|| format!("loading model {model}"))?;
+    let result = evaluate(&config, &weights, &tokens, grads)?;
+    let mut tensors = vec![
+        ("logits".to_string(), result.logits),
+        ("loss".to_string(), result.loss.clone()),
+    ];
+    tensors.extend(
+        result
+            .grads
+            .into_iter()
+            .map(|(name, grad)| (format!("grad.{name}"), grad)),
+    );
+    write_safetensors(out, &tensors, None)?;
+    let loss = result.loss.to_f64_vec()?[0];
+    println!(
+        "loss {loss:.6} over {} tokens; wrote {} tensors to {}",
+        tokens.numel(),
+        tensors.len(),
+        out.display()
+    );
+    Ok(())
+}
