@@ -98,6 +98,48 @@ mod tests {
             .sum()
     }
 
+    /// What transformers 5.24's `save_pretrained` writes for Qwen2.5-0.5B (`layer_types` and
+    /// `rope_parameters` instead of `rope_theta`, `dtype`; the layer list joined on one line).
+    const QWEN2_5_0_5B_SAVED_BY_TRANSFORMERS_5: &str = r#"{
+  "architectures": [
+    "Qwen2ForCausalLM"
+  ],
+  "attention_dropout": 0.0,
+  "bos_token_id": null,
+  "dtype": "bfloat16",
+  "eos_token_id": null,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 896,
+  "initializer_range": 0.02,
+  "intermediate_size": 4864,
+  "layer_types": ["full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention"],
+  "max_position_embeddings": 32768,
+  "max_window_layers": 28,
+  "model_type": "qwen2",
+  "num_attention_heads": 14,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 2,
+  "pad_token_id": null,
+  "rms_norm_eps": 1e-06,
+  "rope_parameters": {
+    "rope_theta": 1000000.0,
+    "rope_type": "default"
+  },
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "transformers_version": "5.24.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}"#;
+
+    #[test]
+    fn qwen2_5_0_5b_as_transformers_5_saves_it_is_the_preset() {
+        let parsed = parse_config(QWEN2_5_0_5B_SAVED_BY_TRANSFORMERS_5, "saved").unwrap();
+        assert_eq!(parsed, preset("qwen2.5-0.5b").unwrap());
+    }
+
     #[test]
     fn published_presets_have_the_published_parameter_counts() {
         for (name, expected, head_dim) in [

@@ -63,7 +63,7 @@ fn parse(json: &str) -> Result<(ModelConfig, DType)> {
     parse_config(json, "models/x/config.json")
 }
 
-/// `base` with `key` set to `value` (`Value::Null` removes it, as "absent").
+/// `base` with each edit applied: the key set to the value, or removed (absent) for `Value::Null`.
 fn with(base: &str, edits: &[(&str, Value)]) -> String {
     let mut value: Value = serde_json::from_str(base).unwrap();
     let object = value.as_object_mut().unwrap();
