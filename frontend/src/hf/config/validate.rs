@@ -1,0 +1,86 @@
+//! The invariants of every [`ModelConfig`] kiln runs, whether read or written.
+
+use super::fields::{config_error, positive};
+use crate::error::Result;
+use crate::model::ModelConfig;
+
+/// Checks what every config kiln runs must satisfy; `path` names the source in errors.
+pub fn validate(config: &ModelConfig, path: &str) -> Result<()> {
+    for (field, value) in [
+        ("hidden_size", config.hidden_size),
+        ("intermediate_size", config.intermediate_size),
+        ("num_hidden_layers", config.num_hidden_layers),
+        ("num_attention_heads", config.num_attention_heads),
+        ("num_key_value_heads", config.num_key_value_heads),
+        ("head_dim", config.head_dim),
+        ("vocab_size", config.vocab_size),
+        ("max_position_embeddings", config.max_position_embeddings),
+    ] {
+        positive(path, field, value)?;
+    }
+    if !config
+        .num_attention_heads
+        .is_multiple_of(config.num_key_value_heads)
+    {
+        let reason = format!(
+            "{} does not divide num_attention_heads {} (each key/value head serves a whole group \
+             of query heads)",
+            config.num_key_value_heads, config.num_attention_heads
+        );
+        return Err(config_error(path, "num_key_value_heads", reason));
+    }
+    if !config.head_dim.is_multiple_of(2) {
+        let reason = format!(
+            "{} is odd; split-half RoPE rotates pairs (i, i + head_dim/2)",
+            config.head_dim
+        );
+        return Err(config_error(path, "head_dim", reason));
+    }
+    for (field, value) in [
+        ("rms_norm_eps", config.rms_norm_eps),
+        ("rope_theta", config.rope_theta),
+    ] {
+        if !(value.is_finite() && value > 0.0) {
+            let reason = format!("{value} is not a positive finite number");
+            return Err(config_error(path, field, reason));
+        }
+    }
+    if parameter_count(config).is_none() {
+        let reason = "the sizes are too large: the parameter count overflows".to_string();
+        return Err(config_error(path, "(sizes)", reason));
+    }
+    Ok(())
+}
+
+/// The number of parameters, or `None` when it (or a shape inside it) overflows `usize`.
+fn parameter_count(config: &ModelConfig) -> Option<usize> {
+    let (h, i, v) = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+    );
+    let q = config.num_attention_heads.checked_mul(config.head_dim)?;
+    let kv = config.num_key_value_heads.checked_mul(config.head_dim)?;
+    let bias = |on: bool, n: usize| if on { n } else { 0 };
+    let attention = [
+        h.checked_mul(q)?,
+        h.checked_mul(kv)?.checked_mul(2)?,
+        q.checked_mul(h)?,
+        bias(config.qkv_bias, q.checked_add(kv.checked_mul(2)?)?),
+        bias(config.o_bias, h),
+    ];
+    let mlp = [
+        h.checked_mul(i)?.checked_mul(3)?,
+        bias(config.mlp_bias, i.checked_mul(2)?.checked_add(h)?),
+    ];
+    let norms = h.checked_mul(2)?;
+    let layer = attention
+        .into_iter()
+        .chain(mlp)
+        .try_fold(norms, usize::checked_add)?;
+    let heads = if config.tie_word_embeddings { 1 } else { 2 };
+    v.checked_mul(h)?
+        .checked_mul(heads)?
+        .checked_add(layer.checked_mul(config.num_hidden_layers)?)?
+        .checked_add(h)
+}
