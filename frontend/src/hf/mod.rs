@@ -1,2 +1,5 @@
 //! Hugging Face model directories: `config.json`, `model.safetensors` (or a sharded
 //! `model.safetensors.index.json`), and kiln's built-in presets.
+
+pub mod safetensors_io;
+pub mod weights_io;
