@@ -52,20 +52,26 @@ impl std::fmt::Debug for SafetensorsFile {
 impl SafetensorsFile {
     /// Maps `path` and validates its header; errors name the path and the problem.
     pub fn open(path: &Path) -> Result<SafetensorsFile> {
-        let where_ = path.display().to_string();
+        let path_text = path.display().to_string();
         let file = File::open(path).map_err(|e| Error::Io {
-            path: where_.clone(),
+            path: path_text.clone(),
             reason: format!("cannot open the safetensors file: {e}"),
         })?;
+        if file.metadata().is_ok_and(|m| m.is_dir()) {
+            return Err(Error::Io {
+                path: path_text,
+                reason: "is a directory, not a safetensors file".into(),
+            });
+        }
         // SAFETY: the map is read-only and private to this value. Its contents stay valid as
         // long as no one truncates or rewrites the file in place while it is open, the usual
         // contract of memory-mapped model files (see the module docs).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::Io {
-            path: where_.clone(),
+            path: path_text.clone(),
             reason: format!("cannot memory-map the safetensors file: {e}"),
         })?;
         let header = header::parse(&map).map_err(|reason| Error::Safetensors {
-            path: where_,
+            path: path_text,
             reason,
         })?;
         Ok(SafetensorsFile {
@@ -99,17 +105,17 @@ impl SafetensorsFile {
     /// dtype (exact when widening, rounded to nearest even when narrowing); integers convert to
     /// either integer dtype when every value fits; float ↔ integer is refused.
     pub fn tensor(&self, name: &str, dtype: DType) -> Result<Tensor> {
-        let where_ = self.path.display().to_string();
+        let path_text = self.path.display().to_string();
         let entry = self.entry(name)?;
         let bytes = self
             .map
             .get(self.header.data_start + entry.begin..self.header.data_start + entry.end)
             .ok_or_else(|| Error::Safetensors {
-                path: where_.clone(),
+                path: path_text.clone(),
                 reason: format!("tensor `{name}`: its bytes are no longer in the file"),
             })?;
         let refuse = |expected: String, found: String| Error::TensorDType {
-            path: where_.clone(),
+            path: path_text.clone(),
             name: name.to_string(),
             expected,
             found,

@@ -18,7 +18,7 @@ fn header(entries: &[String]) -> String {
 }
 
 #[test]
-fn a_missing_file_is_an_io_error_naming_it() {
+fn a_missing_file_or_a_directory_is_an_io_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("absent.safetensors");
     let err = SafetensorsFile::open(&path).unwrap_err();

@@ -95,7 +95,8 @@ fn bits_of(tensor: &Tensor) -> Vec<u64> {
     }
 }
 
-/// One tensor of each dtype, a scalar, a zero-sized one and a transposed (non-contiguous) one.
+/// One tensor of each dtype, a scalar, a zero-sized one, a transposed (non-contiguous) one and
+/// one longer than a write chunk.
 fn sample_tensors(rng: &mut StdRng) -> Vec<(String, Tensor)> {
     let f32s = random_bits(rng, 12, |b| f32::from_bits(b as u32));
     vec![
@@ -134,6 +135,14 @@ fn sample_tensors(rng: &mut StdRng) -> Vec<(String, Tensor)> {
                 .unwrap()
                 .transpose(0, 1)
                 .unwrap(),
+        ),
+        (
+            "long".into(),
+            Tensor::from_vec(
+                random_bits(rng, 3 << 16, |b| bf16::from_bits(b as u16)),
+                [3, 1 << 16],
+            )
+            .unwrap(),
         ),
     ]
 }

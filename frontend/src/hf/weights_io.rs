@@ -294,3 +294,7 @@ fn shape_text(dims: &[usize]) -> String {
 #[cfg(test)]
 #[path = "weights_io_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "weights_io_shard_tests.rs"]
+mod shard_tests;

@@ -40,13 +40,13 @@ pub(super) fn write_file(
     target: Option<DType>,
     metadata: Option<BTreeMap<String, String>>,
 ) -> Result<()> {
-    let where_ = path.display().to_string();
-    let plan = plan(&where_, tensors, target)?;
-    let header = header_bytes(&where_, &plan, metadata)?;
+    let path_text = path.display().to_string();
+    let plan = plan(&path_text, tensors, target)?;
+    let header = header_bytes(&path_text, &plan, metadata)?;
 
     let temp = TempFile::beside(path)?;
     let io_error = |what: &str, e: std::io::Error| Error::Io {
-        path: where_.clone(),
+        path: path_text.clone(),
         reason: format!(
             "cannot {what} the temporary file {}: {e}",
             temp.path.display()
@@ -69,7 +69,7 @@ pub(super) fn write_file(
     file.sync_all().map_err(|e| io_error("sync", e))?;
     drop(file);
     fs::rename(&temp.path, path).map_err(|e| Error::Io {
-        path: where_.clone(),
+        path: path_text.clone(),
         reason: format!("cannot replace it with the new file: {e}"),
     })?;
     temp.renamed();
