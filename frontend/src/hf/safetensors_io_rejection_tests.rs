@@ -255,8 +255,10 @@ fn refused_input_leaves_an_existing_file_untouched() {
     write_safetensors(&target, &one_tensor(), None).unwrap();
     let before = fs::read(&target).unwrap();
 
+    // The second `w` has another dtype: in data order (widest first) `x` sorts between them.
     let mut twice = one_tensor();
-    twice.extend(one_tensor());
+    twice.push(("x".into(), Tensor::from_vec(vec![2i64], [1]).unwrap()));
+    twice.push(("w".into(), Tensor::from_vec(vec![1i64], [1]).unwrap()));
     let err = write_safetensors(&target, &twice, None).unwrap_err();
     assert!(matches!(err, Error::Safetensors { .. }), "{err:?}");
     assert_contains(&err.to_string(), &["tensor `w` is given twice"]);

@@ -6,7 +6,7 @@
 //! the old file or the whole new one; on any failure the temporary file is removed and an
 //! existing target is left as it was.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -115,13 +115,14 @@ fn plan<'t>(
             dtype,
         });
     }
-    plan.sort_by(|a, b| (b.dtype.size_bytes(), a.name).cmp(&(a.dtype.size_bytes(), b.name)));
-    if let Some(pair) = plan.windows(2).find(|pair| pair[0].name == pair[1].name) {
+    let mut names = BTreeSet::new();
+    if let Some(twice) = plan.iter().find(|p| !names.insert(p.name)) {
         return Err(Error::Safetensors {
             path: path.into(),
-            reason: format!("tensor `{}` is given twice", pair[0].name),
+            reason: format!("tensor `{}` is given twice", twice.name),
         });
     }
+    plan.sort_by(|a, b| (b.dtype.size_bytes(), a.name).cmp(&(a.dtype.size_bytes(), b.name)));
     Ok(plan)
 }
 
@@ -138,7 +139,7 @@ fn header_bytes(
     }
     let mut offset = 0usize;
     for planned in plan {
-        let size = planned
+        let end = planned
             .tensor
             .numel()
             .checked_mul(planned.dtype.size_bytes())
@@ -155,10 +156,10 @@ fn header_bytes(
             json!({
                 "dtype": stored_name(planned.dtype),
                 "shape": planned.tensor.dims(),
-                "data_offsets": [offset, size],
+                "data_offsets": [offset, end],
             }),
         );
-        offset = size;
+        offset = end;
     }
     let mut bytes = serde_json::to_vec(&Value::Object(header)).map_err(|e| Error::Safetensors {
         path: path.into(),
