@@ -3,3 +3,6 @@
 
 pub mod config;
 pub mod presets;
+pub mod safetensors_io;
+pub mod source;
+pub mod weights_io;

@@ -1,0 +1,300 @@
+//! A model's weights in a Hugging Face directory.
+//!
+//! Loading reads `model.safetensors`, or else the sharded form: `model.safetensors.index.json`
+//! (`{"metadata": {...}, "weight_map": {tensor name: shard file name}}`) and the shards it
+//! names, which must be plain file names inside the directory. Before any tensor is converted,
+//! the whole set is checked against [`parameter_shapes`]: every parameter present with its
+//! shape and a float dtype, nothing extra (a tied model may carry an `lm_head.weight` shaped
+//! like the embedding; it is ignored, as transformers ties it), the index and the shards in
+//! agreement. Problems are reported in a fixed order: parameters in [`parameter_shapes`] order,
+//! then unexpected tensors by name.
+//!
+//! Saving writes `model.safetensors` atomically under the Hugging Face names, with the
+//! `{"format": "pt"}` metadata transformers expects.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Component, Path};
+
+use kiln_ir::{DType, Shape};
+use kiln_runtime::Tensor;
+
+use crate::autograd::Var;
+use crate::error::{Error, Result};
+use crate::hf::safetensors_io::{write_safetensors_as, OrderedEntries, SafetensorsFile};
+use crate::model::{parameter_shapes, ModelConfig, ModelWeights};
+
+/// The single-file weights of a Hugging Face directory.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// The shard index of a Hugging Face directory with sharded weights.
+pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Loads and checks the weights in `dir` for `config`, each converted to `dtype` (the compute
+/// dtype: f32 or f64) and made a parameter leaf.
+pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<ModelWeights<Var>> {
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return Err(Error::Unsupported {
+            path: dir.display().to_string(),
+            field: "dtype".into(),
+            value: dtype.to_string(),
+            reason: "weights load in a compute dtype, f32 or f64".into(),
+        });
+    }
+    let sources = Sources::open(dir)?;
+    sources.check(config)?;
+    ModelWeights::build(config, |name, dims| {
+        let file = sources.file_of(name).ok_or_else(|| Error::MissingTensor {
+            path: sources.listing.clone(),
+            name: name.to_string(),
+            expected: shape_text(dims),
+        })?;
+        Var::leaf(file.tensor(name, dtype)?)
+    })
+}
+
+/// Writes `weights` to `dir/model.safetensors` (creating `dir` if needed) under their Hugging
+/// Face names, converted to the float `dtype` (f32, bf16 or f16 for transformers; f64 too),
+/// replacing an existing file atomically.
+pub fn save_weights(dir: &Path, weights: &ModelWeights<Var>, dtype: DType) -> Result<()> {
+    if !dtype.is_float() {
+        return Err(Error::Unsupported {
+            path: dir.display().to_string(),
+            field: "dtype".into(),
+            value: dtype.to_string(),
+            reason: "weights are saved as floats: f32, bf16, f16 or f64".into(),
+        });
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io {
+        path: dir.display().to_string(),
+        reason: format!("cannot create the directory: {e}"),
+    })?;
+    let tensors: Vec<(String, Tensor)> = weights
+        .named()
+        .into_iter()
+        .map(|(name, var)| (name, var.value().clone()))
+        .collect();
+    let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    write_safetensors_as(&dir.join(WEIGHTS_FILE), &tensors, dtype, Some(metadata))
+}
+
+/// The opened weight files and which one holds each tensor.
+struct Sources {
+    files: Vec<SafetensorsFile>,
+    /// Tensor name → index into `files`.
+    owner: BTreeMap<String, usize>,
+    /// The file that lists the tensors (the single file or the index), named when one is
+    /// missing.
+    listing: String,
+}
+
+impl Sources {
+    fn open(dir: &Path) -> Result<Sources> {
+        let single = dir.join(WEIGHTS_FILE);
+        if single.exists() {
+            let file = SafetensorsFile::open(&single)?;
+            let owner = file.names().into_iter().map(|name| (name, 0)).collect();
+            return Ok(Sources {
+                files: vec![file],
+                owner,
+                listing: single.display().to_string(),
+            });
+        }
+        let index = dir.join(WEIGHTS_INDEX_FILE);
+        if index.exists() {
+            return Self::open_sharded(dir, &index);
+        }
+        Err(Error::Io {
+            path: dir.display().to_string(),
+            reason: format!("no weights: neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE} exists"),
+        })
+    }
+
+    /// Opens every shard the index names and checks that index and shards agree.
+    fn open_sharded(dir: &Path, index: &Path) -> Result<Sources> {
+        let listing = index.display().to_string();
+        let malformed = |reason: String| Error::Safetensors {
+            path: listing.clone(),
+            reason,
+        };
+        let weight_map = read_index(index).map_err(&malformed)?;
+        let mut mapped = BTreeMap::new();
+        for (name, shard) in weight_map {
+            if !is_plain_file_name(&shard) {
+                return Err(malformed(format!(
+                    "tensor `{name}` maps to shard \"{shard}\", which is not a plain file name \
+                     inside the model directory"
+                )));
+            }
+            if mapped.insert(name.clone(), shard).is_some() {
+                return Err(malformed(format!(
+                    "tensor `{name}` is listed twice in weight_map"
+                )));
+            }
+        }
+
+        let shard_names: BTreeSet<&String> = mapped.values().collect();
+        let mut files = Vec::with_capacity(shard_names.len());
+        let mut owner: BTreeMap<String, usize> = BTreeMap::new();
+        for shard in shard_names {
+            let file = SafetensorsFile::open(&dir.join(shard))?;
+            for name in file.names() {
+                if let Some(&other) = owner.get(&name) {
+                    return Err(malformed(format!(
+                        "tensor `{name}` is stored in two shards: {} and {shard}",
+                        shard_file_name(&files[other])
+                    )));
+                }
+                owner.insert(name, files.len());
+            }
+            files.push(file);
+        }
+
+        for (name, shard) in &mapped {
+            match owner.get(name).map(|&i| &files[i]) {
+                Some(file) if shard_file_name(file) == *shard => {}
+                found => {
+                    let elsewhere = found
+                        .map(|file| format!(" (it is in {})", shard_file_name(file)))
+                        .unwrap_or_default();
+                    return Err(Error::Safetensors {
+                        path: dir.join(shard).display().to_string(),
+                        reason: format!(
+                            "tensor `{name}` is listed in {WEIGHTS_INDEX_FILE} for this shard \
+                             but absent from it{elsewhere}"
+                        ),
+                    });
+                }
+            }
+        }
+        if let Some((name, &i)) = owner.iter().find(|(name, _)| !mapped.contains_key(*name)) {
+            return Err(Error::Safetensors {
+                path: files[i].path().display().to_string(),
+                reason: format!("tensor `{name}` is in this shard but not in {WEIGHTS_INDEX_FILE}"),
+            });
+        }
+        Ok(Sources {
+            files,
+            owner,
+            listing,
+        })
+    }
+
+    fn file_of(&self, name: &str) -> Option<&SafetensorsFile> {
+        self.owner.get(name).map(|&i| &self.files[i])
+    }
+
+    /// Every parameter present with its shape and a float dtype (in parameter order), then no
+    /// unexpected tensor (by name).
+    fn check(&self, config: &ModelConfig) -> Result<()> {
+        let expected = parameter_shapes(config);
+        for (name, dims) in &expected {
+            let found = self
+                .file_of(name)
+                .and_then(|file| Some((file, file.info(name)?)));
+            let Some((file, (stored, shape))) = found else {
+                return Err(Error::MissingTensor {
+                    path: self.listing.clone(),
+                    name: name.clone(),
+                    expected: shape_text(dims),
+                });
+            };
+            check_tensor(file, name, stored, &shape, dims)?;
+        }
+        let names: BTreeSet<&str> = expected.iter().map(|(name, _)| name.as_str()).collect();
+        for (name, &i) in &self.owner {
+            if names.contains(name.as_str()) {
+                continue;
+            }
+            let file = &self.files[i];
+            if name == "lm_head.weight" && config.tie_word_embeddings {
+                // transformers ties the head to the embedding and ignores a stored copy.
+                if let Some((stored, shape)) = file.info(name) {
+                    let embedding = [config.vocab_size, config.hidden_size];
+                    check_tensor(file, name, stored, &shape, &embedding)?;
+                }
+                continue;
+            }
+            return Err(Error::UnexpectedTensor {
+                path: file.path().display().to_string(),
+                name: name.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One tensor's stored shape and dtype against what the config expects.
+fn check_tensor(
+    file: &SafetensorsFile,
+    name: &str,
+    stored: safetensors::Dtype,
+    shape: &[usize],
+    expected: &[usize],
+) -> Result<()> {
+    use safetensors::Dtype as S;
+    let path = || file.path().display().to_string();
+    if shape != expected {
+        return Err(Error::TensorShape {
+            path: path(),
+            name: name.to_string(),
+            expected: shape_text(expected),
+            found: shape_text(shape),
+        });
+    }
+    if !matches!(stored, S::F32 | S::F64 | S::BF16 | S::F16) {
+        return Err(Error::TensorDType {
+            path: path(),
+            name: name.to_string(),
+            expected: "a float dtype (F32, F64, BF16 or F16)".into(),
+            found: stored.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The index's `weight_map` entries in file order (duplicates kept, to be reported); the error
+/// is the reason in words.
+fn read_index(index: &Path) -> Result<Vec<(String, String)>, String> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: OrderedEntries<String>,
+    }
+    let text =
+        std::fs::read_to_string(index).map_err(|e| format!("cannot read the shard index: {e}"))?;
+    match serde_json::from_str::<Index>(&text) {
+        Ok(index) => Ok(index.weight_map.0),
+        Err(e) if e.is_data() => Err(format!(
+            "the shard index must be {{\"weight_map\": {{tensor name: shard file name}}, ...}}: \
+             {e}"
+        )),
+        Err(e) => Err(format!("the shard index is not valid JSON: {e}")),
+    }
+}
+
+/// A single normal path component: no separator, not `.` or `..`, not absolute.
+fn is_plain_file_name(name: &str) -> bool {
+    let mut components = Path::new(name).components();
+    !name.contains(['/', '\\'])
+        && matches!(components.next(), Some(Component::Normal(_)))
+        && components.next().is_none()
+}
+
+/// The shard's file name as the index spells it.
+fn shard_file_name(file: &SafetensorsFile) -> String {
+    file.path()
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// `[2,3]`: how errors name a shape.
+fn shape_text(dims: &[usize]) -> String {
+    Shape::new(dims).to_string()
+}
+
+#[cfg(test)]
+#[path = "weights_io_tests.rs"]
+mod tests;
+
+#[cfg(test)]
+#[path = "weights_io_shard_tests.rs"]
+mod shard_tests;
