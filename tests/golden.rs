@@ -14,7 +14,9 @@ use kiln_ir::DType;
 const CASES: [&str; 3] = ["qwen2_gqa_bias", "llama_mha_tied", "llama_bias_headdim"];
 
 fn case_dir(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(case)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(case)
 }
 
 fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
@@ -27,11 +29,23 @@ fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
 /// Compares kiln's tensors (by name) against the golden file; returns the worst errors.
 fn compare(case: &str, got: &dyn Fn(&str) -> Option<Vec<f64>>) {
     let golden = SafetensorsFile::open(&case_dir(case).join("golden.safetensors")).unwrap();
-    let tensor = |name: &str| golden.tensor(name, DType::F64).unwrap().to_f64_vec().unwrap();
+    let tensor = |name: &str| {
+        golden
+            .tensor(name, DType::F64)
+            .unwrap()
+            .to_f64_vec()
+            .unwrap()
+    };
     let logits_error = rel_l2(&got("logits").unwrap(), &tensor("logits"));
     let loss_error = rel_l2(&got("loss").unwrap(), &tensor("loss"));
-    assert!(logits_error <= 1e-5, "{case}: logits relative error {logits_error:e}");
-    assert!(loss_error <= 1e-5, "{case}: loss relative error {loss_error:e}");
+    assert!(
+        logits_error <= 1e-5,
+        "{case}: logits relative error {logits_error:e}"
+    );
+    assert!(
+        loss_error <= 1e-5,
+        "{case}: loss relative error {loss_error:e}"
+    );
     let mut worst = (0.0f64, String::new());
     let grad_names: Vec<String> = golden
         .names()
@@ -108,7 +122,11 @@ fn kiln_eval_cli_matches_transformers() {
             .arg("--grads")
             .output()
             .unwrap();
-        assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+        assert!(
+            status.status.success(),
+            "{}",
+            String::from_utf8_lossy(&status.stderr)
+        );
         let file = SafetensorsFile::open(&out).unwrap();
         for name in ["logits", "loss"] {
             let (dtype, _) = file.info(name).unwrap();

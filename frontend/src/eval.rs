@@ -44,7 +44,10 @@ pub fn check_tokens(tokens: &Tensor, vocab: usize) -> Result<(usize, usize, Vec<
             })
         }
     };
-    if let Some(at) = ids.iter().position(|&id| id < 0 || id as u64 >= vocab as u64) {
+    if let Some(at) = ids
+        .iter()
+        .position(|&id| id < 0 || id as u64 >= vocab as u64)
+    {
         return Err(Error::TokenOutOfRange {
             row: at / seq,
             column: at % seq,

@@ -16,7 +16,11 @@ use kiln_ir::DType;
 pub fn init_model(preset_name: &str, seed: u64, out: &Path, dtype: Option<DType>) -> Result<()> {
     let (config, official_dtype) = preset(preset_name)?;
     let dtype = dtype.unwrap_or(official_dtype);
-    for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+    ] {
         let path = out.join(file);
         if path.exists() {
             bail!(

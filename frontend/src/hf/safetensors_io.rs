@@ -200,6 +200,11 @@ pub fn write_safetensors(
     write::write_file(path, tensors, None, metadata)
 }
 
+/// Writes `bytes` to `path` atomically, like [`write_safetensors`] (used for config.json).
+pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    write::write_bytes(path, bytes)
+}
+
 /// Like [`write_safetensors`], with every tensor converted to the float dtype `dtype` while it
 /// is streamed (rounded to nearest even when narrowing), so no converted copy of the whole set
 /// is ever held. Integer tensors are refused.

@@ -44,6 +44,29 @@ pub(super) fn write_file(
     let plan = plan(&path_text, tensors, target)?;
     let header = header_bytes(&path_text, &plan, metadata)?;
 
+    atomically(path, |out| {
+        out.write_all(&(header.len() as u64).to_le_bytes())?;
+        out.write_all(&header)?;
+        for planned in &plan {
+            write_tensor(out, planned)?;
+        }
+        Ok(())
+    })
+}
+
+/// Writes `bytes` to `path` atomically (see [`atomically`]).
+pub(super) fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
+    atomically(path, |out| Ok(out.write_all(bytes)?))
+}
+
+/// Runs `write` into a temporary file beside `path`, syncs it and renames it over `path`: a
+/// reader sees the old file or the whole new one. On any failure the temporary file is removed
+/// and an existing `path` is left as it was.
+fn atomically(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> Result<(), Failure>,
+) -> Result<()> {
+    let path_text = path.display().to_string();
     let temp = TempFile::beside(path)?;
     let io_error = |what: &str, e: std::io::Error| Error::Io {
         path: path_text.clone(),
@@ -54,15 +77,10 @@ pub(super) fn write_file(
     };
     let file = File::create(&temp.path).map_err(|e| io_error("create", e))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
-    out.write_all(&(header.len() as u64).to_le_bytes())
-        .and_then(|()| out.write_all(&header))
-        .map_err(|e| io_error("write", e))?;
-    for planned in &plan {
-        write_tensor(&mut out, planned).map_err(|e| match e {
-            Failure::Io(e) => io_error("write", e),
-            Failure::Kiln(e) => e,
-        })?;
-    }
+    write(&mut out).map_err(|e| match e {
+        Failure::Io(e) => io_error("write", e),
+        Failure::Kiln(e) => e,
+    })?;
     let file = out
         .into_inner()
         .map_err(|e| io_error("write", e.into_error()))?;
