@@ -1,14 +1,21 @@
-//! kiln-ir: the vocabulary every kiln crate speaks.
+//! kiln-ir: kiln's vocabulary and its typed IR.
 //!
-//! Today it holds the element types ([`DType`]) and static shapes ([`Shape`]) that kernels,
-//! runtime and frontend share. The typed IR graph (ops with type and alias rules, the verifier,
-//! the stable text printer and reverse-mode autodiff) will live here too, above this vocabulary:
-//! kernels may use `DType` and `Shape` but never the graph.
+//! The vocabulary — element types ([`DType`]), static shapes ([`Shape`]) and value types
+//! ([`TensorType`]) — is shared by every crate; kernels use it and nothing more. Above it, the IR:
+//! a closed set of [`Op`]s with type and alias rules, and the program [`Graph`] (a petgraph
+//! `StableDiGraph` whose edges carry output port → input port), with its verifier, stable text
+//! printer and reverse-mode autodiff.
 
 mod dtype;
 mod error;
+pub mod graph;
+mod op;
 mod shape;
+mod types;
 
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use graph::{Graph, InputKind, ValueId};
+pub use op::{AdamWConfig, Alias, Op};
 pub use shape::{Shape, Strides};
+pub use types::TensorType;

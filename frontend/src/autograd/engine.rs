@@ -109,7 +109,6 @@ fn run(root: &Rc<Node>, index: usize, seed: Tensor) -> Result<()> {
     for node in nodes.values().rev() {
         let input_grads = match pending.remove(&node.id) {
             Some(grads) => {
-                let grads = complete_output_grads(node, grads);
                 let input_grads = (node.backward)(&grads)?;
                 check_input_grads(node, &input_grads)?;
                 input_grads
@@ -151,15 +150,6 @@ fn run(root: &Rc<Node>, index: usize, seed: Tensor) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Outputs that got no gradient get zeros, so each VJP sees one gradient per output.
-fn complete_output_grads(node: &Node, grads: Vec<Option<Tensor>>) -> Vec<Tensor> {
-    grads
-        .into_iter()
-        .zip(&node.outputs)
-        .map(|(grad, (shape, dtype))| grad.unwrap_or_else(|| empty(shape.clone(), *dtype)))
-        .collect()
 }
 
 /// A VJP must return one gradient per input, each of its input's shape and dtype.

@@ -31,9 +31,10 @@ fn next_id() -> u64 {
     })
 }
 
-/// The VJP of an op: gradients of its outputs in, gradients of its inputs out (`None` for an
-/// input that gets no gradient, e.g. one that does not require it).
-pub(crate) type BackwardFn = Box<dyn Fn(&[Tensor]) -> Result<Vec<Option<Tensor>>>>;
+/// The VJP of an op: gradients of its outputs in (`None` for an output no gradient reached;
+/// at least one is present), gradients of its inputs out (`None` for an input that gets no
+/// gradient, e.g. one that does not require it).
+pub(crate) type BackwardFn = Box<dyn Fn(&[Option<Tensor>]) -> Result<Vec<Option<Tensor>>>>;
 
 /// A recorded op: its inputs, the types of its outputs and its VJP.
 pub(crate) struct Node {
@@ -93,7 +94,7 @@ impl Var {
         op: &'static str,
         inputs: &[&Var],
         outputs: Vec<Tensor>,
-        backward: impl Fn(&[Tensor]) -> Result<Vec<Option<Tensor>>> + 'static,
+        backward: impl Fn(&[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> + 'static,
     ) -> Vec<Var> {
         if !inputs.iter().any(|v| v.requires_grad()) {
             return outputs.into_iter().map(Var::constant).collect();
@@ -130,7 +131,11 @@ impl Var {
         output: Tensor,
         backward: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + 'static,
     ) -> Var {
-        let mut out = Self::record(op, inputs, vec![output], move |grads| backward(&grads[0]));
+        let mut out = Self::record(op, inputs, vec![output], move |grads| match &grads[0] {
+            Some(grad) => backward(grad),
+            // The engine calls a VJP only when some output has a gradient.
+            None => Ok(vec![None; grads.len()]),
+        });
         out.remove(0)
     }
 

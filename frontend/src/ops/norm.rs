@@ -46,25 +46,21 @@ pub fn add_rmsnorm(x: &Var, residual: &Var, weight: &Var, eps: f64) -> Result<(V
         "add_rmsnorm",
         &[x, residual, weight],
         vec![sum, out],
-        move |grads: &[Tensor]| {
+        move |grads: &[Option<Tensor>]| {
             let grad_input = empty(sum_value.shape().clone(), sum_value.dtype());
             let grad_weight = empty(weight_value.shape().clone(), weight_value.dtype());
-            launch(
-                &[&sum_value, &weight_value, &grads[1], &grads[0]],
-                &[&grad_input, &grad_weight],
-                |i, o| {
-                    let (gi, gw) = o.split_at_mut(1);
-                    k::add_rmsnorm_backward(
-                        &i[0],
-                        &i[1],
-                        &i[2],
-                        Some(&i[3]),
-                        eps,
-                        &mut gi[0],
-                        &mut gw[0],
-                    )
-                },
-            )?;
+            // No gradient through the norm is a zero gradient; none through the sum is skipped
+            // (the IR's add_rmsnorm_backward then has no grad_sum operand either).
+            let grad_out = match &grads[1] {
+                Some(grad) => grad.clone(),
+                None => empty(sum_value.shape().clone(), sum_value.dtype()),
+            };
+            let mut inputs = vec![&sum_value, &weight_value, &grad_out];
+            inputs.extend(grads[0].as_ref());
+            launch(&inputs, &[&grad_input, &grad_weight], |i, o| {
+                let (gi, gw) = o.split_at_mut(1);
+                k::add_rmsnorm_backward(&i[0], &i[1], &i[2], i.get(3), eps, &mut gi[0], &mut gw[0])
+            })?;
             // d sum/dx = d sum/d residual = I: both get the same (never mutated) gradient.
             Ok(vec![
                 Some(grad_input.clone()),

@@ -1,0 +1,236 @@
+//! The closed set of ops kiln programs are made of, each with a type rule (`op/typing.rs`) and
+//! an alias rule (below).
+//!
+//! Layout conventions (the CPU reference kernels' and the GPU kernels'): activations are
+//! row-major; attention takes `q [B,Hq,T,D]`, `k`/`v [B,Hkv,S,D]` and returns `[B,T,Hq,D]`;
+//! RoPE turns `[B,T,H,D]` into `[B,H,T,D]`; caches are `[B,Hkv,Smax,D]`.
+
+mod typing;
+
+use std::fmt;
+
+use crate::{DType, Shape};
+
+/// AdamW hyper-parameters (decoupled weight decay, bias correction; torch.optim.AdamW).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+/// An operation. Operands and results are listed per variant as `(operands) -> results`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `(weight [V,H], ids [...] int) -> [..., H]`.
+    Embedding,
+    /// `(ids [...] int, grad [..., H]) -> [vocab, H]`: scatter-add.
+    EmbeddingBackward { vocab: usize },
+    /// `(a, b) -> op(a)·op(b)`; equal ranks >= 2, batched over leading dims; bf16 gives f32.
+    MatMul {
+        transpose_a: bool,
+        transpose_b: bool,
+    },
+    /// `(a, b) -> a + b`; `b`'s shape is a suffix of `a`'s.
+    Add,
+    /// `(a, b) -> a ⊙ b`; `b`'s shape is a suffix of `a`'s.
+    Mul,
+    /// `(a) -> alpha·a`.
+    Scale { alpha: f64 },
+    /// `(a) -> a` summed over leading dims down to `shape` (a suffix of a's shape).
+    SumToShape { shape: Shape },
+    /// `(a) -> a` repeated over leading dims up to `shape` (a's shape is a suffix of it).
+    BroadcastTo { shape: Shape },
+    /// `(a) -> a` converted to `to` (round to nearest even).
+    Cast { to: DType },
+    /// `(x [...,H], weight [H]) -> [...,H]`.
+    RmsNorm { eps: f64 },
+    /// `(x, weight, grad) -> (grad_x, grad_weight)`.
+    RmsNormBackward { eps: f64 },
+    /// `(x, residual, weight) -> (sum, rmsnorm(sum))`.
+    AddRmsNorm { eps: f64 },
+    /// `(sum, weight, grad_out[, grad_sum]) -> (grad_input, grad_weight)`.
+    AddRmsNormBackward { eps: f64 },
+    /// `(x [B,T,H,D], positions [B,T] int[, bias [H·D]]) -> [B,H,T,D]`.
+    Rope { theta: f64, bias: bool },
+    /// `(grad [B,H,T,D], positions [B,T] int) -> [B,T,H,D]`.
+    RopeBackward { theta: f64 },
+    /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v [B,Hkv,S,D]) -> (out [B,T,Hq,D], probs [B,Hq,T,S])`;
+    /// causal, query `t` at absolute position `S−T+t`.
+    Attention { scale: f64 },
+    /// `(q, k, v, probs, grad_out) -> (grad_q, grad_k, grad_v)`.
+    AttentionBackward { scale: f64 },
+    /// `(q [B,Hq,T,D], k_cache [B,Hkv,Smax,D], v_cache, positions [B] int) -> [B,T,Hq,D]`:
+    /// query `t` of row `b` sits at `positions[b] + t` and attends cache rows up to it.
+    CachedAttention { scale: f64 },
+    /// `(cache [B,H,Smax,D], new [B,H,T,D], positions [B] int) -> cache` with rows
+    /// `positions[b]..positions[b]+T` of row `b` replaced by `new`.
+    KvCacheWrite,
+    /// `(gate, up) -> silu(gate)·up`.
+    SwiGlu,
+    /// `(gate, up, grad) -> (grad_gate, grad_up)`.
+    SwiGluBackward,
+    /// `(x [...,N]) -> softmax over the last dim`.
+    Softmax,
+    /// `(y, grad) -> grad_x`.
+    SoftmaxBackward,
+    /// `(logits [N,V], targets [N] int) -> loss []`: mean over rows not equal to `ignore_index`.
+    CrossEntropy { ignore_index: i64 },
+    /// `(logits, targets, grad_loss []) -> grad_logits`.
+    CrossEntropyBackward { ignore_index: i64 },
+    /// `(param, grad, m, v, step [] i64) -> (param, m, v)` updated.
+    AdamW(AdamWConfig),
+    /// `(a) -> a` viewed as `shape` (same element count, contiguous input).
+    Reshape { shape: Shape },
+    /// `(a) -> a` with two dims swapped (a strided view).
+    Transpose { dim0: usize, dim1: usize },
+    /// `(a) -> a[.., start..end, ..]` along `axis` (a strided view).
+    Slice {
+        axis: usize,
+        start: usize,
+        end: usize,
+    },
+    /// `(a) -> a` materialized row-major.
+    Contiguous,
+}
+
+/// How an op's result relates to its operands' storage (what the planner may do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Alias {
+    /// A new buffer.
+    Fresh,
+    /// A view of operand `i`: shares its buffer, writes nothing.
+    ViewOf(usize),
+    /// May be written into operand `i`'s buffer when that operand dies here.
+    MayOverwrite(usize),
+}
+
+impl Op {
+    /// The op's name in IR text.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embedding => "embedding",
+            Op::EmbeddingBackward { .. } => "embedding_backward",
+            Op::MatMul { .. } => "matmul",
+            Op::Add => "add",
+            Op::Mul => "mul",
+            Op::Scale { .. } => "scale",
+            Op::SumToShape { .. } => "sum_to_shape",
+            Op::BroadcastTo { .. } => "broadcast_to",
+            Op::Cast { .. } => "cast",
+            Op::RmsNorm { .. } => "rmsnorm",
+            Op::RmsNormBackward { .. } => "rmsnorm_backward",
+            Op::AddRmsNorm { .. } => "add_rmsnorm",
+            Op::AddRmsNormBackward { .. } => "add_rmsnorm_backward",
+            Op::Rope { .. } => "rope",
+            Op::RopeBackward { .. } => "rope_backward",
+            Op::Attention { .. } => "attention",
+            Op::AttentionBackward { .. } => "attention_backward",
+            Op::CachedAttention { .. } => "cached_attention",
+            Op::KvCacheWrite => "kv_cache_write",
+            Op::SwiGlu => "swiglu",
+            Op::SwiGluBackward => "swiglu_backward",
+            Op::Softmax => "softmax",
+            Op::SoftmaxBackward => "softmax_backward",
+            Op::CrossEntropy { .. } => "cross_entropy",
+            Op::CrossEntropyBackward { .. } => "cross_entropy_backward",
+            Op::AdamW(_) => "adamw",
+            Op::Reshape { .. } => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Slice { .. } => "slice",
+            Op::Contiguous => "contiguous",
+        }
+    }
+
+    /// Attributes as `key=value` pairs in a fixed order (IR text and hashing). Floats print in
+    /// Rust's shortest round-trip form, so the text is exact and stable.
+    pub fn attributes(&self) -> Vec<(&'static str, String)> {
+        let f = |x: &f64| format!("{x:?}");
+        match self {
+            Op::EmbeddingBackward { vocab } => vec![("vocab", vocab.to_string())],
+            Op::MatMul {
+                transpose_a,
+                transpose_b,
+            } => vec![
+                ("transpose_a", transpose_a.to_string()),
+                ("transpose_b", transpose_b.to_string()),
+            ],
+            Op::Scale { alpha } => vec![("alpha", f(alpha))],
+            Op::SumToShape { shape } | Op::BroadcastTo { shape } | Op::Reshape { shape } => {
+                vec![("shape", shape.to_string())]
+            }
+            Op::Cast { to } => vec![("to", to.to_string())],
+            Op::RmsNorm { eps }
+            | Op::RmsNormBackward { eps }
+            | Op::AddRmsNorm { eps }
+            | Op::AddRmsNormBackward { eps } => vec![("eps", f(eps))],
+            Op::Rope { theta, bias } => vec![("theta", f(theta)), ("bias", bias.to_string())],
+            Op::RopeBackward { theta } => vec![("theta", f(theta))],
+            Op::Attention { scale }
+            | Op::AttentionBackward { scale }
+            | Op::CachedAttention { scale } => vec![("scale", f(scale))],
+            Op::CrossEntropy { ignore_index } | Op::CrossEntropyBackward { ignore_index } => {
+                vec![("ignore_index", ignore_index.to_string())]
+            }
+            Op::AdamW(c) => vec![
+                ("lr", f(&c.lr)),
+                ("beta1", f(&c.beta1)),
+                ("beta2", f(&c.beta2)),
+                ("eps", f(&c.eps)),
+                ("weight_decay", f(&c.weight_decay)),
+            ],
+            Op::Transpose { dim0, dim1 } => {
+                vec![("dim0", dim0.to_string()), ("dim1", dim1.to_string())]
+            }
+            Op::Slice { axis, start, end } => vec![
+                ("axis", axis.to_string()),
+                ("start", start.to_string()),
+                ("end", end.to_string()),
+            ],
+            Op::Embedding
+            | Op::Add
+            | Op::Mul
+            | Op::KvCacheWrite
+            | Op::SwiGlu
+            | Op::SwiGluBackward
+            | Op::Softmax
+            | Op::SoftmaxBackward
+            | Op::Contiguous => vec![],
+        }
+    }
+
+    /// The alias rule of result `output`.
+    pub fn alias(&self, output: usize) -> Alias {
+        match (self, output) {
+            (Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. }, _) => Alias::ViewOf(0),
+            // Elementwise results may take over their first operand's buffer.
+            (Op::Add | Op::Mul | Op::Scale { .. } | Op::SwiGlu, _) => Alias::MayOverwrite(0),
+            (Op::KvCacheWrite, _) => Alias::MayOverwrite(0),
+            // param, m, v are updated where they are.
+            (Op::AdamW(_), 0) => Alias::MayOverwrite(0),
+            (Op::AdamW(_), 1) => Alias::MayOverwrite(2),
+            (Op::AdamW(_), 2) => Alias::MayOverwrite(3),
+            _ => Alias::Fresh,
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        let attributes = self.attributes();
+        if !attributes.is_empty() {
+            f.write_str("{")?;
+            for (i, (key, value)) in attributes.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{key}={value}")?;
+            }
+            f.write_str("}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,438 @@
+//! Type rules: the result types of an op from its operand types, or an error that names the
+//! op, the operand and the mismatch.
+
+use super::Op;
+use crate::{DType, Error, Result, Shape, TensorType};
+
+/// Checks of one op's operands; every error names the op and the operand port.
+struct Rule<'a> {
+    op: &'a Op,
+    operands: &'a [TensorType],
+}
+
+impl Rule<'_> {
+    fn type_error(&self, port: usize, expected: impl Into<String>) -> Error {
+        Error::Type {
+            op: self.op.to_string(),
+            port,
+            expected: expected.into(),
+            got: self.operands[port].to_string(),
+        }
+    }
+
+    fn arity(&self, expected: usize) -> Result<()> {
+        if self.operands.len() == expected {
+            Ok(())
+        } else {
+            Err(Error::Arity {
+                op: self.op.to_string(),
+                expected: expected.to_string(),
+                got: self.operands.len(),
+            })
+        }
+    }
+
+    fn float(&self, port: usize) -> Result<&TensorType> {
+        let t = &self.operands[port];
+        if matches!(t.dtype, DType::F32 | DType::F64) {
+            Ok(t)
+        } else {
+            Err(self.type_error(port, "f32 or f64"))
+        }
+    }
+
+    fn int(&self, port: usize) -> Result<&TensorType> {
+        let t = &self.operands[port];
+        if matches!(t.dtype, DType::I32 | DType::I64) {
+            Ok(t)
+        } else {
+            Err(self.type_error(port, "i32 or i64"))
+        }
+    }
+
+    /// Operand `port` has exactly type `want`.
+    fn same(&self, port: usize, want: &TensorType) -> Result<()> {
+        if &self.operands[port] == want {
+            Ok(())
+        } else {
+            Err(self.type_error(port, want.to_string()))
+        }
+    }
+
+    /// Operand `port` is a float of `dtype` whose shape is `dims`.
+    fn shaped(&self, port: usize, dtype: DType, dims: &[usize]) -> Result<()> {
+        self.same(port, &TensorType::new(dtype, dims))
+    }
+
+    fn rank(&self, port: usize, rank: usize, layout: &str) -> Result<&[usize]> {
+        let dims = self.operands[port].dims();
+        if dims.len() == rank {
+            Ok(dims)
+        } else {
+            Err(self.type_error(port, format!("{} {layout}", self.operands[port].dtype)))
+        }
+    }
+
+    fn attribute(&self, reason: impl Into<String>) -> Error {
+        Error::Attribute {
+            op: self.op.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+fn is_suffix(short: &[usize], long: &[usize]) -> bool {
+    short.len() <= long.len() && long[long.len() - short.len()..] == *short
+}
+
+impl Op {
+    /// Result types for operands of types `operands`.
+    pub fn infer(&self, operands: &[TensorType]) -> Result<Vec<TensorType>> {
+        let rule = Rule { op: self, operands };
+        let one = |t: TensorType| Ok(vec![t]);
+        match self {
+            Op::Embedding => {
+                rule.arity(2)?;
+                let weight = rule.float(0)?;
+                rule.rank(0, 2, "[V,H]")?;
+                let ids = rule.int(1)?;
+                let mut dims = ids.dims().to_vec();
+                dims.push(weight.dims()[1]);
+                one(TensorType::new(weight.dtype, dims))
+            }
+            Op::EmbeddingBackward { vocab } => {
+                rule.arity(2)?;
+                rule.int(0)?;
+                let grad = rule.float(1)?;
+                let ids = operands[0].dims();
+                let hidden = grad.dims().last().copied().unwrap_or(0);
+                let mut want = ids.to_vec();
+                want.push(hidden);
+                rule.shaped(1, grad.dtype, &want)?;
+                one(TensorType::new(grad.dtype, [*vocab, hidden]))
+            }
+            Op::MatMul {
+                transpose_a,
+                transpose_b,
+            } => {
+                rule.arity(2)?;
+                let (a, b) = (&operands[0], &operands[1]);
+                let dtype = match a.dtype {
+                    DType::F32 | DType::F64 => a.dtype,
+                    DType::BF16 => DType::F32,
+                    _ => return Err(rule.type_error(0, "f32, f64 or bf16")),
+                };
+                if b.dtype != a.dtype {
+                    return Err(rule.type_error(1, format!("{} like operand 0", a.dtype)));
+                }
+                let rank = a.dims().len();
+                if rank < 2 {
+                    return Err(rule.type_error(0, "rank >= 2"));
+                }
+                if b.dims().len() != rank || b.dims()[..rank - 2] != a.dims()[..rank - 2] {
+                    return Err(
+                        rule.type_error(1, format!("rank {rank} with batch dims of operand 0"))
+                    );
+                }
+                let (ad, bd) = (a.dims(), b.dims());
+                let (m, k) = if *transpose_a {
+                    (ad[rank - 1], ad[rank - 2])
+                } else {
+                    (ad[rank - 2], ad[rank - 1])
+                };
+                let (kb, n) = if *transpose_b {
+                    (bd[rank - 1], bd[rank - 2])
+                } else {
+                    (bd[rank - 2], bd[rank - 1])
+                };
+                if k != kb {
+                    return Err(rule.type_error(1, format!("inner dimension {k}")));
+                }
+                let mut dims = ad[..rank - 2].to_vec();
+                dims.extend([m, n]);
+                one(TensorType::new(dtype, dims))
+            }
+            Op::Add | Op::Mul => {
+                rule.arity(2)?;
+                let a = rule.float(0)?;
+                let b = rule.float(1)?;
+                if b.dtype != a.dtype || !is_suffix(b.dims(), a.dims()) {
+                    return Err(
+                        rule.type_error(1, format!("{} with a suffix of {}", a.dtype, a.shape))
+                    );
+                }
+                one(a.clone())
+            }
+            Op::Scale { .. } | Op::Softmax | Op::Contiguous => {
+                rule.arity(1)?;
+                let a = if matches!(self, Op::Contiguous) {
+                    &operands[0]
+                } else {
+                    rule.float(0)?
+                };
+                one(a.clone())
+            }
+            Op::SumToShape { shape } => {
+                rule.arity(1)?;
+                let a = rule.float(0)?;
+                if !is_suffix(shape.dims(), a.dims()) {
+                    return Err(rule.attribute(format!("{shape} is not a suffix of {}", a.shape)));
+                }
+                one(TensorType::new(a.dtype, shape.clone()))
+            }
+            Op::BroadcastTo { shape } => {
+                rule.arity(1)?;
+                let a = rule.float(0)?;
+                if !is_suffix(a.dims(), shape.dims()) {
+                    return Err(rule.attribute(format!("{} is not a suffix of {shape}", a.shape)));
+                }
+                one(TensorType::new(a.dtype, shape.clone()))
+            }
+            Op::Cast { to } => {
+                rule.arity(1)?;
+                let a = &operands[0];
+                if !a.dtype.is_float() || !to.is_float() {
+                    return Err(rule.type_error(0, "a float (casts are float to float)"));
+                }
+                one(TensorType::new(*to, a.shape.clone()))
+            }
+            Op::RmsNorm { .. } => {
+                rule.arity(2)?;
+                let x = rule.float(0)?;
+                let h = x
+                    .dims()
+                    .last()
+                    .copied()
+                    .ok_or_else(|| rule.type_error(0, "rank >= 1"))?;
+                rule.shaped(1, x.dtype, &[h])?;
+                one(x.clone())
+            }
+            Op::RmsNormBackward { .. } => {
+                rule.arity(3)?;
+                let x = rule.float(0)?.clone();
+                let h = x
+                    .dims()
+                    .last()
+                    .copied()
+                    .ok_or_else(|| rule.type_error(0, "rank >= 1"))?;
+                rule.shaped(1, x.dtype, &[h])?;
+                rule.same(2, &x)?;
+                Ok(vec![x.clone(), operands[1].clone()])
+            }
+            Op::AddRmsNorm { .. } => {
+                rule.arity(3)?;
+                let x = rule.float(0)?.clone();
+                rule.same(1, &x)?;
+                let h = x
+                    .dims()
+                    .last()
+                    .copied()
+                    .ok_or_else(|| rule.type_error(0, "rank >= 1"))?;
+                rule.shaped(2, x.dtype, &[h])?;
+                Ok(vec![x.clone(), x])
+            }
+            Op::AddRmsNormBackward { .. } => {
+                // grad_sum is absent when the sum output received no gradient.
+                if !(3..=4).contains(&operands.len()) {
+                    return Err(Error::Arity {
+                        op: self.to_string(),
+                        expected: "3 or 4".into(),
+                        got: operands.len(),
+                    });
+                }
+                let sum = rule.float(0)?.clone();
+                let h = sum
+                    .dims()
+                    .last()
+                    .copied()
+                    .ok_or_else(|| rule.type_error(0, "rank >= 1"))?;
+                rule.shaped(1, sum.dtype, &[h])?;
+                for port in 2..operands.len() {
+                    rule.same(port, &sum)?;
+                }
+                Ok(vec![sum, operands[1].clone()])
+            }
+            Op::Rope { bias, .. } => {
+                rule.arity(if *bias { 3 } else { 2 })?;
+                let x = rule.float(0)?;
+                let &[b, t, h, d] = rule.rank(0, 4, "[B,T,H,D]")? else {
+                    unreachable!("rank checked")
+                };
+                if d % 2 != 0 {
+                    return Err(rule.type_error(0, "[B,T,H,D] with D even"));
+                }
+                rule.int(1)?;
+                if operands[1].dims() != [b, t] {
+                    return Err(rule.type_error(1, format!("int [{b},{t}]")));
+                }
+                if *bias {
+                    rule.shaped(2, x.dtype, &[h * d])?;
+                }
+                one(TensorType::new(x.dtype, [b, h, t, d]))
+            }
+            Op::RopeBackward { .. } => {
+                rule.arity(2)?;
+                let g = rule.float(0)?;
+                let &[b, h, t, d] = rule.rank(0, 4, "[B,H,T,D]")? else {
+                    unreachable!("rank checked")
+                };
+                rule.int(1)?;
+                if operands[1].dims() != [b, t] {
+                    return Err(rule.type_error(1, format!("int [{b},{t}]")));
+                }
+                one(TensorType::new(g.dtype, [b, t, h, d]))
+            }
+            Op::Attention { .. } | Op::CachedAttention { .. } => {
+                let cached = matches!(self, Op::CachedAttention { .. });
+                rule.arity(if cached { 4 } else { 3 })?;
+                let q = rule.float(0)?;
+                let &[b, hq, t, d] = rule.rank(0, 4, "[B,Hq,T,D]")? else {
+                    unreachable!("rank checked")
+                };
+                let k = rule.float(1)?;
+                let &[kb, hkv, s, kd] = rule.rank(1, 4, "[B,Hkv,S,D]")? else {
+                    unreachable!("rank checked")
+                };
+                if k.dtype != q.dtype
+                    || kb != b
+                    || kd != d
+                    || hkv == 0
+                    || hq % hkv != 0
+                    || (!cached && s < t)
+                {
+                    return Err(rule.type_error(
+                        1,
+                        format!(
+                            "{} [{b},Hkv,S,{d}] with Hkv dividing {hq}{}",
+                            q.dtype,
+                            if cached { "" } else { " and S >= T" }
+                        ),
+                    ));
+                }
+                rule.same(2, k)?;
+                let out = TensorType::new(q.dtype, [b, t, hq, d]);
+                if cached {
+                    rule.int(3)?;
+                    if operands[3].dims() != [b] {
+                        return Err(rule.type_error(3, format!("int [{b}]")));
+                    }
+                    one(out)
+                } else {
+                    Ok(vec![out, TensorType::new(q.dtype, [b, hq, t, s])])
+                }
+            }
+            Op::AttentionBackward { scale } => {
+                rule.arity(5)?;
+                let forward = Op::Attention { scale: *scale }.infer(&operands[..3])?;
+                rule.same(3, &forward[1])?;
+                rule.same(4, &forward[0])?;
+                Ok(operands[..3].to_vec())
+            }
+            Op::KvCacheWrite => {
+                rule.arity(3)?;
+                let cache = rule.float(0)?;
+                let &[b, h, _, d] = rule.rank(0, 4, "[B,H,Smax,D]")? else {
+                    unreachable!("rank checked")
+                };
+                let new = rule.float(1)?;
+                if new.dtype != cache.dtype
+                    || new.dims().len() != 4
+                    || new.dims()[0] != b
+                    || new.dims()[1] != h
+                    || new.dims()[3] != d
+                    || new.dims()[2] > cache.dims()[2]
+                {
+                    return Err(rule
+                        .type_error(1, format!("{} [{b},{h},T,{d}] with T <= Smax", cache.dtype)));
+                }
+                rule.int(2)?;
+                if operands[2].dims() != [b] {
+                    return Err(rule.type_error(2, format!("int [{b}]")));
+                }
+                one(cache.clone())
+            }
+            Op::SwiGlu => {
+                rule.arity(2)?;
+                let g = rule.float(0)?.clone();
+                rule.same(1, &g)?;
+                one(g)
+            }
+            Op::SwiGluBackward => {
+                rule.arity(3)?;
+                let g = rule.float(0)?.clone();
+                rule.same(1, &g)?;
+                rule.same(2, &g)?;
+                Ok(vec![g.clone(), g])
+            }
+            Op::SoftmaxBackward => {
+                rule.arity(2)?;
+                let y = rule.float(0)?.clone();
+                rule.same(1, &y)?;
+                one(y)
+            }
+            Op::CrossEntropy { .. } | Op::CrossEntropyBackward { .. } => {
+                let backward = matches!(self, Op::CrossEntropyBackward { .. });
+                rule.arity(if backward { 3 } else { 2 })?;
+                let logits = rule.float(0)?.clone();
+                let &[n, _] = rule.rank(0, 2, "[N,V]")? else {
+                    unreachable!("rank checked")
+                };
+                rule.int(1)?;
+                if operands[1].dims() != [n] {
+                    return Err(rule.type_error(1, format!("int [{n}]")));
+                }
+                if backward {
+                    rule.shaped(2, logits.dtype, &[])?;
+                    one(logits)
+                } else {
+                    one(TensorType::new(logits.dtype, Shape::scalar()))
+                }
+            }
+            Op::AdamW(_) => {
+                rule.arity(5)?;
+                let param = rule.float(0)?.clone();
+                for port in 1..4 {
+                    rule.same(port, &param)?;
+                }
+                rule.shaped(4, DType::I64, &[])?;
+                Ok(vec![param.clone(), param.clone(), param])
+            }
+            Op::Reshape { shape } => {
+                rule.arity(1)?;
+                let a = &operands[0];
+                if a.shape.numel() != shape.numel() {
+                    return Err(rule.attribute(format!("cannot view {} as {shape}", a.shape)));
+                }
+                one(TensorType::new(a.dtype, shape.clone()))
+            }
+            Op::Transpose { dim0, dim1 } => {
+                rule.arity(1)?;
+                let a = &operands[0];
+                let rank = a.dims().len();
+                if *dim0 >= rank || *dim1 >= rank {
+                    return Err(
+                        rule.attribute(format!("dims {dim0},{dim1} out of range for rank {rank}"))
+                    );
+                }
+                let mut dims = a.dims().to_vec();
+                dims.swap(*dim0, *dim1);
+                one(TensorType::new(a.dtype, dims))
+            }
+            Op::Slice { axis, start, end } => {
+                rule.arity(1)?;
+                let a = &operands[0];
+                match a.dims().get(*axis) {
+                    Some(&size) if start <= end && *end <= size => {
+                        let mut dims = a.dims().to_vec();
+                        dims[*axis] = end - start;
+                        one(TensorType::new(a.dtype, dims))
+                    }
+                    _ => Err(rule.attribute(format!(
+                        "{start}..{end} along axis {axis} does not fit {}",
+                        a.shape
+                    ))),
+                }
+            }
+        }
+    }
+}
