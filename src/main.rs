@@ -6,6 +6,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use kiln::commands;
+use kiln_frontend::programs::{ProgramKind, ProgramOptions};
 
 #[derive(Parser)]
 #[command(
@@ -75,7 +76,44 @@ enum Command {
         /// Also write the gradient of the loss for every parameter.
         #[arg(long)]
         grads: bool,
+        /// oracle: the eager engine with tape autograd; interpret: the traced eval program on
+        /// the reference interpreter, gradients from IR autodiff.
+        #[arg(long, value_enum, default_value_t = Mode::Oracle)]
+        mode: Mode,
     },
+    /// Trace a model into a program graph and verify it; print a summary or the IR.
+    Compile {
+        /// A Hugging Face model directory or a preset name.
+        #[arg(long)]
+        model: String,
+        #[arg(long, value_enum)]
+        program: Program,
+        /// Sequences in the batch.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Tokens per sequence (prefill, train).
+        #[arg(long, default_value_t = 16)]
+        seq: usize,
+        /// Rows of the KV cache (prefill, decode).
+        #[arg(long, default_value_t = 64)]
+        max_seq: usize,
+        /// Print the IR text instead of a summary.
+        #[arg(long)]
+        print_ir: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Mode {
+    Oracle,
+    Interpret,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Program {
+    Prefill,
+    Decode,
+    Train,
 }
 
 fn main() -> Result<()> {
@@ -103,7 +141,40 @@ fn main() -> Result<()> {
             tokens,
             out,
             grads,
-        } => commands::eval(&model, seed, &tokens, &out, grads)?,
+            mode,
+        } => {
+            let mode = match mode {
+                Mode::Oracle => commands::EvalMode::Oracle,
+                Mode::Interpret => commands::EvalMode::Interpret,
+            };
+            commands::eval(&model, seed, &tokens, &out, grads, mode)?
+        }
+        Command::Compile {
+            model,
+            program,
+            batch,
+            seq,
+            max_seq,
+            print_ir,
+        } => {
+            let kind = match program {
+                Program::Prefill => ProgramKind::Prefill,
+                Program::Decode => ProgramKind::Decode,
+                Program::Train => ProgramKind::Train,
+            };
+            anyhow::ensure!(batch >= 1 && seq >= 1, "--batch and --seq must be >= 1");
+            anyhow::ensure!(
+                kind == ProgramKind::Train || seq <= max_seq,
+                "--seq {seq} does not fit a cache of --max-seq {max_seq}"
+            );
+            let options = ProgramOptions {
+                batch,
+                seq,
+                max_seq,
+                ..ProgramOptions::default()
+            };
+            print!("{}", commands::compile(&model, kind, &options, print_ir)?);
+        }
     }
     Ok(())
 }

@@ -126,6 +126,9 @@ pub enum Error {
     Tokens { reason: String },
 
     // --- below ---
+    /// An IR error while tracing a program (boxed: it carries op text).
+    #[error(transparent)]
+    Ir(Box<kiln_ir::Error>),
     /// A tensor or kernel error (boxed: they carry shapes and strides).
     #[error(transparent)]
     Runtime(Box<kiln_runtime::Error>),

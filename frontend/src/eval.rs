@@ -1,6 +1,8 @@
 //! `kiln eval`: logits, the causal-LM loss and (optionally) every parameter's gradient for a
 //! batch of token ids — the contract scripts and the parity tests rely on.
 
+use std::collections::BTreeMap;
+
 use kiln_ir::DType;
 use kiln_runtime::Tensor;
 
@@ -8,6 +10,7 @@ use crate::autograd::Var;
 use crate::error::{Error, Result};
 use crate::model::{causal_lm_loss, forward, shifted_targets, Eager, ModelConfig, ModelWeights};
 use crate::ops;
+use crate::programs::{build, ProgramKind, ProgramOptions};
 
 /// What one evaluation produced, every tensor f32.
 pub struct Evaluation {
@@ -100,6 +103,61 @@ pub fn evaluate(
     Ok(Evaluation {
         logits: to_f32(logits.value())?,
         loss: to_f32(loss.value())?.reshape([1])?,
+        grads,
+    })
+}
+
+/// Like [`evaluate`], through the traced `eval` program on the reference interpreter: the
+/// forward pass as an IR graph and the gradients from IR autodiff.
+pub fn evaluate_interpreted(
+    config: &ModelConfig,
+    weights: &ModelWeights<Var>,
+    tokens: &Tensor,
+    with_grads: bool,
+) -> Result<Evaluation> {
+    let (batch, seq, ids) = check_tokens(tokens, config.vocab_size)?;
+    let options = ProgramOptions {
+        batch,
+        seq,
+        grads: with_grads,
+        ..ProgramOptions::default()
+    };
+    let graph = build(ProgramKind::Eval, config, &options)?;
+    let mut values: BTreeMap<String, Tensor> = weights
+        .named()
+        .into_iter()
+        .map(|(name, param)| (name, param.value().clone()))
+        .collect();
+    let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
+    let targets = shifted_targets(&ids, batch, seq);
+    values.insert("tokens".into(), Tensor::from_vec(ids, [batch, seq])?);
+    values.insert("positions".into(), Tensor::from_vec(positions, [batch, seq])?);
+    values.insert("targets".into(), Tensor::from_vec(targets, [batch * seq])?);
+    if with_grads {
+        values.insert("loss_seed".into(), Tensor::scalar(1.0, DType::F32));
+    }
+    let mut outputs = kiln_runtime::interpret::interpret(&graph, &mut values)?;
+    let mut take = |name: &str| {
+        outputs.remove(name).ok_or_else(|| Error::Operand {
+            op: "eval",
+            reason: format!("the eval program has no output `{name}`"),
+        })
+    };
+    let logits = take("logits")?;
+    let loss = take("loss")?.reshape([1])?;
+    let mut grads = Vec::new();
+    if with_grads {
+        for (name, param) in weights.named() {
+            let grad = match take(&format!("grad.{name}")) {
+                Ok(grad) => grad,
+                Err(_) => Tensor::zeros(param.shape().clone(), DType::F32, param.value().device()),
+            };
+            grads.push((name, grad));
+        }
+    }
+    Ok(Evaluation {
+        logits: to_f32(&logits)?,
+        loss: to_f32(&loss)?,
         grads,
     })
 }

@@ -12,6 +12,8 @@ pub mod hf;
 mod launch;
 pub mod model;
 pub mod ops;
+pub mod programs;
+pub mod trace;
 
 pub use autograd::Var;
 pub use error::{Error, Result};

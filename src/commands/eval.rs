@@ -3,14 +3,30 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use kiln_frontend::eval::evaluate;
+use kiln_frontend::eval::{evaluate, evaluate_interpreted};
 use kiln_frontend::hf::safetensors_io::{write_safetensors, SafetensorsFile};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_ir::DType;
 
+/// Which engine computes the evaluation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvalMode {
+    /// The eager oracle with tape autograd.
+    Oracle,
+    /// The traced `eval` program on the reference interpreter (IR autodiff for gradients).
+    Interpret,
+}
+
 /// Evaluates `model` on the `tokens` tensor of `tokens_path` and writes `logits`, `loss` and,
 /// with `grads`, `grad.<name>` to `out` (which must not exist).
-pub fn eval(model: &str, seed: u64, tokens_path: &Path, out: &Path, grads: bool) -> Result<()> {
+pub fn eval(
+    model: &str,
+    seed: u64,
+    tokens_path: &Path,
+    out: &Path,
+    grads: bool,
+    mode: EvalMode,
+) -> Result<()> {
     if out.exists() {
         bail!(
             "{} already exists; kiln never overwrites files (choose another --out)",
@@ -30,7 +46,10 @@ pub fn eval(model: &str, seed: u64, tokens_path: &Path, out: &Path, grads: bool)
     let (config, weights) = source
         .load(seed)
         .with_context(|| format!("loading model {model}"))?;
-    let result = evaluate(&config, &weights, &tokens, grads)?;
+    let result = match mode {
+        EvalMode::Oracle => evaluate(&config, &weights, &tokens, grads)?,
+        EvalMode::Interpret => evaluate_interpreted(&config, &weights, &tokens, grads)?,
+    };
     let mut tensors = vec![
         ("logits".to_string(), result.logits),
         ("loss".to_string(), result.loss.clone()),

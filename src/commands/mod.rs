@@ -1,7 +1,9 @@
 //! The subcommands of `kiln` that work on model files.
 
+mod compile;
 mod eval;
 mod init_model;
 
-pub use eval::eval;
+pub use compile::compile;
+pub use eval::{eval, EvalMode};
 pub use init_model::init_model;

@@ -33,11 +33,15 @@ impl Ops for Eager {
     fn heads_first(&self, x: &Var) -> Result<Var> {
         ops::contiguous(&ops::transpose(x, 1, 2)?)
     }
-    fn attention(&self, q: &Var, k: &Var, v: &Var, scale: f64) -> Result<Var> {
+    fn attention(&self, _layer: usize, q: &Var, k: &Var, v: &Var, scale: f64) -> Result<Var> {
         ops::attention(q, k, v, scale)
     }
     fn swiglu(&self, gate: &Var, up: &Var) -> Result<Var> {
         ops::swiglu(gate, up)
+    }
+    fn last_position(&self, x: &Var) -> Result<Var> {
+        let seq = x.dims().get(1).copied().unwrap_or(0);
+        ops::contiguous(&ops::slice(x, 1, seq.saturating_sub(1), seq)?)
     }
     fn reshape(&self, x: &Var, dims: &[usize]) -> Result<Var> {
         ops::reshape(x, dims)

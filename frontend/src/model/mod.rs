@@ -9,7 +9,9 @@ mod weights;
 pub use config::{Family, ModelConfig};
 pub use eager::Eager;
 pub use ops::Ops;
-pub use transformer::{causal_lm_loss, forward, shifted_targets, IGNORE_INDEX};
+pub use transformer::{
+    causal_lm_loss, forward, hidden_states, last_logits, output_head, shifted_targets, IGNORE_INDEX,
+};
 pub use weights::{
     parameter_shapes, random_parameters, random_weights, LayerWeights, ModelWeights,
 };

@@ -39,9 +39,12 @@ pub trait Ops {
     ) -> Result<Self::Value>;
     /// `[B,T,H,D]` → `[B,H,T,D]`, materialized.
     fn heads_first(&self, x: &Self::Value) -> Result<Self::Value>;
-    /// Causal GQA attention: `q [B,Hq,T,D]`, `k`, `v [B,Hkv,S,D]` → `[B,T,Hq,D]`.
+    /// Causal GQA attention of decoder layer `layer`: `q [B,Hq,T,D]`, `k`, `v [B,Hkv,T,D]` →
+    /// `[B,T,Hq,D]`. An implementation may keep `k`/`v` in a per-layer KV cache and attend
+    /// over it (prefill and decode programs); the model code is the same.
     fn attention(
         &self,
+        layer: usize,
         q: &Self::Value,
         k: &Self::Value,
         v: &Self::Value,
@@ -49,6 +52,8 @@ pub trait Ops {
     ) -> Result<Self::Value>;
     /// `silu(gate) · up`.
     fn swiglu(&self, gate: &Self::Value, up: &Self::Value) -> Result<Self::Value>;
+    /// `x [B,T,...]` → `[B,1,...]`: the last position, materialized.
+    fn last_position(&self, x: &Self::Value) -> Result<Self::Value>;
     /// Zero-copy reshape.
     fn reshape(&self, x: &Self::Value, dims: &[usize]) -> Result<Self::Value>;
     /// Mean cross-entropy of `logits [N,V]` against `targets [N]`, skipping `ignore_index`.

@@ -22,12 +22,50 @@ pub fn forward<O: Ops>(
     tokens: &O::Value,
     positions: &O::Value,
 ) -> Result<O::Value> {
+    let hidden = hidden_states(ops, config, weights, tokens, positions)?;
+    output_head(ops, weights, &hidden)
+}
+
+/// Logits `[B,V]` of the last position only (what prefill returns): the output head, the
+/// largest GEMM, runs on one position per row.
+pub fn last_logits<O: Ops>(
+    ops: &O,
+    config: &ModelConfig,
+    weights: &ModelWeights<O::Value>,
+    tokens: &O::Value,
+    positions: &O::Value,
+) -> Result<O::Value> {
+    let hidden = hidden_states(ops, config, weights, tokens, positions)?;
+    let last = ops.last_position(&hidden)?;
+    let logits = output_head(ops, weights, &last)?;
+    let dims = ops.dims(&logits);
+    ops.reshape(&logits, &[dims[0], config.vocab_size])
+}
+
+/// `x · lm_headᵀ` (the embedding when tied).
+pub fn output_head<O: Ops>(
+    ops: &O,
+    weights: &ModelWeights<O::Value>,
+    hidden: &O::Value,
+) -> Result<O::Value> {
+    let head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
+    ops.linear(hidden, head, None)
+}
+
+/// The final normalized hidden states `[B,T,H]`.
+pub fn hidden_states<O: Ops>(
+    ops: &O,
+    config: &ModelConfig,
+    weights: &ModelWeights<O::Value>,
+    tokens: &O::Value,
+    positions: &O::Value,
+) -> Result<O::Value> {
     let mut hidden = ops.embedding(&weights.embed_tokens, tokens)?;
     // `residual` is the running sum; `hidden` the output of the last block not yet added to it.
     let mut residual: Option<O::Value> = None;
-    for layer in &weights.layers {
+    for (index, layer) in weights.layers.iter().enumerate() {
         let normed = pre_norm(ops, config, &hidden, &mut residual, &layer.input_layernorm)?;
-        hidden = attention_block(ops, config, layer, &normed, positions)?;
+        hidden = attention_block(ops, config, index, layer, &normed, positions)?;
         let normed = pre_norm(
             ops,
             config,
@@ -37,9 +75,7 @@ pub fn forward<O: Ops>(
         )?;
         hidden = mlp_block(ops, layer, &normed)?;
     }
-    let normed = pre_norm(ops, config, &hidden, &mut residual, &weights.norm)?;
-    let head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
-    ops.linear(&normed, head, None)
+    pre_norm(ops, config, &hidden, &mut residual, &weights.norm)
 }
 
 /// `rmsnorm(hidden + residual)`, updating `residual`; the first call starts the residual.
@@ -66,6 +102,7 @@ fn pre_norm<O: Ops>(
 fn attention_block<O: Ops>(
     ops: &O,
     config: &ModelConfig,
+    index: usize,
     layer: &LayerWeights<O::Value>,
     x: &O::Value,
     positions: &O::Value,
@@ -87,7 +124,7 @@ fn attention_block<O: Ops>(
     let v = ops.reshape(&v, &[batch, seq, kv_heads, head_dim])?;
     let v = ops.heads_first(&v)?;
     let scale = 1.0 / (head_dim as f64).sqrt();
-    let attended = ops.attention(&q, &k, &v, scale)?;
+    let attended = ops.attention(index, &q, &k, &v, scale)?;
     let attended = ops.reshape(&attended, &[batch, seq, heads * head_dim])?;
     ops.linear(&attended, &layer.o_proj, layer.o_bias.as_ref())
 }

@@ -21,4 +21,4 @@ pub use loss::cross_entropy;
 pub use matmul::{linear, matmul};
 pub use norm::{add_rmsnorm, rmsnorm};
 pub use rope::rope;
-pub use views::{contiguous, reshape, transpose};
+pub use views::{contiguous, reshape, slice, transpose};

@@ -1,0 +1,185 @@
+//! The programs kiln compiles: `prefill`, `decode`, `train`, and `eval` (the `kiln eval`
+//! contract as a graph). Each is the model code traced with the right inputs around it.
+//!
+//! Values that change per run — token ids, positions, targets, the optimizer step, the loss
+//! seed — are graph Inputs (device inputs), never constants baked into the graph, so one
+//! compiled program serves every step.
+
+use kiln_ir::{AdamWConfig, DType, Graph, InputKind, TensorType, ValueId};
+
+use crate::error::Result;
+use crate::model::{
+    causal_lm_loss, forward, last_logits, parameter_shapes, ModelConfig, ModelWeights,
+};
+use crate::trace::{AttentionMode, LayerCache, Tracer};
+
+/// Which program to build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgramKind {
+    Prefill,
+    Decode,
+    Train,
+    Eval,
+}
+
+impl ProgramKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProgramKind::Prefill => "prefill",
+            ProgramKind::Decode => "decode",
+            ProgramKind::Train => "train",
+            ProgramKind::Eval => "eval",
+        }
+    }
+}
+
+/// Shapes and options of a program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgramOptions {
+    pub batch: usize,
+    /// Tokens per row (prefill, train, eval); decode always takes one.
+    pub seq: usize,
+    /// Rows of the KV cache (prefill, decode).
+    pub max_seq: usize,
+    /// Eval: also output `grad.<name>` for every parameter.
+    pub grads: bool,
+    pub adamw: AdamWConfig,
+}
+
+impl Default for ProgramOptions {
+    fn default() -> Self {
+        ProgramOptions {
+            batch: 1,
+            seq: 16,
+            max_seq: 64,
+            grads: false,
+            adamw: AdamWConfig {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 1e-2,
+            },
+        }
+    }
+}
+
+fn i64_input(graph: &mut Graph, name: &str, dims: &[usize]) -> Result<ValueId> {
+    Ok(graph.input(name, InputKind::Input, TensorType::new(DType::I64, dims))?)
+}
+
+/// Every parameter as an f32 Param input under its Hugging Face name.
+fn params(graph: &mut Graph, config: &ModelConfig) -> Result<ModelWeights<ValueId>> {
+    ModelWeights::build(config, |name, dims| {
+        Ok(graph.input(name, InputKind::Param, TensorType::new(DType::F32, dims))?)
+    })
+}
+
+/// The per-layer KV cache states `cache.{k,v}.{layer}`, `[B,Hkv,Smax,D]` f32.
+fn caches(graph: &mut Graph, config: &ModelConfig, options: &ProgramOptions) -> Result<Vec<LayerCache>> {
+    let dims = [
+        options.batch,
+        config.num_key_value_heads,
+        options.max_seq,
+        config.head_dim,
+    ];
+    (0..config.num_hidden_layers)
+        .map(|layer| {
+            let (k_name, v_name) = (format!("cache.k.{layer}"), format!("cache.v.{layer}"));
+            let ty = TensorType::new(DType::F32, dims);
+            Ok(LayerCache {
+                k: graph.input(&k_name, InputKind::State, ty.clone())?,
+                v: graph.input(&v_name, InputKind::State, ty)?,
+                k_name,
+                v_name,
+            })
+        })
+        .collect()
+}
+
+/// Builds program `kind` for `config`.
+pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> Result<Graph> {
+    let mut graph = Graph::new(kind.name());
+    let (batch, seq) = (options.batch, options.seq);
+    let weights = params(&mut graph, config)?;
+    match kind {
+        ProgramKind::Prefill => {
+            let tokens = i64_input(&mut graph, "tokens", &[batch, seq])?;
+            let positions = i64_input(&mut graph, "positions", &[batch, seq])?;
+            let cache_positions = i64_input(&mut graph, "cache_positions", &[batch])?;
+            let caches = caches(&mut graph, config, options)?;
+            let mode = AttentionMode::FillCache {
+                caches,
+                positions: cache_positions,
+            };
+            let tracer = Tracer::new(graph, mode);
+            let logits = last_logits(&tracer, config, &weights, &tokens, &positions)?;
+            tracer.graph().output("logits", logits)?;
+            Ok(tracer.finish())
+        }
+        ProgramKind::Decode => {
+            let tokens = i64_input(&mut graph, "tokens", &[batch, 1])?;
+            let positions = i64_input(&mut graph, "positions", &[batch])?;
+            let caches = caches(&mut graph, config, options)?;
+            let mode = AttentionMode::ReadCache { caches, positions };
+            let tracer = Tracer::new(graph, mode);
+            let rope_positions = tracer.graph().op1(
+                kiln_ir::Op::Reshape {
+                    shape: [batch, 1].into(),
+                },
+                &[positions],
+            )?;
+            let logits = last_logits(&tracer, config, &weights, &tokens, &rope_positions)?;
+            tracer.graph().output("logits", logits)?;
+            Ok(tracer.finish())
+        }
+        ProgramKind::Train | ProgramKind::Eval => {
+            let tokens = i64_input(&mut graph, "tokens", &[batch, seq])?;
+            let positions = i64_input(&mut graph, "positions", &[batch, seq])?;
+            let targets = i64_input(&mut graph, "targets", &[batch * seq])?;
+            let tracer = Tracer::new(graph, AttentionMode::Plain);
+            let logits = forward(&tracer, config, &weights, &tokens, &positions)?;
+            let loss = causal_lm_loss(&tracer, &logits, &targets)?;
+            let mut graph = tracer.finish();
+            graph.output("loss", loss)?;
+            if kind == ProgramKind::Eval {
+                graph.output("logits", logits)?;
+            }
+            if kind == ProgramKind::Eval && !options.grads {
+                return Ok(graph);
+            }
+            let seed = graph.input("loss_seed", InputKind::Input, TensorType::new(DType::F32, []))?;
+            let named = weights.named();
+            let wrt: Vec<ValueId> = named.iter().map(|(_, v)| **v).collect();
+            let grads = kiln_ir::append_backward(&mut graph, loss, seed, &wrt)?;
+            if kind == ProgramKind::Eval {
+                for ((name, _), grad) in named.iter().zip(&grads) {
+                    if let Some(grad) = grad {
+                        graph.output(&format!("grad.{name}"), *grad)?;
+                    }
+                }
+                return Ok(graph);
+            }
+            let step = graph.input("step", InputKind::Input, TensorType::new(DType::I64, []))?;
+            for ((name, param), grad) in named.iter().zip(grads) {
+                let Some(grad) = grad else { continue };
+                let ty = graph.value_type(**param)?.clone();
+                let m = graph.input(&format!("adamw.m.{name}"), InputKind::State, ty.clone())?;
+                let v = graph.input(&format!("adamw.v.{name}"), InputKind::State, ty)?;
+                let updated = graph.op(kiln_ir::Op::AdamW(options.adamw), &[**param, grad, m, v, step])?;
+                graph.write(name, updated[0])?;
+                graph.write(&format!("adamw.m.{name}"), updated[1])?;
+                graph.write(&format!("adamw.v.{name}"), updated[2])?;
+            }
+            Ok(graph)
+        }
+    }
+}
+
+/// Number of parameters of `config` (for summaries).
+pub fn parameter_count(config: &ModelConfig) -> usize {
+    parameter_shapes(config)
+        .iter()
+        .map(|(_, dims)| dims.iter().product::<usize>())
+        .sum()
+}

@@ -1,0 +1,222 @@
+//! Tracing: the model code, run with [`Tracer`] as its [`Ops`], builds an IR graph instead of
+//! computing. Each method emits exactly the ops the eager oracle runs for it (same order, same
+//! decomposition), so an interpreted graph can match the oracle bit for bit.
+
+use std::cell::RefCell;
+
+use kiln_ir::{Graph, Op, ValueId};
+
+use crate::error::{Error, Result};
+use crate::model::Ops;
+
+/// What attention does with each layer's keys and values.
+#[derive(Clone, Debug)]
+pub enum AttentionMode {
+    /// Attend over this call's keys and values (training, evaluation).
+    Plain,
+    /// Attend over this call's keys and values and store them in the layer's cache at rows
+    /// `positions[b]..` (prefill from an empty cache).
+    FillCache {
+        caches: Vec<LayerCache>,
+        positions: ValueId,
+    },
+    /// Store this call's keys and values in the cache at `positions[b]..` and attend over the
+    /// cache up to each query's position (decode).
+    ReadCache {
+        caches: Vec<LayerCache>,
+        positions: ValueId,
+    },
+}
+
+/// The State inputs holding one layer's cache, `[B,Hkv,Smax,D]` each.
+#[derive(Clone, Debug)]
+pub struct LayerCache {
+    pub k: ValueId,
+    pub v: ValueId,
+    pub k_name: String,
+    pub v_name: String,
+}
+
+/// Records ops into a graph.
+pub struct Tracer {
+    graph: RefCell<Graph>,
+    mode: AttentionMode,
+}
+
+impl Tracer {
+    pub fn new(graph: Graph, mode: AttentionMode) -> Self {
+        Tracer {
+            graph: RefCell::new(graph),
+            mode,
+        }
+    }
+
+    /// Access to the graph being built (to add inputs and outputs around the model).
+    pub fn graph(&self) -> std::cell::RefMut<'_, Graph> {
+        self.graph.borrow_mut()
+    }
+
+    /// The traced graph.
+    pub fn finish(self) -> Graph {
+        self.graph.into_inner()
+    }
+
+    fn op(&self, op: Op, operands: &[ValueId]) -> Result<Vec<ValueId>> {
+        Ok(self.graph.borrow_mut().op(op, operands)?)
+    }
+
+    fn op1(&self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        Ok(self.graph.borrow_mut().op1(op, operands)?)
+    }
+
+    fn cache(&self, caches: &[LayerCache], layer: usize) -> Result<LayerCache> {
+        caches.get(layer).cloned().ok_or_else(|| Error::Operand {
+            op: "attention",
+            reason: format!("no cache for layer {layer} ({} caches)", caches.len()),
+        })
+    }
+}
+
+impl From<kiln_ir::Error> for Error {
+    fn from(error: kiln_ir::Error) -> Self {
+        Error::Ir(Box::new(error))
+    }
+}
+
+impl Ops for Tracer {
+    type Value = ValueId;
+
+    fn dims(&self, x: &ValueId) -> Vec<usize> {
+        self.graph
+            .borrow()
+            .value_type(*x)
+            .map(|t| t.dims().to_vec())
+            .unwrap_or_default()
+    }
+
+    fn embedding(&self, weight: &ValueId, ids: &ValueId) -> Result<ValueId> {
+        self.op1(Op::Embedding, &[*weight, *ids])
+    }
+
+    fn linear(&self, x: &ValueId, weight: &ValueId, bias: Option<&ValueId>) -> Result<ValueId> {
+        // As ops::linear: view as a matrix, x·wᵀ, + bias, view back.
+        let dims = self.dims(x);
+        let features = dims.last().copied().unwrap_or(0);
+        let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+        let outputs = self.dims(weight).first().copied().unwrap_or(0);
+        let flat = self.reshape(x, &[rows, features])?;
+        let mut out = self.op1(
+            Op::MatMul {
+                transpose_a: false,
+                transpose_b: true,
+            },
+            &[flat, *weight],
+        )?;
+        if let Some(bias) = bias {
+            out = self.op1(Op::Add, &[out, *bias])?;
+        }
+        let mut out_dims = dims[..dims.len().saturating_sub(1)].to_vec();
+        out_dims.push(outputs);
+        self.reshape(&out, &out_dims)
+    }
+
+    fn rmsnorm(&self, x: &ValueId, weight: &ValueId, eps: f64) -> Result<ValueId> {
+        self.op1(Op::RmsNorm { eps }, &[*x, *weight])
+    }
+
+    fn add_rmsnorm(
+        &self,
+        x: &ValueId,
+        residual: &ValueId,
+        weight: &ValueId,
+        eps: f64,
+    ) -> Result<(ValueId, ValueId)> {
+        let results = self.op(Op::AddRmsNorm { eps }, &[*x, *residual, *weight])?;
+        Ok((results[0], results[1]))
+    }
+
+    fn rope(
+        &self,
+        x: &ValueId,
+        positions: &ValueId,
+        bias: Option<&ValueId>,
+        theta: f64,
+    ) -> Result<ValueId> {
+        let mut operands = vec![*x, *positions];
+        operands.extend(bias.copied());
+        let op = Op::Rope {
+            theta,
+            bias: bias.is_some(),
+        };
+        self.op1(op, &operands)
+    }
+
+    fn heads_first(&self, x: &ValueId) -> Result<ValueId> {
+        let swapped = self.op1(Op::Transpose { dim0: 1, dim1: 2 }, &[*x])?;
+        self.op1(Op::Contiguous, &[swapped])
+    }
+
+    fn attention(
+        &self,
+        layer: usize,
+        q: &ValueId,
+        k: &ValueId,
+        v: &ValueId,
+        scale: f64,
+    ) -> Result<ValueId> {
+        match &self.mode {
+            AttentionMode::Plain => Ok(self.op(Op::Attention { scale }, &[*q, *k, *v])?[0]),
+            AttentionMode::FillCache { caches, positions } => {
+                let cache = self.cache(caches, layer)?;
+                let k_cache = self.op1(Op::KvCacheWrite, &[cache.k, *k, *positions])?;
+                let v_cache = self.op1(Op::KvCacheWrite, &[cache.v, *v, *positions])?;
+                let mut graph = self.graph.borrow_mut();
+                graph.write(&cache.k_name, k_cache)?;
+                graph.write(&cache.v_name, v_cache)?;
+                drop(graph);
+                Ok(self.op(Op::Attention { scale }, &[*q, *k, *v])?[0])
+            }
+            AttentionMode::ReadCache { caches, positions } => {
+                let cache = self.cache(caches, layer)?;
+                let k_cache = self.op1(Op::KvCacheWrite, &[cache.k, *k, *positions])?;
+                let v_cache = self.op1(Op::KvCacheWrite, &[cache.v, *v, *positions])?;
+                let mut graph = self.graph.borrow_mut();
+                graph.write(&cache.k_name, k_cache)?;
+                graph.write(&cache.v_name, v_cache)?;
+                drop(graph);
+                self.op1(
+                    Op::CachedAttention { scale },
+                    &[*q, k_cache, v_cache, *positions],
+                )
+            }
+        }
+    }
+
+    fn swiglu(&self, gate: &ValueId, up: &ValueId) -> Result<ValueId> {
+        self.op1(Op::SwiGlu, &[*gate, *up])
+    }
+
+    fn last_position(&self, x: &ValueId) -> Result<ValueId> {
+        let seq = self.dims(x).get(1).copied().unwrap_or(0);
+        let op = Op::Slice {
+            axis: 1,
+            start: seq.saturating_sub(1),
+            end: seq,
+        };
+        let last = self.op1(op, &[*x])?;
+        self.op1(Op::Contiguous, &[last])
+    }
+
+    fn reshape(&self, x: &ValueId, dims: &[usize]) -> Result<ValueId> {
+        self.op1(Op::Reshape { shape: dims.into() }, &[*x])
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &ValueId,
+        targets: &ValueId,
+        ignore_index: i64,
+    ) -> Result<ValueId> {
+        self.op1(Op::CrossEntropy { ignore_index }, &[*logits, *targets])
+    }
+}
