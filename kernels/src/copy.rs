@@ -127,6 +127,8 @@ pub fn fill(dst: &mut TensorViewMut<'_>, value: f64) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use rand::Rng;
+
     use super::*;
 
     #[test]
@@ -172,6 +174,87 @@ mod tests {
             out.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
             [1.0, 1.0 + 1.0 / 64.0, -2.5]
         );
+    }
+
+    /// Casts `src` (contiguous, rank 1) to `D`.
+    fn cast_to<S: Element, D: Element>(src: &[S]) -> Vec<D> {
+        let mut out = vec![D::from_f64(0.0); src.len()];
+        cast(
+            &TensorView::contiguous(src, [src.len()]).unwrap(),
+            &mut TensorViewMut::contiguous(&mut out, [src.len()]).unwrap(),
+        )
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn cast_rounds_once_just_above_a_tie() {
+        // 1 + 2^-8 + 2^-23 is an f32 just above the bf16 tie 1 + 2^-8: it rounds up, as does
+        // 1 + 2^-11 + 2^-23 to f16. Rounding the excess away first would give 1.0.
+        let f32s = [
+            1.0f32 + 2f32.powi(-8) + 2f32.powi(-23),
+            -(1.0 + 2f32.powi(-8) + 2f32.powi(-23)),
+            1.0 + 2f32.powi(-11) + 2f32.powi(-23),
+        ];
+        let up_bf16 = 1.0 + 2f64.powi(-7);
+        let up_f16 = 1.0 + 2f64.powi(-10);
+        let bf16s = cast_to::<f32, bf16>(&f32s);
+        assert_eq!([bf16s[0].to_f64(), bf16s[1].to_f64()], [up_bf16, -up_bf16]);
+        assert_eq!(cast_to::<f32, f16>(&f32s)[2].to_f64(), up_f16);
+
+        // From f64 the excess can lie below f64's upper 32 mantissa bits.
+        let f64s = [
+            1.0 + 2f64.powi(-8) + 2f64.powi(-40),
+            1.0 + 2f64.powi(-11) + 2f64.powi(-40),
+        ];
+        assert_eq!(cast_to::<f64, bf16>(&f64s)[0].to_f64(), up_bf16);
+        assert_eq!(cast_to::<f64, f16>(&f64s)[1].to_f64(), up_f16);
+    }
+
+    #[test]
+    fn cast_to_bf16_and_f16_rounds_once() {
+        let mut rng = crate::testing::rng("cast_to_bf16_and_f16_rounds_once");
+        let f64s: Vec<f64> = (0..4096)
+            .map(|_| rng.random_range(-2.0..2.0) * 2f64.powi(rng.random_range(-14..15)))
+            .collect();
+        // Any f32 bits but NaN (a payload, not a rounding), every exponent and subnormal included;
+        // two in three within 8 ulps above a bf16 or an f16 tie, where double rounding would show.
+        let f32s: Vec<f32> = (0..6000)
+            .map(|i| {
+                let bits: u32 = rng.random();
+                let near = rng.random_range(0..8);
+                f32::from_bits(match i % 3 {
+                    0 => bits,
+                    1 => bits & !0xffff | 0x8000 | near,
+                    // Exponents of f16's normal range (2^-14 to 2^15).
+                    _ => {
+                        let exp = rng.random_range(127 - 14..=127 + 15) << 23;
+                        bits & 0x8000_0000 | exp | bits & 0x007f_e000 | 0x1000 | near
+                    }
+                })
+            })
+            .filter(|x| !x.is_nan())
+            .collect();
+        // From f32, against `half`'s own (single-rounding) f32 conversions.
+        let (bf16s, f16s) = (cast_to::<f32, bf16>(&f32s), cast_to::<f32, f16>(&f32s));
+        for (i, &x) in f32s.iter().enumerate() {
+            assert_eq!(
+                bf16s[i].to_bits(),
+                bf16::from_f32(x).to_bits(),
+                "bf16 of {x:e}"
+            );
+            assert_eq!(
+                f16s[i].to_bits(),
+                f16::from_f32(x).to_bits(),
+                "f16 of {x:e}"
+            );
+        }
+        // From f64, against `Element::from_f64` (tested against neighbours in `element`).
+        let (bf16s, f16s) = (cast_to::<f64, bf16>(&f64s), cast_to::<f64, f16>(&f64s));
+        for (i, &x) in f64s.iter().enumerate() {
+            assert_eq!(bf16s[i], <bf16 as Element>::from_f64(x), "bf16 of {x:e}");
+            assert_eq!(f16s[i], <f16 as Element>::from_f64(x), "f16 of {x:e}");
+        }
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! Tests of `safetensors_io`'s conversions: float widening is exact and narrowing rounds once to
-//! nearest even (checked against the neighbours of each result), integers narrow only when they
-//! fit, float ↔ integer and unread dtypes are refused, and converted writes round like reads.
+//! Tests of `safetensors_io`'s file conversions: float widening is exact and narrowing rounds
+//! once to nearest even (as `kiln_kernels::Element::from_f64`, whose rounding is tested beside
+//! it), integers narrow only when they fit, float ↔ integer and unread dtypes are refused, and
+//! converted writes round like reads.
 
 use half::{bf16, f16};
 use kiln_kernels::testing::rng;
-use kiln_kernels::Buffer;
+use kiln_kernels::{Buffer, Element};
 use rand::Rng;
 
-use super::convert::{f64_to_f32_round_to_odd, Float};
 use super::tests::{assert_contains, raw_file};
 use super::*;
 
@@ -55,77 +55,49 @@ fn floats_widen_exactly_and_narrow_to_nearest_even() {
     );
 }
 
-/// Whether `r` (bits `r_bits`) is `x` rounded to nearest, ties to even, among its neighbours.
-fn is_nearest_even(x: f64, r: f64, r_bits: u16, neighbours: [f64; 2]) -> bool {
-    let distance = (x - r).abs(); // exact: r is within a factor 2 of x (Sterbenz)
-    neighbours.iter().all(|&n| {
-        let other = (x - n).abs();
-        distance < other || (distance == other && r_bits & 1 == 0)
-    })
-}
-
+/// Values just above a bf16 tie (1 + 2^-8) and an f16 tie (1 + 2^-11), by less than f64's upper
+/// 32 mantissa bits hold (f64) or by one f32 ulp (f32): narrowing, read or written, rounds them
+/// up, not to 1.
 #[test]
-fn f64_narrows_to_bf16_and_f16_with_one_rounding() {
-    // Just above a tie, with the excess below f64's upper 32 bits: must round up.
-    let above_tie = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
-    assert_eq!(
-        <bf16 as Float>::from_f64(above_tie).to_f64(),
-        1.0 + 2f64.powi(-7)
-    );
-    let above_tie = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
-    assert_eq!(
-        <f16 as Float>::from_f64(above_tie).to_f64(),
-        1.0 + 2f64.powi(-10)
-    );
-    // An exact tie goes to even.
-    assert_eq!(<bf16 as Float>::from_f64(1.0 + 2f64.powi(-8)).to_f64(), 1.0);
+fn narrowing_rounds_just_above_a_tie_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let f64s = vec![
+        1.0 + 2f64.powi(-8) + 2f64.powi(-40),
+        1.0 + 2f64.powi(-11) + 2f64.powi(-40),
+    ];
+    let f32s = vec![
+        1.0f32 + 2f32.powi(-8) + 2f32.powi(-23),
+        1.0 + 2f32.powi(-11) + 2f32.powi(-23),
+    ];
+    let tensors = [
+        ("f64".to_string(), Tensor::from_vec(f64s, [2]).unwrap()),
+        ("f32".to_string(), Tensor::from_vec(f32s, [2]).unwrap()),
+    ];
+    let (up_bf16, up_f16) = (1.0 + 2f64.powi(-7), 1.0 + 2f64.powi(-10));
 
-    let mut rng = rng("f64_narrows_to_bf16_and_f16_with_one_rounding");
-    for _ in 0..20_000 {
-        let mantissa = rng.random_range(1.0..2.0f64);
-        let sign = if rng.random::<bool>() { -1.0 } else { 1.0 };
-        let x = sign * mantissa * 2f64.powi(rng.random_range(-100..100));
-        let b = <bf16 as Float>::from_f64(x);
-        let near = [
-            bf16::from_bits(b.to_bits() - 1),
-            bf16::from_bits(b.to_bits() + 1),
-        ];
-        assert!(
-            is_nearest_even(x, b.to_f64(), b.to_bits(), near.map(|n| n.to_f64())),
-            "bf16 of {x:e}"
-        );
-        let y = sign * mantissa * 2f64.powi(rng.random_range(-13..15));
-        let h = <f16 as Float>::from_f64(y);
-        let near = [
-            f16::from_bits(h.to_bits() - 1),
-            f16::from_bits(h.to_bits() + 1),
-        ];
-        assert!(
-            is_nearest_even(y, h.to_f64(), h.to_bits(), near.map(|n| n.to_f64())),
-            "f16 of {y:e}"
-        );
+    let path = dir.path().join("above_tie.safetensors");
+    write_safetensors(&path, &tensors, None).unwrap();
+    let file = SafetensorsFile::open(&path).unwrap();
+    let read = |file: &SafetensorsFile, name, dtype| {
+        file.tensor(name, dtype).unwrap().to_f64_vec().unwrap()
+    };
+    for name in ["f64", "f32"] {
+        assert_eq!(read(&file, name, DType::BF16)[0], up_bf16, "{name} → bf16");
+        assert_eq!(read(&file, name, DType::F16)[1], up_f16, "{name} → f16");
     }
-}
 
-#[test]
-fn round_to_odd_truncates_and_marks_inexact() {
-    assert_eq!(f64_to_f32_round_to_odd(1.5), 1.5);
-    let just_above_one = 1.0 + 2f64.powi(-40);
-    assert_eq!(
-        f64_to_f32_round_to_odd(just_above_one).to_bits(),
-        1.0f32.to_bits() | 1
-    );
-    assert_eq!(
-        f64_to_f32_round_to_odd(-just_above_one).to_bits(),
-        (-1.0f32).to_bits() | 1
-    );
-    assert_eq!(
-        f64_to_f32_round_to_odd(1e300),
-        f32::MAX,
-        "beyond f32 stays finite and odd"
-    );
-    assert_eq!(f64_to_f32_round_to_odd(f64::INFINITY), f32::INFINITY);
-    assert!(f64_to_f32_round_to_odd(f64::NAN).is_nan());
+    for (dtype, index, up) in [(DType::BF16, 0, up_bf16), (DType::F16, 1, up_f16)] {
+        let path = dir.path().join(format!("above_tie_{dtype}.safetensors"));
+        write_safetensors_as(&path, &tensors, dtype, None).unwrap();
+        let file = SafetensorsFile::open(&path).unwrap();
+        for name in ["f64", "f32"] {
+            assert_eq!(
+                read(&file, name, DType::F64)[index],
+                up,
+                "{name} written as {dtype}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -252,7 +224,10 @@ fn converted_writes_round_once() {
         .unwrap()
         .to_vec::<bf16>()
         .unwrap();
-    let want: Vec<bf16> = f64s.iter().map(|&x| <bf16 as Float>::from_f64(x)).collect();
+    let want: Vec<bf16> = f64s
+        .iter()
+        .map(|&x| <bf16 as Element>::from_f64(x))
+        .collect();
     assert_eq!(a, want);
     let b = file
         .tensor("b", DType::BF16)

@@ -227,12 +227,12 @@ fn bf16_products_are_exact_in_f32() {
     let a: Vec<f64> = [&big[..6], &small[..6]]
         .concat()
         .iter()
-        .map(|&x| bf16::from_f64(x).to_f64())
+        .map(|&x| <bf16 as Element>::from_f64(x).to_f64())
         .collect();
     let b: Vec<f64> = [&small[6..], &big[6..]]
         .concat()
         .iter()
-        .map(|&x| bf16::from_f64(x).to_f64())
+        .map(|&x| <bf16 as Element>::from_f64(x).to_f64())
         .collect();
     let (m, n) = (12, 12);
     for path in [Path::Reference, Path::Fast] {

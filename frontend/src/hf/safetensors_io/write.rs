@@ -15,10 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::{bf16, f16};
 use kiln_ir::DType;
+use kiln_kernels::Element;
 use kiln_runtime::Tensor;
 use serde_json::{json, Map, Value};
 
-use super::convert::{FloatSource, LittleEndian};
+use super::convert::LittleEndian;
 use super::header::LENGTH_PREFIX;
 use crate::error::{Error, Result};
 
@@ -250,17 +251,25 @@ fn write_tensor(out: &mut impl Write, planned: &Planned<'_>) -> Result<(), Failu
     written.map_err(|e| Failure::Kiln(e.into()))?
 }
 
-/// Float elements converted to the float dtype `target` (`plan` checked it is one).
-fn floats<S: FloatSource>(
+/// Float elements converted to the float dtype `target` (`plan` checked it is one), rounded
+/// once (see [`Element::from_f64`]). Elements already of `target` keep every bit (going through
+/// f64 would quiet signalling NaNs).
+fn floats<S: Element + LittleEndian>(
     out: &mut impl Write,
     values: &[S],
     target: DType,
 ) -> Result<(), Failure> {
+    fn to<S: Element, T: Element>(value: S) -> T {
+        T::from_f64(value.to_f64())
+    }
+    if S::DTYPE == target {
+        return chunks(out, values, |x| x);
+    }
     match target {
-        DType::F32 => chunks(out, values, S::to::<f32>),
-        DType::F64 => chunks(out, values, S::to::<f64>),
-        DType::BF16 => chunks(out, values, S::to::<bf16>),
-        DType::F16 => chunks(out, values, S::to::<f16>),
+        DType::F32 => chunks(out, values, to::<S, f32>),
+        DType::F64 => chunks(out, values, to::<S, f64>),
+        DType::BF16 => chunks(out, values, to::<S, bf16>),
+        DType::F16 => chunks(out, values, to::<S, f16>),
         DType::I32 | DType::I64 => unreachable!("plan refuses float to integer"),
     }
 }
