@@ -12,6 +12,7 @@ pub mod graph;
 mod op;
 mod shape;
 mod types;
+pub mod verify;
 
 pub use dtype::DType;
 pub use error::{Error, Result};
@@ -19,3 +20,4 @@ pub use graph::{Graph, InputKind, ValueId};
 pub use op::{AdamWConfig, Alias, Op};
 pub use shape::{Shape, Strides};
 pub use types::TensorType;
+pub use verify::verify;
