@@ -10,12 +10,16 @@ mod dtype;
 mod error;
 pub mod graph;
 mod op;
+pub mod print;
 mod shape;
 mod types;
+pub mod verify;
 
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{Graph, InputKind, ValueId};
 pub use op::{AdamWConfig, Alias, Op};
+pub use print::print;
 pub use shape::{Shape, Strides};
 pub use types::TensorType;
+pub use verify::verify;

@@ -436,3 +436,7 @@ impl Op {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "typing_tests.rs"]
+mod tests;

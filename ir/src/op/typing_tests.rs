@@ -1,0 +1,397 @@
+//! Type rule tests: for every op, accepted operands with their exact result types, and rejected
+//! operands with the error variant, the op and the operand port the error names.
+
+// `&[x.clone()]` reads as the operand list it is; `slice::from_ref(&x)` would not.
+#![allow(clippy::cloned_ref_to_slice_refs)]
+
+use crate::{AdamWConfig, DType, Error, Op, Shape, TensorType};
+
+fn f32t(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, dims)
+}
+
+fn i64t(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::I64, dims)
+}
+
+fn ty(dtype: DType, dims: &[usize]) -> TensorType {
+    TensorType::new(dtype, dims)
+}
+
+#[track_caller]
+fn accepts(op: Op, operands: &[TensorType], results: &[TensorType]) {
+    assert_eq!(op.infer(operands), Ok(results.to_vec()), "{op}");
+}
+
+/// A `Type` error for operand `port` whose message names the op and the port.
+#[track_caller]
+fn rejects_operand(op: Op, operands: &[TensorType], port: usize) {
+    let err = op.infer(operands).expect_err(&op.to_string());
+    match &err {
+        Error::Type {
+            op: name, port: p, ..
+        } => {
+            assert_eq!(
+                (name.as_str(), *p),
+                (op.to_string().as_str(), port),
+                "{err}"
+            )
+        }
+        other => panic!("{op}: expected a type error on operand {port}, got {other:?}"),
+    }
+    let message = err.to_string();
+    assert!(message.starts_with(op.name()), "{message}");
+    assert!(message.contains(&format!("operand {port} ")), "{message}");
+}
+
+/// An `Arity` error whose message names the op and the expected count.
+#[track_caller]
+fn rejects_arity(op: Op, operands: &[TensorType], expected: &str) {
+    let err = op.infer(operands).expect_err(&op.to_string());
+    assert!(
+        matches!(&err, Error::Arity { op: name, expected: e, got } if *name == op.to_string() && e == expected && *got == operands.len()),
+        "{err:?}"
+    );
+    assert!(err.to_string().starts_with(op.name()), "{err}");
+}
+
+/// An `Attribute` error whose message names the op and contains `fragment`.
+#[track_caller]
+fn rejects_attribute(op: Op, operands: &[TensorType], fragment: &str) {
+    let err = op.infer(operands).expect_err(&op.to_string());
+    assert!(matches!(&err, Error::Attribute { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(message.starts_with(op.name()), "{message}");
+    assert!(message.contains(fragment), "`{fragment}` not in: {message}");
+}
+
+#[test]
+fn embedding() {
+    let (w, ids) = (f32t(&[10, 4]), i64t(&[2, 3]));
+    accepts(
+        Op::Embedding,
+        &[w.clone(), ids.clone()],
+        &[f32t(&[2, 3, 4])],
+    );
+    rejects_operand(Op::Embedding, &[w.clone(), f32t(&[2, 3])], 1);
+    rejects_operand(Op::Embedding, &[f32t(&[10]), ids.clone()], 0);
+    rejects_arity(Op::Embedding, &[w], "2");
+}
+
+#[test]
+fn embedding_backward() {
+    let op = || Op::EmbeddingBackward { vocab: 10 };
+    let ids = i64t(&[2, 3]);
+    accepts(op(), &[ids.clone(), f32t(&[2, 3, 4])], &[f32t(&[10, 4])]);
+    rejects_operand(op(), &[ids.clone(), f32t(&[2, 5, 4])], 1);
+    rejects_operand(op(), &[f32t(&[2, 3]), f32t(&[2, 3, 4])], 0);
+}
+
+fn matmul(transpose_a: bool, transpose_b: bool) -> Op {
+    Op::MatMul {
+        transpose_a,
+        transpose_b,
+    }
+}
+
+#[test]
+fn matmul_transpose_flags_and_bf16() {
+    let (a, b) = (f32t(&[2, 3, 4]), f32t(&[2, 4, 5]));
+    accepts(matmul(false, false), &[a.clone(), b], &[f32t(&[2, 3, 5])]);
+    accepts(
+        matmul(true, false),
+        &[f32t(&[2, 4, 3]), f32t(&[2, 4, 5])],
+        &[f32t(&[2, 3, 5])],
+    );
+    accepts(
+        matmul(false, true),
+        &[f32t(&[3, 4]), f32t(&[5, 4])],
+        &[f32t(&[3, 5])],
+    );
+    accepts(
+        matmul(true, true),
+        &[f32t(&[4, 3]), f32t(&[5, 4])],
+        &[f32t(&[3, 5])],
+    );
+    let bf16 = |dims: &[usize]| ty(DType::BF16, dims);
+    accepts(
+        matmul(false, false),
+        &[bf16(&[3, 4]), bf16(&[4, 5])],
+        &[f32t(&[3, 5])],
+    );
+    // The same operands with the wrong flag: inner dims 4 and 5 disagree.
+    rejects_operand(matmul(false, false), &[f32t(&[3, 4]), f32t(&[5, 4])], 1);
+    rejects_operand(matmul(false, false), &[f32t(&[3, 4]), bf16(&[4, 5])], 1);
+    rejects_operand(matmul(false, false), &[a.clone(), f32t(&[3, 4, 5])], 1);
+    rejects_operand(matmul(false, false), &[f32t(&[4]), f32t(&[4])], 0);
+    rejects_operand(matmul(false, false), &[i64t(&[3, 4]), i64t(&[4, 5])], 0);
+}
+
+#[test]
+fn add_and_mul_broadcast_a_suffix() {
+    for op in [Op::Add, Op::Mul] {
+        let a = f32t(&[2, 3, 4]);
+        for b in [&[4][..], &[3, 4], &[2, 3, 4]] {
+            accepts(op.clone(), &[a.clone(), f32t(b)], &[a.clone()]);
+        }
+        rejects_operand(op.clone(), &[a.clone(), f32t(&[3])], 1);
+        rejects_operand(op.clone(), &[a.clone(), f32t(&[2, 3])], 1);
+        rejects_operand(op.clone(), &[a.clone(), ty(DType::F64, &[4])], 1);
+        rejects_operand(op.clone(), &[f32t(&[4]), a.clone()], 1);
+        rejects_operand(op, &[i64t(&[4]), i64t(&[4])], 0);
+    }
+}
+
+#[test]
+fn scale_softmax_and_contiguous_keep_the_type() {
+    let x = ty(DType::F64, &[2, 5]);
+    accepts(Op::Scale { alpha: 0.5 }, &[x.clone()], &[x.clone()]);
+    accepts(Op::Softmax, &[x.clone()], &[x.clone()]);
+    accepts(Op::Contiguous, &[i64t(&[2, 3])], &[i64t(&[2, 3])]);
+    rejects_operand(Op::Scale { alpha: 0.5 }, &[i64t(&[2])], 0);
+    rejects_operand(Op::Softmax, &[ty(DType::I32, &[2])], 0);
+    rejects_arity(Op::Scale { alpha: 0.5 }, &[x.clone(), x], "1");
+    rejects_arity(Op::Contiguous, &[], "1");
+}
+
+#[test]
+fn sum_to_shape_and_broadcast_to() {
+    let sum = || Op::SumToShape {
+        shape: Shape::new(&[4]),
+    };
+    let broadcast = || Op::BroadcastTo {
+        shape: Shape::new(&[2, 3, 4]),
+    };
+    accepts(sum(), &[f32t(&[2, 3, 4])], &[f32t(&[4])]);
+    accepts(broadcast(), &[f32t(&[3, 4])], &[f32t(&[2, 3, 4])]);
+    rejects_attribute(sum(), &[f32t(&[4, 3])], "[4] is not a suffix of [4,3]");
+    rejects_attribute(broadcast(), &[f32t(&[2, 4])], "[2,4] is not a suffix");
+    rejects_operand(sum(), &[i64t(&[2, 4])], 0);
+    rejects_operand(broadcast(), &[i64t(&[4])], 0);
+}
+
+#[test]
+fn cast_is_float_to_float() {
+    let to_bf16 = || Op::Cast { to: DType::BF16 };
+    accepts(to_bf16(), &[f32t(&[2, 3])], &[ty(DType::BF16, &[2, 3])]);
+    rejects_operand(to_bf16(), &[i64t(&[2, 3])], 0);
+    rejects_operand(Op::Cast { to: DType::I32 }, &[f32t(&[2, 3])], 0);
+}
+
+#[test]
+fn rmsnorm_and_its_backward() {
+    let (x, w) = (f32t(&[2, 4]), f32t(&[4]));
+    accepts(
+        Op::RmsNorm { eps: 1e-6 },
+        &[x.clone(), w.clone()],
+        &[x.clone()],
+    );
+    rejects_operand(Op::RmsNorm { eps: 1e-6 }, &[x.clone(), f32t(&[3])], 1);
+    rejects_operand(Op::RmsNorm { eps: 1e-6 }, &[f32t(&[]), w.clone()], 0);
+    let backward = || Op::RmsNormBackward { eps: 1e-6 };
+    accepts(
+        backward(),
+        &[x.clone(), w.clone(), x.clone()],
+        &[x.clone(), w.clone()],
+    );
+    rejects_operand(backward(), &[x, w, f32t(&[2, 3])], 2);
+}
+
+#[test]
+fn add_rmsnorm_and_its_backward_with_3_and_4_operands() {
+    let (x, w) = (f32t(&[2, 4]), f32t(&[4]));
+    let forward = || Op::AddRmsNorm { eps: 1e-6 };
+    accepts(
+        forward(),
+        &[x.clone(), x.clone(), w.clone()],
+        &[x.clone(), x.clone()],
+    );
+    rejects_operand(forward(), &[x.clone(), f32t(&[1, 4]), w.clone()], 1);
+    rejects_operand(forward(), &[x.clone(), x.clone(), f32t(&[2])], 2);
+    let backward = || Op::AddRmsNormBackward { eps: 1e-6 };
+    let results = [x.clone(), w.clone()];
+    accepts(backward(), &[x.clone(), w.clone(), x.clone()], &results);
+    accepts(
+        backward(),
+        &[x.clone(), w.clone(), x.clone(), x.clone()],
+        &results,
+    );
+    rejects_operand(
+        backward(),
+        &[x.clone(), w.clone(), x.clone(), f32t(&[4])],
+        3,
+    );
+    rejects_arity(backward(), &[x.clone(), w.clone()], "3 or 4");
+    rejects_arity(
+        backward(),
+        &[x.clone(), w, x.clone(), x.clone(), x],
+        "3 or 4",
+    );
+}
+
+fn rope(bias: bool) -> Op {
+    Op::Rope {
+        theta: 10000.0,
+        bias,
+    }
+}
+
+#[test]
+fn rope_with_and_without_bias() {
+    let (x, pos) = (f32t(&[1, 3, 2, 4]), i64t(&[1, 3]));
+    let out = f32t(&[1, 2, 3, 4]);
+    accepts(rope(false), &[x.clone(), pos.clone()], &[out.clone()]);
+    accepts(rope(true), &[x.clone(), pos.clone(), f32t(&[8])], &[out]);
+    rejects_operand(rope(false), &[f32t(&[1, 3, 2, 5]), pos.clone()], 0);
+    rejects_operand(rope(false), &[x.clone(), i64t(&[3])], 1);
+    rejects_operand(rope(false), &[x.clone(), f32t(&[1, 3])], 1);
+    rejects_operand(rope(true), &[x.clone(), pos.clone(), f32t(&[4])], 2);
+    rejects_arity(rope(true), &[x, pos], "3");
+}
+
+#[test]
+fn rope_backward() {
+    let op = || Op::RopeBackward { theta: 10000.0 };
+    let grad = f32t(&[1, 2, 3, 4]);
+    accepts(op(), &[grad.clone(), i64t(&[1, 3])], &[f32t(&[1, 3, 2, 4])]);
+    rejects_operand(op(), &[grad, i64t(&[1, 2])], 1);
+}
+
+#[test]
+fn attention_with_grouped_query_heads() {
+    let op = || Op::Attention { scale: 0.5 };
+    let (q, kv) = (f32t(&[1, 4, 3, 8]), f32t(&[1, 2, 5, 8]));
+    accepts(
+        op(),
+        &[q.clone(), kv.clone(), kv.clone()],
+        &[f32t(&[1, 3, 4, 8]), f32t(&[1, 4, 3, 5])],
+    );
+    // 3 kv heads do not divide 4 query heads.
+    let three_heads = f32t(&[1, 3, 5, 8]);
+    rejects_operand(op(), &[q.clone(), three_heads.clone(), three_heads], 1);
+    // S = 2 keys for T = 3 queries.
+    let short = f32t(&[1, 2, 2, 8]);
+    rejects_operand(op(), &[q.clone(), short.clone(), short], 1);
+    let no_heads = f32t(&[1, 0, 5, 8]);
+    rejects_operand(op(), &[q.clone(), no_heads.clone(), no_heads], 1);
+    rejects_operand(op(), &[q, kv, f32t(&[1, 2, 5, 4])], 2);
+}
+
+#[test]
+fn attention_backward() {
+    let op = || Op::AttentionBackward { scale: 0.5 };
+    let (q, kv) = (f32t(&[1, 4, 3, 8]), f32t(&[1, 2, 5, 8]));
+    let (probs, grad) = (f32t(&[1, 4, 3, 5]), f32t(&[1, 3, 4, 8]));
+    let forward = [q.clone(), kv.clone(), kv.clone()];
+    let with = |probs: &TensorType, grad: &TensorType| {
+        let mut operands = forward.to_vec();
+        operands.extend([probs.clone(), grad.clone()]);
+        operands
+    };
+    accepts(op(), &with(&probs, &grad), &forward);
+    rejects_operand(op(), &with(&f32t(&[1, 4, 3, 4]), &grad), 3);
+    rejects_operand(op(), &with(&probs, &f32t(&[1, 4, 3, 8])), 4);
+}
+
+#[test]
+fn cached_attention_positions_are_one_per_row() {
+    let op = || Op::CachedAttention { scale: 0.5 };
+    let (q, cache) = (f32t(&[2, 4, 1, 8]), f32t(&[2, 2, 16, 8]));
+    let with = |positions: TensorType| vec![q.clone(), cache.clone(), cache.clone(), positions];
+    accepts(op(), &with(i64t(&[2])), &[f32t(&[2, 1, 4, 8])]);
+    rejects_operand(op(), &with(i64t(&[2, 1])), 3);
+    rejects_operand(op(), &with(i64t(&[1])), 3);
+    rejects_operand(op(), &with(f32t(&[2])), 3);
+}
+
+#[test]
+fn kv_cache_write_fits_the_cache() {
+    let cache = f32t(&[2, 2, 16, 8]);
+    let with =
+        |t: usize, positions: TensorType| vec![cache.clone(), f32t(&[2, 2, t, 8]), positions];
+    accepts(Op::KvCacheWrite, &with(3, i64t(&[2])), &[cache.clone()]);
+    accepts(Op::KvCacheWrite, &with(16, i64t(&[2])), &[cache.clone()]);
+    rejects_operand(Op::KvCacheWrite, &with(17, i64t(&[2])), 1);
+    rejects_operand(Op::KvCacheWrite, &with(3, i64t(&[3])), 2);
+}
+
+#[test]
+fn swiglu_and_its_backward() {
+    let g = f32t(&[2, 6]);
+    accepts(Op::SwiGlu, &[g.clone(), g.clone()], &[g.clone()]);
+    rejects_operand(Op::SwiGlu, &[g.clone(), f32t(&[2, 5])], 1);
+    accepts(
+        Op::SwiGluBackward,
+        &[g.clone(), g.clone(), g.clone()],
+        &[g.clone(), g.clone()],
+    );
+    rejects_operand(Op::SwiGluBackward, &[g.clone(), g, f32t(&[6])], 2);
+}
+
+#[test]
+fn softmax_backward() {
+    let y = f32t(&[2, 5]);
+    accepts(Op::SoftmaxBackward, &[y.clone(), y.clone()], &[y.clone()]);
+    rejects_operand(Op::SoftmaxBackward, &[y, f32t(&[2, 4])], 1);
+}
+
+#[test]
+fn cross_entropy_targets_are_one_per_row() {
+    let op = || Op::CrossEntropy { ignore_index: -100 };
+    let logits = f32t(&[6, 10]);
+    accepts(op(), &[logits.clone(), i64t(&[6])], &[f32t(&[])]);
+    rejects_operand(op(), &[logits.clone(), i64t(&[6, 1])], 1);
+    rejects_operand(op(), &[logits.clone(), i64t(&[5])], 1);
+    rejects_operand(op(), &[f32t(&[2, 3, 10]), i64t(&[6])], 0);
+    let backward = || Op::CrossEntropyBackward { ignore_index: -100 };
+    let operands = |grad_loss: TensorType| vec![logits.clone(), i64t(&[6]), grad_loss];
+    accepts(backward(), &operands(f32t(&[])), &[logits.clone()]);
+    rejects_operand(backward(), &operands(f32t(&[1])), 2);
+}
+
+#[test]
+fn adamw_step_is_an_i64_scalar() {
+    let op = || {
+        Op::AdamW(AdamWConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        })
+    };
+    let p = f32t(&[3, 4]);
+    let with = |m: TensorType, step: TensorType| vec![p.clone(), p.clone(), m, p.clone(), step];
+    accepts(
+        op(),
+        &with(p.clone(), i64t(&[])),
+        &[p.clone(), p.clone(), p.clone()],
+    );
+    rejects_operand(op(), &with(p.clone(), ty(DType::I32, &[])), 4);
+    rejects_operand(op(), &with(p.clone(), i64t(&[1])), 4);
+    rejects_operand(op(), &with(f32t(&[4, 3]), i64t(&[])), 2);
+}
+
+#[test]
+fn reshape_keeps_the_element_count() {
+    let op = |dims: &[usize]| Op::Reshape {
+        shape: Shape::new(dims),
+    };
+    accepts(op(&[6, 2]), &[f32t(&[3, 4])], &[f32t(&[6, 2])]);
+    accepts(op(&[12]), &[i64t(&[3, 4])], &[i64t(&[12])]);
+    rejects_attribute(op(&[5, 2]), &[f32t(&[3, 4])], "cannot view [3,4] as [5,2]");
+}
+
+#[test]
+fn transpose_and_slice_bounds() {
+    let x = f32t(&[2, 3, 4]);
+    let transpose = |dim0, dim1| Op::Transpose { dim0, dim1 };
+    accepts(transpose(0, 2), &[x.clone()], &[f32t(&[4, 3, 2])]);
+    rejects_attribute(transpose(0, 3), &[x.clone()], "out of range for rank 3");
+    let slice = |axis, start, end| Op::Slice { axis, start, end };
+    accepts(slice(2, 1, 3), &[x.clone()], &[f32t(&[2, 3, 2])]);
+    accepts(slice(1, 3, 3), &[x.clone()], &[f32t(&[2, 0, 4])]);
+    rejects_attribute(slice(2, 1, 5), &[x.clone()], "1..5 along axis 2");
+    rejects_attribute(slice(2, 3, 1), &[x.clone()], "3..1 along axis 2");
+    rejects_attribute(slice(3, 0, 1), &[x], "along axis 3");
+}
