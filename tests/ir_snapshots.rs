@@ -4,11 +4,20 @@ use kiln_frontend::model::ModelConfig;
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 
 fn snapshot(kind: ProgramKind) {
-    let options = ProgramOptions { batch: 2, seq: 4, max_seq: 8, ..Default::default() };
+    let options = ProgramOptions {
+        batch: 2,
+        seq: 4,
+        max_seq: 8,
+        ..Default::default()
+    };
     let graph = build(kind, &ModelConfig::tiny(), &options).unwrap();
     kiln_ir::verify(&graph).unwrap();
     let text = kiln_ir::print(&graph);
-    assert_eq!(text, kiln_ir::print(&build(kind, &ModelConfig::tiny(), &options).unwrap()), "deterministic");
+    assert_eq!(
+        text,
+        kiln_ir::print(&build(kind, &ModelConfig::tiny(), &options).unwrap()),
+        "deterministic"
+    );
     insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
         insta::assert_snapshot!(format!("ir_tiny_{}", kind.name()), text);
     });

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 
 use kiln_frontend::eval::{evaluate, evaluate_interpreted};
 use kiln_frontend::model::{
-    forward, last_logits, random_weights, shifted_targets, Eager, Family, ModelConfig,
-    ModelWeights,
+    forward, last_logits, random_weights, shifted_targets, Eager, Family, ModelConfig, ModelWeights,
 };
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
@@ -41,10 +40,19 @@ fn configs() -> [ModelConfig; 2] {
 }
 
 fn bits(t: &Tensor) -> Vec<u64> {
-    t.to_f64_vec().unwrap().iter().map(|v| v.to_bits()).collect()
+    t.to_f64_vec()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
 }
 
-fn tokens(rng: &mut rand::rngs::StdRng, config: &ModelConfig, batch: usize, seq: usize) -> Vec<i64> {
+fn tokens(
+    rng: &mut rand::rngs::StdRng,
+    config: &ModelConfig,
+    batch: usize,
+    seq: usize,
+) -> Vec<i64> {
     testing::indices(rng, batch * seq, config.vocab_size)
 }
 
@@ -65,8 +73,18 @@ fn interpreted_eval_equals_oracle_bit_for_bit() {
         let ids = Tensor::from_vec(tokens(&mut rng, &config, batch, seq), [batch, seq]).unwrap();
         let oracle = evaluate(&config, &weights, &ids, true).unwrap();
         let interpreted = evaluate_interpreted(&config, &weights, &ids, true).unwrap();
-        assert_eq!(bits(&oracle.logits), bits(&interpreted.logits), "{:?} logits", config.family);
-        assert_eq!(bits(&oracle.loss), bits(&interpreted.loss), "{:?} loss", config.family);
+        assert_eq!(
+            bits(&oracle.logits),
+            bits(&interpreted.logits),
+            "{:?} logits",
+            config.family
+        );
+        assert_eq!(
+            bits(&oracle.loss),
+            bits(&interpreted.loss),
+            "{:?} loss",
+            config.family
+        );
         assert_eq!(oracle.grads.len(), interpreted.grads.len());
         for ((name, a), (_, b)) in oracle.grads.iter().zip(&interpreted.grads) {
             assert_eq!(bits(a), bits(b), "{:?} grad {name}", config.family);
@@ -90,24 +108,51 @@ fn interpreted_prefill_equals_oracle_bit_for_bit() {
             &Var::constant(Tensor::from_vec(positions.clone(), [batch, seq]).unwrap()),
         )
         .unwrap();
-        let options = ProgramOptions { batch, seq, max_seq, ..Default::default() };
+        let options = ProgramOptions {
+            batch,
+            seq,
+            max_seq,
+            ..Default::default()
+        };
         let graph = build(ProgramKind::Prefill, &config, &options).unwrap();
         kiln_ir::verify(&graph).unwrap();
         let mut values = params(&weights);
-        values.insert("tokens".into(), Tensor::from_vec(ids, [batch, seq]).unwrap());
-        values.insert("positions".into(), Tensor::from_vec(positions, [batch, seq]).unwrap());
-        values.insert("cache_positions".into(), Tensor::from_vec(vec![0i64; batch], [batch]).unwrap());
+        values.insert(
+            "tokens".into(),
+            Tensor::from_vec(ids, [batch, seq]).unwrap(),
+        );
+        values.insert(
+            "positions".into(),
+            Tensor::from_vec(positions, [batch, seq]).unwrap(),
+        );
+        values.insert(
+            "cache_positions".into(),
+            Tensor::from_vec(vec![0i64; batch], [batch]).unwrap(),
+        );
         insert_empty_caches(&mut values, &config, batch, max_seq);
         let outputs = interpret(&graph, &mut values).unwrap();
-        assert_eq!(bits(&outputs["logits"]), bits(eager.value()), "{:?}", config.family);
+        assert_eq!(
+            bits(&outputs["logits"]),
+            bits(eager.value()),
+            "{:?}",
+            config.family
+        );
     }
 }
 
-fn insert_empty_caches(values: &mut BTreeMap<String, Tensor>, config: &ModelConfig, batch: usize, max_seq: usize) {
+fn insert_empty_caches(
+    values: &mut BTreeMap<String, Tensor>,
+    config: &ModelConfig,
+    batch: usize,
+    max_seq: usize,
+) {
     for layer in 0..config.num_hidden_layers {
         for kv in ["k", "v"] {
             let dims = [batch, config.num_key_value_heads, max_seq, config.head_dim];
-            values.insert(format!("cache.{kv}.{layer}"), Tensor::zeros(dims, DType::F32, kiln_runtime::Device::Cpu));
+            values.insert(
+                format!("cache.{kv}.{layer}"),
+                Tensor::zeros(dims, DType::F32, kiln_runtime::Device::Cpu),
+            );
         }
     }
 }
@@ -136,49 +181,104 @@ fn decode_steps_reproduce_the_full_forward() {
         .to_f64_vec()
         .unwrap();
         let vocab = config.vocab_size;
-        let full_at = |b: usize, t: usize| full[(b * total + t) * vocab..(b * total + t + 1) * vocab].to_vec();
+        let full_at = |b: usize, t: usize| {
+            full[(b * total + t) * vocab..(b * total + t + 1) * vocab].to_vec()
+        };
 
         let mut values = params(&weights);
         insert_empty_caches(&mut values, &config, batch, max_seq);
-        let options = ProgramOptions { batch, seq: prompt, max_seq, ..Default::default() };
+        let options = ProgramOptions {
+            batch,
+            seq: prompt,
+            max_seq,
+            ..Default::default()
+        };
         let prefill = build(ProgramKind::Prefill, &config, &options).unwrap();
-        let prompt_ids: Vec<i64> = (0..batch).flat_map(|b| ids[b * total..b * total + prompt].to_vec()).collect();
+        let prompt_ids: Vec<i64> = (0..batch)
+            .flat_map(|b| ids[b * total..b * total + prompt].to_vec())
+            .collect();
         let prompt_positions: Vec<i64> = (0..batch * prompt).map(|i| (i % prompt) as i64).collect();
-        values.insert("tokens".into(), Tensor::from_vec(prompt_ids, [batch, prompt]).unwrap());
-        values.insert("positions".into(), Tensor::from_vec(prompt_positions, [batch, prompt]).unwrap());
-        values.insert("cache_positions".into(), Tensor::from_vec(vec![0i64; batch], [batch]).unwrap());
-        let logits = interpret(&prefill, &mut values).unwrap()["logits"].to_f64_vec().unwrap();
+        values.insert(
+            "tokens".into(),
+            Tensor::from_vec(prompt_ids, [batch, prompt]).unwrap(),
+        );
+        values.insert(
+            "positions".into(),
+            Tensor::from_vec(prompt_positions, [batch, prompt]).unwrap(),
+        );
+        values.insert(
+            "cache_positions".into(),
+            Tensor::from_vec(vec![0i64; batch], [batch]).unwrap(),
+        );
+        let logits = interpret(&prefill, &mut values).unwrap()["logits"]
+            .to_f64_vec()
+            .unwrap();
         for b in 0..batch {
-            let error = testing::rel_l2(&logits[b * vocab..(b + 1) * vocab], &full_at(b, prompt - 1));
-            assert!(error < 1e-5, "{:?} prefill row {b}: {error:e}", config.family);
+            let error =
+                testing::rel_l2(&logits[b * vocab..(b + 1) * vocab], &full_at(b, prompt - 1));
+            assert!(
+                error < 1e-5,
+                "{:?} prefill row {b}: {error:e}",
+                config.family
+            );
         }
 
         let decode = build(ProgramKind::Decode, &config, &options).unwrap();
         kiln_ir::verify(&decode).unwrap();
         for t in prompt..total {
             let step_ids: Vec<i64> = (0..batch).map(|b| ids[b * total + t]).collect();
-            values.insert("tokens".into(), Tensor::from_vec(step_ids, [batch, 1]).unwrap());
-            values.insert("positions".into(), Tensor::from_vec(vec![t as i64; batch], [batch]).unwrap());
-            let logits = interpret(&decode, &mut values).unwrap()["logits"].to_f64_vec().unwrap();
+            values.insert(
+                "tokens".into(),
+                Tensor::from_vec(step_ids, [batch, 1]).unwrap(),
+            );
+            values.insert(
+                "positions".into(),
+                Tensor::from_vec(vec![t as i64; batch], [batch]).unwrap(),
+            );
+            let logits = interpret(&decode, &mut values).unwrap()["logits"]
+                .to_f64_vec()
+                .unwrap();
             for b in 0..batch {
                 let error = testing::rel_l2(&logits[b * vocab..(b + 1) * vocab], &full_at(b, t));
-                assert!(error < 1e-5, "{:?} decode position {t} row {b}: {error:e}", config.family);
+                assert!(
+                    error < 1e-5,
+                    "{:?} decode position {t} row {b}: {error:e}",
+                    config.family
+                );
             }
         }
     }
 }
 
-fn train_values(config: &ModelConfig, weights: &ModelWeights<Var>, ids: &[i64], batch: usize, seq: usize) -> BTreeMap<String, Tensor> {
+fn train_values(
+    config: &ModelConfig,
+    weights: &ModelWeights<Var>,
+    ids: &[i64],
+    batch: usize,
+    seq: usize,
+) -> BTreeMap<String, Tensor> {
     let mut values = params(weights);
     for (name, v) in weights.named() {
         for moment in ["m", "v"] {
-            values.insert(format!("adamw.{moment}.{name}"), Tensor::zeros(v.shape().clone(), DType::F32, kiln_runtime::Device::Cpu));
+            values.insert(
+                format!("adamw.{moment}.{name}"),
+                Tensor::zeros(v.shape().clone(), DType::F32, kiln_runtime::Device::Cpu),
+            );
         }
     }
     let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
-    values.insert("tokens".into(), Tensor::from_vec(ids.to_vec(), [batch, seq]).unwrap());
-    values.insert("positions".into(), Tensor::from_vec(positions, [batch, seq]).unwrap());
-    values.insert("targets".into(), Tensor::from_vec(shifted_targets(ids, batch, seq), [batch * seq]).unwrap());
+    values.insert(
+        "tokens".into(),
+        Tensor::from_vec(ids.to_vec(), [batch, seq]).unwrap(),
+    );
+    values.insert(
+        "positions".into(),
+        Tensor::from_vec(positions, [batch, seq]).unwrap(),
+    );
+    values.insert(
+        "targets".into(),
+        Tensor::from_vec(shifted_targets(ids, batch, seq), [batch * seq]).unwrap(),
+    );
     values.insert("loss_seed".into(), Tensor::scalar(1.0, DType::F32));
     let _ = config;
     values
@@ -191,19 +291,29 @@ fn train_steps_reduce_the_loss() {
     let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
     let (batch, seq) = (2, 8);
     let ids = tokens(&mut rng, &config, batch, seq);
-    let mut options = ProgramOptions { batch, seq, ..Default::default() };
+    let mut options = ProgramOptions {
+        batch,
+        seq,
+        ..Default::default()
+    };
     options.adamw.lr = 1e-2;
     let graph = build(ProgramKind::Train, &config, &options).unwrap();
     kiln_ir::verify(&graph).unwrap();
     let mut values = train_values(&config, &weights, &ids, batch, seq);
     let mut losses = Vec::new();
     for step in 1..=6i64 {
-        values.insert("step".into(), Tensor::from_vec(vec![step], kiln_ir::Shape::scalar()).unwrap());
+        values.insert(
+            "step".into(),
+            Tensor::from_vec(vec![step], kiln_ir::Shape::scalar()).unwrap(),
+        );
         let outputs = interpret(&graph, &mut values).unwrap();
         losses.push(outputs["loss"].to_f64_vec().unwrap()[0]);
     }
     eprintln!("losses {losses:?}");
-    assert!(losses.windows(2).all(|w| w[1] < w[0]), "loss must fall every step on a fixed batch: {losses:?}");
+    assert!(
+        losses.windows(2).all(|w| w[1] < w[0]),
+        "loss must fall every step on a fixed batch: {losses:?}"
+    );
 }
 
 /// One interpreted train step updates every parameter exactly as the oracle's gradients run
@@ -215,16 +325,38 @@ fn train_step_equals_oracle_gradients_and_adamw() {
         let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
         let (batch, seq) = (2, 6);
         let ids = tokens(&mut rng, &config, batch, seq);
-        let options = ProgramOptions { batch, seq, ..Default::default() };
+        let options = ProgramOptions {
+            batch,
+            seq,
+            ..Default::default()
+        };
         let graph = build(ProgramKind::Train, &config, &options).unwrap();
         let mut values = train_values(&config, &weights, &ids, batch, seq);
-        values.insert("step".into(), Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar()).unwrap());
+        values.insert(
+            "step".into(),
+            Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar()).unwrap(),
+        );
         let outputs = interpret(&graph, &mut values).unwrap();
 
-        let oracle = evaluate(&config, &weights, &Tensor::from_vec(ids.clone(), [batch, seq]).unwrap(), true).unwrap();
-        assert_eq!(bits(&outputs["loss"].reshape([1]).unwrap()), bits(&oracle.loss));
+        let oracle = evaluate(
+            &config,
+            &weights,
+            &Tensor::from_vec(ids.clone(), [batch, seq]).unwrap(),
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            bits(&outputs["loss"].reshape([1]).unwrap()),
+            bits(&oracle.loss)
+        );
         let a = options.adamw;
-        let adamw = kiln_kernels::optim::AdamW { lr: a.lr, beta1: a.beta1, beta2: a.beta2, eps: a.eps, weight_decay: a.weight_decay };
+        let adamw = kiln_kernels::optim::AdamW {
+            lr: a.lr,
+            beta1: a.beta1,
+            beta2: a.beta2,
+            eps: a.eps,
+            weight_decay: a.weight_decay,
+        };
         for ((name, param), (_, grad)) in weights.named().into_iter().zip(&oracle.grads) {
             let mut p = param.value().to_vec::<f32>().unwrap();
             let mut m = vec![0f32; p.len()];
@@ -241,8 +373,18 @@ fn train_step_equals_oracle_gradients_and_adamw() {
             )
             .unwrap();
             let updated = values[&name].to_vec::<f32>().unwrap();
-            assert!(p.iter().zip(&updated).all(|(x, y)| x.to_bits() == y.to_bits()), "{:?} {name}", config.family);
-            assert_ne!(updated, param.value().to_vec::<f32>().unwrap(), "{name} was updated");
+            assert!(
+                p.iter()
+                    .zip(&updated)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{:?} {name}",
+                config.family
+            );
+            assert_ne!(
+                updated,
+                param.value().to_vec::<f32>().unwrap(),
+                "{name} was updated"
+            );
         }
     }
 }

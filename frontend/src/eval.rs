@@ -131,7 +131,10 @@ pub fn evaluate_interpreted(
     let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
     let targets = shifted_targets(&ids, batch, seq);
     values.insert("tokens".into(), Tensor::from_vec(ids, [batch, seq])?);
-    values.insert("positions".into(), Tensor::from_vec(positions, [batch, seq])?);
+    values.insert(
+        "positions".into(),
+        Tensor::from_vec(positions, [batch, seq])?,
+    );
     values.insert("targets".into(), Tensor::from_vec(targets, [batch * seq])?);
     if with_grads {
         values.insert("loss_seed".into(), Tensor::scalar(1.0, DType::F32));

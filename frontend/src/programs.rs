@@ -76,7 +76,11 @@ fn params(graph: &mut Graph, config: &ModelConfig) -> Result<ModelWeights<ValueI
 }
 
 /// The per-layer KV cache states `cache.{k,v}.{layer}`, `[B,Hkv,Smax,D]` f32.
-fn caches(graph: &mut Graph, config: &ModelConfig, options: &ProgramOptions) -> Result<Vec<LayerCache>> {
+fn caches(
+    graph: &mut Graph,
+    config: &ModelConfig,
+    options: &ProgramOptions,
+) -> Result<Vec<LayerCache>> {
     let dims = [
         options.batch,
         config.num_key_value_heads,
@@ -148,7 +152,11 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
             if kind == ProgramKind::Eval && !options.grads {
                 return Ok(graph);
             }
-            let seed = graph.input("loss_seed", InputKind::Input, TensorType::new(DType::F32, []))?;
+            let seed = graph.input(
+                "loss_seed",
+                InputKind::Input,
+                TensorType::new(DType::F32, []),
+            )?;
             let named = weights.named();
             let wrt: Vec<ValueId> = named.iter().map(|(_, v)| **v).collect();
             let grads = kiln_ir::append_backward(&mut graph, loss, seed, &wrt)?;
@@ -166,7 +174,10 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
                 let ty = graph.value_type(**param)?.clone();
                 let m = graph.input(&format!("adamw.m.{name}"), InputKind::State, ty.clone())?;
                 let v = graph.input(&format!("adamw.v.{name}"), InputKind::State, ty)?;
-                let updated = graph.op(kiln_ir::Op::AdamW(options.adamw), &[**param, grad, m, v, step])?;
+                let updated = graph.op(
+                    kiln_ir::Op::AdamW(options.adamw),
+                    &[**param, grad, m, v, step],
+                )?;
                 graph.write(name, updated[0])?;
                 graph.write(&format!("adamw.m.{name}"), updated[1])?;
                 graph.write(&format!("adamw.v.{name}"), updated[2])?;

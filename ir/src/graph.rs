@@ -225,7 +225,12 @@ impl Graph {
                 Node {
                     kind: NodeKind::Input { name, kind },
                     outputs,
-                } => Some((ValueId { node, port: 0 }, name.as_str(), *kind, &outputs[0])),
+                } => Some((
+                    ValueId { node, port: 0 },
+                    name.as_str(),
+                    *kind,
+                    outputs.first()?,
+                )),
                 _ => None,
             })
             .collect()

@@ -10,11 +10,17 @@ use kiln_ir::InputKind;
 
 /// Builds `kind` for `model` and returns the text to show: the IR when `print_ir`, else a
 /// summary.
-pub fn compile(model: &str, kind: ProgramKind, options: &ProgramOptions, print_ir: bool) -> Result<String> {
+pub fn compile(
+    model: &str,
+    kind: ProgramKind,
+    options: &ProgramOptions,
+    print_ir: bool,
+) -> Result<String> {
     let source = ModelSource::resolve(model)?;
     let (config, _) = source.config()?;
     let started = std::time::Instant::now();
-    let graph = build(kind, &config, options).with_context(|| format!("tracing {}", kind.name()))?;
+    let graph =
+        build(kind, &config, options).with_context(|| format!("tracing {}", kind.name()))?;
     kiln_ir::verify(&graph).context("the traced graph failed verification")?;
     let elapsed = started.elapsed();
     if print_ir {
@@ -35,7 +41,11 @@ pub fn compile(model: &str, kind: ProgramKind, options: &ProgramOptions, print_i
         kind.name(),
         parameter_count(&config),
         options.batch,
-        if kind == ProgramKind::Decode { 1 } else { options.seq },
+        if kind == ProgramKind::Decode {
+            1
+        } else {
+            options.seq
+        },
         options.max_seq
     );
     text += &format!(

@@ -323,7 +323,23 @@ impl Op {
             }
             Op::AttentionBackward { scale } => {
                 rule.arity(5)?;
-                let forward = Op::Attention { scale: *scale }.infer(&operands[..3])?;
+                // The forward rule checks q, k, v; its errors are renamed to this op.
+                let forward = Op::Attention { scale: *scale }
+                    .infer(&operands[..3])
+                    .map_err(|error| match error {
+                        Error::Type {
+                            port,
+                            expected,
+                            got,
+                            ..
+                        } => Error::Type {
+                            op: self.to_string(),
+                            port,
+                            expected,
+                            got,
+                        },
+                        other => other,
+                    })?;
                 rule.same(3, &forward[1])?;
                 rule.same(4, &forward[0])?;
                 Ok(operands[..3].to_vec())
