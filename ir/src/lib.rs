@@ -6,6 +6,7 @@
 //! `StableDiGraph` whose edges carry output port → input port), with its verifier, stable text
 //! printer and reverse-mode autodiff.
 
+pub mod autodiff;
 mod dtype;
 mod error;
 pub mod graph;
@@ -15,6 +16,7 @@ mod shape;
 mod types;
 pub mod verify;
 
+pub use autodiff::append_backward;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{Graph, InputKind, ValueId};
