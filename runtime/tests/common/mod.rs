@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::{DType, Graph, InputKind, Op, TensorType};
+use kiln_ir::{DType, Graph, InputKind, Op, TensorType, ValueId};
 use kiln_kernels::testing;
+use kiln_kernels::{TensorView, TensorViewMut};
 use kiln_runtime::{interpret, Tensor};
 use rand::rngs::StdRng;
 
@@ -43,7 +44,7 @@ pub fn type_of(tensor: &Tensor) -> TensorType {
 
 /// A graph of one `op` over per-run inputs named `x0`, `x1`, ... (typed like `operands`),
 /// with results named `r0`, `r1`, ...; runs it and returns the results in order.
-pub fn run_one(op: Op, operands: &[Tensor]) -> kiln_runtime::Result<Vec<Tensor>> {
+pub fn run_one(op: Op, operands: &[&Tensor]) -> kiln_runtime::Result<Vec<Tensor>> {
     let mut graph = Graph::new("one_op");
     let mut values = BTreeMap::new();
     let mut ids = Vec::new();
@@ -54,7 +55,7 @@ pub fn run_one(op: Op, operands: &[Tensor]) -> kiln_runtime::Result<Vec<Tensor>>
                 .input(&name, InputKind::Input, type_of(tensor))
                 .unwrap(),
         );
-        values.insert(name, tensor.clone());
+        values.insert(name, (*tensor).clone());
     }
     let results = graph.op(op, &ids).unwrap();
     for (i, &result) in results.iter().enumerate() {
@@ -69,4 +70,24 @@ pub fn run_one(op: Op, operands: &[Tensor]) -> kiln_runtime::Result<Vec<Tensor>>
 /// A fresh f32 or f64 tensor of zeros for a kernel to write.
 pub fn zeros(dims: &[usize], dtype: DType) -> Tensor {
     Tensor::zeros(dims, dtype, kiln_runtime::Device::Cpu)
+}
+
+pub fn view<'a>(data: &'a [f32], dims: &[usize]) -> TensorView<'a> {
+    TensorView::contiguous(data, dims).unwrap()
+}
+
+pub fn view_mut<'a>(data: &'a mut [f32], dims: &[usize]) -> TensorViewMut<'a> {
+    TensorViewMut::contiguous(data, dims).unwrap()
+}
+
+/// Declares `tensor` as graph input `name` of `kind` and binds it in `values`.
+pub fn bind(
+    graph: &mut Graph,
+    values: &mut BTreeMap<String, Tensor>,
+    name: &str,
+    kind: InputKind,
+    tensor: &Tensor,
+) -> ValueId {
+    values.insert(name.to_string(), tensor.clone());
+    graph.input(name, kind, type_of(tensor)).unwrap()
 }
