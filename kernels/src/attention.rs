@@ -202,35 +202,61 @@ fn attention_typed<T: Real>(
             let kv_base = (b * dims.kv_heads + h / dims.group()) * kv_len;
             let q_base = (b * q_heads + h) * q_len;
             for t in 0..q_len {
-                let q_row = row(q, q_base + t, head_dim);
-                let (visible, masked) =
-                    row_mut(probs, q_base + t, kv_len).split_at_mut(dims.visible(t));
-
-                let mut max = T::neg_infinity();
-                for (s, p) in visible.iter_mut().enumerate() {
-                    *p = dot(q_row, row(k, kv_base + s, head_dim)) * scale;
-                    max = max.max(*p);
-                }
-                // Subtracting the row max keeps exp from overflowing; it cancels in the ratio.
-                let mut sum = T::zero();
-                for p in visible.iter_mut() {
-                    *p = (*p - max).exp();
-                    sum += *p;
-                }
-                for p in visible.iter_mut() {
-                    *p /= sum;
-                }
-                masked.fill(T::zero());
-
-                let out_row = row_mut(out, (b * q_len + t) * q_heads + h, head_dim);
-                out_row.fill(T::zero());
-                for (s, &p) in visible.iter().enumerate() {
-                    axpy(out_row, p, row(v, kv_base + s, head_dim));
-                }
+                attend_row(
+                    row(q, q_base + t, head_dim),
+                    &k[kv_base * head_dim..],
+                    &v[kv_base * head_dim..],
+                    scale,
+                    dims.visible(t),
+                    row_mut(probs, q_base + t, kv_len),
+                    row_mut(out, (b * q_len + t) * q_heads + h, head_dim),
+                );
             }
         }
     }
     Ok(())
+}
+
+/// One query row of causal attention: softmax of `q_row · keys[s] · scale` over the first
+/// `visible` key rows into `probs[..visible]` (the rest of `probs` is set to exactly 0), and
+/// `out_row = Σ_s probs[s] · values[s]`.
+///
+/// `keys` and `values` start at key row 0 of the query's kv head, with rows of
+/// `q_row.len()` elements and at least `visible` of them; `probs` has at least `visible`
+/// elements. The cached attention kernel runs this same function, so both give the same bits
+/// for the same keys.
+pub(crate) fn attend_row<T: Real>(
+    q_row: &[T],
+    keys: &[T],
+    values: &[T],
+    scale: T,
+    visible: usize,
+    probs: &mut [T],
+    out_row: &mut [T],
+) {
+    let head_dim = q_row.len();
+    let (visible, masked) = probs.split_at_mut(visible);
+
+    let mut max = T::neg_infinity();
+    for (s, p) in visible.iter_mut().enumerate() {
+        *p = dot(q_row, row(keys, s, head_dim)) * scale;
+        max = max.max(*p);
+    }
+    // Subtracting the row max keeps exp from overflowing; it cancels in the ratio.
+    let mut sum = T::zero();
+    for p in visible.iter_mut() {
+        *p = (*p - max).exp();
+        sum += *p;
+    }
+    for p in visible.iter_mut() {
+        *p /= sum;
+    }
+    masked.fill(T::zero());
+
+    out_row.fill(T::zero());
+    for (s, &p) in visible.iter().enumerate() {
+        axpy(out_row, p, row(values, s, head_dim));
+    }
 }
 
 /// Causal GQA backward: from the forward's inputs, its saved `probs` and the output gradient

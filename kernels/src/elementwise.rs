@@ -9,6 +9,7 @@
 //! mul:           out[i, j] = a[i, j] · b[j]
 //! scale:         out = alpha · a               (alpha rounded to the dtype first)
 //! sum_to_shape:  out[j] = Σ_i src[i, j]        (i increasing, starting from 0)
+//! broadcast_to:  out[i, j] = src[j]            (the VJP of sum_to_shape)
 //! accumulate:    dst += src                    (same shape)
 //! ```
 //!
@@ -157,5 +158,27 @@ pub fn accumulate(dst: &mut TensorViewMut<'_>, src: &TensorView<'_>) -> Result<(
     dispatch_real!("accumulate", dst.dtype(), accumulate_typed(dst, src))
 }
 
+fn broadcast_to_typed<T: Real>(src: &TensorView<'_>, out: &mut TensorViewMut<'_>) -> Result<()> {
+    let src = src.slice::<T>("broadcast_to", "src")?;
+    let out = out.slice_mut::<T>("broadcast_to", "out")?;
+    if src.is_empty() {
+        // src's dims are a suffix of out's, so out has a zero dim too: nothing to write.
+        return Ok(());
+    }
+    for row in out.chunks_exact_mut(src.len()) {
+        row.copy_from_slice(src);
+    }
+    Ok(())
+}
+
+/// `out[i, j] = src[j]`: `src` repeated over the leading dims of `out` that it lacks (`src`'s
+/// shape is a suffix of `out`'s). `out` is overwritten. This is the VJP of [`sum_to_shape`].
+pub fn broadcast_to(src: &TensorView<'_>, out: &mut TensorViewMut<'_>) -> Result<()> {
+    expect_suffix("broadcast_to", "src", src.shape(), out.shape())?;
+    dispatch_real!("broadcast_to", src.dtype(), broadcast_to_typed(src, out))
+}
+
+#[cfg(test)]
+mod broadcast_to_tests;
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,7 @@ mod view;
 
 pub mod activation;
 pub mod attention;
+pub mod cache;
 pub mod copy;
 pub mod elementwise;
 pub mod embedding;

@@ -1,6 +1,6 @@
 //! Errors of kiln-runtime.
 
-use kiln_ir::{DType, Shape};
+use kiln_ir::{DType, Shape, TensorType};
 
 /// What went wrong with a storage or tensor.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -63,6 +63,32 @@ pub enum Error {
     /// storage overlap, e.g. an op whose output aliases its input.
     #[error("storage is already borrowed {held}; an output may not alias an input")]
     Busy { held: &'static str },
+
+    // --- interpreter ---
+    /// A graph input has no value bound to its name.
+    #[error("interpret: graph input `{name}` ({expected}) has no value bound to it")]
+    MissingInput {
+        name: String,
+        expected: Box<TensorType>,
+    },
+    /// The value bound to a graph input has another dtype or shape than the input. (Types are
+    /// boxed to keep every `Result` of this crate small.)
+    #[error("interpret: graph input `{name}` is {expected}, but the value bound to it is {found}")]
+    InputType {
+        name: String,
+        expected: Box<TensorType>,
+        found: Box<TensorType>,
+    },
+    /// The graph cannot be run as it stands: `what` names the node, output or write at fault.
+    #[error("interpret: {what}: {reason}")]
+    Graph { what: String, reason: String },
+    /// An op failed while running: the node's index and op, and the error underneath.
+    #[error("interpret: node %{node} ({op}): {source}")]
+    Node {
+        node: usize,
+        op: String,
+        source: Box<Error>,
+    },
 
     // --- below ---
     #[error(transparent)]

@@ -11,10 +11,14 @@
 
 mod device;
 mod error;
+mod interpret;
+mod launch;
 mod storage;
 mod tensor;
 
 pub use device::Device;
 pub use error::{Error, Result};
+pub use interpret::interpret;
+pub use launch::launch;
 pub use storage::{Storage, StorageRead, StorageWrite};
 pub use tensor::Tensor;

@@ -1,0 +1,298 @@
+//! The KV cache of incremental decoding: writing new key/value rows into it, and causal GQA
+//! attention of a block of queries over it.
+//!
+//! Layouts (all contiguous; the float operands of one call share f32 or f64; `positions` is
+//! i32 or i64):
+//! - `cache`, `k_cache`, `v_cache` `[B,H,Smax,D]`: row `s` of batch row `b` and head `h` holds
+//!   the key (or value) of the token at absolute position `s`;
+//! - `new` `[B,H,T,D]`: the rows of `T` consecutive new tokens;
+//! - `positions` `[B]`: the absolute position of the first new token of each batch row;
+//! - `q` `[B,Hq,T,D]`, `probs` `[B,Hq,T,Smax]` (workspace, written), `out` `[B,T,Hq,D]`.
+//!
+//! ```text
+//! kv_cache_write:    cache[b,h,positions[b]+t,:] = new[b,h,t,:]      other rows untouched
+//! cached_attention:  query t of row b sits at p = positions[b] + t and attends cache rows
+//!                    0..=p, exactly as `attention` does with S = p + 1 − t keys
+//! ```
+//!
+//! Invariant: every position must fit, `0 <= positions[b]` and `positions[b] + T <= Smax`;
+//! otherwise the call is an [`Error::IndexOutOfRange`] on `positions` and writes nothing.
+//!
+//! `cached_attention` computes each query row with the very function `attention` uses
+//! ([`attend_row`]), so with `positions[b] = S − T` over a cache whose first `S` rows are `k`
+//! and `v`, its `out` equals `attention(q, k, v)`'s bit for bit, and its `probs` equal
+//! attention's in the first `S` columns (the others are 0).
+
+use kiln_ir::DType;
+
+use crate::attention::attend_row;
+use crate::dispatch_real;
+use crate::element::Real;
+use crate::error::{expect_rank, expect_shape, Error, Result};
+use crate::view::{TensorView, TensorViewMut};
+
+/// Start positions, read as i64 whichever integer dtype holds them.
+#[derive(Clone, Copy)]
+enum Positions<'a> {
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+}
+
+impl Positions<'_> {
+    fn get(&self, at: usize) -> i64 {
+        match self {
+            Positions::I32(s) => i64::from(s[at]),
+            Positions::I64(s) => s[at],
+        }
+    }
+}
+
+/// Checks `positions` is an integer `[batch]` whose every entry leaves room for `block` rows
+/// in a cache of `capacity` rows: `0 <= p` and `p + block <= capacity`.
+fn check_positions<'a>(
+    op: &'static str,
+    positions: &TensorView<'a>,
+    batch: usize,
+    block: usize,
+    capacity: usize,
+) -> Result<Positions<'a>> {
+    const OPERAND: &str = "positions";
+    expect_shape(op, OPERAND, positions.shape(), &[batch])?;
+    let read = match positions.dtype() {
+        DType::I32 => Positions::I32(positions.slice::<i32>(op, OPERAND)?),
+        DType::I64 => Positions::I64(positions.slice::<i64>(op, OPERAND)?),
+        // i32 is accepted as well; the error can name only one dtype.
+        other => {
+            return Err(Error::DType {
+                op,
+                operand: OPERAND,
+                expected: DType::I64,
+                got: other,
+            })
+        }
+    };
+    // Callers check block <= capacity first, so this cannot underflow.
+    let last_start = capacity - block;
+    for at in 0..batch {
+        let value = read.get(at);
+        if !matches!(usize::try_from(value), Ok(p) if p <= last_start) {
+            return Err(Error::IndexOutOfRange {
+                op,
+                operand: OPERAND,
+                at,
+                value,
+                bound: last_start + 1,
+            });
+        }
+    }
+    Ok(read)
+}
+
+fn dims4(op: &'static str, operand: &'static str, view: &TensorView<'_>) -> Result<[usize; 4]> {
+    expect_rank(op, operand, view.shape(), 4)?;
+    let mut dims = [0; 4];
+    dims.copy_from_slice(view.shape().dims());
+    Ok(dims)
+}
+
+/// The error for a block `[B,H,T,D]` of more rows than a cache of `capacity` rows holds.
+fn block_too_long(
+    op: &'static str,
+    operand: &'static str,
+    view: &TensorView<'_>,
+    [b, h, _, d]: [usize; 4],
+    capacity: usize,
+) -> Error {
+    Error::Shape {
+        op,
+        operand,
+        expected: format!("[{b},{h},T,{d}] with T <= {capacity} cache rows"),
+        got: view.shape().clone(),
+    }
+}
+
+/// Overwrites rows `positions[b]..positions[b] + T` of every head of batch row `b` of `cache`
+/// `[B,H,Smax,D]` with `new` `[B,H,T,D]`; every other row is left as it was. A position that
+/// is negative or leaves no room for `T` rows is [`Error::IndexOutOfRange`] on `positions`,
+/// and then nothing is written.
+pub fn kv_cache_write(
+    cache: &mut TensorViewMut<'_>,
+    new: &TensorView<'_>,
+    positions: &TensorView<'_>,
+) -> Result<()> {
+    const OP: &str = "kv_cache_write";
+    let [batch, heads, capacity, head_dim] = dims4(OP, "cache", &cache.as_view())?;
+    let new_dims = dims4(OP, "new", new)?;
+    let block = new_dims[2];
+    if block > capacity {
+        return Err(block_too_long(OP, "new", new, new_dims, capacity));
+    }
+    expect_shape(OP, "new", new.shape(), &[batch, heads, block, head_dim])?;
+    let positions = check_positions(OP, positions, batch, block, capacity)?;
+    let layout = WriteLayout {
+        heads,
+        capacity,
+        block,
+        head_dim,
+    };
+    dispatch_real!(
+        OP,
+        cache.dtype(),
+        kv_cache_write_typed(layout, cache, new, positions)
+    )
+}
+
+/// The sizes of one cache write.
+#[derive(Clone, Copy)]
+struct WriteLayout {
+    heads: usize,
+    capacity: usize,
+    block: usize,
+    head_dim: usize,
+}
+
+fn kv_cache_write_typed<T: Real>(
+    layout: WriteLayout,
+    cache: &mut TensorViewMut<'_>,
+    new: &TensorView<'_>,
+    positions: Positions<'_>,
+) -> Result<()> {
+    const OP: &str = "kv_cache_write";
+    let new = new.slice::<T>(OP, "new")?;
+    let cache = cache.slice_mut::<T>(OP, "cache")?;
+    let WriteLayout {
+        heads,
+        capacity,
+        block,
+        head_dim,
+    } = layout;
+    let block_len = block * head_dim;
+    for (b_h, new_block) in new.chunks_exact(block_len.max(1)).enumerate() {
+        // Checked non-negative and in range by `check_positions`.
+        let start = positions.get(b_h / heads) as usize;
+        let first = (b_h * capacity + start) * head_dim;
+        cache[first..first + block_len].copy_from_slice(new_block);
+    }
+    Ok(())
+}
+
+/// Causal GQA of `q` `[B,Hq,T,D]` over the cache `k_cache`, `v_cache` `[B,Hkv,Smax,D]`: query
+/// `t` of row `b` sits at `p = positions[b] + t` and attends cache rows `0..=p`. Writes the
+/// probabilities into the workspace `probs` `[B,Hq,T,Smax]` (0 past `p`) and the result into
+/// `out` `[B,T,Hq,D]`. Same math, order and bits as [`attention`](crate::attention::attention)
+/// (see the module doc).
+pub fn cached_attention(
+    q: &TensorView<'_>,
+    k_cache: &TensorView<'_>,
+    v_cache: &TensorView<'_>,
+    positions: &TensorView<'_>,
+    scale: f64,
+    probs: &mut TensorViewMut<'_>,
+    out: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    const OP: &str = "cached_attention";
+    let q_dims = dims4(OP, "q", q)?;
+    let [batch, q_heads, q_len, head_dim] = q_dims;
+    let [_, kv_heads, capacity, _] = dims4(OP, "k_cache", k_cache)?;
+    if kv_heads == 0 || q_heads % kv_heads != 0 {
+        return Err(Error::Shape {
+            op: OP,
+            operand: "k_cache",
+            expected: format!(
+                "[{batch},Hkv,Smax,{head_dim}] with Hkv >= 1 dividing the {q_heads} query heads"
+            ),
+            got: k_cache.shape().clone(),
+        });
+    }
+    let cache_shape = [batch, kv_heads, capacity, head_dim];
+    expect_shape(OP, "k_cache", k_cache.shape(), &cache_shape)?;
+    expect_shape(OP, "v_cache", v_cache.shape(), &cache_shape)?;
+    if q_len > capacity {
+        return Err(block_too_long(OP, "q", q, q_dims, capacity));
+    }
+    let probs_shape = [batch, q_heads, q_len, capacity];
+    expect_shape(OP, "probs", probs.shape(), &probs_shape)?;
+    expect_shape(OP, "out", out.shape(), &[batch, q_len, q_heads, head_dim])?;
+    let positions = check_positions(OP, positions, batch, q_len, capacity)?;
+    let layout = AttendLayout {
+        batch,
+        q_heads,
+        kv_heads,
+        q_len,
+        capacity,
+        head_dim,
+    };
+    let caches = [k_cache, v_cache];
+    dispatch_real!(
+        OP,
+        q.dtype(),
+        cached_attention_typed(layout, q, caches, positions, scale, probs, out)
+    )
+}
+
+/// The sizes of one cached attention call.
+#[derive(Clone, Copy)]
+struct AttendLayout {
+    batch: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    q_len: usize,
+    capacity: usize,
+    head_dim: usize,
+}
+
+fn cached_attention_typed<T: Real>(
+    layout: AttendLayout,
+    q: &TensorView<'_>,
+    [k_cache, v_cache]: [&TensorView<'_>; 2],
+    positions: Positions<'_>,
+    scale: f64,
+    probs: &mut TensorViewMut<'_>,
+    out: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    const OP: &str = "cached_attention";
+    let q = q.slice::<T>(OP, "q")?;
+    let k = k_cache.slice::<T>(OP, "k_cache")?;
+    let v = v_cache.slice::<T>(OP, "v_cache")?;
+    let probs = probs.slice_mut::<T>(OP, "probs")?;
+    let out = out.slice_mut::<T>(OP, "out")?;
+    let scale = T::of(scale);
+    let AttendLayout {
+        batch,
+        q_heads,
+        kv_heads,
+        q_len,
+        capacity,
+        head_dim,
+    } = layout;
+    let group = q_heads / kv_heads;
+
+    for b in 0..batch {
+        // Checked non-negative and in range by `check_positions`.
+        let start = positions.get(b) as usize;
+        for h in 0..q_heads {
+            let kv_first = (b * kv_heads + h / group) * capacity * head_dim;
+            let q_row0 = (b * q_heads + h) * q_len;
+            for t in 0..q_len {
+                let q_first = (q_row0 + t) * head_dim;
+                let probs_first = (q_row0 + t) * capacity;
+                let out_first = ((b * q_len + t) * q_heads + h) * head_dim;
+                attend_row(
+                    &q[q_first..q_first + head_dim],
+                    &k[kv_first..],
+                    &v[kv_first..],
+                    scale,
+                    start + t + 1,
+                    &mut probs[probs_first..probs_first + capacity],
+                    &mut out[out_first..out_first + head_dim],
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod rejection_tests;
+#[cfg(test)]
+mod tests;
