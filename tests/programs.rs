@@ -12,7 +12,7 @@ use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
 use kiln_ir::DType;
 use kiln_kernels::testing;
-use kiln_runtime::interpret::interpret;
+use kiln_runtime::interpret;
 use kiln_runtime::Tensor;
 
 fn llama_tied() -> ModelConfig {

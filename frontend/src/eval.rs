@@ -139,7 +139,7 @@ pub fn evaluate_interpreted(
     if with_grads {
         values.insert("loss_seed".into(), Tensor::scalar(1.0, DType::F32));
     }
-    let mut outputs = kiln_runtime::interpret::interpret(&graph, &mut values)?;
+    let mut outputs = kiln_runtime::interpret(&graph, &mut values)?;
     let mut take = |name: &str| {
         outputs.remove(name).ok_or_else(|| Error::Operand {
             op: "eval",

@@ -1,9 +1,12 @@
-//! kiln-runtime: devices, storage and tensors.
+//! kiln-runtime: devices, storage, tensors, kernel launches and the reference interpreter.
 //!
 //! A [`Storage`] is one allocation on a [`Device`] with shared lifetime; a [`Tensor`] is
 //! metadata (shape, element strides, element offset) over a shared Storage and obeys the Tensor
 //! N0 invariants of DESIGN.md. Views (reshape, transpose, slice) share storage; `contiguous()`
 //! is the one call that materializes.
+//!
+//! [`interpret`] runs an IR program with one fresh allocation per value on the CPU reference
+//! kernels: the baseline every planned executor must match bit for bit.
 //!
 //! Only the CPU device exists today. The backend abstraction (CUDA, HIP), the activation arena,
 //! streams, events and graph capture/replay will live here too, over kiln-kernels and the
