@@ -50,8 +50,8 @@ pub fn run(seed: u64, batch: usize, seq: usize) -> Result<DemoReport> {
     let tokens = Var::constant(Tensor::from_vec(tokens, [batch, seq])?);
     let positions = Var::constant(Tensor::from_vec(positions, [batch, seq])?);
     let targets = Var::constant(Tensor::from_vec(targets, [batch * seq])?);
-    let logits = forward(&Eager, &config, &weights, &tokens, &positions).context("forward")?;
-    let loss = causal_lm_loss(&Eager, &logits, &targets).context("loss")?;
+    let logits = forward(&Eager::F32, &config, &weights, &tokens, &positions).context("forward")?;
+    let loss = causal_lm_loss(&Eager::F32, &logits, &targets).context("loss")?;
     loss.backward().context("backward")?;
     let loss_value = loss.value().to_f64_vec()?[0];
 

@@ -6,6 +6,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use kiln::commands;
+use kiln_frontend::model::Precision;
 use kiln_frontend::programs::{ProgramKind, ProgramOptions};
 
 #[derive(Parser)]
@@ -80,6 +81,9 @@ enum Command {
         /// the reference interpreter, gradients from IR autodiff.
         #[arg(long, value_enum, default_value_t = Mode::Oracle)]
         mode: Mode,
+        /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
+        #[arg(long, value_enum, default_value_t = Numerics::F32)]
+        precision: Numerics,
     },
     /// Trace a model into a program graph and verify it; print a summary or the IR.
     Compile {
@@ -100,7 +104,25 @@ enum Command {
         /// Print the IR text instead of a summary.
         #[arg(long)]
         print_ir: bool,
+        /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
+        #[arg(long, value_enum, default_value_t = Numerics::F32)]
+        precision: Numerics,
     },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Numerics {
+    F32,
+    Bf16Gemm,
+}
+
+impl From<Numerics> for Precision {
+    fn from(numerics: Numerics) -> Self {
+        match numerics {
+            Numerics::F32 => Precision::F32,
+            Numerics::Bf16Gemm => Precision::Bf16Gemm,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -142,12 +164,13 @@ fn main() -> Result<()> {
             out,
             grads,
             mode,
+            precision,
         } => {
             let mode = match mode {
                 Mode::Oracle => commands::EvalMode::Oracle,
                 Mode::Interpret => commands::EvalMode::Interpret,
             };
-            commands::eval(&model, seed, &tokens, &out, grads, mode)?
+            commands::eval(&model, seed, &tokens, &out, grads, mode, precision.into())?
         }
         Command::Compile {
             model,
@@ -156,6 +179,7 @@ fn main() -> Result<()> {
             seq,
             max_seq,
             print_ir,
+            precision,
         } => {
             let kind = match program {
                 Program::Prefill => ProgramKind::Prefill,
@@ -171,6 +195,7 @@ fn main() -> Result<()> {
                 batch,
                 seq,
                 max_seq,
+                precision: precision.into(),
                 ..ProgramOptions::default()
             };
             print!("{}", commands::compile(&model, kind, &options, print_ir)?);

@@ -9,6 +9,7 @@ use std::process::Command;
 use kiln_frontend::eval::evaluate;
 use kiln_frontend::hf::safetensors_io::SafetensorsFile;
 use kiln_frontend::hf::source::ModelSource;
+use kiln_frontend::model::Precision;
 use kiln_ir::DType;
 
 const CASES: [&str; 3] = ["qwen2_gqa_bias", "llama_mha_tied", "llama_bias_headdim"];
@@ -80,7 +81,7 @@ fn oracle_matches_transformers() {
             .tensor("tokens", DType::I64)
             .unwrap();
         assert!(tokens.dims()[0] > 1, "{case}: batch > 1");
-        let result = evaluate(&config, &weights, &tokens, true).unwrap();
+        let result = evaluate(&config, &weights, &tokens, true, Precision::F32).unwrap();
         let lookup = |name: &str| -> Option<Vec<f64>> {
             match name {
                 "logits" => Some(result.logits.to_f64_vec().unwrap()),

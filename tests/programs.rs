@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use kiln_frontend::eval::{evaluate, evaluate_interpreted};
 use kiln_frontend::model::{
-    forward, last_logits, random_weights, shifted_targets, Eager, Family, ModelConfig, ModelWeights,
+    forward, last_logits, random_weights, shifted_targets, Eager, Family, ModelConfig,
+    ModelWeights, Precision,
 };
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
@@ -71,8 +72,9 @@ fn interpreted_eval_equals_oracle_bit_for_bit() {
         let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
         let (batch, seq) = (2, 7);
         let ids = Tensor::from_vec(tokens(&mut rng, &config, batch, seq), [batch, seq]).unwrap();
-        let oracle = evaluate(&config, &weights, &ids, true).unwrap();
-        let interpreted = evaluate_interpreted(&config, &weights, &ids, true).unwrap();
+        let oracle = evaluate(&config, &weights, &ids, true, Precision::F32).unwrap();
+        let interpreted =
+            evaluate_interpreted(&config, &weights, &ids, true, Precision::F32).unwrap();
         assert_eq!(
             bits(&oracle.logits),
             bits(&interpreted.logits),
@@ -101,7 +103,7 @@ fn interpreted_prefill_equals_oracle_bit_for_bit() {
         let ids = tokens(&mut rng, &config, batch, seq);
         let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
         let eager = last_logits(
-            &Eager,
+            &Eager::F32,
             &config,
             &weights,
             &Var::constant(Tensor::from_vec(ids.clone(), [batch, seq]).unwrap()),
@@ -170,7 +172,7 @@ fn decode_steps_reproduce_the_full_forward() {
         let ids = tokens(&mut rng, &config, batch, total);
         let positions: Vec<i64> = (0..batch * total).map(|i| (i % total) as i64).collect();
         let full = forward(
-            &Eager,
+            &Eager::F32,
             &config,
             &weights,
             &Var::constant(Tensor::from_vec(ids.clone(), [batch, total]).unwrap()),
@@ -343,6 +345,7 @@ fn train_step_equals_oracle_gradients_and_adamw() {
             &weights,
             &Tensor::from_vec(ids.clone(), [batch, seq]).unwrap(),
             true,
+            Precision::F32,
         )
         .unwrap();
         assert_eq!(
@@ -386,5 +389,40 @@ fn train_step_equals_oracle_gradients_and_adamw() {
                 "{name} was updated"
             );
         }
+    }
+}
+
+/// Mixed precision (bf16 GEMM inputs, f32 accumulation, f32 master weights): the interpreted
+/// eval program equals the oracle in the same precision bit for bit, and stays within bf16
+/// rounding of the f32 run.
+#[test]
+fn mixed_precision_eval_equals_oracle_bit_for_bit() {
+    let mut rng = testing::rng("mixed_precision_eval");
+    for config in configs() {
+        let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
+        let (batch, seq) = (2, 5);
+        let ids = Tensor::from_vec(tokens(&mut rng, &config, batch, seq), [batch, seq]).unwrap();
+        let oracle = evaluate(&config, &weights, &ids, true, Precision::Bf16Gemm).unwrap();
+        let interpreted =
+            evaluate_interpreted(&config, &weights, &ids, true, Precision::Bf16Gemm).unwrap();
+        assert_eq!(
+            bits(&oracle.logits),
+            bits(&interpreted.logits),
+            "{:?} logits",
+            config.family
+        );
+        for ((name, a), (_, b)) in oracle.grads.iter().zip(&interpreted.grads) {
+            assert_eq!(bits(a), bits(b), "{:?} grad {name}", config.family);
+        }
+        let f32_run = evaluate(&config, &weights, &ids, false, Precision::F32).unwrap();
+        let error = testing::rel_l2(
+            &oracle.logits.to_f64_vec().unwrap(),
+            &f32_run.logits.to_f64_vec().unwrap(),
+        );
+        assert!(
+            error > 0.0 && error < 2e-2,
+            "{:?}: bf16 GEMMs change the logits by {error:e}",
+            config.family
+        );
     }
 }

@@ -8,7 +8,9 @@ use kiln_runtime::Tensor;
 
 use crate::autograd::Var;
 use crate::error::{Error, Result};
-use crate::model::{causal_lm_loss, forward, shifted_targets, Eager, ModelConfig, ModelWeights};
+use crate::model::{
+    causal_lm_loss, forward, shifted_targets, Eager, ModelConfig, ModelWeights, Precision,
+};
 use crate::ops;
 use crate::programs::{build, ProgramKind, ProgramOptions};
 
@@ -76,6 +78,7 @@ pub fn evaluate(
     weights: &ModelWeights<Var>,
     tokens: &Tensor,
     with_grads: bool,
+    precision: Precision,
 ) -> Result<Evaluation> {
     let (batch, seq, ids) = check_tokens(tokens, config.vocab_size)?;
     let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
@@ -83,8 +86,9 @@ pub fn evaluate(
     let ids = Var::constant(Tensor::from_vec(ids, [batch, seq])?);
     let positions = Var::constant(Tensor::from_vec(positions, [batch, seq])?);
     let targets = Var::constant(Tensor::from_vec(targets, [batch * seq])?);
-    let logits = forward(&Eager, config, weights, &ids, &positions)?;
-    let loss = causal_lm_loss(&Eager, &logits, &targets)?;
+    let eager = Eager { precision };
+    let logits = forward(&eager, config, weights, &ids, &positions)?;
+    let loss = causal_lm_loss(&eager, &logits, &targets)?;
     let mut grads = Vec::new();
     if with_grads {
         for (_, param) in weights.named() {
@@ -114,12 +118,14 @@ pub fn evaluate_interpreted(
     weights: &ModelWeights<Var>,
     tokens: &Tensor,
     with_grads: bool,
+    precision: Precision,
 ) -> Result<Evaluation> {
     let (batch, seq, ids) = check_tokens(tokens, config.vocab_size)?;
     let options = ProgramOptions {
         batch,
         seq,
         grads: with_grads,
+        precision,
         ..ProgramOptions::default()
     };
     let graph = build(ProgramKind::Eval, config, &options)?;

@@ -9,7 +9,7 @@ use kiln_ir::{AdamWConfig, DType, Graph, InputKind, TensorType, ValueId};
 
 use crate::error::Result;
 use crate::model::{
-    causal_lm_loss, forward, last_logits, parameter_shapes, ModelConfig, ModelWeights,
+    causal_lm_loss, forward, last_logits, parameter_shapes, ModelConfig, ModelWeights, Precision,
 };
 use crate::trace::{AttentionMode, LayerCache, Tracer};
 
@@ -43,6 +43,8 @@ pub struct ProgramOptions {
     pub max_seq: usize,
     /// Eval: also output `grad.<name>` for every parameter.
     pub grads: bool,
+    /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
+    pub precision: Precision,
     pub adamw: AdamWConfig,
 }
 
@@ -53,6 +55,7 @@ impl Default for ProgramOptions {
             seq: 16,
             max_seq: 64,
             grads: false,
+            precision: Precision::F32,
             adamw: AdamWConfig {
                 lr: 1e-3,
                 beta1: 0.9,
@@ -116,7 +119,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
                 caches,
                 positions: cache_positions,
             };
-            let tracer = Tracer::new(graph, mode);
+            let tracer = Tracer::new(graph, mode, options.precision);
             let logits = last_logits(&tracer, config, &weights, &tokens, &positions)?;
             tracer.graph().output("logits", logits)?;
             Ok(tracer.finish())
@@ -126,7 +129,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
             let positions = i64_input(&mut graph, "positions", &[batch])?;
             let caches = caches(&mut graph, config, options)?;
             let mode = AttentionMode::ReadCache { caches, positions };
-            let tracer = Tracer::new(graph, mode);
+            let tracer = Tracer::new(graph, mode, options.precision);
             let rope_positions = tracer.graph().op1(
                 kiln_ir::Op::Reshape {
                     shape: [batch, 1].into(),
@@ -141,7 +144,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
             let tokens = i64_input(&mut graph, "tokens", &[batch, seq])?;
             let positions = i64_input(&mut graph, "positions", &[batch, seq])?;
             let targets = i64_input(&mut graph, "targets", &[batch * seq])?;
-            let tracer = Tracer::new(graph, AttentionMode::Plain);
+            let tracer = Tracer::new(graph, AttentionMode::Plain, options.precision);
             let logits = forward(&tracer, config, &weights, &tokens, &positions)?;
             let loss = causal_lm_loss(&tracer, &logits, &targets)?;
             let mut graph = tracer.finish();

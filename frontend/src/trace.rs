@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use kiln_ir::{Graph, Op, ValueId};
 
 use crate::error::{Error, Result};
-use crate::model::Ops;
+use crate::model::{Ops, Precision};
 
 /// What attention does with each layer's keys and values.
 #[derive(Clone, Debug)]
@@ -41,13 +41,15 @@ pub struct LayerCache {
 pub struct Tracer {
     graph: RefCell<Graph>,
     mode: AttentionMode,
+    precision: Precision,
 }
 
 impl Tracer {
-    pub fn new(graph: Graph, mode: AttentionMode) -> Self {
+    pub fn new(graph: Graph, mode: AttentionMode, precision: Precision) -> Self {
         Tracer {
             graph: RefCell::new(graph),
             mode,
+            precision,
         }
     }
 
@@ -105,12 +107,19 @@ impl Ops for Tracer {
         let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
         let outputs = self.dims(weight).first().copied().unwrap_or(0);
         let flat = self.reshape(x, &[rows, features])?;
+        let gemm = self.precision.gemm_dtype();
+        let (flat, weight) = if self.graph.borrow().value_type(flat)?.dtype == gemm {
+            (flat, *weight)
+        } else {
+            let flat = self.op1(Op::Cast { to: gemm }, &[flat])?;
+            (flat, self.op1(Op::Cast { to: gemm }, &[*weight])?)
+        };
         let mut out = self.op1(
             Op::MatMul {
                 transpose_a: false,
                 transpose_b: true,
             },
-            &[flat, *weight],
+            &[flat, weight],
         )?;
         if let Some(bias) = bias {
             out = self.op1(Op::Add, &[out, *bias])?;

@@ -51,8 +51,11 @@ fn loss_of(
     let targets = Var::constant(
         Tensor::from_vec(shifted_targets(tokens, batch, seq), [batch * seq]).unwrap(),
     );
-    let logits = forward(&Eager, config, &weights, &tokens_t, &positions).unwrap();
-    (causal_lm_loss(&Eager, &logits, &targets).unwrap(), weights)
+    let logits = forward(&Eager::F32, config, &weights, &tokens_t, &positions).unwrap();
+    (
+        causal_lm_loss(&Eager::F32, &logits, &targets).unwrap(),
+        weights,
+    )
 }
 
 fn check(family: Family) {

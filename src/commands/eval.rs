@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use kiln_frontend::eval::{evaluate, evaluate_interpreted};
 use kiln_frontend::hf::safetensors_io::{write_safetensors, SafetensorsFile};
 use kiln_frontend::hf::source::ModelSource;
+use kiln_frontend::model::Precision;
 use kiln_ir::DType;
 
 /// Which engine computes the evaluation.
@@ -26,6 +27,7 @@ pub fn eval(
     out: &Path,
     grads: bool,
     mode: EvalMode,
+    precision: Precision,
 ) -> Result<()> {
     if out.exists() {
         bail!(
@@ -47,8 +49,8 @@ pub fn eval(
         .load(seed)
         .with_context(|| format!("loading model {model}"))?;
     let result = match mode {
-        EvalMode::Oracle => evaluate(&config, &weights, &tokens, grads)?,
-        EvalMode::Interpret => evaluate_interpreted(&config, &weights, &tokens, grads)?,
+        EvalMode::Oracle => evaluate(&config, &weights, &tokens, grads, precision)?,
+        EvalMode::Interpret => evaluate_interpreted(&config, &weights, &tokens, grads, precision)?,
     };
     let mut tensors = vec![
         ("logits".to_string(), result.logits),

@@ -2,12 +2,21 @@
 
 use crate::autograd::Var;
 use crate::error::Result;
-use crate::model::ops::Ops;
+use crate::model::ops::{Ops, Precision};
 use crate::ops;
 
 /// Runs models on the CPU reference kernels with tape autograd.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Eager;
+pub struct Eager {
+    pub precision: Precision,
+}
+
+impl Eager {
+    /// Every GEMM in f32.
+    pub const F32: Eager = Eager {
+        precision: Precision::F32,
+    };
+}
 
 impl Ops for Eager {
     type Value = Var;
@@ -19,7 +28,7 @@ impl Ops for Eager {
         ops::embedding(weight, ids.value())
     }
     fn linear(&self, x: &Var, weight: &Var, bias: Option<&Var>) -> Result<Var> {
-        ops::linear(x, weight, bias)
+        ops::linear(x, weight, bias, self.precision.gemm_dtype())
     }
     fn rmsnorm(&self, x: &Var, weight: &Var, eps: f64) -> Result<Var> {
         ops::rmsnorm(x, weight, eps)

@@ -8,7 +8,7 @@ mod weights;
 
 pub use config::{Family, ModelConfig};
 pub use eager::Eager;
-pub use ops::Ops;
+pub use ops::{Ops, Precision};
 pub use transformer::{
     causal_lm_loss, forward, hidden_states, last_logits, output_head, shifted_targets, IGNORE_INDEX,
 };

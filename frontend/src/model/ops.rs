@@ -1,7 +1,29 @@
 //! The ops a model is written against. The same model code runs on the eager oracle today and
 //! will drive the IR tracer: one Transformer, never two hand-kept copies.
 
+use kiln_ir::DType;
+
 use crate::error::Result;
+
+/// Numerics of a model run: weights and activations are f32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Every GEMM in f32.
+    #[default]
+    F32,
+    /// Mixed precision: GEMM inputs rounded to bf16, f32 accumulation, f32 master weights.
+    Bf16Gemm,
+}
+
+impl Precision {
+    /// The dtype GEMM inputs are rounded to.
+    pub fn gemm_dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::Bf16Gemm => DType::BF16,
+        }
+    }
+}
 
 /// Operations a decoder-only Transformer needs, over some value type (an eager `Var`, or a
 /// traced IR value). Integer inputs (token ids, positions, targets) are values too.

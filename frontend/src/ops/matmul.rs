@@ -119,8 +119,9 @@ pub fn matmul(a: &Var, b: &Var, transpose: Transpose) -> Result<Var> {
 }
 
 /// A linear layer as Hugging Face stores it: `x [..., in] · weightᵀ [out, in] (+ bias [out])`
-/// → `[..., out]`. `x` must be contiguous (it is viewed as a matrix).
-pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>) -> Result<Var> {
+/// → `[..., out]`. `x` must be contiguous (it is viewed as a matrix). With `gemm_dtype` bf16
+/// (mixed precision), both GEMM inputs are rounded to bf16 and the product accumulates in f32.
+pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>, gemm_dtype: DType) -> Result<Var> {
     let dims = x.dims();
     let (Some(&features), Some(&outputs)) = (dims.last(), weight.dims().first()) else {
         return Err(Error::Operand {
@@ -134,7 +135,13 @@ pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>) -> Result<Var> {
     };
     let rows = x.shape().rows();
     let flat = super::reshape(x, [rows, features])?;
-    let mut out = matmul(&flat, weight, Transpose { a: false, b: true })?;
+    let mut out = if gemm_dtype == x.dtype() {
+        matmul(&flat, weight, Transpose { a: false, b: true })?
+    } else {
+        let flat = super::cast(&flat, gemm_dtype)?;
+        let weight = super::cast(weight, gemm_dtype)?;
+        matmul(&flat, &weight, Transpose { a: false, b: true })?
+    };
     if let Some(bias) = bias {
         out = super::add(&out, bias)?;
     }
