@@ -36,17 +36,17 @@ pub fn compile(
     }
     let inputs = graph.inputs();
     let of = |kind: InputKind| inputs.iter().filter(|(_, _, k, _)| *k == kind).count();
+    let shape = match kind {
+        ProgramKind::Prefill => format!("seq {}, cache {}", options.seq, options.max_seq),
+        ProgramKind::Decode => format!("one token per row, cache {}", options.max_seq),
+        ProgramKind::Train | ProgramKind::Eval => format!("seq {}", options.seq),
+    };
     let mut text = format!(
-        "program {} for {model} ({} parameters): batch {}, seq {}, cache {}\n",
+        "program {} for {model} ({} parameters): batch {}, {shape}, {:?} GEMMs\n",
         kind.name(),
         parameter_count(&config),
         options.batch,
-        if kind == ProgramKind::Decode {
-            1
-        } else {
-            options.seq
-        },
-        options.max_seq
+        options.precision
     );
     text += &format!(
         "  {} params, {} inputs, {} states, {count} ops, {} outputs, {} writes; traced and verified in {:.1} ms\n  ops:",
