@@ -9,7 +9,7 @@ mod typing;
 
 use std::fmt;
 
-use crate::{DType, Shape};
+use crate::{DType, Shape, TensorType};
 
 /// AdamW hyper-parameters (decoupled weight decay, bias correction; torch.optim.AdamW).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -198,6 +198,27 @@ impl Op {
             | Op::Softmax
             | Op::SoftmaxBackward
             | Op::Contiguous => vec![],
+        }
+    }
+
+    /// Bytes of scratch the op needs while it runs (a workspace buffer in a plan), for
+    /// operands of types `operands` (0 when the types do not fit the op).
+    pub fn workspace_bytes(&self, operands: &[TensorType]) -> usize {
+        let dims = |port: usize| operands.get(port).map(|t| t.dims()).unwrap_or(&[]);
+        let size = |port: usize| operands.get(port).map_or(0, |t| t.dtype.size_bytes());
+        match self {
+            // bf16 operands are widened to f32 into the workspace before the f32 GEMM.
+            Op::MatMul { .. } if operands.first().map(|t| t.dtype) == Some(DType::BF16) => {
+                operands.iter().take(2).map(|t| t.shape.numel() * 4).sum()
+            }
+            // One row of dP/dS over the keys.
+            Op::AttentionBackward { .. } => dims(1).get(2).copied().unwrap_or(0) * size(0),
+            // The probabilities [B,Hq,T,Smax].
+            Op::CachedAttention { .. } => match (dims(0), dims(1)) {
+                (&[b, hq, t, _], &[_, _, smax, _]) => b * hq * t * smax * size(0),
+                _ => 0,
+            },
+            _ => 0,
         }
     }
 

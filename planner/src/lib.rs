@@ -1,7 +1,13 @@
-//! kiln-planner: turns a program graph into a plan.
+//! kiln-planner: turns a program graph into a [`Plan`].
 //!
-//! It will own the schedule (memory-aware topological orders), buffers and their lifetimes,
-//! arena offsets from a portfolio of heuristics with the exact lower bound of live bytes,
-//! streams and events, the serializable `Plan` with a stable hash, an independent plan
-//! verifier, and the plan dumps (text, JSON, CSV, SVG). It knows sizes, lifetimes and
+//! It decides the schedule (a memory-aware topological order), groups values into buffers
+//! (views and in-place results share their operand's buffer) with lifetimes in schedule steps,
+//! places every activation and workspace in ONE arena (a portfolio of offset heuristics, the
+//! smallest kept) and reports the exact lower bound of live bytes; with several streams it
+//! assigns ops to streams and places the fewest events. An independent verifier checks plans;
+//! dumps render them as text, JSON, CSV and SVG. The planner knows sizes, lifetimes and
 //! dependencies, never pointers.
+
+mod plan;
+
+pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
