@@ -4,10 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use kiln_frontend::eval::{evaluate, evaluate_interpreted};
+use kiln_frontend::eval::{evaluate, evaluate_interpreted, CausalLmInputs};
 use kiln_frontend::model::{
-    forward, last_logits, random_weights, shifted_targets, Eager, Family, ModelConfig,
-    ModelWeights, Precision,
+    forward, last_logits, random_weights, Eager, Family, ModelConfig, ModelWeights, Precision,
 };
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
@@ -268,21 +267,12 @@ fn train_values(
             );
         }
     }
-    let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
-    values.insert(
-        "tokens".into(),
-        Tensor::from_vec(ids.to_vec(), [batch, seq]).unwrap(),
-    );
-    values.insert(
-        "positions".into(),
-        Tensor::from_vec(positions, [batch, seq]).unwrap(),
-    );
-    values.insert(
-        "targets".into(),
-        Tensor::from_vec(shifted_targets(ids, batch, seq), [batch * seq]).unwrap(),
-    );
+    let tokens = Tensor::from_vec(ids.to_vec(), [batch, seq]).unwrap();
+    let inputs = CausalLmInputs::new(&tokens, config.vocab_size).unwrap();
+    for (name, tensor) in inputs.named() {
+        values.insert(name.into(), tensor.clone());
+    }
     values.insert("loss_seed".into(), Tensor::scalar(1.0, DType::F32));
-    let _ = config;
     values
 }
 

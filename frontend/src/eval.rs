@@ -72,6 +72,44 @@ fn to_f32(tensor: &Tensor) -> Result<Tensor> {
         .clone())
 }
 
+/// The per-run inputs of a causal-LM batch, named as the programs' graph inputs.
+pub struct CausalLmInputs {
+    /// i64 `[B,T]`.
+    pub tokens: Tensor,
+    /// i64 `[B,T]`: `0..T` in every row.
+    pub positions: Tensor,
+    /// i64 `[B·T]`: the tokens shifted left, last column ignored (see `shifted_targets`).
+    pub targets: Tensor,
+}
+
+impl CausalLmInputs {
+    /// Checks `tokens` (see [`check_tokens`]) and derives positions and targets.
+    pub fn new(tokens: &Tensor, vocab: usize) -> Result<Self> {
+        let (batch, seq, ids) = check_tokens(tokens, vocab)?;
+        let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
+        let targets = shifted_targets(&ids, batch, seq);
+        Ok(CausalLmInputs {
+            tokens: Tensor::from_vec(ids, [batch, seq])?,
+            positions: Tensor::from_vec(positions, [batch, seq])?,
+            targets: Tensor::from_vec(targets, [batch * seq])?,
+        })
+    }
+
+    /// `[B, T]`.
+    pub fn batch_and_seq(&self) -> (usize, usize) {
+        (self.tokens.dims()[0], self.tokens.dims()[1])
+    }
+
+    /// The inputs by graph input name.
+    pub fn named(&self) -> [(&'static str, &Tensor); 3] {
+        [
+            ("tokens", &self.tokens),
+            ("positions", &self.positions),
+            ("targets", &self.targets),
+        ]
+    }
+}
+
 /// Runs the model on `tokens` at positions `0..T` through the eager oracle.
 pub fn evaluate(
     config: &ModelConfig,
@@ -80,12 +118,8 @@ pub fn evaluate(
     with_grads: bool,
     precision: Precision,
 ) -> Result<Evaluation> {
-    let (batch, seq, ids) = check_tokens(tokens, config.vocab_size)?;
-    let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
-    let targets = shifted_targets(&ids, batch, seq);
-    let ids = Var::constant(Tensor::from_vec(ids, [batch, seq])?);
-    let positions = Var::constant(Tensor::from_vec(positions, [batch, seq])?);
-    let targets = Var::constant(Tensor::from_vec(targets, [batch * seq])?);
+    let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
+    let [ids, positions, targets] = inputs.named().map(|(_, t)| Var::constant(t.clone()));
     let eager = Eager { precision };
     let logits = forward(&eager, config, weights, &ids, &positions)?;
     let loss = causal_lm_loss(&eager, &logits, &targets)?;
@@ -120,7 +154,8 @@ pub fn evaluate_interpreted(
     with_grads: bool,
     precision: Precision,
 ) -> Result<Evaluation> {
-    let (batch, seq, ids) = check_tokens(tokens, config.vocab_size)?;
+    let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
+    let (batch, seq) = inputs.batch_and_seq();
     let options = ProgramOptions {
         batch,
         seq,
@@ -134,14 +169,9 @@ pub fn evaluate_interpreted(
         .into_iter()
         .map(|(name, param)| (name, param.value().clone()))
         .collect();
-    let positions: Vec<i64> = (0..batch * seq).map(|i| (i % seq) as i64).collect();
-    let targets = shifted_targets(&ids, batch, seq);
-    values.insert("tokens".into(), Tensor::from_vec(ids, [batch, seq])?);
-    values.insert(
-        "positions".into(),
-        Tensor::from_vec(positions, [batch, seq])?,
-    );
-    values.insert("targets".into(), Tensor::from_vec(targets, [batch * seq])?);
+    for (name, tensor) in inputs.named() {
+        values.insert(name.to_string(), tensor.clone());
+    }
     if with_grads {
         values.insert("loss_seed".into(), Tensor::scalar(1.0, DType::F32));
     }

@@ -71,11 +71,26 @@ impl Tracer {
         Ok(self.graph.borrow_mut().op1(op, operands)?)
     }
 
-    fn cache(&self, caches: &[LayerCache], layer: usize) -> Result<LayerCache> {
-        caches.get(layer).cloned().ok_or_else(|| Error::Operand {
+    /// Writes `k`, `v` into layer `layer`'s cache at `positions` and makes the updated caches
+    /// the new content of their states; returns them.
+    fn write_cache(
+        &self,
+        caches: &[LayerCache],
+        layer: usize,
+        k: &ValueId,
+        v: &ValueId,
+        positions: ValueId,
+    ) -> Result<(ValueId, ValueId)> {
+        let cache = caches.get(layer).ok_or_else(|| Error::Operand {
             op: "attention",
             reason: format!("no cache for layer {layer} ({} caches)", caches.len()),
-        })
+        })?;
+        let k_cache = self.op1(Op::KvCacheWrite, &[cache.k, *k, positions])?;
+        let v_cache = self.op1(Op::KvCacheWrite, &[cache.v, *v, positions])?;
+        let mut graph = self.graph.borrow_mut();
+        graph.write(&cache.k_name, k_cache)?;
+        graph.write(&cache.v_name, v_cache)?;
+        Ok((k_cache, v_cache))
     }
 }
 
@@ -176,23 +191,11 @@ impl Ops for Tracer {
         match &self.mode {
             AttentionMode::Plain => Ok(self.op(Op::Attention { scale }, &[*q, *k, *v])?[0]),
             AttentionMode::FillCache { caches, positions } => {
-                let cache = self.cache(caches, layer)?;
-                let k_cache = self.op1(Op::KvCacheWrite, &[cache.k, *k, *positions])?;
-                let v_cache = self.op1(Op::KvCacheWrite, &[cache.v, *v, *positions])?;
-                let mut graph = self.graph.borrow_mut();
-                graph.write(&cache.k_name, k_cache)?;
-                graph.write(&cache.v_name, v_cache)?;
-                drop(graph);
+                self.write_cache(caches, layer, k, v, *positions)?;
                 Ok(self.op(Op::Attention { scale }, &[*q, *k, *v])?[0])
             }
             AttentionMode::ReadCache { caches, positions } => {
-                let cache = self.cache(caches, layer)?;
-                let k_cache = self.op1(Op::KvCacheWrite, &[cache.k, *k, *positions])?;
-                let v_cache = self.op1(Op::KvCacheWrite, &[cache.v, *v, *positions])?;
-                let mut graph = self.graph.borrow_mut();
-                graph.write(&cache.k_name, k_cache)?;
-                graph.write(&cache.v_name, v_cache)?;
-                drop(graph);
+                let (k_cache, v_cache) = self.write_cache(caches, layer, k, v, *positions)?;
                 self.op1(
                     Op::CachedAttention { scale },
                     &[*q, k_cache, v_cache, *positions],
