@@ -8,6 +8,7 @@
 //! dumps render them as text, JSON, CSV and SVG. The planner knows sizes, lifetimes and
 //! dependencies, never pointers.
 
+pub mod dump;
 mod plan;
 
 pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
