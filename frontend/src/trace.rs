@@ -122,12 +122,13 @@ impl Ops for Tracer {
         let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
         let outputs = self.dims(weight).first().copied().unwrap_or(0);
         let flat = self.reshape(x, &[rows, features])?;
-        let gemm = self.precision.gemm_dtype();
-        let (flat, weight) = if self.graph.borrow().value_type(flat)?.dtype == gemm {
-            (flat, *weight)
-        } else {
-            let flat = self.op1(Op::Cast { to: gemm }, &[flat])?;
-            (flat, self.op1(Op::Cast { to: gemm }, &[*weight])?)
+        let dtype = self.graph.borrow().value_type(flat)?.dtype;
+        let (flat, weight) = match self.precision.gemm_dtype() {
+            Some(gemm) if gemm != dtype => {
+                let flat = self.op1(Op::Cast { to: gemm }, &[flat])?;
+                (flat, self.op1(Op::Cast { to: gemm }, &[*weight])?)
+            }
+            _ => (flat, *weight),
         };
         let mut out = self.op1(
             Op::MatMul {

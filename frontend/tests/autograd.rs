@@ -59,7 +59,7 @@ fn tied_weight_accumulates_and_is_ready_once() {
     let c = constant(testing::signed(&mut rng, 4 * vocab), &[4, vocab]);
     let build = |w: &Var| {
         let h = ops::embedding(w, &ids).unwrap();
-        let logits = ops::linear(&h, w, None, DType::F64).unwrap();
+        let logits = ops::linear(&h, w, None, None).unwrap();
         weighted_sum(&logits, &c)
     };
     build(&w).backward().unwrap();

@@ -82,7 +82,7 @@ fn linear_with_bias() {
         input(&mut rng, &[7]),
     ];
     gradcheck(&mut rng, "linear", &inputs, |v| {
-        ops::linear(&v[0], &v[1], Some(&v[2]), kiln_ir::DType::F64).unwrap()
+        ops::linear(&v[0], &v[1], Some(&v[2]), None).unwrap()
     });
 }
 

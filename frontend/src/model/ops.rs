@@ -5,10 +5,10 @@ use kiln_ir::DType;
 
 use crate::error::Result;
 
-/// Numerics of a model run: weights and activations are f32 either way.
+/// Numerics of a model run's GEMMs; weights and activations keep their dtype either way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
-    /// Every GEMM in f32.
+    /// Every GEMM in the activations' dtype (f32 for models, f64 in gradient checks).
     #[default]
     F32,
     /// Mixed precision: GEMM inputs rounded to bf16, f32 accumulation, f32 master weights.
@@ -16,11 +16,11 @@ pub enum Precision {
 }
 
 impl Precision {
-    /// The dtype GEMM inputs are rounded to.
-    pub fn gemm_dtype(self) -> DType {
+    /// The dtype GEMM inputs are rounded to, if any.
+    pub fn gemm_dtype(self) -> Option<DType> {
         match self {
-            Precision::F32 => DType::F32,
-            Precision::Bf16Gemm => DType::BF16,
+            Precision::F32 => None,
+            Precision::Bf16Gemm => Some(DType::BF16),
         }
     }
 }

@@ -119,9 +119,10 @@ pub fn matmul(a: &Var, b: &Var, transpose: Transpose) -> Result<Var> {
 }
 
 /// A linear layer as Hugging Face stores it: `x [..., in] · weightᵀ [out, in] (+ bias [out])`
-/// → `[..., out]`. `x` must be contiguous (it is viewed as a matrix). With `gemm_dtype` bf16
-/// (mixed precision), both GEMM inputs are rounded to bf16 and the product accumulates in f32.
-pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>, gemm_dtype: DType) -> Result<Var> {
+/// → `[..., out]`. `x` must be contiguous (it is viewed as a matrix). With a `gemm_dtype`
+/// (bf16: mixed precision), both GEMM inputs are rounded to it and the product accumulates in
+/// f32.
+pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>, gemm_dtype: Option<DType>) -> Result<Var> {
     let dims = x.dims();
     let (Some(&features), Some(&outputs)) = (dims.last(), weight.dims().first()) else {
         return Err(Error::Operand {
@@ -135,12 +136,13 @@ pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>, gemm_dtype: DType) -> R
     };
     let rows = x.shape().rows();
     let flat = super::reshape(x, [rows, features])?;
-    let mut out = if gemm_dtype == x.dtype() {
-        matmul(&flat, weight, Transpose { a: false, b: true })?
-    } else {
-        let flat = super::cast(&flat, gemm_dtype)?;
-        let weight = super::cast(weight, gemm_dtype)?;
-        matmul(&flat, &weight, Transpose { a: false, b: true })?
+    let mut out = match gemm_dtype {
+        Some(dtype) if dtype != x.dtype() => {
+            let flat = super::cast(&flat, dtype)?;
+            let weight = super::cast(weight, dtype)?;
+            matmul(&flat, &weight, Transpose { a: false, b: true })?
+        }
+        _ => matmul(&flat, weight, Transpose { a: false, b: true })?,
     };
     if let Some(bias) = bias {
         out = super::add(&out, bias)?;
