@@ -23,29 +23,12 @@
 //! and `v`, its `out` equals `attention(q, k, v)`'s bit for bit, and its `probs` equal
 //! attention's in the first `S` columns (the others are 0).
 
-use kiln_ir::DType;
-
 use crate::attention::attend_row;
 use crate::dispatch_real;
 use crate::element::Real;
 use crate::error::{expect_rank, expect_shape, Error, Result};
+use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
-
-/// Start positions, read as i64 whichever integer dtype holds them.
-#[derive(Clone, Copy)]
-enum Positions<'a> {
-    I32(&'a [i32]),
-    I64(&'a [i64]),
-}
-
-impl Positions<'_> {
-    fn get(&self, at: usize) -> i64 {
-        match self {
-            Positions::I32(s) => i64::from(s[at]),
-            Positions::I64(s) => s[at],
-        }
-    }
-}
 
 /// Checks `positions` is an integer `[batch]` whose every entry leaves room for `block` rows
 /// in a cache of `capacity` rows: `0 <= p` and `p + block <= capacity`.
@@ -55,37 +38,14 @@ fn check_positions<'a>(
     batch: usize,
     block: usize,
     capacity: usize,
-) -> Result<Positions<'a>> {
+) -> Result<Indices<'a>> {
     const OPERAND: &str = "positions";
     expect_shape(op, OPERAND, positions.shape(), &[batch])?;
-    let read = match positions.dtype() {
-        DType::I32 => Positions::I32(positions.slice::<i32>(op, OPERAND)?),
-        DType::I64 => Positions::I64(positions.slice::<i64>(op, OPERAND)?),
-        // i32 is accepted as well; the error can name only one dtype.
-        other => {
-            return Err(Error::DType {
-                op,
-                operand: OPERAND,
-                expected: DType::I64,
-                got: other,
-            })
-        }
-    };
-    // Callers check block <= capacity first, so this cannot underflow.
-    let last_start = capacity - block;
-    for at in 0..batch {
-        let value = read.get(at);
-        if !matches!(usize::try_from(value), Ok(p) if p <= last_start) {
-            return Err(Error::IndexOutOfRange {
-                op,
-                operand: OPERAND,
-                at,
-                value,
-                bound: last_start + 1,
-            });
-        }
-    }
-    Ok(read)
+    let starts = Indices::of(op, OPERAND, positions)?;
+    // `p + block <= capacity` is `p < capacity - block + 1`; callers check block <= capacity
+    // first, so this cannot underflow.
+    starts.check_below(op, OPERAND, capacity - block + 1, None)?;
+    Ok(starts)
 }
 
 fn dims4(op: &'static str, operand: &'static str, view: &TensorView<'_>) -> Result<[usize; 4]> {
@@ -155,7 +115,7 @@ fn kv_cache_write_typed<T: Real>(
     layout: WriteLayout,
     cache: &mut TensorViewMut<'_>,
     new: &TensorView<'_>,
-    positions: Positions<'_>,
+    positions: Indices<'_>,
 ) -> Result<()> {
     const OP: &str = "kv_cache_write";
     let new = new.slice::<T>(OP, "new")?;
@@ -245,7 +205,7 @@ fn cached_attention_typed<T: Real>(
     layout: AttendLayout,
     q: &TensorView<'_>,
     [k_cache, v_cache]: [&TensorView<'_>; 2],
-    positions: Positions<'_>,
+    positions: Indices<'_>,
     scale: f64,
     probs: &mut TensorViewMut<'_>,
     out: &mut TensorViewMut<'_>,

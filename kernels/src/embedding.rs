@@ -17,11 +17,12 @@
 //! - The backward overwrites `grad_weight` (zero, then add) and adds rows in token order, so
 //!   repeated ids sum in a fixed order and give the same bits on every run.
 
-use kiln_ir::{DType, Shape};
+use kiln_ir::Shape;
 
 use crate::dispatch_real;
 use crate::element::Real;
 use crate::error::{expect_rank, Error, Result};
+use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
 
 /// Checks that `got` is `ids_shape ++ [hidden]`, or returns [`Error::Shape`] naming `operand`.
@@ -48,53 +49,14 @@ fn expect_token_rows(
     }
 }
 
-/// Checks every id against `0..vocab` before anything is written, failing on the first bad one.
-fn check_ids<I: Copy + Into<i64>>(op: &'static str, ids: &[I], vocab: usize) -> Result<()> {
-    for (at, &id) in ids.iter().enumerate() {
-        row_of(op, at, id, vocab)?;
-    }
-    Ok(())
-}
-
-/// The table row of `id` (token `at`), or [`Error::IndexOutOfRange`] naming `ids`.
-fn row_of<I: Copy + Into<i64>>(op: &'static str, at: usize, id: I, vocab: usize) -> Result<usize> {
-    let value: i64 = id.into();
-    usize::try_from(value)
-        .ok()
-        .filter(|&row| row < vocab)
-        .ok_or(Error::IndexOutOfRange {
-            op,
-            operand: "ids",
-            at,
-            value,
-            bound: vocab,
-        })
-}
-
-fn unsupported_ids(op: &'static str, dtype: DType) -> Error {
-    Error::UnsupportedDType {
-        op,
-        dtype,
-        supported: "i32, i64 for `ids`",
-    }
-}
-
-fn gather<T: Real, I: Copy + Into<i64>>(
-    weight: &[T],
-    ids: &[I],
-    out: &mut [T],
-    vocab: usize,
-    hidden: usize,
-) -> Result<()> {
-    const OP: &str = "embedding";
-    check_ids(OP, ids, vocab)?;
-    for (n, &id) in ids.iter().enumerate() {
-        let row = row_of(OP, n, id, vocab)?;
+/// `out[n, :] = weight[ids[n], :]`, for ids already checked against `0..V`.
+fn gather<T: Real>(weight: &[T], ids: Indices<'_>, out: &mut [T], hidden: usize) {
+    for n in 0..ids.len() {
+        let row = ids.get(n) as usize;
         // Ranges are in bounds: n < N with out.len() = N·H, row < V with weight.len() = V·H.
         out[n * hidden..(n + 1) * hidden]
             .copy_from_slice(&weight[row * hidden..(row + 1) * hidden]);
     }
-    Ok(())
 }
 
 fn embedding_typed<T: Real>(
@@ -106,17 +68,17 @@ fn embedding_typed<T: Real>(
     let (vocab, hidden) = (weight.shape().dims()[0], weight.shape().dims()[1]);
     let table = weight.slice::<T>(OP, "weight")?;
     let rows = out.slice_mut::<T>(OP, "out")?;
-    match ids.dtype() {
-        DType::I32 => gather(table, ids.slice::<i32>(OP, "ids")?, rows, vocab, hidden),
-        DType::I64 => gather(table, ids.slice::<i64>(OP, "ids")?, rows, vocab, hidden),
-        other => Err(unsupported_ids(OP, other)),
-    }
+    let ids = Indices::of(OP, "ids", ids)?;
+    ids.check_below(OP, "ids", vocab, None)?;
+    gather(table, ids, rows, hidden);
+    Ok(())
 }
 
 /// `out[n, :] = weight[ids[n], :]` for every token `n` of `ids`.
 ///
 /// `weight` is `[V, H]` (f32 or f64), `ids` has any shape `S` (i32 or i64), `out` is `S ++ [H]`
-/// with `weight`'s dtype. An id outside `0..V` is [`Error::IndexOutOfRange`] on `ids`.
+/// with `weight`'s dtype. An id outside `0..V` is [`Error::IndexOutOfRange`] on `ids`; ids of
+/// another dtype are [`Error::DType`] on `ids`.
 pub fn embedding(
     weight: &TensorView<'_>,
     ids: &TensorView<'_>,
@@ -134,19 +96,13 @@ pub fn embedding(
     dispatch_real!(OP, weight.dtype(), embedding_typed(weight, ids, out))
 }
 
-fn scatter_add<T: Real, I: Copy + Into<i64>>(
-    ids: &[I],
-    grad_out: &[T],
-    grad_weight: &mut [T],
-    vocab: usize,
-    hidden: usize,
-) -> Result<()> {
-    const OP: &str = "embedding_backward";
-    check_ids(OP, ids, vocab)?;
+/// `grad_weight[ids[n], :] += grad_out[n, :]` in token order, for ids already checked against
+/// `0..V`, after zeroing `grad_weight`.
+fn scatter_add<T: Real>(ids: Indices<'_>, grad_out: &[T], grad_weight: &mut [T], hidden: usize) {
     grad_weight.fill(T::zero());
     // Token order fixes the summation order of repeated ids.
-    for (n, &id) in ids.iter().enumerate() {
-        let row = row_of(OP, n, id, vocab)?;
+    for n in 0..ids.len() {
+        let row = ids.get(n) as usize;
         let src = &grad_out[n * hidden..(n + 1) * hidden];
         for (g, &s) in grad_weight[row * hidden..(row + 1) * hidden]
             .iter_mut()
@@ -155,7 +111,6 @@ fn scatter_add<T: Real, I: Copy + Into<i64>>(
             *g += s;
         }
     }
-    Ok(())
 }
 
 fn embedding_backward_typed<T: Real>(
@@ -167,11 +122,10 @@ fn embedding_backward_typed<T: Real>(
     let (vocab, hidden) = (grad_weight.shape().dims()[0], grad_weight.shape().dims()[1]);
     let rows = grad_out.slice::<T>(OP, "grad_out")?;
     let table = grad_weight.slice_mut::<T>(OP, "grad_weight")?;
-    match ids.dtype() {
-        DType::I32 => scatter_add(ids.slice::<i32>(OP, "ids")?, rows, table, vocab, hidden),
-        DType::I64 => scatter_add(ids.slice::<i64>(OP, "ids")?, rows, table, vocab, hidden),
-        other => Err(unsupported_ids(OP, other)),
-    }
+    let ids = Indices::of(OP, "ids", ids)?;
+    ids.check_below(OP, "ids", vocab, None)?;
+    scatter_add(ids, rows, table, hidden);
+    Ok(())
 }
 
 /// The VJP of [`embedding`] with respect to `weight`: `grad_weight` (`[V, H]`) is overwritten

@@ -11,6 +11,7 @@
 mod buffer;
 mod element;
 mod error;
+mod indices;
 mod view;
 
 pub mod activation;

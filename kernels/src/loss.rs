@@ -18,44 +18,18 @@
 //! outside `0..V` that is not `ignore_index` is an error, checked for every row before anything
 //! is written. Rows are summed in order, so results are reproducible bit for bit.
 
-use kiln_ir::DType;
-
 use crate::dispatch_real;
 use crate::element::Real;
-use crate::error::{expect_rank, expect_shape, Error, Result};
+use crate::error::{expect_rank, expect_shape, Result};
+use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
-
-/// Class indices of either integer dtype.
-#[derive(Clone, Copy)]
-enum Targets<'a> {
-    I32(&'a [i32]),
-    I64(&'a [i64]),
-}
-
-impl<'a> Targets<'a> {
-    /// The targets of a contiguous i32 or i64 view; other dtypes are rejected naming `targets`
-    /// (the error names i64, the usual dtype of token ids; i32 is accepted too).
-    fn of(op: &'static str, targets: &TensorView<'a>) -> Result<Self> {
-        match targets.dtype() {
-            DType::I32 => Ok(Targets::I32(targets.slice(op, "targets")?)),
-            _ => Ok(Targets::I64(targets.slice(op, "targets")?)),
-        }
-    }
-
-    fn get(&self, row: usize) -> i64 {
-        match self {
-            Targets::I32(t) => i64::from(t[row]),
-            Targets::I64(t) => t[row],
-        }
-    }
-}
 
 /// The sizes of one call and the validated targets.
 #[derive(Clone, Copy)]
 struct Problem<'a> {
     rows: usize,
     vocab: usize,
-    targets: Targets<'a>,
+    targets: Indices<'a>,
     ignore_index: i64,
     /// Number of rows whose target is not `ignore_index`.
     counted: usize,
@@ -83,24 +57,11 @@ fn check<'a>(
     expect_rank(op, "logits", logits.shape(), 2)?;
     let (rows, vocab) = (logits.shape().rows(), logits.shape().last_dim());
     expect_shape(op, "targets", targets.shape(), &[rows])?;
-    let targets = Targets::of(op, targets)?;
-    let mut counted = 0;
-    for row in 0..rows {
-        let target = targets.get(row);
-        if target == ignore_index {
-            continue;
-        }
-        if !usize::try_from(target).is_ok_and(|class| class < vocab) {
-            return Err(Error::IndexOutOfRange {
-                op,
-                operand: "targets",
-                at: row,
-                value: target,
-                bound: vocab,
-            });
-        }
-        counted += 1;
-    }
+    let targets = Indices::of(op, "targets", targets)?;
+    targets.check_below(op, "targets", vocab, Some(ignore_index))?;
+    let counted = (0..rows)
+        .filter(|&row| targets.get(row) != ignore_index)
+        .count();
     Ok(Problem {
         rows,
         vocab,

@@ -37,63 +37,17 @@
 //! every value >= 0; `theta` is finite and > 0, also once rounded to f32. Float operands share
 //! `x`'s (or `grad_out`'s) dtype, f32 or f64.
 
-use kiln_ir::DType;
-
 use crate::dispatch_real;
 use crate::element::Real;
 use crate::error::{expect_shape, Error, Result};
+use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
 
-/// Token positions, read as i64 whichever integer dtype holds them.
-#[derive(Clone, Copy)]
-enum Positions<'a> {
-    I32(&'a [i32]),
-    I64(&'a [i64]),
-}
-
-impl<'a> Positions<'a> {
-    /// The typed elements of `view`, all checked to be >= 0.
-    fn of(op: &'static str, view: &TensorView<'a>) -> Result<Self> {
-        const OPERAND: &str = "positions";
-        let positions = match view.dtype() {
-            DType::I32 => Positions::I32(view.slice::<i32>(op, OPERAND)?),
-            DType::I64 => Positions::I64(view.slice::<i64>(op, OPERAND)?),
-            // i32 is accepted as well; the error can name only one dtype.
-            other => {
-                return Err(Error::DType {
-                    op,
-                    operand: OPERAND,
-                    expected: DType::I64,
-                    got: other,
-                })
-            }
-        };
-        let len = match positions {
-            Positions::I32(s) => s.len(),
-            Positions::I64(s) => s.len(),
-        };
-        for at in 0..len {
-            let value = positions.get(at);
-            if value < 0 {
-                return Err(Error::IndexOutOfRange {
-                    op,
-                    operand: OPERAND,
-                    at,
-                    value,
-                    bound: i64::MAX as usize,
-                });
-            }
-        }
-        Ok(positions)
-    }
-
-    /// The position at flat index `at` (which the caller keeps inside `[B,T]`).
-    fn get(&self, at: usize) -> i64 {
-        match self {
-            Positions::I32(s) => i64::from(s[at]),
-            Positions::I64(s) => s[at],
-        }
-    }
+/// The positions `[B,T]` (shape already checked) of either integer dtype, all checked >= 0.
+fn positions_of<'a>(op: &'static str, view: &TensorView<'a>) -> Result<Indices<'a>> {
+    let positions = Indices::of(op, "positions", view)?;
+    positions.check_non_negative(op, "positions")?;
+    Ok(positions)
 }
 
 /// `theta` as f32, after checking it is finite and > 0 both as given and once rounded.
@@ -132,7 +86,7 @@ fn bthd(op: &'static str, operand: &'static str, shape: &kiln_ir::Shape) -> Resu
 
 fn rope_typed<T: Real>(
     x: &TensorView<'_>,
-    positions: Positions<'_>,
+    positions: Indices<'_>,
     bias: Option<&TensorView<'_>>,
     theta: f32,
     out: &mut TensorViewMut<'_>,
@@ -196,13 +150,13 @@ pub fn rope(
         expect_shape(OP, "bias", bias.shape(), &[bias_len])?;
     }
     expect_shape(OP, "out", out.shape(), &[batch, heads, seq, head_dim])?;
-    let positions = Positions::of(OP, positions)?;
+    let positions = positions_of(OP, positions)?;
     dispatch_real!(OP, x.dtype(), rope_typed(x, positions, bias, theta, out))
 }
 
 fn rope_backward_typed<T: Real>(
     grad_out: &TensorView<'_>,
-    positions: Positions<'_>,
+    positions: Indices<'_>,
     theta: f32,
     grad_x: &mut TensorViewMut<'_>,
 ) -> Result<()> {
@@ -256,7 +210,7 @@ pub fn rope_backward(
     };
     expect_shape(OP, "positions", positions.shape(), &[batch, seq])?;
     expect_shape(OP, "grad_x", grad_x.shape(), &[batch, seq, heads, head_dim])?;
-    let positions = Positions::of(OP, positions)?;
+    let positions = positions_of(OP, positions)?;
     dispatch_real!(
         OP,
         grad_out.dtype(),

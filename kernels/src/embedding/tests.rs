@@ -3,6 +3,7 @@
 use super::*;
 use crate::element::Element;
 use crate::testing::{self, assert_close, central_difference, dot};
+use kiln_ir::DType;
 
 const VOCAB: usize = 11;
 
@@ -266,17 +267,31 @@ fn wrong_dtypes_and_layouts_are_rejected() {
     let float_ids = [0f32, 1.0];
     let float_ids = TensorView::contiguous(&float_ids[..], [2]).unwrap();
     let err = embedding(&weight, &float_ids, &mut rows).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::UnsupportedDType {
-                dtype: DType::F32,
-                ..
-            }
-        ),
-        "{err}"
+    // The error names i64; i32 ids are accepted too.
+    assert_eq!(
+        err,
+        Error::DType {
+            op: "embedding",
+            operand: "ids",
+            expected: DType::I64,
+            got: DType::F32,
+        }
     );
     assert!(err.to_string().contains("`ids`"), "{err}");
+    let mut grad = vec![0f32; 12];
+    let mut grad_weight = TensorViewMut::contiguous(&mut grad, [3, 4]).unwrap();
+    let grad_rows = [1f32; 8];
+    let grad_rows = TensorView::contiguous(&grad_rows[..], [2, 4]).unwrap();
+    let err = embedding_backward(&float_ids, &grad_rows, &mut grad_weight).unwrap_err();
+    assert_eq!(
+        err,
+        Error::DType {
+            op: "embedding_backward",
+            operand: "ids",
+            expected: DType::I64,
+            got: DType::F32,
+        }
+    );
 
     let ids = [0i32, 1];
     let ids = TensorView::contiguous(&ids[..], [2]).unwrap();

@@ -2,7 +2,9 @@
 
 use super::*;
 use crate::element::Element;
+use crate::error::Error;
 use crate::testing::{self, assert_close, central_difference};
+use kiln_ir::DType;
 use rand::rngs::StdRng;
 use rand::Rng;
 
