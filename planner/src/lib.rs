@@ -9,5 +9,7 @@
 //! dependencies, never pointers.
 
 mod plan;
+pub mod verify;
 
 pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
+pub use verify::{verify_plan, PlanError};
