@@ -9,6 +9,8 @@
 //! dependencies, never pointers.
 
 mod plan;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod verify;
 
 pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
