@@ -10,5 +10,9 @@
 
 pub mod dump;
 mod plan;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod verify;
 
 pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
+pub use verify::{verify_plan, PlanError};
