@@ -202,20 +202,27 @@ impl Op {
     }
 
     /// Bytes of scratch the op needs while it runs (a workspace buffer in a plan), for
-    /// operands of types `operands` (0 when the types do not fit the op).
+    /// operands of types `operands` (0 when the types do not fit the op; saturating, never
+    /// overflowing).
     pub fn workspace_bytes(&self, operands: &[TensorType]) -> usize {
         let dims = |port: usize| operands.get(port).map(|t| t.dims()).unwrap_or(&[]);
         let size = |port: usize| operands.get(port).map_or(0, |t| t.dtype.size_bytes());
         match self {
             // bf16 operands are widened to f32 into the workspace before the f32 GEMM.
             Op::MatMul { .. } if operands.first().map(|t| t.dtype) == Some(DType::BF16) => {
-                operands.iter().take(2).map(|t| t.shape.numel() * 4).sum()
+                operands.iter().take(2).fold(0usize, |sum, t| {
+                    sum.saturating_add(t.shape.numel().saturating_mul(4))
+                })
             }
             // One row of dP/dS over the keys.
-            Op::AttentionBackward { .. } => dims(1).get(2).copied().unwrap_or(0) * size(0),
+            Op::AttentionBackward { .. } => {
+                dims(1).get(2).copied().unwrap_or(0).saturating_mul(size(0))
+            }
             // The probabilities [B,Hq,T,Smax].
             Op::CachedAttention { .. } => match (dims(0), dims(1)) {
-                (&[b, hq, t, _], &[_, _, smax, _]) => b * hq * t * smax * size(0),
+                (&[b, hq, t, _], &[_, _, smax, _]) => [b, hq, t, smax, size(0)]
+                    .into_iter()
+                    .fold(1usize, usize::saturating_mul),
                 _ => 0,
             },
             _ => 0,
