@@ -8,6 +8,20 @@
 //! dumps render them as text, JSON, CSV and SVG. The planner knows sizes, lifetimes and
 //! dependencies, never pointers.
 
+mod buffers;
+mod error;
+mod hash;
+mod offsets;
 mod plan;
+mod planner;
+mod program;
+mod schedule;
+mod streams;
+#[cfg(test)]
+mod test_graphs;
 
+pub use error::{Error, Result};
+pub use hash::{fnv1a64, plan_hash};
+pub use offsets::{arena_size, lower_bound, portfolio, ArenaItem, Fit, Greedy, OffsetHeuristic};
 pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
+pub use planner::plan;

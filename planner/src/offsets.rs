@@ -1,0 +1,221 @@
+//! Arena offsets: a portfolio of greedy placement heuristics, and the lower bound.
+//!
+//! Every arena buffer is an [`ArenaItem`]: an aligned size and an inclusive interval of
+//! schedule steps during which its bytes must not be shared. A placement gives each item an
+//! offset such that items whose intervals overlap get disjoint byte ranges. Each heuristic
+//! places the items one by one in its own order, at the lowest gap (first fit) or the tightest
+//! gap (best fit, ties to the lowest) among the items already placed whose intervals overlap
+//! the new one. All run; the smallest arena wins, ties to the first in [`portfolio`] order.
+//!
+//! The lower bound is the peak over steps of the summed (aligned) sizes of the items live at
+//! that step. Items live at one step pairwise overlap, so any valid placement needs at least
+//! that many bytes: `arena >= lower bound` holds for every heuristic by construction.
+
+use crate::{Error, Result};
+
+/// One buffer to place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArenaItem {
+    /// Bytes, already rounded up to the alignment (so every offset is aligned too).
+    pub size: u64,
+    /// First step of the interval.
+    pub start: usize,
+    /// Last step of the interval (inclusive).
+    pub end: usize,
+}
+
+impl ArenaItem {
+    /// Whether the two intervals share a step.
+    pub fn overlaps(&self, other: &ArenaItem) -> bool {
+        self.start <= other.end && other.start <= self.end
+    }
+
+    fn length(&self) -> u64 {
+        (self.end - self.start.min(self.end)) as u64 + 1
+    }
+}
+
+/// An offset heuristic: a name and a placement.
+pub trait OffsetHeuristic {
+    /// The name recorded in plans.
+    fn name(&self) -> &'static str;
+    /// Offsets for `items`, in the items' order. Overlapping items must get disjoint bytes.
+    fn place(&self, items: &[ArenaItem]) -> Vec<u64>;
+}
+
+/// Where in the free gaps a greedy heuristic puts an item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    /// The lowest gap that fits.
+    First,
+    /// The smallest gap that fits (ties to the lowest); above everything if none does.
+    Best,
+}
+
+/// Greedy placement in the order of a sort key (ties by item index, so it is deterministic).
+pub struct Greedy {
+    pub name: &'static str,
+    pub fit: Fit,
+    /// Items with smaller keys are placed first.
+    pub key: fn(&ArenaItem) -> (u64, u64),
+}
+
+/// Keys sort ascending; this puts larger values first.
+fn larger_first(x: u64) -> u64 {
+    u64::MAX - x
+}
+
+/// The portfolio, in its fixed order.
+pub fn portfolio() -> Vec<Greedy> {
+    vec![
+        Greedy {
+            name: "size-best-fit",
+            fit: Fit::Best,
+            key: |i| (larger_first(i.size), larger_first(i.length())),
+        },
+        Greedy {
+            name: "size-first-fit",
+            fit: Fit::First,
+            key: |i| (larger_first(i.size), larger_first(i.length())),
+        },
+        Greedy {
+            name: "lifetime-first-fit",
+            fit: Fit::First,
+            key: |i| (larger_first(i.length()), larger_first(i.size)),
+        },
+        Greedy {
+            name: "area-first-fit",
+            fit: Fit::First,
+            key: |i| {
+                let area = i.size.saturating_mul(i.length());
+                (larger_first(area), larger_first(i.size))
+            },
+        },
+        Greedy {
+            name: "start-first-fit",
+            fit: Fit::First,
+            key: |i| (i.start as u64, larger_first(i.size)),
+        },
+    ]
+}
+
+impl OffsetHeuristic for Greedy {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn place(&self, items: &[ArenaItem]) -> Vec<u64> {
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&i| ((self.key)(&items[i]), i));
+        let mut offsets = vec![0u64; items.len()];
+        // Placed items as (start, end, offset, top), scanned linearly: a tight loop over a
+        // flat array beats an interval tree at the sizes plans have (thousands of items).
+        let mut placed: Vec<(usize, usize, u64, u64)> = Vec::with_capacity(items.len());
+        let mut busy: Vec<(u64, u64)> = Vec::new();
+        for i in order {
+            let item = items[i];
+            busy.clear();
+            busy.extend(
+                placed
+                    .iter()
+                    .filter(|p| p.0 <= item.end && item.start <= p.1)
+                    .map(|p| (p.2, p.3)),
+            );
+            busy.sort_unstable();
+            let offset = find_gap(&busy, item.size, self.fit);
+            offsets[i] = offset;
+            placed.push((item.start, item.end, offset, offset + item.size));
+        }
+        offsets
+    }
+}
+
+/// The offset for `size` bytes among `busy` byte ranges (sorted by start).
+fn find_gap(busy: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
+    let mut cursor = 0u64;
+    let mut best: Option<(u64, u64)> = None; // (gap length, offset)
+    for &(lo, hi) in busy {
+        if lo >= cursor {
+            let gap = lo - cursor;
+            if gap >= size {
+                match fit {
+                    Fit::First => return cursor,
+                    Fit::Best => {
+                        if best.is_none_or(|(len, _)| gap < len) {
+                            best = Some((gap, cursor));
+                        }
+                    }
+                }
+            }
+        }
+        cursor = cursor.max(hi);
+    }
+    best.map_or(cursor, |(_, offset)| offset)
+}
+
+/// The arena a placement needs: the highest byte any item reaches.
+pub fn arena_size(items: &[ArenaItem], offsets: &[u64]) -> u64 {
+    items
+        .iter()
+        .zip(offsets)
+        .map(|(item, offset)| offset + item.size)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The peak over steps of the summed sizes of items live at that step.
+pub fn lower_bound(items: &[ArenaItem]) -> Result<u64> {
+    let steps = items.iter().map(|i| i.end + 1).max().unwrap_or(0);
+    // Difference array: +size at start, -size after end.
+    let mut delta = vec![0i128; steps + 1];
+    for item in items {
+        delta[item.start] += i128::from(item.size);
+        delta[item.end + 1] -= i128::from(item.size);
+    }
+    let mut live = 0i128;
+    let mut peak = 0i128;
+    for d in delta {
+        live += d;
+        peak = peak.max(live);
+    }
+    u64::try_from(peak).map_err(|_| Error::Overflow {
+        what: "the live arena bytes at one step".to_string(),
+    })
+}
+
+/// `size` rounded up to a multiple of `alignment` (> 0).
+pub(crate) fn align_up(size: u64, alignment: u64) -> Result<u64> {
+    size.div_ceil(alignment)
+        .checked_mul(alignment)
+        .ok_or_else(|| Error::Overflow {
+            what: format!("a buffer of {size} bytes aligned to {alignment}"),
+        })
+}
+
+/// Runs every heuristic of the portfolio; returns the winner's index and offsets, and every
+/// candidate's (name, arena bytes). The items' total size must fit in `u64` (then no offset
+/// overflows: an item never lands above the sum of the sizes placed before it).
+pub(crate) fn place_best(items: &[ArenaItem]) -> Result<(String, Vec<u64>, Vec<(String, u64)>)> {
+    items
+        .iter()
+        .try_fold(0u64, |sum, i| sum.checked_add(i.size))
+        .ok_or_else(|| Error::Overflow {
+            what: "the total size of arena buffers".to_string(),
+        })?;
+    let mut best: Option<(String, Vec<u64>, u64)> = None;
+    let mut candidates = Vec::new();
+    for heuristic in portfolio() {
+        let offsets = heuristic.place(items);
+        let arena = arena_size(items, &offsets);
+        candidates.push((heuristic.name().to_string(), arena));
+        if best.as_ref().is_none_or(|(_, _, b)| arena < *b) {
+            best = Some((heuristic.name().to_string(), offsets, arena));
+        }
+    }
+    let (name, offsets, _) = best.unwrap_or_default();
+    Ok((name, offsets, candidates))
+}
+
+#[cfg(test)]
+#[path = "offsets_tests.rs"]
+mod tests;

@@ -1,0 +1,115 @@
+use kiln_ir::{Graph, InputKind, Op};
+
+use super::*;
+use crate::buffers::Buffers;
+use crate::offsets::{align_up, lower_bound, ArenaItem};
+use crate::test_graphs::*;
+
+/// Peak live arena bytes (256-aligned) of `order`.
+fn peak(program: &Program, order: &[usize]) -> u64 {
+    let buffers = Buffers::build(program, order).unwrap();
+    let items: Vec<ArenaItem> = buffers
+        .list
+        .iter()
+        .filter(|b| b.class.in_arena())
+        .map(|b| ArenaItem {
+            size: align_up(b.size, 256).unwrap(),
+            start: b.start,
+            end: b.end,
+        })
+        .collect();
+    lower_bound(&items).unwrap()
+}
+
+/// Two independent branches, each a big broadcast reduced to a small vector; node order
+/// materializes both big temporaries before reducing either.
+pub(crate) fn two_branches() -> Graph {
+    let mut g = Graph::new("branches");
+    let x = input(&mut g, "x", InputKind::Input, &[4]);
+    let t1 = broadcast(&mut g, x, &[256, 4]);
+    let t2 = broadcast(&mut g, x, &[256, 4]);
+    let r1 = sum_to(&mut g, t1, &[4]);
+    let r2 = sum_to(&mut g, t2, &[4]);
+    let z = op1(&mut g, Op::Add, &[r1, r2]);
+    g.output("z", z).unwrap();
+    g
+}
+
+/// A train-like graph where node order keeps a gradient alive across a big temporary, and a
+/// small long-lived value lures the list scheduler into running it first.
+pub(crate) fn train_like() -> Graph {
+    let mut g = Graph::new("train");
+    let x = input(&mut g, "x", InputKind::Input, &[4]);
+    let pmv = param_with_moments(&mut g, "w", &[64, 4]);
+    let step = step_input(&mut g);
+    let t = broadcast(&mut g, x, &[16, 64, 4]); // op 0
+    let grad = sum_to(&mut g, t, &[64, 4]); // op 1
+    let s = broadcast(&mut g, x, &[8, 4]); // op 2
+    let q = broadcast(&mut g, x, &[16, 64, 4]); // op 3
+    let r = sum_to(&mut g, q, &[4]); // op 4
+    update(&mut g, "w", pmv, grad, step); // op 5
+    let y = sum_to(&mut g, s, &[4]); // op 6
+    let z = op1(&mut g, Op::Add, &[r, y]); // op 7
+    g.output("z", z).unwrap();
+    g
+}
+
+#[test]
+fn node_order_is_the_first_candidate_and_adamw_early_only_for_train_graphs() {
+    let g = two_branches();
+    let program = Program::new(&g).unwrap();
+    let names: Vec<_> = candidates(&program).iter().map(|c| c.name).collect();
+    assert_eq!(names, [NODE_ORDER, LIST]);
+    assert_eq!(candidates(&program)[0].order, [0, 1, 2, 3, 4]);
+
+    let g = train_like();
+    let program = Program::new(&g).unwrap();
+    let names: Vec<_> = candidates(&program).iter().map(|c| c.name).collect();
+    assert_eq!(names, [NODE_ORDER, LIST, ADAMW_EARLY]);
+    for c in candidates(&program) {
+        check_order(&program, c.name, &c.order).unwrap();
+    }
+}
+
+#[test]
+fn list_scheduler_reduces_each_branch_before_starting_the_next() {
+    let g = two_branches();
+    let program = Program::new(&g).unwrap();
+    let order = list_schedule(&program);
+    // t1, r1, t2, r2, z
+    assert_eq!(order, [0, 2, 1, 3, 4]);
+    let node_order: Vec<usize> = (0..5).collect();
+    // z = r1 + r2 is an output computed in r1's buffer, so r1 is not in the arena.
+    assert_eq!(peak(&program, &node_order), 2 * 4096);
+    assert_eq!(peak(&program, &order), 4096 + 256);
+}
+
+#[test]
+fn adamw_early_updates_right_after_the_gradient_and_has_the_lowest_peak() {
+    let g = train_like();
+    let program = Program::new(&g).unwrap();
+    let order = adamw_early(&program);
+    assert_eq!(order, [0, 1, 5, 2, 3, 4, 6, 7]);
+    let node_order: Vec<usize> = (0..8).collect();
+    let list = list_schedule(&program);
+    // The list scheduler takes the small long-lived broadcast (op 2) first.
+    assert_eq!(list[0], 2);
+    assert_eq!(peak(&program, &order), 16384 + 1024);
+    assert_eq!(peak(&program, &node_order), 16384 + 1024 + 256);
+    assert_eq!(peak(&program, &list), 16384 + 1024 + 256);
+}
+
+#[test]
+fn check_order_rejects_duplicates_missing_ops_and_early_consumers() {
+    let g = two_branches();
+    let program = Program::new(&g).unwrap();
+    let rule = |order: &[usize]| match check_order(&program, "test", order) {
+        Err(Error::Unplannable { rule, detail }) => format!("{rule}: {detail}"),
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert!(rule(&[0, 0, 1, 2, 3, 4]).contains("runs twice"));
+    assert!(rule(&[0, 1, 2, 3]).contains("never runs"));
+    assert!(rule(&[2, 0, 1, 3, 4]).contains("before the producer"));
+    assert!(rule(&[0, 1, 2, 3, 9]).contains("does not exist"));
+    check_order(&program, "test", &[1, 3, 0, 2, 4]).unwrap();
+}
