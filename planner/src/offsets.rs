@@ -108,33 +108,45 @@ impl OffsetHeuristic for Greedy {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by_key(|&i| ((self.key)(&items[i]), i));
         let mut offsets = vec![0u64; items.len()];
-        // Placed items as (start, end, offset, top), scanned linearly: a tight loop over a
-        // flat array beats an interval tree at the sizes plans have (thousands of items).
-        let mut placed: Vec<(usize, usize, u64, u64)> = Vec::with_capacity(items.len());
-        let mut busy: Vec<(u64, u64)> = Vec::new();
+        // Placed items sorted by offset, so the ones overlapping in time come out in byte
+        // order without sorting; a flat scan beats an interval tree at plan sizes.
+        let mut placed: Vec<Placed> = Vec::with_capacity(items.len());
         for i in order {
             let item = items[i];
-            busy.clear();
-            busy.extend(
-                placed
-                    .iter()
-                    .filter(|p| p.0 <= item.end && item.start <= p.1)
-                    .map(|p| (p.2, p.3)),
-            );
-            busy.sort_unstable();
-            let offset = find_gap(&busy, item.size, self.fit);
+            let busy = placed
+                .iter()
+                .filter(|p| p.start <= item.end && item.start <= p.end)
+                .map(|p| (p.offset, p.offset + p.size));
+            let offset = find_gap(busy, item.size, self.fit);
             offsets[i] = offset;
-            placed.push((item.start, item.end, offset, offset + item.size));
+            let at = placed.partition_point(|p| p.offset <= offset);
+            placed.insert(
+                at,
+                Placed {
+                    offset,
+                    size: item.size,
+                    start: item.start,
+                    end: item.end,
+                },
+            );
         }
         offsets
     }
 }
 
+/// An item already placed.
+struct Placed {
+    offset: u64,
+    size: u64,
+    start: usize,
+    end: usize,
+}
+
 /// The offset for `size` bytes among `busy` byte ranges (sorted by start).
-fn find_gap(busy: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
+fn find_gap(busy: impl IntoIterator<Item = (u64, u64)>, size: u64, fit: Fit) -> u64 {
     let mut cursor = 0u64;
     let mut best: Option<(u64, u64)> = None; // (gap length, offset)
-    for &(lo, hi) in busy {
+    for (lo, hi) in busy {
         if lo >= cursor {
             let gap = lo - cursor;
             if gap >= size {
@@ -192,10 +204,20 @@ pub(crate) fn align_up(size: u64, alignment: u64) -> Result<u64> {
         })
 }
 
-/// Runs every heuristic of the portfolio; returns the winner's index and offsets, and every
-/// candidate's (name, arena bytes). The items' total size must fit in `u64` (then no offset
-/// overflows: an item never lands above the sum of the sizes placed before it).
-pub(crate) fn place_best(items: &[ArenaItem]) -> Result<(String, Vec<u64>, Vec<(String, u64)>)> {
+/// The portfolio's result.
+pub(crate) struct Placement {
+    /// The winning heuristic's name.
+    pub strategy: String,
+    /// The winner's offsets, in the items' order.
+    pub offsets: Vec<u64>,
+    /// Every heuristic's (name, arena bytes), in portfolio order.
+    pub candidates: Vec<(String, u64)>,
+}
+
+/// Runs every heuristic of the portfolio and keeps the smallest arena (ties to the first).
+/// The items' total size must fit in `u64`; then no offset overflows, since an item never
+/// lands above the sum of the sizes placed before it.
+pub(crate) fn place_best(items: &[ArenaItem]) -> Result<Placement> {
     items
         .iter()
         .try_fold(0u64, |sum, i| sum.checked_add(i.size))
@@ -212,8 +234,12 @@ pub(crate) fn place_best(items: &[ArenaItem]) -> Result<(String, Vec<u64>, Vec<(
             best = Some((heuristic.name().to_string(), offsets, arena));
         }
     }
-    let (name, offsets, _) = best.unwrap_or_default();
-    Ok((name, offsets, candidates))
+    let (strategy, offsets, _) = best.unwrap_or_default();
+    Ok(Placement {
+        strategy,
+        offsets,
+        candidates,
+    })
 }
 
 #[cfg(test)]

@@ -29,16 +29,16 @@ fn assert_valid(items: &[ArenaItem], offsets: &[u64], name: &str) {
 fn first_fit_takes_the_lowest_gap_and_best_fit_the_tightest() {
     // Busy: [0,256) [512,1536) [1792,2048): gaps of 256 at 256 and at 1536.
     let busy = [(0, 256), (512, 1536), (1792, 2048)];
-    assert_eq!(find_gap(&busy, 256, Fit::First), 256);
-    assert_eq!(find_gap(&busy, 256, Fit::Best), 256);
-    assert_eq!(find_gap(&busy, 512, Fit::First), 2048);
+    assert_eq!(find_gap(busy, 256, Fit::First), 256);
+    assert_eq!(find_gap(busy, 256, Fit::Best), 256);
+    assert_eq!(find_gap(busy, 512, Fit::First), 2048);
     let busy = [(0, 256), (768, 1024), (1280, 2048)];
     // Gaps of 512 at 256 and of 256 at 1024.
-    assert_eq!(find_gap(&busy, 256, Fit::First), 256);
-    assert_eq!(find_gap(&busy, 256, Fit::Best), 1024);
+    assert_eq!(find_gap(busy, 256, Fit::First), 256);
+    assert_eq!(find_gap(busy, 256, Fit::Best), 1024);
     // Nested ranges: the cursor keeps the highest end seen.
-    assert_eq!(find_gap(&[(0, 1024), (256, 512)], 256, Fit::First), 1024);
-    assert_eq!(find_gap(&[], 256, Fit::Best), 0);
+    assert_eq!(find_gap([(0, 1024), (256, 512)], 256, Fit::First), 1024);
+    assert_eq!(find_gap(Vec::new(), 256, Fit::Best), 0);
 }
 
 #[test]
@@ -75,7 +75,11 @@ fn heuristics_differ_and_the_smallest_arena_wins_ties_to_the_first() {
         item(1024, 3, 3),
         item(768, 0, 0),
     ];
-    let (name, offsets, candidates) = place_best(&items).unwrap();
+    let Placement {
+        strategy: name,
+        offsets,
+        candidates,
+    } = place_best(&items).unwrap();
     let arenas: Vec<u64> = candidates.iter().map(|c| c.1).collect();
     assert_eq!(arenas, [1536, 1536, 1792, 1280, 1280]);
     assert_eq!(name, "area-first-fit");

@@ -59,10 +59,10 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
         streams.safe_end(&b.users, b.end)
     })?;
     let items: Vec<ArenaItem> = placement.iter().map(|(_, i)| *i).collect();
-    let (offset_strategy, offsets, offset_candidates) = place_best(&items)?;
-    let arena_bytes = arena_size(&items, &offsets);
+    let placed = place_best(&items)?;
+    let arena_bytes = arena_size(&items, &placed.offsets);
     let mut offset_of = vec![None; buffers.list.len()];
-    for ((id, _), offset) in placement.iter().zip(offsets) {
+    for ((id, _), &offset) in placement.iter().zip(&placed.offsets) {
         offset_of[*id] = Some(offset);
     }
 
@@ -119,8 +119,8 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
         arena_bytes,
         lower_bound_bytes,
         schedule_strategy: schedule_strategy.to_string(),
-        offset_strategy,
-        offset_candidates,
+        offset_strategy: placed.strategy,
+        offset_candidates: placed.candidates,
         events: streams.events,
         hash: String::new(),
     };

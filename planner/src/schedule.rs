@@ -123,11 +123,8 @@ fn adamw_early(program: &Program) -> Vec<usize> {
         .filter(|&op| is_adamw(op) && pending[op] == 0)
         .collect();
     let mut plain_ops = (0..program.ops.len()).filter(|&op| !is_adamw(op));
-    loop {
-        // A ready update always goes first; otherwise the next op in node order.
-        let Some(op) = ready_updates.pop_first().or_else(|| plain_ops.next()) else {
-            break;
-        };
+    // A ready update always goes first; otherwise the next op in node order.
+    while let Some(op) = ready_updates.pop_first().or_else(|| plain_ops.next()) {
         order.push(op);
         let ready = finish(program, &mut pending, op);
         ready_updates.extend(ready.into_iter().filter(|&r| is_adamw(r)));

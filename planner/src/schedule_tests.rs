@@ -1,9 +1,7 @@
-use kiln_ir::{Graph, InputKind, Op};
-
 use super::*;
 use crate::buffers::Buffers;
 use crate::offsets::{align_up, lower_bound, ArenaItem};
-use crate::test_graphs::*;
+use crate::test_graphs::{train_like, two_branches};
 
 /// Peak live arena bytes (256-aligned) of `order`.
 fn peak(program: &Program, order: &[usize]) -> u64 {
@@ -19,39 +17,6 @@ fn peak(program: &Program, order: &[usize]) -> u64 {
         })
         .collect();
     lower_bound(&items).unwrap()
-}
-
-/// Two independent branches, each a big broadcast reduced to a small vector; node order
-/// materializes both big temporaries before reducing either.
-pub(crate) fn two_branches() -> Graph {
-    let mut g = Graph::new("branches");
-    let x = input(&mut g, "x", InputKind::Input, &[4]);
-    let t1 = broadcast(&mut g, x, &[256, 4]);
-    let t2 = broadcast(&mut g, x, &[256, 4]);
-    let r1 = sum_to(&mut g, t1, &[4]);
-    let r2 = sum_to(&mut g, t2, &[4]);
-    let z = op1(&mut g, Op::Add, &[r1, r2]);
-    g.output("z", z).unwrap();
-    g
-}
-
-/// A train-like graph where node order keeps a gradient alive across a big temporary, and a
-/// small long-lived value lures the list scheduler into running it first.
-pub(crate) fn train_like() -> Graph {
-    let mut g = Graph::new("train");
-    let x = input(&mut g, "x", InputKind::Input, &[4]);
-    let pmv = param_with_moments(&mut g, "w", &[64, 4]);
-    let step = step_input(&mut g);
-    let t = broadcast(&mut g, x, &[16, 64, 4]); // op 0
-    let grad = sum_to(&mut g, t, &[64, 4]); // op 1
-    let s = broadcast(&mut g, x, &[8, 4]); // op 2
-    let q = broadcast(&mut g, x, &[16, 64, 4]); // op 3
-    let r = sum_to(&mut g, q, &[4]); // op 4
-    update(&mut g, "w", pmv, grad, step); // op 5
-    let y = sum_to(&mut g, s, &[4]); // op 6
-    let z = op1(&mut g, Op::Add, &[r, y]); // op 7
-    g.output("z", z).unwrap();
-    g
 }
 
 #[test]
