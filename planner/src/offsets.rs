@@ -1,37 +1,61 @@
 //! Arena offsets: a portfolio of greedy placement heuristics, and the lower bound.
 //!
-//! Every arena buffer is an [`ArenaItem`]: an aligned size and an inclusive interval of
-//! schedule steps during which its bytes must not be shared. A placement gives each item an
-//! offset such that items whose intervals overlap get disjoint byte ranges. Each heuristic
-//! places the items one by one in its own order, at the lowest gap (first fit) or the tightest
-//! gap (best fit, ties to the lowest) among the items already placed whose intervals overlap
-//! the new one. All run; the smallest arena wins, ties to the first in [`portfolio`] order.
+//! Every arena buffer is an [`ArenaItem`]: an aligned size, its lifetime in schedule steps,
+//! and per stream the last step on which its bytes may still be in use. Two items *conflict*
+//! unless one's first writer comes after the other's bytes are free on the writer's stream
+//! (with one stream: unless their lifetimes are disjoint). A placement gives conflicting items
+//! disjoint byte ranges. Each heuristic places the items one by one in its own order, at the
+//! lowest gap (first fit) or the tightest gap (best fit, ties to the lowest) among the items
+//! already placed that conflict with the new one. All run; the smallest arena wins, ties to
+//! the first in [`portfolio`] order.
 //!
 //! The lower bound is the peak over steps of the summed (aligned) sizes of the items live at
-//! that step. Items live at one step pairwise overlap, so any valid placement needs at least
-//! that many bytes: `arena >= lower bound` holds for every heuristic by construction.
+//! that step (by lifetime). Items live at one step pairwise conflict, so any valid placement
+//! needs at least that many bytes: `arena >= lower bound` holds for every heuristic.
 
 use crate::{Error, Result};
 
 /// One buffer to place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ArenaItem {
     /// Bytes, already rounded up to the alignment (so every offset is aligned too).
     pub size: u64,
-    /// First step of the interval.
+    /// Lifetime: its first writer's step and its last use (inclusive).
     pub start: usize,
-    /// Last step of the interval (inclusive).
     pub end: usize,
+    /// Stream of the first writer.
+    pub stream: usize,
+    /// Per stream `t`, the last step whose position on `t` may still overlap a use of the
+    /// bytes (at least `end`); later steps on `t` happen-after every use. One entry per
+    /// stream; with one stream, `[end]`.
+    pub busy_until: Vec<usize>,
 }
 
 impl ArenaItem {
-    /// Whether the two intervals share a step.
-    pub fn overlaps(&self, other: &ArenaItem) -> bool {
-        self.start <= other.end && other.start <= self.end
+    /// An item of a single-stream plan: busy exactly over its lifetime.
+    pub fn serial(size: u64, start: usize, end: usize) -> Self {
+        ArenaItem {
+            size,
+            start,
+            end,
+            stream: 0,
+            busy_until: vec![end],
+        }
     }
 
+    /// Whether the two items may not share bytes: neither is first written after the other's
+    /// bytes are free on the writer's stream.
+    pub fn conflicts(&self, other: &ArenaItem) -> bool {
+        let busy = |item: &ArenaItem, stream: usize| {
+            item.busy_until.get(stream).copied().unwrap_or(usize::MAX)
+        };
+        other.start <= busy(self, other.stream) && self.start <= busy(other, self.stream)
+    }
+
+    /// Steps from the first writer to the last step its bytes are busy on any stream.
     fn length(&self) -> u64 {
-        (self.end - self.start.min(self.end)) as u64 + 1
+        let last = self.busy_until.iter().copied().max().unwrap_or(self.end);
+        (last.max(self.end) - self.start.min(self.end)) as u64 + 1
     }
 }
 
@@ -108,38 +132,22 @@ impl OffsetHeuristic for Greedy {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by_key(|&i| ((self.key)(&items[i]), i));
         let mut offsets = vec![0u64; items.len()];
-        // Placed items sorted by offset, so the ones overlapping in time come out in byte
+        // (offset, item) of placed items sorted by offset, so conflicting ones come out in byte
         // order without sorting; a flat scan beats an interval tree at plan sizes.
-        let mut placed: Vec<Placed> = Vec::with_capacity(items.len());
+        let mut placed: Vec<(u64, usize)> = Vec::with_capacity(items.len());
         for i in order {
-            let item = items[i];
+            let item = &items[i];
             let busy = placed
                 .iter()
-                .filter(|p| p.start <= item.end && item.start <= p.end)
-                .map(|p| (p.offset, p.offset + p.size));
+                .filter(|&&(_, p)| items[p].conflicts(item))
+                .map(|&(offset, p)| (offset, offset + items[p].size));
             let offset = find_gap(busy, item.size, self.fit);
             offsets[i] = offset;
-            let at = placed.partition_point(|p| p.offset <= offset);
-            placed.insert(
-                at,
-                Placed {
-                    offset,
-                    size: item.size,
-                    start: item.start,
-                    end: item.end,
-                },
-            );
+            let at = placed.partition_point(|&(o, _)| o <= offset);
+            placed.insert(at, (offset, i));
         }
         offsets
     }
-}
-
-/// An item already placed.
-struct Placed {
-    offset: u64,
-    size: u64,
-    start: usize,
-    end: usize,
 }
 
 /// The offset for `size` bytes among `busy` byte ranges (sorted by start).

@@ -3,7 +3,7 @@ use proptest::prelude::*;
 use super::*;
 
 fn item(size: u64, start: usize, end: usize) -> ArenaItem {
-    ArenaItem { size, start, end }
+    ArenaItem::serial(size, start, end)
 }
 
 /// Overlapping items get disjoint bytes.
@@ -11,8 +11,8 @@ fn assert_valid(items: &[ArenaItem], offsets: &[u64], name: &str) {
     assert_eq!(offsets.len(), items.len());
     for i in 0..items.len() {
         for j in i + 1..items.len() {
-            let (a, b) = (items[i], items[j]);
-            if a.overlaps(&b) && a.size > 0 && b.size > 0 {
+            let (a, b) = (&items[i], &items[j]);
+            if a.conflicts(b) && a.size > 0 && b.size > 0 {
                 let disjoint =
                     offsets[i] + a.size <= offsets[j] || offsets[j] + b.size <= offsets[i];
                 assert!(
@@ -89,6 +89,41 @@ fn heuristics_differ_and_the_smallest_arena_wins_ties_to_the_first() {
     for (h, (candidate, arena)) in portfolio().iter().zip(&candidates) {
         assert_eq!(h.name(), candidate);
         assert_eq!(arena_size(&items, &h.place(&items)), *arena);
+    }
+}
+
+#[test]
+fn across_streams_bytes_are_shared_only_after_they_are_known_free() {
+    // a: stream 0, used over steps 0..=2; stream 1 learns it is done only after step 5.
+    let a = ArenaItem {
+        size: 256,
+        start: 0,
+        end: 2,
+        stream: 0,
+        busy_until: vec![2, 5],
+    };
+    let on_stream = |stream, start, end| ArenaItem {
+        size: 256,
+        start,
+        end,
+        stream,
+        busy_until: vec![end, end],
+    };
+    assert!(!a.conflicts(&on_stream(0, 3, 4)));
+    assert!(a.conflicts(&on_stream(1, 3, 4)));
+    assert!(a.conflicts(&on_stream(1, 5, 6)));
+    assert!(!a.conflicts(&on_stream(1, 6, 7)));
+    assert!(on_stream(1, 6, 7).conflicts(&on_stream(0, 7, 8)));
+    let items = [
+        a,
+        on_stream(0, 3, 4),
+        on_stream(1, 3, 4),
+        on_stream(1, 6, 7),
+    ];
+    for h in portfolio() {
+        let offsets = h.place(&items);
+        assert_valid(&items, &offsets, h.name());
+        assert_eq!(arena_size(&items, &offsets), 512, "{}", h.name());
     }
 }
 

@@ -4,13 +4,14 @@
 //! 2. Build buffers for every schedule candidate; keep the one with the lowest peak of live
 //!    arena bytes (ties to the earlier candidate).
 //! 3. Assign streams and events for the winner.
-//! 4. Place arena buffers (activations and workspaces) with every offset heuristic over
-//!    intervals extended for cross-stream safety; keep the smallest arena.
+//! 4. Place arena buffers (activations and workspaces) with every offset heuristic, sharing
+//!    bytes only where happens-before allows it across streams; keep the smallest arena.
 //! 5. Assemble the plan in its fixed orders and hash it.
 //!
 //! `lower_bound_bytes` is the peak of live (aligned) arena bytes over the schedule's steps,
-//! from the buffers' own `[start, end]`. With several streams the placement intervals are
-//! longer, so the arena may exceed the bound by what concurrency costs; it never falls below.
+//! from the buffers' own `[start, end]`. With several streams buffers stay busy until later
+//! steps know they are done, so the arena may exceed the bound by what concurrency costs; it
+//! never falls below.
 
 use crate::buffers::{BufferInfo, Buffers};
 use crate::hash::plan_hash;
@@ -41,8 +42,10 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
     for candidate in candidates(&program) {
         check_order(&program, candidate.name, &candidate.order)?;
         let buffers = Buffers::build(&program, &candidate.order)?;
-        let items = arena_items(&buffers, options.alignment, |b| b.end)?;
-        let peak = lower_bound(&items.iter().map(|(_, i)| *i).collect::<Vec<_>>())?;
+        let items = arena_items(&buffers, options.alignment, |b| {
+            ArenaItem::serial(0, b.start, b.end)
+        })?;
+        let peak = lower_bound(&items.into_iter().map(|(_, i)| i).collect::<Vec<_>>())?;
         if best.as_ref().is_none_or(|(_, _, _, p)| peak < *p) {
             best = Some((candidate.name, candidate.order, buffers, peak));
         }
@@ -55,15 +58,20 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
     };
 
     let streams = StreamPlan::new(&program, &order, &buffers, options.streams);
-    let placement = arena_items(&buffers, options.alignment, |b| {
-        streams.safe_end(&b.users, b.end)
+    let placement = arena_items(&buffers, options.alignment, |b| ArenaItem {
+        size: 0,
+        start: b.start,
+        end: b.end,
+        stream: streams.stream(b.start),
+        busy_until: streams.busy_until(&b.users, b.end),
     })?;
-    let items: Vec<ArenaItem> = placement.iter().map(|(_, i)| *i).collect();
+    let ids: Vec<usize> = placement.iter().map(|(id, _)| *id).collect();
+    let items: Vec<ArenaItem> = placement.into_iter().map(|(_, i)| i).collect();
     let placed = place_best(&items)?;
     let arena_bytes = arena_size(&items, &placed.offsets);
     let mut offset_of = vec![None; buffers.list.len()];
-    for ((id, _), &offset) in placement.iter().zip(&placed.offsets) {
-        offset_of[*id] = Some(offset);
+    for (&id, &offset) in ids.iter().zip(&placed.offsets) {
+        offset_of[id] = Some(offset);
     }
 
     let schedule = order
@@ -128,11 +136,12 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
     Ok(plan)
 }
 
-/// The arena buffers as (buffer id, item), with aligned sizes and the interval `end` gives.
+/// The arena buffers as (buffer id, item): `item` gives each its lifetime and busy steps; the
+/// size is set here, aligned.
 fn arena_items(
     buffers: &Buffers,
     alignment: u64,
-    end: impl Fn(&BufferInfo) -> usize,
+    item: impl Fn(&BufferInfo) -> ArenaItem,
 ) -> Result<Vec<(usize, ArenaItem)>> {
     buffers
         .list
@@ -140,14 +149,8 @@ fn arena_items(
         .enumerate()
         .filter(|(_, b)| b.class.in_arena())
         .map(|(id, b)| {
-            Ok((
-                id,
-                ArenaItem {
-                    size: align_up(b.size, alignment)?,
-                    start: b.start,
-                    end: end(b),
-                },
-            ))
+            let size = align_up(b.size, alignment)?;
+            Ok((id, ArenaItem { size, ..item(b) }))
         })
         .collect()
 }

@@ -10,11 +10,7 @@ fn peak(program: &Program, order: &[usize]) -> u64 {
         .list
         .iter()
         .filter(|b| b.class.in_arena())
-        .map(|b| ArenaItem {
-            size: align_up(b.size, 256).unwrap(),
-            start: b.start,
-            end: b.end,
-        })
+        .map(|b| ArenaItem::serial(align_up(b.size, 256).unwrap(), b.start, b.end))
         .collect();
     lower_bound(&items).unwrap()
 }

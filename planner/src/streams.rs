@@ -1,25 +1,34 @@
 //! Streams, events and happens-before.
 //!
 //! Assignment: with one stream every step runs on stream 0. With `n > 1`, weight-gradient
-//! GEMMs — MatMul results that flow (through views only) solely into AdamW grad operands or
-//! into outputs named `grad.*` — go round-robin on streams `1..n`, together with those views
-//! and AdamW updates; everything else stays on stream 0.
+//! GEMMs — MatMul results that flow solely into AdamW grad operands or outputs named `grad.*`,
+//! through views, casts, contiguous copies and scales only — go round-robin on streams
+//! `1..n`, each with that chain of ops and the AdamW updates it feeds (a "chain"); everything
+//! else stays on stream 0.
 //!
 //! Events: a step waits for every step it depends on that runs on another stream: the
 //! producers of its operands (read after write) and, when it writes a buffer in place, every
-//! earlier step using that buffer (write after read/write). A producer records at most one
-//! event. Per stream we keep a vector clock, the "frontier": `frontier[w]` = k means every step
-//! of stream `w` before schedule step k is known to be complete. A dependency whose producer is
-//! already below the frontier (through program order or an earlier wait) needs no wait, and
-//! dependencies are visited latest first, so no wait placed is implied by the others.
+//! earlier step using that buffer (write after read/write). One more kind of wait bounds the
+//! work in flight: when a new chain starts on side stream `w`, the next stream-0 step joins
+//! `w` up to the end of its previous chain. Without joins nothing on stream 0 would ever
+//! happen-after side-stream work, so every buffer a chain reads would stay reserved to the
+//! end of the run (below); with them a side stream runs at most about one chain behind and
+//! frees its operands' bytes one chain later than a serial plan.
+//!
+//! A producer records at most one event. Per stream we keep a vector clock, the "frontier":
+//! `frontier[w]` = k means every step of stream `w` before schedule step k is known to be
+//! complete. A dependency already below the frontier (through program order or an earlier
+//! wait) needs no wait, and dependencies are visited latest first, so no wait placed is
+//! implied by the others.
 //!
 //! Sharing arena bytes across streams: buffer B may reuse A's bytes only if every step using A
-//! happens-before B's first writer. Placement works on intervals, so A's interval is extended
-//! to [`StreamPlan::safe_end`]: the last step, on any stream, that does not yet happen-after
-//! every use of A. Every later step happens-after all of A's uses, which is exactly what a
-//! later buffer placed over A's bytes needs (its other users depend on its first writer).
-//! With one stream this is A's own end. After the run, the caller synchronizes all streams
-//! before reading outputs or copying written values back.
+//! happens-before B's first writer (B's other users depend on its first writer, so they follow
+//! too). For each stream `t`, [`StreamPlan::busy_until`] gives the last step on `t` that does
+//! not happen-after all of A's uses; since frontiers only grow along a stream, every later step
+//! on `t` does. Placement lets B (first written at step s on stream t) share A's bytes only if
+//! `s > busy_until(A)[t]`. With one stream this is A's own end: plain interval overlap. After
+//! the run, the caller synchronizes all streams before reading outputs or copying written
+//! values back.
 
 use kiln_ir::{Alias, Op};
 
@@ -47,7 +56,7 @@ impl StreamPlan {
         for (step, &op) in order.iter().enumerate() {
             step_of_op[op] = step;
         }
-        let stream_of_op = assign_streams(program, order, n);
+        let (stream_of_op, chain_start) = assign_streams(program, order, n);
         let stream_of_step: Vec<usize> = order.iter().map(|&op| stream_of_op[op]).collect();
         let steps = order.len();
         let mut steps_on = vec![Vec::new(); n];
@@ -61,8 +70,17 @@ impl StreamPlan {
         let mut events = 0;
         let mut frontier = vec![0usize; steps * n];
         let mut current = vec![vec![0usize; n]; n];
+        // Per stream, its latest step so far; per side stream, the step stream 0 must join.
+        let mut last_on: Vec<Option<usize>> = vec![None; n];
+        let mut pending_join: Vec<Option<usize>> = vec![None; n];
         for (step, &op) in order.iter().enumerate() {
             let stream = stream_of_step[step];
+            if chain_start[op] && stream != 0 {
+                if let Some(previous) = last_on[stream] {
+                    pending_join[stream] = Some(previous);
+                }
+            }
+            last_on[stream] = Some(step);
             // Latest dependency on each other stream.
             let mut latest: Vec<Option<usize>> = vec![None; n];
             let mut depend = |dep: usize| {
@@ -74,6 +92,11 @@ impl StreamPlan {
             for &operand in &program.ops[op].operands {
                 if let Some(producer) = program.producing_op(operand) {
                     depend(step_of_op[producer]);
+                }
+            }
+            if stream == 0 {
+                for join in pending_join.iter_mut().filter_map(Option::take) {
+                    depend(join);
                 }
             }
             for &b in &buffers.overwritten[step] {
@@ -121,14 +144,19 @@ impl StreamPlan {
         }
     }
 
-    /// The end of the interval a buffer used at `users` (ascending, non-empty for arena
-    /// buffers) and ending at `end` must keep in placement: the last step, on any stream, that
-    /// does not happen-after all of its uses (see the module doc).
-    pub fn safe_end(&self, users: &[usize], end: usize) -> usize {
+    /// Stream of the step `step`.
+    pub fn stream(&self, step: usize) -> usize {
+        self.stream_of_step.get(step).copied().unwrap_or(0)
+    }
+
+    /// For a buffer used at `users` (ascending) whose last use is `end`: per stream, the last
+    /// step that does not happen-after every use (at least `end`). A buffer first written on
+    /// stream `t` after `busy_until[t]` may take its bytes (see the module doc).
+    pub fn busy_until(&self, users: &[usize], end: usize) -> Vec<usize> {
         let n = self.streams;
         let mut last_use: Vec<Option<usize>> = vec![None; n];
         for &u in users {
-            let s = self.stream_of_step[u];
+            let s = self.stream(u);
             last_use[s] = Some(last_use[s].map_or(u, |l| l.max(u)));
         }
         let after_all_uses = |step: usize| {
@@ -138,23 +166,25 @@ impl StreamPlan {
                 .zip(known)
                 .all(|(u, &k)| u.is_none_or(|u| k > u))
         };
-        let mut safe_end = end;
-        for steps in &self.steps_on {
-            // Frontiers only grow along a stream, so "after all uses" flips once.
-            let unsafe_steps = steps.partition_point(|&s| !after_all_uses(s));
-            if let Some(&last_unsafe) = unsafe_steps.checked_sub(1).and_then(|i| steps.get(i)) {
-                safe_end = safe_end.max(last_unsafe);
-            }
-        }
-        safe_end
+        self.steps_on
+            .iter()
+            .map(|steps| {
+                // Frontiers only grow along a stream, so "after all uses" flips once.
+                let unsafe_steps = steps.partition_point(|&s| !after_all_uses(s));
+                let last_unsafe = unsafe_steps.checked_sub(1).and_then(|i| steps.get(i));
+                last_unsafe.map_or(end, |&s| s.max(end))
+            })
+            .collect()
     }
 }
 
-/// Stream of every op: 0, or a side stream for weight-gradient chains (see the module doc).
-fn assign_streams(program: &Program, order: &[usize], n: usize) -> Vec<usize> {
+/// Stream of every op (0, or a side stream for weight-gradient chains; see the module doc)
+/// and whether it starts a chain.
+fn assign_streams(program: &Program, order: &[usize], n: usize) -> (Vec<usize>, Vec<bool>) {
     let mut stream_of_op = vec![0; program.ops.len()];
+    let mut chain_start = vec![false; program.ops.len()];
     if n < 2 {
-        return stream_of_op;
+        return (stream_of_op, chain_start);
     }
     let mut next = 0;
     for &op in order {
@@ -166,17 +196,27 @@ fn assign_streams(program: &Program, order: &[usize], n: usize) -> Vec<usize> {
             let stream = 1 + next % (n - 1);
             next += 1;
             stream_of_op[op] = stream;
+            chain_start[op] = true;
             for member in chain {
                 stream_of_op[member] = stream;
             }
         }
     }
-    stream_of_op
+    (stream_of_op, chain_start)
 }
 
-/// If `value` is a parameter gradient — it reaches, through views only, nothing but AdamW grad
-/// operands and outputs named `grad.*`, at least one of them — the view and AdamW ops on the
-/// way.
+/// Whether `op`, reading its only operand, passes a gradient on unchanged in meaning: a view,
+/// a cast (mixed precision rounds weight gradients through bf16), a copy or a scale.
+fn passes_gradient_on(op: &Op, port: usize) -> bool {
+    match op.alias(0) {
+        Alias::ViewOf(i) => i == port,
+        _ => port == 0 && matches!(op, Op::Cast { .. } | Op::Contiguous | Op::Scale { .. }),
+    }
+}
+
+/// If `value` is a parameter gradient — it reaches, through ops that pass it on, nothing but
+/// AdamW grad operands and outputs named `grad.*`, at least one of them — the ops on the way
+/// and the AdamW updates.
 fn weight_gradient_chain(program: &Program, value: Value) -> Option<Vec<usize>> {
     let mut chain = Vec::new();
     let mut sinks = 0;
@@ -197,7 +237,10 @@ fn weight_gradient_chain(program: &Program, value: Value) -> Option<Vec<usize>> 
             let reader_info = &program.ops[reader];
             match reader_info.op {
                 Op::AdamW(_) if port == 1 => sinks += 1,
-                op if reader_info.results.len() == 1 && op.alias(0) == Alias::ViewOf(port) => {
+                op if reader_info.operands.len() == 1
+                    && reader_info.results.len() == 1
+                    && passes_gradient_on(op, port) =>
+                {
                     stack.push(reader_info.results[0]);
                 }
                 _ => return None,

@@ -42,7 +42,7 @@ fn one_stream_has_no_events_and_keeps_every_end() {
     assert_eq!(plan.events, 0);
     assert!(plan.waits.iter().chain(&plan.records).all(Vec::is_empty));
     for b in buffers.list.iter().filter(|b| b.class.in_arena()) {
-        assert_eq!(plan.safe_end(&b.users, b.end), b.end, "{}", b.name);
+        assert_eq!(plan.busy_until(&b.users, b.end), [b.end], "{}", b.name);
     }
 }
 
@@ -84,7 +84,7 @@ fn two_streams_put_weight_gradients_and_their_updates_on_stream_one() {
     // for it on stream 0, so its bytes are free after step 4 on every stream.
     let dh = &buffers.list[buffers.of_value[program_value(&g, 1)]];
     assert_eq!((dh.start, dh.end), (1, 4));
-    assert_eq!(plan.safe_end(&dh.users, dh.end), 4);
+    assert_eq!(plan.busy_until(&dh.users, dh.end), [4, 4]);
 }
 
 /// Value number of op `op`'s first result (ops follow the 9 inputs, one result each until
@@ -109,10 +109,10 @@ fn three_streams_round_robin_and_join_both_before_the_in_place_write() {
     assert_eq!(plan.waits[6], [2, 3]);
     assert_eq!(plan.events, 4);
     // gw2 is last read by its update at step 3 on stream 1, and no step ever waits for step
-    // 3: no later step is known to come after it, so its bytes stay reserved to the end.
+    // 3: only stream 1 itself knows it is done, so its bytes stay busy to the end elsewhere.
     let gw2 = &buffers.list[buffers.of_value[program_value(&g, 2)]];
     assert_eq!((gw2.start, gw2.end), (2, 3));
-    assert_eq!(plan.safe_end(&gw2.users, gw2.end), 7);
+    assert_eq!(plan.busy_until(&gw2.users, gw2.end), [7, 3, 5]);
 }
 
 #[test]
@@ -173,4 +173,66 @@ fn a_wait_already_covered_on_the_waiting_stream_is_not_repeated() {
     )
     .unwrap();
     check_streams(&g, &planned);
+}
+
+/// `chains` weight-gradient GEMMs, each reading its own activation, with stream-0 work
+/// between them: 0 h0, then per chain k: gk = hkᵀ·dy (+ cast), h(k+1) = softmax(hk).
+fn many_chains(chains: usize) -> Graph {
+    let mut g = Graph::new("chains");
+    let dy = input(&mut g, "dy", InputKind::Input, &[8, 16]);
+    let mut h = op1(&mut g, Op::Softmax, &[dy]);
+    for k in 0..chains {
+        let gk = matmul(&mut g, h, dy, true);
+        let rounded = op1(
+            &mut g,
+            Op::Cast {
+                to: kiln_ir::DType::BF16,
+            },
+            &[gk],
+        );
+        let back = op1(
+            &mut g,
+            Op::Cast {
+                to: kiln_ir::DType::F32,
+            },
+            &[rounded],
+        );
+        g.output(&format!("grad.w{k}"), back).unwrap();
+        h = op1(&mut g, Op::Softmax, &[h]);
+    }
+    g.output("h", h).unwrap();
+    g
+}
+
+#[test]
+fn stream_zero_joins_a_side_stream_when_its_next_chain_starts() {
+    let g = many_chains(4);
+    let (plan, buffers) = node_order_streams(&g, 2);
+    // Steps: 0 h0; per chain k (base 1+4k): matmul, cast, cast on stream 1, softmax on 0.
+    assert_eq!(
+        plan.stream_of_step,
+        [0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0]
+    );
+    // Each chain waits for the activation it reads; stream 0 joins chain k-1 (its last cast)
+    // at the softmax right after chain k starts.
+    assert_eq!(plan.waits[1], [0]);
+    assert_eq!(plan.waits[4], Vec::<usize>::new());
+    assert_eq!(plan.waits[8], [plan.records[3][0]]);
+    assert_eq!(plan.waits[12], [plan.records[7][0]]);
+    // Chain 0's bf16 gradient (value 3) is last read at step 3 on stream 1; stream 0 learns
+    // that at its join at step 8, so only step 4 may not reuse its bytes. Without joins no
+    // stream-0 step would ever come after it.
+    let rounded = &buffers.list[buffers.of_value[3]];
+    assert_eq!((rounded.start, rounded.end), (2, 3));
+    assert_eq!(plan.busy_until(&rounded.users, rounded.end), [4, 3]);
+    let planned = crate::plan(
+        &g,
+        &PlanOptions {
+            streams: 2,
+            alignment: 256,
+        },
+    )
+    .unwrap();
+    check_streams(&g, &planned);
+    check_arena(&planned);
 }

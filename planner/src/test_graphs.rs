@@ -248,14 +248,36 @@ pub fn hazards(g: &Graph, plan: &Plan) -> Vec<(usize, usize)> {
     pairs
 }
 
-/// Checks a multi-stream plan: every hazard is ordered, no wait is redundant, and two arena
-/// buffers share bytes only if every use of one happens-before the other's first writer.
+/// Joins the planner promises: when a chain (a side-stream matmul) starts, the next stream-0
+/// step comes after the side stream's previous step.
+pub fn joins(plan: &Plan) -> Vec<(usize, usize)> {
+    let steps = &plan.schedule;
+    let mut pairs = Vec::new();
+    for (g, step) in steps.iter().enumerate() {
+        if step.stream == 0 || !step.op.starts_with("matmul") {
+            continue;
+        }
+        let previous = (0..g).rev().find(|&p| steps[p].stream == step.stream);
+        let next_main = (g + 1..steps.len()).find(|&t| steps[t].stream == 0);
+        if let (Some(p), Some(t)) = (previous, next_main) {
+            pairs.push((p, t));
+        }
+    }
+    pairs
+}
+
+/// Checks a multi-stream plan: every hazard and join is ordered, no wait is redundant, and two
+/// arena buffers share bytes only if every use of one happens-before the other's first writer.
 pub fn check_streams(g: &Graph, plan: &Plan) {
     let hb = happens_before(plan);
-    let hazards = hazards(g, plan);
+    let mut hazards = hazards(g, plan);
     for &(a, b) in &hazards {
         assert!(hb[a][b], "steps {a} and {b} race");
     }
+    for &(a, b) in &joins(plan) {
+        assert!(hb[a][b], "step {b} does not join step {a}");
+    }
+    hazards.extend(joins(plan));
     for s in 0..plan.schedule.len() {
         for i in 0..plan.schedule[s].waits.len() {
             let mut without = plan.clone();
