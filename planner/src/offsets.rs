@@ -178,25 +178,31 @@ pub fn arena_size(items: &[ArenaItem], offsets: &[u64]) -> u64 {
     items
         .iter()
         .zip(offsets)
-        .map(|(item, offset)| offset + item.size)
+        .map(|(item, offset)| offset.saturating_add(item.size))
         .max()
         .unwrap_or(0)
 }
 
-/// The peak over steps of the summed sizes of items live at that step.
+/// The peak over steps of the summed sizes of items live at that step (`start..=end`; an
+/// item with `start > end` is live nowhere).
 pub fn lower_bound(items: &[ArenaItem]) -> Result<u64> {
-    let steps = items.iter().map(|i| i.end + 1).max().unwrap_or(0);
-    // Difference array: +size at start, -size after end.
-    let mut delta = vec![0i128; steps + 1];
-    for item in items {
-        delta[item.start] += i128::from(item.size);
-        delta[item.end + 1] -= i128::from(item.size);
+    // A sweep over (step, 0 = allocate | 1 = free after this step, size): at one step every
+    // allocation is counted before any free, so items ending there still count.
+    let mut events: Vec<(usize, u8, u64)> = Vec::with_capacity(2 * items.len());
+    for item in items.iter().filter(|i| i.start <= i.end) {
+        events.push((item.start, 0, item.size));
+        events.push((item.end, 1, item.size));
     }
+    events.sort_unstable();
     let mut live = 0i128;
     let mut peak = 0i128;
-    for d in delta {
-        live += d;
-        peak = peak.max(live);
+    for (_, kind, size) in events {
+        if kind == 0 {
+            live += i128::from(size);
+            peak = peak.max(live);
+        } else {
+            live -= i128::from(size);
+        }
     }
     u64::try_from(peak).map_err(|_| Error::Overflow {
         what: "the live arena bytes at one step".to_string(),

@@ -139,6 +139,13 @@ fn lower_bound_is_the_peak_of_live_bytes() {
     assert_eq!(lower_bound(&items).unwrap(), 800);
     let items = [item(100, 0, 2), item(200, 1, 2), item(400, 2, 3)];
     assert_eq!(lower_bound(&items).unwrap(), 700);
+    // Steps far apart and an empty interval cost nothing extra.
+    let items = [
+        item(100, 0, usize::MAX),
+        item(200, usize::MAX, usize::MAX),
+        item(400, 5, 4),
+    ];
+    assert_eq!(lower_bound(&items).unwrap(), 300);
 }
 
 #[test]

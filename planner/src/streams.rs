@@ -6,9 +6,11 @@
 //! `1..n`, each with that chain of ops and the AdamW updates it feeds (a "chain"); everything
 //! else stays on stream 0.
 //!
-//! Events: a step waits for every step it depends on that runs on another stream: the
-//! producers of its operands (read after write) and, when it writes a buffer in place, every
-//! earlier step using that buffer (write after read/write). One more kind of wait bounds the
+//! Events: a step waits for every step it depends on that runs on another stream: the ops
+//! that wrote its operands' data (read after write; through a view, the op that wrote the
+//! viewed value: a view op moves no data, so waiting for it would be a wasted event) and, when
+//! it writes a buffer in place, every earlier step using that buffer (write after
+//! read/write). One more kind of wait bounds the
 //! work in flight: when a new chain starts on side stream `w`, the next stream-0 step joins
 //! `w` up to the end of its previous chain. Without joins nothing on stream 0 would ever
 //! happen-after side-stream work, so every buffer a chain reads would stay reserved to the
@@ -90,8 +92,8 @@ impl StreamPlan {
                 }
             };
             for &operand in &program.ops[op].operands {
-                if let Some(producer) = program.producing_op(operand) {
-                    depend(step_of_op[producer]);
+                if let Some(writer) = data_writer(program, operand) {
+                    depend(step_of_op[writer]);
                 }
             }
             if stream == 0 {
@@ -175,6 +177,20 @@ impl StreamPlan {
                 last_unsafe.map_or(end, |&s| s.max(end))
             })
             .collect()
+    }
+}
+
+/// The op that wrote the bytes `value` reads: its producer, or through views the producer of
+/// the viewed value; `None` for graph inputs.
+fn data_writer(program: &Program, mut value: Value) -> Option<usize> {
+    loop {
+        let op = program.producing_op(value)?;
+        let info = &program.ops[op];
+        let port = info.results.iter().position(|&r| r == value)?;
+        match info.op.alias(port) {
+            Alias::ViewOf(i) => value = *info.operands.get(i)?,
+            _ => return Some(op),
+        }
     }
 }
 

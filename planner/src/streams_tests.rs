@@ -236,3 +236,25 @@ fn stream_zero_joins_a_side_stream_when_its_next_chain_starts() {
     check_streams(&g, &planned);
     check_arena(&planned);
 }
+
+#[test]
+fn a_read_through_a_view_waits_for_the_op_that_wrote_the_data() {
+    let mut g = Graph::new("view-dependency");
+    let x = input(&mut g, "x", InputKind::Input, &[2, 4, 16]);
+    let dy = input(&mut g, "dy", InputKind::Input, &[8, 16]);
+    let h = op1(&mut g, Op::Softmax, &[x]);
+    let flat = op1(
+        &mut g,
+        Op::Reshape {
+            shape: kiln_ir::Shape::new(&[8, 16]),
+        },
+        &[h],
+    );
+    let gw = matmul(&mut g, flat, dy, true);
+    g.output("grad.w", gw).unwrap();
+    let (plan, _) = node_order_streams(&g, 2);
+    assert_eq!(plan.stream_of_step, [0, 0, 1]);
+    // The reshape moves no data: the matmul waits for the softmax that wrote it.
+    assert_eq!(plan.records, [vec![0], vec![], vec![]]);
+    assert_eq!(plan.waits[2], [0]);
+}
