@@ -15,7 +15,7 @@
 
 use crate::buffers::{BufferInfo, Buffers};
 use crate::hash::plan_hash;
-use crate::offsets::{align_up, arena_size, lower_bound, place_best, ArenaItem};
+use crate::offsets::{align_up, arena_size, lower_bound, place_best, ArenaItem, Placement};
 use crate::program::Program;
 use crate::schedule::{candidates, check_order};
 use crate::streams::StreamPlan;
@@ -23,64 +23,21 @@ use crate::{Buffer, BufferClass, Error, Plan, PlanOptions, Result, Step};
 
 /// Plans `graph` with `options`. Same graph and options give the same plan, byte for byte.
 pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
-    if options.streams == 0 {
-        return Err(Error::Option {
-            option: "streams",
-            detail: "must be at least 1".to_string(),
-        });
-    }
-    if options.alignment == 0 {
-        return Err(Error::Option {
-            option: "alignment",
-            detail: "must be at least 1 byte".to_string(),
-        });
-    }
+    check_options(options)?;
     kiln_ir::verify(graph)?;
     let program = Program::new(graph)?;
+    let chosen = choose_schedule(&program, options.alignment)?;
+    let streams = StreamPlan::new(&program, &chosen.order, &chosen.buffers, options.streams);
+    let arena = place_arena(&chosen.buffers, &streams, options.alignment)?;
 
-    let mut best: Option<(&'static str, Vec<usize>, Buffers, u64)> = None;
-    for candidate in candidates(&program) {
-        check_order(&program, candidate.name, &candidate.order)?;
-        let buffers = Buffers::build(&program, &candidate.order)?;
-        let items = arena_items(&buffers, options.alignment, |b| {
-            ArenaItem::serial(0, b.start, b.end)
-        })?;
-        let peak = lower_bound(&items.into_iter().map(|(_, i)| i).collect::<Vec<_>>())?;
-        if best.as_ref().is_none_or(|(_, _, _, p)| peak < *p) {
-            best = Some((candidate.name, candidate.order, buffers, peak));
-        }
-    }
-    let Some((schedule_strategy, order, buffers, lower_bound_bytes)) = best else {
-        return Err(Error::Unplannable {
-            rule: "schedule",
-            detail: "no schedule candidate".to_string(),
-        });
-    };
-
-    let streams = StreamPlan::new(&program, &order, &buffers, options.streams);
-    let placement = arena_items(&buffers, options.alignment, |b| ArenaItem {
-        size: 0,
-        start: b.start,
-        end: b.end,
-        stream: streams.stream(b.start),
-        busy_until: streams.busy_until(&b.users, b.end),
-    })?;
-    let ids: Vec<usize> = placement.iter().map(|(id, _)| *id).collect();
-    let items: Vec<ArenaItem> = placement.into_iter().map(|(_, i)| i).collect();
-    let placed = place_best(&items)?;
-    let arena_bytes = arena_size(&items, &placed.offsets);
-    let mut offset_of = vec![None; buffers.list.len()];
-    for (&id, &offset) in ids.iter().zip(&placed.offsets) {
-        offset_of[id] = Some(offset);
-    }
-
-    let schedule = order
+    let schedule = chosen
+        .order
         .iter()
         .enumerate()
         .map(|(step, &op)| Step {
             node: program.ops[op].node,
             op: program.ops[op].op.to_string(),
-            stream: streams.stream_of_step[step],
+            stream: streams.stream(step),
             waits: streams.waits[step].clone(),
             records: streams.records[step].clone(),
         })
@@ -89,7 +46,8 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
         let id = program.values[v].id;
         format!("{}.{}", id.node.index(), id.port)
     };
-    let plan_buffers = buffers
+    let buffers = chosen
+        .buffers
         .list
         .iter()
         .enumerate()
@@ -98,20 +56,21 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
             name: b.name.clone(),
             class: b.class,
             size: b.size,
-            offset: offset_of[id],
+            offset: arena.offset_of[id],
             start: b.start,
             end: b.end,
             stream: match b.class {
                 // Inputs exist before the run; stream 0 by convention.
                 BufferClass::Param | BufferClass::Input | BufferClass::State => 0,
-                _ => streams.stream_of_step.get(b.start).copied().unwrap_or(0),
+                _ => streams.stream(b.start),
             },
             values: b.values.iter().map(|&v| value_name(v)).collect(),
             uses: b.uses,
         })
         .collect();
-    // Values are numbered in node order then port, which is the order the plan lists them.
-    let value_buffers = buffers
+    // Values are numbered in node order then port, the order the plan lists them in.
+    let value_buffers = chosen
+        .buffers
         .of_value
         .iter()
         .enumerate()
@@ -122,18 +81,99 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
         program: graph.name().to_string(),
         options: options.clone(),
         schedule,
-        buffers: plan_buffers,
+        buffers,
         value_buffers,
-        arena_bytes,
-        lower_bound_bytes,
-        schedule_strategy: schedule_strategy.to_string(),
-        offset_strategy: placed.strategy,
-        offset_candidates: placed.candidates,
+        arena_bytes: arena.bytes,
+        lower_bound_bytes: chosen.peak,
+        schedule_strategy: chosen.name.to_string(),
+        offset_strategy: arena.placement.strategy,
+        offset_candidates: arena.placement.candidates,
         events: streams.events,
         hash: String::new(),
     };
     plan.hash = plan_hash(&plan)?;
     Ok(plan)
+}
+
+fn check_options(options: &PlanOptions) -> Result<()> {
+    let bad = |option, detail: &str| {
+        Err(Error::Option {
+            option,
+            detail: detail.to_string(),
+        })
+    };
+    if options.streams == 0 {
+        return bad("streams", "must be at least 1");
+    }
+    if options.alignment == 0 {
+        return bad("alignment", "must be at least 1 byte");
+    }
+    Ok(())
+}
+
+/// The winning schedule candidate with its buffers and peak of live arena bytes.
+struct Chosen {
+    name: &'static str,
+    order: Vec<usize>,
+    buffers: Buffers,
+    peak: u64,
+}
+
+/// Builds buffers for every candidate; the lowest peak wins, ties to the earlier candidate.
+fn choose_schedule(program: &Program, alignment: u64) -> Result<Chosen> {
+    let mut best: Option<Chosen> = None;
+    for candidate in candidates(program) {
+        check_order(program, candidate.name, &candidate.order)?;
+        let buffers = Buffers::build(program, &candidate.order)?;
+        let items = arena_items(&buffers, alignment, |b| {
+            ArenaItem::serial(0, b.start, b.end)
+        })?;
+        let peak = lower_bound(&items.into_iter().map(|(_, i)| i).collect::<Vec<_>>())?;
+        if best.as_ref().is_none_or(|b| peak < b.peak) {
+            best = Some(Chosen {
+                name: candidate.name,
+                order: candidate.order,
+                buffers,
+                peak,
+            });
+        }
+    }
+    best.ok_or_else(|| Error::Unplannable {
+        rule: "schedule",
+        detail: "no schedule candidate".to_string(),
+    })
+}
+
+/// The placed arena: offsets by buffer id (`Some` exactly for arena buffers) and its size.
+struct Arena {
+    offset_of: Vec<Option<u64>>,
+    bytes: u64,
+    placement: Placement,
+}
+
+/// Places the arena buffers; across streams they share bytes only where happens-before
+/// allows it (`StreamPlan::busy_until`).
+fn place_arena(buffers: &Buffers, streams: &StreamPlan, alignment: u64) -> Result<Arena> {
+    let (ids, items): (Vec<usize>, Vec<ArenaItem>) =
+        arena_items(buffers, alignment, |b| ArenaItem {
+            size: 0,
+            start: b.start,
+            end: b.end,
+            stream: streams.stream(b.start),
+            busy_until: streams.busy_until(&b.users, b.end),
+        })?
+        .into_iter()
+        .unzip();
+    let placement = place_best(&items)?;
+    let mut offset_of = vec![None; buffers.list.len()];
+    for (&id, &offset) in ids.iter().zip(&placement.offsets) {
+        offset_of[id] = Some(offset);
+    }
+    Ok(Arena {
+        offset_of,
+        bytes: arena_size(&items, &placement.offsets),
+        placement,
+    })
 }
 
 /// The arena buffers as (buffer id, item): `item` gives each its lifetime and busy steps; the

@@ -40,7 +40,7 @@ use crate::program::{Program, Value};
 /// Streams and events of one schedule.
 pub(crate) struct StreamPlan {
     streams: usize,
-    pub stream_of_step: Vec<usize>,
+    stream_of_step: Vec<usize>,
     pub waits: Vec<Vec<usize>>,
     pub records: Vec<Vec<usize>>,
     pub events: usize,
@@ -83,31 +83,22 @@ impl StreamPlan {
                 }
             }
             last_on[stream] = Some(step);
-            // Latest dependency on each other stream.
-            let mut latest: Vec<Option<usize>> = vec![None; n];
-            let mut depend = |dep: usize| {
-                let s = stream_of_step[dep];
-                if s != stream && latest[s].is_none_or(|l| l < dep) {
-                    latest[s] = Some(dep);
-                }
-            };
-            for &operand in &program.ops[op].operands {
-                if let Some(writer) = data_writer(program, operand) {
-                    depend(step_of_op[writer]);
-                }
-            }
+            // Read after write: the steps that wrote the operands' data.
+            let mut depends_on: Vec<usize> = program.ops[op]
+                .operands
+                .iter()
+                .filter_map(|&operand| data_writer(program, operand))
+                .map(|writer| step_of_op[writer])
+                .collect();
+            // Joins of side streams whose next chain has started.
             if stream == 0 {
-                for join in pending_join.iter_mut().filter_map(Option::take) {
-                    depend(join);
-                }
+                depends_on.extend(pending_join.iter_mut().filter_map(Option::take));
             }
+            // Write after read/write: every earlier user of a buffer overwritten in place.
             for &b in &buffers.overwritten[step] {
-                for &user in buffers.list[b].users.iter().take_while(|&&u| u < step) {
-                    depend(user);
-                }
+                depends_on.extend(buffers.list[b].users.iter().take_while(|&&u| u < step));
             }
-            let mut deps: Vec<usize> = latest.into_iter().flatten().collect();
-            deps.sort_unstable_by(|a, b| b.cmp(a));
+            let deps = latest_per_stream(&stream_of_step, stream, depends_on);
             let mut known = current[stream].clone();
             for dep in deps {
                 let dep_stream = stream_of_step[dep];
@@ -178,6 +169,24 @@ impl StreamPlan {
             })
             .collect()
     }
+}
+
+/// Of `steps` (what a step on `stream` depends on), the latest on each other stream, latest
+/// first; an earlier step of the same stream is implied by program order.
+fn latest_per_stream(stream_of_step: &[usize], stream: usize, steps: Vec<usize>) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
+    for dep in steps {
+        let s = stream_of_step[dep];
+        if s == stream {
+            continue;
+        }
+        match out.iter_mut().find(|d| stream_of_step[**d] == s) {
+            Some(d) => *d = (*d).max(dep),
+            None => out.push(dep),
+        }
+    }
+    out.sort_unstable_by(|a, b| b.cmp(a));
+    out
 }
 
 /// The op that wrote the bytes `value` reads: its producer, or through views the producer of
