@@ -115,23 +115,29 @@ impl Buffers {
             }
             for (port, &result) in info.results.iter().enumerate() {
                 let result_bytes = program.value_bytes(result);
-                let joined =
-                    match info.op.alias(port) {
-                        Alias::ViewOf(i) => operand_buffers.get(i).copied(),
-                        Alias::MayOverwrite(i) => operand_buffers.get(i).copied().filter(|&b| {
-                            let t = &tracking[b];
-                            t.input.is_none()
-                                && !t.external
-                                && row_major[info.operands[i]]
-                                && t.last_use == step
-                                && list[b].size == result_bytes
-                                && !overwritten[step].contains(&b)
-                                && info.operands.iter().zip(&operand_buffers).enumerate().all(
-                                    |(j, (&v, &vb))| j == i || vb != b || v == info.operands[i],
-                                )
-                        }),
-                        Alias::Fresh => None,
-                    };
+                let joined = match info.op.alias(port) {
+                    Alias::ViewOf(i) => operand_buffers.get(i).copied(),
+                    Alias::MayOverwrite(i) => operand_buffers.get(i).copied().filter(|&b| {
+                        let t = &tracking[b];
+                        let operand = info.operands[i];
+                        let dying_activation =
+                            t.input.is_none() && !t.external && t.last_use == step;
+                        let fits = list[b].size == result_bytes;
+                        let untaken = !overwritten[step].contains(&b);
+                        // Any other operand in `b` must be this very value (same indexing).
+                        let no_other_reading = info
+                            .operands
+                            .iter()
+                            .zip(&operand_buffers)
+                            .all(|(&v, &vb)| vb != b || v == operand);
+                        dying_activation
+                            && fits
+                            && untaken
+                            && row_major[operand]
+                            && no_other_reading
+                    }),
+                    Alias::Fresh => None,
+                };
                 let b = match joined {
                     Some(b) => {
                         if !matches!(info.op.alias(port), Alias::ViewOf(_)) {

@@ -35,7 +35,7 @@
 use kiln_ir::{Alias, Op};
 
 use crate::buffers::Buffers;
-use crate::program::{Program, Value};
+use crate::program::{Producer, Program, Value};
 
 /// Streams and events of one schedule.
 pub(crate) struct StreamPlan {
@@ -192,15 +192,14 @@ fn latest_per_stream(stream_of_step: &[usize], stream: usize, steps: Vec<usize>)
 /// The op that wrote the bytes `value` reads: its producer, or through views the producer of
 /// the viewed value; `None` for graph inputs.
 fn data_writer(program: &Program, mut value: Value) -> Option<usize> {
-    loop {
-        let op = program.producing_op(value)?;
+    while let Producer::Op { op, port } = program.values[value].producer {
         let info = &program.ops[op];
-        let port = info.results.iter().position(|&r| r == value)?;
         match info.op.alias(port) {
             Alias::ViewOf(i) => value = *info.operands.get(i)?,
             _ => return Some(op),
         }
     }
+    None
 }
 
 /// Stream of every op (0, or a side stream for weight-gradient chains; see the module doc)
