@@ -8,11 +8,25 @@
 //! dumps render them as text, JSON, CSV and SVG. The planner knows sizes, lifetimes and
 //! dependencies, never pointers.
 
+mod buffers;
 pub mod dump;
+mod error;
+mod hash;
+mod offsets;
 mod plan;
+mod planner;
+mod program;
+mod schedule;
+mod streams;
+#[cfg(test)]
+mod test_graphs;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod verify;
 
+pub use error::{Error, Result};
+pub use hash::{fnv1a64, plan_hash};
+pub use offsets::{arena_size, lower_bound, portfolio, ArenaItem, Fit, Greedy, OffsetHeuristic};
 pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
+pub use planner::plan;
 pub use verify::{verify_plan, PlanError};

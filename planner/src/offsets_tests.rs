@@ -1,0 +1,187 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn item(size: u64, start: usize, end: usize) -> ArenaItem {
+    ArenaItem::serial(size, start, end)
+}
+
+/// Overlapping items get disjoint bytes.
+fn assert_valid(items: &[ArenaItem], offsets: &[u64], name: &str) {
+    assert_eq!(offsets.len(), items.len());
+    for i in 0..items.len() {
+        for j in i + 1..items.len() {
+            let (a, b) = (&items[i], &items[j]);
+            if a.conflicts(b) && a.size > 0 && b.size > 0 {
+                let disjoint =
+                    offsets[i] + a.size <= offsets[j] || offsets[j] + b.size <= offsets[i];
+                assert!(
+                    disjoint,
+                    "{name}: items {i} {a:?}@{} and {j} {b:?}@{} collide",
+                    offsets[i], offsets[j]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn first_fit_takes_the_lowest_gap_and_best_fit_the_tightest() {
+    // Busy: [0,256) [512,1536) [1792,2048): gaps of 256 at 256 and at 1536.
+    let busy = [(0, 256), (512, 1536), (1792, 2048)];
+    assert_eq!(find_gap(busy, 256, Fit::First), 256);
+    assert_eq!(find_gap(busy, 256, Fit::Best), 256);
+    assert_eq!(find_gap(busy, 512, Fit::First), 2048);
+    let busy = [(0, 256), (768, 1024), (1280, 2048)];
+    // Gaps of 512 at 256 and of 256 at 1024.
+    assert_eq!(find_gap(busy, 256, Fit::First), 256);
+    assert_eq!(find_gap(busy, 256, Fit::Best), 1024);
+    // Nested ranges: the cursor keeps the highest end seen.
+    assert_eq!(find_gap([(0, 1024), (256, 512)], 256, Fit::First), 1024);
+    assert_eq!(find_gap(Vec::new(), 256, Fit::Best), 0);
+}
+
+#[test]
+fn the_portfolio_has_five_named_heuristics_in_a_fixed_order() {
+    let names: Vec<_> = portfolio().iter().map(|h| h.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "size-best-fit",
+            "size-first-fit",
+            "lifetime-first-fit",
+            "area-first-fit",
+            "start-first-fit"
+        ]
+    );
+}
+
+#[test]
+fn buffers_with_disjoint_lifetimes_share_bytes() {
+    let items = [item(1024, 0, 1), item(512, 2, 3), item(256, 1, 2)];
+    for h in portfolio() {
+        let offsets = h.place(&items);
+        assert_valid(&items, &offsets, h.name());
+        assert_eq!(arena_size(&items, &offsets), 1280, "{}", h.name());
+    }
+    assert_eq!(lower_bound(&items).unwrap(), 1280);
+}
+
+#[test]
+fn heuristics_differ_and_the_smallest_arena_wins_ties_to_the_first() {
+    let items = [
+        item(512, 0, 2),
+        item(256, 2, 4),
+        item(1024, 3, 3),
+        item(768, 0, 0),
+    ];
+    let Placement {
+        strategy: name,
+        offsets,
+        candidates,
+    } = place_best(&items).unwrap();
+    let arenas: Vec<u64> = candidates.iter().map(|c| c.1).collect();
+    assert_eq!(arenas, [1536, 1536, 1792, 1280, 1280]);
+    assert_eq!(name, "area-first-fit");
+    assert_valid(&items, &offsets, &name);
+    assert_eq!(arena_size(&items, &offsets), 1280);
+    assert_eq!(lower_bound(&items).unwrap(), 1280);
+    for (h, (candidate, arena)) in portfolio().iter().zip(&candidates) {
+        assert_eq!(h.name(), candidate);
+        assert_eq!(arena_size(&items, &h.place(&items)), *arena);
+    }
+}
+
+#[test]
+fn across_streams_bytes_are_shared_only_after_they_are_known_free() {
+    // a: stream 0, used over steps 0..=2; stream 1 learns it is done only after step 5.
+    let a = ArenaItem {
+        size: 256,
+        start: 0,
+        end: 2,
+        stream: 0,
+        busy_until: vec![2, 5],
+    };
+    let on_stream = |stream, start, end| ArenaItem {
+        size: 256,
+        start,
+        end,
+        stream,
+        busy_until: vec![end, end],
+    };
+    assert!(!a.conflicts(&on_stream(0, 3, 4)));
+    assert!(a.conflicts(&on_stream(1, 3, 4)));
+    assert!(a.conflicts(&on_stream(1, 5, 6)));
+    assert!(!a.conflicts(&on_stream(1, 6, 7)));
+    assert!(on_stream(1, 6, 7).conflicts(&on_stream(0, 7, 8)));
+    let items = [
+        a,
+        on_stream(0, 3, 4),
+        on_stream(1, 3, 4),
+        on_stream(1, 6, 7),
+    ];
+    for h in portfolio() {
+        let offsets = h.place(&items);
+        assert_valid(&items, &offsets, h.name());
+        assert_eq!(arena_size(&items, &offsets), 512, "{}", h.name());
+    }
+}
+
+#[test]
+fn lower_bound_is_the_peak_of_live_bytes() {
+    assert_eq!(lower_bound(&[]).unwrap(), 0);
+    let items = [
+        item(100, 0, 2),
+        item(200, 1, 1),
+        item(400, 2, 3),
+        item(800, 4, 4),
+    ];
+    assert_eq!(lower_bound(&items).unwrap(), 800);
+    let items = [item(100, 0, 2), item(200, 1, 2), item(400, 2, 3)];
+    assert_eq!(lower_bound(&items).unwrap(), 700);
+    // Steps far apart and an empty interval cost nothing extra.
+    let items = [
+        item(100, 0, usize::MAX),
+        item(200, usize::MAX, usize::MAX),
+        item(400, 5, 4),
+    ];
+    assert_eq!(lower_bound(&items).unwrap(), 300);
+}
+
+#[test]
+fn align_up_rounds_to_the_alignment_and_reports_overflow() {
+    assert_eq!(align_up(0, 256).unwrap(), 0);
+    assert_eq!(align_up(1, 256).unwrap(), 256);
+    assert_eq!(align_up(256, 256).unwrap(), 256);
+    assert_eq!(align_up(257, 256).unwrap(), 512);
+    assert_eq!(align_up(7, 1).unwrap(), 7);
+    assert!(matches!(
+        align_up(u64::MAX, 256),
+        Err(Error::Overflow { .. })
+    ));
+}
+
+#[test]
+fn total_sizes_beyond_64_bits_are_an_error() {
+    let items = [item(u64::MAX / 2 + 1, 0, 0), item(u64::MAX / 2 + 1, 1, 1)];
+    assert!(matches!(place_best(&items), Err(Error::Overflow { .. })));
+}
+
+proptest! {
+    #[test]
+    fn every_heuristic_places_overlapping_items_in_disjoint_bytes(
+        raw in prop::collection::vec((0u64..40, 0usize..30, 0usize..12), 1..60)
+    ) {
+        let items: Vec<ArenaItem> = raw
+            .iter()
+            .map(|&(units, start, len)| item(units * 256, start, start + len))
+            .collect();
+        let bound = lower_bound(&items).unwrap();
+        for h in portfolio() {
+            let offsets = h.place(&items);
+            assert_valid(&items, &offsets, h.name());
+            prop_assert!(offsets.iter().all(|o| o % 256 == 0));
+            prop_assert!(arena_size(&items, &offsets) >= bound);
+        }
+    }
+}

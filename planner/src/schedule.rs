@@ -1,0 +1,266 @@
+//! Schedule candidates: topological orders of the op nodes (indices into `Program::ops`).
+//!
+//! - [`NODE_ORDER`]: the graph's node order (the order the program was traced in).
+//! - [`LIST`]: a list scheduler; among the ready ops it runs the one that frees the most arena
+//!   bytes minus what it allocates, ties broken by node index.
+//! - [`ADAMW_EARLY`] (only for programs with AdamW ops): node order, except that each AdamW op
+//!   runs as soon as its operands are ready, so a gradient dies right after its update instead
+//!   of waiting for the whole backward pass.
+//!
+//! Every candidate is a permutation of the ops in which each op comes after the producers of
+//! its operands ([`check_order`] verifies it, so a scheduler bug is an error, not a wrong plan).
+//! The planner keeps the candidate with the lowest peak of live arena bytes.
+
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
+
+use kiln_ir::{Alias, Op};
+
+use crate::program::{Program, Value};
+use crate::{Error, Result};
+
+pub(crate) const NODE_ORDER: &str = "node-order";
+pub(crate) const LIST: &str = "list-free-bytes";
+pub(crate) const ADAMW_EARLY: &str = "adamw-early";
+
+/// One schedule candidate.
+pub(crate) struct Candidate {
+    pub name: &'static str,
+    /// Op indices in execution order.
+    pub order: Vec<usize>,
+}
+
+/// Every candidate for `program`, in the fixed order ties are broken by.
+pub(crate) fn candidates(program: &Program) -> Vec<Candidate> {
+    let mut out = vec![
+        Candidate {
+            name: NODE_ORDER,
+            order: (0..program.ops.len()).collect(),
+        },
+        Candidate {
+            name: LIST,
+            order: list_schedule(program),
+        },
+    ];
+    if program.ops.iter().any(|o| matches!(o.op, Op::AdamW(_))) {
+        out.push(Candidate {
+            name: ADAMW_EARLY,
+            order: adamw_early(program),
+        });
+    }
+    out
+}
+
+/// Checks that `order` runs every op once, after the producers of its operands.
+pub(crate) fn check_order(program: &Program, name: &str, order: &[usize]) -> Result<()> {
+    let unplannable = |detail: String| Error::Unplannable {
+        rule: "schedule",
+        detail: format!("schedule `{name}`: {detail}"),
+    };
+    let mut done = vec![false; program.ops.len()];
+    for &op in order {
+        let info = program
+            .ops
+            .get(op)
+            .ok_or_else(|| unplannable(format!("op {op} does not exist")))?;
+        if std::mem::replace(&mut done[op], true) {
+            return Err(unplannable(format!("node {} runs twice", info.node)));
+        }
+        for &operand in &info.operands {
+            if program.producing_op(operand).is_some_and(|p| !done[p]) {
+                return Err(unplannable(format!(
+                    "node {} runs before the producer of {}",
+                    info.node, program.values[operand].id
+                )));
+            }
+        }
+    }
+    match done.iter().position(|d| !d) {
+        Some(op) => Err(unplannable(format!(
+            "node {} never runs (a cycle?)",
+            program.ops[op].node
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// How many operand edges of each op come from ops (not graph inputs).
+fn pending_operands(program: &Program) -> Vec<usize> {
+    program
+        .ops
+        .iter()
+        .map(|info| {
+            info.operands
+                .iter()
+                .filter(|&&v| program.producing_op(v).is_some())
+                .count()
+        })
+        .collect()
+}
+
+/// Marks `op` done and returns the ops its results made ready (all operands done), in the
+/// order of the reading edges.
+fn finish(program: &Program, pending: &mut [usize], op: usize) -> Vec<usize> {
+    let mut ready = Vec::new();
+    for &result in &program.ops[op].results {
+        for &(reader, _) in &program.values[result].readers {
+            pending[reader] -= 1;
+            if pending[reader] == 0 {
+                ready.push(reader);
+            }
+        }
+    }
+    ready
+}
+
+/// Node order, with each AdamW pulled forward to the moment its operands are ready.
+fn adamw_early(program: &Program) -> Vec<usize> {
+    let is_adamw = |op: usize| matches!(program.ops[op].op, Op::AdamW(_));
+    let mut pending = pending_operands(program);
+    let mut order = Vec::with_capacity(program.ops.len());
+    // AdamW ops ready to run, smallest node first.
+    let mut ready_updates: BTreeSet<usize> = (0..program.ops.len())
+        .filter(|&op| is_adamw(op) && pending[op] == 0)
+        .collect();
+    let mut plain_ops = (0..program.ops.len()).filter(|&op| !is_adamw(op));
+    // A ready update always goes first; otherwise the next op in node order.
+    while let Some(op) = ready_updates.pop_first().or_else(|| plain_ops.next()) {
+        order.push(op);
+        let ready = finish(program, &mut pending, op);
+        ready_updates.extend(ready.into_iter().filter(|&r| is_adamw(r)));
+    }
+    order
+}
+
+/// Storage groups for the list scheduler: a value and the views of it share one group (its
+/// root value). A group costs arena bytes unless its root is a graph input or one of its
+/// values leaves the arena (an output or a write).
+struct Groups {
+    /// Root value of each value.
+    root: Vec<Value>,
+    /// Arena bytes of each group, indexed by root value (0 for non-roots).
+    bytes: Vec<u64>,
+    /// Distinct ops reading any value of each group, ascending, indexed by root value.
+    readers: Vec<Vec<usize>>,
+}
+
+impl Groups {
+    fn new(program: &Program) -> Self {
+        let count = program.values.len();
+        let mut root: Vec<Value> = (0..count).collect();
+        for info in &program.ops {
+            for (port, &result) in info.results.iter().enumerate() {
+                if let Alias::ViewOf(i) = info.op.alias(port) {
+                    if let Some(&operand) = info.operands.get(i) {
+                        root[result] = root[operand];
+                    }
+                }
+            }
+        }
+        let mut bytes = vec![0u64; count];
+        let mut external = vec![false; count];
+        for value in 0..count {
+            external[root[value]] |= program.is_external(value);
+        }
+        for value in 0..count {
+            if root[value] == value && program.producing_op(value).is_some() && !external[value] {
+                bytes[value] = program.value_bytes(value);
+            }
+        }
+        let mut readers: Vec<Vec<usize>> = vec![Vec::new(); count];
+        for (value, info) in program.values.iter().enumerate() {
+            readers[root[value]].extend(info.readers.iter().map(|&(op, _)| op));
+        }
+        for list in &mut readers {
+            list.sort_unstable();
+            list.dedup();
+        }
+        Groups {
+            root,
+            bytes,
+            readers,
+        }
+    }
+}
+
+/// Greedy list scheduling by net freed bytes. Scores change only when a group drops to one
+/// remaining reader, so each op's score is updated in place in an ordered set, O(E log N).
+fn list_schedule(program: &Program) -> Vec<usize> {
+    let groups = Groups::new(program);
+    let op_count = program.ops.len();
+    // Distinct groups each op reads.
+    let groups_read: Vec<Vec<Value>> = program
+        .ops
+        .iter()
+        .map(|info| {
+            let mut read: Vec<Value> = info.operands.iter().map(|&v| groups.root[v]).collect();
+            read.sort_unstable();
+            read.dedup();
+            read
+        })
+        .collect();
+    // Bytes each op allocates: its results that are not views (in-place results are counted
+    // too; the operand they take over is then counted as freed, so the net is the same).
+    let allocated: Vec<i128> = program
+        .ops
+        .iter()
+        .map(|info| {
+            info.results
+                .iter()
+                .filter(|&&r| groups.root[r] == r)
+                .map(|&r| i128::from(groups.bytes[r]))
+                .sum()
+        })
+        .collect();
+    let mut remaining: Vec<usize> = groups.readers.iter().map(Vec::len).collect();
+    let mut done = vec![false; op_count];
+    let score = |op: usize, remaining: &[usize]| -> i128 {
+        let freed: i128 = groups_read[op]
+            .iter()
+            .filter(|&&g| remaining[g] == 1)
+            .map(|&g| i128::from(groups.bytes[g]))
+            .sum();
+        freed - allocated[op]
+    };
+    let mut pending = pending_operands(program);
+    // Ready ops by (highest score, lowest index); `current` holds each ready op's key.
+    let mut ready: BTreeSet<(Reverse<i128>, usize)> = BTreeSet::new();
+    let mut current: Vec<Option<i128>> = vec![None; op_count];
+    for op in (0..op_count).filter(|&op| pending[op] == 0) {
+        let s = score(op, &remaining);
+        current[op] = Some(s);
+        ready.insert((Reverse(s), op));
+    }
+    let mut order = Vec::with_capacity(op_count);
+    while let Some((_, op)) = ready.pop_first() {
+        current[op] = None;
+        done[op] = true;
+        order.push(op);
+        for &g in &groups_read[op] {
+            remaining[g] -= 1;
+            if remaining[g] != 1 {
+                continue;
+            }
+            // The last reader of `g` now frees it: rescore it if it is ready.
+            let last = groups.readers[g].iter().copied().find(|&r| !done[r]);
+            if let Some(last) = last {
+                if let Some(old) = current[last] {
+                    ready.remove(&(Reverse(old), last));
+                    let s = score(last, &remaining);
+                    current[last] = Some(s);
+                    ready.insert((Reverse(s), last));
+                }
+            }
+        }
+        for reader in finish(program, &mut pending, op) {
+            let s = score(reader, &remaining);
+            current[reader] = Some(s);
+            ready.insert((Reverse(s), reader));
+        }
+    }
+    order
+}
+
+#[cfg(test)]
+#[path = "schedule_tests.rs"]
+mod tests;
