@@ -87,27 +87,78 @@ enum Command {
     },
     /// Trace a model into a program graph and verify it; print a summary or the IR.
     Compile {
-        /// A Hugging Face model directory or a preset name.
-        #[arg(long)]
-        model: String,
-        #[arg(long, value_enum)]
-        program: Program,
-        /// Sequences in the batch.
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        /// Tokens per sequence (prefill, train).
-        #[arg(long, default_value_t = 16)]
-        seq: usize,
-        /// Rows of the KV cache (prefill, decode).
-        #[arg(long, default_value_t = 64)]
-        max_seq: usize,
+        #[command(flatten)]
+        program: ProgramArgs,
         /// Print the IR text instead of a summary.
         #[arg(long)]
         print_ir: bool,
-        /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
-        #[arg(long, value_enum, default_value_t = Numerics::F32)]
-        precision: Numerics,
     },
+    /// Plan a program: schedule, buffers, one arena, streams; dump it as text, JSON, CSV or SVG.
+    Plan {
+        #[command(flatten)]
+        program: ProgramArgs,
+        /// Streams (1 = serial).
+        #[arg(long, default_value_t = 1)]
+        streams: usize,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Write the dump to this file (must not exist) instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Check the plan with the independent plan verifier.
+        #[arg(long)]
+        verify: bool,
+    },
+}
+
+/// Shapes and numerics of a program, shared by `compile` and `plan`.
+#[derive(clap::Args)]
+struct ProgramArgs {
+    /// A Hugging Face model directory or a preset name.
+    #[arg(long)]
+    model: String,
+    #[arg(long, value_enum)]
+    program: Program,
+    /// Sequences in the batch.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Tokens per sequence (prefill, train).
+    #[arg(long, default_value_t = 16)]
+    seq: usize,
+    /// Rows of the KV cache (prefill, decode).
+    #[arg(long, default_value_t = 64)]
+    max_seq: usize,
+    /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
+    #[arg(long, value_enum, default_value_t = Numerics::F32)]
+    precision: Numerics,
+}
+
+impl ProgramArgs {
+    fn program(&self) -> Result<(ProgramKind, ProgramOptions)> {
+        let kind = match self.program {
+            Program::Prefill => ProgramKind::Prefill,
+            Program::Decode => ProgramKind::Decode,
+            Program::Train => ProgramKind::Train,
+        };
+        anyhow::ensure!(
+            self.batch >= 1 && self.seq >= 1,
+            "--batch and --seq must be >= 1"
+        );
+        anyhow::ensure!(
+            kind == ProgramKind::Train || self.seq <= self.max_seq,
+            "--seq {} does not fit a cache of --max-seq {}",
+            self.seq,
+            self.max_seq
+        );
+        let options = ProgramOptions {
+            batch: self.batch,
+            seq: self.seq,
+            max_seq: self.max_seq,
+            precision: self.precision.into(),
+            ..ProgramOptions::default()
+        };
+        Ok((kind, options))
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -123,6 +174,14 @@ impl From<Numerics> for Precision {
             Numerics::Bf16Gemm => Precision::Bf16Gemm,
         }
     }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+    Csv,
+    Svg,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -172,33 +231,42 @@ fn main() -> Result<()> {
             };
             commands::eval(&model, seed, &tokens, &out, grads, mode, precision.into())?
         }
-        Command::Compile {
-            model,
-            program,
-            batch,
-            seq,
-            max_seq,
-            print_ir,
-            precision,
-        } => {
-            let kind = match program {
-                Program::Prefill => ProgramKind::Prefill,
-                Program::Decode => ProgramKind::Decode,
-                Program::Train => ProgramKind::Train,
-            };
-            anyhow::ensure!(batch >= 1 && seq >= 1, "--batch and --seq must be >= 1");
-            anyhow::ensure!(
-                kind == ProgramKind::Train || seq <= max_seq,
-                "--seq {seq} does not fit a cache of --max-seq {max_seq}"
+        Command::Compile { program, print_ir } => {
+            let (kind, options) = program.program()?;
+            print!(
+                "{}",
+                commands::compile(&program.model, kind, &options, print_ir)?
             );
-            let options = ProgramOptions {
-                batch,
-                seq,
-                max_seq,
-                precision: precision.into(),
-                ..ProgramOptions::default()
+        }
+        Command::Plan {
+            program,
+            streams,
+            format,
+            out,
+            verify,
+        } => {
+            let (kind, options) = program.program()?;
+            let format = match format {
+                Format::Text => commands::PlanFormat::Text,
+                Format::Json => commands::PlanFormat::Json,
+                Format::Csv => commands::PlanFormat::Csv,
+                Format::Svg => commands::PlanFormat::Svg,
             };
-            print!("{}", commands::compile(&model, kind, &options, print_ir)?);
+            let plan_options = kiln_planner::PlanOptions {
+                streams,
+                ..kiln_planner::PlanOptions::default()
+            };
+            if let Some(text) = commands::plan(
+                &program.model,
+                kind,
+                &options,
+                &plan_options,
+                format,
+                out.as_deref(),
+                verify,
+            )? {
+                print!("{text}");
+            }
         }
     }
     Ok(())

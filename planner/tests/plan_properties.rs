@@ -30,6 +30,22 @@ fn check(graph: &Graph, options: &PlanOptions) -> Result<(), Box<dyn Error>> {
     if options.streams == 0 || !options.alignment.is_power_of_two() {
         return Err(format!("unusable options {options:?}").into());
     }
+    // The planner's plan passes the independent verifier (which also checks arena >= lower
+    // bound and that overlapping lifetimes never share a byte, across streams too) ...
+    let plan = kiln_planner::plan(graph, options)?;
+    verify_plan(graph, &plan)?;
+    if plan.arena_bytes < plan.lower_bound_bytes {
+        return Err(format!(
+            "arena {} below lower bound {}",
+            plan.arena_bytes, plan.lower_bound_bytes
+        )
+        .into());
+    }
+    // ... and planning is deterministic, byte for byte.
+    let again = kiln_planner::plan(graph, options)?;
+    if plan != again || kiln_planner::dump::to_json(&plan) != kiln_planner::dump::to_json(&again) {
+        return Err("planning twice gave different plans".into());
+    }
     Ok(())
 }
 

@@ -3,7 +3,9 @@
 mod compile;
 mod eval;
 mod init_model;
+mod plan;
 
 pub use compile::compile;
 pub use eval::{eval, EvalMode};
 pub use init_model::init_model;
+pub use plan::{plan, PlanFormat};

@@ -102,7 +102,15 @@ pub(super) fn check_events(
             .get(&s.node)
             .map_or(&[][..], |op| &op.operands[..]);
         for &operand in operands {
-            let Some(&producer) = step_of.get(&operand.0) else {
+            // A view writes nothing: what must be complete is the step that wrote the data.
+            let mut source = operand;
+            while let Some(view) = program.ops.get(&source.0).filter(|op| is_view(op.op)) {
+                match view.operands.first() {
+                    Some(&inner) => source = inner,
+                    None => break,
+                }
+            }
+            let Some(&producer) = step_of.get(&source.0) else {
                 continue;
             };
             if !order.before(producer, step) {
@@ -338,4 +346,12 @@ pub(super) fn check_aliasing(
         }
     }
     Ok(())
+}
+
+/// Ops that only reinterpret their operand's bytes and run no work on a device.
+fn is_view(op: &kiln_ir::Op) -> bool {
+    matches!(
+        op,
+        kiln_ir::Op::Reshape { .. } | kiln_ir::Op::Transpose { .. } | kiln_ir::Op::Slice { .. }
+    )
 }

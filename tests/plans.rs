@@ -1,0 +1,112 @@
+//! Plans of the real programs: every plan passes the independent verifier (for 1 to 4
+//! streams), sits at or above the lower bound, and is deterministic; snapshots of the tiny
+//! plans as text and JSON.
+
+use kiln_frontend::hf::presets::preset;
+use kiln_frontend::model::ModelConfig;
+use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
+use kiln_planner::{dump, plan, verify_plan, PlanOptions};
+
+const KINDS: [ProgramKind; 3] = [
+    ProgramKind::Prefill,
+    ProgramKind::Decode,
+    ProgramKind::Train,
+];
+
+fn check(
+    config: &ModelConfig,
+    kind: ProgramKind,
+    options: &ProgramOptions,
+    streams: usize,
+) -> kiln_planner::Plan {
+    let graph = build(kind, config, options).unwrap();
+    let plan_options = PlanOptions {
+        streams,
+        ..PlanOptions::default()
+    };
+    let planned = plan(&graph, &plan_options).unwrap();
+    verify_plan(&graph, &planned)
+        .unwrap_or_else(|e| panic!("{} streams={streams}: {e}", kind.name()));
+    assert!(planned.arena_bytes >= planned.lower_bound_bytes);
+    assert_eq!(
+        planned,
+        plan(&graph, &plan_options).unwrap(),
+        "deterministic"
+    );
+    planned
+}
+
+#[test]
+fn tiny_plans_verify_on_one_to_four_streams() {
+    let options = ProgramOptions {
+        batch: 2,
+        seq: 8,
+        max_seq: 16,
+        ..Default::default()
+    };
+    for kind in KINDS {
+        let serial = check(&ModelConfig::tiny(), kind, &options, 1);
+        // One stream: the arena is within 5% of the exact lower bound.
+        let ratio = serial.arena_bytes as f64 / serial.lower_bound_bytes as f64;
+        assert!(
+            ratio <= 1.05,
+            "{}: arena / lower bound = {ratio}",
+            kind.name()
+        );
+        for streams in 2..=4 {
+            check(&ModelConfig::tiny(), kind, &options, streams);
+        }
+    }
+}
+
+#[test]
+fn official_shapes_plan_and_verify() {
+    let (config, _) = preset("qwen2.5-0.5b").unwrap();
+    for (kind, seq) in [
+        (ProgramKind::Prefill, 512),
+        (ProgramKind::Decode, 1),
+        (ProgramKind::Train, 512),
+    ] {
+        let options = ProgramOptions {
+            batch: 1,
+            seq,
+            max_seq: 512,
+            ..Default::default()
+        };
+        for streams in [1, 2] {
+            let planned = check(&config, kind, &options, streams);
+            eprintln!(
+                "qwen2.5-0.5b {} streams={streams}: arena {} B, lower bound {} B ({:.4})",
+                kind.name(),
+                planned.arena_bytes,
+                planned.lower_bound_bytes,
+                planned.arena_bytes as f64 / planned.lower_bound_bytes as f64
+            );
+        }
+    }
+}
+
+fn snapshot(kind: ProgramKind, streams: usize) {
+    let options = ProgramOptions {
+        batch: 2,
+        seq: 4,
+        max_seq: 8,
+        ..Default::default()
+    };
+    let planned = check(&ModelConfig::tiny(), kind, &options, streams);
+    let name = format!("plan_tiny_{}_{streams}stream", kind.name());
+    insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
+        // No planning time is passed: the text holds nothing machine-dependent.
+        insta::assert_snapshot!(format!("{name}_text"), dump::to_text(&planned, None));
+        insta::assert_snapshot!(format!("{name}_json"), dump::to_json(&planned));
+    });
+}
+
+#[test]
+fn tiny_plan_snapshots() {
+    for kind in KINDS {
+        for streams in [1, 2] {
+            snapshot(kind, streams);
+        }
+    }
+}
