@@ -132,3 +132,88 @@ fn eval_interpret_mode_writes_the_oracles_bits() {
         );
     }
 }
+
+#[test]
+fn plan_dumps_every_format() {
+    let args = |format: &'static str| {
+        vec![
+            "plan",
+            "--model",
+            "tiny",
+            "--program",
+            "train",
+            "--batch",
+            "2",
+            "--seq",
+            "4",
+            "--streams",
+            "2",
+            "--format",
+            format,
+        ]
+    };
+    let text = stdout_of(kiln(&[args("text"), vec!["--verify"]].concat()));
+    assert!(text.starts_with("plan train\n"), "{text}");
+    for needle in [
+        "arena / lower bound",
+        "at the peak step",
+        "time x offset map",
+        "verified: the independent plan verifier",
+    ] {
+        assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&stdout_of(kiln(&args("json")))).unwrap();
+    assert!(json["arena_bytes"].as_u64().unwrap() >= json["lower_bound_bytes"].as_u64().unwrap());
+    for key in ["name", "class", "offset", "size", "start", "end"] {
+        assert!(
+            json["buffers"][0].get(key).is_some(),
+            "buffers carry `{key}`"
+        );
+    }
+    let csv = stdout_of(kiln(&args("csv")));
+    assert!(
+        csv.starts_with("id,name,class,offset,size,start,end,uses\n"),
+        "{csv}"
+    );
+    assert_eq!(
+        csv.lines().count() - 1,
+        json["buffers"].as_array().unwrap().len()
+    );
+    let svg = stdout_of(kiln(&args("svg")));
+    assert!(
+        svg.starts_with("<svg") || svg.starts_with("<?xml"),
+        "{}",
+        &svg[..80.min(svg.len())]
+    );
+    assert!(svg.trim_end().ends_with("</svg>"));
+}
+
+#[test]
+fn plan_writes_to_a_new_file_only() {
+    let scratch = tempfile::tempdir().unwrap();
+    let out = scratch.path().join("plan.svg");
+    let path = out.to_str().unwrap();
+    let args = [
+        "plan",
+        "--model",
+        "tiny",
+        "--program",
+        "decode",
+        "--format",
+        "svg",
+        "--out",
+        path,
+    ];
+    let run = kiln(&args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(std::fs::read_to_string(&out).unwrap().contains("</svg>"));
+    std::fs::write(&out, "mine").unwrap();
+    let again = kiln(&args);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine");
+}
