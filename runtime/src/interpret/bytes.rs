@@ -14,9 +14,13 @@ fn whole(len: usize, size: usize) -> usize {
     len - len % size
 }
 
-/// `bytes` as elements of `dtype`, or `None` when they are not aligned for it.
+/// `bytes` as elements of `dtype`, or `None` when they are not aligned for it (no bytes are
+/// no elements, wherever they point).
 pub(crate) fn data(bytes: &[u8], dtype: DType) -> Option<Data<'_>> {
     let bytes = &bytes[..whole(bytes.len(), dtype.size_bytes())];
+    if bytes.is_empty() {
+        return Some(empty(dtype));
+    }
     Some(match dtype {
         DType::F32 => Data::F32(bytemuck::try_cast_slice::<u8, f32>(bytes).ok()?),
         DType::F64 => Data::F64(bytemuck::try_cast_slice::<u8, f64>(bytes).ok()?),
@@ -27,10 +31,14 @@ pub(crate) fn data(bytes: &[u8], dtype: DType) -> Option<Data<'_>> {
     })
 }
 
-/// `bytes` as mutable elements of `dtype`, or `None` when they are not aligned for it.
+/// `bytes` as mutable elements of `dtype`, or `None` when they are not aligned for it (no
+/// bytes are no elements, wherever they point).
 pub(crate) fn data_mut(bytes: &mut [u8], dtype: DType) -> Option<DataMut<'_>> {
     let end = whole(bytes.len(), dtype.size_bytes());
     let bytes = &mut bytes[..end];
+    if bytes.is_empty() {
+        return Some(empty_mut(dtype));
+    }
     Some(match dtype {
         DType::F32 => DataMut::F32(bytemuck::try_cast_slice_mut::<u8, f32>(bytes).ok()?),
         DType::F64 => DataMut::F64(bytemuck::try_cast_slice_mut::<u8, f64>(bytes).ok()?),
@@ -39,6 +47,28 @@ pub(crate) fn data_mut(bytes: &mut [u8], dtype: DType) -> Option<DataMut<'_>> {
         DType::I32 => DataMut::I32(bytemuck::try_cast_slice_mut::<u8, i32>(bytes).ok()?),
         DType::I64 => DataMut::I64(bytemuck::try_cast_slice_mut::<u8, i64>(bytes).ok()?),
     })
+}
+
+fn empty(dtype: DType) -> Data<'static> {
+    match dtype {
+        DType::F32 => Data::F32(&[]),
+        DType::F64 => Data::F64(&[]),
+        DType::BF16 => Data::BF16(&[]),
+        DType::F16 => Data::F16(&[]),
+        DType::I32 => Data::I32(&[]),
+        DType::I64 => Data::I64(&[]),
+    }
+}
+
+fn empty_mut(dtype: DType) -> DataMut<'static> {
+    match dtype {
+        DType::F32 => DataMut::F32(&mut []),
+        DType::F64 => DataMut::F64(&mut []),
+        DType::BF16 => DataMut::BF16(&mut []),
+        DType::F16 => DataMut::F16(&mut []),
+        DType::I32 => DataMut::I32(&mut []),
+        DType::I64 => DataMut::I64(&mut []),
+    }
 }
 
 /// The bytes of typed elements (every dtype is plain old data).
@@ -95,5 +125,8 @@ mod tests {
         assert!(data(&bytes[2..], DType::F32).is_none());
         assert!(data_mut(&mut bytes[4..], DType::F64).is_none());
         assert!(data(&bytes[2..], DType::BF16).is_some());
+        // Empty (or shorter than one element) is fine at any address.
+        assert_eq!(data(&bytes[1..1], DType::F64).unwrap().len(), 0);
+        assert_eq!(data_mut(&mut bytes[1..4], DType::F32).unwrap().len(), 0);
     }
 }
