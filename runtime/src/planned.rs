@@ -26,6 +26,10 @@
 //!    buffer whose lifetime ends there are filled with it again. 0xFF bytes are a NaN in every
 //!    float dtype, so a value read after its buffer died, or clobbered by a buffer the plan
 //!    wrongly overlaps with it, breaks bit-equality with the interpreter.
+//!
+//! Steps run one at a time in schedule order; streams and events are ignored (a serial run in
+//! schedule order respects every event). Lifetimes are in schedule steps, so poisoning after a
+//! buffer's last step is right for multi-stream plans too.
 
 mod layout;
 mod memory;
