@@ -20,7 +20,8 @@
 //! Every value is kept until the end of the run: this interpreter is the reference, not the
 //! memory planner.
 
-mod ops;
+pub(crate) mod bytes;
+pub(crate) mod ops;
 
 use std::collections::BTreeMap;
 
@@ -68,6 +69,19 @@ pub fn interpret(
 /// An environment holding every graph input, bound by name from `values` (invariant 1).
 fn bind_inputs(graph: &Graph, values: &BTreeMap<String, Tensor>) -> Result<Env> {
     let mut env = Env::default();
+    for (value, tensor) in bound_inputs(graph, values)? {
+        env.results.insert(value.node.index(), vec![tensor]);
+    }
+    Ok(env)
+}
+
+/// Every graph input with the tensor bound to its name in `values`, in node order, after
+/// checking each binding (invariant 1). The planned executor binds its inputs through this too.
+pub(crate) fn bound_inputs(
+    graph: &Graph,
+    values: &BTreeMap<String, Tensor>,
+) -> Result<Vec<(ValueId, Tensor)>> {
+    let mut bound = Vec::new();
     for (value, name, _, expected) in graph.inputs() {
         let tensor = values.get(name).ok_or_else(|| Error::MissingInput {
             name: name.to_string(),
@@ -81,9 +95,9 @@ fn bind_inputs(graph: &Graph, values: &BTreeMap<String, Tensor>) -> Result<Env> 
                 found: Box::new(found),
             });
         }
-        env.results.insert(value.node.index(), vec![tensor.clone()]);
+        bound.push((value, tensor.clone()));
     }
-    Ok(env)
+    Ok(bound)
 }
 
 /// Runs op node `index` on `operands` (ordered by port) and returns its results.
@@ -108,18 +122,32 @@ fn run_node(
         }
         tensors.push(env.get(operand, &what)?.clone());
     }
-    let failed = |source: Error| Error::Node {
+    let operand_types: Vec<TensorType> = tensors.iter().map(type_of).collect();
+    let types = result_types(index, op, &operand_types, recorded)?;
+    ops::run(op, &tensors, &types).map_err(|source| Error::Node {
         node: index,
         op: op.to_string(),
         source: Box::new(source),
-    };
-    // Re-deriving the result types from the operands means that a graph edited by hand cannot
-    // make a kernel see operands its type rule refuses.
-    let operand_types: Vec<TensorType> = tensors.iter().map(type_of).collect();
-    let types = op.infer(&operand_types).map_err(|e| failed(e.into()))?;
+    })
+}
+
+/// The result types of op node `index` for operands of `operand_types`, checked against the
+/// types the graph `recorded`. Re-deriving them from the operands means that a graph edited by
+/// hand cannot make a kernel see operands its type rule refuses.
+pub(crate) fn result_types(
+    index: usize,
+    op: &Op,
+    operand_types: &[TensorType],
+    recorded: &[TensorType],
+) -> Result<Vec<TensorType>> {
+    let types = op.infer(operand_types).map_err(|e| Error::Node {
+        node: index,
+        op: op.to_string(),
+        source: Box::new(e.into()),
+    })?;
     if types != recorded {
         return Err(Error::Graph {
-            what: what(),
+            what: format!("node %{index} ({op})"),
             reason: format!(
                 "its operands give results {}, but the graph records {}",
                 list(&types),
@@ -127,7 +155,7 @@ fn run_node(
             ),
         });
     }
-    ops::run(op, &tensors, &types).map_err(failed)
+    Ok(types)
 }
 
 /// The results of every node run so far (inputs bound, ops executed), by node.
@@ -150,7 +178,7 @@ impl Env {
 }
 
 /// The dtype and shape of a tensor, as the IR types it.
-fn type_of(tensor: &Tensor) -> TensorType {
+pub(crate) fn type_of(tensor: &Tensor) -> TensorType {
     TensorType::new(tensor.dtype(), tensor.shape().clone())
 }
 
@@ -161,6 +189,19 @@ fn list(types: &[TensorType]) -> String {
 
 /// The tensor written to persistent input `name`, after checking the write fits it.
 fn checked_write(graph: &Graph, env: &Env, name: &str, value: ValueId) -> Result<(String, Tensor)> {
+    let tensor = env.get(value, &|| format!("write `{name}`"))?;
+    check_write(graph, name, value, &type_of(tensor))?;
+    Ok((name.to_string(), tensor.clone()))
+}
+
+/// Checks that the value `value`, of type `found`, may be written to input `name`: a param or
+/// state of exactly that type.
+pub(crate) fn check_write(
+    graph: &Graph,
+    name: &str,
+    value: ValueId,
+    found: &TensorType,
+) -> Result<()> {
     let what = || format!("write `{name}`");
     let target = graph
         .inputs()
@@ -171,16 +212,14 @@ fn checked_write(graph: &Graph, env: &Env, name: &str, value: ValueId) -> Result
             reason: "the graph has no input of that name".to_string(),
         })?;
     let (_, _, kind, expected) = target;
-    let tensor = env.get(value, &what)?;
-    if !kind.is_persistent() || type_of(tensor) != *expected {
+    if !kind.is_persistent() || found != expected {
         return Err(Error::Graph {
             what: what(),
             reason: format!(
-                "a {} {expected} cannot be given the value {value} of type {}",
-                kind.name(),
-                type_of(tensor)
+                "a {} {expected} cannot be given the value {value} of type {found}",
+                kind.name()
             ),
         });
     }
-    Ok((name.to_string(), tensor.clone()))
+    Ok(())
 }

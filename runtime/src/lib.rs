@@ -16,6 +16,7 @@ mod device;
 mod error;
 mod interpret;
 mod launch;
+mod planned;
 mod storage;
 mod tensor;
 
@@ -23,5 +24,6 @@ pub use device::Device;
 pub use error::{Error, Result};
 pub use interpret::interpret;
 pub use launch::launch;
+pub use planned::execute;
 pub use storage::{Storage, StorageRead, StorageWrite};
 pub use tensor::Tensor;
