@@ -50,13 +50,12 @@ fn bindings(
                     config.vocab_size,
                 )
                 .unwrap();
-                inputs
+                let found = inputs
                     .named()
                     .into_iter()
                     .find(|(n, _)| *n == name)
-                    .unwrap()
-                    .1
-                    .clone()
+                    .map(|(_, t)| t.clone());
+                found.unwrap()
             }
             // Decode at position 3 of caches that hold random history.
             "positions" => Tensor::from_vec(vec![3i64; batch], [batch]).unwrap(),

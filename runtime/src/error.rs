@@ -66,24 +66,24 @@ pub enum Error {
 
     // --- interpreter ---
     /// A graph input has no value bound to its name.
-    #[error("interpret: graph input `{name}` ({expected}) has no value bound to it")]
+    #[error("graph input `{name}` ({expected}) has no value bound to it")]
     MissingInput {
         name: String,
         expected: Box<TensorType>,
     },
     /// The value bound to a graph input has another dtype or shape than the input. (Types are
     /// boxed to keep every `Result` of this crate small.)
-    #[error("interpret: graph input `{name}` is {expected}, but the value bound to it is {found}")]
+    #[error("graph input `{name}` is {expected}, but the value bound to it is {found}")]
     InputType {
         name: String,
         expected: Box<TensorType>,
         found: Box<TensorType>,
     },
     /// The graph cannot be run as it stands: `what` names the node, output or write at fault.
-    #[error("interpret: {what}: {reason}")]
+    #[error("{what}: {reason}")]
     Graph { what: String, reason: String },
     /// An op failed while running: the node's index and op, and the error underneath.
-    #[error("interpret: node %{node} ({op}): {source}")]
+    #[error("node %{node} ({op}): {source}")]
     Node {
         node: usize,
         op: String,

@@ -8,9 +8,11 @@
 //! [`interpret`] runs an IR program with one fresh allocation per value on the CPU reference
 //! kernels: the baseline every planned executor must match bit for bit.
 //!
-//! Only the CPU device exists today. The backend abstraction (CUDA, HIP), the activation arena,
-//! streams, events and graph capture/replay will live here too, over kiln-kernels and the
-//! planner's plans.
+//! [`execute`] runs a planned program with every activation and workspace in ONE host arena at
+//! the plan's offsets (optionally poisoning dead bytes) and matches [`interpret`] bit for bit.
+//!
+//! Only the CPU device exists today. The backend abstraction (CUDA, HIP), the device arena,
+//! streams, events and graph capture/replay will live here too.
 
 mod device;
 mod error;
