@@ -109,6 +109,16 @@ enum Command {
         #[arg(long)]
         verify: bool,
     },
+    /// The planner quality table for the official presets (prefill, decode B=1 and B=8, train):
+    /// arena, lower bound, ratio, naive sum of activations, planning time. Markdown.
+    PlannerReport {
+        /// Streams (1 = serial).
+        #[arg(long, default_value_t = 1)]
+        streams: usize,
+        /// Plan each program this many times and report the fastest.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
 }
 
 /// Shapes and numerics of a program, shared by `compile` and `plan`.
@@ -237,6 +247,9 @@ fn main() -> Result<()> {
                 "{}",
                 commands::compile(&program.model, kind, &options, print_ir)?
             );
+        }
+        Command::PlannerReport { streams, repeats } => {
+            print!("{}", commands::planner_report(streams, repeats)?);
         }
         Command::Plan {
             program,

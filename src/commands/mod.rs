@@ -4,8 +4,10 @@ mod compile;
 mod eval;
 mod init_model;
 mod plan;
+mod planner_report;
 
 pub use compile::compile;
 pub use eval::{eval, EvalMode};
 pub use init_model::init_model;
 pub use plan::{plan, PlanFormat};
+pub use planner_report::planner_report;
