@@ -1,6 +1,6 @@
 //! The planned executor (one host arena at the plan's offsets, dead bytes poisoned with NaN)
-//! against the reference interpreter, bit for bit, on the real programs' real plans — 1 and 2
-//! streams (the CPU executor runs the schedule in order, which every stream assignment allows).
+//! against the reference interpreter, bit for bit, on the real programs' real plans — prefill,
+//! decode and train of both tiny families, 1 and 2 streams (the CPU executor runs the schedule in order, which every stream assignment allows).
 
 use std::collections::BTreeMap;
 

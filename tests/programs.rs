@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use kiln_frontend::eval::{evaluate, evaluate_interpreted, CausalLmInputs};
 use kiln_frontend::model::{
-    forward, last_logits, random_weights, Eager, Family, ModelConfig, ModelWeights, Precision,
+    forward, last_logits, random_weights, Eager, ModelConfig, ModelWeights, Precision,
 };
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
@@ -15,28 +15,8 @@ use kiln_kernels::testing;
 use kiln_runtime::interpret;
 use kiln_runtime::Tensor;
 
-fn llama_tied() -> ModelConfig {
-    ModelConfig {
-        family: Family::Llama,
-        hidden_size: 48,
-        intermediate_size: 80,
-        num_hidden_layers: 2,
-        num_attention_heads: 3,
-        num_key_value_heads: 3,
-        head_dim: 16,
-        vocab_size: 71,
-        rms_norm_eps: 1e-5,
-        rope_theta: 500000.0,
-        tie_word_embeddings: true,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        max_position_embeddings: 64,
-    }
-}
-
 fn configs() -> [ModelConfig; 2] {
-    [ModelConfig::tiny(), llama_tied()]
+    [ModelConfig::tiny(), ModelConfig::tiny_llama()]
 }
 
 fn bits(t: &Tensor) -> Vec<u64> {

@@ -55,6 +55,28 @@ impl ModelConfig {
         }
     }
 
+    /// A tiny Llama-style model (multi-head attention, tied embeddings, no biases): the other
+    /// family's small test model.
+    pub fn tiny_llama() -> Self {
+        ModelConfig {
+            family: Family::Llama,
+            hidden_size: 48,
+            intermediate_size: 80,
+            num_hidden_layers: 2,
+            num_attention_heads: 3,
+            num_key_value_heads: 3,
+            head_dim: 16,
+            vocab_size: 71,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500000.0,
+            tie_word_embeddings: true,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            max_position_embeddings: 64,
+        }
+    }
+
     /// Query heads per key/value head.
     pub fn group_size(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads.max(1)
