@@ -44,17 +44,19 @@ fn tiny_plans_verify_on_one_to_four_streams() {
         max_seq: 16,
         ..Default::default()
     };
-    for kind in KINDS {
-        let serial = check(&ModelConfig::tiny(), kind, &options, 1);
-        // One stream: the arena is within 5% of the exact lower bound.
-        let ratio = serial.arena_bytes as f64 / serial.lower_bound_bytes as f64;
-        assert!(
-            ratio <= 1.05,
-            "{}: arena / lower bound = {ratio}",
-            kind.name()
-        );
-        for streams in 2..=4 {
-            check(&ModelConfig::tiny(), kind, &options, streams);
+    for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
+        for kind in KINDS {
+            let serial = check(&config, kind, &options, 1);
+            // One stream: the arena is within 5% of the exact lower bound.
+            let ratio = serial.arena_bytes as f64 / serial.lower_bound_bytes as f64;
+            assert!(
+                ratio <= 1.05,
+                "{}: arena / lower bound = {ratio}",
+                kind.name()
+            );
+            for streams in 2..=4 {
+                check(&config, kind, &options, streams);
+            }
         }
     }
 }
