@@ -126,8 +126,9 @@ impl<'a, T: Element> From<&'a mut Vec<T>> for DataMut<'a> {
     }
 }
 
-/// Checks invariants 1 and 2 of the module doc.
-fn check_fits(shape: &Shape, strides: &[usize], offset: usize, len: usize) -> Result<()> {
+/// Checks invariants 1 and 2 of the module doc: `shape` with `strides` at `offset` lies inside
+/// data of `len` elements (the one bounds rule every layer uses).
+pub fn check_fits(shape: &Shape, strides: &[usize], offset: usize, len: usize) -> Result<()> {
     if strides.len() != shape.rank() {
         return Err(Error::StridesRank {
             shape_rank: shape.rank(),

@@ -21,6 +21,7 @@ mod launch;
 mod planned;
 mod storage;
 mod tensor;
+mod view_rules;
 
 pub use device::Device;
 pub use error::{Error, Result};

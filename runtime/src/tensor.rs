@@ -16,6 +16,7 @@ use kiln_kernels::{Buffer, Element, TensorView, TensorViewMut};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::storage::{Storage, StorageRead, StorageWrite};
+use crate::view_rules::ViewLayout;
 
 /// A view of a storage: shape, element strides, element offset.
 #[derive(Clone, Debug)]
@@ -140,70 +141,40 @@ impl Tensor {
         Self::view_of(self.storage.clone(), shape, unsigned, offset)
     }
 
+    /// This tensor's layout over its storage.
+    fn layout(&self) -> ViewLayout {
+        ViewLayout {
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            offset: self.offset,
+        }
+    }
+
+    /// A view of the same storage with `layout` (checked to fit it).
+    fn with_layout(&self, layout: ViewLayout) -> Result<Tensor> {
+        Self::view_of(
+            self.storage.clone(),
+            layout.shape,
+            layout.strides,
+            layout.offset,
+        )
+    }
+
     /// The same elements under another shape with the same element count; zero-copy, and only
     /// for contiguous tensors (call `contiguous()` first otherwise).
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
-        let to = shape.into();
-        if to.numel() != self.numel() {
-            return Err(Error::Reshape {
-                from: self.shape.clone(),
-                to,
-            });
-        }
-        self.expect_contiguous("reshape")?;
-        let strides = to.contiguous_strides();
-        Self::view_of(self.storage.clone(), to, strides, self.offset)
+        self.with_layout(self.layout().reshape(shape.into())?)
     }
 
     /// Swaps two dimensions; zero-copy.
     pub fn transpose(&self, dim0: usize, dim1: usize) -> Result<Tensor> {
-        for axis in [dim0, dim1] {
-            if axis >= self.rank() {
-                return Err(Error::Axis {
-                    op: "transpose",
-                    axis,
-                    rank: self.rank(),
-                });
-            }
-        }
-        let mut dims: Vec<usize> = self.dims().to_vec();
-        let mut strides = self.strides.clone();
-        dims.swap(dim0, dim1);
-        strides.swap(dim0, dim1);
-        Ok(Tensor {
-            storage: self.storage.clone(),
-            shape: Shape::new(&dims),
-            strides,
-            offset: self.offset,
-        })
+        self.with_layout(self.layout().transpose(dim0, dim1)?)
     }
 
     /// Elements `start, start+step, ...` below `end` along `axis`; zero-copy. `step` must be
     /// positive and `start <= end <= size`.
     pub fn slice(&self, axis: usize, start: usize, end: usize, step: usize) -> Result<Tensor> {
-        if axis >= self.rank() {
-            return Err(Error::Axis {
-                op: "slice",
-                axis,
-                rank: self.rank(),
-            });
-        }
-        let size = self.dims()[axis];
-        if step == 0 || start > end || end > size {
-            return Err(Error::Slice {
-                axis,
-                start,
-                end,
-                step,
-                size,
-            });
-        }
-        let mut dims: Vec<usize> = self.dims().to_vec();
-        let mut strides = self.strides.clone();
-        dims[axis] = (end - start).div_ceil(step);
-        let offset = self.offset + start * strides[axis];
-        strides[axis] *= step;
-        Self::view_of(self.storage.clone(), Shape::new(&dims), strides, offset)
+        self.with_layout(self.layout().slice(axis, start, end, step)?)
     }
 
     /// A row-major tensor with the same elements: `self` (sharing storage) when already
@@ -305,17 +276,5 @@ impl Tensor {
                 Ok::<_, kiln_kernels::Error>(out)
             })?
             .map_err(Error::from)
-    }
-
-    fn expect_contiguous(&self, op: &'static str) -> Result<()> {
-        if self.is_contiguous() {
-            Ok(())
-        } else {
-            Err(Error::NotContiguous {
-                op,
-                shape: self.shape.clone(),
-                strides: self.strides.to_vec(),
-            })
-        }
     }
 }

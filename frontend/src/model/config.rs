@@ -77,6 +77,20 @@ impl ModelConfig {
         }
     }
 
+    /// The integer sizes with their config.json names, in a fixed order.
+    pub fn sizes(&self) -> [(&'static str, usize); 8] {
+        [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ]
+    }
+
     /// Query heads per key/value head.
     pub fn group_size(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads.max(1)

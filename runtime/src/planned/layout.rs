@@ -3,14 +3,15 @@
 //!
 //! An op result that is not a view starts contiguous at element 0 of its buffer (where the
 //! interpreter's fresh tensor would start at element 0 of its storage); a bound input has the
-//! layout of its tensor; a view's layout is its operand's under the view rule, computed exactly
-//! as [`Tensor::reshape`], [`Tensor::transpose`] and [`Tensor::slice`] compute theirs (same
-//! checks, same errors), so kernels see the same views as in the interpreter.
+//! layout of its tensor; a view's layout is its operand's under the view rules that
+//! [`Tensor::reshape`], [`Tensor::transpose`] and [`Tensor::slice`] also use (`view_rules.rs`),
+//! so kernels see the same views as in the interpreter.
 
 use kiln_ir::{DType, Op, Shape, Strides, TensorType};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tensor::Tensor;
+use crate::view_rules::ViewLayout;
 
 /// The layout of one value in its buffer.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,19 +49,6 @@ impl Layout {
         TensorType::new(self.dtype, self.shape.clone())
     }
 
-    /// Whether every element lies among the first `capacity` elements of the storage (the
-    /// kernels' view bounds rule: an empty layout only needs `offset <= capacity`).
-    pub fn fits(&self, capacity: usize) -> bool {
-        if self.shape.numel() == 0 {
-            return self.offset <= capacity;
-        }
-        let last = (self.shape.dims().iter().zip(&self.strides))
-            .try_fold(self.offset, |last, (&dim, &stride)| {
-                (dim - 1).checked_mul(stride)?.checked_add(last)
-            });
-        last.is_some_and(|last| last < capacity)
-    }
-
     /// The layout of view op `op` of this value, in a storage of `capacity` elements; `None`
     /// when `op` is not a view op.
     pub fn view(&self, op: &Op, capacity: usize) -> Option<Result<Layout>> {
@@ -73,97 +61,43 @@ impl Layout {
         Some(view)
     }
 
-    /// As [`Tensor::reshape`]: same element count, a contiguous operand, the same offset.
-    fn reshape(&self, to: &Shape, capacity: usize) -> Result<Layout> {
-        if to.numel() != self.shape.numel() {
-            return Err(Error::Reshape {
-                from: self.shape.clone(),
-                to: to.clone(),
-            });
-        }
-        if !self.shape.is_contiguous(&self.strides) {
-            return Err(Error::NotContiguous {
-                op: "reshape",
-                shape: self.shape.clone(),
-                strides: self.strides.to_vec(),
-            });
-        }
-        let view = Layout {
-            dtype: self.dtype,
-            shape: to.clone(),
-            strides: to.contiguous_strides(),
+    /// This layout viewed by `view` (the shared view rules of `view_rules.rs`), dtype kept.
+    fn with(&self, view: impl FnOnce(&ViewLayout) -> Result<ViewLayout>) -> Result<Layout> {
+        let current = ViewLayout {
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
             offset: self.offset,
         };
-        view.checked(capacity)
-    }
-
-    /// As [`Tensor::transpose`]: two dims and their strides swapped.
-    fn transpose(&self, dim0: usize, dim1: usize) -> Result<Layout> {
-        let rank = self.shape.rank();
-        if let Some(&axis) = [dim0, dim1].iter().find(|&&axis| axis >= rank) {
-            return Err(Error::Axis {
-                op: "transpose",
-                axis,
-                rank,
-            });
-        }
-        let mut dims = self.shape.dims().to_vec();
-        let mut strides = self.strides.clone();
-        dims.swap(dim0, dim1);
-        strides.swap(dim0, dim1);
+        let ViewLayout {
+            shape,
+            strides,
+            offset,
+        } = view(&current)?;
         Ok(Layout {
             dtype: self.dtype,
-            shape: Shape::new(&dims),
+            shape,
             strides,
-            offset: self.offset,
+            offset,
         })
     }
 
-    /// As [`Tensor::slice`] with step 1: `start..end` along `axis`.
+    fn reshape(&self, to: &Shape, capacity: usize) -> Result<Layout> {
+        self.with(|l| l.reshape(to.clone()))?.checked(capacity)
+    }
+
+    fn transpose(&self, dim0: usize, dim1: usize) -> Result<Layout> {
+        self.with(|l| l.transpose(dim0, dim1))
+    }
+
     fn slice(&self, axis: usize, start: usize, end: usize, capacity: usize) -> Result<Layout> {
-        let rank = self.shape.rank();
-        if axis >= rank {
-            return Err(Error::Axis {
-                op: "slice",
-                axis,
-                rank,
-            });
-        }
-        let size = self.shape.dims()[axis];
-        if start > end || end > size {
-            return Err(Error::Slice {
-                axis,
-                start,
-                end,
-                step: 1,
-                size,
-            });
-        }
-        let mut dims = self.shape.dims().to_vec();
-        dims[axis] = end - start;
-        let view = Layout {
-            dtype: self.dtype,
-            shape: Shape::new(&dims),
-            strides: self.strides.clone(),
-            offset: self.offset + start * self.strides[axis],
-        };
-        view.checked(capacity)
+        self.with(|l| l.slice(axis, start, end, 1))?
+            .checked(capacity)
     }
 
     /// `self` if it fits in `capacity` elements, else the error a kernel view would give.
     fn checked(self, capacity: usize) -> Result<Layout> {
-        if self.fits(capacity) {
-            return Ok(self);
-        }
-        Err(kiln_kernels::Error::ViewOutOfBounds {
-            shape: self.shape,
-            strides: self.strides.to_vec(),
-            offset: self.offset,
-            // Where exactly it ends is not worth recomputing here; it is past the storage.
-            end: usize::MAX,
-            len: capacity,
-        }
-        .into())
+        kiln_kernels::check_fits(&self.shape, &self.strides, self.offset, capacity)?;
+        Ok(self)
     }
 }
 
@@ -258,14 +192,14 @@ mod tests {
     fn fits_follows_the_kernel_bounds_rule() {
         let ty = TensorType::new(DType::F32, [2, 3]);
         let layout = Layout::contiguous(&ty);
-        assert!(layout.fits(6));
-        assert!(!layout.fits(5));
+        assert!(layout.clone().checked(6).is_ok());
+        assert!(layout.clone().checked(5).is_err());
         let empty = Layout {
             offset: 7,
             ..Layout::contiguous(&TensorType::new(DType::F32, [0, 3]))
         };
-        assert!(empty.fits(7));
-        assert!(!empty.fits(6));
+        assert!(empty.clone().checked(7).is_ok());
+        assert!(empty.clone().checked(6).is_err());
         assert_eq!(layout.ty(), ty);
     }
 }

@@ -6,16 +6,7 @@ use crate::model::ModelConfig;
 
 /// Checks what every config kiln runs must satisfy; `path` names the source in errors.
 pub fn validate(config: &ModelConfig, path: &str) -> Result<()> {
-    for (field, value) in [
-        ("hidden_size", config.hidden_size),
-        ("intermediate_size", config.intermediate_size),
-        ("num_hidden_layers", config.num_hidden_layers),
-        ("num_attention_heads", config.num_attention_heads),
-        ("num_key_value_heads", config.num_key_value_heads),
-        ("head_dim", config.head_dim),
-        ("vocab_size", config.vocab_size),
-        ("max_position_embeddings", config.max_position_embeddings),
-    ] {
+    for (field, value) in config.sizes() {
         positive(path, field, value)?;
     }
     if !config

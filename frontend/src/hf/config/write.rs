@@ -55,16 +55,7 @@ pub fn config_json(config: &ModelConfig, dtype: DType) -> Result<String> {
             put("mlp_bias", Value::from(config.mlp_bias));
         }
     }
-    for (key, value) in [
-        ("hidden_size", config.hidden_size),
-        ("intermediate_size", config.intermediate_size),
-        ("num_hidden_layers", config.num_hidden_layers),
-        ("num_attention_heads", config.num_attention_heads),
-        ("num_key_value_heads", config.num_key_value_heads),
-        ("head_dim", config.head_dim),
-        ("vocab_size", config.vocab_size),
-        ("max_position_embeddings", config.max_position_embeddings),
-    ] {
+    for (key, value) in config.sizes() {
         put(key, Value::from(value));
     }
     put("rms_norm_eps", Value::from(config.rms_norm_eps));
