@@ -20,6 +20,7 @@ pub mod cache;
 pub mod copy;
 pub mod elementwise;
 pub mod embedding;
+pub mod gpu;
 pub mod loss;
 pub mod matmul;
 pub mod norm;

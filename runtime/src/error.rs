@@ -90,6 +90,22 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    // --- devices ---
+    /// A device backend cannot run this op on these operands (layout, dtype, size).
+    #[error("{op}: the {backend} backend cannot run it: {reason}")]
+    Unsupported {
+        backend: &'static str,
+        op: String,
+        reason: String,
+    },
+    /// A device, its driver or one of its libraries failed or is missing.
+    #[error("{backend}: {what}: {reason}")]
+    Device {
+        backend: &'static str,
+        what: String,
+        reason: String,
+    },
+
     // --- below ---
     #[error(transparent)]
     Shape(#[from] kiln_ir::Error),

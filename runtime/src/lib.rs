@@ -18,6 +18,7 @@ mod device;
 mod error;
 mod interpret;
 mod launch;
+mod lower;
 mod planned;
 mod storage;
 mod tensor;

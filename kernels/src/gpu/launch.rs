@@ -1,0 +1,128 @@
+//! Launch descriptors: what a backend must do, with symbolic addresses.
+
+use kiln_ir::DType;
+
+/// A symbolic device address: byte `offset` into slot `slot`. Slots are the backend's
+/// allocations (the arena, each parameter, each state, each I/O slot); the program that
+/// holds the launches says which is which. Addresses are resolved once, when memory is bound,
+/// so a captured graph sees fixed addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Addr {
+    pub slot: u32,
+    pub offset: u64,
+}
+
+impl Addr {
+    /// The address `bytes` further on in the same slot.
+    pub fn add(self, bytes: u64) -> Addr {
+        Addr {
+            slot: self.slot,
+            offset: self.offset + bytes,
+        }
+    }
+}
+
+/// One kernel argument, as the kernel's C signature takes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg {
+    /// A pointer (`T*`).
+    Ptr(Addr),
+    /// `long long`.
+    I64(i64),
+    /// `int`.
+    I32(i32),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    /// Module (a name in [`SOURCES`](super::SOURCES)) and `extern "C"` function name.
+    pub module: &'static str,
+    pub function: &'static str,
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory, bytes.
+    pub shared_bytes: u32,
+    pub args: Vec<Arg>,
+}
+
+/// Element types of a GEMM's A and B operands (C is always f32, accumulation is f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmDType {
+    F32,
+    BF16,
+}
+
+impl GemmDType {
+    pub fn of(dtype: DType) -> Option<GemmDType> {
+        match dtype {
+            DType::F32 => Some(GemmDType::F32),
+            DType::BF16 => Some(GemmDType::BF16),
+            _ => None,
+        }
+    }
+
+    pub fn size_bytes(self) -> u64 {
+        match self {
+            GemmDType::F32 => 4,
+            GemmDType::BF16 => 2,
+        }
+    }
+}
+
+/// A (strided-batched) matrix product in row-major terms, for the vendor GEMM:
+/// for each batch `b < batch`, `C_b [m,n] = op(A_b) · op(B_b)` where `op(A_b)` is `[m,k]` and
+/// `op(B_b)` is `[k,n]`. `A_b` is stored row-major with leading dimension `lda` (elements
+/// between rows) as `[m,k]`, or as `[k,m]` when `transpose_a`; likewise `B_b` as `[k,n]` or
+/// `[n,k]` when `transpose_b`; `C_b` row-major `[m,n]` with `ldc`. Batch strides are in
+/// elements. C is f32 and overwritten (beta = 0); accumulation is f32 (no TF32).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemm {
+    pub dtype: GemmDType,
+    pub a: Addr,
+    pub b: Addr,
+    pub c: Addr,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub batch: u64,
+    pub transpose_a: bool,
+    pub transpose_b: bool,
+    pub lda: u64,
+    pub ldb: u64,
+    pub ldc: u64,
+    pub stride_a: u64,
+    pub stride_b: u64,
+    pub stride_c: u64,
+}
+
+/// One unit of device work.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Launch {
+    Kernel(Kernel),
+    Gemm(Gemm),
+    /// Copy `bytes` bytes from `src` to `dst` (device to device; the ranges do not overlap).
+    Copy { dst: Addr, src: Addr, bytes: u64 },
+}
+
+impl Launch {
+    /// Every address the launch passes, in argument order.
+    pub fn addresses(&self) -> Vec<Addr> {
+        match self {
+            Launch::Kernel(k) => k
+                .args
+                .iter()
+                .filter_map(|a| match a {
+                    Arg::Ptr(addr) => Some(*addr),
+                    _ => None,
+                })
+                .collect(),
+            Launch::Gemm(g) => vec![g.a, g.b, g.c],
+            Launch::Copy { dst, src, .. } => vec![*dst, *src],
+        }
+    }
+}

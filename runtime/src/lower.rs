@@ -1,0 +1,45 @@
+//! Lowering IR ops to device launches ([`kiln_kernels::gpu::Launch`]): which kernels run, with
+//! which symbolic addresses, for one op whose operands and results are placed.
+//!
+//! Backend independent: nothing here touches a device, so CI (no GPU) lowers every op of every
+//! program and checks the launches against their slots.
+
+mod ops;
+
+use kiln_ir::{DType, Shape, Strides};
+use kiln_kernels::gpu::Addr;
+
+pub(crate) use ops::{lower_op, LowerOptions};
+
+/// A placed value: its buffer starts at `base`; its elements sit at element offset `offset`
+/// with element strides `strides` from there (as a CPU `Tensor` over its storage).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct DeviceTensor {
+    pub base: Addr,
+    pub dtype: DType,
+    pub shape: Shape,
+    pub strides: Strides,
+    /// Offset of the first element, in elements of `dtype`.
+    pub offset: usize,
+}
+
+impl DeviceTensor {
+    /// The address of the first element.
+    pub fn addr(&self) -> Addr {
+        self.base
+            .add((self.offset * self.dtype.size_bytes()) as u64)
+    }
+
+    /// Whether the elements are row-major and dense.
+    pub fn is_contiguous(&self) -> bool {
+        self.strides == self.shape.contiguous_strides()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+}
