@@ -14,7 +14,46 @@
 
 mod launch;
 
-pub use launch::{Addr, Arg, Gemm, GemmDType, Kernel, Launch};
+pub mod activation;
+pub mod attention;
+pub mod cache;
+pub mod copy;
+pub mod elementwise;
+pub mod embedding;
+pub mod gemv;
+pub mod loss;
+pub mod norm;
+pub mod optim;
+pub mod rope;
+
+pub use launch::{
+    all_aligned, grid_dim, grid_stride_blocks, size_arg, Addr, Arg, Gemm, GemmDType, Kernel,
+    Launch, BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, SLOT_ALIGN,
+};
+
+/// A module's text: the shared prelude (`common.cuh`: bf16 bits, fixed-order reductions)
+/// followed by the module's own source.
+macro_rules! module {
+    ($file:literal) => {
+        concat!(
+            include_str!("../cuda/common.cuh"),
+            "\n",
+            include_str!(concat!("../cuda/", $file))
+        )
+    };
+}
 
 /// Every kernel source: (module name, CUDA C text). A module's kernels are `extern "C"`.
-pub const SOURCES: &[(&str, &str)] = &[];
+pub const SOURCES: &[(&str, &str)] = &[
+    ("activation", module!("activation.cu")),
+    ("attention", module!("attention.cu")),
+    ("cache", module!("cache.cu")),
+    ("copy", module!("copy.cu")),
+    ("elementwise", module!("elementwise.cu")),
+    ("embedding", module!("embedding.cu")),
+    ("gemv", module!("gemv.cu")),
+    ("loss", module!("loss.cu")),
+    ("norm", module!("norm.cu")),
+    ("optim", module!("optim.cu")),
+    ("rope", module!("rope.cu")),
+];

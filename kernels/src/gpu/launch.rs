@@ -106,7 +106,11 @@ pub enum Launch {
     Kernel(Kernel),
     Gemm(Gemm),
     /// Copy `bytes` bytes from `src` to `dst` (device to device; the ranges do not overlap).
-    Copy { dst: Addr, src: Addr, bytes: u64 },
+    Copy {
+        dst: Addr,
+        src: Addr,
+        bytes: u64,
+    },
 }
 
 impl Launch {
@@ -125,4 +129,75 @@ impl Launch {
             Launch::Copy { dst, src, .. } => vec![*dst, *src],
         }
     }
+}
+
+/// Alignment, in bytes, of every slot's base address: backends allocate slots at least this
+/// aligned (cudaMalloc gives 256), so builders may choose vector (16-byte) access from an
+/// [`Addr`]'s offset alone.
+pub const SLOT_ALIGN: u64 = 256;
+
+/// Threads per block of the kernels that loop over items or rows.
+pub const BLOCK_THREADS: u32 = 256;
+
+/// Blocks of a grid-stride launch over `items` (at least 1): one item per thread up to a cap,
+/// past which threads loop. Depends on the size alone, never on data.
+pub fn grid_stride_blocks(items: u64) -> u32 {
+    const MAX_BLOCKS: u64 = 65_535;
+    items
+        .div_ceil(u64::from(BLOCK_THREADS))
+        .clamp(1, MAX_BLOCKS) as u32
+}
+
+/// Whether every address is a multiple of `bytes` (given [`SLOT_ALIGN`]-aligned slots).
+pub fn all_aligned(addresses: &[Addr], bytes: u64) -> bool {
+    addresses.iter().all(|a| a.offset % bytes == 0)
+}
+
+impl Kernel {
+    /// A launch of `module::function` with `args` in the order of its C signature.
+    pub fn launch(
+        module: &'static str,
+        function: &'static str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_bytes: u32,
+        args: Vec<Arg>,
+    ) -> Launch {
+        Launch::Kernel(Kernel {
+            module,
+            function,
+            grid,
+            block,
+            shared_bytes,
+            args,
+        })
+    }
+}
+
+/// `value` as a grid dimension of at most `max`, or an error naming the kernel and the size.
+pub fn grid_dim(
+    function: &'static str,
+    what: &'static str,
+    value: u64,
+    max: u64,
+) -> crate::Result<u32> {
+    if (1..=max).contains(&value) {
+        Ok(value as u32)
+    } else {
+        Err(crate::Error::Argument {
+            op: function,
+            argument: what,
+            reason: format!("{value} does not fit a grid dimension of 1..={max}"),
+        })
+    }
+}
+
+/// The largest grid x dimension.
+pub const MAX_GRID_X: u64 = (1 << 31) - 1;
+/// The largest grid y and z dimensions.
+pub const MAX_GRID_YZ: u64 = 65_535;
+
+/// A signed 64-bit kernel argument from a size.
+pub fn size_arg(value: u64) -> Arg {
+    Arg::I64(value as i64)
 }

@@ -9,7 +9,11 @@ use crate::error::Result;
 /// Choices among validated implementations (DESIGN.md's evidence rule: a candidate becomes the
 /// default only with measured evidence).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct LowerOptions {}
+pub(crate) struct LowerOptions {
+    /// MatMuls of at most 8 rows with transposed weights run the gemv kernel instead of the
+    /// vendor GEMM (a candidate: off until it wins a benchmark).
+    pub gemv: bool,
+}
 
 /// The launches that compute `op`: read `i` (operands by port), overwrite `o` (results by
 /// port), scratch in `workspace` (address and bytes; `None` when the plan gives none).

@@ -1,0 +1,80 @@
+// Shared by every kiln kernel module (prepended to each module's text by kernels/src/gpu.rs).
+//
+// A subset of CUDA C that NVRTC and hipRTC both compile: no #include, bf16 as raw bits.
+// Determinism: every reduction combines partial results in an order fixed by blockDim alone
+// (never by timing), and no kernel uses atomics, so the same inputs give the same bits.
+
+typedef long long i64;
+typedef unsigned short bf16_bits;
+
+#define KILN_WARP 32
+#define KILN_FULL_MASK 0xffffffffu
+
+// bf16 bits -> f32: exact (bf16 is the upper half of an f32; NaN payloads are kept).
+__device__ __forceinline__ float kiln_bf16_to_f32(bf16_bits bits) {
+    return __uint_as_float(((unsigned int)bits) << 16);
+}
+
+// f32 -> bf16 bits, rounded to nearest even; NaN stays NaN (quieted), as `half::bf16::from_f32`.
+__device__ __forceinline__ bf16_bits kiln_f32_to_bf16(float value) {
+    unsigned int x = __float_as_uint(value);
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        return (bf16_bits)((x >> 16) | 0x0040u);
+    }
+    const unsigned int round_bit = 0x00008000u;
+    if ((x & round_bit) != 0u && (x & (3u * round_bit - 1u)) != 0u) {
+        return (bf16_bits)((x >> 16) + 1u);
+    }
+    return (bf16_bits)(x >> 16);
+}
+
+// Sum over a warp by butterfly (every lane gets the same bits: the pairing is fixed).
+__device__ __forceinline__ float kiln_warp_sum(float value) {
+    for (int lane_mask = KILN_WARP / 2; lane_mask > 0; lane_mask >>= 1) {
+        value += __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask);
+    }
+    return value;
+}
+
+__device__ __forceinline__ float kiln_warp_max(float value) {
+    for (int lane_mask = KILN_WARP / 2; lane_mask > 0; lane_mask >>= 1) {
+        value = fmaxf(value, __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask));
+    }
+    return value;
+}
+
+// Block-wide sum (blockDim.x a multiple of 32, at most 1024), returned to every thread.
+// `scratch` holds 32 floats of shared memory; the call begins and ends with a barrier, so
+// scratch can be reused by the next call.
+__device__ float kiln_block_sum(float value, float* scratch) {
+    const int lane = threadIdx.x % KILN_WARP;
+    const int warp = threadIdx.x / KILN_WARP;
+    const int warps = blockDim.x / KILN_WARP;
+    value = kiln_warp_sum(value);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = value;
+    __syncthreads();
+    float total = lane < warps ? scratch[lane] : 0.0f;
+    total = kiln_warp_sum(total);
+    __syncthreads();
+    return total;
+}
+
+__device__ float kiln_block_max(float value, float* scratch) {
+    const int lane = threadIdx.x % KILN_WARP;
+    const int warp = threadIdx.x / KILN_WARP;
+    const int warps = blockDim.x / KILN_WARP;
+    value = kiln_warp_max(value);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = value;
+    __syncthreads();
+    float best = lane < warps ? scratch[lane] : -__int_as_float(0x7f800000);
+    best = kiln_warp_max(best);
+    __syncthreads();
+    return best;
+}
+
+// Grid-stride loop over `n` items: the same items go to the same threads on every run.
+#define KILN_FOR_EACH(index, n)                                                              \
+    for (i64 index = (i64)blockIdx.x * blockDim.x + threadIdx.x; index < (n);              \
+         index += (i64)blockDim.x * gridDim.x)

@@ -1,0 +1,109 @@
+// Elementwise f32 kernels: add, mul (b broadcast over a's leading dims), scale, sum_to_shape,
+// broadcast_to. All are correct in place (out == a): each element is read before it is written
+// by the same thread.
+//
+// The `_vec4` variants move four floats per access; the builder uses them only when every
+// count is a multiple of 4 and every pointer is 16-byte aligned.
+
+// out[i] = a[i] OP b[i % b_len], n elements.
+#define KILN_BINARY(name, expr)                                                              \
+    extern "C" __global__ void name##_f32(float* out, const float* a, const float* b, i64 n, \
+                                          i64 b_len) {                                       \
+        KILN_FOR_EACH(i, n) {                                                                \
+            float x = a[i];                                                                  \
+            float y = b[i % b_len];                                                          \
+            out[i] = (expr);                                                                 \
+        }                                                                                    \
+    }                                                                                        \
+    extern "C" __global__ void name##_f32_vec4(float4* out, const float4* a, const float4* b, \
+                                               i64 n4, i64 b_len4) {                         \
+        KILN_FOR_EACH(i, n4) {                                                               \
+            float4 xs = a[i];                                                                \
+            float4 ys = b[i % b_len4];                                                       \
+            float4 r;                                                                        \
+            { float x = xs.x, y = ys.x; r.x = (expr); }                                      \
+            { float x = xs.y, y = ys.y; r.y = (expr); }                                      \
+            { float x = xs.z, y = ys.z; r.z = (expr); }                                      \
+            { float x = xs.w, y = ys.w; r.w = (expr); }                                      \
+            out[i] = r;                                                                      \
+        }                                                                                    \
+    }
+
+KILN_BINARY(add, x + y)
+KILN_BINARY(mul, x * y)
+
+// out = alpha * a; alpha is the f64 attribute rounded once to f32 (as the CPU's `T::of`).
+extern "C" __global__ void scale_f32(float* out, const float* a, float alpha, i64 n) {
+    KILN_FOR_EACH(i, n) { out[i] = alpha * a[i]; }
+}
+
+extern "C" __global__ void scale_f32_vec4(float4* out, const float4* a, float alpha, i64 n4) {
+    KILN_FOR_EACH(i, n4) {
+        float4 x = a[i];
+        out[i] = make_float4(alpha * x.x, alpha * x.y, alpha * x.z, alpha * x.w);
+    }
+}
+
+// out[j] = sum over i in increasing order of src[i, j]; src is [rows, cols], out is [cols].
+// Block (32, ROW_LANES): threadIdx.x picks a column of a 32-column group, threadIdx.y a
+// residue class of rows; the ROW_LANES partial sums are then added in increasing y.
+#define KILN_SUM_ROW_LANES 16
+extern "C" __global__ void sum_to_shape_f32(float* out, const float* src, i64 rows, i64 cols) {
+    __shared__ float partial[KILN_SUM_ROW_LANES][KILN_WARP];
+    const i64 col = (i64)blockIdx.x * KILN_WARP + threadIdx.x;
+    float sum = 0.0f;
+    if (col < cols) {
+        for (i64 row = threadIdx.y; row < rows; row += KILN_SUM_ROW_LANES) {
+            sum += src[row * cols + col];
+        }
+    }
+    partial[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float total = partial[0][threadIdx.x];
+        for (int lane = 1; lane < KILN_SUM_ROW_LANES; ++lane) total += partial[lane][threadIdx.x];
+        out[col] = total;
+    }
+}
+
+// out[i] = src[i % src_len], n elements of 4 bytes.
+extern "C" __global__ void broadcast_to_f32(float* out, const float* src, i64 n, i64 src_len) {
+    KILN_FOR_EACH(i, n) { out[i] = src[i % src_len]; }
+}
+
+// out = silu(gate) * up, as the CPU: gate / (1 + exp(-gate)) * up. In place over gate is fine.
+extern "C" __global__ void swiglu_f32(float* out, const float* gate, const float* up, i64 n) {
+    KILN_FOR_EACH(i, n) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+extern "C" __global__ void swiglu_f32_vec4(float4* out, const float4* gate, const float4* up,
+                                           i64 n4) {
+    KILN_FOR_EACH(i, n4) {
+        float4 g = gate[i];
+        float4 u = up[i];
+        float4 r;
+        r.x = g.x / (1.0f + expf(-g.x)) * u.x;
+        r.y = g.y / (1.0f + expf(-g.y)) * u.y;
+        r.z = g.z / (1.0f + expf(-g.z)) * u.z;
+        r.w = g.w / (1.0f + expf(-g.w)) * u.w;
+        out[i] = r;
+    }
+}
+
+// Gradients of swiglu: silu'(g) = s + g*s*(1 - s) with s = sigmoid(g), written as the CPU does.
+extern "C" __global__ void swiglu_backward_f32(float* grad_gate, float* grad_up,
+                                               const float* gate, const float* up,
+                                               const float* grad_out, i64 n) {
+    KILN_FOR_EACH(i, n) {
+        float g = gate[i];
+        float u = up[i];
+        float d = grad_out[i];
+        float sig = 1.0f / (1.0f + expf(-g));
+        float silu_grad = sig * (1.0f + g * (1.0f - sig));
+        grad_gate[i] = d * u * silu_grad;
+        grad_up[i] = d * (g / (1.0f + expf(-g)));
+    }
+}

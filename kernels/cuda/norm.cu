@@ -1,0 +1,94 @@
+// RMSNorm, fused residual add + RMSNorm, and their backwards. One block per row of H.
+// rstd = 1 / sqrt(mean(row^2) + eps), out = (x * rstd) * weight, as the CPU.
+
+__device__ __forceinline__ float kiln_inverse_rms(float sum_of_squares, i64 hidden, float eps) {
+    float mean = sum_of_squares / (float)hidden;
+    return 1.0f / sqrtf(mean + eps);
+}
+
+extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* weight, i64 rows,
+                                       i64 hidden, float eps) {
+    __shared__ float scratch[KILN_WARP];
+    const i64 row = blockIdx.x;
+    if (row >= rows) return;
+    const float* x_row = x + row * hidden;
+    float sum = 0.0f;
+    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) sum += x_row[j] * x_row[j];
+    const float rstd = kiln_inverse_rms(kiln_block_sum(sum, scratch), hidden, eps);
+    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
+        out[row * hidden + j] = (x_row[j] * rstd) * weight[j];
+    }
+}
+
+// sum = x + residual; out = rmsnorm(sum). Each thread re-reads only the sums it wrote.
+extern "C" __global__ void add_rmsnorm_f32(float* sum_out, float* out, const float* x,
+                                           const float* residual, const float* weight, i64 rows,
+                                           i64 hidden, float eps) {
+    __shared__ float scratch[KILN_WARP];
+    const i64 row = blockIdx.x;
+    if (row >= rows) return;
+    float squares = 0.0f;
+    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
+        float s = x[row * hidden + j] + residual[row * hidden + j];
+        sum_out[row * hidden + j] = s;
+        squares += s * s;
+    }
+    const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), hidden, eps);
+    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
+        out[row * hidden + j] = (sum_out[row * hidden + j] * rstd) * weight[j];
+    }
+}
+
+// Per row: grad_x = rstd * w * g - x * rstd^3 * sum(g * w * x) / H (+ grad_sum when given),
+// and rstd saved to `rstd_out[row]` for the grad_weight kernel. `grad_sum` is read only when
+// `has_grad_sum` is nonzero (it may then alias nothing valid).
+extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, float* rstd_out,
+                                                     const float* x, const float* weight,
+                                                     const float* grad_out,
+                                                     const float* grad_sum, int has_grad_sum,
+                                                     i64 rows, i64 hidden, float eps) {
+    __shared__ float scratch[KILN_WARP];
+    const i64 row = blockIdx.x;
+    if (row >= rows) return;
+    const float* x_row = x + row * hidden;
+    const float* g_row = grad_out + row * hidden;
+    float squares = 0.0f;
+    float projection = 0.0f;
+    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
+        float v = x_row[j];
+        squares += v * v;
+        projection += g_row[j] * weight[j] * v;
+    }
+    const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), hidden, eps);
+    projection = kiln_block_sum(projection, scratch);
+    const float through_rstd = rstd * rstd * rstd * projection / (float)hidden;
+    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
+        float gx = rstd * weight[j] * g_row[j] - x_row[j] * through_rstd;
+        if (has_grad_sum) gx += grad_sum[row * hidden + j];
+        grad_x[row * hidden + j] = gx;
+    }
+    if (threadIdx.x == 0) rstd_out[row] = rstd;
+}
+
+// grad_weight[j] = sum over rows of g[r, j] * (x[r, j] * rstd[r]); block (32, 16) as
+// sum_to_shape: 16 row residue classes per column, added in increasing class order.
+#define KILN_NORM_ROW_LANES 16
+extern "C" __global__ void rmsnorm_backward_weight_f32(float* grad_weight, const float* x,
+                                                       const float* grad_out, const float* rstd,
+                                                       i64 rows, i64 hidden) {
+    __shared__ float partial[KILN_NORM_ROW_LANES][KILN_WARP];
+    const i64 col = (i64)blockIdx.x * KILN_WARP + threadIdx.x;
+    float sum = 0.0f;
+    if (col < hidden) {
+        for (i64 row = threadIdx.y; row < rows; row += KILN_NORM_ROW_LANES) {
+            sum += grad_out[row * hidden + col] * (x[row * hidden + col] * rstd[row]);
+        }
+    }
+    partial[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < hidden) {
+        float total = partial[0][threadIdx.x];
+        for (int lane = 1; lane < KILN_NORM_ROW_LANES; ++lane) total += partial[lane][threadIdx.x];
+        grad_weight[col] = total;
+    }
+}

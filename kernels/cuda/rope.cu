@@ -1,0 +1,61 @@
+// Split-half RoPE (HF rotate_half) with the layout change [B,T,H,D] -> [B,H,T,D], and its
+// backward. The angle is computed in f32 exactly as the CPU (and HF): inv_freq = 1 / theta^(2i/D),
+// angle = position * inv_freq. One thread per (token, head, i < D/2) pair of elements.
+
+__device__ __forceinline__ void kiln_rope_angle(float theta, i64 position, i64 i, i64 head_dim,
+                                                float* cos_out, float* sin_out) {
+    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+    float angle = __fmul_rn((float)position, inv_freq);
+    *cos_out = cosf(angle);
+    *sin_out = sinf(angle);
+}
+
+// x [B,T,H,D] (+ bias [H*D] when `has_bias`), positions [B,T] i64 -> out [B,H,T,D].
+extern "C" __global__ void rope_f32(float* out, const float* x, const i64* positions,
+                                    const float* bias, int has_bias, i64 batch, i64 seq,
+                                    i64 heads, i64 head_dim, float theta) {
+    const i64 half = head_dim / 2;
+    const i64 pairs = batch * seq * heads * half;
+    KILN_FOR_EACH(index, pairs) {
+        const i64 i = index % half;
+        const i64 h = (index / half) % heads;
+        const i64 token = index / (half * heads);
+        const i64 t = token % seq;
+        const i64 b = token / seq;
+        float cos_a, sin_a;
+        kiln_rope_angle(theta, positions[token], i, head_dim, &cos_a, &sin_a);
+        const i64 src = (token * heads + h) * head_dim;
+        const i64 dst = ((b * heads + h) * seq + t) * head_dim;
+        float lo = x[src + i];
+        float hi = x[src + i + half];
+        if (has_bias) {
+            lo += bias[h * head_dim + i];
+            hi += bias[h * head_dim + i + half];
+        }
+        out[dst + i] = lo * cos_a - hi * sin_a;
+        out[dst + i + half] = hi * cos_a + lo * sin_a;
+    }
+}
+
+// grad_out [B,H,T,D], positions [B,T] -> grad_x [B,T,H,D] (the inverse rotation).
+extern "C" __global__ void rope_backward_f32(float* grad_x, const float* grad_out,
+                                             const i64* positions, i64 batch, i64 seq,
+                                             i64 heads, i64 head_dim, float theta) {
+    const i64 half = head_dim / 2;
+    const i64 pairs = batch * seq * heads * half;
+    KILN_FOR_EACH(index, pairs) {
+        const i64 i = index % half;
+        const i64 h = (index / half) % heads;
+        const i64 token = index / (half * heads);
+        const i64 t = token % seq;
+        const i64 b = token / seq;
+        float cos_a, sin_a;
+        kiln_rope_angle(theta, positions[token], i, head_dim, &cos_a, &sin_a);
+        const i64 src = ((b * heads + h) * seq + t) * head_dim;
+        const i64 dst = (token * heads + h) * head_dim;
+        float lo = grad_out[src + i];
+        float hi = grad_out[src + i + half];
+        grad_x[dst + i] = lo * cos_a + hi * sin_a;
+        grad_x[dst + i + half] = hi * cos_a - lo * sin_a;
+    }
+}

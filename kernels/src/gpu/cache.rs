@@ -1,0 +1,33 @@
+//! Builder of `cache.cu`: writing new K/V rows into a cache at device-held positions.
+
+use super::launch::{grid_stride_blocks, size_arg};
+use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+
+/// Rows `positions[b]..+T` of `cache [B,H,Smax,D]` ← `fresh [B,H,T,D]` (positions i64 `[B]`);
+/// `fresh` must hold some element.
+pub fn kv_cache_write_f32(
+    cache: Addr,
+    fresh: Addr,
+    positions: Addr,
+    [batch, heads, capacity, block, head_dim]: [u64; 5],
+) -> Launch {
+    let args = vec![
+        Arg::Ptr(cache),
+        Arg::Ptr(fresh),
+        Arg::Ptr(positions),
+        size_arg(batch),
+        size_arg(heads),
+        size_arg(capacity),
+        size_arg(block),
+        size_arg(head_dim),
+    ];
+    let grid = (grid_stride_blocks(batch * heads * block * head_dim), 1, 1);
+    Kernel::launch(
+        "cache",
+        "kv_cache_write_f32",
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    )
+}

@@ -1,0 +1,90 @@
+//! Builders of `copy.cu`: strided → row-major copies (rank ≤ 6) and f32 ↔ bf16 casts.
+
+use super::launch::{grid_stride_blocks, size_arg};
+use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use crate::{Error, Result};
+
+const MODULE: &str = "copy";
+
+/// The largest rank the strided copy takes.
+pub const MAX_COPY_RANK: usize = 6;
+
+/// Copies the view `src` (first element at `src`, `dims` and element `strides`) into the
+/// row-major `dst`; elements of `element_bytes` (2, 4 or 8), moved as bits. The view holds
+/// some element.
+pub fn strided_copy(
+    dst: Addr,
+    src: Addr,
+    dims: &[usize],
+    strides: &[usize],
+    element_bytes: usize,
+) -> Result<Launch> {
+    let function = match element_bytes {
+        2 => "strided_copy_b16",
+        4 => "strided_copy_b32",
+        8 => "strided_copy_b64",
+        _ => {
+            return Err(Error::Argument {
+                op: "strided_copy",
+                argument: "element_bytes",
+                reason: format!("{element_bytes}-byte elements are not supported (2, 4 or 8)"),
+            })
+        }
+    };
+    if dims.len() > MAX_COPY_RANK || strides.len() != dims.len() {
+        return Err(Error::Argument {
+            op: function,
+            argument: "dims",
+            reason: format!(
+                "rank {} with {} strides; at most rank {MAX_COPY_RANK}",
+                dims.len(),
+                strides.len()
+            ),
+        });
+    }
+    // Pad at the front to rank 6 with dim 1, stride 0.
+    let pad = MAX_COPY_RANK - dims.len();
+    let padded_dims = std::iter::repeat_n(1, pad).chain(dims.iter().copied());
+    let padded_strides = std::iter::repeat_n(0, pad).chain(strides.iter().copied());
+    let n: u64 = dims.iter().map(|&d| d as u64).product();
+    let mut args = vec![Arg::Ptr(dst), Arg::Ptr(src), size_arg(n)];
+    args.extend(padded_dims.map(|d| size_arg(d as u64)));
+    args.extend(padded_strides.map(|s| size_arg(s as u64)));
+    let grid = (grid_stride_blocks(n), 1, 1);
+    Ok(Kernel::launch(
+        MODULE,
+        function,
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    ))
+}
+
+/// `dst` (bf16) = `src` (f32) rounded to nearest even, `n > 0` elements.
+pub fn cast_f32_to_bf16(dst: Addr, src: Addr, n: u64) -> Launch {
+    let args = vec![Arg::Ptr(dst), Arg::Ptr(src), size_arg(n)];
+    let grid = (grid_stride_blocks(n), 1, 1);
+    Kernel::launch(
+        MODULE,
+        "cast_f32_to_bf16",
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    )
+}
+
+/// `dst` (f32) = `src` (bf16), exact, `n > 0` elements.
+pub fn cast_bf16_to_f32(dst: Addr, src: Addr, n: u64) -> Launch {
+    let args = vec![Arg::Ptr(dst), Arg::Ptr(src), size_arg(n)];
+    let grid = (grid_stride_blocks(n), 1, 1);
+    Kernel::launch(
+        MODULE,
+        "cast_bf16_to_f32",
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    )
+}

@@ -1,0 +1,113 @@
+//! Builders of `elementwise.cu`: f32 add, mul, scale, sum_to_shape, broadcast_to, swiglu.
+//! Counts are in elements; every launch is correct in place (`out == a`).
+
+use super::launch::{all_aligned, grid_stride_blocks, size_arg};
+use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+
+const MODULE: &str = "elementwise";
+
+fn items(function: &'static str, items: u64, args: Vec<Arg>) -> Launch {
+    let grid = (grid_stride_blocks(items), 1, 1);
+    Kernel::launch(MODULE, function, grid, (BLOCK_THREADS, 1, 1), 0, args)
+}
+
+/// Whether four floats at a time fit every pointer and count.
+fn vec4(addresses: &[Addr], counts: &[u64]) -> bool {
+    all_aligned(addresses, 16) && counts.iter().all(|c| c % 4 == 0)
+}
+
+/// `out[i] = a[i] ⊕ b[i % b_len]` for `n > 0` elements, `b_len` dividing `n`.
+fn binary(
+    scalar: &'static str,
+    vector: &'static str,
+    out: Addr,
+    a: Addr,
+    b: Addr,
+    n: u64,
+    b_len: u64,
+) -> Launch {
+    if vec4(&[out, a, b], &[n, b_len]) {
+        let args = vec![Arg::Ptr(out), Arg::Ptr(a), Arg::Ptr(b)];
+        let args = [args, vec![size_arg(n / 4), size_arg(b_len / 4)]].concat();
+        items(vector, n / 4, args)
+    } else {
+        let args = vec![Arg::Ptr(out), Arg::Ptr(a), Arg::Ptr(b)];
+        let args = [args, vec![size_arg(n), size_arg(b_len)]].concat();
+        items(scalar, n, args)
+    }
+}
+
+/// `out = a + b[i % b_len]` (b's shape a suffix of a's), `n > 0` elements.
+pub fn add_f32(out: Addr, a: Addr, b: Addr, n: u64, b_len: u64) -> Launch {
+    binary("add_f32", "add_f32_vec4", out, a, b, n, b_len)
+}
+
+/// `out = a · b[i % b_len]`, `n > 0` elements.
+pub fn mul_f32(out: Addr, a: Addr, b: Addr, n: u64, b_len: u64) -> Launch {
+    binary("mul_f32", "mul_f32_vec4", out, a, b, n, b_len)
+}
+
+/// `out = alpha · a`, with `alpha` already rounded to f32 as the CPU does.
+pub fn scale_f32(out: Addr, a: Addr, alpha: f32, n: u64) -> Launch {
+    if vec4(&[out, a], &[n]) {
+        let args = vec![Arg::Ptr(out), Arg::Ptr(a), Arg::F32(alpha), size_arg(n / 4)];
+        items("scale_f32_vec4", n / 4, args)
+    } else {
+        let args = vec![Arg::Ptr(out), Arg::Ptr(a), Arg::F32(alpha), size_arg(n)];
+        items("scale_f32", n, args)
+    }
+}
+
+/// Row residue classes of [`sum_to_shape_f32`] (the C kernel's `KILN_SUM_ROW_LANES`).
+const SUM_ROW_LANES: u32 = 16;
+
+/// `out[j] = Σ_i src[i, j]` for `src [rows, cols]`, `cols > 0` (`rows` may be 0).
+pub fn sum_to_shape_f32(out: Addr, src: Addr, rows: u64, cols: u64) -> Launch {
+    let grid = (cols.div_ceil(32) as u32, 1, 1);
+    let args = vec![Arg::Ptr(out), Arg::Ptr(src), size_arg(rows), size_arg(cols)];
+    Kernel::launch(
+        MODULE,
+        "sum_to_shape_f32",
+        grid,
+        (32, SUM_ROW_LANES, 1),
+        0,
+        args,
+    )
+}
+
+/// `out[i] = src[i % src_len]`, `n > 0` elements.
+pub fn broadcast_to_f32(out: Addr, src: Addr, n: u64, src_len: u64) -> Launch {
+    let args = vec![Arg::Ptr(out), Arg::Ptr(src), size_arg(n), size_arg(src_len)];
+    items("broadcast_to_f32", n, args)
+}
+
+/// `out = silu(gate) · up`, `n > 0` elements.
+pub fn swiglu_f32(out: Addr, gate: Addr, up: Addr, n: u64) -> Launch {
+    if vec4(&[out, gate, up], &[n]) {
+        let args = vec![Arg::Ptr(out), Arg::Ptr(gate), Arg::Ptr(up), size_arg(n / 4)];
+        items("swiglu_f32_vec4", n / 4, args)
+    } else {
+        let args = vec![Arg::Ptr(out), Arg::Ptr(gate), Arg::Ptr(up), size_arg(n)];
+        items("swiglu_f32", n, args)
+    }
+}
+
+/// Gradients of swiglu, `n > 0` elements.
+pub fn swiglu_backward_f32(
+    grad_gate: Addr,
+    grad_up: Addr,
+    gate: Addr,
+    up: Addr,
+    grad_out: Addr,
+    n: u64,
+) -> Launch {
+    let args = vec![
+        Arg::Ptr(grad_gate),
+        Arg::Ptr(grad_up),
+        Arg::Ptr(gate),
+        Arg::Ptr(up),
+        Arg::Ptr(grad_out),
+        size_arg(n),
+    ];
+    items("swiglu_backward_f32", n, args)
+}

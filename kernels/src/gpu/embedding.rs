@@ -1,0 +1,76 @@
+//! Builders of `embedding.cu`: the gather, and the deterministic scatter-add backward (zero
+//! the table, then the first token of each id writes that id's row, summed in token order).
+
+use super::launch::{grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X};
+use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use crate::Result;
+
+const MODULE: &str = "embedding";
+
+/// `out [N,H] = weight [V,H] rows ids [N]` (i64), one block per token (`tokens > 0`).
+pub fn embedding_f32(
+    out: Addr,
+    weight: Addr,
+    ids: Addr,
+    tokens: u64,
+    hidden: u64,
+    vocab: u64,
+) -> Result<Launch> {
+    let args = vec![
+        Arg::Ptr(out),
+        Arg::Ptr(weight),
+        Arg::Ptr(ids),
+        size_arg(tokens),
+        size_arg(hidden),
+        size_arg(vocab),
+    ];
+    let grid = (
+        grid_dim("embedding_f32", "tokens", tokens, MAX_GRID_X)?,
+        1,
+        1,
+    );
+    Ok(Kernel::launch(
+        MODULE,
+        "embedding_f32",
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    ))
+}
+
+/// `out[0..n] = 0` (f32; `n > 0`).
+pub fn zero_f32(out: Addr, n: u64) -> Launch {
+    let args = vec![Arg::Ptr(out), size_arg(n)];
+    let grid = (grid_stride_blocks(n), 1, 1);
+    Kernel::launch(MODULE, "zero_f32", grid, (BLOCK_THREADS, 1, 1), 0, args)
+}
+
+/// The rows named by `ids` of `grad_weight [V,H]`, after [`zero_f32`] (`tokens > 0`).
+pub fn embedding_backward_f32(
+    grad_weight: Addr,
+    ids: Addr,
+    grad_out: Addr,
+    tokens: u64,
+    hidden: u64,
+    vocab: u64,
+) -> Result<Launch> {
+    const FUNCTION: &str = "embedding_backward_f32";
+    let args = vec![
+        Arg::Ptr(grad_weight),
+        Arg::Ptr(ids),
+        Arg::Ptr(grad_out),
+        size_arg(tokens),
+        size_arg(hidden),
+        size_arg(vocab),
+    ];
+    let grid = (grid_dim(FUNCTION, "tokens", tokens, MAX_GRID_X)?, 1, 1);
+    Ok(Kernel::launch(
+        MODULE,
+        FUNCTION,
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    ))
+}

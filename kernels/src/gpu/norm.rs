@@ -1,0 +1,155 @@
+//! Builders of `norm.cu`: RMSNorm, fused add + RMSNorm, and the backward (a row pass that also
+//! saves each row's rstd, then a column pass for grad_weight).
+
+use super::launch::{grid_dim, size_arg, MAX_GRID_X};
+use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use crate::Result;
+
+const MODULE: &str = "norm";
+
+fn rows_grid(function: &'static str, rows: u64) -> Result<(u32, u32, u32)> {
+    Ok((grid_dim(function, "rows", rows, MAX_GRID_X)?, 1, 1))
+}
+
+/// `out = rmsnorm(x) · weight` over `rows > 0` rows of `hidden`.
+pub fn rmsnorm_f32(
+    out: Addr,
+    x: Addr,
+    weight: Addr,
+    rows: u64,
+    hidden: u64,
+    eps: f32,
+) -> Result<Launch> {
+    let args = vec![
+        Arg::Ptr(out),
+        Arg::Ptr(x),
+        Arg::Ptr(weight),
+        size_arg(rows),
+        size_arg(hidden),
+        Arg::F32(eps),
+    ];
+    let grid = rows_grid("rmsnorm_f32", rows)?;
+    Ok(Kernel::launch(
+        MODULE,
+        "rmsnorm_f32",
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    ))
+}
+
+/// `sum = x + residual`, `out = rmsnorm(sum) · weight` (`rows > 0`).
+#[allow(clippy::too_many_arguments)]
+pub fn add_rmsnorm_f32(
+    sum: Addr,
+    out: Addr,
+    x: Addr,
+    residual: Addr,
+    weight: Addr,
+    rows: u64,
+    hidden: u64,
+    eps: f32,
+) -> Result<Launch> {
+    let args = vec![
+        Arg::Ptr(sum),
+        Arg::Ptr(out),
+        Arg::Ptr(x),
+        Arg::Ptr(residual),
+        Arg::Ptr(weight),
+        size_arg(rows),
+        size_arg(hidden),
+        Arg::F32(eps),
+    ];
+    let grid = rows_grid("add_rmsnorm_f32", rows)?;
+    Ok(Kernel::launch(
+        MODULE,
+        "add_rmsnorm_f32",
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    ))
+}
+
+/// Where the backward's row pass reads and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct RmsNormBackwardRows {
+    pub grad_x: Addr,
+    /// `rows` f32: each row's rstd, for [`rmsnorm_backward_weight_f32`].
+    pub rstd: Addr,
+    pub x: Addr,
+    pub weight: Addr,
+    pub grad_out: Addr,
+    /// Added to grad_x when given (add_rmsnorm_backward's gradient of the sum).
+    pub grad_sum: Option<Addr>,
+}
+
+/// The row pass of the backward (`rows > 0`).
+pub fn rmsnorm_backward_rows_f32(
+    at: RmsNormBackwardRows,
+    rows: u64,
+    hidden: u64,
+    eps: f32,
+) -> Result<Launch> {
+    const FUNCTION: &str = "rmsnorm_backward_rows_f32";
+    // Without grad_sum the kernel never reads its pointer; pass a valid one all the same.
+    let grad_sum = at.grad_sum.unwrap_or(at.grad_out);
+    let args = vec![
+        Arg::Ptr(at.grad_x),
+        Arg::Ptr(at.rstd),
+        Arg::Ptr(at.x),
+        Arg::Ptr(at.weight),
+        Arg::Ptr(at.grad_out),
+        Arg::Ptr(grad_sum),
+        Arg::I32(i32::from(at.grad_sum.is_some())),
+        size_arg(rows),
+        size_arg(hidden),
+        Arg::F32(eps),
+    ];
+    let grid = rows_grid(FUNCTION, rows)?;
+    Ok(Kernel::launch(
+        MODULE,
+        FUNCTION,
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    ))
+}
+
+/// Row residue classes of the column pass (the C kernel's `KILN_NORM_ROW_LANES`).
+const ROW_LANES: u32 = 16;
+
+/// `grad_weight[j] = Σ_r grad_out[r,j] · (x[r,j] · rstd[r])` (`hidden > 0`; `rows` may be 0).
+pub fn rmsnorm_backward_weight_f32(
+    grad_weight: Addr,
+    x: Addr,
+    grad_out: Addr,
+    rstd: Addr,
+    rows: u64,
+    hidden: u64,
+) -> Result<Launch> {
+    const FUNCTION: &str = "rmsnorm_backward_weight_f32";
+    let args = vec![
+        Arg::Ptr(grad_weight),
+        Arg::Ptr(x),
+        Arg::Ptr(grad_out),
+        Arg::Ptr(rstd),
+        size_arg(rows),
+        size_arg(hidden),
+    ];
+    let grid = (
+        grid_dim(FUNCTION, "hidden", hidden.div_ceil(32), MAX_GRID_X)?,
+        1,
+        1,
+    );
+    Ok(Kernel::launch(
+        MODULE,
+        FUNCTION,
+        grid,
+        (32, ROW_LANES, 1),
+        0,
+        args,
+    ))
+}

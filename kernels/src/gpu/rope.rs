@@ -1,0 +1,77 @@
+//! Builders of `rope.cu`: split-half RoPE `[B,T,H,D] → [B,H,T,D]` and its backward, one thread
+//! per pair of rotated elements.
+
+use super::launch::{grid_stride_blocks, size_arg};
+use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+
+const MODULE: &str = "rope";
+
+/// The sizes of one RoPE call: `[batch, seq, heads, head_dim]` with `head_dim` even.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeDims {
+    pub batch: u64,
+    pub seq: u64,
+    pub heads: u64,
+    pub head_dim: u64,
+}
+
+impl RopeDims {
+    fn pairs(&self) -> u64 {
+        self.batch * self.seq * self.heads * (self.head_dim / 2)
+    }
+
+    fn args(&self) -> [Arg; 4] {
+        [
+            size_arg(self.batch),
+            size_arg(self.seq),
+            size_arg(self.heads),
+            size_arg(self.head_dim),
+        ]
+    }
+}
+
+/// `out [B,H,T,D] = rope(x [B,T,H,D] + bias [H·D])` at `positions [B,T]` (i64), `theta`
+/// rounded to f32 as the CPU. Some pair must exist.
+pub fn rope_f32(
+    out: Addr,
+    x: Addr,
+    positions: Addr,
+    bias: Option<Addr>,
+    dims: RopeDims,
+    theta: f32,
+) -> Launch {
+    // Without a bias the kernel never reads its pointer; pass a valid one all the same.
+    let mut args = vec![
+        Arg::Ptr(out),
+        Arg::Ptr(x),
+        Arg::Ptr(positions),
+        Arg::Ptr(bias.unwrap_or(x)),
+        Arg::I32(i32::from(bias.is_some())),
+    ];
+    args.extend(dims.args());
+    args.push(Arg::F32(theta));
+    let grid = (grid_stride_blocks(dims.pairs()), 1, 1);
+    Kernel::launch(MODULE, "rope_f32", grid, (BLOCK_THREADS, 1, 1), 0, args)
+}
+
+/// `grad_x [B,T,H,D]` from `grad_out [B,H,T,D]`; `dims` are grad_x's.
+pub fn rope_backward_f32(
+    grad_x: Addr,
+    grad_out: Addr,
+    positions: Addr,
+    dims: RopeDims,
+    theta: f32,
+) -> Launch {
+    let mut args = vec![Arg::Ptr(grad_x), Arg::Ptr(grad_out), Arg::Ptr(positions)];
+    args.extend(dims.args());
+    args.push(Arg::F32(theta));
+    let grid = (grid_stride_blocks(dims.pairs()), 1, 1);
+    Kernel::launch(
+        MODULE,
+        "rope_backward_f32",
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    )
+}
