@@ -3,7 +3,9 @@
 //! It runs the tiny preset through the eager oracle, forward and backward (loss and every
 //! parameter's gradient norm), then compiles the prefill, decode and train programs, plans each
 //! into one arena, runs the plans on the planned CPU executor (dead arena bytes poisoned) and
-//! checks every result against the oracle, saying so — or failing.
+//! checks every result against the oracle, saying so — or failing. Where a CUDA device can be
+//! used, each program also runs there, eagerly and as a replayed CUDA graph, checked against the
+//! CPU; the report says which device ran.
 
 use std::fmt::Write as _;
 
@@ -19,7 +21,9 @@ use kiln_runtime::Device;
 use kiln_runtime::Tensor;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use kiln_runtime::cuda::{CudaDevice, CudaExecutable, RunMode};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What the demo measured.
 pub struct DemoReport {
@@ -95,7 +99,25 @@ pub fn run(seed: u64, batch: usize, seq: usize) -> Result<DemoReport> {
         writeln!(text, "  {name:<48} {norm:>12.6e}")?;
     }
     writeln!(text, "  {:<48} {total:>12.6e}", "total")?;
-    compiled_programs(&mut text, &config, &weights, &token_ids, loss_value)?;
+    let gpu = match kiln_runtime::cuda::unavailable() {
+        None => {
+            let device = CudaDevice::open(0).context("opening the CUDA device")?;
+            writeln!(text, "device: {} — the compiled programs also run there", device.describe())?;
+            Some(device)
+        }
+        Some(reason) => {
+            writeln!(text, "device: CPU only (no CUDA device: {reason})")?;
+            None
+        }
+    };
+    compiled_programs(
+        &mut text,
+        &config,
+        &weights,
+        &token_ids,
+        loss_value,
+        gpu.as_ref(),
+    )?;
     Ok(DemoReport {
         loss: loss_value,
         grad_norms,
@@ -111,6 +133,7 @@ fn compiled_programs(
     weights: &ModelWeights<Var>,
     tokens: &Tensor,
     oracle_loss: f64,
+    gpu: Option<&Arc<CudaDevice>>,
 ) -> Result<()> {
     let (batch, seq) = (tokens.dims()[0], tokens.dims()[1]);
     let ids = tokens.to_vec::<i64>()?;
@@ -155,7 +178,7 @@ fn compiled_programs(
         }
     }
     let logits =
-        run_planned(text, config, ProgramKind::Prefill, &options, &mut values)?["logits"].clone();
+        run_planned(text, config, ProgramKind::Prefill, &options, &mut values, gpu)?["logits"].clone();
     let eager = last_logits(
         &Eager::F32,
         config,
@@ -179,7 +202,7 @@ fn compiled_programs(
         "positions".into(),
         Tensor::from_vec(vec![prompt as i64; batch], [batch])?,
     );
-    let logits = run_planned(text, config, ProgramKind::Decode, &options, &mut values)?["logits"]
+    let logits = run_planned(text, config, ProgramKind::Decode, &options, &mut values, gpu)?["logits"]
         .to_f64_vec()?;
     let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
     let full = forward(
@@ -235,7 +258,7 @@ fn compiled_programs(
             );
         }
     }
-    let loss = run_planned(text, config, ProgramKind::Train, &options, &mut values)?["loss"]
+    let loss = run_planned(text, config, ProgramKind::Train, &options, &mut values, gpu)?["loss"]
         .to_f64_vec()?[0];
     // The oracle's loss is f32; the program's loss is f32 too, widened the same way.
     anyhow::ensure!(
@@ -262,6 +285,7 @@ fn run_planned(
     kind: ProgramKind,
     options: &ProgramOptions,
     values: &mut BTreeMap<String, Tensor>,
+    gpu: Option<&Arc<CudaDevice>>,
 ) -> Result<BTreeMap<String, Tensor>> {
     let graph = build(kind, config, options).with_context(|| format!("tracing {}", kind.name()))?;
     let planned = kiln_planner::plan(&graph, &PlanOptions::default())?;
@@ -276,7 +300,60 @@ fn run_planned(
         planned.arena_bytes as f64 / planned.lower_bound_bytes.max(1) as f64,
         planned.options.streams
     )?;
-    Ok(kiln_runtime::execute(&graph, &planned, values, true)?)
+    let inputs = values.clone();
+    let outputs = kiln_runtime::execute(&graph, &planned, values, true)?;
+    if let Some(device) = gpu {
+        let (worst, launches) = on_gpu(device, &graph, &planned, &inputs, &outputs, values)?;
+        writeln!(
+            text,
+            "  {:<8} on the GPU: {launches} launches captured into a CUDA graph; replay = eager bit for bit; \
+             outputs and writes within {worst:.1e} of the CPU",
+            kind.name()
+        )?;
+    }
+    Ok(outputs)
+}
+
+/// Runs `graph` on the GPU from `inputs`, eagerly and replayed; checks that both give the same
+/// bits and match the CPU's `outputs` and `writes` (relative error <= 1e-5); returns the worst
+/// error and the launches per run.
+fn on_gpu(
+    device: &Arc<CudaDevice>,
+    graph: &kiln_ir::Graph,
+    planned: &kiln_planner::Plan,
+    inputs: &BTreeMap<String, Tensor>,
+    outputs: &BTreeMap<String, Tensor>,
+    writes: &BTreeMap<String, Tensor>,
+) -> Result<(f64, usize)> {
+    let run = |mode| -> Result<(BTreeMap<String, Tensor>, usize)> {
+        let mut exe = CudaExecutable::new(device, graph, planned)?;
+        for (name, tensor) in inputs {
+            exe.set(name, tensor)?;
+        }
+        exe.run(mode)?;
+        let names = graph.outputs().iter().chain(graph.writes()).map(|(n, _)| n);
+        let got = names
+            .map(|name| Ok((name.clone(), exe.get(name)?)))
+            .collect::<Result<_>>()?;
+        Ok((got, exe.launches()))
+    };
+    let (eager, launches) = run(RunMode::Eager)?;
+    let (replayed, _) = run(RunMode::Graph)?;
+    let mut worst = 0f64;
+    for (name, got) in &eager {
+        anyhow::ensure!(
+            same_bits(got, &replayed[name])?,
+            "GPU: `{name}` of the replayed graph differs from the eager run"
+        );
+        let want = outputs.get(name).unwrap_or_else(|| &writes[name]);
+        let (g, w) = (got.to_f64_vec()?, want.to_f64_vec()?);
+        let diff: f64 = g.iter().zip(&w).map(|(a, b)| (a - b).powi(2)).sum();
+        let norm: f64 = w.iter().map(|b| b * b).sum();
+        let error = (diff / norm.max(f64::MIN_POSITIVE)).sqrt();
+        anyhow::ensure!(error <= 1e-5, "GPU: `{name}` differs from the CPU by {error:e}");
+        worst = worst.max(error);
+    }
+    Ok((worst, launches))
 }
 
 fn same_bits(a: &Tensor, b: &Tensor) -> Result<bool> {

@@ -109,6 +109,51 @@ enum Command {
         #[arg(long)]
         verify: bool,
     },
+    /// Time one program on a device: median and p95 per step (device events), tokens/s,
+    /// arena vs lower bound, device memory, capture time, launches per step.
+    Bench {
+        /// A Hugging Face model directory or a preset name.
+        #[arg(long)]
+        model: String,
+        #[arg(long, value_enum)]
+        program: Program,
+        /// Sequences in the batch.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Tokens per sequence (prefill, train).
+        #[arg(long, default_value_t = 512)]
+        seq: usize,
+        /// Decode: tokens already in the KV cache (the position decoded).
+        #[arg(long, default_value_t = 512)]
+        context: usize,
+        /// Rows of the KV cache (default: prefill --seq, decode 1024 or more than --context).
+        #[arg(long)]
+        max_seq: Option<usize>,
+        /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
+        #[arg(long, value_enum, default_value_t = Numerics::F32)]
+        precision: Numerics,
+        #[arg(long, value_enum, default_value_t = BenchDevice::Cuda)]
+        device: BenchDevice,
+        /// eager: every launch issued each step; graph: a captured CUDA graph replayed.
+        #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
+        mode: BenchMode,
+        /// Streams (1 = serial).
+        #[arg(long, default_value_t = 1)]
+        streams: usize,
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        #[arg(long, default_value_t = 30)]
+        steps: usize,
+        /// Use the GEMV kernel for GEMMs of at most 8 rows (a candidate under evaluation).
+        #[arg(long)]
+        gemv: bool,
+        /// Seed for a preset's random weights and the tokens.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print the result as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// The planner quality table for the official presets (prefill, decode B=1 and B=8, train):
     /// arena, lower bound, ratio, naive sum of activations, planning time. Markdown.
     PlannerReport {
@@ -201,6 +246,17 @@ enum Mode {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
+enum BenchDevice {
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum BenchMode {
+    Eager,
+    Graph,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
 enum Program {
     Prefill,
     Decode,
@@ -247,6 +303,69 @@ fn main() -> Result<()> {
                 "{}",
                 commands::compile(&program.model, kind, &options, print_ir)?
             );
+        }
+        Command::Bench {
+            model,
+            program,
+            batch,
+            seq,
+            context,
+            max_seq,
+            precision,
+            device: BenchDevice::Cuda,
+            mode,
+            streams,
+            warmup,
+            steps,
+            gemv,
+            seed,
+            json,
+        } => {
+            let kind = match program {
+                Program::Prefill => ProgramKind::Prefill,
+                Program::Decode => ProgramKind::Decode,
+                Program::Train => ProgramKind::Train,
+            };
+            anyhow::ensure!(batch >= 1 && seq >= 1, "--batch and --seq must be >= 1");
+            let max_seq = match kind {
+                ProgramKind::Decode => max_seq.unwrap_or(1024.max(context + 1)),
+                _ => max_seq.unwrap_or(seq),
+            };
+            anyhow::ensure!(
+                kind != ProgramKind::Decode || context < max_seq,
+                "--context {context} does not fit a cache of --max-seq {max_seq}"
+            );
+            anyhow::ensure!(
+                kind != ProgramKind::Prefill || seq <= max_seq,
+                "--seq {seq} does not fit a cache of --max-seq {max_seq}"
+            );
+            let args = commands::BenchArgs {
+                model,
+                seed,
+                kind,
+                options: ProgramOptions {
+                    batch,
+                    seq,
+                    max_seq,
+                    precision: precision.into(),
+                    ..ProgramOptions::default()
+                },
+                context,
+                mode: match mode {
+                    BenchMode::Eager => kiln_runtime::cuda::RunMode::Eager,
+                    BenchMode::Graph => kiln_runtime::cuda::RunMode::Graph,
+                },
+                streams,
+                warmup,
+                steps,
+                gemv,
+            };
+            let result = commands::bench(&args)?;
+            if json {
+                println!("{}", serde_json::to_string(&result)?);
+            } else {
+                print!("{}", commands::bench_table(&result));
+            }
         }
         Command::PlannerReport { streams, repeats } => {
             print!("{}", commands::planner_report(streams, repeats)?);

@@ -197,3 +197,47 @@ pub fn parameter_count(config: &ModelConfig) -> usize {
         .map(|(_, dims)| dims.iter().product::<usize>())
         .sum()
 }
+
+/// Per-run inputs and zeroed state for a program `graph` built by [`build`]`(kind, config,
+/// options)`, for benchmarks and device checks: token ids drawn from `seed`, positions and
+/// targets as `kiln eval` makes them (prefill from cache row 0), decode at `position` for every
+/// row, optimizer step 1, loss seed 1, caches and moments zero. Parameters are not included.
+pub fn example_inputs(
+    graph: &Graph,
+    config: &ModelConfig,
+    kind: ProgramKind,
+    options: &ProgramOptions,
+    position: usize,
+    seed: u64,
+) -> Result<std::collections::BTreeMap<String, kiln_runtime::Tensor>> {
+    use kiln_runtime::{Device, Tensor};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let (batch, seq) = (options.batch, options.seq);
+    let rows = if kind == ProgramKind::Decode { 1 } else { seq };
+    let ids: Vec<i64> = (0..batch * rows)
+        .map(|_| rng.random_range(0..config.vocab_size as i64))
+        .collect();
+    let tokens = Tensor::from_vec(ids, [batch, rows])?;
+    let lm = crate::eval::CausalLmInputs::new(&tokens, config.vocab_size)?;
+    let mut values = std::collections::BTreeMap::new();
+    for (_, name, input_kind, ty) in graph.inputs() {
+        let tensor = match (name, kind) {
+            ("tokens", _) => tokens.clone(),
+            ("positions", ProgramKind::Decode) => {
+                Tensor::from_vec(vec![position as i64; batch], [batch])?
+            }
+            ("positions" | "targets", _) => {
+                let found = lm.named().into_iter().find(|(n, _)| *n == name);
+                found.map(|(_, t)| t.clone()).expect("named above")
+            }
+            ("cache_positions", _) => Tensor::from_vec(vec![0i64; batch], [batch])?,
+            ("step", _) => Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar())?,
+            ("loss_seed", _) => Tensor::scalar(1.0, DType::F32),
+            _ if input_kind == InputKind::Param => continue,
+            _ => Tensor::zeros(ty.shape.clone(), ty.dtype, Device::Cpu),
+        };
+        values.insert(name.to_string(), tensor);
+    }
+    Ok(values)
+}

@@ -14,12 +14,14 @@
 //! Only the CPU device exists today. The backend abstraction (CUDA, HIP), the device arena,
 //! streams, events and graph capture/replay will live here too.
 
+pub mod cuda;
 mod device;
 mod error;
 mod interpret;
 mod launch;
 mod lower;
 mod planned;
+mod program;
 mod storage;
 mod tensor;
 mod view_rules;
@@ -29,5 +31,7 @@ pub use error::{Error, Result};
 pub use interpret::interpret;
 pub use launch::launch;
 pub use planned::execute;
+pub use program::{lower_for_device, LoweringSummary};
+pub use planned::CpuExecutable;
 pub use storage::{Storage, StorageRead, StorageWrite};
 pub use tensor::Tensor;

@@ -31,9 +31,10 @@
 //! schedule order respects every event). Lifetimes are in schedule steps, so poisoning after a
 //! buffer's last step is right for multi-stream plans too.
 
-mod layout;
+pub(crate) mod layout;
+mod executable;
 mod memory;
-mod placement;
+pub(crate) mod placement;
 mod step;
 
 use std::collections::BTreeMap;
@@ -45,6 +46,7 @@ use crate::device::Device;
 use crate::error::Result;
 use crate::interpret::{bound_inputs, check_write};
 use crate::tensor::Tensor;
+pub use executable::CpuExecutable;
 use memory::{bound_view, read_view, Memory};
 use placement::{Home, Placement};
 

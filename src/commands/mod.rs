@@ -1,11 +1,13 @@
 //! The subcommands of `kiln` that work on model files.
 
+mod bench;
 mod compile;
 mod eval;
 mod init_model;
 mod plan;
 mod planner_report;
 
+pub use bench::{bench, table as bench_table, BenchArgs};
 pub use compile::compile;
 pub use eval::{eval, EvalMode};
 pub use init_model::init_model;

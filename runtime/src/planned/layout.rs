@@ -15,7 +15,7 @@ use crate::view_rules::ViewLayout;
 
 /// The layout of one value in its buffer.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Layout {
+pub(crate) struct Layout {
     pub dtype: DType,
     pub shape: Shape,
     pub strides: Strides,

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// An IR value as plans name it: (node index, output port).
-pub(super) type Value = (usize, usize);
+pub(crate) type Value = (usize, usize);
 
 /// Where a buffer's bytes are during a run.
 #[derive(Clone, Debug)]
@@ -60,7 +60,7 @@ pub(super) struct Placement {
 }
 
 /// An error about the plan: `what` names the step, buffer or value at fault.
-pub(super) fn plan_error(plan: &Plan, what: impl std::fmt::Display, reason: String) -> Error {
+pub(crate) fn plan_error(plan: &Plan, what: impl std::fmt::Display, reason: String) -> Error {
     Error::Graph {
         what: format!("plan `{}`: {what}", plan.program),
         reason,
@@ -281,7 +281,7 @@ impl Placement {
 }
 
 /// `value_buffers` checked and parsed: every value of the graph in exactly one existing buffer.
-fn map_values(graph: &Graph, plan: &Plan) -> Result<BTreeMap<Value, usize>> {
+pub(crate) fn map_values(graph: &Graph, plan: &Plan) -> Result<BTreeMap<Value, usize>> {
     if let Some((index, buffer)) = plan.buffers.iter().enumerate().find(|(i, b)| b.id != *i) {
         let reason = format!("is at index {index}; buffer ids must be their index");
         return Err(plan_error(plan, describe(buffer), reason));
@@ -332,7 +332,7 @@ fn parse(text: &str) -> Option<Value> {
 
 /// Every step runs an op node of the graph, with that op's text, and every op node runs once.
 /// (Whether operands are computed before they are read is checked as the steps run.)
-fn check_schedule(graph: &Graph, plan: &Plan) -> Result<()> {
+pub(crate) fn check_schedule(graph: &Graph, plan: &Plan) -> Result<()> {
     let mut ran = BTreeSet::new();
     for (index, step) in plan.schedule.iter().enumerate() {
         let what = format!("step {index}");

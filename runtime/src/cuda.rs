@@ -1,0 +1,191 @@
+//! The CUDA backend, on cudarc with dynamic loading: the build needs no CUDA; the driver,
+//! NVRTC and cuBLASLt are loaded when a device is opened, and their absence is an error that
+//! says so (never a panic).
+//!
+//! A [`CudaDevice`] owns the context, the kernel modules (compiled by NVRTC for the device's
+//! architecture on first use, cached per device), a cuBLASLt handle and its workspace
+//! (preallocated, so GEMMs can be captured). cudarc's automatic event tracking is disabled:
+//! streams and events come from the plan. A [`CudaExecutable`] runs one planned program.
+
+mod executable;
+mod gemm;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+
+use crate::error::{Error, Result};
+
+pub use executable::{CudaExecutable, RunMode};
+
+/// Bytes of the cuBLASLt workspace every GEMM may use.
+const GEMM_WORKSPACE_BYTES: usize = 32 << 20;
+
+pub(crate) fn error(what: impl Into<String>, e: impl std::fmt::Debug) -> Error {
+    Error::Device {
+        backend: "cuda",
+        what: what.into(),
+        reason: format!("{e:?}"),
+    }
+}
+
+/// Why no CUDA device can be used here, or `None` when one can (driver, NVRTC and cuBLASLt
+/// loadable and at least one device present).
+pub fn unavailable() -> Option<String> {
+    // SAFETY: these only try to dlopen the libraries.
+    let libraries = unsafe {
+        [
+            ("the CUDA driver (libcuda)", cudarc::driver::sys::is_culib_present()),
+            ("NVRTC (libnvrtc)", cudarc::nvrtc::sys::is_culib_present()),
+            ("cuBLASLt (libcublasLt)", cudarc::cublaslt::sys::is_culib_present()),
+        ]
+    };
+    if let Some((name, _)) = libraries.iter().find(|(_, present)| !present) {
+        return Some(format!("{name} cannot be loaded"));
+    }
+    match CudaContext::device_count() {
+        Ok(0) => Some("the CUDA driver reports no device".to_string()),
+        Ok(_) => None,
+        Err(e) => Some(format!("the CUDA driver does not start: {e:?}")),
+    }
+}
+
+/// A device event that records time.
+pub struct TimingEvent(cudarc::driver::CudaEvent);
+
+impl TimingEvent {
+    /// Records the event after the work issued so far on `stream`.
+    pub fn record(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
+        self.0.record(stream).map_err(|e| error("record event", e))
+    }
+
+    /// Milliseconds from `self` to `end`, once `end` has completed (waits for it).
+    pub fn elapsed_ms(&self, end: &TimingEvent) -> Result<f32> {
+        end.0.synchronize().map_err(|e| error("wait for event", e))?;
+        self.0.elapsed_ms(&end.0).map_err(|e| error("event time", e))
+    }
+}
+
+/// One device allocation, freed on drop.
+pub(crate) struct DeviceAlloc {
+    ctx: Arc<CudaContext>,
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DeviceAlloc {
+    /// `bytes` bytes (at least 1), filled with `fill`.
+    pub fn new(ctx: &Arc<CudaContext>, bytes: usize, fill: u8) -> Result<Self> {
+        ctx.bind_to_thread().map_err(|e| error("bind context", e))?;
+        // SAFETY: a plain device allocation, freed in Drop.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }
+            .map_err(|e| error(format!("allocate {bytes} bytes"), e))?;
+        let alloc = DeviceAlloc {
+            ctx: ctx.clone(),
+            ptr,
+            bytes,
+        };
+        // SAFETY: the range was just allocated.
+        unsafe { cudarc::driver::result::memset_d8_sync(ptr, fill, bytes.max(1)) }
+            .map_err(|e| error("fill", e))?;
+        Ok(alloc)
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `new`, freed once.
+            let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// An open CUDA device (see the module doc).
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    name: String,
+    arch: &'static str,
+    modules: Mutex<BTreeMap<&'static str, Arc<CudaModule>>>,
+    lt: gemm::LtHandle,
+    gemm_workspace: DeviceAlloc,
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`.
+    pub fn open(ordinal: usize) -> Result<Arc<Self>> {
+        if let Some(reason) = unavailable() {
+            return Err(Error::Device {
+                backend: "cuda",
+                what: "no usable device".to_string(),
+                reason,
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| error(format!("open device {ordinal}"), e))?;
+        // SAFETY: kiln orders its work with the plan's events; nothing relies on cudarc's.
+        unsafe { ctx.disable_event_tracking() };
+        let name = ctx.name().map_err(|e| error("device name", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| error("compute capability", e))?;
+        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        let lt = gemm::LtHandle::new()?;
+        let gemm_workspace = DeviceAlloc::new(&ctx, GEMM_WORKSPACE_BYTES, 0)?;
+        Ok(Arc::new(CudaDevice {
+            ctx,
+            name,
+            arch,
+            modules: Mutex::new(BTreeMap::new()),
+            lt,
+            gemm_workspace,
+        }))
+    }
+
+    /// The device's name and architecture, e.g. `NVIDIA H200 (sm_90)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name, self.arch)
+    }
+
+    /// Free and total device memory, bytes.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(|e| error("memory info", e))
+    }
+
+    /// An event that records time (for timing regions of a stream).
+    pub fn timing_event(&self) -> Result<TimingEvent> {
+        let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let event = self.ctx.new_event(Some(flags)).map_err(|e| error("create event", e))?;
+        Ok(TimingEvent(event))
+    }
+
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Kernel `function` of module `module`, compiling the module on first use.
+    pub(crate) fn function(&self, module: &'static str, function: &str) -> Result<CudaFunction> {
+        let mut modules = self.modules.lock().map_err(|_| error("module cache", "poisoned"))?;
+        if !modules.contains_key(module) {
+            let source = (kiln_kernels::gpu::SOURCES.iter())
+                .find(|(name, _)| *name == module)
+                .map(|(_, source)| *source)
+                .ok_or_else(|| error(format!("kernel module `{module}`"), "no such source"))?;
+            let options = cudarc::nvrtc::CompileOptions {
+                arch: Some(self.arch),
+                name: Some(format!("{module}.cu")),
+                ..Default::default()
+            };
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, options)
+                .map_err(|e| error(format!("NVRTC compile of `{module}.cu`"), e))?;
+            let loaded = self
+                .ctx
+                .load_module(ptx)
+                .map_err(|e| error(format!("load module `{module}`"), e))?;
+            modules.insert(module, loaded);
+        }
+        modules[module]
+            .load_function(function)
+            .map_err(|e| error(format!("kernel `{module}::{function}`"), e))
+    }
+}

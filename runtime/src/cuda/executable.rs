@@ -1,0 +1,441 @@
+//! One planned program on a CUDA device: slots allocated once (the arena at a fixed base
+//! address, every param, state, input and output slot), every launch resolved once to device
+//! addresses, then run eagerly (each launch issued now) or captured into a CUDA graph,
+//! instantiated, uploaded and replayed. Nothing is allocated or freed while a capture is open:
+//! the capture runs in global mode, where the driver refuses such calls from any thread, and
+//! the code that issues launches allocates nothing on the device. An abandoned capture (a
+//! failing launch) is ended by a guard, so the stream can run eagerly again.
+//!
+//! Streams and events come from the plan: step `i` waits for its events on its stream, issues
+//! its launches there and records its events. Every run starts by forking the side streams
+//! from stream 0 and ends by joining them back into it, so a run (or a replay) is ordered
+//! after what came before and before what follows on stream 0 — also inside a capture, where
+//! the fork brings the side streams into the graph.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream};
+use kiln_ir::{Graph, TensorType};
+use kiln_kernels::gpu::{Addr, Arg, Launch};
+use kiln_kernels::TensorView;
+use kiln_planner::Plan;
+
+use super::gemm::{self, PreparedGemm};
+use super::{error, CudaDevice, DeviceAlloc};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::interpret::bytes;
+use crate::lower::LowerOptions;
+use crate::program::{DeviceProgram, SlotKind};
+use crate::tensor::Tensor;
+
+/// How a program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunMode {
+    /// Every launch issued now.
+    Eager,
+    /// A captured CUDA graph replayed (captured on first use).
+    Graph,
+}
+
+enum Resolved {
+    Kernel {
+        function: CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+        /// Each argument's bits in an 8-byte cell (the driver reads each parameter's size).
+        args: Vec<u64>,
+    },
+    Gemm(PreparedGemm),
+    Copy {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+}
+
+struct ResolvedStep {
+    stream: usize,
+    waits: Vec<usize>,
+    records: Vec<usize>,
+    launches: Vec<Resolved>,
+}
+
+/// A planned program bound to a CUDA device (see the module doc).
+pub struct CudaExecutable {
+    device: Arc<CudaDevice>,
+    program: DeviceProgram,
+    streams: Vec<Arc<CudaStream>>,
+    events: Vec<CudaEvent>,
+    fork: CudaEvent,
+    joins: Vec<CudaEvent>,
+    slots: Vec<DeviceAlloc>,
+    steps: Vec<ResolvedStep>,
+    write_backs: Vec<Resolved>,
+    graph: Option<CudaGraph>,
+    capture_seconds: Option<f64>,
+}
+
+/// Ends an open capture when dropped before `finish` (a launch failed inside it).
+struct CaptureGuard<'s> {
+    stream: &'s Arc<CudaStream>,
+    open: bool,
+}
+
+impl Drop for CaptureGuard<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            // The capture is invalid; ending it discards the partial graph (an error about the
+            // invalidated capture is expected and cleared here) and frees the stream.
+            let _ = self
+                .stream
+                .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        }
+    }
+}
+
+impl CudaExecutable {
+    /// Lowers `plan` of `graph`, allocates every slot (arena and output slots poisoned with
+    /// 0xFF bytes, a NaN in every float dtype, so a value read before it is written shows) and
+    /// resolves every launch.
+    pub fn new(device: &Arc<CudaDevice>, graph: &Graph, plan: &Plan) -> Result<Self> {
+        Self::with_options(device, graph, plan, LowerOptions::default())
+    }
+
+    /// As [`new`](Self::new), with the GEMV kernel for GEMMs of at most 8 rows (a candidate
+    /// until measured: DESIGN.md's evidence rule).
+    pub fn with_gemv(device: &Arc<CudaDevice>, graph: &Graph, plan: &Plan) -> Result<Self> {
+        let options = LowerOptions {
+            gemv: true,
+            ..LowerOptions::default()
+        };
+        Self::with_options(device, graph, plan, options)
+    }
+
+    pub(crate) fn with_options(
+        device: &Arc<CudaDevice>,
+        graph: &Graph,
+        plan: &Plan,
+        options: LowerOptions,
+    ) -> Result<Self> {
+        let program = DeviceProgram::new(graph, plan, options)?;
+        let ctx = device.context();
+        let streams = (0..program.streams)
+            .map(|_| ctx.new_stream().map_err(|e| error("create stream", e)))
+            .collect::<Result<Vec<_>>>()?;
+        let event = || {
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(|e| error("create event", e))
+        };
+        let events = (0..program.events).map(|_| event()).collect::<Result<Vec<_>>>()?;
+        let joins = (1..program.streams).map(|_| event()).collect::<Result<Vec<_>>>()?;
+        let fork = event()?;
+        let slots = (program.slots.iter())
+            .map(|slot| {
+                let fill = if matches!(slot.kind, SlotKind::Input(_)) { 0 } else { 0xFF };
+                DeviceAlloc::new(ctx, slot.bytes as usize, fill)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut executable = CudaExecutable {
+            device: device.clone(),
+            program,
+            streams,
+            events,
+            fork,
+            joins,
+            slots,
+            steps: Vec::new(),
+            write_backs: Vec::new(),
+            graph: None,
+            capture_seconds: None,
+        };
+        let mut steps = Vec::with_capacity(executable.program.steps.len());
+        for step in &executable.program.steps {
+            let launches = (step.launches.iter())
+                .map(|l| executable.resolve(l))
+                .collect::<Result<Vec<_>>>()?;
+            steps.push(ResolvedStep {
+                stream: step.stream,
+                waits: step.waits.clone(),
+                records: step.records.clone(),
+                launches,
+            });
+        }
+        let write_backs = (executable.program.write_backs.iter())
+            .map(|l| executable.resolve(l))
+            .collect::<Result<Vec<_>>>()?;
+        executable.steps = steps;
+        executable.write_backs = write_backs;
+        Ok(executable)
+    }
+
+    fn address(&self, addr: Addr) -> u64 {
+        self.slots[addr.slot as usize].ptr + addr.offset
+    }
+
+    fn resolve(&self, launch: &Launch) -> Result<Resolved> {
+        Ok(match launch {
+            Launch::Kernel(k) => Resolved::Kernel {
+                function: self.device.function(k.module, k.function)?,
+                grid: k.grid,
+                block: k.block,
+                shared: k.shared_bytes,
+                args: (k.args.iter())
+                    .map(|arg| match *arg {
+                        Arg::Ptr(addr) => self.address(addr),
+                        Arg::I64(v) => v as u64,
+                        Arg::I32(v) => v as u32 as u64,
+                        Arg::F32(v) => v.to_bits() as u64,
+                        Arg::F64(v) => v.to_bits(),
+                    })
+                    .collect(),
+            },
+            Launch::Gemm(g) => {
+                let pointers = (self.address(g.a), self.address(g.b), self.address(g.c));
+                let workspace = self.device.gemm_workspace.bytes;
+                Resolved::Gemm(gemm::prepare(&self.device.lt, g, pointers, workspace)?)
+            }
+            Launch::Copy { dst, src, bytes } => Resolved::Copy {
+                dst: self.address(*dst),
+                src: self.address(*src),
+                bytes: *bytes as usize,
+            },
+        })
+    }
+
+    fn issue(&self, launch: &Resolved, stream: &CudaStream) -> Result<()> {
+        match launch {
+            Resolved::Kernel {
+                function,
+                grid,
+                block,
+                shared,
+                args,
+            } => {
+                let mut params: Vec<*mut std::ffi::c_void> = (args.iter())
+                    .map(|cell| cell as *const u64 as *mut std::ffi::c_void)
+                    .collect();
+                // SAFETY: each parameter points at a cell holding its value's bits; the
+                // builders match the kernels' signatures (checked against the sources in CI).
+                unsafe {
+                    cudarc::driver::result::launch_kernel(
+                        function.cu_function(),
+                        *grid,
+                        *block,
+                        *shared,
+                        stream.cu_stream(),
+                        &mut params,
+                    )
+                }
+                .map_err(|e| error("kernel launch", e))
+            }
+            Resolved::Gemm(g) => {
+                let workspace = (self.device.gemm_workspace.ptr, self.device.gemm_workspace.bytes);
+                gemm::issue(&self.device.lt, g, workspace, stream.cu_stream() as _)
+            }
+            Resolved::Copy { dst, src, bytes } => {
+                // SAFETY: both ranges lie inside slots this executable owns (checked when
+                // the program was lowered).
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(*dst, *src, *bytes, stream.cu_stream())
+                }
+                .map_err(|e| error("device copy", e))
+            }
+        }
+    }
+
+    /// Issues the whole program (fork, steps with their events, join, write-backs).
+    fn issue_all(&self) -> Result<()> {
+        let main = &self.streams[0];
+        if self.streams.len() > 1 {
+            self.fork.record(main).map_err(|e| error("record fork", e))?;
+            for side in &self.streams[1..] {
+                side.wait(&self.fork).map_err(|e| error("wait fork", e))?;
+            }
+        }
+        for step in &self.steps {
+            let stream = &self.streams[step.stream];
+            for &event in &step.waits {
+                stream.wait(&self.events[event]).map_err(|e| error("wait event", e))?;
+            }
+            for launch in &step.launches {
+                self.issue(launch, stream)?;
+            }
+            for &event in &step.records {
+                self.events[event].record(stream).map_err(|e| error("record event", e))?;
+            }
+        }
+        for (side, join) in self.streams[1..].iter().zip(&self.joins) {
+            join.record(side).map_err(|e| error("record join", e))?;
+            main.wait(join).map_err(|e| error("wait join", e))?;
+        }
+        for launch in &self.write_backs {
+            self.issue(launch, main)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the program once, asynchronously on stream 0 (eagerly, or by replaying the
+    /// captured graph, capturing it first if needed).
+    pub fn run(&mut self, mode: RunMode) -> Result<()> {
+        match mode {
+            RunMode::Eager => self.issue_all(),
+            RunMode::Graph => {
+                if self.graph.is_none() {
+                    self.capture()?;
+                }
+                let graph = self.graph.as_ref().expect("captured above");
+                graph.launch().map_err(|e| error("graph launch", e))
+            }
+        }
+    }
+
+    /// Captures the program into a CUDA graph, instantiates and uploads it (replacing any
+    /// earlier capture).
+    pub fn capture(&mut self) -> Result<()> {
+        let start = Instant::now();
+        self.graph = None;
+        let main = self.streams[0].clone();
+        self.synchronize()?;
+        main.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .map_err(|e| error("begin capture", e))?;
+        let mut guard = CaptureGuard {
+            stream: &main,
+            open: true,
+        };
+        self.issue_all()?;
+        guard.open = false;
+        let graph = main
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .map_err(|e| error("end capture", e))?
+            .ok_or_else(|| error("end capture", "the capture recorded nothing"))?;
+        graph.upload().map_err(|e| error("graph upload", e))?;
+        main.synchronize().map_err(|e| error("synchronize", e))?;
+        self.graph = Some(graph);
+        self.capture_seconds = Some(start.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Seconds the last capture + instantiate + upload took.
+    pub fn capture_seconds(&self) -> Option<f64> {
+        self.capture_seconds
+    }
+
+    /// Waits for everything issued on every stream.
+    pub fn synchronize(&self) -> Result<()> {
+        for stream in &self.streams {
+            stream.synchronize().map_err(|e| error("synchronize", e))?;
+        }
+        Ok(())
+    }
+
+    /// The main stream (timing events go there).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.streams[0]
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// Launches per run (kernels, GEMMs and copies).
+    pub fn launches(&self) -> usize {
+        self.program.launch_count()
+    }
+
+    /// Bytes of the arena, and the plan's lower bound of live bytes.
+    pub fn arena_bytes(&self) -> (u64, u64) {
+        (self.program.arena_bytes, self.program.lower_bound_bytes)
+    }
+
+    /// Bytes allocated per slot kind: (params, state, per-run inputs, outputs, arena).
+    pub fn slot_bytes(&self) -> BTreeMap<&'static str, u64> {
+        let mut bytes = BTreeMap::new();
+        for slot in &self.program.slots {
+            let kind = match slot.kind {
+                SlotKind::Arena => "arena",
+                SlotKind::Input(kiln_ir::InputKind::Param) => "params",
+                SlotKind::Input(kiln_ir::InputKind::State) => "state",
+                SlotKind::Input(kiln_ir::InputKind::Input) => "inputs",
+                SlotKind::Output => "outputs",
+            };
+            *bytes.entry(kind).or_insert(0) += slot.bytes;
+        }
+        bytes.insert("gemm workspace", self.device.gemm_workspace.bytes as u64);
+        bytes
+    }
+
+    /// Writes the graph makes in their input's slot, and writes copied back after the run.
+    pub fn writes(&self) -> (&[String], &[String]) {
+        (&self.program.in_place_writes, &self.program.copied_writes)
+    }
+
+    fn input(&self, name: &str) -> Result<(u32, &TensorType)> {
+        self.program
+            .inputs
+            .get(name)
+            .map(|(slot, ty)| (*slot, ty))
+            .ok_or_else(|| Error::Graph {
+                what: format!("program `{}`", self.program.name),
+                reason: format!("has no input `{name}`"),
+            })
+    }
+
+    /// Copies `tensor` into the slot of graph input `name` (after the work in flight).
+    pub fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
+        let (slot, ty) = self.input(name)?;
+        if tensor.dtype() != ty.dtype || tensor.shape() != &ty.shape {
+            return Err(Error::InputType {
+                name: name.to_string(),
+                expected: Box::new(ty.clone()),
+                found: Box::new(TensorType::new(tensor.dtype(), tensor.shape().clone())),
+            });
+        }
+        let dense = tensor.contiguous()?;
+        let guard = dense.storage().read()?;
+        let size = dense.dtype().size_bytes();
+        let all = bytes::of_data(guard.data());
+        let host = &all[dense.offset() * size..(dense.offset() + dense.numel()) * size];
+        self.synchronize()?;
+        let dst = self.slots[slot as usize].ptr;
+        // SAFETY: the slot holds exactly the input's bytes; the streams are idle.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(dst, host) }
+            .map_err(|e| error(format!("copy input `{name}` to the device"), e))
+    }
+
+    /// A fresh CPU tensor with output `name` (or input slot `name`: a param or state after
+    /// the runs so far), after the work in flight.
+    pub fn get(&self, name: &str) -> Result<Tensor> {
+        let (addr, ty, strides, offset) = match self.program.outputs.get(name) {
+            Some(t) => (
+                t.base,
+                TensorType::new(t.dtype, t.shape.clone()),
+                t.strides.clone(),
+                t.offset,
+            ),
+            None => {
+                let (slot, ty) = self.input(name)?;
+                let strides = ty.shape.contiguous_strides();
+                (Addr { slot, offset: 0 }, ty.clone(), strides, 0)
+            }
+        };
+        self.synchronize()?;
+        let slot = &self.slots[addr.slot as usize];
+        let len = slot.bytes - addr.offset as usize;
+        let mut host = bytes::aligned_zeros(len);
+        let host_bytes = bytes::prefix_mut(&mut host, len);
+        // SAFETY: the range lies inside the slot; the streams are idle.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(host_bytes, self.address(addr)) }
+            .map_err(|e| error(format!("copy `{name}` from the device"), e))?;
+        let data = bytes::data(host_bytes, ty.dtype)
+            .ok_or_else(|| error(format!("read `{name}`"), "misaligned host copy"))?;
+        let source = TensorView::new(data, ty.shape.clone(), &strides, offset)?;
+        let out = Tensor::zeros(ty.shape.clone(), ty.dtype, Device::Cpu);
+        out.write_with(|mut dst| kiln_kernels::copy::copy(&source, &mut dst))??;
+        Ok(out)
+    }
+}

@@ -1,0 +1,230 @@
+//! GEMMs on cuBLASLt: a [`Gemm`] descriptor (row-major terms) becomes a prepared matmul —
+//! descriptors, layouts and algorithm chosen once, when a program is bound — that is issued
+//! with fixed pointers and the device's preallocated workspace, so it can be captured.
+//!
+//! Row-major `C [m,n] = op(A) · op(B)` is computed as the column-major `Cᵀ [n,m] = op(B)ᵀ ·
+//! op(A)ᵀ`: cuBLASLt's first operand is our B (its stored matrix, column-major, is `[n,k]`, or
+//! `[k,n]` transposed), its second is our A. Compute type f32 (no TF32), scale type f32.
+
+use std::ffi::c_void;
+
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+use kiln_kernels::gpu::{Gemm, GemmDType};
+
+use crate::error::{Error, Result};
+
+fn error(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Device {
+        backend: "cuda",
+        what: format!("cuBLASLt {what}"),
+        reason: format!("{e:?}"),
+    }
+}
+
+/// A cuBLASLt handle and its workspace (owned by the device).
+pub(crate) struct LtHandle {
+    pub handle: sys::cublasLtHandle_t,
+}
+
+impl LtHandle {
+    pub fn new() -> Result<Self> {
+        let handle = lt::create_handle().map_err(|e| error("handle", e))?;
+        Ok(LtHandle { handle })
+    }
+}
+
+impl Drop for LtHandle {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `new` and is destroyed once.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+/// One matmul, ready to issue.
+pub(crate) struct PreparedGemm {
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    algo: sys::cublasLtMatmulAlgo_t,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+}
+
+// SAFETY: the descriptors are plain heap objects of cuBLASLt, used from one thread at a time
+// (the executable that owns them).
+unsafe impl Send for PreparedGemm {}
+
+impl Drop for PreparedGemm {
+    fn drop(&mut self) {
+        // SAFETY: created in `prepare`, destroyed once.
+        unsafe {
+            let _ = lt::destroy_matmul_desc(self.desc);
+            for layout in self.layouts {
+                let _ = lt::destroy_matrix_layout(layout);
+            }
+        }
+    }
+}
+
+fn data_type(dtype: GemmDType) -> sys::cudaDataType {
+    match dtype {
+        GemmDType::F32 => sys::cudaDataType::CUDA_R_32F,
+        GemmDType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+    }
+}
+
+fn layout(
+    dtype: sys::cudaDataType,
+    rows: u64,
+    cols: u64,
+    ld: u64,
+    batch: u64,
+    stride: u64,
+) -> Result<sys::cublasLtMatrixLayout_t> {
+    let layout =
+        lt::create_matrix_layout(dtype, rows, cols, ld as i64).map_err(|e| error("layout", e))?;
+    if batch > 1 {
+        let count = batch as i32;
+        let stride = stride as i64;
+        // SAFETY: attribute buffers of the documented types and sizes.
+        unsafe {
+            lt::set_matrix_layout_attribute(
+                layout,
+                sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                &count as *const i32 as *const c_void,
+                4,
+            )
+            .map_err(|e| error("batch count", e))?;
+            lt::set_matrix_layout_attribute(
+                layout,
+                sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                &stride as *const i64 as *const c_void,
+                8,
+            )
+            .map_err(|e| error("batch stride", e))?;
+        }
+    }
+    Ok(layout)
+}
+
+/// Prepares `gemm` with resolved pointers `a`, `b`, `c`, for a workspace of
+/// `workspace_bytes`.
+pub(crate) fn prepare(
+    handle: &LtHandle,
+    gemm: &Gemm,
+    (a, b, c): (u64, u64, u64),
+    workspace_bytes: usize,
+) -> Result<PreparedGemm> {
+    let desc = lt::create_matmul_desc(
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        sys::cudaDataType::CUDA_R_32F,
+    )
+    .map_err(|e| error("matmul desc", e))?;
+    let (op_first, op_second) = (gemm.transpose_b as i32, gemm.transpose_a as i32);
+    // SAFETY: attribute buffers of the documented types (cublasOperation_t is an int).
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc,
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            &op_first as *const i32 as *const c_void,
+            4,
+        )
+        .map_err(|e| error("transa", e))?;
+        lt::set_matmul_desc_attribute(
+            desc,
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+            &op_second as *const i32 as *const c_void,
+            4,
+        )
+        .map_err(|e| error("transb", e))?;
+    }
+    let dtype = data_type(gemm.dtype);
+    // Column-major stored shapes: first operand = our B, second = our A.
+    let (first_rows, first_cols) = if gemm.transpose_b {
+        (gemm.k, gemm.n)
+    } else {
+        (gemm.n, gemm.k)
+    };
+    let (second_rows, second_cols) = if gemm.transpose_a {
+        (gemm.m, gemm.k)
+    } else {
+        (gemm.k, gemm.m)
+    };
+    let layouts = [
+        layout(dtype, first_rows, first_cols, gemm.ldb, gemm.batch, gemm.stride_b)?,
+        layout(dtype, second_rows, second_cols, gemm.lda, gemm.batch, gemm.stride_a)?,
+        layout(
+            sys::cudaDataType::CUDA_R_32F,
+            gemm.n,
+            gemm.m,
+            gemm.ldc,
+            gemm.batch,
+            gemm.stride_c,
+        )?,
+    ];
+    let pref = lt::create_matmul_pref().map_err(|e| error("preference", e))?;
+    let ws = workspace_bytes as u64;
+    // SAFETY: documented attribute type (u64); the preference is destroyed below.
+    let heuristic = unsafe {
+        lt::set_matmul_pref_attribute(
+            pref,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &ws as *const u64 as *const c_void,
+            8,
+        )
+        .map_err(|e| error("workspace preference", e))?;
+        let found = lt::get_matmul_algo_heuristic(
+            handle.handle,
+            desc,
+            layouts[0],
+            layouts[1],
+            layouts[2],
+            layouts[2],
+            pref,
+        );
+        let _ = lt::destroy_matmul_pref(pref);
+        found.map_err(|e| error(&format!("no algorithm for {gemm:?}"), e))?
+    };
+    Ok(PreparedGemm {
+        desc,
+        layouts,
+        algo: heuristic.algo,
+        a,
+        b,
+        c,
+    })
+}
+
+/// Issues a prepared GEMM on `stream` (capturable: no allocation, fixed pointers).
+pub(crate) fn issue(
+    handle: &LtHandle,
+    gemm: &PreparedGemm,
+    workspace: (u64, usize),
+    stream: sys::cudaStream_t,
+) -> Result<()> {
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: pointers are device addresses the program's slots own for the executable's
+    // life; descriptors were prepared for exactly these shapes.
+    unsafe {
+        lt::matmul(
+            handle.handle,
+            gemm.desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            gemm.b as *const c_void,
+            gemm.layouts[0],
+            gemm.a as *const c_void,
+            gemm.layouts[1],
+            gemm.c as *const c_void,
+            gemm.layouts[2],
+            gemm.c as *mut c_void,
+            gemm.layouts[2],
+            &gemm.algo,
+            workspace.0 as *mut c_void,
+            workspace.1,
+            stream,
+        )
+        .map_err(|e| error("matmul", e))
+    }
+}

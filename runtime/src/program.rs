@@ -1,0 +1,498 @@
+//! A planned program lowered for a device: every buffer of the plan given a home in one of a
+//! fixed set of slots (the arena, one slot per graph input, one per output buffer), every step
+//! lowered to launches with symbolic addresses ([`Addr`]), and the copies that carry the
+//! graph's writes back into their inputs' slots.
+//!
+//! Backend independent (no device is touched), so CI lowers every program and checks every
+//! address against its slot. A backend allocates the slots once, resolves the addresses once
+//! and issues the launches — eagerly, or into a captured graph that replays them.
+//!
+//! In-place state updates: a graph write `name ← value` whose value is computed by an op that
+//! may overwrite (`Alias::MayOverwrite`) the input `name` itself (AdamW's param and moments, a
+//! KV cache write) is computed directly in the input's slot — no output buffer, no copy back —
+//! when every other reader of the input (through views too) runs before that op on the same
+//! stream. Otherwise the value goes to an output slot of its own and is copied back after the
+//! last step; [`DeviceProgram::copied_writes`] names those.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kiln_ir::graph::NodeKind;
+use kiln_ir::{Alias, Graph, InputKind, Op, TensorType, ValueId};
+use kiln_kernels::gpu::{Addr, Launch};
+use kiln_planner::{BufferClass, Plan};
+use petgraph::stable_graph::NodeIndex;
+
+use crate::error::{Error, Result};
+use crate::interpret::result_types;
+use crate::lower::{lower_op, DeviceTensor, LowerOptions};
+use crate::planned::layout::Layout;
+use crate::planned::placement::{check_schedule, map_values, plan_error, Value};
+
+/// What a slot holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SlotKind {
+    /// The activation arena (slot 0).
+    Arena,
+    /// A graph input of this kind.
+    Input(InputKind),
+    /// An output buffer (a program output, or a write that cannot be done in place).
+    Output,
+}
+
+/// One device allocation a program needs.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Slot {
+    pub name: String,
+    pub kind: SlotKind,
+    pub bytes: u64,
+}
+
+/// One schedule step, lowered.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct StepLaunches {
+    pub node: usize,
+    pub op: String,
+    pub stream: usize,
+    pub waits: Vec<usize>,
+    pub records: Vec<usize>,
+    pub launches: Vec<Launch>,
+}
+
+/// A plan lowered for a device (see the module doc).
+#[derive(Clone, Debug)]
+pub(crate) struct DeviceProgram {
+    pub name: String,
+    pub slots: Vec<Slot>,
+    pub steps: Vec<StepLaunches>,
+    /// Copies of writes that could not be done in place, run after every step.
+    pub write_backs: Vec<Launch>,
+    pub streams: usize,
+    pub events: usize,
+    /// Graph inputs by name: slot and type.
+    pub inputs: BTreeMap<String, (u32, TensorType)>,
+    /// Graph outputs by name, as they lie after the last step.
+    pub outputs: BTreeMap<String, DeviceTensor>,
+    /// Writes computed in their input's slot, and writes copied back.
+    pub in_place_writes: Vec<String>,
+    pub copied_writes: Vec<String>,
+    /// The plan's arena and lower bound, bytes.
+    pub arena_bytes: u64,
+    pub lower_bound_bytes: u64,
+}
+
+impl DeviceProgram {
+    /// Lowers `plan` of `graph`; every mismatch between them is an error.
+    pub fn new(graph: &Graph, plan: &Plan, options: LowerOptions) -> Result<Self> {
+        Builder::new(graph, plan)?.build(options)
+    }
+
+    /// The number of launches one run issues.
+    pub fn launch_count(&self) -> usize {
+        self.steps.iter().map(|s| s.launches.len()).sum::<usize>() + self.write_backs.len()
+    }
+
+    /// Checks that every address of every launch lies inside its slot (its whole extent for
+    /// copies and GEMMs, its start for kernel pointers).
+    pub fn check_addresses(&self) -> Result<()> {
+        let launches = (self.steps.iter().flat_map(|s| &s.launches)).chain(&self.write_backs);
+        for launch in launches {
+            for (addr, bytes) in extents(launch) {
+                let Some(slot) = self.slots.get(addr.slot as usize) else {
+                    return Err(self.error(format!("{launch:?} uses slot {}", addr.slot)));
+                };
+                if addr.offset + bytes > slot.bytes || (bytes == 0 && addr.offset > slot.bytes) {
+                    return Err(self.error(format!(
+                        "{launch:?} reaches byte {} of slot `{}` ({} bytes)",
+                        addr.offset + bytes,
+                        slot.name,
+                        slot.bytes
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn error(&self, reason: String) -> Error {
+        Error::Graph {
+            what: format!("device program `{}`", self.name),
+            reason,
+        }
+    }
+}
+
+/// The byte extents a launch touches, as far as the descriptor says.
+fn extents(launch: &Launch) -> Vec<(Addr, u64)> {
+    match launch {
+        Launch::Copy { dst, src, bytes } => vec![(*dst, *bytes), (*src, *bytes)],
+        Launch::Gemm(g) => {
+            let size = g.dtype.size_bytes();
+            let (a_rows, b_rows) = (
+                if g.transpose_a { g.k } else { g.m },
+                if g.transpose_b { g.n } else { g.k },
+            );
+            let span = |rows: u64, ld: u64, cols: u64, stride: u64, elem: u64| {
+                if rows == 0 || g.batch == 0 {
+                    return 0;
+                }
+                ((g.batch - 1) * stride + (rows - 1) * ld + cols) * elem
+            };
+            let a_cols = if g.transpose_a { g.m } else { g.k };
+            let b_cols = if g.transpose_b { g.k } else { g.n };
+            vec![
+                (g.a, span(a_rows, g.lda, a_cols, g.stride_a, size)),
+                (g.b, span(b_rows, g.ldb, b_cols, g.stride_b, size)),
+                (g.c, span(g.m, g.ldc, g.n, g.stride_c, 4)),
+            ]
+        }
+        Launch::Kernel(_) => launch.addresses().into_iter().map(|a| (a, 0)).collect(),
+    }
+}
+
+struct Builder<'g> {
+    graph: &'g Graph,
+    plan: &'g Plan,
+    buffer_of: BTreeMap<Value, usize>,
+    /// Step index of each op node.
+    step_of: BTreeMap<usize, usize>,
+    slots: Vec<Slot>,
+    /// Home of each buffer: its slot's base address.
+    homes: Vec<Option<Addr>>,
+    /// Input slot by input node.
+    input_slot: BTreeMap<usize, u32>,
+}
+
+impl<'g> Builder<'g> {
+    fn new(graph: &'g Graph, plan: &'g Plan) -> Result<Self> {
+        let buffer_of = map_values(graph, plan)?;
+        check_schedule(graph, plan)?;
+        let step_of = (plan.schedule.iter().enumerate())
+            .map(|(i, s)| (s.node, i))
+            .collect();
+        Ok(Builder {
+            graph,
+            plan,
+            buffer_of,
+            step_of,
+            slots: vec![Slot {
+                name: "arena".to_string(),
+                kind: SlotKind::Arena,
+                bytes: plan.arena_bytes,
+            }],
+            homes: vec![None; plan.buffers.len()],
+            input_slot: BTreeMap::new(),
+        })
+    }
+
+    fn add_slot(&mut self, name: &str, kind: SlotKind, bytes: u64) -> u32 {
+        self.slots.push(Slot {
+            name: name.to_string(),
+            kind,
+            bytes,
+        });
+        (self.slots.len() - 1) as u32
+    }
+
+    fn fail(&self, what: impl std::fmt::Display, reason: String) -> Error {
+        plan_error(self.plan, what, reason)
+    }
+
+    fn build(mut self, options: LowerOptions) -> Result<DeviceProgram> {
+        let (graph, plan) = (self.graph, self.plan);
+        // Inputs: one slot each; their buffers live there.
+        let mut inputs = BTreeMap::new();
+        for (value, name, kind, ty) in graph.inputs() {
+            let slot = self.add_slot(name, SlotKind::Input(kind), ty.size_bytes() as u64);
+            self.input_slot.insert(value.node.index(), slot);
+            inputs.insert(name.to_string(), (slot, ty.clone()));
+            if let Some(&buffer) = self.buffer_of.get(&(value.node.index(), 0)) {
+                self.homes[buffer] = Some(Addr { slot, offset: 0 });
+            }
+        }
+        // Writes: in place where safe, else an output slot and a copy back.
+        let mut write_backs = Vec::new();
+        let (mut in_place_writes, mut copied_writes) = (Vec::new(), Vec::new());
+        for (name, value) in graph.writes() {
+            let key = (value.node.index(), value.port);
+            let Some(&buffer) = self.buffer_of.get(&key) else {
+                return Err(self.fail(format!("write `{name}`"), "has no buffer".to_string()));
+            };
+            let input = graph.input_named(name).ok_or_else(|| {
+                self.fail(format!("write `{name}`"), "names no input".to_string())
+            })?;
+            let input_slot = self.input_slot[&input.node.index()];
+            if self.homes[buffer].is_some() {
+                // Already the input's own buffer (the plan placed the write in place).
+                in_place_writes.push(name.clone());
+            } else if self.in_place(*value, input, buffer) {
+                self.homes[buffer] = Some(Addr {
+                    slot: input_slot,
+                    offset: 0,
+                });
+                in_place_writes.push(name.clone());
+            } else {
+                let bytes = plan.buffers[buffer].size;
+                let slot = self.add_slot(&format!("write {name}"), SlotKind::Output, bytes);
+                self.homes[buffer] = Some(Addr { slot, offset: 0 });
+                let ty = graph.value_type(*value)?;
+                write_backs.push(Launch::Copy {
+                    dst: Addr {
+                        slot: input_slot,
+                        offset: 0,
+                    },
+                    src: Addr { slot, offset: 0 },
+                    bytes: ty.size_bytes() as u64,
+                });
+                copied_writes.push(name.clone());
+            }
+        }
+        // Every other buffer: arena bytes or an output slot.
+        for buffer in &plan.buffers {
+            if self.homes[buffer.id].is_some() {
+                continue;
+            }
+            let home = match buffer.class {
+                BufferClass::Activation | BufferClass::Workspace => {
+                    let offset = buffer.offset.ok_or_else(|| {
+                        self.fail(&buffer.name, "is in the arena without an offset".to_string())
+                    })?;
+                    if offset + buffer.size > plan.arena_bytes {
+                        let reason = format!("ends past the arena ({} bytes)", plan.arena_bytes);
+                        return Err(self.fail(&buffer.name, reason));
+                    }
+                    Addr { slot: 0, offset }
+                }
+                BufferClass::Output => {
+                    let slot = self.add_slot(&buffer.name, SlotKind::Output, buffer.size);
+                    Addr { slot, offset: 0 }
+                }
+                BufferClass::Param | BufferClass::Input | BufferClass::State => {
+                    let reason = "is an input buffer that holds no graph input".to_string();
+                    return Err(self.fail(&buffer.name, reason));
+                }
+            };
+            self.homes[buffer.id] = Some(home);
+        }
+
+        let workspace: BTreeMap<usize, usize> = (plan.buffers.iter())
+            .filter(|b| b.class == BufferClass::Workspace)
+            .map(|b| (b.start, b.id))
+            .collect();
+        let mut layouts: BTreeMap<Value, Layout> = graph
+            .inputs()
+            .into_iter()
+            .map(|(v, _, _, ty)| ((v.node.index(), 0), Layout::contiguous(ty)))
+            .collect();
+        let mut steps = Vec::with_capacity(plan.schedule.len());
+        for (index, step) in plan.schedule.iter().enumerate() {
+            let node = NodeIndex::new(step.node);
+            let Some(NodeKind::Op(op)) = graph.node(node).map(|n| &n.kind) else {
+                return Err(self.fail(format!("step {index}"), "runs no op".to_string()));
+            };
+            let what = || format!("step {index} (node %{} {op})", step.node);
+            let mut operands = Vec::new();
+            for operand in graph.operands(node) {
+                let key = (operand.node.index(), operand.port);
+                let layout = layouts.get(&key).cloned().ok_or_else(|| {
+                    self.fail(what(), format!("reads value {operand} before it is computed"))
+                })?;
+                operands.push((key, layout));
+            }
+            let operand_types: Vec<TensorType> = operands.iter().map(|(_, l)| l.ty()).collect();
+            let recorded = graph.node(node).map_or(&[][..], |n| &n.outputs[..]);
+            let types = result_types(step.node, op, &operand_types, recorded)?;
+            let mut launches = Vec::new();
+            let view = match operands.first() {
+                Some((key, layout)) => {
+                    let capacity = self.plan.buffers[self.buffer_of[key]].size as usize
+                        / layout.dtype.size_bytes().max(1);
+                    layout.view(op, capacity)
+                }
+                None => None,
+            };
+            if let Some(view) = view {
+                layouts.insert((step.node, 0), view?);
+            } else {
+                let results: Vec<Layout> = types.iter().map(Layout::contiguous).collect();
+                let i = (operands.iter())
+                    .map(|(key, layout)| self.tensor(*key, layout))
+                    .collect::<Result<Vec<_>>>()?;
+                let o = (results.iter().enumerate())
+                    .map(|(port, layout)| self.tensor((step.node, port), layout))
+                    .collect::<Result<Vec<_>>>()?;
+                let ws = workspace.get(&index).map(|&b| {
+                    let addr = self.homes[b].expect("every buffer has a home");
+                    (addr, plan.buffers[b].size)
+                });
+                launches = lower_op(op, &i, &o, ws, options).map_err(|source| Error::Node {
+                    node: step.node,
+                    op: op.to_string(),
+                    source: Box::new(source),
+                })?;
+                for (port, layout) in results.into_iter().enumerate() {
+                    layouts.insert((step.node, port), layout);
+                }
+            }
+            steps.push(StepLaunches {
+                node: step.node,
+                op: step.op.clone(),
+                stream: step.stream,
+                waits: step.waits.clone(),
+                records: step.records.clone(),
+                launches,
+            });
+        }
+
+        let mut outputs = BTreeMap::new();
+        for (name, value) in graph.outputs() {
+            let key = (value.node.index(), value.port);
+            let layout = layouts.get(&key).ok_or_else(|| {
+                self.fail(format!("output `{name}`"), "is never computed".to_string())
+            })?;
+            outputs.insert(name.clone(), self.tensor(key, layout)?);
+        }
+        let program = DeviceProgram {
+            name: plan.program.clone(),
+            slots: self.slots,
+            steps,
+            write_backs,
+            streams: plan.options.streams.max(1),
+            events: plan.events,
+            inputs,
+            outputs,
+            in_place_writes,
+            copied_writes,
+            arena_bytes: plan.arena_bytes,
+            lower_bound_bytes: plan.lower_bound_bytes,
+        };
+        program.check_addresses()?;
+        Ok(program)
+    }
+
+    /// Value `key` with `layout`, placed at its buffer's home.
+    fn tensor(&self, key: Value, layout: &Layout) -> Result<DeviceTensor> {
+        let buffer = *self.buffer_of.get(&key).ok_or_else(|| {
+            self.fail(format!("value {}.{}", key.0, key.1), "has no buffer".into())
+        })?;
+        let base = self.homes[buffer].expect("every buffer has a home");
+        Ok(DeviceTensor {
+            base,
+            dtype: layout.dtype,
+            shape: layout.shape.clone(),
+            strides: layout.strides.clone(),
+            offset: layout.offset,
+        })
+    }
+
+    /// Whether write `value` (in `buffer`) may be computed in the slot of `input`: it is the
+    /// result of an op that may overwrite `input` itself, the buffer holds nothing else but
+    /// views of it, and every other reader of `input` (or of a view of it) runs earlier on the
+    /// writer's stream.
+    fn in_place(&self, value: ValueId, input: ValueId, buffer: usize) -> bool {
+        let graph = self.graph;
+        let writer = value.node;
+        let Some(NodeKind::Op(op)) = graph.node(writer).map(|n| &n.kind) else {
+            return false;
+        };
+        let Alias::MayOverwrite(port) = op.alias(value.port) else {
+            return false;
+        };
+        if graph.operands(writer).get(port) != Some(&input) {
+            return false;
+        }
+        let Some(&writer_step) = self.step_of.get(&writer.index()) else {
+            return false;
+        };
+        let writer_stream = self.plan.schedule[writer_step].stream;
+        // The buffer holds the write and views of it only.
+        let views_of_value = self.views_of(value);
+        let holds_only_the_write = (self.buffer_of.iter())
+            .filter(|(_, b)| **b == buffer)
+            .all(|(v, _)| views_of_value.contains(v));
+        if !holds_only_the_write {
+            return false;
+        }
+        // Every other reader of the input runs before the writer, on its stream.
+        let views_of_input = self.views_of(input);
+        graph.node_indices().all(|node| {
+            if node == writer {
+                return true;
+            }
+            let reads = (graph.operands(node).iter())
+                .any(|v| views_of_input.contains(&(v.node.index(), v.port)));
+            if !reads || is_view(graph, node) {
+                return true;
+            }
+            self.step_of.get(&node.index()).is_some_and(|&step| {
+                step < writer_step && self.plan.schedule[step].stream == writer_stream
+            })
+        })
+    }
+
+    /// `value` and every value that is (transitively) a view of it.
+    fn views_of(&self, value: ValueId) -> BTreeSet<Value> {
+        let graph = self.graph;
+        let mut found = BTreeSet::from([(value.node.index(), value.port)]);
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for node in graph.node_indices() {
+                if !is_view(graph, node) || found.contains(&(node.index(), 0)) {
+                    continue;
+                }
+                if let Some(operand) = graph.operands(node).first() {
+                    if found.contains(&(operand.node.index(), operand.port)) {
+                        found.insert((node.index(), 0));
+                        changed = true;
+                    }
+                }
+            }
+        }
+        found
+    }
+}
+
+fn is_view(graph: &Graph, node: NodeIndex) -> bool {
+    matches!(
+        graph.node(node).map(|n| &n.kind),
+        Some(NodeKind::Op(
+            Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. }
+        ))
+    )
+}
+
+/// What lowering a plan for a device gives, computed without a device: the launches one run
+/// issues and how the graph's writes are made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoweringSummary {
+    pub kernels: usize,
+    pub gemms: usize,
+    pub copies: usize,
+    /// Device allocations: the arena, one per input, one per output slot.
+    pub slots: usize,
+    pub in_place_writes: Vec<String>,
+    pub copied_writes: Vec<String>,
+}
+
+/// Lowers `plan` of `graph` for a device backend (no device needed) and checks every address
+/// against its slot: the errors a device backend would give for this program, found in CI.
+pub fn lower_for_device(graph: &Graph, plan: &Plan) -> Result<LoweringSummary> {
+    let program = DeviceProgram::new(graph, plan, LowerOptions::default())?;
+    let launches = (program.steps.iter().flat_map(|s| &s.launches)).chain(&program.write_backs);
+    let (mut kernels, mut gemms, mut copies) = (0, 0, 0);
+    for launch in launches {
+        match launch {
+            Launch::Kernel(_) => kernels += 1,
+            Launch::Gemm(_) => gemms += 1,
+            Launch::Copy { .. } => copies += 1,
+        }
+    }
+    Ok(LoweringSummary {
+        kernels,
+        gemms,
+        copies,
+        slots: program.slots.len(),
+        in_place_writes: program.in_place_writes,
+        copied_writes: program.copied_writes,
+    })
+}

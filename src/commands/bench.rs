@@ -1,0 +1,309 @@
+//! `kiln bench`: one program of one model on a device, timed per step with device events.
+//!
+//! Steps: trace the program, plan it, lower it, allocate its slots once, copy in parameters
+//! (seeded random weights for a preset) and example inputs, warm up, then time `steps` runs
+//! (eager: every launch issued; graph: the captured CUDA graph replayed), each between two
+//! device events on the main stream. Reports median and p95, tokens/s, the arena against the
+//! plan's lower bound, device memory beyond parameters and optimizer/cache state, capture time
+//! and launches per step; for decode, the HBM floor (bytes a step must read over the measured
+//! copy bandwidth) and the fraction of it kiln reaches.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_frontend::hf::source::ModelSource;
+use kiln_frontend::model::ModelConfig;
+use kiln_frontend::programs::{build, example_inputs, ProgramKind, ProgramOptions};
+use kiln_planner::{plan, PlanOptions};
+use kiln_runtime::cuda::{CudaDevice, CudaExecutable, RunMode};
+use serde::Serialize;
+
+/// HBM copy bandwidth of the H200 measured on the device machine (bytes read + written per
+/// second, ANCHORS.md); the decode floor divides the bytes a step must read by it.
+const HBM_BYTES_PER_SECOND: f64 = 4.3e12;
+
+/// What `kiln bench` runs.
+pub struct BenchArgs {
+    pub model: String,
+    pub seed: u64,
+    pub kind: ProgramKind,
+    pub options: ProgramOptions,
+    /// Decode: tokens already in the cache (the position decoded).
+    pub context: usize,
+    pub mode: RunMode,
+    pub streams: usize,
+    pub warmup: usize,
+    pub steps: usize,
+    pub gemv: bool,
+}
+
+/// One benchmark's results (`--json` prints this).
+#[derive(Serialize)]
+pub struct BenchResult {
+    pub model: String,
+    pub program: String,
+    pub precision: String,
+    pub mode: String,
+    pub device: String,
+    pub batch: usize,
+    pub seq: usize,
+    pub context: usize,
+    pub streams: usize,
+    pub steps: usize,
+    pub median_ms: f64,
+    pub p95_ms: f64,
+    pub min_ms: f64,
+    pub tokens_per_second: f64,
+    pub launches_per_step: usize,
+    pub capture_ms: Option<f64>,
+    pub arena_bytes: u64,
+    pub lower_bound_bytes: u64,
+    pub param_bytes: u64,
+    pub state_bytes: u64,
+    /// Arena + per-run inputs + outputs + GEMM workspace.
+    pub beyond_params_and_state_bytes: u64,
+    pub in_place_writes: usize,
+    pub copied_writes: usize,
+    pub hbm_floor_ms: Option<f64>,
+    pub floor_fraction: Option<f64>,
+    /// Train: the loss of the last step; prefill/decode: max |logit| (a sanity check that the
+    /// numbers are finite and not all zero).
+    pub check: f64,
+}
+
+/// Bytes one decode step must read at least: every weight once (the embedding table only for
+/// the rows it gathers, unless the output head shares it), every cached K/V row up to the
+/// position, all in f32.
+fn decode_bytes(config: &ModelConfig, batch: usize, context: usize) -> f64 {
+    let params = kiln_frontend::programs::parameter_count(config) as f64;
+    let embedding = (config.vocab_size * config.hidden_size) as f64;
+    let weights = if config.tie_word_embeddings {
+        params
+    } else {
+        params - embedding + (batch * config.hidden_size) as f64
+    };
+    let cache = 2.0
+        * (config.num_hidden_layers
+            * batch
+            * config.num_key_value_heads
+            * (context + 1)
+            * config.head_dim) as f64;
+    4.0 * (weights + cache)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    if let Some(reason) = kiln_runtime::cuda::unavailable() {
+        bail!("--device cuda: no CUDA device can be used here: {reason}");
+    }
+    let source = ModelSource::resolve(&args.model)?;
+    let (config, weights) = source
+        .load(args.seed)
+        .with_context(|| format!("loading model {}", args.model))?;
+    let graph = build(args.kind, &config, &args.options)?;
+    let planned = plan(
+        &graph,
+        &PlanOptions {
+            streams: args.streams,
+            ..PlanOptions::default()
+        },
+    )?;
+    let device = CudaDevice::open(0)?;
+    eprintln!(
+        "kiln bench: {} {} on {}: {} ops planned into a {:.2} MiB arena",
+        args.model,
+        args.kind.name(),
+        device.describe(),
+        planned.schedule.len(),
+        planned.arena_bytes as f64 / (1u64 << 20) as f64
+    );
+    let mut exe = if args.gemv {
+        CudaExecutable::with_gemv(&device, &graph, &planned)?
+    } else {
+        CudaExecutable::new(&device, &graph, &planned)?
+    };
+    for (name, var) in weights.named() {
+        exe.set(&name, var.value())?;
+    }
+    drop(weights);
+    let inputs = example_inputs(
+        &graph,
+        &config,
+        args.kind,
+        &args.options,
+        args.context,
+        args.seed,
+    )?;
+    for (name, tensor) in &inputs {
+        exe.set(name, tensor)?;
+    }
+
+    let ctx = device.clone();
+    let timing = || {
+        ctx.timing_event()
+            .context("creating a timing event on the device")
+    };
+    let (start, end) = (timing()?, timing()?);
+    for _ in 0..args.warmup.max(1) {
+        exe.run(args.mode)?;
+    }
+    exe.synchronize()?;
+    let bar = ProgressBar::new(args.steps as u64).with_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("timing {} steps", args.steps));
+    let wall = Instant::now();
+    let mut times = Vec::with_capacity(args.steps);
+    for _ in 0..args.steps {
+        start.record(exe.stream())?;
+        exe.run(args.mode)?;
+        end.record(exe.stream())?;
+        times.push(start.elapsed_ms(&end)? as f64);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    eprintln!(
+        "kiln bench: {} steps in {:.2} s wall",
+        args.steps,
+        wall.elapsed().as_secs_f64()
+    );
+    times.sort_by(f64::total_cmp);
+    let median = percentile(&times, 0.5);
+
+    let check = match args.kind {
+        ProgramKind::Train => exe.get("loss")?.to_f64_vec()?[0],
+        _ => (exe.get("logits")?.to_f64_vec()?)
+            .iter()
+            .fold(0.0f64, |m, v| m.max(v.abs())),
+    };
+    if !check.is_finite() || check == 0.0 {
+        bail!("the program's result is not sane ({check}); the timings are not reported");
+    }
+    let slots = exe.slot_bytes();
+    let slot = |name: &str| slots.get(name).copied().unwrap_or(0);
+    let (arena, lower_bound) = exe.arena_bytes();
+    let (in_place, copied) = exe.writes();
+    let (batch, seq) = (args.options.batch, args.options.seq);
+    let tokens = match args.kind {
+        ProgramKind::Decode => batch,
+        _ => batch * seq,
+    };
+    let floor = (args.kind == ProgramKind::Decode)
+        .then(|| 1e3 * decode_bytes(&config, batch, args.context) / HBM_BYTES_PER_SECOND);
+    Ok(BenchResult {
+        model: args.model.clone(),
+        program: args.kind.name().to_string(),
+        precision: format!("{:?}", args.options.precision),
+        mode: match args.mode {
+            RunMode::Eager => "eager",
+            RunMode::Graph => "graph",
+        }
+        .to_string(),
+        device: device.describe(),
+        batch,
+        seq: if args.kind == ProgramKind::Decode { 1 } else { seq },
+        context: if args.kind == ProgramKind::Decode { args.context } else { 0 },
+        streams: args.streams,
+        steps: args.steps,
+        median_ms: median,
+        p95_ms: percentile(&times, 0.95),
+        min_ms: times[0],
+        tokens_per_second: tokens as f64 / (median / 1e3),
+        launches_per_step: exe.launches(),
+        capture_ms: exe.capture_seconds().map(|s| s * 1e3),
+        arena_bytes: arena,
+        lower_bound_bytes: lower_bound,
+        param_bytes: slot("params"),
+        state_bytes: slot("state"),
+        beyond_params_and_state_bytes: slot("arena")
+            + slot("inputs")
+            + slot("outputs")
+            + slot("gemm workspace"),
+        in_place_writes: in_place.len(),
+        copied_writes: copied.len(),
+        hbm_floor_ms: floor,
+        floor_fraction: floor.map(|f| f / median),
+        check,
+    })
+}
+
+/// The result as a table for people.
+pub fn table(r: &BenchResult) -> String {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mut rows = vec![
+        ("model", r.model.clone()),
+        (
+            "program",
+            format!(
+                "{} B={} T={}{} ({}, {})",
+                r.program,
+                r.batch,
+                r.seq,
+                if r.program == "decode" {
+                    format!(" context={}", r.context)
+                } else {
+                    String::new()
+                },
+                r.precision,
+                r.mode
+            ),
+        ),
+        ("device", format!("{} ({} streams)", r.device, r.streams)),
+        (
+            "step time",
+            format!(
+                "median {:.3} ms, p95 {:.3} ms, min {:.3} ms over {} steps",
+                r.median_ms, r.p95_ms, r.min_ms, r.steps
+            ),
+        ),
+        ("tokens/s", format!("{:.0}", r.tokens_per_second)),
+        ("launches per step", r.launches_per_step.to_string()),
+        (
+            "arena",
+            format!(
+                "{:.2} MiB, lower bound {:.2} MiB (ratio {:.4})",
+                mib(r.arena_bytes),
+                mib(r.lower_bound_bytes),
+                r.arena_bytes as f64 / r.lower_bound_bytes.max(1) as f64
+            ),
+        ),
+        (
+            "device memory",
+            format!(
+                "params {:.1} MiB, state {:.1} MiB, beyond both {:.1} MiB",
+                mib(r.param_bytes),
+                mib(r.state_bytes),
+                mib(r.beyond_params_and_state_bytes)
+            ),
+        ),
+        (
+            "state writes",
+            format!("{} in place, {} copied back", r.in_place_writes, r.copied_writes),
+        ),
+    ];
+    if let Some(capture) = r.capture_ms {
+        rows.push(("capture+instantiate", format!("{capture:.1} ms")));
+    }
+    if let (Some(floor), Some(fraction)) = (r.hbm_floor_ms, r.floor_fraction) {
+        rows.push((
+            "HBM floor",
+            format!("{floor:.3} ms; kiln at {:.0}% of it", 100.0 * fraction),
+        ));
+    }
+    let check = if r.program == "train" { "loss" } else { "max |logit|" };
+    rows.push((check, format!("{:.4}", r.check)));
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    rows.iter()
+        .map(|(k, v)| format!("{k:>width$}  {v}\n"))
+        .collect()
+}

@@ -1,0 +1,471 @@
+//! The CUDA backend against the CPU reference. Where no CUDA device can be used (CI), each test
+//! prints `SKIPPED: <why>` and returns: a skip is not a pass, and these tests only count when
+//! run on a GPU machine.
+//!
+//! 1. Every op, alone in a one-op program, on fresh random inputs of several shapes: the GPU's
+//!    results against the reference interpreter (f32 relative error <= 1e-5; bf16 results
+//!    <= 1e-2), with every slot poisoned (0xFF bytes, NaN) first, so an element the kernel
+//!    does not write fails; and the replayed graph equal to the eager run bit for bit.
+//! 2. The tiny prefill, decode and train programs of both families, on 1 and 2 streams, eager
+//!    and replayed, against the interpreter; replay equal to eager bit for bit; two train steps
+//!    carry their state on the device.
+//! 3. Decode replayed at many positions after a prefill equals the full forward.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kiln_frontend::model::{forward, random_weights, Eager, ModelConfig, Precision};
+use kiln_frontend::programs::{build, example_inputs, ProgramKind, ProgramOptions};
+use kiln_frontend::Var;
+use kiln_ir::{AdamWConfig, DType, Graph, InputKind, Op, TensorType};
+use kiln_kernels::testing;
+use kiln_planner::{plan, PlanOptions};
+use kiln_runtime::cuda::{CudaDevice, CudaExecutable, RunMode};
+use kiln_runtime::{interpret, Tensor};
+use rand::rngs::StdRng;
+
+fn device() -> Option<Arc<CudaDevice>> {
+    match kiln_runtime::cuda::unavailable() {
+        Some(reason) => {
+            println!("SKIPPED: no CUDA device: {reason}");
+            None
+        }
+        None => Some(CudaDevice::open(0).expect("a usable CUDA device opens")),
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_f64_vec()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+fn random(rng: &mut StdRng, ty: &TensorType) -> Tensor {
+    let n = ty.shape.numel();
+    let values = testing::signed(rng, n);
+    match ty.dtype {
+        DType::F32 => Tensor::from_vec(testing::to_f32(&values), ty.shape.clone()).unwrap(),
+        DType::BF16 => {
+            let v: Vec<half::bf16> = values.iter().map(|x| <half::bf16 as kiln_kernels::Element>::from_f64(*x)).collect();
+            Tensor::from_vec(v, ty.shape.clone()).unwrap()
+        }
+        other => panic!("no random {other}"),
+    }
+}
+
+/// One operand of a one-op case: a float tensor of this type, or integers below `bound`.
+enum In {
+    F(DType, Vec<usize>),
+    Ids(Vec<usize>, usize),
+    /// Positive floats (probabilities, second moments).
+    Pos(Vec<usize>),
+    Step,
+}
+
+fn f(dims: &[usize]) -> In {
+    In::F(DType::F32, dims.to_vec())
+}
+
+/// Builds the one-op graph for `op` on `ins`, runs it on the GPU (eager, then a fresh
+/// executable replayed) and on the interpreter; returns the worst relative error.
+fn check_op(device: &Arc<CudaDevice>, rng: &mut StdRng, name: &str, op: Op, ins: Vec<In>) -> f64 {
+    let mut graph = Graph::new(name);
+    let mut values = BTreeMap::new();
+    let mut operands = Vec::new();
+    for (index, input) in ins.iter().enumerate() {
+        let input_name = format!("in{index}");
+        let (ty, tensor) = match input {
+            In::F(dtype, dims) => {
+                let ty = TensorType::new(*dtype, dims.as_slice());
+                let t = random(rng, &ty);
+                (ty, t)
+            }
+            In::Ids(dims, bound) => {
+                let ty = TensorType::new(DType::I64, dims.as_slice());
+                let ids = testing::indices(rng, ty.shape.numel(), *bound);
+                (ty.clone(), Tensor::from_vec(ids, ty.shape.clone()).unwrap())
+            }
+            In::Pos(dims) => {
+                let ty = TensorType::new(DType::F32, dims.as_slice());
+                let v = testing::uniform(rng, ty.shape.numel(), 0.01, 1.0);
+                (ty.clone(), Tensor::from_vec(testing::to_f32(&v), ty.shape.clone()).unwrap())
+            }
+            In::Step => {
+                let ty = TensorType::new(DType::I64, kiln_ir::Shape::scalar());
+                (ty, Tensor::from_vec(vec![3i64], kiln_ir::Shape::scalar()).unwrap())
+            }
+        };
+        operands.push(graph.input(&input_name, InputKind::Input, ty).unwrap());
+        values.insert(input_name, tensor);
+    }
+    let results = graph.op(op.clone(), &operands).unwrap();
+    for (port, value) in results.iter().enumerate() {
+        graph.output(&format!("out{port}"), *value).unwrap();
+    }
+    let planned = plan(&graph, &PlanOptions::default()).unwrap();
+    let want = interpret(&graph, &mut values.clone()).unwrap();
+
+    let run = |mode: RunMode| {
+        let mut exe = CudaExecutable::new(device, &graph, &planned).unwrap();
+        for (name, tensor) in &values {
+            exe.set(name, tensor).unwrap();
+        }
+        exe.run(mode).unwrap();
+        (0..results.len())
+            .map(|port| exe.get(&format!("out{port}")).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let eager = run(RunMode::Eager);
+    let replayed = run(RunMode::Graph);
+    let mut worst = 0.0f64;
+    for (port, got) in eager.iter().enumerate() {
+        let reference = &want[&format!("out{port}")];
+        let (g, w) = (got.to_f64_vec().unwrap(), reference.to_f64_vec().unwrap());
+        assert!(g.iter().all(|v| v.is_finite()), "{name}: out{port} has unwritten (NaN) elements");
+        let error = testing::rel_l2(&g, &w);
+        let limit = if got.dtype() == DType::BF16 { 1e-2 } else { 1e-5 };
+        assert!(error <= limit, "{name}: out{port} relative error {error:e} > {limit:e}");
+        assert_eq!(bits(got), bits(&replayed[port]), "{name}: replay differs from eager");
+        worst = worst.max(error);
+    }
+    worst
+}
+
+#[test]
+fn every_op_matches_the_cpu_reference() {
+    let Some(device) = device() else { return };
+    let mut rng = testing::rng("gpu_ops");
+    let adamw = AdamWConfig {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mm = |a, b| Op::MatMul {
+        transpose_a: a,
+        transpose_b: b,
+    };
+    let bf = |dims: &[usize]| In::F(DType::BF16, dims.to_vec());
+    let mut cases: Vec<(String, Op, Vec<In>)> = Vec::new();
+    for &(b, t, h) in &[(1, 1, 64), (2, 7, 96), (3, 33, 896)] {
+        let n = b * t;
+        let s = format!("B={b} T={t} H={h}");
+        cases.extend([
+            (format!("embedding {s}"), Op::Embedding, vec![f(&[50, h]), In::Ids(vec![b, t], 50)]),
+            (
+                format!("embedding_backward {s}"),
+                Op::EmbeddingBackward { vocab: 50 },
+                vec![In::Ids(vec![b, t], 50), f(&[b, t, h])],
+            ),
+            (format!("matmul NT {s}"), mm(false, true), vec![f(&[n, h]), f(&[80, h])]),
+            (format!("matmul NN batched {s}"), mm(false, false), vec![f(&[b, t, h]), f(&[b, h, 24])]),
+            (format!("matmul TN {s}"), mm(true, false), vec![f(&[n, h]), f(&[n, 40])]),
+            (format!("matmul bf16 NT {s}"), mm(false, true), vec![bf(&[n, h]), bf(&[72, h])]),
+            (format!("add {s}"), Op::Add, vec![f(&[b, t, h]), f(&[b, t, h])]),
+            (format!("add bias {s}"), Op::Add, vec![f(&[b, t, h]), f(&[h])]),
+            (format!("mul {s}"), Op::Mul, vec![f(&[b, t, h]), f(&[b, t, h])]),
+            (format!("scale {s}"), Op::Scale { alpha: 0.37 }, vec![f(&[b, t, h])]),
+            (
+                format!("sum_to_shape {s}"),
+                Op::SumToShape { shape: [h].into() },
+                vec![f(&[b, t, h])],
+            ),
+            (
+                format!("broadcast_to {s}"),
+                Op::BroadcastTo { shape: [b, t, h].into() },
+                vec![f(&[h])],
+            ),
+            (format!("cast to bf16 {s}"), Op::Cast { to: DType::BF16 }, vec![f(&[b, t, h])]),
+            (format!("cast to f32 {s}"), Op::Cast { to: DType::F32 }, vec![bf(&[b, t, h])]),
+            (format!("rmsnorm {s}"), Op::RmsNorm { eps: 1e-6 }, vec![f(&[b, t, h]), f(&[h])]),
+            (
+                format!("rmsnorm_backward {s}"),
+                Op::RmsNormBackward { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h])],
+            ),
+            (
+                format!("add_rmsnorm {s}"),
+                Op::AddRmsNorm { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[b, t, h]), f(&[h])],
+            ),
+            (
+                format!("add_rmsnorm_backward {s}"),
+                Op::AddRmsNormBackward { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("add_rmsnorm_backward no grad_sum {s}"),
+                Op::AddRmsNormBackward { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h])],
+            ),
+            (format!("swiglu {s}"), Op::SwiGlu, vec![f(&[b, t, h]), f(&[b, t, h])]),
+            (
+                format!("swiglu_backward {s}"),
+                Op::SwiGluBackward,
+                vec![f(&[b, t, h]), f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (format!("softmax {s}"), Op::Softmax, vec![f(&[b, t, h])]),
+            (
+                format!("softmax_backward {s}"),
+                Op::SoftmaxBackward,
+                vec![In::Pos(vec![b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("cross_entropy {s}"),
+                Op::CrossEntropy { ignore_index: -100 },
+                vec![f(&[n, h]), In::Ids(vec![n], h)],
+            ),
+            (
+                format!("cross_entropy_backward {s}"),
+                Op::CrossEntropyBackward { ignore_index: -100 },
+                vec![f(&[n, h]), In::Ids(vec![n], h), f(&[])],
+            ),
+            (
+                format!("adamw {s}"),
+                Op::AdamW(adamw),
+                vec![f(&[t, h]), f(&[t, h]), f(&[t, h]), In::Pos(vec![t, h]), In::Step],
+            ),
+        ]);
+    }
+    for &(b, t, hq, hkv, d) in &[(1, 1, 2, 1, 16), (2, 5, 4, 2, 32), (1, 40, 14, 2, 64), (2, 9, 12, 2, 128)] {
+        let s = format!("B={b} T={t} Hq={hq} Hkv={hkv} D={d}");
+        let smax = t + 6;
+        let scale = 1.0 / (d as f64).sqrt();
+        cases.extend([
+            (
+                format!("rope {s}"),
+                Op::Rope { theta: 1e6, bias: false },
+                vec![f(&[b, t, hq, d]), In::Ids(vec![b, t], 4096)],
+            ),
+            (
+                format!("rope bias {s}"),
+                Op::Rope { theta: 1e4, bias: true },
+                vec![f(&[b, t, hkv, d]), In::Ids(vec![b, t], 4096), f(&[hkv * d])],
+            ),
+            (
+                format!("rope_backward {s}"),
+                Op::RopeBackward { theta: 1e6 },
+                vec![f(&[b, hq, t, d]), In::Ids(vec![b, t], 4096)],
+            ),
+            (
+                format!("attention {s}"),
+                Op::Attention { scale },
+                vec![f(&[b, hq, t, d]), f(&[b, hkv, t, d]), f(&[b, hkv, t, d])],
+            ),
+            (
+                format!("attention_backward {s}"),
+                Op::AttentionBackward { scale },
+                vec![
+                    f(&[b, hq, t, d]),
+                    f(&[b, hkv, t, d]),
+                    f(&[b, hkv, t, d]),
+                    In::Pos(vec![b, hq, t, t]),
+                    f(&[b, t, hq, d]),
+                ],
+            ),
+            (
+                format!("cached_attention {s}"),
+                Op::CachedAttention { scale },
+                vec![
+                    f(&[b, hq, t, d]),
+                    f(&[b, hkv, smax, d]),
+                    f(&[b, hkv, smax, d]),
+                    In::Ids(vec![b], smax - t + 1),
+                ],
+            ),
+            (
+                format!("kv_cache_write {s}"),
+                Op::KvCacheWrite,
+                vec![f(&[b, hkv, smax, d]), f(&[b, hkv, t, d]), In::Ids(vec![b], smax - t + 1)],
+            ),
+        ]);
+    }
+    println!("{:<60} {:>12}", "op", "rel. error");
+    for (name, op, ins) in cases {
+        let error = check_op(&device, &mut rng, &name, op, ins);
+        println!("{name:<60} {error:>12.3e}");
+    }
+}
+
+/// Inputs for the tiny programs: random weights, then `example_inputs`.
+fn program_inputs(
+    graph: &Graph,
+    config: &ModelConfig,
+    kind: ProgramKind,
+    options: &ProgramOptions,
+    seed: u64,
+) -> BTreeMap<String, Tensor> {
+    let weights = random_weights(config, seed).unwrap();
+    let mut values: BTreeMap<String, Tensor> = weights
+        .named()
+        .into_iter()
+        .map(|(name, v)| (name, v.value().clone()))
+        .collect();
+    values.extend(example_inputs(graph, config, kind, options, 5, seed).unwrap());
+    values
+}
+
+fn gpu_run(
+    device: &Arc<CudaDevice>,
+    graph: &Graph,
+    values: &BTreeMap<String, Tensor>,
+    streams: usize,
+    mode: RunMode,
+    runs: usize,
+) -> BTreeMap<String, Tensor> {
+    let planned = plan(
+        graph,
+        &PlanOptions {
+            streams,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut exe = CudaExecutable::new(device, graph, &planned).unwrap();
+    for (name, tensor) in values {
+        exe.set(name, tensor).unwrap();
+    }
+    for _ in 0..runs {
+        exe.run(mode).unwrap();
+    }
+    let mut got = BTreeMap::new();
+    for (name, _) in graph.outputs().iter().chain(graph.writes()) {
+        got.insert(name.clone(), exe.get(name).unwrap());
+    }
+    got
+}
+
+#[test]
+fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
+    let Some(device) = device() else { return };
+    let mut seed = 11;
+    for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
+        for precision in [Precision::F32, Precision::Bf16Gemm] {
+            let options = ProgramOptions {
+                batch: 2,
+                seq: 6,
+                max_seq: 12,
+                precision,
+                ..Default::default()
+            };
+            for kind in [ProgramKind::Prefill, ProgramKind::Decode, ProgramKind::Train] {
+                seed += 1;
+                let graph = build(kind, &config, &options).unwrap();
+                let values = program_inputs(&graph, &config, kind, &options, seed);
+                // Two runs: train carries params and moments, decode its caches.
+                let mut cpu_values = values.clone();
+                interpret(&graph, &mut cpu_values).unwrap();
+                let want = interpret(&graph, &mut cpu_values).unwrap();
+                for streams in [1, 2] {
+                    let eager = gpu_run(&device, &graph, &values, streams, RunMode::Eager, 2);
+                    let replayed = gpu_run(&device, &graph, &values, streams, RunMode::Graph, 2);
+                    for (name, got) in &eager {
+                        let reference = want.get(name).unwrap_or_else(|| &cpu_values[name]);
+                        let error = testing::rel_l2(
+                            &got.to_f64_vec().unwrap(),
+                            &reference.to_f64_vec().unwrap(),
+                        );
+                        let what = format!(
+                            "{:?} {} {precision:?} streams={streams}: {name}",
+                            config.family,
+                            kind.name()
+                        );
+                        assert!(error <= 1e-5, "{what}: relative error {error:e}");
+                        assert_eq!(bits(got), bits(&replayed[name]), "{what}: replay != eager");
+                    }
+                    println!(
+                        "{:?} {} {precision:?} streams={streams}: {} values checked",
+                        config.family,
+                        kind.name(),
+                        eager.len()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_replayed_at_many_positions_equals_the_full_forward() {
+    let Some(device) = device() else { return };
+    let mut rng = testing::rng("gpu_decode");
+    let config = ModelConfig::tiny();
+    let (batch, total, prompt, max_seq) = (2, 24, 5, 32);
+    let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
+    let ids = testing::indices(&mut rng, batch * total, config.vocab_size);
+    let positions: Vec<i64> = (0..batch * total).map(|i| (i % total) as i64).collect();
+    let full = forward(
+        &Eager::F32,
+        &config,
+        &weights,
+        &Var::constant(Tensor::from_vec(ids.clone(), [batch, total]).unwrap()),
+        &Var::constant(Tensor::from_vec(positions, [batch, total]).unwrap()),
+    )
+    .unwrap()
+    .value()
+    .to_f64_vec()
+    .unwrap();
+    let vocab = config.vocab_size;
+    let options = ProgramOptions {
+        batch,
+        seq: prompt,
+        max_seq,
+        ..Default::default()
+    };
+    let compile = |kind| {
+        let graph = build(kind, &config, &options).unwrap();
+        let planned = plan(&graph, &PlanOptions::default()).unwrap();
+        let mut exe = CudaExecutable::new(&device, &graph, &planned).unwrap();
+        for (name, var) in weights.named() {
+            exe.set(&name, var.value()).unwrap();
+        }
+        for (name, tensor) in example_inputs(&graph, &config, kind, &options, 0, 0).unwrap() {
+            exe.set(&name, &tensor).unwrap();
+        }
+        exe
+    };
+    let mut prefill = compile(ProgramKind::Prefill);
+    let rows = |t0: usize, t1: usize| -> Vec<i64> {
+        (0..batch)
+            .flat_map(|b| ids[b * total + t0..b * total + t1].to_vec())
+            .collect()
+    };
+    let prompt_positions: Vec<i64> = (0..batch * prompt).map(|i| (i % prompt) as i64).collect();
+    prefill
+        .set("tokens", &Tensor::from_vec(rows(0, prompt), [batch, prompt]).unwrap())
+        .unwrap();
+    prefill
+        .set("positions", &Tensor::from_vec(prompt_positions, [batch, prompt]).unwrap())
+        .unwrap();
+    prefill.run(RunMode::Graph).unwrap();
+    let mut decode = compile(ProgramKind::Decode);
+    for layer in 0..config.num_hidden_layers {
+        for which in ["k", "v"] {
+            let name = format!("cache.{which}.{layer}");
+            decode.set(&name, &prefill.get(&name).unwrap()).unwrap();
+        }
+    }
+    let mut worst = 0.0f64;
+    for t in prompt..total {
+        decode
+            .set("tokens", &Tensor::from_vec(rows(t, t + 1), [batch, 1]).unwrap())
+            .unwrap();
+        decode
+            .set("positions", &Tensor::from_vec(vec![t as i64; batch], [batch]).unwrap())
+            .unwrap();
+        decode.run(RunMode::Graph).unwrap();
+        let logits = decode.get("logits").unwrap().to_f64_vec().unwrap();
+        for b in 0..batch {
+            let want = &full[(b * total + t) * vocab..(b * total + t + 1) * vocab];
+            let error = testing::rel_l2(&logits[b * vocab..(b + 1) * vocab], want);
+            assert!(error < 1e-5, "position {t} row {b}: relative error {error:e}");
+            worst = worst.max(error);
+        }
+    }
+    println!(
+        "decode replayed at positions {prompt}..{total}: worst relative error {worst:e} vs the full forward"
+    );
+}
