@@ -207,6 +207,11 @@ impl Op {
     pub fn workspace_bytes(&self, operands: &[TensorType]) -> usize {
         let dims = |port: usize| operands.get(port).map(|t| t.dims()).unwrap_or(&[]);
         let size = |port: usize| operands.get(port).map_or(0, |t| t.dtype.size_bytes());
+        // Rows of a [..., H] operand: its elements over its last dim.
+        let rows = |port: usize| match dims(port).last() {
+            Some(&0) | None => 0,
+            Some(&hidden) => operands[port].shape.numel() / hidden,
+        };
         match self {
             // bf16 operands are widened to f32 into the workspace before the f32 GEMM.
             Op::MatMul { .. } if operands.first().map(|t| t.dtype) == Some(DType::BF16) => {
@@ -214,10 +219,25 @@ impl Op {
                     sum.saturating_add(t.shape.numel().saturating_mul(4))
                 })
             }
-            // One row of dP/dS over the keys.
-            Op::AttentionBackward { .. } => {
-                dims(1).get(2).copied().unwrap_or(0).saturating_mul(size(0))
+            // dS [B,Hq,T,S] (the GPU's backward keeps every row for its key pass; the CPU uses
+            // one row of S, so at least S).
+            Op::AttentionBackward { .. } => match (dims(0), dims(1)) {
+                (&[b, hq, t, _], &[_, _, s, _]) => [b, hq, t, s, size(0)]
+                    .into_iter()
+                    .fold(1usize, usize::saturating_mul)
+                    .max(s.saturating_mul(size(0))),
+                _ => 0,
+            },
+            // One rstd per row of [..., H] (the GPU's grad_weight pass reads them).
+            Op::RmsNormBackward { .. } | Op::AddRmsNormBackward { .. } => {
+                rows(0).saturating_mul(size(0))
             }
+            // One loss per row of the logits [N,V] (the GPU's mean pass adds them).
+            Op::CrossEntropy { .. } => dims(0)
+                .first()
+                .copied()
+                .unwrap_or(0)
+                .saturating_mul(size(0)),
             // The probabilities [B,Hq,T,Smax].
             Op::CachedAttention { .. } => match (dims(0), dims(1)) {
                 (&[b, hq, t, _], &[_, _, smax, _]) => [b, hq, t, smax, size(0)]

@@ -15,6 +15,7 @@ extern __shared__ float kiln_shared[];
 // is valid in threads with threadIdx.x < head_dim (or every thread when groups == 1, which
 // loops over d itself). `partial` holds blockDim.x floats.
 __device__ __forceinline__ int kiln_groups(i64 head_dim) {
+    if (head_dim == 0) return 1;
     int groups = (int)(blockDim.x / head_dim);
     return groups < 1 ? 1 : groups;
 }

@@ -14,6 +14,7 @@ pub struct Addr {
 
 impl Addr {
     /// The address `bytes` further on in the same slot.
+    #[allow(clippy::should_implement_trait)]
     pub fn add(self, bytes: u64) -> Addr {
         Addr {
             slot: self.slot,

@@ -1,10 +1,22 @@
 //! The one op → launches table of the device backends.
+//!
+//! Every op but the views lowers to kernels of `kiln_kernels::gpu` (f32 activations, i64 ids
+//! and positions), the vendor GEMM (MatMul) or device copies. Only `Contiguous` and `MatMul`
+//! take strided operands; every other op names the operand that is not contiguous. Ops whose
+//! results hold no element launch nothing (a grid of zero blocks is not a launch).
 
-use kiln_ir::Op;
-use kiln_kernels::gpu::{Addr, Launch};
+use kiln_ir::{DType, Op};
+use kiln_kernels::gpu::optim::AdamWHyper;
+use kiln_kernels::gpu::{self, Addr, Launch};
 
 use super::DeviceTensor;
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+mod attention;
+mod matmul;
+mod norm;
+#[cfg(test)]
+mod tests;
 
 /// Choices among validated implementations (DESIGN.md's evidence rule: a candidate becomes the
 /// default only with measured evidence).
@@ -25,6 +37,472 @@ pub(crate) fn lower_op(
     workspace: Option<(Addr, u64)>,
     options: LowerOptions,
 ) -> Result<Vec<Launch>> {
-    let _ = (op, i, o, workspace, options);
-    todo!("lowering")
+    let at = Lowering {
+        op,
+        i,
+        o,
+        workspace,
+    };
+    match op {
+        Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } => Err(at.unsupported(
+            "views are layouts: the result is its operand's buffer with other strides, no kernel"
+                .to_string(),
+        )),
+        Op::Contiguous => at.contiguous(),
+        Op::MatMul {
+            transpose_a,
+            transpose_b,
+        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b], options),
+        _ => at.dense(options),
+    }
+}
+
+/// One op being lowered, with its placed operands, results and workspace.
+struct Lowering<'a> {
+    op: &'a Op,
+    i: &'a [DeviceTensor],
+    o: &'a [DeviceTensor],
+    workspace: Option<(Addr, u64)>,
+}
+
+const F32: DType = DType::F32;
+const I64: DType = DType::I64;
+
+fn size(value: usize) -> u64 {
+    value as u64
+}
+
+impl Lowering<'_> {
+    fn unsupported(&self, reason: String) -> Error {
+        Error::Unsupported {
+            backend: "cuda",
+            op: self.op.to_string(),
+            reason,
+        }
+    }
+
+    fn port<'t>(
+        &self,
+        list: &'t [DeviceTensor],
+        kind: &str,
+        port: usize,
+        name: &str,
+    ) -> Result<&'t DeviceTensor> {
+        list.get(port)
+            .ok_or_else(|| self.unsupported(format!("{kind} {port} (`{name}`) is missing")))
+    }
+
+    /// `tensor` (called `name`) has `dtype`.
+    fn expect_dtype(&self, tensor: &DeviceTensor, name: &str, dtypes: &[DType]) -> Result<()> {
+        if dtypes.contains(&tensor.dtype) {
+            Ok(())
+        } else {
+            let supported: Vec<String> = dtypes.iter().map(ToString::to_string).collect();
+            Err(self.unsupported(format!(
+                "`{name}` is {}; the GPU kernels take {}",
+                tensor.dtype,
+                supported.join(" or ")
+            )))
+        }
+    }
+
+    /// `tensor` (called `name`) is row-major and dense.
+    fn expect_contiguous(&self, tensor: &DeviceTensor, name: &str) -> Result<()> {
+        if tensor.is_contiguous() {
+            Ok(())
+        } else {
+            Err(self.unsupported(format!(
+                "`{name}` is not contiguous (shape {}, strides {:?}); make it contiguous first",
+                tensor.shape,
+                tensor.strides.as_slice()
+            )))
+        }
+    }
+
+    /// Operand `port`, contiguous and of `dtype`.
+    fn operand(&self, port: usize, name: &str, dtype: DType) -> Result<&DeviceTensor> {
+        let tensor = self.port(self.i, "operand", port, name)?;
+        self.expect_dtype(tensor, name, &[dtype])?;
+        self.expect_contiguous(tensor, name)?;
+        Ok(tensor)
+    }
+
+    /// Result `port`, contiguous and of `dtype`.
+    fn result(&self, port: usize, name: &str, dtype: DType) -> Result<&DeviceTensor> {
+        let tensor = self.port(self.o, "result", port, name)?;
+        self.expect_dtype(tensor, name, &[dtype])?;
+        self.expect_contiguous(tensor, name)?;
+        Ok(tensor)
+    }
+
+    /// The workspace's address, checked to hold `bytes`; `fallback` when `bytes` is 0 (the
+    /// kernel then reads and writes none of it, but takes a valid pointer).
+    fn workspace(&self, bytes: u64, fallback: Addr) -> Result<Addr> {
+        if bytes == 0 {
+            return Ok(self.workspace.map_or(fallback, |(addr, _)| addr));
+        }
+        match self.workspace {
+            Some((addr, got)) if got >= bytes => Ok(addr),
+            other => Err(self.unsupported(format!(
+                "needs a workspace of {bytes} bytes, the plan gives {}",
+                other.map_or(0, |(_, got)| got)
+            ))),
+        }
+    }
+
+    /// `f32(value)` rounded as the CPU's `T::of`.
+    fn f32_attribute(value: f64) -> f32 {
+        value as f32
+    }
+
+    /// `Contiguous`: a device copy of a dense operand, or the strided copy kernel.
+    fn contiguous(&self) -> Result<Vec<Launch>> {
+        let src = self.port(self.i, "operand", 0, "a")?;
+        let dst = self.port(self.o, "result", 0, "out")?;
+        self.expect_dtype(dst, "out", &[src.dtype])?;
+        self.expect_contiguous(dst, "out")?;
+        if src.numel() == 0 {
+            return Ok(vec![]);
+        }
+        if src.is_contiguous() {
+            return Ok(copy_unless_same(dst.addr(), src.addr(), byte_len(src)));
+        }
+        let (dims, strides) = collapse(src.dims(), &src.strides);
+        if dims.len() > gpu::copy::MAX_COPY_RANK {
+            return Err(self.unsupported(format!(
+                "`a` (shape {}, strides {:?}) has more than {} dims that do not merge",
+                src.shape,
+                src.strides.as_slice(),
+                gpu::copy::MAX_COPY_RANK
+            )));
+        }
+        let launch = gpu::copy::strided_copy(
+            dst.addr(),
+            src.addr(),
+            &dims,
+            &strides,
+            src.dtype.size_bytes(),
+        )?;
+        Ok(vec![launch])
+    }
+
+    /// Every op whose operands and results are contiguous.
+    fn dense(&self, options: LowerOptions) -> Result<Vec<Launch>> {
+        let _ = options;
+        // Nothing to compute when no result holds an element.
+        if self.o.iter().all(|t| t.numel() == 0) {
+            return Ok(vec![]);
+        }
+        match self.op {
+            Op::Add | Op::Mul => {
+                let a = self.operand(0, "a", F32)?;
+                let b = self.operand(1, "b", F32)?;
+                let out = self.result(0, "out", F32)?;
+                let (n, b_len) = (size(a.numel()), size(b.numel()));
+                if b_len == 0 || n % b_len != 0 {
+                    return Err(self.unsupported(format!(
+                        "`b` {} is not a suffix of `a` {}",
+                        b.shape, a.shape
+                    )));
+                }
+                let build = if matches!(self.op, Op::Add) {
+                    gpu::elementwise::add_f32
+                } else {
+                    gpu::elementwise::mul_f32
+                };
+                Ok(vec![build(out.addr(), a.addr(), b.addr(), n, b_len)])
+            }
+            Op::Scale { alpha } => {
+                let a = self.operand(0, "a", F32)?;
+                let out = self.result(0, "out", F32)?;
+                let alpha = Self::f32_attribute(*alpha);
+                let n = size(a.numel());
+                Ok(vec![gpu::elementwise::scale_f32(
+                    out.addr(),
+                    a.addr(),
+                    alpha,
+                    n,
+                )])
+            }
+            Op::SumToShape { .. } => {
+                let src = self.operand(0, "a", F32)?;
+                let out = self.result(0, "out", F32)?;
+                let cols = size(out.numel());
+                let rows = size(src.numel()) / cols;
+                Ok(vec![gpu::elementwise::sum_to_shape_f32(
+                    out.addr(),
+                    src.addr(),
+                    rows,
+                    cols,
+                )])
+            }
+            Op::BroadcastTo { .. } => {
+                let src = self.operand(0, "a", F32)?;
+                let out = self.result(0, "out", F32)?;
+                let (n, src_len) = (size(out.numel()), size(src.numel()));
+                if src_len == 0 {
+                    return Err(self.unsupported(format!("`a` {} holds no element", src.shape)));
+                }
+                Ok(vec![gpu::elementwise::broadcast_to_f32(
+                    out.addr(),
+                    src.addr(),
+                    n,
+                    src_len,
+                )])
+            }
+            Op::Cast { to } => self.cast(*to),
+            Op::SwiGlu => {
+                let gate = self.operand(0, "gate", F32)?;
+                let up = self.operand(1, "up", F32)?;
+                let out = self.result(0, "out", F32)?;
+                let n = size(gate.numel());
+                Ok(vec![gpu::elementwise::swiglu_f32(
+                    out.addr(),
+                    gate.addr(),
+                    up.addr(),
+                    n,
+                )])
+            }
+            Op::SwiGluBackward => {
+                let gate = self.operand(0, "gate", F32)?;
+                let up = self.operand(1, "up", F32)?;
+                let grad = self.operand(2, "grad", F32)?;
+                let grad_gate = self.result(0, "grad_gate", F32)?;
+                let grad_up = self.result(1, "grad_up", F32)?;
+                Ok(vec![gpu::elementwise::swiglu_backward_f32(
+                    grad_gate.addr(),
+                    grad_up.addr(),
+                    gate.addr(),
+                    up.addr(),
+                    grad.addr(),
+                    size(gate.numel()),
+                )])
+            }
+            Op::Softmax => {
+                let x = self.operand(0, "x", F32)?;
+                let out = self.result(0, "out", F32)?;
+                let [rows, cols] = rows_cols(x);
+                Ok(vec![gpu::activation::softmax_f32(
+                    out.addr(),
+                    x.addr(),
+                    rows,
+                    cols,
+                )?])
+            }
+            Op::SoftmaxBackward => {
+                let y = self.operand(0, "y", F32)?;
+                let grad = self.operand(1, "grad", F32)?;
+                let grad_x = self.result(0, "grad_x", F32)?;
+                let [rows, cols] = rows_cols(y);
+                Ok(vec![gpu::activation::softmax_backward_f32(
+                    grad_x.addr(),
+                    y.addr(),
+                    grad.addr(),
+                    rows,
+                    cols,
+                )?])
+            }
+            Op::RmsNorm { .. }
+            | Op::AddRmsNorm { .. }
+            | Op::RmsNormBackward { .. }
+            | Op::AddRmsNormBackward { .. } => norm::lower_norm(self),
+            Op::Rope { .. } | Op::RopeBackward { .. } => norm::lower_rope(self),
+            Op::Attention { .. }
+            | Op::AttentionBackward { .. }
+            | Op::CachedAttention { .. }
+            | Op::KvCacheWrite => attention::lower_attention(self),
+            Op::Embedding | Op::EmbeddingBackward { .. } => self.embedding(),
+            Op::CrossEntropy { .. } | Op::CrossEntropyBackward { .. } => self.cross_entropy(),
+            Op::AdamW(config) => {
+                let param = self.operand(0, "param", F32)?;
+                let grad = self.operand(1, "grad", F32)?;
+                let m = self.operand(2, "m", F32)?;
+                let v = self.operand(3, "v", F32)?;
+                let step = self.operand(4, "step", I64)?;
+                let new_param = self.result(0, "param", F32)?;
+                let new_m = self.result(1, "m", F32)?;
+                let new_v = self.result(2, "v", F32)?;
+                // Results not in place start as copies of their operands.
+                let mut launches = Vec::new();
+                for (from, to) in [(param, new_param), (m, new_m), (v, new_v)] {
+                    launches.extend(copy_unless_same(to.addr(), from.addr(), byte_len(from)));
+                }
+                let hyper = AdamWHyper {
+                    lr: config.lr,
+                    beta1: config.beta1,
+                    beta2: config.beta2,
+                    eps: config.eps,
+                    weight_decay: config.weight_decay,
+                };
+                let addresses = [
+                    new_param.addr(),
+                    new_m.addr(),
+                    new_v.addr(),
+                    grad.addr(),
+                    step.addr(),
+                ];
+                let n = size(param.numel());
+                launches.push(gpu::optim::adamw_f32(addresses, n, hyper));
+                Ok(launches)
+            }
+            Op::MatMul { .. }
+            | Op::Contiguous
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. } => unreachable!("lowered by lower_op"),
+        }
+    }
+
+    fn cast(&self, to: DType) -> Result<Vec<Launch>> {
+        let src = self.port(self.i, "operand", 0, "a")?;
+        self.expect_dtype(src, "a", &[DType::F32, DType::BF16])?;
+        self.expect_contiguous(src, "a")?;
+        let out = self.result(0, "out", to)?;
+        let n = size(src.numel());
+        match (src.dtype, to) {
+            (DType::F32, DType::BF16) => {
+                Ok(vec![gpu::copy::cast_f32_to_bf16(out.addr(), src.addr(), n)])
+            }
+            (DType::BF16, DType::F32) => {
+                Ok(vec![gpu::copy::cast_bf16_to_f32(out.addr(), src.addr(), n)])
+            }
+            (from, to) if from == to => Ok(copy_unless_same(out.addr(), src.addr(), byte_len(src))),
+            (from, to) => Err(self.unsupported(format!("no cast kernel from {from} to {to}"))),
+        }
+    }
+
+    fn embedding(&self) -> Result<Vec<Launch>> {
+        match self.op {
+            Op::Embedding => {
+                let weight = self.operand(0, "weight", F32)?;
+                let ids = self.operand(1, "ids", I64)?;
+                let out = self.result(0, "out", F32)?;
+                let [vocab, hidden] = two_dims(self, weight, "weight")?;
+                let launch = gpu::embedding::embedding_f32(
+                    out.addr(),
+                    weight.addr(),
+                    ids.addr(),
+                    size(ids.numel()),
+                    hidden,
+                    vocab,
+                )?;
+                Ok(vec![launch])
+            }
+            _ => {
+                let ids = self.operand(0, "ids", I64)?;
+                let grad = self.operand(1, "grad", F32)?;
+                let grad_weight = self.result(0, "grad_weight", F32)?;
+                let [vocab, hidden] = two_dims(self, grad_weight, "grad_weight")?;
+                let mut launches = vec![gpu::embedding::zero_f32(
+                    grad_weight.addr(),
+                    size(grad_weight.numel()),
+                )];
+                if ids.numel() > 0 && hidden > 0 {
+                    launches.push(gpu::embedding::embedding_backward_f32(
+                        grad_weight.addr(),
+                        ids.addr(),
+                        grad.addr(),
+                        size(ids.numel()),
+                        hidden,
+                        vocab,
+                    )?);
+                }
+                Ok(launches)
+            }
+        }
+    }
+
+    fn cross_entropy(&self) -> Result<Vec<Launch>> {
+        let logits = self.operand(0, "logits", F32)?;
+        let targets = self.operand(1, "targets", I64)?;
+        let sizes @ [rows, _] = two_dims(self, logits, "logits")?;
+        match self.op {
+            Op::CrossEntropy { ignore_index } => {
+                let loss = self.result(0, "loss", F32)?;
+                let row_loss = self.workspace(rows * 4, loss.addr())?;
+                let mut launches = Vec::new();
+                if rows > 0 {
+                    launches.push(gpu::loss::cross_entropy_rows_f32(
+                        row_loss,
+                        logits.addr(),
+                        targets.addr(),
+                        sizes,
+                        *ignore_index,
+                    )?);
+                }
+                launches.push(gpu::loss::cross_entropy_mean_f32(
+                    loss.addr(),
+                    row_loss,
+                    targets.addr(),
+                    rows,
+                    *ignore_index,
+                ));
+                Ok(launches)
+            }
+            Op::CrossEntropyBackward { ignore_index } => {
+                let grad_loss = self.operand(2, "grad_loss", F32)?;
+                let grad = self.result(0, "grad_logits", F32)?;
+                let inputs = [logits.addr(), targets.addr(), grad_loss.addr()];
+                Ok(vec![gpu::loss::cross_entropy_backward_f32(
+                    grad.addr(),
+                    inputs,
+                    sizes,
+                    *ignore_index,
+                )?])
+            }
+            _ => unreachable!("cross_entropy lowers only the cross-entropy ops"),
+        }
+    }
+}
+
+/// The bytes of a tensor's elements.
+fn byte_len(tensor: &DeviceTensor) -> u64 {
+    size(tensor.numel() * tensor.dtype.size_bytes())
+}
+
+/// A device copy, or nothing when the result already is the operand (in place) or empty.
+fn copy_unless_same(dst: Addr, src: Addr, bytes: u64) -> Vec<Launch> {
+    if dst == src || bytes == 0 {
+        vec![]
+    } else {
+        vec![Launch::Copy { dst, src, bytes }]
+    }
+}
+
+/// `[rows, cols]` over the last dim (a scalar is one row of one).
+fn rows_cols(tensor: &DeviceTensor) -> [u64; 2] {
+    let cols = tensor.dims().last().copied().unwrap_or(1);
+    let rows = tensor.numel().checked_div(cols).unwrap_or(0);
+    [size(rows), size(cols)]
+}
+
+/// The two dims of a rank-2 tensor.
+fn two_dims(at: &Lowering<'_>, tensor: &DeviceTensor, name: &str) -> Result<[u64; 2]> {
+    match *tensor.dims() {
+        [a, b] => Ok([size(a), size(b)]),
+        _ => Err(at.unsupported(format!("`{name}` {} is not rank 2", tensor.shape))),
+    }
+}
+
+/// `dims`/`strides` with dims of size 1 dropped and adjacent dims that are one run of memory
+/// merged (the same elements in the same order).
+fn collapse(dims: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let mut out_dims: Vec<usize> = Vec::new();
+    let mut out_strides: Vec<usize> = Vec::new();
+    for (&dim, &stride) in dims.iter().zip(strides) {
+        if dim == 1 {
+            continue;
+        }
+        match (out_dims.last_mut(), out_strides.last_mut()) {
+            (Some(last_dim), Some(last_stride)) if *last_stride == stride * dim => {
+                *last_dim *= dim;
+                *last_stride = stride;
+            }
+            _ => {
+                out_dims.push(dim);
+                out_strides.push(stride);
+            }
+        }
+    }
+    (out_dims, out_strides)
 }

@@ -1,0 +1,140 @@
+//! Attention (forward with probs, over a KV cache, backward) and the KV cache write.
+
+use kiln_ir::Op;
+use kiln_kernels::gpu::attention::{self, AttentionBackward, AttentionDims};
+use kiln_kernels::gpu::cache;
+use kiln_kernels::gpu::Launch;
+
+use super::{byte_len, copy_unless_same, size, Lowering, F32, I64};
+use crate::error::Result;
+
+/// `[a, b, c, d]` of a rank-4 tensor.
+fn dims4(at: &Lowering<'_>, dims: &[usize], name: &str) -> Result<[u64; 4]> {
+    match *dims {
+        [a, b, c, d] => Ok([size(a), size(b), size(c), size(d)]),
+        _ => Err(at.unsupported(format!("`{name}` {dims:?} is not rank 4"))),
+    }
+}
+
+/// The sizes from `q [B,Hq,T,D]` and keys `[B,Hkv,S,D]`, with `Hkv` dividing `Hq`.
+fn attention_dims(at: &Lowering<'_>, q: &[usize], keys: &[usize]) -> Result<AttentionDims> {
+    let [batch, q_heads, q_len, head_dim] = dims4(at, q, "q")?;
+    let [_, kv_heads, kv_len, _] = dims4(at, keys, "k")?;
+    if kv_heads == 0 || q_heads % kv_heads != 0 {
+        return Err(at.unsupported(format!(
+            "{kv_heads} kv heads do not divide {q_heads} query heads"
+        )));
+    }
+    Ok(AttentionDims {
+        batch,
+        q_heads,
+        kv_heads,
+        q_len,
+        kv_len,
+        head_dim,
+    })
+}
+
+pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
+    match at.op {
+        Op::Attention { scale } => {
+            let q = at.operand(0, "q", F32)?;
+            let k = at.operand(1, "k", F32)?;
+            let v = at.operand(2, "v", F32)?;
+            let out = at.result(0, "out", F32)?;
+            let probs = at.result(1, "probs", F32)?;
+            let dims = attention_dims(at, q.dims(), k.dims())?;
+            if dims.q_len == 0 {
+                return Ok(vec![]);
+            }
+            let scale = Lowering::f32_attribute(*scale);
+            let inputs = [q.addr(), k.addr(), v.addr()];
+            Ok(vec![attention::attention_f32(
+                out.addr(),
+                probs.addr(),
+                inputs,
+                dims,
+                scale,
+            )?])
+        }
+        Op::CachedAttention { scale } => {
+            let q = at.operand(0, "q", F32)?;
+            let k_cache = at.operand(1, "k_cache", F32)?;
+            let v_cache = at.operand(2, "v_cache", F32)?;
+            let positions = at.operand(3, "positions", I64)?;
+            let out = at.result(0, "out", F32)?;
+            let dims = attention_dims(at, q.dims(), k_cache.dims())?;
+            if dims.q_len == 0 {
+                return Ok(vec![]);
+            }
+            // The probabilities [B,Hq,T,Smax] live in the workspace.
+            let probs_bytes = dims.batch * dims.q_heads * dims.q_len * dims.kv_len * 4;
+            let probs = at.workspace(probs_bytes, out.addr())?;
+            let scale = Lowering::f32_attribute(*scale);
+            let inputs = [q.addr(), k_cache.addr(), v_cache.addr(), positions.addr()];
+            Ok(vec![attention::cached_attention_f32(
+                out.addr(),
+                probs,
+                inputs,
+                dims,
+                scale,
+            )?])
+        }
+        Op::AttentionBackward { scale } => {
+            let q = at.operand(0, "q", F32)?;
+            let k = at.operand(1, "k", F32)?;
+            let v = at.operand(2, "v", F32)?;
+            let probs = at.operand(3, "probs", F32)?;
+            let grad_out = at.operand(4, "grad_out", F32)?;
+            let grad_q = at.result(0, "grad_q", F32)?;
+            let grad_k = at.result(1, "grad_k", F32)?;
+            let grad_v = at.result(2, "grad_v", F32)?;
+            let dims = attention_dims(at, q.dims(), k.dims())?;
+            // dS [B,Hq,T,S] in the workspace.
+            let ds_bytes = dims.batch * dims.q_heads * dims.q_len * dims.kv_len * 4;
+            let ds = at.workspace(ds_bytes, grad_q.addr())?;
+            let addresses = AttentionBackward {
+                q: q.addr(),
+                k: k.addr(),
+                v: v.addr(),
+                probs: probs.addr(),
+                grad_out: grad_out.addr(),
+                grad_q: grad_q.addr(),
+                grad_k: grad_k.addr(),
+                grad_v: grad_v.addr(),
+                ds,
+            };
+            let scale = Lowering::f32_attribute(*scale);
+            let mut launches = Vec::new();
+            if dims.q_len > 0 {
+                launches.push(attention::attention_backward_dq_f32(
+                    addresses, dims, scale,
+                )?);
+            }
+            if dims.kv_len > 0 && grad_k.numel() > 0 {
+                launches.push(attention::attention_backward_dkv_f32(addresses, dims)?);
+            }
+            Ok(launches)
+        }
+        Op::KvCacheWrite => {
+            let cache = at.operand(0, "cache", F32)?;
+            let fresh = at.operand(1, "new", F32)?;
+            let positions = at.operand(2, "positions", I64)?;
+            let out = at.result(0, "cache", F32)?;
+            let [batch, heads, capacity, head_dim] = dims4(at, cache.dims(), "cache")?;
+            let [_, _, block, _] = dims4(at, fresh.dims(), "new")?;
+            // In place (the result is the cache) only the new rows are written.
+            let mut launches = copy_unless_same(out.addr(), cache.addr(), byte_len(cache));
+            if fresh.numel() > 0 {
+                launches.push(cache::kv_cache_write_f32(
+                    out.addr(),
+                    fresh.addr(),
+                    positions.addr(),
+                    [batch, heads, capacity, block, head_dim],
+                ));
+            }
+            Ok(launches)
+        }
+        _ => unreachable!("lower_attention lowers only the attention ops"),
+    }
+}
