@@ -31,8 +31,8 @@
 //! schedule order respects every event). Lifetimes are in schedule steps, so poisoning after a
 //! buffer's last step is right for multi-stream plans too.
 
-pub(crate) mod layout;
 mod executable;
+pub(crate) mod layout;
 mod memory;
 pub(crate) mod placement;
 mod step;
