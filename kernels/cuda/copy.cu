@@ -3,30 +3,45 @@
 
 // dims/strides are padded at the front to rank 6 (dim 1, stride 0); strides in elements;
 // src points at the view's first element.
-#define KILN_STRIDED_COPY(name, T)                                                            \
-    extern "C" __global__ void name(T* dst, const T* src, i64 n, i64 d0, i64 d1, i64 d2,       \
-                                    i64 d3, i64 d4, i64 d5, i64 s0, i64 s1, i64 s2, i64 s3,    \
-                                    i64 s4, i64 s5) {                                          \
-        KILN_FOR_EACH(index, n) {                                                              \
-            i64 rest = index;                                                                  \
-            i64 offset = (rest % d5) * s5;                                                     \
-            rest /= d5;                                                                        \
-            offset += (rest % d4) * s4;                                                        \
-            rest /= d4;                                                                        \
-            offset += (rest % d3) * s3;                                                        \
-            rest /= d3;                                                                        \
-            offset += (rest % d2) * s2;                                                        \
-            rest /= d2;                                                                        \
-            offset += (rest % d1) * s1;                                                        \
-            rest /= d1;                                                                        \
-            offset += rest * s0;                                                               \
-            dst[index] = src[offset];                                                          \
-        }                                                                                      \
+template <typename T>
+__device__ void kiln_strided_copy(T* dst, const T* src, i64 n, const i64 dims[6],
+                                  const i64 strides[6]) {
+    KILN_FOR_EACH(index, n) {
+        i64 rest = index;
+        i64 offset = 0;
+        for (int axis = 5; axis > 0; --axis) {
+            offset += (rest % dims[axis]) * strides[axis];
+            rest /= dims[axis];
+        }
+        offset += rest * strides[0];
+        dst[index] = src[offset];
     }
+}
 
-KILN_STRIDED_COPY(strided_copy_b16, unsigned short)
-KILN_STRIDED_COPY(strided_copy_b32, unsigned int)
-KILN_STRIDED_COPY(strided_copy_b64, unsigned long long)
+#define KILN_STRIDED_CALL(dst, src)                                                          \
+    const i64 dims[6] = {d0, d1, d2, d3, d4, d5};                                            \
+    const i64 strides[6] = {s0, s1, s2, s3, s4, s5};                                         \
+    kiln_strided_copy(dst, src, n, dims, strides)
+
+extern "C" __global__ void strided_copy_b16(unsigned short* dst, const unsigned short* src,
+                                            i64 n, i64 d0, i64 d1, i64 d2, i64 d3, i64 d4,
+                                            i64 d5, i64 s0, i64 s1, i64 s2, i64 s3, i64 s4,
+                                            i64 s5) {
+    KILN_STRIDED_CALL(dst, src);
+}
+
+extern "C" __global__ void strided_copy_b32(unsigned int* dst, const unsigned int* src, i64 n,
+                                            i64 d0, i64 d1, i64 d2, i64 d3, i64 d4, i64 d5,
+                                            i64 s0, i64 s1, i64 s2, i64 s3, i64 s4, i64 s5) {
+    KILN_STRIDED_CALL(dst, src);
+}
+
+extern "C" __global__ void strided_copy_b64(unsigned long long* dst,
+                                            const unsigned long long* src, i64 n, i64 d0,
+                                            i64 d1, i64 d2, i64 d3, i64 d4, i64 d5, i64 s0,
+                                            i64 s1, i64 s2, i64 s3, i64 s4, i64 s5) {
+    KILN_STRIDED_CALL(dst, src);
+}
 
 extern "C" __global__ void cast_f32_to_bf16(bf16_bits* dst, const float* src, i64 n) {
     KILN_FOR_EACH(i, n) { dst[i] = kiln_f32_to_bf16(src[i]); }

@@ -5,32 +5,50 @@
 // The `_vec4` variants move four floats per access; the builder uses them only when every
 // count is a multiple of 4 and every pointer is 16-byte aligned.
 
-// out[i] = a[i] OP b[i % b_len], n elements.
-#define KILN_BINARY(name, expr)                                                              \
-    extern "C" __global__ void name##_f32(float* out, const float* a, const float* b, i64 n, \
-                                          i64 b_len) {                                       \
-        KILN_FOR_EACH(i, n) {                                                                \
-            float x = a[i];                                                                  \
-            float y = b[i % b_len];                                                          \
-            out[i] = (expr);                                                                 \
-        }                                                                                    \
-    }                                                                                        \
-    extern "C" __global__ void name##_f32_vec4(float4* out, const float4* a, const float4* b, \
-                                               i64 n4, i64 b_len4) {                         \
-        KILN_FOR_EACH(i, n4) {                                                               \
-            float4 xs = a[i];                                                                \
-            float4 ys = b[i % b_len4];                                                       \
-            float4 r;                                                                        \
-            { float x = xs.x, y = ys.x; r.x = (expr); }                                      \
-            { float x = xs.y, y = ys.y; r.y = (expr); }                                      \
-            { float x = xs.z, y = ys.z; r.z = (expr); }                                      \
-            { float x = xs.w, y = ys.w; r.w = (expr); }                                      \
-            out[i] = r;                                                                      \
-        }                                                                                    \
-    }
+struct KilnAdd {
+    __device__ float operator()(float x, float y) const { return x + y; }
+};
+struct KilnMul {
+    __device__ float operator()(float x, float y) const { return x * y; }
+};
 
-KILN_BINARY(add, x + y)
-KILN_BINARY(mul, x * y)
+// out[i] = combine(a[i], b[i % b_len]), n elements.
+template <typename Combine>
+__device__ void kiln_binary(float* out, const float* a, const float* b, i64 n, i64 b_len,
+                            Combine combine) {
+    KILN_FOR_EACH(i, n) { out[i] = combine(a[i], b[i % b_len]); }
+}
+
+template <typename Combine>
+__device__ void kiln_binary_vec4(float4* out, const float4* a, const float4* b, i64 n4,
+                                 i64 b_len4, Combine combine) {
+    KILN_FOR_EACH(i, n4) {
+        const float4 x = a[i];
+        const float4 y = b[i % b_len4];
+        out[i] = make_float4(combine(x.x, y.x), combine(x.y, y.y), combine(x.z, y.z),
+                             combine(x.w, y.w));
+    }
+}
+
+extern "C" __global__ void add_f32(float* out, const float* a, const float* b, i64 n,
+                                   i64 b_len) {
+    kiln_binary(out, a, b, n, b_len, KilnAdd());
+}
+
+extern "C" __global__ void add_f32_vec4(float4* out, const float4* a, const float4* b, i64 n4,
+                                        i64 b_len4) {
+    kiln_binary_vec4(out, a, b, n4, b_len4, KilnAdd());
+}
+
+extern "C" __global__ void mul_f32(float* out, const float* a, const float* b, i64 n,
+                                   i64 b_len) {
+    kiln_binary(out, a, b, n, b_len, KilnMul());
+}
+
+extern "C" __global__ void mul_f32_vec4(float4* out, const float4* a, const float4* b, i64 n4,
+                                        i64 b_len4) {
+    kiln_binary_vec4(out, a, b, n4, b_len4, KilnMul());
+}
 
 // out = alpha * a; alpha is the f64 attribute rounded once to f32 (as the CPU's `T::of`).
 extern "C" __global__ void scale_f32(float* out, const float* a, float alpha, i64 n) {

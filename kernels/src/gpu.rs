@@ -57,3 +57,6 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("optim", module!("optim.cu")),
     ("rope", module!("rope.cu")),
 ];
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,196 @@
+//! Every launch a builder can produce names an `extern "C" __global__` function of its module
+//! and passes as many arguments as the C signature takes.
+
+use super::attention::{AttentionBackward, AttentionDims};
+use super::gemv::Gemv;
+use super::norm::RmsNormBackwardRows;
+use super::optim::AdamWHyper;
+use super::rope::RopeDims;
+use super::*;
+
+/// The parameter count of `extern "C" __global__ void function(...)` in `module`'s source.
+fn parameter_count(module: &str, function: &str) -> Option<usize> {
+    let (_, source) = SOURCES.iter().find(|(name, _)| *name == module)?;
+    let head = format!("extern \"C\" __global__ void {function}(");
+    let start = source.find(&head)? + head.len();
+    let params = &source[start..start + source[start..].find(')')?];
+    Some(params.split(',').filter(|p| !p.trim().is_empty()).count())
+}
+
+fn addr(slot: u32) -> Addr {
+    Addr { slot, offset: 0 }
+}
+
+/// An address that is 4- but not 16-byte aligned: the scalar kernels.
+fn unaligned(slot: u32) -> Addr {
+    Addr { slot, offset: 4 }
+}
+
+fn every_launch() -> Vec<Launch> {
+    let dims = AttentionDims {
+        batch: 2,
+        q_heads: 4,
+        kv_heads: 2,
+        q_len: 3,
+        kv_len: 5,
+        head_dim: 8,
+    };
+    let backward = AttentionBackward {
+        q: addr(0),
+        k: addr(1),
+        v: addr(2),
+        probs: addr(3),
+        grad_out: addr(4),
+        grad_q: addr(5),
+        grad_k: addr(6),
+        grad_v: addr(7),
+        ds: addr(8),
+    };
+    let rope_dims = RopeDims {
+        batch: 1,
+        seq: 2,
+        heads: 3,
+        head_dim: 4,
+    };
+    let rows = RmsNormBackwardRows {
+        grad_x: addr(0),
+        rstd: addr(1),
+        x: addr(2),
+        weight: addr(3),
+        grad_out: addr(4),
+        grad_sum: Some(addr(5)),
+    };
+    let hyper = AdamWHyper {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let gemv = |dtype| Gemv {
+        dtype,
+        c: addr(0),
+        a: addr(1),
+        w: addr(2),
+        m: 3,
+        n: 5,
+        k: 16,
+        lda: 16,
+        ldw: 16,
+        ldc: 5,
+    };
+    let mut launches = vec![
+        activation::softmax_f32(addr(0), addr(1), 2, 3).unwrap(),
+        activation::softmax_backward_f32(addr(0), addr(1), addr(2), 2, 3).unwrap(),
+        attention::attention_f32(addr(0), addr(1), [addr(2), addr(3), addr(4)], dims, 0.5).unwrap(),
+        attention::cached_attention_f32(addr(0), addr(1), [addr(2); 4], dims, 0.5).unwrap(),
+        attention::attention_backward_dq_f32(backward, dims, 0.5).unwrap(),
+        attention::attention_backward_dkv_f32(backward, dims).unwrap(),
+        cache::kv_cache_write_f32(addr(0), addr(1), addr(2), [1, 2, 8, 1, 4]),
+        copy::cast_f32_to_bf16(addr(0), addr(1), 3),
+        copy::cast_bf16_to_f32(addr(0), addr(1), 3),
+        elementwise::sum_to_shape_f32(addr(0), addr(1), 4, 3),
+        elementwise::broadcast_to_f32(addr(0), addr(1), 12, 3),
+        elementwise::swiglu_backward_f32(addr(0), addr(1), addr(2), addr(3), addr(4), 5),
+        embedding::embedding_f32(addr(0), addr(1), addr(2), 3, 4, 10).unwrap(),
+        embedding::zero_f32(addr(0), 40),
+        embedding::embedding_backward_f32(addr(0), addr(1), addr(2), 3, 4, 10).unwrap(),
+        gemv::gemv(gemv(GemmDType::F32)).unwrap(),
+        gemv::gemv(gemv(GemmDType::BF16)).unwrap(),
+        loss::cross_entropy_rows_f32(addr(0), addr(1), addr(2), [3, 7], -100).unwrap(),
+        loss::cross_entropy_mean_f32(addr(0), addr(1), addr(2), 3, -100),
+        loss::cross_entropy_backward_f32(addr(0), [addr(1); 3], [3, 7], -100).unwrap(),
+        norm::rmsnorm_f32(addr(0), addr(1), addr(2), 3, 8, 1e-6).unwrap(),
+        norm::add_rmsnorm_f32(addr(0), addr(1), addr(2), addr(3), addr(4), 3, 8, 1e-6).unwrap(),
+        norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
+        norm::rmsnorm_backward_weight_f32(addr(0), addr(1), addr(2), addr(3), 3, 8).unwrap(),
+        optim::adamw_f32([addr(0), addr(1), addr(2), addr(3), addr(4)], 9, hyper),
+        rope::rope_f32(addr(0), addr(1), addr(2), Some(addr(3)), rope_dims, 1e4),
+        rope::rope_f32(addr(0), addr(1), addr(2), None, rope_dims, 1e4),
+        rope::rope_backward_f32(addr(0), addr(1), addr(2), rope_dims, 1e4),
+    ];
+    for bytes in [2, 4, 8] {
+        launches.push(copy::strided_copy(addr(0), addr(1), &[2, 3], &[1, 2], bytes).unwrap());
+    }
+    // Scalar and vector variants of the elementwise kernels.
+    for at in [addr, unaligned] {
+        launches.push(elementwise::add_f32(at(0), at(1), at(2), 8, 4));
+        launches.push(elementwise::mul_f32(at(0), at(1), at(2), 8, 4));
+        launches.push(elementwise::scale_f32(at(0), at(1), 2.0, 8));
+        launches.push(elementwise::swiglu_f32(at(0), at(1), at(2), 8));
+    }
+    launches
+}
+
+#[test]
+fn every_builder_launches_a_kernel_of_its_module_with_its_arity() {
+    let launches = every_launch();
+    let mut seen = std::collections::BTreeSet::new();
+    for launch in &launches {
+        let Launch::Kernel(kernel) = launch else {
+            panic!("builders return kernels: {launch:?}");
+        };
+        let count = parameter_count(kernel.module, kernel.function).unwrap_or_else(|| {
+            panic!(
+                "`{}` is not an extern \"C\" __global__ function of module `{}`",
+                kernel.function, kernel.module
+            )
+        });
+        assert_eq!(count, kernel.args.len(), "arguments of {}", kernel.function);
+        assert!(kernel.grid.0 >= 1 && kernel.grid.1 >= 1 && kernel.grid.2 >= 1);
+        seen.insert(kernel.function);
+    }
+    // Every kernel of every module is reachable from some builder.
+    for (module, source) in SOURCES {
+        for piece in source.split("extern \"C\" __global__ void ").skip(1) {
+            let name = &piece[..piece.find('(').unwrap()];
+            assert!(
+                seen.contains(name),
+                "{module}::{name} has no builder in this test"
+            );
+        }
+    }
+}
+
+#[test]
+fn vector_variants_need_alignment_and_whole_vectors() {
+    let name = |launch: Launch| match launch {
+        Launch::Kernel(kernel) => kernel.function,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        name(elementwise::add_f32(addr(0), addr(1), addr(2), 8, 4)),
+        "add_f32_vec4"
+    );
+    assert_eq!(
+        name(elementwise::add_f32(addr(0), addr(1), addr(2), 6, 3)),
+        "add_f32"
+    );
+    let offset = Addr { slot: 1, offset: 8 };
+    assert_eq!(
+        name(elementwise::add_f32(addr(0), offset, addr(2), 8, 4)),
+        "add_f32"
+    );
+}
+
+#[test]
+fn gemv_rejects_what_it_cannot_vectorize() {
+    let mut gemv = Gemv {
+        dtype: GemmDType::BF16,
+        c: addr(0),
+        a: addr(1),
+        w: addr(2),
+        m: 9,
+        n: 5,
+        k: 16,
+        lda: 16,
+        ldw: 16,
+        ldc: 5,
+    };
+    assert!(!gemv.fits(), "more than 8 rows");
+    gemv.m = 8;
+    assert!(gemv.fits());
+    gemv.k = 12;
+    assert!(!gemv.fits(), "k not a whole number of 8 bf16");
+    assert!(gemv::gemv(gemv).is_err());
+}
