@@ -343,7 +343,7 @@ fn strided_operands_are_refused_by_name_except_by_contiguous_and_matmul() {
     let err = lower_op(
         &Op::Add,
         &[a.clone(), b],
-        &[out.clone()],
+        std::slice::from_ref(&out),
         None,
         LowerOptions::default(),
     )
@@ -363,7 +363,7 @@ fn strided_operands_are_refused_by_name_except_by_contiguous_and_matmul() {
     // Contiguous runs the strided copy kernel.
     let launches = lower_op(
         &Op::Contiguous,
-        &[a.clone()],
+        std::slice::from_ref(&a),
         &[out],
         None,
         LowerOptions::default(),
@@ -393,7 +393,7 @@ fn views_have_no_kernel() {
     let op = Op::Transpose { dim0: 0, dim1: 1 };
     let err = lower_op(
         &op,
-        &[a.clone()],
+        std::slice::from_ref(&a),
         &[transposed(&a)],
         None,
         LowerOptions::default(),
