@@ -327,8 +327,11 @@ fn on_gpu(
 ) -> Result<(f64, usize)> {
     let run = |mode| -> Result<(BTreeMap<String, Tensor>, usize)> {
         let mut exe = CudaExecutable::new(device, graph, planned)?;
+        // The CPU run's values also hold other programs' inputs; set this graph's only.
         for (name, tensor) in inputs {
-            exe.set(name, tensor)?;
+            if graph.input_named(name).is_some() {
+                exe.set(name, tensor)?;
+            }
         }
         exe.run(mode)?;
         let names = graph.outputs().iter().chain(graph.writes()).map(|(n, _)| n);

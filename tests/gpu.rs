@@ -7,8 +7,9 @@
 //!    <= 1e-2), with every slot poisoned (0xFF bytes, NaN) first, so an element the kernel
 //!    does not write fails; and the replayed graph equal to the eager run bit for bit.
 //! 2. The tiny prefill, decode and train programs of both families, on 1 and 2 streams, eager
-//!    and replayed, against the interpreter; replay equal to eager bit for bit; two train steps
-//!    carry their state on the device.
+//!    and replayed, against the interpreter (relative error <= 1e-5; parameters and moments after
+//!    AdamW <= 1e-4); replay equal to eager bit for bit; two steps carry their state (caches,
+//!    parameters, moments) on the device.
 //! 3. Decode replayed at many positions after a prefill equals the full forward.
 
 use std::collections::BTreeMap;
@@ -373,7 +374,11 @@ fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
                             config.family,
                             kind.name()
                         );
-                        assert!(error <= 1e-5, "{what}: relative error {error:e}");
+                        // AdamW's first steps divide by sqrt(v) ~ |grad|: an element whose
+                        // gradient is near zero turns a 1e-7 difference of the gradient into a
+                        // larger one of the update, so updated state gets 1e-4.
+                        let limit = if kind == ProgramKind::Train && name != "loss" { 1e-4 } else { 1e-5 };
+                        assert!(error <= limit, "{what}: relative error {error:e}");
                         assert_eq!(bits(got), bits(&replayed[name]), "{what}: replay != eager");
                     }
                     println!(

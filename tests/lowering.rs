@@ -68,8 +68,8 @@ fn official_programs_lower_with_every_write_in_place() {
     let config = kiln_frontend::hf::presets::preset("qwen2.5-0.5b").unwrap().0;
     let options = ProgramOptions {
         batch: 1,
-        seq: 128,
-        max_seq: 256,
+        seq: 512,
+        max_seq: 512,
         ..Default::default()
     };
     check(&config, &options, 1, "qwen2.5-0.5b");

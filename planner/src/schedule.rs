@@ -48,7 +48,60 @@ pub(crate) fn candidates(program: &Program) -> Vec<Candidate> {
             order: adamw_early(program),
         });
     }
+    for candidate in &mut out {
+        candidate.order = defer_state_updates(program, std::mem::take(&mut candidate.order));
+    }
     out
+}
+
+/// Moves each state update to after every other reader of the persistent input it may
+/// overwrite, so that a device backend can make the update in that input's own memory (an
+/// update of a param must not run before a later op reads the old param). A state update is
+/// an op with an `Alias::MayOverwrite(i)` result whose operand `i` is a graph input (read
+/// directly or through views) and whose results nothing in the graph reads (AdamW: they are
+/// only written back), so moving it later keeps the order topological.
+fn defer_state_updates(program: &Program, mut order: Vec<usize>) -> Vec<usize> {
+    use crate::program::Producer;
+    for op in 0..program.ops.len() {
+        let info = &program.ops[op];
+        if info.results.iter().any(|&r| !program.values[r].readers.is_empty()) {
+            continue;
+        }
+        let overwritten: BTreeSet<Value> = (0..info.results.len())
+            .filter_map(|port| match info.op.alias(port) {
+                Alias::MayOverwrite(i) => info.operands.get(i).copied(),
+                _ => None,
+            })
+            .filter(|&v| matches!(program.values[v].producer, Producer::Input(_)))
+            .collect();
+        if overwritten.is_empty() {
+            continue;
+        }
+        // The inputs and every view of them.
+        let mut family = overwritten;
+        for viewer in &program.ops {
+            for (port, &result) in viewer.results.iter().enumerate() {
+                if let Alias::ViewOf(i) = viewer.op.alias(port) {
+                    if viewer.operands.get(i).is_some_and(|v| family.contains(v)) {
+                        family.insert(result);
+                    }
+                }
+            }
+        }
+        let position = |o: usize| order.iter().position(|&x| x == o);
+        let Some(at) = position(op) else { continue };
+        let last_reader = family
+            .iter()
+            .flat_map(|&v| &program.values[v].readers)
+            .filter(|&&(reader, _)| reader != op)
+            .filter_map(|&(reader, _)| position(reader))
+            .max();
+        if let Some(last) = last_reader.filter(|&last| last > at) {
+            order.remove(at);
+            order.insert(last, op);
+        }
+    }
+    order
 }
 
 /// Checks that `order` runs every op once, after the producers of its operands.

@@ -109,10 +109,7 @@ impl CudaExecutable {
     /// As [`new`](Self::new), with the GEMV kernel for GEMMs of at most 8 rows (a candidate
     /// until measured: DESIGN.md's evidence rule).
     pub fn with_gemv(device: &Arc<CudaDevice>, graph: &Graph, plan: &Plan) -> Result<Self> {
-        let options = LowerOptions {
-            gemv: true,
-            ..LowerOptions::default()
-        };
+        let options = LowerOptions { gemv: true };
         Self::with_options(device, graph, plan, options)
     }
 

@@ -27,6 +27,11 @@ pub(crate) struct LtHandle {
     pub handle: sys::cublasLtHandle_t,
 }
 
+// SAFETY: a cuBLASLt handle may be used from any thread (cuBLASLt's documentation: the handle
+// is thread safe for matmul calls); kiln issues each executable's launches from one thread.
+unsafe impl Send for LtHandle {}
+unsafe impl Sync for LtHandle {}
+
 impl LtHandle {
     pub fn new() -> Result<Self> {
         let handle = lt::create_handle().map_err(|e| error("handle", e))?;

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs kiln's GPU checks and benchmarks on a CUDA machine, from binaries built elsewhere.
+# Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR [tests|bench|anchor]...
+#   BIN_DIR holds `kiln` and the `gpu` test binary (cargo test --release --no-run --test gpu).
+#   tests:  the GPU tests (tests/gpu.rs) and `kiln demo`
+#   bench:  `kiln bench` rows of BENCHMARKS.md (JSON lines in OUT_DIR/bench.jsonl)
+#   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
+set -uo pipefail
+bin=$1; out=$2; shift 2
+
+# The driver, NVRTC and cuBLASLt: the CUDA toolkit's or the Python wheels' copies.
+libs=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets /usr/lib/x86_64-linux-gnu \
+  $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+  -maxdepth 5 \( -name 'libnvrtc.so*' -o -name 'libcublasLt.so*' \) 2>/dev/null | grep -v /stubs/ | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+
+for what in "$@"; do
+  case $what in
+    tests)
+      "$bin/gpu" --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_tests.log"
+      echo "gpu tests exit: ${PIPESTATUS[0]}"
+      "$bin/kiln" demo 2>&1 | tee "$out/demo.log"
+      echo "demo exit: ${PIPESTATUS[0]}"
+      ;;
+    bench)
+      for model in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
+        rows=("decode --mode graph" "decode --mode eager" "decode --mode graph --gemv" "decode --mode eager --gemv"
+              "prefill --mode graph" "prefill --mode graph --precision bf16-gemm"
+              "train --mode graph" "train --mode graph --precision bf16-gemm")
+        for args in "${rows[@]}"; do
+          echo "== $model $args"
+          "$bin/kiln" bench --model $model --program $args --json >>"$out/bench.jsonl" 2>>"$out/bench.log" \
+            || echo "FAILED: $model $args (see bench.log)"
+          tail -n 1 "$out/bench.jsonl"
+        done
+      done
+      ;;
+    anchor)
+      PYTHONUNBUFFERED=1 python3 "$bin/torch_anchor.py" qwen2.5-0.5b ds-r1-qwen-1.5b 2>&1 | tee "$out/anchor.log"
+      ;;
+  esac
+done
