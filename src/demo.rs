@@ -17,11 +17,11 @@ use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
 use kiln_ir::DType;
 use kiln_planner::PlanOptions;
+use kiln_runtime::cuda::{CudaDevice, CudaExecutable, RunMode};
 use kiln_runtime::Device;
 use kiln_runtime::Tensor;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use kiln_runtime::cuda::{CudaDevice, CudaExecutable, RunMode};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -102,7 +102,11 @@ pub fn run(seed: u64, batch: usize, seq: usize) -> Result<DemoReport> {
     let gpu = match kiln_runtime::cuda::unavailable() {
         None => {
             let device = CudaDevice::open(0).context("opening the CUDA device")?;
-            writeln!(text, "device: {} — the compiled programs also run there", device.describe())?;
+            writeln!(
+                text,
+                "device: {} — the compiled programs also run there",
+                device.describe()
+            )?;
             Some(device)
         }
         Some(reason) => {
@@ -177,8 +181,15 @@ fn compiled_programs(
             );
         }
     }
-    let logits =
-        run_planned(text, config, ProgramKind::Prefill, &options, &mut values, gpu)?["logits"].clone();
+    let logits = run_planned(
+        text,
+        config,
+        ProgramKind::Prefill,
+        &options,
+        &mut values,
+        gpu,
+    )?["logits"]
+        .clone();
     let eager = last_logits(
         &Eager::F32,
         config,
@@ -202,7 +213,14 @@ fn compiled_programs(
         "positions".into(),
         Tensor::from_vec(vec![prompt as i64; batch], [batch])?,
     );
-    let logits = run_planned(text, config, ProgramKind::Decode, &options, &mut values, gpu)?["logits"]
+    let logits = run_planned(
+        text,
+        config,
+        ProgramKind::Decode,
+        &options,
+        &mut values,
+        gpu,
+    )?["logits"]
         .to_f64_vec()?;
     let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
     let full = forward(
@@ -353,7 +371,10 @@ fn on_gpu(
         let diff: f64 = g.iter().zip(&w).map(|(a, b)| (a - b).powi(2)).sum();
         let norm: f64 = w.iter().map(|b| b * b).sum();
         let error = (diff / norm.max(f64::MIN_POSITIVE)).sqrt();
-        anyhow::ensure!(error <= 1e-5, "GPU: `{name}` differs from the CPU by {error:e}");
+        anyhow::ensure!(
+            error <= 1e-5,
+            "GPU: `{name}` differs from the CPU by {error:e}"
+        );
         worst = worst.max(error);
     }
     Ok((worst, launches))

@@ -147,6 +147,9 @@ enum Command {
         /// Use the GEMV kernel for GEMMs of at most 8 rows (a candidate under evaluation).
         #[arg(long)]
         gemv: bool,
+        /// Also time each step alone once and list the costliest ops (one stream).
+        #[arg(long)]
+        profile: bool,
         /// Seed for a preset's random weights and the tokens.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -318,6 +321,7 @@ fn main() -> Result<()> {
             warmup,
             steps,
             gemv,
+            profile,
             seed,
             json,
         } => {
@@ -359,6 +363,7 @@ fn main() -> Result<()> {
                 warmup,
                 steps,
                 gemv,
+                profile,
             };
             let result = commands::bench(&args)?;
             if json {

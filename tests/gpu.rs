@@ -8,7 +8,7 @@
 //!    does not write fails; and the replayed graph equal to the eager run bit for bit.
 //! 2. The tiny prefill, decode and train programs of both families, on 1 and 2 streams, eager
 //!    and replayed, against the interpreter (relative error <= 1e-5; parameters and moments after
-//!    AdamW <= 1e-4); replay equal to eager bit for bit; two steps carry their state (caches,
+//!    AdamW <= 1e-4; with bf16 GEMM inputs <= 1e-2); replay equal to eager bit for bit; two steps carry their state (caches,
 //!    parameters, moments) on the device.
 //! 3. Decode replayed at many positions after a prefill equals the full forward.
 
@@ -49,7 +49,10 @@ fn random(rng: &mut StdRng, ty: &TensorType) -> Tensor {
     match ty.dtype {
         DType::F32 => Tensor::from_vec(testing::to_f32(&values), ty.shape.clone()).unwrap(),
         DType::BF16 => {
-            let v: Vec<half::bf16> = values.iter().map(|x| <half::bf16 as kiln_kernels::Element>::from_f64(*x)).collect();
+            let v: Vec<half::bf16> = values
+                .iter()
+                .map(|x| <half::bf16 as kiln_kernels::Element>::from_f64(*x))
+                .collect();
             Tensor::from_vec(v, ty.shape.clone()).unwrap()
         }
         other => panic!("no random {other}"),
@@ -91,11 +94,17 @@ fn check_op(device: &Arc<CudaDevice>, rng: &mut StdRng, name: &str, op: Op, ins:
             In::Pos(dims) => {
                 let ty = TensorType::new(DType::F32, dims.as_slice());
                 let v = testing::uniform(rng, ty.shape.numel(), 0.01, 1.0);
-                (ty.clone(), Tensor::from_vec(testing::to_f32(&v), ty.shape.clone()).unwrap())
+                (
+                    ty.clone(),
+                    Tensor::from_vec(testing::to_f32(&v), ty.shape.clone()).unwrap(),
+                )
             }
             In::Step => {
                 let ty = TensorType::new(DType::I64, kiln_ir::Shape::scalar());
-                (ty, Tensor::from_vec(vec![3i64], kiln_ir::Shape::scalar()).unwrap())
+                (
+                    ty,
+                    Tensor::from_vec(vec![3i64], kiln_ir::Shape::scalar()).unwrap(),
+                )
             }
         };
         operands.push(graph.input(&input_name, InputKind::Input, ty).unwrap());
@@ -124,11 +133,25 @@ fn check_op(device: &Arc<CudaDevice>, rng: &mut StdRng, name: &str, op: Op, ins:
     for (port, got) in eager.iter().enumerate() {
         let reference = &want[&format!("out{port}")];
         let (g, w) = (got.to_f64_vec().unwrap(), reference.to_f64_vec().unwrap());
-        assert!(g.iter().all(|v| v.is_finite()), "{name}: out{port} has unwritten (NaN) elements");
+        assert!(
+            g.iter().all(|v| v.is_finite()),
+            "{name}: out{port} has unwritten (NaN) elements"
+        );
         let error = testing::rel_l2(&g, &w);
-        let limit = if got.dtype() == DType::BF16 { 1e-2 } else { 1e-5 };
-        assert!(error <= limit, "{name}: out{port} relative error {error:e} > {limit:e}");
-        assert_eq!(bits(got), bits(&replayed[port]), "{name}: replay differs from eager");
+        let limit = if got.dtype() == DType::BF16 {
+            1e-2
+        } else {
+            1e-5
+        };
+        assert!(
+            error <= limit,
+            "{name}: out{port} relative error {error:e} > {limit:e}"
+        );
+        assert_eq!(
+            bits(got),
+            bits(&replayed[port]),
+            "{name}: replay differs from eager"
+        );
         worst = worst.max(error);
     }
     worst
@@ -155,20 +178,56 @@ fn every_op_matches_the_cpu_reference() {
         let n = b * t;
         let s = format!("B={b} T={t} H={h}");
         cases.extend([
-            (format!("embedding {s}"), Op::Embedding, vec![f(&[50, h]), In::Ids(vec![b, t], 50)]),
+            (
+                format!("embedding {s}"),
+                Op::Embedding,
+                vec![f(&[50, h]), In::Ids(vec![b, t], 50)],
+            ),
             (
                 format!("embedding_backward {s}"),
                 Op::EmbeddingBackward { vocab: 50 },
                 vec![In::Ids(vec![b, t], 50), f(&[b, t, h])],
             ),
-            (format!("matmul NT {s}"), mm(false, true), vec![f(&[n, h]), f(&[80, h])]),
-            (format!("matmul NN batched {s}"), mm(false, false), vec![f(&[b, t, h]), f(&[b, h, 24])]),
-            (format!("matmul TN {s}"), mm(true, false), vec![f(&[n, h]), f(&[n, 40])]),
-            (format!("matmul bf16 NT {s}"), mm(false, true), vec![bf(&[n, h]), bf(&[72, h])]),
-            (format!("add {s}"), Op::Add, vec![f(&[b, t, h]), f(&[b, t, h])]),
-            (format!("add bias {s}"), Op::Add, vec![f(&[b, t, h]), f(&[h])]),
-            (format!("mul {s}"), Op::Mul, vec![f(&[b, t, h]), f(&[b, t, h])]),
-            (format!("scale {s}"), Op::Scale { alpha: 0.37 }, vec![f(&[b, t, h])]),
+            (
+                format!("matmul NT {s}"),
+                mm(false, true),
+                vec![f(&[n, h]), f(&[80, h])],
+            ),
+            (
+                format!("matmul NN batched {s}"),
+                mm(false, false),
+                vec![f(&[b, t, h]), f(&[b, h, 24])],
+            ),
+            (
+                format!("matmul TN {s}"),
+                mm(true, false),
+                vec![f(&[n, h]), f(&[n, 40])],
+            ),
+            (
+                format!("matmul bf16 NT {s}"),
+                mm(false, true),
+                vec![bf(&[n, h]), bf(&[72, h])],
+            ),
+            (
+                format!("add {s}"),
+                Op::Add,
+                vec![f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("add bias {s}"),
+                Op::Add,
+                vec![f(&[b, t, h]), f(&[h])],
+            ),
+            (
+                format!("mul {s}"),
+                Op::Mul,
+                vec![f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("scale {s}"),
+                Op::Scale { alpha: 0.37 },
+                vec![f(&[b, t, h])],
+            ),
             (
                 format!("sum_to_shape {s}"),
                 Op::SumToShape { shape: [h].into() },
@@ -176,12 +235,26 @@ fn every_op_matches_the_cpu_reference() {
             ),
             (
                 format!("broadcast_to {s}"),
-                Op::BroadcastTo { shape: [b, t, h].into() },
+                Op::BroadcastTo {
+                    shape: [b, t, h].into(),
+                },
                 vec![f(&[h])],
             ),
-            (format!("cast to bf16 {s}"), Op::Cast { to: DType::BF16 }, vec![f(&[b, t, h])]),
-            (format!("cast to f32 {s}"), Op::Cast { to: DType::F32 }, vec![bf(&[b, t, h])]),
-            (format!("rmsnorm {s}"), Op::RmsNorm { eps: 1e-6 }, vec![f(&[b, t, h]), f(&[h])]),
+            (
+                format!("cast to bf16 {s}"),
+                Op::Cast { to: DType::BF16 },
+                vec![f(&[b, t, h])],
+            ),
+            (
+                format!("cast to f32 {s}"),
+                Op::Cast { to: DType::F32 },
+                vec![bf(&[b, t, h])],
+            ),
+            (
+                format!("rmsnorm {s}"),
+                Op::RmsNorm { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[h])],
+            ),
             (
                 format!("rmsnorm_backward {s}"),
                 Op::RmsNormBackward { eps: 1e-6 },
@@ -202,7 +275,11 @@ fn every_op_matches_the_cpu_reference() {
                 Op::AddRmsNormBackward { eps: 1e-6 },
                 vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h])],
             ),
-            (format!("swiglu {s}"), Op::SwiGlu, vec![f(&[b, t, h]), f(&[b, t, h])]),
+            (
+                format!("swiglu {s}"),
+                Op::SwiGlu,
+                vec![f(&[b, t, h]), f(&[b, t, h])],
+            ),
             (
                 format!("swiglu_backward {s}"),
                 Op::SwiGluBackward,
@@ -227,23 +304,40 @@ fn every_op_matches_the_cpu_reference() {
             (
                 format!("adamw {s}"),
                 Op::AdamW(adamw),
-                vec![f(&[t, h]), f(&[t, h]), f(&[t, h]), In::Pos(vec![t, h]), In::Step],
+                vec![
+                    f(&[t, h]),
+                    f(&[t, h]),
+                    f(&[t, h]),
+                    In::Pos(vec![t, h]),
+                    In::Step,
+                ],
             ),
         ]);
     }
-    for &(b, t, hq, hkv, d) in &[(1, 1, 2, 1, 16), (2, 5, 4, 2, 32), (1, 40, 14, 2, 64), (2, 9, 12, 2, 128)] {
+    for &(b, t, hq, hkv, d) in &[
+        (1, 1, 2, 1, 16),
+        (2, 5, 4, 2, 32),
+        (1, 40, 14, 2, 64),
+        (2, 9, 12, 2, 128),
+    ] {
         let s = format!("B={b} T={t} Hq={hq} Hkv={hkv} D={d}");
         let smax = t + 6;
         let scale = 1.0 / (d as f64).sqrt();
         cases.extend([
             (
                 format!("rope {s}"),
-                Op::Rope { theta: 1e6, bias: false },
+                Op::Rope {
+                    theta: 1e6,
+                    bias: false,
+                },
                 vec![f(&[b, t, hq, d]), In::Ids(vec![b, t], 4096)],
             ),
             (
                 format!("rope bias {s}"),
-                Op::Rope { theta: 1e4, bias: true },
+                Op::Rope {
+                    theta: 1e4,
+                    bias: true,
+                },
                 vec![f(&[b, t, hkv, d]), In::Ids(vec![b, t], 4096), f(&[hkv * d])],
             ),
             (
@@ -280,7 +374,11 @@ fn every_op_matches_the_cpu_reference() {
             (
                 format!("kv_cache_write {s}"),
                 Op::KvCacheWrite,
-                vec![f(&[b, hkv, smax, d]), f(&[b, hkv, t, d]), In::Ids(vec![b], smax - t + 1)],
+                vec![
+                    f(&[b, hkv, smax, d]),
+                    f(&[b, hkv, t, d]),
+                    In::Ids(vec![b], smax - t + 1),
+                ],
             ),
         ]);
     }
@@ -352,7 +450,11 @@ fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
                 precision,
                 ..Default::default()
             };
-            for kind in [ProgramKind::Prefill, ProgramKind::Decode, ProgramKind::Train] {
+            for kind in [
+                ProgramKind::Prefill,
+                ProgramKind::Decode,
+                ProgramKind::Train,
+            ] {
                 seed += 1;
                 let graph = build(kind, &config, &options).unwrap();
                 let values = program_inputs(&graph, &config, kind, &options, seed);
@@ -377,7 +479,13 @@ fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
                         // AdamW's first steps divide by sqrt(v) ~ |grad|: an element whose
                         // gradient is near zero turns a 1e-7 difference of the gradient into a
                         // larger one of the update, so updated state gets 1e-4.
-                        let limit = if kind == ProgramKind::Train && name != "loss" { 1e-4 } else { 1e-5 };
+                        // With bf16 GEMM inputs, a value that differs in its last f32 bits
+                        // can round to the neighbouring bf16: bf16's limit, 1e-2.
+                        let limit = match (precision, kind) {
+                            (Precision::Bf16Gemm, _) => 1e-2,
+                            (_, ProgramKind::Train) if name != "loss" => 1e-4,
+                            _ => 1e-5,
+                        };
                         assert!(error <= limit, "{what}: relative error {error:e}");
                         assert_eq!(bits(got), bits(&replayed[name]), "{what}: replay != eager");
                     }
@@ -440,10 +548,16 @@ fn decode_replayed_at_many_positions_equals_the_full_forward() {
     };
     let prompt_positions: Vec<i64> = (0..batch * prompt).map(|i| (i % prompt) as i64).collect();
     prefill
-        .set("tokens", &Tensor::from_vec(rows(0, prompt), [batch, prompt]).unwrap())
+        .set(
+            "tokens",
+            &Tensor::from_vec(rows(0, prompt), [batch, prompt]).unwrap(),
+        )
         .unwrap();
     prefill
-        .set("positions", &Tensor::from_vec(prompt_positions, [batch, prompt]).unwrap())
+        .set(
+            "positions",
+            &Tensor::from_vec(prompt_positions, [batch, prompt]).unwrap(),
+        )
         .unwrap();
     prefill.run(RunMode::Graph).unwrap();
     let mut decode = compile(ProgramKind::Decode);
@@ -456,17 +570,26 @@ fn decode_replayed_at_many_positions_equals_the_full_forward() {
     let mut worst = 0.0f64;
     for t in prompt..total {
         decode
-            .set("tokens", &Tensor::from_vec(rows(t, t + 1), [batch, 1]).unwrap())
+            .set(
+                "tokens",
+                &Tensor::from_vec(rows(t, t + 1), [batch, 1]).unwrap(),
+            )
             .unwrap();
         decode
-            .set("positions", &Tensor::from_vec(vec![t as i64; batch], [batch]).unwrap())
+            .set(
+                "positions",
+                &Tensor::from_vec(vec![t as i64; batch], [batch]).unwrap(),
+            )
             .unwrap();
         decode.run(RunMode::Graph).unwrap();
         let logits = decode.get("logits").unwrap().to_f64_vec().unwrap();
         for b in 0..batch {
             let want = &full[(b * total + t) * vocab..(b * total + t + 1) * vocab];
             let error = testing::rel_l2(&logits[b * vocab..(b + 1) * vocab], want);
-            assert!(error < 1e-5, "position {t} row {b}: relative error {error:e}");
+            assert!(
+                error < 1e-5,
+                "position {t} row {b}: relative error {error:e}"
+            );
             worst = worst.max(error);
         }
     }

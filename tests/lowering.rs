@@ -9,7 +9,11 @@ use kiln_planner::{plan, PlanOptions};
 use kiln_runtime::lower_for_device;
 
 fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &str) {
-    for kind in [ProgramKind::Prefill, ProgramKind::Decode, ProgramKind::Train] {
+    for kind in [
+        ProgramKind::Prefill,
+        ProgramKind::Decode,
+        ProgramKind::Train,
+    ] {
         let graph = build(kind, config, options).unwrap();
         let planned = plan(
             &graph,
@@ -57,7 +61,12 @@ fn tiny_programs_lower_with_every_write_in_place() {
                 ..Default::default()
             };
             for streams in [1, 2] {
-                check(&config, &options, streams, &format!("tiny {:?} {precision:?}", config.family));
+                check(
+                    &config,
+                    &options,
+                    streams,
+                    &format!("tiny {:?} {precision:?}", config.family),
+                );
             }
         }
     }
@@ -65,7 +74,9 @@ fn tiny_programs_lower_with_every_write_in_place() {
 
 #[test]
 fn official_programs_lower_with_every_write_in_place() {
-    let config = kiln_frontend::hf::presets::preset("qwen2.5-0.5b").unwrap().0;
+    let config = kiln_frontend::hf::presets::preset("qwen2.5-0.5b")
+        .unwrap()
+        .0;
     let options = ProgramOptions {
         batch: 1,
         seq: 512,

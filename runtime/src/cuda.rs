@@ -36,9 +36,15 @@ pub fn unavailable() -> Option<String> {
     // SAFETY: these only try to dlopen the libraries.
     let libraries = unsafe {
         [
-            ("the CUDA driver (libcuda)", cudarc::driver::sys::is_culib_present()),
+            (
+                "the CUDA driver (libcuda)",
+                cudarc::driver::sys::is_culib_present(),
+            ),
             ("NVRTC (libnvrtc)", cudarc::nvrtc::sys::is_culib_present()),
-            ("cuBLASLt (libcublasLt)", cudarc::cublaslt::sys::is_culib_present()),
+            (
+                "cuBLASLt (libcublasLt)",
+                cudarc::cublaslt::sys::is_culib_present(),
+            ),
         ]
     };
     if let Some((name, _)) = libraries.iter().find(|(_, present)| !present) {
@@ -62,8 +68,12 @@ impl TimingEvent {
 
     /// Milliseconds from `self` to `end`, once `end` has completed (waits for it).
     pub fn elapsed_ms(&self, end: &TimingEvent) -> Result<f32> {
-        end.0.synchronize().map_err(|e| error("wait for event", e))?;
-        self.0.elapsed_ms(&end.0).map_err(|e| error("event time", e))
+        end.0
+            .synchronize()
+            .map_err(|e| error("wait for event", e))?;
+        self.0
+            .elapsed_ms(&end.0)
+            .map_err(|e| error("event time", e))
     }
 }
 
@@ -122,7 +132,8 @@ impl CudaDevice {
                 reason,
             });
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| error(format!("open device {ordinal}"), e))?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| error(format!("open device {ordinal}"), e))?;
         // SAFETY: kiln orders its work with the plan's events; nothing relies on cudarc's.
         unsafe { ctx.disable_event_tracking() };
         let name = ctx.name().map_err(|e| error("device name", e))?;
@@ -155,7 +166,10 @@ impl CudaDevice {
     /// An event that records time (for timing regions of a stream).
     pub fn timing_event(&self) -> Result<TimingEvent> {
         let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
-        let event = self.ctx.new_event(Some(flags)).map_err(|e| error("create event", e))?;
+        let event = self
+            .ctx
+            .new_event(Some(flags))
+            .map_err(|e| error("create event", e))?;
         Ok(TimingEvent(event))
     }
 
@@ -165,7 +179,10 @@ impl CudaDevice {
 
     /// Kernel `function` of module `module`, compiling the module on first use.
     pub(crate) fn function(&self, module: &'static str, function: &str) -> Result<CudaFunction> {
-        let mut modules = self.modules.lock().map_err(|_| error("module cache", "poisoned"))?;
+        let mut modules = self
+            .modules
+            .lock()
+            .map_err(|_| error("module cache", "poisoned"))?;
         if !modules.contains_key(module) {
             let source = (kiln_kernels::gpu::SOURCES.iter())
                 .find(|(name, _)| *name == module)

@@ -31,7 +31,7 @@ pub use error::{Error, Result};
 pub use interpret::interpret;
 pub use launch::launch;
 pub use planned::execute;
-pub use program::{lower_for_device, LoweringSummary};
 pub use planned::CpuExecutable;
+pub use program::{lower_for_device, LoweringSummary};
 pub use storage::{Storage, StorageRead, StorageWrite};
 pub use tensor::Tensor;

@@ -254,7 +254,10 @@ impl<'g> Builder<'g> {
             let home = match buffer.class {
                 BufferClass::Activation | BufferClass::Workspace => {
                     let offset = buffer.offset.ok_or_else(|| {
-                        self.fail(&buffer.name, "is in the arena without an offset".to_string())
+                        self.fail(
+                            &buffer.name,
+                            "is in the arena without an offset".to_string(),
+                        )
                     })?;
                     if offset + buffer.size > plan.arena_bytes {
                         let reason = format!("ends past the arena ({} bytes)", plan.arena_bytes);
@@ -294,7 +297,10 @@ impl<'g> Builder<'g> {
             for operand in graph.operands(node) {
                 let key = (operand.node.index(), operand.port);
                 let layout = layouts.get(&key).cloned().ok_or_else(|| {
-                    self.fail(what(), format!("reads value {operand} before it is computed"))
+                    self.fail(
+                        what(),
+                        format!("reads value {operand} before it is computed"),
+                    )
                 })?;
                 operands.push((key, layout));
             }

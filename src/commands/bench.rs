@@ -36,6 +36,9 @@ pub struct BenchArgs {
     pub warmup: usize,
     pub steps: usize,
     pub gemv: bool,
+    /// Also time every step alone once (eager, one stream) and report the ops that take
+    /// the most time.
+    pub profile: bool,
 }
 
 /// One benchmark's results (`--json` prints this).
@@ -67,6 +70,8 @@ pub struct BenchResult {
     pub copied_writes: usize,
     pub hbm_floor_ms: Option<f64>,
     pub floor_fraction: Option<f64>,
+    /// With `--profile`: (op name, launches, total ms) of the costliest ops, summed over steps.
+    pub profile: Vec<(String, usize, f64)>,
     /// Train: the loss of the last step; prefill/decode: max |logit| (a sanity check that the
     /// numbers are finite and not all zero).
     pub check: f64,
@@ -178,6 +183,18 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         wall.elapsed().as_secs_f64()
     );
     times.sort_by(f64::total_cmp);
+    let mut profile: Vec<(String, usize, f64)> = Vec::new();
+    if args.profile {
+        let mut by_op: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
+        for (op, ms) in exe.profile()? {
+            let name = op.split('{').next().unwrap_or(&op).to_string();
+            let entry = by_op.entry(name).or_default();
+            entry.0 += 1;
+            entry.1 += ms as f64;
+        }
+        profile = by_op.into_iter().map(|(op, (n, ms))| (op, n, ms)).collect();
+        profile.sort_by(|a, b| b.2.total_cmp(&a.2));
+    }
     let median = percentile(&times, 0.5);
 
     let check = match args.kind {
@@ -211,8 +228,16 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         .to_string(),
         device: device.describe(),
         batch,
-        seq: if args.kind == ProgramKind::Decode { 1 } else { seq },
-        context: if args.kind == ProgramKind::Decode { args.context } else { 0 },
+        seq: if args.kind == ProgramKind::Decode {
+            1
+        } else {
+            seq
+        },
+        context: if args.kind == ProgramKind::Decode {
+            args.context
+        } else {
+            0
+        },
         streams: args.streams,
         steps: args.steps,
         median_ms: median,
@@ -231,6 +256,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
             + slot("gemm workspace"),
         in_place_writes: in_place.len(),
         copied_writes: copied.len(),
+        profile,
         hbm_floor_ms: floor,
         floor_fraction: floor.map(|f| f / median),
         check,
@@ -288,7 +314,10 @@ pub fn table(r: &BenchResult) -> String {
         ),
         (
             "state writes",
-            format!("{} in place, {} copied back", r.in_place_writes, r.copied_writes),
+            format!(
+                "{} in place, {} copied back",
+                r.in_place_writes, r.copied_writes
+            ),
         ),
     ];
     if let Some(capture) = r.capture_ms {
@@ -300,7 +329,14 @@ pub fn table(r: &BenchResult) -> String {
             format!("{floor:.3} ms; kiln at {:.0}% of it", 100.0 * fraction),
         ));
     }
-    let check = if r.program == "train" { "loss" } else { "max |logit|" };
+    for (op, steps, ms) in r.profile.iter().take(12) {
+        rows.push(("profile", format!("{op:<24} {steps:>5} steps {ms:>9.3} ms")));
+    }
+    let check = if r.program == "train" {
+        "loss"
+    } else {
+        "max |logit|"
+    };
     rows.push((check, format!("{:.4}", r.check)));
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     rows.iter()

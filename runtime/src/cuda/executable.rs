@@ -91,9 +91,9 @@ impl Drop for CaptureGuard<'_> {
         if self.open {
             // The capture is invalid; ending it discards the partial graph (an error about the
             // invalidated capture is expected and cleared here) and frees the stream.
-            let _ = self
-                .stream
-                .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+            let _ = self.stream.end_capture(
+                CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+            );
         }
     }
 }
@@ -128,12 +128,20 @@ impl CudaExecutable {
             ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
                 .map_err(|e| error("create event", e))
         };
-        let events = (0..program.events).map(|_| event()).collect::<Result<Vec<_>>>()?;
-        let joins = (1..program.streams).map(|_| event()).collect::<Result<Vec<_>>>()?;
+        let events = (0..program.events)
+            .map(|_| event())
+            .collect::<Result<Vec<_>>>()?;
+        let joins = (1..program.streams)
+            .map(|_| event())
+            .collect::<Result<Vec<_>>>()?;
         let fork = event()?;
         let slots = (program.slots.iter())
             .map(|slot| {
-                let fill = if matches!(slot.kind, SlotKind::Input(_)) { 0 } else { 0xFF };
+                let fill = if matches!(slot.kind, SlotKind::Input(_)) {
+                    0
+                } else {
+                    0xFF
+                };
                 DeviceAlloc::new(ctx, slot.bytes as usize, fill)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -231,14 +239,22 @@ impl CudaExecutable {
                 .map_err(|e| error("kernel launch", e))
             }
             Resolved::Gemm(g) => {
-                let workspace = (self.device.gemm_workspace.ptr, self.device.gemm_workspace.bytes);
+                let workspace = (
+                    self.device.gemm_workspace.ptr,
+                    self.device.gemm_workspace.bytes,
+                );
                 gemm::issue(&self.device.lt, g, workspace, stream.cu_stream() as _)
             }
             Resolved::Copy { dst, src, bytes } => {
                 // SAFETY: both ranges lie inside slots this executable owns (checked when
                 // the program was lowered).
                 unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(*dst, *src, *bytes, stream.cu_stream())
+                    cudarc::driver::result::memcpy_dtod_async(
+                        *dst,
+                        *src,
+                        *bytes,
+                        stream.cu_stream(),
+                    )
                 }
                 .map_err(|e| error("device copy", e))
             }
@@ -249,7 +265,9 @@ impl CudaExecutable {
     fn issue_all(&self) -> Result<()> {
         let main = &self.streams[0];
         if self.streams.len() > 1 {
-            self.fork.record(main).map_err(|e| error("record fork", e))?;
+            self.fork
+                .record(main)
+                .map_err(|e| error("record fork", e))?;
             for side in &self.streams[1..] {
                 side.wait(&self.fork).map_err(|e| error("wait fork", e))?;
             }
@@ -257,13 +275,17 @@ impl CudaExecutable {
         for step in &self.steps {
             let stream = &self.streams[step.stream];
             for &event in &step.waits {
-                stream.wait(&self.events[event]).map_err(|e| error("wait event", e))?;
+                stream
+                    .wait(&self.events[event])
+                    .map_err(|e| error("wait event", e))?;
             }
             for launch in &step.launches {
                 self.issue(launch, stream)?;
             }
             for &event in &step.records {
-                self.events[event].record(stream).map_err(|e| error("record event", e))?;
+                self.events[event]
+                    .record(stream)
+                    .map_err(|e| error("record event", e))?;
             }
         }
         for (side, join) in self.streams[1..].iter().zip(&self.joins) {
@@ -289,6 +311,30 @@ impl CudaExecutable {
                 graph.launch().map_err(|e| error("graph launch", e))
             }
         }
+    }
+
+    /// Runs the program once eagerly with a timing event around every step (on one stream,
+    /// so the events measure each step alone); returns each step's op text and milliseconds.
+    /// For finding where a step's time goes, not for step timings (the events add gaps).
+    pub fn profile(&self) -> Result<Vec<(String, f32)>> {
+        if self.streams.len() != 1 {
+            let reason = "profiling times steps on one stream; plan with --streams 1";
+            return Err(error("profile", reason));
+        }
+        let stream = &self.streams[0];
+        let marks = (0..=self.steps.len())
+            .map(|_| self.device.timing_event())
+            .collect::<Result<Vec<_>>>()?;
+        marks[0].record(stream)?;
+        for (index, step) in self.steps.iter().enumerate() {
+            for launch in &step.launches {
+                self.issue(launch, stream)?;
+            }
+            marks[index + 1].record(stream)?;
+        }
+        (self.program.steps.iter().enumerate())
+            .map(|(index, step)| Ok((step.op.clone(), marks[index].elapsed_ms(&marks[index + 1])?)))
+            .collect()
     }
 
     /// Captures the program into a CUDA graph, instantiates and uploads it (replacing any

@@ -157,8 +157,22 @@ pub(crate) fn prepare(
         (gemm.k, gemm.m)
     };
     let layouts = [
-        layout(dtype, first_rows, first_cols, gemm.ldb, gemm.batch, gemm.stride_b)?,
-        layout(dtype, second_rows, second_cols, gemm.lda, gemm.batch, gemm.stride_a)?,
+        layout(
+            dtype,
+            first_rows,
+            first_cols,
+            gemm.ldb,
+            gemm.batch,
+            gemm.stride_b,
+        )?,
+        layout(
+            dtype,
+            second_rows,
+            second_cols,
+            gemm.lda,
+            gemm.batch,
+            gemm.stride_a,
+        )?,
         layout(
             sys::cudaDataType::CUDA_R_32F,
             gemm.n,
