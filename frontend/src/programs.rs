@@ -221,7 +221,10 @@ pub fn example_inputs(
     let tokens = Tensor::from_vec(ids, [batch, rows])?;
     let lm = match kind {
         ProgramKind::Decode => None,
-        _ => Some(crate::eval::CausalLmInputs::new(&tokens, config.vocab_size)?),
+        _ => Some(crate::eval::CausalLmInputs::new(
+            &tokens,
+            config.vocab_size,
+        )?),
     };
     let mut values = std::collections::BTreeMap::new();
     for (_, name, input_kind, ty) in graph.inputs() {

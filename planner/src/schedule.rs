@@ -64,7 +64,11 @@ fn defer_state_updates(program: &Program, mut order: Vec<usize>) -> Vec<usize> {
     use crate::program::Producer;
     for op in 0..program.ops.len() {
         let info = &program.ops[op];
-        if info.results.iter().any(|&r| !program.values[r].readers.is_empty()) {
+        if info
+            .results
+            .iter()
+            .any(|&r| !program.values[r].readers.is_empty())
+        {
             continue;
         }
         let overwritten: BTreeSet<Value> = (0..info.results.len())
