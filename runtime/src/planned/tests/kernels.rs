@@ -96,7 +96,8 @@ fn attention_and_its_backward_match_the_interpreter() {
             workspace(256, backward[0]),
         ],
     );
-    assert_eq!(plan.buffers[9].size, 4 * s as u64);
+    // dS for every query row over the keys, [B,Hq,T,S] f32 (the GPU's backward needs it all).
+    assert_eq!(plan.buffers[9].size, 4 * (b * hq * t * s) as u64);
     assert_matches_interpret(&graph, &plan, &values);
 }
 

@@ -244,7 +244,8 @@ fn missing_workspaces_colliding_writes_and_missing_inputs_are_refused() {
 
     let plan = plan_with(vec![output(&[grads[1]]), output(&[grads[2]])]);
     let err = refused(&graph, &plan, &values);
-    let want = "step 0 (node %5 attention_backward{scale=0.5}): needs 12 bytes of workspace, \
+    // dS [1,2,3,3] f32.
+    let want = "step 0 (node %5 attention_backward{scale=0.5}): needs 72 bytes of workspace, \
                 and the plan gives 0";
     assert!(err.contains(want), "{err}");
 
