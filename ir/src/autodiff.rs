@@ -218,6 +218,27 @@ fn when(want: bool, make: impl FnOnce() -> Result<ValueId>) -> Result<Option<Val
     want.then(make).transpose()
 }
 
+/// `value` again when it is a cast of a graph input (recomputed where it is needed), else
+/// `value` itself.
+fn recast_input(graph: &mut Graph, value: ValueId) -> Result<ValueId> {
+    let Some(Node {
+        kind: NodeKind::Op(Op::Cast { to }),
+        ..
+    }) = graph.node(value.node)
+    else {
+        return Ok(value);
+    };
+    let to = *to;
+    let operand = graph.operands(value.node)[0];
+    match graph.node(operand.node) {
+        Some(Node {
+            kind: NodeKind::Input { .. },
+            ..
+        }) => graph.op1(Op::Cast { to }, &[operand]),
+        _ => Ok(value),
+    }
+}
+
 /// `value` cast to `to` unless it already is (the tape's matmul casts).
 fn cast_to(graph: &mut Graph, value: ValueId, to: DType) -> Result<ValueId> {
     if dtype_of(graph, value)? == to {
@@ -354,7 +375,10 @@ fn matmul_vjp(
     tb: bool,
     g: ValueId,
 ) -> Result<Vec<Option<ValueId>>> {
-    let (a, b) = (x[0], x[1]);
+    // A cast of a graph input (a bf16 copy of a weight) is cast again here rather than kept
+    // alive from the forward pass to this point: the same bits, and no copy of every weight
+    // held across the whole step.
+    let (a, b) = (recast_input(graph, x[0])?, recast_input(graph, x[1])?);
     let input_dtype = dtype_of(graph, a)?;
     let g = cast_to(graph, g, input_dtype)?;
     let matmul = |transpose_a, transpose_b| Op::MatMul {

@@ -53,6 +53,8 @@ pub struct BenchResult {
     pub seq: usize,
     pub context: usize,
     pub streams: usize,
+    /// GEMMs of at most 8 rows on the GEMV kernel (a candidate) instead of cuBLASLt.
+    pub gemv: bool,
     pub steps: usize,
     pub median_ms: f64,
     pub p95_ms: f64,
@@ -239,6 +241,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
             0
         },
         streams: args.streams,
+        gemv: args.gemv,
         steps: args.steps,
         median_ms: median,
         p95_ms: percentile(&times, 0.95),

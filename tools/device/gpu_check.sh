@@ -26,7 +26,7 @@ for what in "$@"; do
       ;;
     bench)
       for model in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
-        rows=("decode --mode graph" "decode --mode eager" "decode --mode graph --gemv" "decode --mode eager --gemv"
+        rows=("decode --mode graph" "decode --mode eager" "decode --mode graph --gemv"
               "prefill --mode graph" "prefill --mode graph --precision bf16-gemm"
               "train --mode graph" "train --mode graph --precision bf16-gemm")
         for args in "${rows[@]}"; do
@@ -39,6 +39,7 @@ for what in "$@"; do
       ;;
     anchor)
       PYTHONUNBUFFERED=1 python3 "$bin/torch_anchor.py" qwen2.5-0.5b ds-r1-qwen-1.5b 2>&1 | tee "$out/anchor.log"
+      python3 "$(dirname "$0")/bench_table.py" "$out" | tee "$out/tables.md"
       ;;
   esac
 done
