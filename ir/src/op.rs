@@ -219,13 +219,19 @@ impl Op {
                     sum.saturating_add(t.shape.numel().saturating_mul(4))
                 })
             }
-            // dS [B,Hq,T,S] (the GPU's backward keeps every row for its key pass; the CPU uses
-            // one row of S, so at least S).
+            // The GPU's GEMM backward: dS and the masked probs [B,Hq,T,S], each rounded up to
+            // 256 bytes (the device slot alignment) so the next starts aligned, then grad_out
+            // transposed to [B,Hq,T,D]. The CPU uses one row of S, so at least S.
             Op::AttentionBackward { .. } => match (dims(0), dims(1)) {
-                (&[b, hq, t, _], &[_, _, s, _]) => [b, hq, t, s, size(0)]
-                    .into_iter()
-                    .fold(1usize, usize::saturating_mul)
-                    .max(s.saturating_mul(size(0))),
+                (&[b, hq, t, d], &[_, _, s, _]) => {
+                    let product =
+                        |dims: [usize; 5]| dims.into_iter().fold(1, usize::saturating_mul);
+                    let probs = product([b, hq, t, s, size(0)]).saturating_add(255) / 256 * 256;
+                    probs
+                        .saturating_mul(2)
+                        .saturating_add(product([b, hq, t, d, size(0)]))
+                        .max(s.saturating_mul(size(0)))
+                }
                 _ => 0,
             },
             // One rstd per row of [..., H] (the GPU's grad_weight pass reads them).

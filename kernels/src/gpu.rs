@@ -47,6 +47,7 @@ macro_rules! module {
 pub const SOURCES: &[(&str, &str)] = &[
     ("activation", module!("activation.cu")),
     ("attention", module!("attention.cu")),
+    ("attention_rows", module!("attention_rows.cu")),
     ("cache", module!("cache.cu")),
     ("copy", module!("copy.cu")),
     ("elementwise", module!("elementwise.cu")),

@@ -1,7 +1,7 @@
 //! Every launch a builder can produce names an `extern "C" __global__` function of its module
 //! and passes as many arguments as the C signature takes.
 
-use super::attention::{AttentionBackward, AttentionDims};
+use super::attention::{AttentionBackward, AttentionDims, AttentionForward};
 use super::gemv::Gemv;
 use super::norm::RmsNormBackwardRows;
 use super::optim::AdamWHyper;
@@ -35,6 +35,13 @@ fn every_launch() -> Vec<Launch> {
         kv_len: 5,
         head_dim: 8,
     };
+    let forward = AttentionForward {
+        q: addr(0),
+        k: addr(1),
+        v: addr(2),
+        out: addr(3),
+        probs: addr(4),
+    };
     let backward = AttentionBackward {
         q: addr(0),
         k: addr(1),
@@ -44,7 +51,7 @@ fn every_launch() -> Vec<Launch> {
         grad_q: addr(5),
         grad_k: addr(6),
         grad_v: addr(7),
-        ds: addr(8),
+        workspace: addr(8),
     };
     let rope_dims = RopeDims {
         batch: 1,
@@ -82,10 +89,7 @@ fn every_launch() -> Vec<Launch> {
     let mut launches = vec![
         activation::softmax_f32(addr(0), addr(1), 2, 3).unwrap(),
         activation::softmax_backward_f32(addr(0), addr(1), addr(2), 2, 3).unwrap(),
-        attention::attention_f32(addr(0), addr(1), [addr(2), addr(3), addr(4)], dims, 0.5).unwrap(),
         attention::cached_attention_f32(addr(0), addr(1), [addr(2); 4], dims, 0.5).unwrap(),
-        attention::attention_backward_dq_f32(backward, dims, 0.5).unwrap(),
-        attention::attention_backward_dkv_f32(backward, dims).unwrap(),
         cache::kv_cache_write_f32(addr(0), addr(1), addr(2), [1, 2, 8, 1, 4]),
         copy::cast_f32_to_bf16(addr(0), addr(1), 3),
         copy::cast_bf16_to_f32(addr(0), addr(1), 3),
@@ -105,10 +109,18 @@ fn every_launch() -> Vec<Launch> {
         norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
         norm::rmsnorm_backward_weight_f32(addr(0), addr(1), addr(2), addr(3), 3, 8).unwrap(),
         optim::adamw_f32([addr(0), addr(1), addr(2), addr(3), addr(4)], 9, hyper),
+        optim::adamw_f32([addr(0), addr(1), addr(2), addr(3), addr(4)], 12, hyper),
         rope::rope_f32(addr(0), addr(1), addr(2), Some(addr(3)), rope_dims, 1e4),
         rope::rope_f32(addr(0), addr(1), addr(2), None, rope_dims, 1e4),
         rope::rope_backward_f32(addr(0), addr(1), addr(2), rope_dims, 1e4),
     ];
+    // The GEMM pipelines' kernels (their GEMMs are checked by the lowering tests).
+    let pipelines = [
+        attention::attention_f32(forward, dims, 0.5).unwrap(),
+        attention::attention_backward_f32(backward, dims, 0.5).unwrap(),
+    ];
+    let kernels = pipelines.into_iter().flatten();
+    launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
     for bytes in [2, 4, 8] {
         launches.push(copy::strided_copy(addr(0), addr(1), &[2, 3], &[1, 2], bytes).unwrap());
     }
@@ -193,4 +205,28 @@ fn gemv_rejects_what_it_cannot_vectorize() {
     gemv.k = 12;
     assert!(!gemv.fits(), "k not a whole number of 8 bf16");
     assert!(gemv::gemv(gemv).is_err());
+}
+
+#[test]
+fn adamw_moves_four_floats_only_when_aligned_and_whole() {
+    let hyper = AdamWHyper {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let launch = |grad: Addr, n: u64| match optim::adamw_f32(
+        [addr(0), addr(1), addr(2), grad, unaligned(4)],
+        n,
+        hyper,
+    ) {
+        Launch::Kernel(kernel) => (kernel.function, kernel.grid.0),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(launch(addr(3), 12), ("adamw_f32_vec4", 1));
+    assert_eq!(launch(addr(3), 10), ("adamw_f32", 1));
+    assert_eq!(launch(unaligned(3), 12), ("adamw_f32", 1));
+    // The grid is capped: each thread loops over many elements.
+    assert_eq!(launch(addr(3), 1 << 30).1, 8 * 132);
 }

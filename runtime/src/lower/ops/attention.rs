@@ -1,7 +1,7 @@
 //! Attention (forward with probs, over a KV cache, backward) and the KV cache write.
 
 use kiln_ir::Op;
-use kiln_kernels::gpu::attention::{self, AttentionBackward, AttentionDims};
+use kiln_kernels::gpu::attention::{self, AttentionBackward, AttentionDims, AttentionForward};
 use kiln_kernels::gpu::cache;
 use kiln_kernels::gpu::Launch;
 
@@ -44,18 +44,15 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let out = at.result(0, "out", F32)?;
             let probs = at.result(1, "probs", F32)?;
             let dims = attention_dims(at, q.dims(), k.dims())?;
-            if dims.q_len == 0 {
-                return Ok(vec![]);
-            }
+            let addresses = AttentionForward {
+                q: q.addr(),
+                k: k.addr(),
+                v: v.addr(),
+                out: out.addr(),
+                probs: probs.addr(),
+            };
             let scale = Lowering::f32_attribute(*scale);
-            let inputs = [q.addr(), k.addr(), v.addr()];
-            Ok(vec![attention::attention_f32(
-                out.addr(),
-                probs.addr(),
-                inputs,
-                dims,
-                scale,
-            )?])
+            Ok(attention::attention_f32(addresses, dims, scale)?)
         }
         Op::CachedAttention { scale } => {
             let q = at.operand(0, "q", F32)?;
@@ -90,9 +87,8 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let grad_k = at.result(1, "grad_k", F32)?;
             let grad_v = at.result(2, "grad_v", F32)?;
             let dims = attention_dims(at, q.dims(), k.dims())?;
-            // dS [B,Hq,T,S] in the workspace.
-            let ds_bytes = dims.batch * dims.q_heads * dims.q_len * dims.kv_len * 4;
-            let ds = at.workspace(ds_bytes, grad_q.addr())?;
+            // dS, the masked probs and grad_out transposed (see the builder).
+            let workspace = at.workspace(dims.backward_workspace_bytes(), grad_q.addr())?;
             let addresses = AttentionBackward {
                 q: q.addr(),
                 k: k.addr(),
@@ -102,19 +98,10 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 grad_q: grad_q.addr(),
                 grad_k: grad_k.addr(),
                 grad_v: grad_v.addr(),
-                ds,
+                workspace,
             };
             let scale = Lowering::f32_attribute(*scale);
-            let mut launches = Vec::new();
-            if dims.q_len > 0 {
-                launches.push(attention::attention_backward_dq_f32(
-                    addresses, dims, scale,
-                )?);
-            }
-            if dims.kv_len > 0 && grad_k.numel() > 0 {
-                launches.push(attention::attention_backward_dkv_f32(addresses, dims)?);
-            }
-            Ok(launches)
+            Ok(attention::attention_backward_f32(addresses, dims, scale)?)
         }
         Op::KvCacheWrite => {
             let cache = at.operand(0, "cache", F32)?;

@@ -276,6 +276,51 @@ fn every_op_lowers_inside_its_buffers() {
 }
 
 #[test]
+fn attention_gemms_lie_inside_their_buffers_for_every_head_layout() {
+    // [B, Hq, Hkv, T, S, D]: MHA, GQA, MQA, a cached prefix, one row, no query, no head dim.
+    let shapes = [
+        [2, 3, 3, 4, 4, 8],
+        [2, 12, 2, 9, 9, 16],
+        [3, 4, 1, 2, 7, 4],
+        [1, 1, 1, 1, 1, 1],
+        [2, 4, 2, 0, 3, 5],
+        [1, 2, 1, 3, 4, 0],
+    ];
+    for [b, hq, hkv, t, s, d] in shapes {
+        let q = ty(F32, &[b, hq, t, d]);
+        let kv = ty(F32, &[b, hkv, s, d]);
+        let forward = lower_checked(
+            &Op::Attention { scale: 0.1 },
+            &[q.clone(), kv.clone(), kv.clone()],
+        );
+        let gemms = forward
+            .iter()
+            .filter(|l| matches!(l, Launch::Gemm(_)))
+            .count();
+        // Scores in one GEMM, then one per (batch, kv head) for out.
+        let want = if t == 0 || d == 0 { 0 } else { 1 + b * hkv };
+        assert_eq!(gemms, want, "forward {b} {hq} {hkv} {t} {s} {d}");
+        let backward = [
+            q.clone(),
+            kv.clone(),
+            kv.clone(),
+            ty(F32, &[b, hq, t, s]),
+            ty(F32, &[b, t, hq, d]),
+        ];
+        let launches = lower_checked(&Op::AttentionBackward { scale: 0.1 }, &backward);
+        let gemms = launches
+            .iter()
+            .filter(|l| matches!(l, Launch::Gemm(_)))
+            .count();
+        assert_eq!(
+            gemms,
+            if t == 0 || d == 0 { 0 } else { 4 },
+            "backward {b} {hq} {hkv} {t} {s} {d}"
+        );
+    }
+}
+
+#[test]
 fn in_place_results_skip_their_copies() {
     let cache = ty(F32, &[2, 2, 8, 4]);
     let operands = [cache.clone(), ty(F32, &[2, 2, 1, 4]), ty(I64, &[2])];

@@ -96,8 +96,13 @@ fn attention_and_its_backward_match_the_interpreter() {
             workspace(256, backward[0]),
         ],
     );
-    // dS for every query row over the keys, [B,Hq,T,S] f32 (the GPU's backward needs it all).
-    assert_eq!(plan.buffers[9].size, 4 * (b * hq * t * s) as u64);
+    // The GPU's GEMM backward: dS and the masked probs, [B,Hq,T,S] f32 each rounded up to 256
+    // bytes, then grad_out transposed, [B,Hq,T,D] f32.
+    let probs_bytes = (4 * b * hq * t * s).next_multiple_of(256);
+    assert_eq!(
+        plan.buffers[9].size,
+        (2 * probs_bytes + 4 * b * hq * t * d) as u64
+    );
     assert_matches_interpret(&graph, &plan, &values);
 }
 

@@ -244,14 +244,16 @@ fn missing_workspaces_colliding_writes_and_missing_inputs_are_refused() {
 
     let plan = plan_with(vec![output(&[grads[1]]), output(&[grads[2]])]);
     let err = refused(&graph, &plan, &values);
-    // dS [1,2,3,3] f32.
-    let want = "step 0 (node %5 attention_backward{scale=0.5}): needs 72 bytes of workspace, \
+    // dS and the masked probs [1,2,3,3] f32 (72 bytes, each rounded up to 256), grad_out
+    // transposed [1,2,3,4] f32.
+    let want = "step 0 (node %5 attention_backward{scale=0.5}): needs 608 bytes of workspace, \
                 and the plan gives 0";
     assert!(err.contains(want), "{err}");
 
+    // Past the workspace's 608 bytes.
     let plan = plan_with(vec![
-        arena(256, &[grads[1]]),
-        arena(256, &[grads[2]]),
+        arena(1024, &[grads[1]]),
+        arena(1024, &[grads[2]]),
         workspace(0, grads[0]),
     ]);
     let err = refused(&graph, &plan, &values);
@@ -264,7 +266,7 @@ fn missing_workspaces_colliding_writes_and_missing_inputs_are_refused() {
         workspace(0, grads[0]),
     ]);
     let err = refused(&graph, &plan, &values);
-    let want = "writes buffer 8 (`buffer 8`) and buffer 6 (`buffer 6`), whose bytes overlap";
+    let want = "writes buffer 6 (`buffer 6`) and buffer 8 (`buffer 8`), whose bytes overlap";
     assert!(err.contains(want), "{err}");
 
     // With the workspace moved clear of both, the same plan runs.
