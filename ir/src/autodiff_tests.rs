@@ -385,16 +385,18 @@ fn bf16_matmul_casts_the_gradient_down_and_back() {
     const MM_TT: &str = "matmul{transpose_a=true, transpose_b=true}";
     let expected = [
         ("broadcast_to{shape=[2,4]}", vec![seed]),
+        // The bf16 copy of the param is made again, not kept alive from the forward.
+        ("cast{to=bf16}", vec![a]),
         ("cast{to=bf16}", vec![at(0)]),
         // a transposed: op(b)·Gᵀ; b transposed: Gᵀ·op(a).
-        (MM_TT, vec![b, at(1)]),
-        (MM_TT, vec![at(1), a16]),
-        ("cast{to=bf16}", vec![at(2)]),
+        (MM_TT, vec![b, at(2)]),
+        (MM_TT, vec![at(2), at(1)]),
         ("cast{to=bf16}", vec![at(3)]),
-        ("cast{to=f32}", vec![at(4)]),
+        ("cast{to=bf16}", vec![at(4)]),
+        ("cast{to=f32}", vec![at(5)]),
     ];
     assert_eq!(appended(&g, first), owned(&expected));
-    assert_eq!(grads, [Some(at(6)), Some(at(5))]);
+    assert_eq!(grads, [Some(at(7)), Some(at(6))]);
     assert_typed(&g, &[a, b], &grads);
 }
 

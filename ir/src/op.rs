@@ -21,6 +21,10 @@ pub struct AdamWConfig {
     pub weight_decay: f64,
 }
 
+/// Cache rows per chunk when attention over a KV cache is split over keys (the GPU's decode
+/// form: one partial result per chunk, combined in chunk order).
+pub const DECODE_KEY_CHUNK: usize = 64;
+
 /// An operation. Operands and results are listed per variant as `(operands) -> results`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -244,11 +248,15 @@ impl Op {
                 .copied()
                 .unwrap_or(0)
                 .saturating_mul(size(0)),
-            // The probabilities [B,Hq,T,Smax].
+            // The probabilities [B,Hq,T,Smax] (CPU), or the per-chunk partial results
+            // [B,Hq,T,chunks,D+2] of the split-key form (GPU), whichever is larger.
             Op::CachedAttention { .. } => match (dims(0), dims(1)) {
-                (&[b, hq, t, _], &[_, _, smax, _]) => [b, hq, t, smax, size(0)]
-                    .into_iter()
-                    .fold(1usize, usize::saturating_mul),
+                (&[b, hq, t, d], &[_, _, smax, _]) => {
+                    let chunks = smax.div_ceil(DECODE_KEY_CHUNK).max(1);
+                    let rows = [b, hq, t, size(0)].into_iter();
+                    let rows = rows.fold(1usize, usize::saturating_mul);
+                    rows.saturating_mul(smax.max(chunks.saturating_mul(d.saturating_add(2))))
+                }
                 _ => 0,
             },
             _ => 0,

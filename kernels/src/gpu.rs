@@ -18,6 +18,7 @@ pub mod activation;
 pub mod attention;
 pub mod cache;
 pub mod copy;
+pub mod decode;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemv;
@@ -46,10 +47,10 @@ macro_rules! module {
 /// Every kernel source: (module name, CUDA C text). A module's kernels are `extern "C"`.
 pub const SOURCES: &[(&str, &str)] = &[
     ("activation", module!("activation.cu")),
-    ("attention", module!("attention.cu")),
     ("attention_rows", module!("attention_rows.cu")),
     ("cache", module!("cache.cu")),
     ("copy", module!("copy.cu")),
+    ("decode", module!("decode.cu")),
     ("elementwise", module!("elementwise.cu")),
     ("embedding", module!("embedding.cu")),
     ("gemv", module!("gemv.cu")),

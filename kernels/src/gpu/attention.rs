@@ -1,6 +1,6 @@
 //! Causal GQA attention on the device: the forward (probs saved) and its backward as
-//! cuBLASLt GEMMs around the row kernels of `attention_rows.cu`, and the forward over a KV
-//! cache (`attention.cu`, one block per query row, grid `(T, Hq, B)`).
+//! cuBLASLt GEMMs around the row kernels of `attention_rows.cu`. (Attention over a KV cache is
+//! `decode.rs`.)
 //!
 //! GQA as GEMMs: the `g = Hq/Hkv` query heads of kv head `j` are contiguous in `q`, `probs`
 //! and `grad_q` (`[B,Hq,T,·]`), so for each pair `i = b·Hkv + j` they form one `[g·T, ·]`
@@ -10,11 +10,10 @@
 
 use super::copy::strided_copy;
 use super::embedding::zero_f32;
-use super::launch::{grid_dim, size_arg, MAX_GRID_X, MAX_GRID_YZ};
+use super::launch::{grid_dim, size_arg, MAX_GRID_X};
 use super::{Addr, Arg, Gemm, GemmDType, Kernel, Launch, BLOCK_THREADS, SLOT_ALIGN};
 use crate::{Error, Result};
 
-const MODULE: &str = "attention";
 const ROWS_MODULE: &str = "attention_rows";
 /// Query rows per block of the row kernels (one warp each; `KILN_ROWS_PER_BLOCK`).
 const ROWS_PER_BLOCK: u64 = 8;
@@ -33,31 +32,6 @@ pub struct AttentionDims {
 }
 
 impl AttentionDims {
-    /// `q_heads, kv_heads, q_len, kv_len, head_dim`, as every kernel takes them.
-    fn args(&self) -> [Arg; 5] {
-        [
-            size_arg(self.q_heads),
-            size_arg(self.kv_heads),
-            size_arg(self.q_len),
-            size_arg(self.kv_len),
-            size_arg(self.head_dim),
-        ]
-    }
-
-    /// One block per query row.
-    fn query_grid(&self, function: &'static str) -> Result<(u32, u32, u32)> {
-        Ok((
-            grid_dim(function, "T", self.q_len, MAX_GRID_X)?,
-            grid_dim(function, "Hq", self.q_heads, MAX_GRID_YZ)?,
-            grid_dim(function, "B", self.batch, MAX_GRID_YZ)?,
-        ))
-    }
-
-    /// Dynamic shared memory of the row kernels: a row of D plus one float per thread.
-    fn row_shared_bytes(&self) -> u32 {
-        ((self.head_dim + u64::from(BLOCK_THREADS)) * 4) as u32
-    }
-
     /// Query heads per kv head.
     fn group(&self) -> u64 {
         self.q_heads / self.kv_heads
@@ -228,38 +202,6 @@ pub fn attention_f32(at: AttentionForward, dims: AttentionDims, scale: f32) -> R
         }
     }
     Ok(launches)
-}
-
-/// `out [B,T,Hq,D]` over the caches `[B,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
-/// (i64); `probs` is scratch `[B,Hq,T,Smax]` f32.
-pub fn cached_attention_f32(
-    out: Addr,
-    probs: Addr,
-    [q, k_cache, v_cache, positions]: [Addr; 4],
-    dims: AttentionDims,
-    scale: f32,
-) -> Result<Launch> {
-    const FUNCTION: &str = "cached_attention_f32";
-    let mut args = vec![
-        Arg::Ptr(out),
-        Arg::Ptr(probs),
-        Arg::Ptr(q),
-        Arg::Ptr(k_cache),
-        Arg::Ptr(v_cache),
-        Arg::Ptr(positions),
-    ];
-    args.extend(dims.args());
-    args.push(Arg::F32(scale));
-    let grid = dims.query_grid(FUNCTION)?;
-    let block = (BLOCK_THREADS, 1, 1);
-    Ok(Kernel::launch(
-        MODULE,
-        FUNCTION,
-        grid,
-        block,
-        dims.row_shared_bytes(),
-        args,
-    ))
 }
 
 /// The backward's operands, results and workspace (f32): `q [B,Hq,T,D]`, `k`, `v [B,Hkv,S,D]`,

@@ -89,7 +89,6 @@ fn every_launch() -> Vec<Launch> {
     let mut launches = vec![
         activation::softmax_f32(addr(0), addr(1), 2, 3).unwrap(),
         activation::softmax_backward_f32(addr(0), addr(1), addr(2), 2, 3).unwrap(),
-        attention::cached_attention_f32(addr(0), addr(1), [addr(2); 4], dims, 0.5).unwrap(),
         cache::kv_cache_write_f32(addr(0), addr(1), addr(2), [1, 2, 8, 1, 4]),
         copy::cast_f32_to_bf16(addr(0), addr(1), 3),
         copy::cast_bf16_to_f32(addr(0), addr(1), 3),
@@ -114,8 +113,9 @@ fn every_launch() -> Vec<Launch> {
         rope::rope_f32(addr(0), addr(1), addr(2), None, rope_dims, 1e4),
         rope::rope_backward_f32(addr(0), addr(1), addr(2), rope_dims, 1e4),
     ];
-    // The GEMM pipelines' kernels (their GEMMs are checked by the lowering tests).
+    // The kernels of the multi-launch builders (their GEMMs are checked by the lowering tests).
     let pipelines = [
+        decode::cached_attention_f32(addr(0), addr(1), [addr(2); 4], dims, 0.5).unwrap(),
         attention::attention_f32(forward, dims, 0.5).unwrap(),
         attention::attention_backward_f32(backward, dims, 0.5).unwrap(),
     ];

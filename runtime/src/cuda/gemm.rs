@@ -113,6 +113,13 @@ fn layout(
     Ok(layout)
 }
 
+/// The largest power of two (at most 256) dividing `pointer`, `ld_bytes` and `stride_bytes`
+/// (0 for none).
+fn alignment(pointer: u64, ld_bytes: u64, stride_bytes: u64) -> u32 {
+    let bits = pointer | ld_bytes | stride_bytes | 256;
+    1 << bits.trailing_zeros()
+}
+
 /// Prepares `gemm` with resolved pointers `a`, `b`, `c`, for a workspace of
 /// `workspace_bytes`.
 pub(crate) fn prepare(
@@ -184,7 +191,24 @@ pub(crate) fn prepare(
     ];
     let pref = lt::create_matmul_pref().map_err(|e| error("preference", e))?;
     let ws = workspace_bytes as u64;
-    // SAFETY: documented attribute type (u64); the preference is destroyed below.
+    // The alignment every batch's pointer keeps (cuBLASLt assumes 256 bytes unless told):
+    // operands at offsets inside a buffer (one head of a group, say) may have less.
+    let size = gemm.dtype.size_bytes();
+    let batched = |stride: u64, elem: u64| if gemm.batch > 1 { stride * elem } else { 0 };
+    let alignments: [u32; 4] = [
+        alignment(b, gemm.ldb * size, batched(gemm.stride_b, size)),
+        alignment(a, gemm.lda * size, batched(gemm.stride_a, size)),
+        alignment(c, gemm.ldc * 4, batched(gemm.stride_c, 4)),
+        alignment(c, gemm.ldc * 4, batched(gemm.stride_c, 4)),
+    ];
+    use sys::cublasLtMatmulPreferenceAttributes_t as P;
+    let alignment_attributes = [
+        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+    ];
+    // SAFETY: documented attribute types (u64, u32); the preference is destroyed below.
     let heuristic = unsafe {
         lt::set_matmul_pref_attribute(
             pref,
@@ -193,6 +217,15 @@ pub(crate) fn prepare(
             8,
         )
         .map_err(|e| error("workspace preference", e))?;
+        for (attribute, bytes) in alignment_attributes.into_iter().zip(alignments) {
+            lt::set_matmul_pref_attribute(
+                pref,
+                attribute,
+                &bytes as *const u32 as *const c_void,
+                4,
+            )
+            .map_err(|e| error("alignment preference", e))?;
+        }
         let found = lt::get_matmul_algo_heuristic(
             handle.handle,
             desc,

@@ -2,8 +2,8 @@
 
 use kiln_ir::Op;
 use kiln_kernels::gpu::attention::{self, AttentionBackward, AttentionDims, AttentionForward};
-use kiln_kernels::gpu::cache;
 use kiln_kernels::gpu::Launch;
+use kiln_kernels::gpu::{cache, decode};
 
 use super::{byte_len, copy_unless_same, size, Lowering, F32, I64};
 use crate::error::Result;
@@ -64,18 +64,17 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             if dims.q_len == 0 {
                 return Ok(vec![]);
             }
-            // The probabilities [B,Hq,T,Smax] live in the workspace.
-            let probs_bytes = dims.batch * dims.q_heads * dims.q_len * dims.kv_len * 4;
-            let probs = at.workspace(probs_bytes, out.addr())?;
+            // The partial result of every chunk of cache rows lives in the workspace.
+            let partials = at.workspace(decode::partials_bytes(&dims), out.addr())?;
             let scale = Lowering::f32_attribute(*scale);
             let inputs = [q.addr(), k_cache.addr(), v_cache.addr(), positions.addr()];
-            Ok(vec![attention::cached_attention_f32(
+            Ok(decode::cached_attention_f32(
                 out.addr(),
-                probs,
+                partials,
                 inputs,
                 dims,
                 scale,
-            )?])
+            )?)
         }
         Op::AttentionBackward { scale } => {
             let q = at.operand(0, "q", F32)?;

@@ -1,0 +1,85 @@
+//! Builders of `decode.cu`: attention over a KV cache split over keys (one block per chunk of
+//! [`KEY_CHUNK`] cache rows of one query row, then one combine block per query row).
+
+use super::attention::AttentionDims;
+use super::launch::{grid_dim, size_arg, MAX_GRID_X, MAX_GRID_YZ};
+use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use crate::Result;
+
+const MODULE: &str = "decode";
+
+/// Cache rows per block of the split kernel (the IR sizes the workspace with it).
+pub const KEY_CHUNK: u64 = kiln_ir::DECODE_KEY_CHUNK as u64;
+
+/// Chunks of a cache of `capacity` rows.
+pub fn splits(capacity: u64) -> u64 {
+    capacity.div_ceil(KEY_CHUNK).max(1)
+}
+
+/// Bytes of the partial results, `[B,Hq,T,splits,D+2]` f32.
+pub fn partials_bytes(dims: &AttentionDims) -> u64 {
+    dims.batch * dims.q_heads * dims.q_len * splits(dims.kv_len) * (dims.head_dim + 2) * 4
+}
+
+/// `out [B,T,Hq,D]` over the caches `[B,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
+/// (i64), with `partials` scratch of [`partials_bytes`]: the split launch, then the combine.
+pub fn cached_attention_f32(
+    out: Addr,
+    partials: Addr,
+    [q, k_cache, v_cache, positions]: [Addr; 4],
+    dims: AttentionDims,
+    scale: f32,
+) -> Result<Vec<Launch>> {
+    const SPLIT: &str = "cached_attention_split_f32";
+    const COMBINE: &str = "cached_attention_combine_f32";
+    if dims.head_dim > u64::from(BLOCK_THREADS) {
+        return Err(crate::Error::Argument {
+            op: SPLIT,
+            argument: "head_dim",
+            reason: format!("{} > {BLOCK_THREADS} threads per block", dims.head_dim),
+        });
+    }
+    let splits = splits(dims.kv_len);
+    let rows = grid_dim(SPLIT, "B·T", dims.batch * dims.q_len, MAX_GRID_YZ)?;
+    let heads = grid_dim(SPLIT, "Hq", dims.q_heads, MAX_GRID_YZ)?;
+    let split_args = vec![
+        Arg::Ptr(partials),
+        Arg::Ptr(q),
+        Arg::Ptr(k_cache),
+        Arg::Ptr(v_cache),
+        Arg::Ptr(positions),
+        size_arg(dims.q_heads),
+        size_arg(dims.kv_heads),
+        size_arg(dims.q_len),
+        size_arg(dims.kv_len),
+        size_arg(dims.head_dim),
+        size_arg(KEY_CHUNK),
+        Arg::F32(scale),
+    ];
+    let shared = ((dims.head_dim + KEY_CHUNK + u64::from(BLOCK_THREADS)) * 4) as u32;
+    let split = Kernel::launch(
+        MODULE,
+        SPLIT,
+        (grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?, heads, rows),
+        (BLOCK_THREADS, 1, 1),
+        shared,
+        split_args,
+    );
+    let combine_args = vec![
+        Arg::Ptr(out),
+        Arg::Ptr(partials),
+        size_arg(dims.q_heads),
+        size_arg(dims.q_len),
+        size_arg(dims.head_dim),
+        size_arg(splits),
+    ];
+    let combine = Kernel::launch(
+        MODULE,
+        COMBINE,
+        (1, heads, rows),
+        (dims.head_dim.next_multiple_of(32).min(256) as u32, 1, 1),
+        0,
+        combine_args,
+    );
+    Ok(vec![split, combine])
+}
