@@ -78,9 +78,14 @@ enum Command {
         #[arg(long)]
         grads: bool,
         /// oracle: the eager engine with tape autograd; interpret: the traced eval program on
-        /// the reference interpreter, gradients from IR autodiff.
+        /// the reference interpreter, gradients from IR autodiff; planned: the eval program
+        /// planned into one arena and run on --device; graph: the same, captured once and
+        /// replayed.
         #[arg(long, value_enum, default_value_t = Mode::Oracle)]
         mode: Mode,
+        /// Where planned and graph modes run.
+        #[arg(long, value_enum, default_value_t = EvalDeviceArg::Cpu)]
+        device: EvalDeviceArg,
         /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
         #[arg(long, value_enum, default_value_t = Numerics::F32)]
         precision: Numerics,
@@ -246,6 +251,14 @@ enum Format {
 enum Mode {
     Oracle,
     Interpret,
+    Planned,
+    Graph,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EvalDeviceArg {
+    Cpu,
+    Cuda,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -292,13 +305,25 @@ fn main() -> Result<()> {
             out,
             grads,
             mode,
+            device,
             precision,
         } => {
             let mode = match mode {
                 Mode::Oracle => commands::EvalMode::Oracle,
                 Mode::Interpret => commands::EvalMode::Interpret,
+                Mode::Planned => commands::EvalMode::Planned,
+                Mode::Graph => commands::EvalMode::Graph,
             };
-            commands::eval(&model, seed, &tokens, &out, grads, mode, precision.into())?
+            let device = match device {
+                EvalDeviceArg::Cpu => commands::EvalDevice::Cpu,
+                EvalDeviceArg::Cuda => commands::EvalDevice::Cuda,
+            };
+            let engine = commands::EvalEngine {
+                mode,
+                device,
+                precision: precision.into(),
+            };
+            commands::eval(&model, seed, &tokens, &out, grads, engine)?
         }
         Command::Compile { program, print_ir } => {
             let (kind, options) = program.program()?;
@@ -356,8 +381,8 @@ fn main() -> Result<()> {
                 },
                 context,
                 mode: match mode {
-                    BenchMode::Eager => kiln_runtime::cuda::RunMode::Eager,
-                    BenchMode::Graph => kiln_runtime::cuda::RunMode::Graph,
+                    BenchMode::Eager => kiln_runtime::RunMode::Eager,
+                    BenchMode::Graph => kiln_runtime::RunMode::Graph,
                 },
                 streams,
                 warmup,

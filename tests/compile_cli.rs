@@ -90,13 +90,15 @@ fn compile_refuses_bad_arguments() {
 }
 
 #[test]
-fn eval_interpret_mode_writes_the_oracles_bits() {
+fn eval_interpret_planned_and_graph_modes_write_the_oracles_bits() {
     let scratch = tempfile::tempdir().unwrap();
     let tokens = scratch.path().join("tokens.safetensors");
     let ids = Tensor::from_vec(vec![3i64, 14, 15, 92, 65, 35, 89, 79], [2, 4]).unwrap();
     write_safetensors(&tokens, &[("tokens".to_string(), ids)], None).unwrap();
     let mut files = Vec::new();
-    for mode in ["oracle", "interpret"] {
+    // On the CPU the planned executor and its replayed recording run the interpreter's kernels
+    // in the interpreter's order: the same bits.
+    for mode in ["oracle", "interpret", "planned", "graph"] {
         let out = scratch.path().join(format!("{mode}.safetensors"));
         let args = [
             "eval",
@@ -113,23 +115,80 @@ fn eval_interpret_mode_writes_the_oracles_bits() {
         stdout_of(kiln(&args));
         files.push(SafetensorsFile::open(&out).unwrap());
     }
-    assert_eq!(files[0].names(), files[1].names());
     assert!(files[0].names().len() > 20);
-    for name in files[0].names() {
-        let a = files[0]
-            .tensor(&name, DType::F32)
+    let read = |file: &SafetensorsFile, name: &str| {
+        file.tensor(name, DType::F32)
             .unwrap()
             .to_vec::<f32>()
-            .unwrap();
-        let b = files[1]
-            .tensor(&name, DType::F32)
             .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
-        assert!(
-            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{name}"
-        );
+    };
+    for (index, file) in files.iter().enumerate().skip(1) {
+        assert_eq!(files[0].names(), file.names());
+        for name in files[0].names() {
+            let (a, b) = (read(&files[0], &name), read(file, &name));
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "mode {index}: {name}"
+            );
+        }
+    }
+}
+
+/// `--device cuda`: where no CUDA device can be used, a clear error; where one can (the GPU
+/// machine), the replayed program within 1e-5 of the oracle.
+#[test]
+fn eval_on_cuda_runs_or_says_why_not() {
+    let scratch = tempfile::tempdir().unwrap();
+    let tokens = scratch.path().join("tokens.safetensors");
+    let ids = Tensor::from_vec(vec![3i64, 14, 15, 92, 65, 35, 89, 79], [2, 4]).unwrap();
+    write_safetensors(&tokens, &[("tokens".to_string(), ids)], None).unwrap();
+    let run = |mode: &str, device: &str| {
+        let out = scratch.path().join(format!("{mode}-{device}.safetensors"));
+        let args = [
+            "eval",
+            "--model",
+            "tiny",
+            "--tokens",
+            tokens.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--grads",
+            "--mode",
+            mode,
+            "--device",
+            device,
+        ];
+        (kiln(&args), out)
+    };
+    let (refused, _) = run("interpret", "cuda");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("use --mode planned or --mode graph"));
+    let (out, path) = run("graph", "cuda");
+    match kiln_runtime::cuda::unavailable() {
+        Some(reason) => {
+            println!("SKIPPED the GPU half: no CUDA device: {reason}");
+            assert!(!out.status.success());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("--device cuda") && stderr.contains(&reason),
+                "{stderr}"
+            );
+        }
+        None => {
+            stdout_of(out);
+            let (oracle, oracle_path) = run("oracle", "cpu");
+            stdout_of(oracle);
+            let (gpu, cpu) = (
+                SafetensorsFile::open(&path).unwrap(),
+                SafetensorsFile::open(&oracle_path).unwrap(),
+            );
+            for name in cpu.names() {
+                let want = cpu.tensor(&name, DType::F32).unwrap().to_f64_vec().unwrap();
+                let got = gpu.tensor(&name, DType::F32).unwrap().to_f64_vec().unwrap();
+                let error = kiln_kernels::testing::rel_l2(&got, &want);
+                assert!(error <= 1e-5, "{name}: relative error {error:e}");
+            }
+        }
     }
 }
 

@@ -21,7 +21,8 @@ use kiln_frontend::Var;
 use kiln_ir::{AdamWConfig, DType, Graph, InputKind, Op, TensorType};
 use kiln_kernels::testing;
 use kiln_planner::{plan, PlanOptions};
-use kiln_runtime::cuda::{CudaDevice, CudaExecutable, RunMode};
+use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
+use kiln_runtime::RunMode;
 use kiln_runtime::{interpret, Tensor};
 use rand::rngs::StdRng;
 

@@ -132,6 +132,15 @@ pub enum Error {
     /// A tensor or kernel error (boxed: they carry shapes and strides).
     #[error(transparent)]
     Runtime(Box<kiln_runtime::Error>),
+    /// The planner refused a program.
+    #[error(transparent)]
+    Plan(Box<kiln_planner::Error>),
+}
+
+impl From<kiln_planner::Error> for Error {
+    fn from(error: kiln_planner::Error) -> Self {
+        Error::Plan(Box::new(error))
+    }
 }
 
 impl From<kiln_runtime::Error> for Error {

@@ -154,6 +154,36 @@ pub fn evaluate_interpreted(
     with_grads: bool,
     precision: Precision,
 ) -> Result<Evaluation> {
+    evaluate_program(
+        config,
+        weights,
+        tokens,
+        with_grads,
+        precision,
+        Engine::Interpret,
+    )
+}
+
+/// What runs the traced eval program.
+pub enum Engine<'b> {
+    /// The reference interpreter (one allocation per value).
+    Interpret,
+    /// The program planned (one stream) and bound to `backend`, run once in `mode`.
+    Planned {
+        backend: &'b kiln_runtime::Backend,
+        mode: kiln_runtime::RunMode,
+    },
+}
+
+/// As [`evaluate_interpreted`], with the eval program run by `engine`.
+pub fn evaluate_program(
+    config: &ModelConfig,
+    weights: &ModelWeights<Var>,
+    tokens: &Tensor,
+    with_grads: bool,
+    precision: Precision,
+    engine: Engine<'_>,
+) -> Result<Evaluation> {
     let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
     let (batch, seq) = inputs.batch_and_seq();
     let options = ProgramOptions {
@@ -175,7 +205,21 @@ pub fn evaluate_interpreted(
     if with_grads {
         values.insert("loss_seed".into(), Tensor::scalar(1.0, DType::F32));
     }
-    let mut outputs = kiln_runtime::interpret(&graph, &mut values)?;
+    let mut outputs = match engine {
+        Engine::Interpret => kiln_runtime::interpret(&graph, &mut values)?,
+        Engine::Planned { backend, mode } => {
+            let plan = kiln_planner::plan(&graph, &kiln_planner::PlanOptions::default())?;
+            let mut exe = backend.compile(&graph, &plan)?;
+            for (name, tensor) in &values {
+                exe.set(name, tensor)?;
+            }
+            exe.run(mode)?;
+            let names = graph.outputs().iter().map(|(name, _)| name);
+            names
+                .map(|name| Ok((name.clone(), exe.get(name)?)))
+                .collect::<Result<BTreeMap<_, _>>>()?
+        }
+    };
     let mut take = |name: &str| {
         outputs.remove(name).ok_or_else(|| Error::Operand {
             op: "eval",

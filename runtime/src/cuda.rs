@@ -17,7 +17,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 
 use crate::error::{Error, Result};
 
-pub use executable::{CudaExecutable, RunMode};
+pub use executable::CudaExecutable;
 
 /// Bytes of the cuBLASLt workspace every GEMM may use.
 const GEMM_WORKSPACE_BYTES: usize = 32 << 20;

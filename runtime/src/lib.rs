@@ -11,9 +11,13 @@
 //! [`execute`] runs a planned program with every activation and workspace in ONE host arena at
 //! the plan's offsets (optionally poisoning dead bytes) and matches [`interpret`] bit for bit.
 //!
-//! Only the CPU device exists today. The backend abstraction (CUDA, HIP), the device arena,
-//! streams, events and graph capture/replay will live here too.
+//! A [`Backend`] binds a planned program to memory allocated once and runs it eagerly or as a
+//! replayed recording, behind the [`Executable`] trait: [`CpuExecutable`] (the reference
+//! kernels over one host arena; its recording is a list of launches with bound addresses) and
+//! [`cuda::CudaExecutable`] (one device arena, streams and events from the plan, CUDA graphs).
+//! [`lower_for_device`] lowers a plan to device launches without a device (what CI checks).
 
+mod backend;
 pub mod cuda;
 mod device;
 mod error;
@@ -26,6 +30,7 @@ mod storage;
 mod tensor;
 mod view_rules;
 
+pub use backend::{Backend, Executable, RunMode};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use interpret::interpret;

@@ -16,7 +16,8 @@ use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::model::ModelConfig;
 use kiln_frontend::programs::{build, example_inputs, ProgramKind, ProgramOptions};
 use kiln_planner::{plan, PlanOptions};
-use kiln_runtime::cuda::{CudaDevice, CudaExecutable, RunMode};
+use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
+use kiln_runtime::RunMode;
 use serde::Serialize;
 
 /// HBM copy bandwidth of the H200 measured on the device machine (bytes read + written per

@@ -3,11 +3,12 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use kiln_frontend::eval::{evaluate, evaluate_interpreted};
+use kiln_frontend::eval::{evaluate, evaluate_interpreted, evaluate_program, Engine};
 use kiln_frontend::hf::safetensors_io::{write_safetensors, SafetensorsFile};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::model::Precision;
 use kiln_ir::DType;
+use kiln_runtime::{Backend, RunMode};
 
 /// Which engine computes the evaluation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +17,25 @@ pub enum EvalMode {
     Oracle,
     /// The traced `eval` program on the reference interpreter (IR autodiff for gradients).
     Interpret,
+    /// The eval program planned and run eagerly on the device (every launch issued).
+    Planned,
+    /// The eval program planned, captured once and replayed on the device.
+    Graph,
+}
+
+/// Where `planned` and `graph` run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvalDevice {
+    Cpu,
+    Cuda,
+}
+
+/// How to run the evaluation.
+#[derive(Clone, Copy, Debug)]
+pub struct EvalEngine {
+    pub mode: EvalMode,
+    pub device: EvalDevice,
+    pub precision: Precision,
 }
 
 /// Evaluates `model` on the `tokens` tensor of `tokens_path` and writes `logits`, `loss` and,
@@ -26,9 +46,16 @@ pub fn eval(
     tokens_path: &Path,
     out: &Path,
     grads: bool,
-    mode: EvalMode,
-    precision: Precision,
+    engine: EvalEngine,
 ) -> Result<()> {
+    let EvalEngine {
+        mode,
+        device,
+        precision,
+    } = engine;
+    if device == EvalDevice::Cuda && matches!(mode, EvalMode::Oracle | EvalMode::Interpret) {
+        bail!("--device cuda runs the planned program: use --mode planned or --mode graph");
+    }
     if out.exists() {
         bail!(
             "{} already exists; kiln never overwrites files (choose another --out)",
@@ -48,9 +75,25 @@ pub fn eval(
     let (config, weights) = source
         .load(seed)
         .with_context(|| format!("loading model {model}"))?;
+    let backend = match device {
+        EvalDevice::Cpu => Backend::Cpu,
+        EvalDevice::Cuda => Backend::cuda().context("--device cuda")?,
+    };
+    let planned = |mode| Engine::Planned {
+        backend: &backend,
+        mode,
+    };
     let result = match mode {
         EvalMode::Oracle => evaluate(&config, &weights, &tokens, grads, precision)?,
         EvalMode::Interpret => evaluate_interpreted(&config, &weights, &tokens, grads, precision)?,
+        EvalMode::Planned => {
+            let engine = planned(RunMode::Eager);
+            evaluate_program(&config, &weights, &tokens, grads, precision, engine)?
+        }
+        EvalMode::Graph => {
+            let engine = planned(RunMode::Graph);
+            evaluate_program(&config, &weights, &tokens, grads, precision, engine)?
+        }
     };
     let mut tensors = vec![
         ("logits".to_string(), result.logits),

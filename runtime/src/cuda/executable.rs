@@ -25,21 +25,13 @@ use kiln_planner::Plan;
 
 use super::gemm::{self, PreparedGemm};
 use super::{error, CudaDevice, DeviceAlloc};
+use crate::backend::RunMode;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::interpret::bytes;
 use crate::lower::LowerOptions;
 use crate::program::{DeviceProgram, SlotKind};
 use crate::tensor::Tensor;
-
-/// How a program runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RunMode {
-    /// Every launch issued now.
-    Eager,
-    /// A captured CUDA graph replayed (captured on first use).
-    Graph,
-}
 
 enum Resolved {
     Kernel {

@@ -1,0 +1,103 @@
+//! The backends a planned program runs on, behind one contract: memory allocated once (the
+//! arena, parameter, state and I/O slots), inputs copied into their slots, each run either
+//! eager (every launch issued) or a replay of a recording made once (a CUDA graph on the GPU;
+//! a list of launches with bound addresses on the CPU), state carried between runs, results
+//! copied out. A HIP backend fits the same shape (device, stream, event, module, graph).
+
+use std::sync::Arc;
+
+use kiln_ir::Graph;
+use kiln_planner::Plan;
+
+use crate::cuda::{CudaDevice, CudaExecutable};
+use crate::error::Result;
+use crate::planned::CpuExecutable;
+use crate::tensor::Tensor;
+
+/// How a program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunMode {
+    /// Every launch issued now.
+    Eager,
+    /// A recording (captured on first use) replayed.
+    Graph,
+}
+
+/// A planned program bound to a backend's memory.
+pub trait Executable {
+    /// The backend and device, for reports.
+    fn describe(&self) -> String;
+    /// Copies `tensor` into the slot of graph input `name` (param, per-run input or state).
+    fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()>;
+    /// Runs the program once; the graph's writes update their input slots.
+    fn run(&mut self, mode: RunMode) -> Result<()>;
+    /// A fresh CPU tensor holding output `name`, or the current contents of input `name`.
+    fn get(&self, name: &str) -> Result<Tensor>;
+}
+
+/// Where programs run.
+#[derive(Clone)]
+pub enum Backend {
+    /// The CPU reference kernels over one host arena.
+    Cpu,
+    Cuda(Arc<CudaDevice>),
+}
+
+impl Backend {
+    /// The first CUDA device, or an error saying why none can be used.
+    pub fn cuda() -> Result<Self> {
+        Ok(Backend::Cuda(CudaDevice::open(0)?))
+    }
+
+    /// Binds `plan` of `graph` to this backend (allocating everything it needs).
+    pub fn compile(&self, graph: &Graph, plan: &Plan) -> Result<Box<dyn Executable>> {
+        Ok(match self {
+            Backend::Cpu => Box::new(CpuExecutable::new(graph, plan)?),
+            Backend::Cuda(device) => Box::new(CudaExecutable::new(device, graph, plan)?),
+        })
+    }
+}
+
+impl Executable for CpuExecutable {
+    fn describe(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
+        CpuExecutable::set(self, name, tensor)
+    }
+
+    fn run(&mut self, mode: RunMode) -> Result<()> {
+        match mode {
+            RunMode::Eager => CpuExecutable::run(self),
+            RunMode::Graph => {
+                if self.captured_launches().is_none() {
+                    self.capture()?;
+                }
+                self.replay()
+            }
+        }
+    }
+
+    fn get(&self, name: &str) -> Result<Tensor> {
+        CpuExecutable::get(self, name)
+    }
+}
+
+impl Executable for CudaExecutable {
+    fn describe(&self) -> String {
+        format!("cuda: {}", self.device().describe())
+    }
+
+    fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
+        CudaExecutable::set(self, name, tensor)
+    }
+
+    fn run(&mut self, mode: RunMode) -> Result<()> {
+        CudaExecutable::run(self, mode)
+    }
+
+    fn get(&self, name: &str) -> Result<Tensor> {
+        CudaExecutable::get(self, name)
+    }
+}
