@@ -315,6 +315,19 @@ fn every_op_matches_the_cpu_reference() {
             ),
         ]);
     }
+    // Odd element counts: the scalar cast kernels (the cases above take the vector ones).
+    cases.extend([
+        (
+            "cast to bf16 [3,5]".to_string(),
+            Op::Cast { to: DType::BF16 },
+            vec![f(&[3, 5])],
+        ),
+        (
+            "cast to f32 [3,5]".to_string(),
+            Op::Cast { to: DType::F32 },
+            vec![bf(&[3, 5])],
+        ),
+    ]);
     for &(b, t, hq, hkv, d) in &[
         (1, 1, 2, 1, 16),
         (2, 5, 4, 2, 32),

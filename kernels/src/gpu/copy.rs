@@ -1,6 +1,6 @@
 //! Builders of `copy.cu`: strided → row-major copies (rank ≤ 6) and f32 ↔ bf16 casts.
 
-use super::launch::{grid_stride_blocks, size_arg};
+use super::launch::{all_aligned, grid_stride_blocks, size_arg};
 use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
 use crate::{Error, Result};
 
@@ -63,28 +63,39 @@ pub fn strided_copy(
 
 /// `dst` (bf16) = `src` (f32) rounded to nearest even, `n > 0` elements.
 pub fn cast_f32_to_bf16(dst: Addr, src: Addr, n: u64) -> Launch {
-    let args = vec![Arg::Ptr(dst), Arg::Ptr(src), size_arg(n)];
-    let grid = (grid_stride_blocks(n), 1, 1);
-    Kernel::launch(
-        MODULE,
-        "cast_f32_to_bf16",
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
+    // Four elements per thread where the count and the addresses allow it.
+    let vector = n % 4 == 0 && all_aligned(&[dst], 8) && all_aligned(&[src], 16);
+    cast(
+        dst,
+        src,
+        n,
+        vector,
+        ("cast_f32_to_bf16", "cast_f32_to_bf16_vec4"),
     )
 }
 
 /// `dst` (f32) = `src` (bf16), exact, `n > 0` elements.
 pub fn cast_bf16_to_f32(dst: Addr, src: Addr, n: u64) -> Launch {
-    let args = vec![Arg::Ptr(dst), Arg::Ptr(src), size_arg(n)];
-    let grid = (grid_stride_blocks(n), 1, 1);
-    Kernel::launch(
-        MODULE,
-        "cast_bf16_to_f32",
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
+    let vector = n % 4 == 0 && all_aligned(&[dst], 16) && all_aligned(&[src], 8);
+    cast(
+        dst,
+        src,
+        n,
+        vector,
+        ("cast_bf16_to_f32", "cast_bf16_to_f32_vec4"),
     )
+}
+
+/// A cast launch: the scalar kernel over `n` elements, or the vector one over `n / 4` groups.
+fn cast(
+    dst: Addr,
+    src: Addr,
+    n: u64,
+    vector: bool,
+    (scalar, vec4): (&'static str, &'static str),
+) -> Launch {
+    let (function, items) = if vector { (vec4, n / 4) } else { (scalar, n) };
+    let args = vec![Arg::Ptr(dst), Arg::Ptr(src), size_arg(items)];
+    let grid = (grid_stride_blocks(items), 1, 1);
+    Kernel::launch(MODULE, function, grid, (BLOCK_THREADS, 1, 1), 0, args)
 }

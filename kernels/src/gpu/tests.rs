@@ -92,6 +92,8 @@ fn every_launch() -> Vec<Launch> {
         cache::kv_cache_write_f32(addr(0), addr(1), addr(2), [1, 2, 8, 1, 4]),
         copy::cast_f32_to_bf16(addr(0), addr(1), 3),
         copy::cast_bf16_to_f32(addr(0), addr(1), 3),
+        copy::cast_f32_to_bf16(addr(0), addr(1), 8),
+        copy::cast_bf16_to_f32(addr(0), addr(1), 8),
         elementwise::sum_to_shape_f32(addr(0), addr(1), 4, 3),
         elementwise::broadcast_to_f32(addr(0), addr(1), 12, 3),
         elementwise::swiglu_backward_f32(addr(0), addr(1), addr(2), addr(3), addr(4), 5),
