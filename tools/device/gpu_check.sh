@@ -23,6 +23,19 @@ for what in "$@"; do
       echo "gpu tests exit: ${PIPESTATUS[0]}"
       "$bin/kiln" demo 2>&1 | tee "$out/demo.log"
       echo "demo exit: ${PIPESTATUS[0]}"
+      # kiln eval on the GPU (planned and replayed) against the oracle on the CPU.
+      scratch=$(mktemp -d)
+      python3 -c "import numpy as np; from safetensors.numpy import save_file; \
+        save_file({'tokens': np.random.default_rng(7).integers(0, 97, (3, 9)).astype(np.int64)}, '$scratch/tokens.safetensors')"
+      for model in tiny; do
+        "$bin/kiln" eval --model $model --tokens "$scratch/tokens.safetensors" --grads --mode oracle --out "$scratch/oracle.safetensors"
+        for mode in planned graph; do
+          "$bin/kiln" eval --model $model --tokens "$scratch/tokens.safetensors" --grads --mode $mode --device cuda \
+            --out "$scratch/$mode.safetensors" && \
+          python3 "$(dirname "$0")/compare_safetensors.py" "$scratch/oracle.safetensors" "$scratch/$mode.safetensors" 1e-5 \
+            | sed "s/^/eval --device cuda --mode $mode vs oracle: /"
+        done
+      done
       ;;
     bench)
       for model in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
