@@ -1,7 +1,7 @@
 //! Builder of `cache.cu`: writing new K/V rows into a cache at device-held positions.
 
-use super::launch::{grid_stride_blocks, size_arg};
-use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use super::launch::{grid_stride, size_arg};
+use super::{Addr, Arg, Launch};
 
 /// Rows `positions[b]..+T` of `cache [B,H,Smax,D]` ← `fresh [B,H,T,D]` (positions i64 `[B]`);
 /// `fresh` must hold some element.
@@ -21,13 +21,6 @@ pub fn kv_cache_write_f32(
         size_arg(block),
         size_arg(head_dim),
     ];
-    let grid = (grid_stride_blocks(batch * heads * block * head_dim), 1, 1);
-    Kernel::launch(
-        "cache",
-        "kv_cache_write_f32",
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    )
+    let items = batch * heads * block * head_dim;
+    grid_stride("cache", "kv_cache_write_f32", items, args)
 }

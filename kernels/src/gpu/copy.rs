@@ -1,7 +1,7 @@
 //! Builders of `copy.cu`: strided → row-major copies (rank ≤ 6) and f32 ↔ bf16 casts.
 
-use super::launch::{all_aligned, grid_stride_blocks, size_arg};
-use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use super::launch::{all_aligned, grid_stride, size_arg};
+use super::{Addr, Arg, Launch};
 use crate::{Error, Result};
 
 const MODULE: &str = "copy";
@@ -50,21 +50,13 @@ pub fn strided_copy(
     let mut args = vec![Arg::Ptr(dst), Arg::Ptr(src), size_arg(n)];
     args.extend(padded_dims.map(|d| size_arg(d as u64)));
     args.extend(padded_strides.map(|s| size_arg(s as u64)));
-    let grid = (grid_stride_blocks(n), 1, 1);
-    Ok(Kernel::launch(
-        MODULE,
-        function,
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    ))
+    Ok(grid_stride(MODULE, function, n, args))
 }
 
 /// `dst` (bf16) = `src` (f32) rounded to nearest even, `n > 0` elements.
 pub fn cast_f32_to_bf16(dst: Addr, src: Addr, n: u64) -> Launch {
     // Four elements per thread where the count and the addresses allow it.
-    let vector = n % 4 == 0 && all_aligned(&[dst], 8) && all_aligned(&[src], 16);
+    let vector = n.is_multiple_of(4) && all_aligned(&[dst], 8) && all_aligned(&[src], 16);
     cast(
         dst,
         src,
@@ -76,7 +68,7 @@ pub fn cast_f32_to_bf16(dst: Addr, src: Addr, n: u64) -> Launch {
 
 /// `dst` (f32) = `src` (bf16), exact, `n > 0` elements.
 pub fn cast_bf16_to_f32(dst: Addr, src: Addr, n: u64) -> Launch {
-    let vector = n % 4 == 0 && all_aligned(&[dst], 16) && all_aligned(&[src], 8);
+    let vector = n.is_multiple_of(4) && all_aligned(&[dst], 16) && all_aligned(&[src], 8);
     cast(
         dst,
         src,
@@ -96,6 +88,5 @@ fn cast(
 ) -> Launch {
     let (function, items) = if vector { (vec4, n / 4) } else { (scalar, n) };
     let args = vec![Arg::Ptr(dst), Arg::Ptr(src), size_arg(items)];
-    let grid = (grid_stride_blocks(items), 1, 1);
-    Kernel::launch(MODULE, function, grid, (BLOCK_THREADS, 1, 1), 0, args)
+    grid_stride(MODULE, function, items, args)
 }

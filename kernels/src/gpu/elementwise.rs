@@ -1,14 +1,13 @@
 //! Builders of `elementwise.cu`: f32 add, mul, scale, sum_to_shape, broadcast_to, swiglu.
 //! Counts are in elements; every launch is correct in place (`out == a`).
 
-use super::launch::{all_aligned, grid_stride_blocks, size_arg};
-use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use super::launch::{all_aligned, grid_stride, size_arg};
+use super::{Addr, Arg, Kernel, Launch};
 
 const MODULE: &str = "elementwise";
 
 fn items(function: &'static str, items: u64, args: Vec<Arg>) -> Launch {
-    let grid = (grid_stride_blocks(items), 1, 1);
-    Kernel::launch(MODULE, function, grid, (BLOCK_THREADS, 1, 1), 0, args)
+    grid_stride(MODULE, function, items, args)
 }
 
 /// Whether four floats at a time fit every pointer and count.

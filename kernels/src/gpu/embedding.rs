@@ -1,8 +1,8 @@
 //! Builders of `embedding.cu`: the gather, and the deterministic scatter-add backward (zero
 //! the table, then the first token of each id writes that id's row, summed in token order).
 
-use super::launch::{grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X};
-use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use super::launch::{block_per, grid_stride, size_arg};
+use super::{Addr, Arg, Launch};
 use crate::Result;
 
 const MODULE: &str = "embedding";
@@ -24,26 +24,13 @@ pub fn embedding_f32(
         size_arg(hidden),
         size_arg(vocab),
     ];
-    let grid = (
-        grid_dim("embedding_f32", "tokens", tokens, MAX_GRID_X)?,
-        1,
-        1,
-    );
-    Ok(Kernel::launch(
-        MODULE,
-        "embedding_f32",
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    ))
+    block_per(MODULE, "embedding_f32", "tokens", tokens, args)
 }
 
 /// `out[0..n] = 0` (f32; `n > 0`).
 pub fn zero_f32(out: Addr, n: u64) -> Launch {
     let args = vec![Arg::Ptr(out), size_arg(n)];
-    let grid = (grid_stride_blocks(n), 1, 1);
-    Kernel::launch(MODULE, "zero_f32", grid, (BLOCK_THREADS, 1, 1), 0, args)
+    grid_stride(MODULE, "zero_f32", n, args)
 }
 
 /// The rows named by `ids` of `grad_weight [V,H]`, after [`zero_f32`] (`tokens > 0`).
@@ -64,13 +51,5 @@ pub fn embedding_backward_f32(
         size_arg(hidden),
         size_arg(vocab),
     ];
-    let grid = (grid_dim(FUNCTION, "tokens", tokens, MAX_GRID_X)?, 1, 1);
-    Ok(Kernel::launch(
-        MODULE,
-        FUNCTION,
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    ))
+    block_per(MODULE, FUNCTION, "tokens", tokens, args)
 }

@@ -175,6 +175,37 @@ impl Kernel {
     }
 }
 
+/// A launch of one block of [`BLOCK_THREADS`] threads per each of `count` items (rows, tokens;
+/// `what` names them in errors), no dynamic shared memory.
+pub fn block_per(
+    module: &'static str,
+    function: &'static str,
+    what: &'static str,
+    count: u64,
+    args: Vec<Arg>,
+) -> crate::Result<Launch> {
+    let grid = (grid_dim(function, what, count, MAX_GRID_X)?, 1, 1);
+    Ok(Kernel::launch(
+        module,
+        function,
+        grid,
+        (BLOCK_THREADS, 1, 1),
+        0,
+        args,
+    ))
+}
+
+/// A grid-stride launch over `items` ([`grid_stride_blocks`] blocks of [`BLOCK_THREADS`]).
+pub fn grid_stride(
+    module: &'static str,
+    function: &'static str,
+    items: u64,
+    args: Vec<Arg>,
+) -> Launch {
+    let grid = (grid_stride_blocks(items), 1, 1);
+    Kernel::launch(module, function, grid, (BLOCK_THREADS, 1, 1), 0, args)
+}
+
 /// `value` as a grid dimension of at most `max`, or an error naming the kernel and the size.
 pub fn grid_dim(
     function: &'static str,

@@ -1,7 +1,7 @@
 //! Builders of `loss.cu`: cross-entropy (a row pass into scratch, then one block for the mean)
 //! and its backward (one block per row).
 
-use super::launch::{grid_dim, size_arg, MAX_GRID_X};
+use super::launch::{block_per, size_arg};
 use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
 use crate::Result;
 
@@ -25,15 +25,7 @@ pub fn cross_entropy_rows_f32(
         size_arg(vocab),
         Arg::I64(ignore_index),
     ];
-    let grid = (grid_dim(FUNCTION, "rows", rows, MAX_GRID_X)?, 1, 1);
-    Ok(Kernel::launch(
-        MODULE,
-        FUNCTION,
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    ))
+    block_per(MODULE, FUNCTION, "rows", rows, args)
 }
 
 /// `loss [] = Σ counted row losses / count`, one block (`rows` may be 0: NaN, as the CPU).
@@ -72,13 +64,5 @@ pub fn cross_entropy_backward_f32(
         size_arg(vocab),
         Arg::I64(ignore_index),
     ];
-    let grid = (grid_dim(FUNCTION, "rows", rows, MAX_GRID_X)?, 1, 1);
-    Ok(Kernel::launch(
-        MODULE,
-        FUNCTION,
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    ))
+    block_per(MODULE, FUNCTION, "rows", rows, args)
 }

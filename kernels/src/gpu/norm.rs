@@ -1,15 +1,11 @@
 //! Builders of `norm.cu`: RMSNorm, fused add + RMSNorm, and the backward (a row pass that also
 //! saves each row's rstd, then a column pass for grad_weight).
 
-use super::launch::{grid_dim, size_arg, MAX_GRID_X};
-use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use super::launch::{block_per, grid_dim, size_arg, MAX_GRID_X};
+use super::{Addr, Arg, Kernel, Launch};
 use crate::Result;
 
 const MODULE: &str = "norm";
-
-fn rows_grid(function: &'static str, rows: u64) -> Result<(u32, u32, u32)> {
-    Ok((grid_dim(function, "rows", rows, MAX_GRID_X)?, 1, 1))
-}
 
 /// `out = rmsnorm(x) · weight` over `rows > 0` rows of `hidden`.
 pub fn rmsnorm_f32(
@@ -28,15 +24,7 @@ pub fn rmsnorm_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ];
-    let grid = rows_grid("rmsnorm_f32", rows)?;
-    Ok(Kernel::launch(
-        MODULE,
-        "rmsnorm_f32",
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    ))
+    block_per(MODULE, "rmsnorm_f32", "rows", rows, args)
 }
 
 /// `sum = x + residual`, `out = rmsnorm(sum) · weight` (`rows > 0`).
@@ -61,15 +49,7 @@ pub fn add_rmsnorm_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ];
-    let grid = rows_grid("add_rmsnorm_f32", rows)?;
-    Ok(Kernel::launch(
-        MODULE,
-        "add_rmsnorm_f32",
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    ))
+    block_per(MODULE, "add_rmsnorm_f32", "rows", rows, args)
 }
 
 /// Where the backward's row pass reads and writes.
@@ -107,15 +87,7 @@ pub fn rmsnorm_backward_rows_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ];
-    let grid = rows_grid(FUNCTION, rows)?;
-    Ok(Kernel::launch(
-        MODULE,
-        FUNCTION,
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    ))
+    block_per(MODULE, FUNCTION, "rows", rows, args)
 }
 
 /// Row residue classes of the column pass (the C kernel's `KILN_NORM_ROW_LANES`).

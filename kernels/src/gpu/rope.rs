@@ -1,8 +1,8 @@
 //! Builders of `rope.cu`: split-half RoPE `[B,T,H,D] → [B,H,T,D]` and its backward, one thread
 //! per pair of rotated elements.
 
-use super::launch::{grid_stride_blocks, size_arg};
-use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use super::launch::{grid_stride, size_arg};
+use super::{Addr, Arg, Launch};
 
 const MODULE: &str = "rope";
 
@@ -50,8 +50,7 @@ pub fn rope_f32(
     ];
     args.extend(dims.args());
     args.push(Arg::F32(theta));
-    let grid = (grid_stride_blocks(dims.pairs()), 1, 1);
-    Kernel::launch(MODULE, "rope_f32", grid, (BLOCK_THREADS, 1, 1), 0, args)
+    grid_stride(MODULE, "rope_f32", dims.pairs(), args)
 }
 
 /// `grad_x [B,T,H,D]` from `grad_out [B,H,T,D]`; `dims` are grad_x's.
@@ -65,13 +64,5 @@ pub fn rope_backward_f32(
     let mut args = vec![Arg::Ptr(grad_x), Arg::Ptr(grad_out), Arg::Ptr(positions)];
     args.extend(dims.args());
     args.push(Arg::F32(theta));
-    let grid = (grid_stride_blocks(dims.pairs()), 1, 1);
-    Kernel::launch(
-        MODULE,
-        "rope_backward_f32",
-        grid,
-        (BLOCK_THREADS, 1, 1),
-        0,
-        args,
-    )
+    grid_stride(MODULE, "rope_backward_f32", dims.pairs(), args)
 }
