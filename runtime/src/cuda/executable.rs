@@ -332,6 +332,12 @@ impl CudaExecutable {
     /// Captures the program into a CUDA graph, instantiates and uploads it (replacing any
     /// earlier capture).
     pub fn capture(&mut self) -> Result<()> {
+        self.capture_with(|_| Ok(()))
+    }
+
+    /// [`capture`](Self::capture), with `inside` run first inside the open capture (tests use
+    /// it to make a call the capture must refuse).
+    pub(crate) fn capture_with(&mut self, inside: impl FnOnce(&Self) -> Result<()>) -> Result<()> {
         let start = Instant::now();
         self.graph = None;
         let main = self.streams[0].clone();
@@ -342,6 +348,7 @@ impl CudaExecutable {
             stream: &main,
             open: true,
         };
+        inside(self)?;
         self.issue_all()?;
         guard.open = false;
         let graph = main
@@ -474,3 +481,6 @@ impl CudaExecutable {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests;
