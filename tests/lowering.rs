@@ -35,9 +35,9 @@ fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &
             summary.in_place_writes.len(),
             summary.copied_writes
         );
-        // On one stream every write is made in place; with side streams, a parameter whose
-        // other readers run on another stream is written to an output slot and copied back
-        // (the rule asks for the same stream, not for happens-before through events).
+        // On one stream every write is made in place; with side streams, a parameter with a
+        // reader that no event orders before its update is written to an output slot and
+        // copied back.
         if streams == 1 {
             assert!(summary.copied_writes.is_empty(), "{what} {}", kind.name());
         }

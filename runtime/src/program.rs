@@ -10,9 +10,10 @@
 //! In-place state updates: a graph write `name ← value` whose value is computed by an op that
 //! may overwrite (`Alias::MayOverwrite`) the input `name` itself (AdamW's param and moments, a
 //! KV cache write) is computed directly in the input's slot — no output buffer, no copy back —
-//! when every other reader of the input (through views too) runs before that op on the same
-//! stream. Otherwise the value goes to an output slot of its own and is copied back after the
-//! last step; [`DeviceProgram::copied_writes`] names those.
+//! when every other reader of the input (through views too) finishes before that op starts:
+//! earlier on its stream, or ordered before it by the plan's events (vector clocks). Otherwise
+//! the value goes to an output slot of its own and is copied back after the last step;
+//! [`DeviceProgram::copied_writes`] names those.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -160,6 +161,9 @@ struct Builder<'g> {
     homes: Vec<Option<Addr>>,
     /// Input slot by input node.
     input_slot: BTreeMap<usize, u32>,
+    /// Vector clock of each step: for each stream, how many of its steps happen before or at
+    /// this one (through stream order and the plan's events).
+    clocks: Vec<Vec<usize>>,
 }
 
 impl<'g> Builder<'g> {
@@ -181,7 +185,14 @@ impl<'g> Builder<'g> {
             }],
             homes: vec![None; plan.buffers.len()],
             input_slot: BTreeMap::new(),
+            clocks: vector_clocks(plan),
         })
+    }
+
+    /// Whether step `a` finishes before step `b` starts on every execution of the plan.
+    fn happens_before(&self, a: usize, b: usize) -> bool {
+        let stream = self.plan.schedule[a].stream;
+        a < b && self.clocks[b][stream] >= self.clocks[a][stream]
     }
 
     fn add_slot(&mut self, name: &str, kind: SlotKind, bytes: u64) -> u32 {
@@ -409,7 +420,6 @@ impl<'g> Builder<'g> {
         let Some(&writer_step) = self.step_of.get(&writer.index()) else {
             return false;
         };
-        let writer_stream = self.plan.schedule[writer_step].stream;
         // The buffer holds the write and views of it only.
         let views_of_value = self.views_of(value);
         let holds_only_the_write = (self.buffer_of.iter())
@@ -418,7 +428,8 @@ impl<'g> Builder<'g> {
         if !holds_only_the_write {
             return false;
         }
-        // Every other reader of the input runs before the writer, on its stream.
+        // Every other reader of the input has finished before the writer starts: earlier on
+        // its stream, or ordered before it through the plan's events.
         let views_of_input = self.views_of(input);
         graph.node_indices().all(|node| {
             if node == writer {
@@ -429,9 +440,8 @@ impl<'g> Builder<'g> {
             if !reads || is_view(graph, node) {
                 return true;
             }
-            self.step_of.get(&node.index()).is_some_and(|&step| {
-                step < writer_step && self.plan.schedule[step].stream == writer_stream
-            })
+            (self.step_of.get(&node.index()))
+                .is_some_and(|&step| self.happens_before(step, writer_step))
         })
     }
 
@@ -456,6 +466,33 @@ impl<'g> Builder<'g> {
         }
         found
     }
+}
+
+/// Vector clocks of the plan's steps (see `Builder::clocks`); events wait for the clock of the
+/// step that recorded them. Steps of a stream run in schedule order.
+fn vector_clocks(plan: &Plan) -> Vec<Vec<usize>> {
+    let streams = plan.options.streams.max(1);
+    let mut last: Vec<Vec<usize>> = vec![vec![0; streams]; streams];
+    let mut events: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    let mut clocks = Vec::with_capacity(plan.schedule.len());
+    for step in &plan.schedule {
+        let stream = step.stream.min(streams - 1);
+        let mut clock = last[stream].clone();
+        for event in &step.waits {
+            if let Some(recorded) = events.get(event) {
+                for (mine, theirs) in clock.iter_mut().zip(recorded) {
+                    *mine = (*mine).max(*theirs);
+                }
+            }
+        }
+        clock[stream] += 1;
+        for &event in &step.records {
+            events.insert(event, clock.clone());
+        }
+        last[stream] = clock.clone();
+        clocks.push(clock);
+    }
+    clocks
 }
 
 fn is_view(graph: &Graph, node: NodeIndex) -> bool {
