@@ -35,7 +35,7 @@ mod executable;
 pub(crate) mod layout;
 mod memory;
 pub(crate) mod placement;
-mod step;
+pub(crate) mod step;
 
 use std::collections::BTreeMap;
 

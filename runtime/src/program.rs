@@ -24,10 +24,10 @@ use kiln_planner::{BufferClass, Plan};
 use petgraph::stable_graph::NodeIndex;
 
 use crate::error::{Error, Result};
-use crate::interpret::result_types;
 use crate::lower::{lower_op, DeviceTensor, LowerOptions};
 use crate::planned::layout::Layout;
 use crate::planned::placement::{check_schedule, map_values, plan_error, Value};
+use crate::planned::step::StepOperands;
 
 /// What a slot holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -299,25 +299,12 @@ impl<'g> Builder<'g> {
             .collect();
         let mut steps = Vec::with_capacity(plan.schedule.len());
         for (index, step) in plan.schedule.iter().enumerate() {
-            let node = NodeIndex::new(step.node);
-            let Some(NodeKind::Op(op)) = graph.node(node).map(|n| &n.kind) else {
-                return Err(self.fail(format!("step {index}"), "runs no op".to_string()));
-            };
-            let what = || format!("step {index} (node %{} {op})", step.node);
-            let mut operands = Vec::new();
-            for operand in graph.operands(node) {
-                let key = (operand.node.index(), operand.port);
-                let layout = layouts.get(&key).cloned().ok_or_else(|| {
-                    self.fail(
-                        what(),
-                        format!("reads value {operand} before it is computed"),
-                    )
-                })?;
-                operands.push((key, layout));
-            }
-            let operand_types: Vec<TensorType> = operands.iter().map(|(_, l)| l.ty()).collect();
-            let recorded = graph.node(node).map_or(&[][..], |n| &n.outputs[..]);
-            let types = result_types(step.node, op, &operand_types, recorded)?;
+            let StepOperands {
+                op,
+                operands,
+                types,
+                ..
+            } = StepOperands::read(graph, plan, &layouts, index)?;
             let mut launches = Vec::new();
             let view = match operands.first() {
                 Some((key, layout)) => {

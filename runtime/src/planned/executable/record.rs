@@ -14,17 +14,17 @@
 //! Every check of `planned/step.rs` is made here, once, with the same errors: a recording
 //! holds no launch that reads bytes it writes.
 
-use kiln_ir::graph::NodeKind;
-use kiln_ir::{Graph, TensorType, ValueId};
+use kiln_ir::{Graph, ValueId};
 use kiln_planner::{BufferClass, Plan};
 use petgraph::stable_graph::NodeIndex;
 
 use super::super::layout::Layout;
 use super::super::placement::{describe, plan_error, Home, Placement, Value};
+use super::super::step::StepOperands;
 use super::launch::{KernelLaunch, Launch, Span};
 use super::{InputSlot, OutputSlot};
 use crate::error::{Error, Result};
-use crate::interpret::{check_write, result_types};
+use crate::interpret::check_write;
 
 /// What the steps resolved so far computed: the layout of every available value.
 type Layouts = std::collections::BTreeMap<Value, Layout>;
@@ -122,32 +122,13 @@ impl<'e> Recorder<'e> {
     /// Part 2: step `index` of the schedule.
     pub fn step(&mut self, index: usize) -> Result<Vec<Launch>> {
         let (graph, plan) = (self.graph, self.plan);
-        let node_index = plan.schedule[index].node;
-        let node = NodeIndex::new(node_index);
-        let Some(NodeKind::Op(op)) = graph.node(node).map(|n| &n.kind) else {
-            // Placement checked that every step runs an op node.
-            return Err(plan_error(
-                plan,
-                format!("step {index}"),
-                "runs no op".into(),
-            ));
-        };
+        let StepOperands {
+            node: node_index,
+            op,
+            operands,
+            types,
+        } = StepOperands::read(graph, plan, &self.layouts, index)?;
         let what = || format!("step {index} (node %{node_index} {op})");
-        let mut operands: Vec<(Value, Layout)> = Vec::new();
-        for (port, operand) in graph.operands(node).iter().enumerate() {
-            let value = (operand.node.index(), operand.port);
-            let layout = self.layouts.get(&value).ok_or_else(|| {
-                let reason = format!(
-                    "reads operand {port}, value {}.{}, before the step that computes it",
-                    value.0, value.1
-                );
-                plan_error(plan, what(), reason)
-            })?;
-            operands.push((value, layout.clone()));
-        }
-        let operand_types: Vec<TensorType> = operands.iter().map(|(_, l)| l.ty()).collect();
-        let recorded = graph.node(node).map_or(&[][..], |n| &n.outputs[..]);
-        let types = result_types(node_index, op, &operand_types, recorded)?;
         let results: Vec<Value> = (0..types.len()).map(|port| (node_index, port)).collect();
         let failed = |source: Error| Error::Node {
             node: node_index,
