@@ -6,21 +6,27 @@
 
 mod ops;
 
-use kiln_ir::{DType, Shape, Strides};
 use kiln_kernels::gpu::Addr;
+
+use crate::planned::layout::Layout;
 
 pub(crate) use ops::{lower_op, LowerOptions};
 
-/// A placed value: its buffer starts at `base`; its elements sit at element offset `offset`
-/// with element strides `strides` from there (as a CPU `Tensor` over its storage).
+/// A placed value: its buffer starts at `base`; `layout` says where its elements sit from
+/// there (element strides and offset, as a CPU `Tensor` over its storage). Derefs to the
+/// layout.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct DeviceTensor {
     pub base: Addr,
-    pub dtype: DType,
-    pub shape: Shape,
-    pub strides: Strides,
-    /// Offset of the first element, in elements of `dtype`.
-    pub offset: usize,
+    pub layout: Layout,
+}
+
+impl std::ops::Deref for DeviceTensor {
+    type Target = Layout;
+
+    fn deref(&self) -> &Layout {
+        &self.layout
+    }
 }
 
 impl DeviceTensor {

@@ -33,7 +33,7 @@
 
 mod executable;
 pub(crate) mod layout;
-mod memory;
+pub(crate) mod memory;
 pub(crate) mod placement;
 pub(crate) mod step;
 

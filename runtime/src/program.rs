@@ -381,10 +381,7 @@ impl<'g> Builder<'g> {
         let base = self.homes[buffer].expect("every buffer has a home");
         Ok(DeviceTensor {
             base,
-            dtype: layout.dtype,
-            shape: layout.shape.clone(),
-            strides: layout.strides.clone(),
-            offset: layout.offset,
+            layout: layout.clone(),
         })
     }
 

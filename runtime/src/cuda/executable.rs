@@ -20,7 +20,6 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream};
 use kiln_ir::{Graph, TensorType};
 use kiln_kernels::gpu::{Addr, Arg, Launch};
-use kiln_kernels::TensorView;
 use kiln_planner::Plan;
 
 use super::gemm::{self, PreparedGemm};
@@ -30,6 +29,8 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::interpret::bytes;
 use crate::lower::LowerOptions;
+use crate::planned::layout::Layout;
+use crate::planned::memory::read_view;
 use crate::program::{DeviceProgram, SlotKind};
 use crate::tensor::Tensor;
 
@@ -452,17 +453,11 @@ impl CudaExecutable {
     /// A fresh CPU tensor with output `name` (or input slot `name`: a param or state after
     /// the runs so far), after the work in flight.
     pub fn get(&self, name: &str) -> Result<Tensor> {
-        let (addr, ty, strides, offset) = match self.program.outputs.get(name) {
-            Some(t) => (
-                t.base,
-                TensorType::new(t.dtype, t.shape.clone()),
-                t.strides.clone(),
-                t.offset,
-            ),
+        let (addr, layout) = match self.program.outputs.get(name) {
+            Some(t) => (t.base, t.layout.clone()),
             None => {
                 let (slot, ty) = self.input(name)?;
-                let strides = ty.shape.contiguous_strides();
-                (Addr { slot, offset: 0 }, ty.clone(), strides, 0)
+                (Addr { slot, offset: 0 }, Layout::contiguous(ty))
             }
         };
         self.synchronize()?;
@@ -473,10 +468,8 @@ impl CudaExecutable {
         // SAFETY: the range lies inside the slot; the streams are idle.
         unsafe { cudarc::driver::result::memcpy_dtoh_sync(host_bytes, self.address(addr)) }
             .map_err(|e| error(format!("copy `{name}` from the device"), e))?;
-        let data = bytes::data(host_bytes, ty.dtype)
-            .ok_or_else(|| error(format!("read `{name}`"), "misaligned host copy"))?;
-        let source = TensorView::new(data, ty.shape.clone(), &strides, offset)?;
-        let out = Tensor::zeros(ty.shape.clone(), ty.dtype, Device::Cpu);
+        let source = read_view(host_bytes, &layout)?;
+        let out = Tensor::zeros(layout.shape.clone(), layout.dtype, Device::Cpu);
         out.write_with(|mut dst| kiln_kernels::copy::copy(&source, &mut dst))??;
         Ok(out)
     }

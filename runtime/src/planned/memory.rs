@@ -130,7 +130,7 @@ impl<'a> Carved<'a> {
 }
 
 /// A kernel view of the value laid out as `layout` in `bytes`.
-pub(super) fn read_view<'a>(bytes: &'a [u8], layout: &Layout) -> Result<TensorView<'a>> {
+pub(crate) fn read_view<'a>(bytes: &'a [u8], layout: &Layout) -> Result<TensorView<'a>> {
     let data = bytes::data(bytes, layout.dtype).ok_or_else(|| misaligned(layout))?;
     Ok(TensorView::new(
         data,

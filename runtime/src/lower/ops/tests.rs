@@ -8,15 +8,15 @@ use kiln_kernels::gpu::{Addr, Launch};
 use super::{lower_op, LowerOptions};
 use crate::error::Error;
 use crate::lower::DeviceTensor;
+use crate::planned::layout::Layout;
 
 /// A contiguous tensor alone in slot `slot`, starting `offset` elements in.
 fn placed(slot: u32, offset: usize, ty: &TensorType) -> DeviceTensor {
+    let mut layout = Layout::contiguous(ty);
+    layout.offset = offset;
     DeviceTensor {
         base: Addr { slot, offset: 256 },
-        dtype: ty.dtype,
-        shape: ty.shape.clone(),
-        strides: ty.shape.contiguous_strides(),
-        offset,
+        layout,
     }
 }
 
@@ -375,8 +375,8 @@ fn transposed(t: &DeviceTensor) -> DeviceTensor {
     let rank = view.shape.rank();
     let mut dims = view.dims().to_vec();
     dims.swap(rank - 2, rank - 1);
-    view.shape = Shape::new(&dims);
-    view.strides.swap(rank - 2, rank - 1);
+    view.layout.shape = Shape::new(&dims);
+    view.layout.strides.swap(rank - 2, rank - 1);
     view
 }
 
