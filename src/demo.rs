@@ -17,10 +17,10 @@ use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
 use kiln_ir::DType;
 use kiln_planner::PlanOptions;
-use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
+use kiln_runtime::cuda::CudaDevice;
 use kiln_runtime::Device;
-use kiln_runtime::RunMode;
 use kiln_runtime::Tensor;
+use kiln_runtime::{Backend, RunMode};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -344,23 +344,11 @@ fn on_gpu(
     outputs: &BTreeMap<String, Tensor>,
     writes: &BTreeMap<String, Tensor>,
 ) -> Result<(f64, usize)> {
-    let run = |mode| -> Result<(BTreeMap<String, Tensor>, usize)> {
-        let mut exe = CudaExecutable::new(device, graph, planned)?;
-        // The CPU run's values also hold other programs' inputs; set this graph's only.
-        for (name, tensor) in inputs {
-            if graph.input_named(name).is_some() {
-                exe.set(name, tensor)?;
-            }
-        }
-        exe.run(mode)?;
-        let names = graph.outputs().iter().chain(graph.writes()).map(|(n, _)| n);
-        let got = names
-            .map(|name| Ok((name.clone(), exe.get(name)?)))
-            .collect::<Result<_>>()?;
-        Ok((got, exe.launches()))
-    };
-    let (eager, launches) = run(RunMode::Eager)?;
-    let (replayed, _) = run(RunMode::Graph)?;
+    let backend = Backend::Cuda(device.clone());
+    let eager = backend.run(graph, planned, inputs, RunMode::Eager, 1)?;
+    let replayed = backend.run(graph, planned, inputs, RunMode::Graph, 1)?;
+    let summary = kiln_runtime::lower_for_device(graph, planned)?;
+    let launches = summary.kernels + summary.gemms + summary.copies;
     let mut worst = 0f64;
     for (name, got) in &eager {
         anyhow::ensure!(

@@ -22,8 +22,8 @@ use kiln_ir::{AdamWConfig, DType, Graph, InputKind, Op, TensorType};
 use kiln_kernels::testing;
 use kiln_planner::{plan, PlanOptions};
 use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
-use kiln_runtime::RunMode;
 use kiln_runtime::{interpret, Tensor};
+use kiln_runtime::{Backend, RunMode};
 use rand::rngs::StdRng;
 
 fn device() -> Option<Arc<CudaDevice>> {
@@ -429,26 +429,13 @@ fn gpu_run(
     mode: RunMode,
     runs: usize,
 ) -> BTreeMap<String, Tensor> {
-    let planned = plan(
-        graph,
-        &PlanOptions {
-            streams,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let mut exe = CudaExecutable::new(device, graph, &planned).unwrap();
-    for (name, tensor) in values {
-        exe.set(name, tensor).unwrap();
-    }
-    for _ in 0..runs {
-        exe.run(mode).unwrap();
-    }
-    let mut got = BTreeMap::new();
-    for (name, _) in graph.outputs().iter().chain(graph.writes()) {
-        got.insert(name.clone(), exe.get(name).unwrap());
-    }
-    got
+    let options = PlanOptions {
+        streams,
+        ..Default::default()
+    };
+    let planned = plan(graph, &options).unwrap();
+    let backend = Backend::Cuda(device.clone());
+    backend.run(graph, &planned, values, mode, runs).unwrap()
 }
 
 #[test]

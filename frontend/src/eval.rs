@@ -209,15 +209,7 @@ pub fn evaluate_program(
         Engine::Interpret => kiln_runtime::interpret(&graph, &mut values)?,
         Engine::Planned { backend, mode } => {
             let plan = kiln_planner::plan(&graph, &kiln_planner::PlanOptions::default())?;
-            let mut exe = backend.compile(&graph, &plan)?;
-            for (name, tensor) in &values {
-                exe.set(name, tensor)?;
-            }
-            exe.run(mode)?;
-            let names = graph.outputs().iter().map(|(name, _)| name);
-            names
-                .map(|name| Ok((name.clone(), exe.get(name)?)))
-                .collect::<Result<BTreeMap<_, _>>>()?
+            backend.run(&graph, &plan, &values, mode, 1)?
         }
     };
     let mut take = |name: &str| {

@@ -4,6 +4,7 @@
 //! a list of launches with bound addresses on the CPU), state carried between runs, results
 //! copied out. A HIP backend fits the same shape (device, stream, event, module, graph).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kiln_ir::Graph;
@@ -55,6 +56,32 @@ impl Backend {
             Backend::Cpu => Box::new(CpuExecutable::new(graph, plan)?),
             Backend::Cuda(device) => Box::new(CudaExecutable::new(device, graph, plan)?),
         })
+    }
+
+    /// Binds `plan` of `graph`, sets every graph input found in `values` (other names are
+    /// ignored), runs `runs` times in `mode` and returns every output and every write (the
+    /// written input's contents after the runs) by name.
+    pub fn run(
+        &self,
+        graph: &Graph,
+        plan: &Plan,
+        values: &BTreeMap<String, Tensor>,
+        mode: RunMode,
+        runs: usize,
+    ) -> Result<BTreeMap<String, Tensor>> {
+        let mut exe = self.compile(graph, plan)?;
+        for (name, tensor) in values {
+            if graph.input_named(name).is_some() {
+                exe.set(name, tensor)?;
+            }
+        }
+        for _ in 0..runs {
+            exe.run(mode)?;
+        }
+        let names = graph.outputs().iter().chain(graph.writes()).map(|(n, _)| n);
+        names
+            .map(|name| Ok((name.clone(), exe.get(name)?)))
+            .collect()
     }
 }
 
