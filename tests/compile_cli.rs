@@ -166,7 +166,7 @@ fn eval_on_cuda_runs_or_says_why_not() {
     let (out, path) = run("graph", "cuda");
     match kiln_runtime::cuda::unavailable() {
         Some(reason) => {
-            println!("SKIPPED the GPU half: no CUDA device: {reason}");
+            kiln_kernels::testing::skip_without_gpu("the GPU half of eval", &reason);
             assert!(!out.status.success());
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(

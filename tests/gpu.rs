@@ -1,11 +1,13 @@
 //! The CUDA backend against the CPU reference. Where no CUDA device can be used (CI), each test
 //! prints `SKIPPED: <why>` and returns: a skip is not a pass, and these tests only count when
-//! run on a GPU machine.
+//! run on a GPU machine, where `KILN_REQUIRE_GPU=1` makes a skip fail.
 //!
 //! 1. Every op, alone in a one-op program, on fresh random inputs of several shapes: the GPU's
 //!    results against the reference interpreter (f32 relative error <= 1e-5; bf16 results
 //!    <= 1e-2), with every slot poisoned (0xFF bytes, NaN) first, so an element the kernel
-//!    does not write fails; and the replayed graph equal to the eager run bit for bit.
+//!    does not write fails; and the replayed graph equal to the eager run bit for bit. Then
+//!    again with one element of one float input set to NaN, +inf or -inf: every NaN and
+//!    infinity of the reference's results is at the same place on the GPU, with the same sign.
 //! 2. The tiny prefill, decode and train programs of both families, on 1 and 2 streams, eager
 //!    and replayed, against the interpreter (relative error <= 1e-5; parameters and moments after
 //!    AdamW <= 1e-4; with bf16 GEMM inputs <= 1e-2); replay equal to eager bit for bit; two steps carry their state (caches,
@@ -29,7 +31,7 @@ use rand::rngs::StdRng;
 fn device() -> Option<Arc<CudaDevice>> {
     match kiln_runtime::cuda::unavailable() {
         Some(reason) => {
-            println!("SKIPPED: no CUDA device: {reason}");
+            testing::skip_without_gpu("the CUDA tests", &reason);
             None
         }
         None => Some(CudaDevice::open(0).expect("a usable CUDA device opens")),
@@ -73,9 +75,63 @@ fn f(dims: &[usize]) -> In {
     In::F(DType::F32, dims.to_vec())
 }
 
+/// Sets one element of one float input (chosen by `rng`) to `value`; says which.
+fn inject(rng: &mut StdRng, values: &mut BTreeMap<String, Tensor>, value: f64) -> String {
+    let floats: Vec<String> = (values.iter())
+        .filter(|(_, t)| t.dtype().is_float() && t.numel() > 0)
+        .map(|(name, _)| name.clone())
+        .collect();
+    let name = &floats[rand::Rng::random_range(rng, 0..floats.len())];
+    let tensor = &values[name];
+    let at = rand::Rng::random_range(rng, 0..tensor.numel());
+    let shape = tensor.shape().clone();
+    let replaced = match tensor.dtype() {
+        DType::F32 => {
+            let mut v = tensor.to_vec::<f32>().unwrap();
+            v[at] = value as f32;
+            Tensor::from_vec(v, shape).unwrap()
+        }
+        DType::BF16 => {
+            let mut v = tensor.to_vec::<half::bf16>().unwrap();
+            v[at] = half::bf16::from_f64(value);
+            Tensor::from_vec(v, shape).unwrap()
+        }
+        other => panic!("no special values in {other}"),
+    };
+    values.insert(name.clone(), replaced);
+    format!("{name}[{at}] = {value}")
+}
+
+/// The NaNs and infinities of `got` are where `want` has them (infinities with their sign);
+/// returns the relative error over the elements finite in both.
+fn special_values_agree(what: &str, got: &[f64], want: &[f64]) -> f64 {
+    for (at, (g, w)) in got.iter().zip(want).enumerate() {
+        let agree = match (g.is_nan(), w.is_nan()) {
+            (true, true) => true,
+            (false, false) => g.is_finite() == w.is_finite() && (g.is_finite() || g == w),
+            _ => false,
+        };
+        assert!(
+            agree,
+            "{what}: element {at} is {g} on the GPU, {w} on the CPU"
+        );
+    }
+    let (g, w): (Vec<f64>, Vec<f64>) = (got.iter().zip(want))
+        .filter(|(g, w)| g.is_finite() && w.is_finite())
+        .unzip();
+    testing::rel_l2(&g, &w)
+}
+
 /// Builds the one-op graph for `op` on `ins`, runs it on the GPU (eager, then a fresh
-/// executable replayed) and on the interpreter; returns the worst relative error.
-fn check_op(device: &Arc<CudaDevice>, rng: &mut StdRng, name: &str, op: Op, ins: Vec<In>) -> f64 {
+/// executable replayed) and on the interpreter; returns the worst relative error. With
+/// `special`, one element of one float input is set to it first (see [`inject`]).
+fn check_op(
+    device: &Arc<CudaDevice>,
+    rng: &mut StdRng,
+    name: &str,
+    (op, ins): (&Op, &[In]),
+    special: Option<f64>,
+) -> f64 {
     let mut graph = Graph::new(name);
     let mut values = BTreeMap::new();
     let mut operands = Vec::new();
@@ -111,6 +167,11 @@ fn check_op(device: &Arc<CudaDevice>, rng: &mut StdRng, name: &str, op: Op, ins:
         operands.push(graph.input(&input_name, InputKind::Input, ty).unwrap());
         values.insert(input_name, tensor);
     }
+    let injected = special.map(|value| inject(rng, &mut values, value));
+    let name = &match &injected {
+        Some(what) => format!("{name} with {what}"),
+        None => name.to_string(),
+    };
     let results = graph.op(op.clone(), &operands).unwrap();
     for (port, value) in results.iter().enumerate() {
         graph.output(&format!("out{port}"), *value).unwrap();
@@ -134,11 +195,15 @@ fn check_op(device: &Arc<CudaDevice>, rng: &mut StdRng, name: &str, op: Op, ins:
     for (port, got) in eager.iter().enumerate() {
         let reference = &want[&format!("out{port}")];
         let (g, w) = (got.to_f64_vec().unwrap(), reference.to_f64_vec().unwrap());
-        assert!(
-            g.iter().all(|v| v.is_finite()),
-            "{name}: out{port} has unwritten (NaN) elements"
-        );
-        let error = testing::rel_l2(&g, &w);
+        let error = if special.is_some() {
+            special_values_agree(&format!("{name}: out{port}"), &g, &w)
+        } else {
+            assert!(
+                g.iter().all(|v| v.is_finite()),
+                "{name}: out{port} has unwritten (NaN) elements"
+            );
+            testing::rel_l2(&g, &w)
+        };
         let limit = if got.dtype() == DType::BF16 {
             1e-2
         } else {
@@ -397,9 +462,18 @@ fn every_op_matches_the_cpu_reference() {
         ]);
     }
     println!("{:<60} {:>12}", "op", "rel. error");
-    for (name, op, ins) in cases {
-        let error = check_op(&device, &mut rng, &name, op, ins);
+    for (name, op, ins) in &cases {
+        let error = check_op(&device, &mut rng, name, (op, ins), None);
         println!("{name:<60} {error:>12.3e}");
+    }
+    for special in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        for (name, op, ins) in &cases {
+            check_op(&device, &mut rng, name, (op, ins), Some(special));
+        }
+        println!(
+            "{} cases with a {special} input: NaN and infinities where the CPU has them",
+            cases.len()
+        );
     }
 }
 
@@ -597,4 +671,55 @@ fn decode_replayed_at_many_positions_equals_the_full_forward() {
     println!(
         "decode replayed at positions {prompt}..{total}: worst relative error {worst:e} vs the full forward"
     );
+}
+
+/// One NaN in `lm_head.weight` (the issue that `fmaxf` dropped NaN from the loss's row max):
+/// the train step's loss is NaN on the GPU as in the reference interpreter, and every output,
+/// eager and replayed, has its NaNs where the interpreter has them.
+#[test]
+fn a_nan_weight_gives_the_cpus_nans_on_the_gpu() {
+    let Some(device) = device() else { return };
+    let mut rng = testing::rng("gpu_nan_weight");
+    let config = ModelConfig::tiny();
+    let options = ProgramOptions {
+        batch: 2,
+        seq: 6,
+        max_seq: 12,
+        ..Default::default()
+    };
+    for kind in [ProgramKind::Train, ProgramKind::Prefill] {
+        let graph = build(kind, &config, &options).unwrap();
+        let mut values = program_inputs(&graph, &config, kind, &options, 3);
+        let head = &values["lm_head.weight"];
+        let mut weights = head.to_vec::<f32>().unwrap();
+        let at = rand::Rng::random_range(&mut rng, 0..weights.len());
+        weights[at] = f32::NAN;
+        let head = Tensor::from_vec(weights, head.shape().clone()).unwrap();
+        values.insert("lm_head.weight".to_string(), head);
+        let want = interpret(&graph, &mut values.clone()).unwrap();
+        if kind == ProgramKind::Train {
+            assert!(
+                want["loss"].to_f64_vec().unwrap()[0].is_nan(),
+                "the CPU's loss"
+            );
+        }
+        for mode in [RunMode::Eager, RunMode::Graph] {
+            let got = gpu_run(&device, &graph, &values, 1, mode, 1);
+            for (name, reference) in &want {
+                let what = format!(
+                    "{} {mode:?} lm_head.weight[{at}] = NaN: {name}",
+                    kind.name()
+                );
+                let (g, w) = (
+                    got[name].to_f64_vec().unwrap(),
+                    reference.to_f64_vec().unwrap(),
+                );
+                special_values_agree(&what, &g, &w);
+            }
+        }
+        println!(
+            "{}: NaN in lm_head.weight[{at}] gives the CPU's NaNs",
+            kind.name()
+        );
+    }
 }

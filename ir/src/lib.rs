@@ -20,7 +20,7 @@ pub use autodiff::append_backward;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{Graph, InputKind, ValueId};
-pub use op::{AdamWConfig, Alias, Op, DECODE_KEY_CHUNK};
+pub use op::{AdamWConfig, Alias, IndexRange, Op, DECODE_KEY_CHUNK};
 pub use print::print;
 pub use shape::{Shape, Strides};
 pub use types::TensorType;

@@ -5,7 +5,10 @@
 //! row-major; attention takes `q [B,Hq,T,D]`, `k`/`v [B,Hkv,S,D]` and returns `[B,T,Hq,D]`;
 //! RoPE turns `[B,T,H,D]` into `[B,H,T,D]`; caches are `[B,Hkv,Smax,D]`.
 
+mod index_range;
 mod typing;
+
+pub use index_range::IndexRange;
 
 use std::fmt;
 

@@ -8,7 +8,7 @@ extern "C" __global__ void softmax_f32(float* out, const float* x, i64 rows, i64
     const float* x_row = x + row * cols;
     float* out_row = out + row * cols;
     float max = -__int_as_float(0x7f800000);
-    for (i64 j = threadIdx.x; j < cols; j += blockDim.x) max = fmaxf(max, x_row[j]);
+    for (i64 j = threadIdx.x; j < cols; j += blockDim.x) max = kiln_max(max, x_row[j]);
     max = kiln_block_max(max, scratch);
     float sum = 0.0f;
     for (i64 j = threadIdx.x; j < cols; j += blockDim.x) {

@@ -14,6 +14,13 @@ __device__ __forceinline__ i64 kiln_warp_row(i64 rows) {
     return row < rows ? row : -1;
 }
 
+// Keys visible to query row `row`, clamped to 0..=kv_len as decode's kernels clamp theirs: no
+// shape can make a loop below reach outside the row.
+__device__ __forceinline__ i64 kiln_visible(i64 row, i64 q_len, i64 kv_len) {
+    const i64 visible = kv_len - q_len + row % q_len + 1;
+    return visible < 0 ? 0 : (visible > kv_len ? kv_len : visible);
+}
+
 // In place: probs holds raw scores q.k (the GEMM's output); each row becomes
 // softmax(score * scale) over the visible keys, 0 past them. The scaled score is rounded
 // before the max is subtracted, as the CPU computes it (no contraction into an FMA).
@@ -22,10 +29,10 @@ extern "C" __global__ void attention_softmax_f32(float* probs, i64 rows, i64 q_l
     const i64 row = kiln_warp_row(rows);
     if (row < 0) return;
     const int lane = threadIdx.x % KILN_WARP;
-    const i64 visible = kv_len - q_len + row % q_len + 1;
+    const i64 visible = kiln_visible(row, q_len, kv_len);
     float* p = probs + row * kv_len;
     float max = -__int_as_float(0x7f800000);
-    for (i64 s = lane; s < visible; s += KILN_WARP) max = fmaxf(max, __fmul_rn(p[s], scale));
+    for (i64 s = lane; s < visible; s += KILN_WARP) max = kiln_max(max, __fmul_rn(p[s], scale));
     max = kiln_warp_max(max);
     float sum = 0.0f;
     for (i64 s = lane; s < visible; s += KILN_WARP) {
@@ -48,7 +55,7 @@ extern "C" __global__ void attention_softmax_backward_f32(float* ds, float* mask
     const i64 row = kiln_warp_row(rows);
     if (row < 0) return;
     const int lane = threadIdx.x % KILN_WARP;
-    const i64 visible = kv_len - q_len + row % q_len + 1;
+    const i64 visible = kiln_visible(row, q_len, kv_len);
     const float* p = probs + row * kv_len;
     float* d = ds + row * kv_len;
     float* pm = masked_probs + row * kv_len;

@@ -36,9 +36,16 @@ __device__ __forceinline__ float kiln_warp_sum(float value) {
     return value;
 }
 
+// max(a, b) that is NaN when either is NaN. `fmaxf` returns the other operand, which would
+// let a NaN vanish from a row max: the CPU reference's row then turns NaN (its sum of
+// exp(x - max) meets the NaN), the GPU's must too. Every max of a reduction uses this one.
+__device__ __forceinline__ float kiln_max(float a, float b) {
+    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
 __device__ __forceinline__ float kiln_warp_max(float value) {
     for (int lane_mask = KILN_WARP / 2; lane_mask > 0; lane_mask >>= 1) {
-        value = fmaxf(value, __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask));
+        value = kiln_max(value, __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask));
     }
     return value;
 }
@@ -73,6 +80,14 @@ __device__ float kiln_block_max(float value, float* scratch) {
     __syncthreads();
     return best;
 }
+
+// Invalid indices (a token id outside the vocabulary, a cache position past its end): the
+// host checks every index input where it enters, so a kernel meets one only if that check was
+// bypassed. A kernel that does raises its launch's fault word (each step has its own, zeroed
+// at allocation; every writer stores the same 1, so no atomic is needed) and goes on without
+// touching memory outside its operands; the executable turns a raised word into an error
+// naming the op.
+__device__ __forceinline__ void kiln_raise(int* fault) { *fault = 1; }
 
 // Grid-stride loop over `n` items: the same items go to the same threads on every run.
 #define KILN_FOR_EACH(index, n)                                                              \

@@ -17,14 +17,19 @@ extern "C" __global__ void cached_attention_split_f32(float* partials, const flo
                                                       const float* v_cache,
                                                       const i64* positions, i64 q_heads,
                                                       i64 kv_heads, i64 q_len, i64 capacity,
-                                                      i64 head_dim, i64 chunk, float scale) {
+                                                      i64 head_dim, i64 chunk, float scale,
+                                                      int* fault) {
     const i64 split = blockIdx.x, h = blockIdx.y, row = blockIdx.z;
     const i64 splits = gridDim.x;
     const i64 b = row / q_len, t = row % q_len;
     const i64 group = q_heads / kv_heads;
     const i64 q_index = (b * q_heads + h) * q_len + t;
     const i64 kv_first = (b * kv_heads + h / group) * capacity * head_dim;
-    i64 visible = positions[b] + t + 1;
+    // A position outside 0..=capacity - T raises the fault word; the clamp keeps every read
+    // inside the cache.
+    const i64 position = positions[b];
+    if ((position < 0 || position + q_len > capacity) && threadIdx.x == 0) kiln_raise(fault);
+    i64 visible = position + t + 1;
     visible = visible < 0 ? 0 : (visible > capacity ? capacity : visible);
     const i64 first = split * chunk;
     const i64 count = visible > first ? (visible - first < chunk ? visible - first : chunk) : 0;
@@ -44,7 +49,7 @@ extern "C" __global__ void cached_attention_split_f32(float* partials, const flo
     }
     __syncthreads();
     float m = -__int_as_float(0x7f800000);
-    for (i64 i = 0; i < count; ++i) m = fmaxf(m, weights[i]);
+    for (i64 i = 0; i < count; ++i) m = kiln_max(m, weights[i]);
     __syncthreads();
     for (i64 i = threadIdx.x; i < count; i += blockDim.x) weights[i] = expf(weights[i] - m);
     __syncthreads();
@@ -85,7 +90,7 @@ extern "C" __global__ void cached_attention_combine_f32(float* out, const float*
     const i64 stride = head_dim + 2;
     const float* part = partials + q_index * splits * stride;
     float top = -__int_as_float(0x7f800000);
-    for (i64 c = 0; c < splits; ++c) top = fmaxf(top, part[c * stride]);
+    for (i64 c = 0; c < splits; ++c) top = kiln_max(top, part[c * stride]);
     float total = 0.0f;
     for (i64 c = 0; c < splits; ++c) total += part[c * stride + 1] * expf(part[c * stride] - top);
     float* out_row = out + ((b * q_len + t) * q_heads + h) * head_dim;

@@ -1,13 +1,14 @@
 // Embedding gather and its deterministic scatter-add backward (no atomics).
 
 // out[n, :] = weight[ids[n], :]; one block per token. An id outside 0..V gives a row of NaN
-// (the CPU reports it as an error; a kernel cannot).
+// and raises the fault word.
 extern "C" __global__ void embedding_f32(float* out, const float* weight, const i64* ids,
-                                         i64 tokens, i64 hidden, i64 vocab) {
+                                         i64 tokens, i64 hidden, i64 vocab, int* fault) {
     const i64 n = blockIdx.x;
     if (n >= tokens) return;
     const i64 id = ids[n];
     const bool valid = id >= 0 && id < vocab;
+    if (!valid && threadIdx.x == 0) kiln_raise(fault);
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
         out[n * hidden + j] = valid ? weight[id * hidden + j] : __int_as_float(0x7fc00000);
     }
@@ -20,15 +21,19 @@ extern "C" __global__ void zero_f32(float* out, i64 n) {
 
 // One block per token n: only the first token carrying an id (its owner) writes that id's row,
 // as the sum of grad_out over every token with that id in increasing token order - the CPU's
-// order, starting from zero. Rows no token names keep the zeros of `zero_f32`.
+// order, starting from zero. Rows no token names keep the zeros of `zero_f32`; an id outside
+// 0..V adds nothing and raises the fault word.
 extern "C" __global__ void embedding_backward_f32(float* grad_weight, const i64* ids,
                                                   const float* grad_out, i64 tokens, i64 hidden,
-                                                  i64 vocab) {
+                                                  i64 vocab, int* fault) {
     __shared__ int earlier;
     const i64 n = blockIdx.x;
     if (n >= tokens) return;
     const i64 id = ids[n];
-    if (id < 0 || id >= vocab) return;
+    if (id < 0 || id >= vocab) {
+        if (threadIdx.x == 0) kiln_raise(fault);
+        return;
+    }
     if (threadIdx.x == 0) earlier = 0;
     __syncthreads();
     for (i64 m = threadIdx.x; m < n; m += blockDim.x) {

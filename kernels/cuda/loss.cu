@@ -10,7 +10,7 @@ struct KilnMaxSum {
 
 __device__ __forceinline__ KilnMaxSum kiln_merge(KilnMaxSum a, KilnMaxSum b) {
     KilnMaxSum r;
-    r.max = fmaxf(a.max, b.max);
+    r.max = kiln_max(a.max, b.max);
     if (r.max == -__int_as_float(0x7f800000)) {
         r.sum = 0.0f;
     } else {
@@ -55,10 +55,10 @@ __device__ KilnMaxSum kiln_row_max_sum(const float* row, i64 vocab) {
 }
 
 // Pass 1: row_loss[r] = log(sum) - (row[target] - max), 0 for an ignored row, NaN for a target
-// outside 0..V.
+// outside 0..V (which raises the fault word).
 extern "C" __global__ void cross_entropy_rows_f32(float* row_loss, const float* logits,
                                                   const i64* targets, i64 rows, i64 vocab,
-                                                  i64 ignore_index) {
+                                                  i64 ignore_index, int* fault) {
     const i64 r = blockIdx.x;
     if (r >= rows) return;
     const i64 target = targets[r];
@@ -69,9 +69,9 @@ extern "C" __global__ void cross_entropy_rows_f32(float* row_loss, const float* 
     const float* row = logits + r * vocab;
     KilnMaxSum ms = kiln_row_max_sum(row, vocab);
     if (threadIdx.x == 0) {
-        row_loss[r] = (target >= 0 && target < vocab)
-                          ? logf(ms.sum) - (row[target] - ms.max)
-                          : __int_as_float(0x7fc00000);
+        const bool valid = target >= 0 && target < vocab;
+        if (!valid) kiln_raise(fault);
+        row_loss[r] = valid ? logf(ms.sum) - (row[target] - ms.max) : __int_as_float(0x7fc00000);
     }
 }
 
@@ -93,11 +93,13 @@ extern "C" __global__ void cross_entropy_mean_f32(float* loss, const float* row_
     if (threadIdx.x == 0) loss[0] = total / counted;
 }
 
-// grad[r, j] = (exp(x - max) / sum - onehot) * grad_loss / count; 0 for ignored rows.
+// grad[r, j] = (exp(x - max) / sum - onehot) * grad_loss / count; 0 for ignored rows; a row
+// whose target is outside 0..V is NaN and raises the fault word.
 // Each block counts the counted rows itself (exact in f32 below 2^24 rows).
 extern "C" __global__ void cross_entropy_backward_f32(float* grad, const float* logits,
                                                       const i64* targets, const float* grad_loss,
-                                                      i64 rows, i64 vocab, i64 ignore_index) {
+                                                      i64 rows, i64 vocab, i64 ignore_index,
+                                                      int* fault) {
     __shared__ float scratch[KILN_WARP];
     const i64 r = blockIdx.x;
     if (r >= rows) return;
@@ -110,6 +112,11 @@ extern "C" __global__ void cross_entropy_backward_f32(float* grad, const float* 
     float* grad_row = grad + r * vocab;
     if (target == ignore_index) {
         for (i64 j = threadIdx.x; j < vocab; j += blockDim.x) grad_row[j] = 0.0f;
+        return;
+    }
+    if (target < 0 || target >= vocab) {
+        if (threadIdx.x == 0) kiln_raise(fault);
+        for (i64 j = threadIdx.x; j < vocab; j += blockDim.x) grad_row[j] = __int_as_float(0x7fc00000);
         return;
     }
     const float per_row = grad_loss[0] / counted;

@@ -1,6 +1,7 @@
 // Split-half RoPE (HF rotate_half) with the layout change [B,T,H,D] -> [B,H,T,D], and its
 // backward. The angle is computed in f32 exactly as the CPU (and HF): inv_freq = 1 / theta^(2i/D),
-// angle = position * inv_freq. One thread per (token, head, i < D/2) pair of elements.
+// angle = position * inv_freq. One thread per (token, head, i < D/2) pair of elements. A
+// negative position raises the fault word.
 
 __device__ __forceinline__ void kiln_rope_angle(float theta, i64 position, i64 i, i64 head_dim,
                                                 float* cos_out, float* sin_out) {
@@ -13,7 +14,7 @@ __device__ __forceinline__ void kiln_rope_angle(float theta, i64 position, i64 i
 // x [B,T,H,D] (+ bias [H*D] when `has_bias`), positions [B,T] i64 -> out [B,H,T,D].
 extern "C" __global__ void rope_f32(float* out, const float* x, const i64* positions,
                                     const float* bias, int has_bias, i64 batch, i64 seq,
-                                    i64 heads, i64 head_dim, float theta) {
+                                    i64 heads, i64 head_dim, float theta, int* fault) {
     const i64 half = head_dim / 2;
     const i64 pairs = batch * seq * heads * half;
     KILN_FOR_EACH(index, pairs) {
@@ -22,6 +23,7 @@ extern "C" __global__ void rope_f32(float* out, const float* x, const i64* posit
         const i64 token = index / (half * heads);
         const i64 t = token % seq;
         const i64 b = token / seq;
+        if (positions[token] < 0) kiln_raise(fault);
         float cos_a, sin_a;
         kiln_rope_angle(theta, positions[token], i, head_dim, &cos_a, &sin_a);
         const i64 src = (token * heads + h) * head_dim;
@@ -40,7 +42,7 @@ extern "C" __global__ void rope_f32(float* out, const float* x, const i64* posit
 // grad_out [B,H,T,D], positions [B,T] -> grad_x [B,T,H,D] (the inverse rotation).
 extern "C" __global__ void rope_backward_f32(float* grad_x, const float* grad_out,
                                              const i64* positions, i64 batch, i64 seq,
-                                             i64 heads, i64 head_dim, float theta) {
+                                             i64 heads, i64 head_dim, float theta, int* fault) {
     const i64 half = head_dim / 2;
     const i64 pairs = batch * seq * heads * half;
     KILN_FOR_EACH(index, pairs) {
@@ -49,6 +51,7 @@ extern "C" __global__ void rope_backward_f32(float* grad_x, const float* grad_ou
         const i64 token = index / (half * heads);
         const i64 t = token % seq;
         const i64 b = token / seq;
+        if (positions[token] < 0) kiln_raise(fault);
         float cos_a, sin_a;
         kiln_rope_angle(theta, positions[token], i, head_dim, &cos_a, &sin_a);
         const i64 src = ((b * heads + h) * seq + t) * head_dim;

@@ -3,6 +3,10 @@
 //!
 //! Every run draws a fresh seed unless `KILN_TEST_SEED` is set; the seed is printed, so a
 //! failing run can be replayed exactly with `KILN_TEST_SEED=<seed>`.
+//!
+//! GPU tests skip where no GPU can be used, saying why ([`skip_without_gpu`]); on the GPU
+//! machine `KILN_REQUIRE_GPU=1` turns every such skip into a failure, so a device run can never
+//! pass by skipping.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -17,6 +21,21 @@ pub fn rng(test: &str) -> StdRng {
     };
     eprintln!("{test}: KILN_TEST_SEED={seed}");
     StdRng::seed_from_u64(seed)
+}
+
+/// Whether `KILN_REQUIRE_GPU=1`: GPU tests must run, not skip.
+pub fn gpu_required() -> bool {
+    std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// Skips a GPU test because no GPU can be used (`reason`): prints `SKIPPED: <what>: <reason>`,
+/// or fails the test when [`gpu_required`].
+pub fn skip_without_gpu(what: &str, reason: &str) {
+    assert!(
+        !gpu_required(),
+        "KILN_REQUIRE_GPU=1 but {what} cannot run: {reason}"
+    );
+    println!("SKIPPED: {what}: {reason}");
 }
 
 /// `len` values uniform in `[lo, hi)`.

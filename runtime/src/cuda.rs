@@ -3,9 +3,14 @@
 //! says so (never a panic).
 //!
 //! A [`CudaDevice`] owns the context, the kernel modules (compiled by NVRTC for the device's
-//! architecture on first use, cached per device), a cuBLASLt handle and its workspace
-//! (preallocated, so GEMMs can be captured). cudarc's automatic event tracking is disabled:
-//! streams and events come from the plan. A [`CudaExecutable`] runs one planned program.
+//! architecture on first use, cached per device) and a cuBLASLt handle. cudarc's automatic
+//! event tracking is disabled: streams and events come from the plan. A [`CudaExecutable`]
+//! runs one planned program, with a GEMM workspace per stream (preallocated, so GEMMs can be
+//! captured; never shared by GEMMs that may run at once).
+//!
+//! Destructors cannot return errors: a failed free or destroy is recorded (the driver's in the
+//! context, cudarc's way; cuBLASLt's in [`ReleaseErrors`]) and reported by the next
+//! [`CudaDevice::check_released`], which every synchronization calls.
 
 mod executable;
 mod gemm;
@@ -19,8 +24,36 @@ use crate::error::{Error, Result};
 
 pub use executable::CudaExecutable;
 
-/// Bytes of the cuBLASLt workspace every GEMM may use.
+/// Bytes of the cuBLASLt workspace of each stream (NVIDIA's recommendation for Hopper).
 const GEMM_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Errors of destructors, kept until [`CudaDevice::check_released`] reports them; any still
+/// unreported when the device goes are printed then.
+#[derive(Default)]
+pub(crate) struct ReleaseErrors(Mutex<Vec<String>>);
+
+impl ReleaseErrors {
+    pub fn record(&self, what: String, e: impl std::fmt::Debug) {
+        if let Ok(mut errors) = self.0.lock() {
+            errors.push(format!("{what}: {e:?}"));
+        }
+    }
+
+    fn take(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .map(|mut e| std::mem::take(&mut *e))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for ReleaseErrors {
+    fn drop(&mut self) {
+        for error in self.take() {
+            eprintln!("kiln: releasing a CUDA resource failed: {error}");
+        }
+    }
+}
 
 pub(crate) fn error(what: impl Into<String>, e: impl std::fmt::Debug) -> Error {
     Error::Device {
@@ -105,10 +138,12 @@ impl DeviceAlloc {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
+        // A failure is kept in the context (cudarc's `record_err`) for `check_released`.
+        let freed = self.ctx.bind_to_thread().and_then(|()| {
             // SAFETY: allocated by `new`, freed once.
-            let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
-        }
+            unsafe { cudarc::driver::result::free_sync(self.ptr) }
+        });
+        self.ctx.record_err(freed);
     }
 }
 
@@ -119,7 +154,7 @@ pub struct CudaDevice {
     arch: &'static str,
     modules: Mutex<BTreeMap<&'static str, Arc<CudaModule>>>,
     lt: gemm::LtHandle,
-    gemm_workspace: DeviceAlloc,
+    release_errors: Arc<ReleaseErrors>,
 }
 
 impl CudaDevice {
@@ -141,15 +176,15 @@ impl CudaDevice {
             .compute_capability()
             .map_err(|e| error("compute capability", e))?;
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
-        let lt = gemm::LtHandle::new()?;
-        let gemm_workspace = DeviceAlloc::new(&ctx, GEMM_WORKSPACE_BYTES, 0)?;
+        let release_errors = Arc::new(ReleaseErrors::default());
+        let lt = gemm::LtHandle::new(&release_errors)?;
         Ok(Arc::new(CudaDevice {
             ctx,
             name,
             arch,
             modules: Mutex::new(BTreeMap::new()),
             lt,
-            gemm_workspace,
+            release_errors,
         }))
     }
 
@@ -175,6 +210,19 @@ impl CudaDevice {
 
     pub(crate) fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// Reports (and forgets) the errors destructors recorded since the last call: a failed
+    /// device free, a failed cuBLASLt destroy.
+    pub fn check_released(&self) -> Result<()> {
+        let mut errors = self.release_errors.take();
+        if let Err(e) = self.ctx.check_err() {
+            errors.push(format!("a device free or destroy: {e:?}"));
+        }
+        match errors.is_empty() {
+            true => Ok(()),
+            false => Err(error("release resources", errors.join("; "))),
+        }
     }
 
     /// Kernel `function` of module `module`, compiling the module on first use.

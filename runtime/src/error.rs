@@ -71,6 +71,18 @@ pub enum Error {
         name: String,
         expected: Box<TensorType>,
     },
+    /// An index input (token ids, targets, positions) holds a value an op reading it cannot
+    /// take.
+    #[error(
+        "graph input `{name}` holds {value} at element {at}, outside {valid} (read by {reader})"
+    )]
+    InputIndex {
+        name: String,
+        at: usize,
+        value: i64,
+        valid: String,
+        reader: String,
+    },
     /// The value bound to a graph input has another dtype or shape than the input. (Types are
     /// boxed to keep every `Result` of this crate small.)
     #[error("graph input `{name}` is {expected}, but the value bound to it is {found}")]
@@ -104,6 +116,17 @@ pub enum Error {
         backend: &'static str,
         what: String,
         reason: String,
+    },
+    /// A kernel met an invalid index (a token id, target or position outside its range) that
+    /// reached the device without passing the host's check.
+    #[error(
+        "program `{program}`, step {step} ({op}): a kernel met an invalid index (a token id, \
+         target or position outside its range); its results are not to be trusted"
+    )]
+    DeviceFault {
+        program: String,
+        step: usize,
+        op: String,
     },
 
     // --- below ---

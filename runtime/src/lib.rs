@@ -21,6 +21,7 @@ mod backend;
 pub mod cuda;
 mod device;
 mod error;
+mod index_inputs;
 mod interpret;
 mod launch;
 mod lower;

@@ -38,6 +38,9 @@ pub(crate) enum SlotKind {
     Input(InputKind),
     /// An output buffer (a program output, or a write that cannot be done in place).
     Output,
+    /// One i32 fault word per step, zeroed at allocation: a kernel that meets an invalid index
+    /// raises its step's word (kernels/cuda/common.cuh), the executable reports the step.
+    Faults,
 }
 
 /// One device allocation a program needs.
@@ -79,6 +82,8 @@ pub(crate) struct DeviceProgram {
     /// The plan's arena and lower bound, bytes.
     pub arena_bytes: u64,
     pub lower_bound_bytes: u64,
+    /// The slot of the steps' fault words (word `i` at byte `4 i` belongs to step `i`).
+    pub fault_slot: u32,
 }
 
 impl DeviceProgram {
@@ -297,6 +302,8 @@ impl<'g> Builder<'g> {
             .into_iter()
             .map(|(v, _, _, ty)| ((v.node.index(), 0), Layout::contiguous(ty)))
             .collect();
+        let fault_bytes = 4 * plan.schedule.len().max(1) as u64;
+        let fault_slot = self.add_slot("faults", SlotKind::Faults, fault_bytes);
         let mut steps = Vec::with_capacity(plan.schedule.len());
         for (index, step) in plan.schedule.iter().enumerate() {
             let StepOperands {
@@ -328,11 +335,16 @@ impl<'g> Builder<'g> {
                     let addr = self.homes[b].expect("every buffer has a home");
                     (addr, plan.buffers[b].size)
                 });
-                launches = lower_op(op, &i, &o, ws, options).map_err(|source| Error::Node {
-                    node: step.node,
-                    op: op.to_string(),
-                    source: Box::new(source),
-                })?;
+                let fault = Addr {
+                    slot: fault_slot,
+                    offset: 4 * index as u64,
+                };
+                launches =
+                    lower_op(op, &i, &o, ws, fault, options).map_err(|source| Error::Node {
+                        node: step.node,
+                        op: op.to_string(),
+                        source: Box::new(source),
+                    })?;
                 for (port, layout) in results.into_iter().enumerate() {
                     layouts.insert((step.node, port), layout);
                 }
@@ -368,6 +380,7 @@ impl<'g> Builder<'g> {
             copied_writes,
             arena_bytes: plan.arena_bytes,
             lower_bound_bytes: plan.lower_bound_bytes,
+            fault_slot,
         };
         program.check_addresses()?;
         Ok(program)
@@ -495,7 +508,7 @@ pub struct LoweringSummary {
     pub kernels: usize,
     pub gemms: usize,
     pub copies: usize,
-    /// Device allocations: the arena, one per input, one per output slot.
+    /// Device allocations: the arena, one per input, one per output slot, the fault words.
     pub slots: usize,
     pub in_place_writes: Vec<String>,
     pub copied_writes: Vec<String>,

@@ -257,7 +257,8 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         beyond_params_and_state_bytes: slot("arena")
             + slot("inputs")
             + slot("outputs")
-            + slot("gemm workspace"),
+            + slot("gemm workspaces")
+            + slot("fault words"),
         in_place_writes: in_place.len(),
         copied_writes: copied.len(),
         profile,

@@ -4,12 +4,14 @@ use super::launch::{grid_stride, size_arg};
 use super::{Addr, Arg, Launch};
 
 /// Rows `positions[b]..+T` of `cache [B,H,Smax,D]` ← `fresh [B,H,T,D]` (positions i64 `[B]`);
-/// `fresh` must hold some element.
+/// `fresh` must hold some element. A position that leaves no room for `T` rows raises the
+/// `fault` word.
 pub fn kv_cache_write_f32(
     cache: Addr,
     fresh: Addr,
     positions: Addr,
     [batch, heads, capacity, block, head_dim]: [u64; 5],
+    fault: Addr,
 ) -> Launch {
     let args = vec![
         Arg::Ptr(cache),
@@ -20,6 +22,7 @@ pub fn kv_cache_write_f32(
         size_arg(capacity),
         size_arg(block),
         size_arg(head_dim),
+        Arg::Ptr(fault),
     ];
     let items = batch * heads * block * head_dim;
     grid_stride("cache", "kv_cache_write_f32", items, args)

@@ -23,12 +23,13 @@ pub fn partials_bytes(dims: &AttentionDims) -> u64 {
 
 /// `out [B,T,Hq,D]` over the caches `[B,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
 /// (i64), with `partials` scratch of [`partials_bytes`]: the split launch, then the combine.
+/// A position outside `0..=Smax - T` raises the `fault` word.
 pub fn cached_attention_f32(
     out: Addr,
     partials: Addr,
     [q, k_cache, v_cache, positions]: [Addr; 4],
-    dims: AttentionDims,
-    scale: f32,
+    (dims, scale): (AttentionDims, f32),
+    fault: Addr,
 ) -> Result<Vec<Launch>> {
     const SPLIT: &str = "cached_attention_split_f32";
     const COMBINE: &str = "cached_attention_combine_f32";
@@ -55,6 +56,7 @@ pub fn cached_attention_f32(
         size_arg(dims.head_dim),
         size_arg(KEY_CHUNK),
         Arg::F32(scale),
+        Arg::Ptr(fault),
     ];
     let shared = ((dims.head_dim + KEY_CHUNK + u64::from(BLOCK_THREADS)) * 4) as u32;
     let split = Kernel::launch(

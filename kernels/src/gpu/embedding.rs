@@ -7,14 +7,14 @@ use crate::Result;
 
 const MODULE: &str = "embedding";
 
-/// `out [N,H] = weight [V,H] rows ids [N]` (i64), one block per token (`tokens > 0`).
+/// `out [N,H] = weight [V,H] rows ids [N]` (i64), one block per token (`tokens > 0`); an id
+/// outside `0..V` raises the `fault` word.
 pub fn embedding_f32(
     out: Addr,
     weight: Addr,
     ids: Addr,
-    tokens: u64,
-    hidden: u64,
-    vocab: u64,
+    [tokens, hidden, vocab]: [u64; 3],
+    fault: Addr,
 ) -> Result<Launch> {
     let args = vec![
         Arg::Ptr(out),
@@ -23,6 +23,7 @@ pub fn embedding_f32(
         size_arg(tokens),
         size_arg(hidden),
         size_arg(vocab),
+        Arg::Ptr(fault),
     ];
     block_per(MODULE, "embedding_f32", "tokens", tokens, args)
 }
@@ -33,14 +34,14 @@ pub fn zero_f32(out: Addr, n: u64) -> Launch {
     grid_stride(MODULE, "zero_f32", n, args)
 }
 
-/// The rows named by `ids` of `grad_weight [V,H]`, after [`zero_f32`] (`tokens > 0`).
+/// The rows named by `ids` of `grad_weight [V,H]`, after [`zero_f32`] (`tokens > 0`); an id
+/// outside `0..V` raises the `fault` word.
 pub fn embedding_backward_f32(
     grad_weight: Addr,
     ids: Addr,
     grad_out: Addr,
-    tokens: u64,
-    hidden: u64,
-    vocab: u64,
+    [tokens, hidden, vocab]: [u64; 3],
+    fault: Addr,
 ) -> Result<Launch> {
     const FUNCTION: &str = "embedding_backward_f32";
     let args = vec![
@@ -50,6 +51,7 @@ pub fn embedding_backward_f32(
         size_arg(tokens),
         size_arg(hidden),
         size_arg(vocab),
+        Arg::Ptr(fault),
     ];
     block_per(MODULE, FUNCTION, "tokens", tokens, args)
 }

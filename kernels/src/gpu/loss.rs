@@ -8,13 +8,14 @@ use crate::Result;
 const MODULE: &str = "loss";
 
 /// Per-row losses of `logits [N,V]` against `targets [N]` (i64) into `row_loss` (`N` f32
-/// scratch; `rows > 0`).
+/// scratch; `rows > 0`). A target outside `0..V` (other than `ignore_index`) raises the
+/// `fault` word.
 pub fn cross_entropy_rows_f32(
     row_loss: Addr,
     logits: Addr,
     targets: Addr,
-    [rows, vocab]: [u64; 2],
-    ignore_index: i64,
+    ([rows, vocab], ignore_index): ([u64; 2], i64),
+    fault: Addr,
 ) -> Result<Launch> {
     const FUNCTION: &str = "cross_entropy_rows_f32";
     let args = vec![
@@ -24,6 +25,7 @@ pub fn cross_entropy_rows_f32(
         size_arg(rows),
         size_arg(vocab),
         Arg::I64(ignore_index),
+        Arg::Ptr(fault),
     ];
     block_per(MODULE, FUNCTION, "rows", rows, args)
 }
@@ -47,12 +49,13 @@ pub fn cross_entropy_mean_f32(
     Kernel::launch(MODULE, "cross_entropy_mean_f32", (1, 1, 1), block, 0, args)
 }
 
-/// `grad [N,V]` from the logits, targets and the scalar `grad_loss` (`rows > 0`).
+/// `grad [N,V]` from the logits, targets and the scalar `grad_loss` (`rows > 0`); a target
+/// outside `0..V` (other than `ignore_index`) raises the `fault` word.
 pub fn cross_entropy_backward_f32(
     grad: Addr,
     [logits, targets, grad_loss]: [Addr; 3],
-    [rows, vocab]: [u64; 2],
-    ignore_index: i64,
+    ([rows, vocab], ignore_index): ([u64; 2], i64),
+    fault: Addr,
 ) -> Result<Launch> {
     const FUNCTION: &str = "cross_entropy_backward_f32";
     let args = vec![
@@ -63,6 +66,7 @@ pub fn cross_entropy_backward_f32(
         size_arg(rows),
         size_arg(vocab),
         Arg::I64(ignore_index),
+        Arg::Ptr(fault),
     ];
     block_per(MODULE, FUNCTION, "rows", rows, args)
 }

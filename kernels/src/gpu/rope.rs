@@ -31,14 +31,14 @@ impl RopeDims {
 }
 
 /// `out [B,H,T,D] = rope(x [B,T,H,D] + bias [H·D])` at `positions [B,T]` (i64), `theta`
-/// rounded to f32 as the CPU. Some pair must exist.
+/// rounded to f32 as the CPU. Some pair must exist. A negative position raises the `fault`
+/// word.
 pub fn rope_f32(
     out: Addr,
-    x: Addr,
-    positions: Addr,
+    [x, positions]: [Addr; 2],
     bias: Option<Addr>,
-    dims: RopeDims,
-    theta: f32,
+    (dims, theta): (RopeDims, f32),
+    fault: Addr,
 ) -> Launch {
     // Without a bias the kernel never reads its pointer; pass a valid one all the same.
     let mut args = vec![
@@ -49,20 +49,20 @@ pub fn rope_f32(
         Arg::I32(i32::from(bias.is_some())),
     ];
     args.extend(dims.args());
-    args.push(Arg::F32(theta));
+    args.extend([Arg::F32(theta), Arg::Ptr(fault)]);
     grid_stride(MODULE, "rope_f32", dims.pairs(), args)
 }
 
-/// `grad_x [B,T,H,D]` from `grad_out [B,H,T,D]`; `dims` are grad_x's.
+/// `grad_x [B,T,H,D]` from `grad_out [B,H,T,D]`; `dims` are grad_x's. A negative position
+/// raises the `fault` word.
 pub fn rope_backward_f32(
     grad_x: Addr,
-    grad_out: Addr,
-    positions: Addr,
-    dims: RopeDims,
-    theta: f32,
+    [grad_out, positions]: [Addr; 2],
+    (dims, theta): (RopeDims, f32),
+    fault: Addr,
 ) -> Launch {
     let mut args = vec![Arg::Ptr(grad_x), Arg::Ptr(grad_out), Arg::Ptr(positions)];
     args.extend(dims.args());
-    args.push(Arg::F32(theta));
+    args.extend([Arg::F32(theta), Arg::Ptr(fault)]);
     grid_stride(MODULE, "rope_backward_f32", dims.pairs(), args)
 }

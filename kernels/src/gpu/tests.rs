@@ -1,5 +1,5 @@
 //! Every launch a builder can produce names an `extern "C" __global__` function of its module
-//! and passes as many arguments as the C signature takes.
+//! and passes an argument of the C signature's type for each parameter, in order.
 
 use super::attention::{AttentionBackward, AttentionDims, AttentionForward};
 use super::gemv::Gemv;
@@ -8,13 +8,53 @@ use super::optim::AdamWHyper;
 use super::rope::RopeDims;
 use super::*;
 
-/// The parameter count of `extern "C" __global__ void function(...)` in `module`'s source.
-fn parameter_count(module: &str, function: &str) -> Option<usize> {
+/// The kind of argument a C parameter declaration takes (`const float* x`, `i64 rows`, ...):
+/// the [`Arg`] variant's name, or `None` for a type no builder may pass.
+fn parameter_kind(declaration: &str) -> Option<&'static str> {
+    let declaration = declaration.trim();
+    if declaration.contains('*') {
+        return Some("Ptr");
+    }
+    let ty = declaration.rsplit_once(char::is_whitespace)?.0.trim();
+    match ty.trim_start_matches("const ") {
+        "i64" | "long long" => Some("I64"),
+        "int" => Some("I32"),
+        "float" => Some("F32"),
+        "double" => Some("F64"),
+        _ => None,
+    }
+}
+
+/// The argument kind of each parameter of `extern "C" __global__ void function(...)` in
+/// `module`'s source, in order.
+fn parameter_kinds(module: &str, function: &str) -> Option<Vec<Option<&'static str>>> {
     let (_, source) = SOURCES.iter().find(|(name, _)| *name == module)?;
     let head = format!("extern \"C\" __global__ void {function}(");
     let start = source.find(&head)? + head.len();
     let params = &source[start..start + source[start..].find(')')?];
-    Some(params.split(',').filter(|p| !p.trim().is_empty()).count())
+    let declarations = params.split(',').filter(|p| !p.trim().is_empty());
+    Some(declarations.map(parameter_kind).collect())
+}
+
+fn arg_kind(arg: &Arg) -> &'static str {
+    match arg {
+        Arg::Ptr(_) => "Ptr",
+        Arg::I64(_) => "I64",
+        Arg::I32(_) => "I32",
+        Arg::F32(_) => "F32",
+        Arg::F64(_) => "F64",
+    }
+}
+
+#[test]
+fn parameter_declarations_read_as_their_argument_kinds() {
+    assert_eq!(parameter_kind(" const float* logits"), Some("Ptr"));
+    assert_eq!(parameter_kind("int* fault"), Some("Ptr"));
+    assert_eq!(parameter_kind("\n  i64 rows"), Some("I64"));
+    assert_eq!(parameter_kind("int has_bias"), Some("I32"));
+    assert_eq!(parameter_kind("float scale"), Some("F32"));
+    assert_eq!(parameter_kind("const double eps"), Some("F64"));
+    assert_eq!(parameter_kind("unsigned rows"), None);
 }
 
 fn addr(slot: u32) -> Addr {
@@ -89,7 +129,7 @@ fn every_launch() -> Vec<Launch> {
     let mut launches = vec![
         activation::softmax_f32(addr(0), addr(1), 2, 3).unwrap(),
         activation::softmax_backward_f32(addr(0), addr(1), addr(2), 2, 3).unwrap(),
-        cache::kv_cache_write_f32(addr(0), addr(1), addr(2), [1, 2, 8, 1, 4]),
+        cache::kv_cache_write_f32(addr(0), addr(1), addr(2), [1, 2, 8, 1, 4], addr(9)),
         copy::cast_f32_to_bf16(addr(0), addr(1), 3),
         copy::cast_bf16_to_f32(addr(0), addr(1), 3),
         copy::cast_f32_to_bf16(addr(0), addr(1), 8),
@@ -97,27 +137,33 @@ fn every_launch() -> Vec<Launch> {
         elementwise::sum_to_shape_f32(addr(0), addr(1), 4, 3),
         elementwise::broadcast_to_f32(addr(0), addr(1), 12, 3),
         elementwise::swiglu_backward_f32(addr(0), addr(1), addr(2), addr(3), addr(4), 5),
-        embedding::embedding_f32(addr(0), addr(1), addr(2), 3, 4, 10).unwrap(),
+        embedding::embedding_f32(addr(0), addr(1), addr(2), [3, 4, 10], addr(9)).unwrap(),
         embedding::zero_f32(addr(0), 40),
-        embedding::embedding_backward_f32(addr(0), addr(1), addr(2), 3, 4, 10).unwrap(),
+        embedding::embedding_backward_f32(addr(0), addr(1), addr(2), [3, 4, 10], addr(9)).unwrap(),
         gemv::gemv(gemv(GemmDType::F32)).unwrap(),
         gemv::gemv(gemv(GemmDType::BF16)).unwrap(),
-        loss::cross_entropy_rows_f32(addr(0), addr(1), addr(2), [3, 7], -100).unwrap(),
+        loss::cross_entropy_rows_f32(addr(0), addr(1), addr(2), ([3, 7], -100), addr(9)).unwrap(),
         loss::cross_entropy_mean_f32(addr(0), addr(1), addr(2), 3, -100),
-        loss::cross_entropy_backward_f32(addr(0), [addr(1); 3], [3, 7], -100).unwrap(),
+        loss::cross_entropy_backward_f32(addr(0), [addr(1); 3], ([3, 7], -100), addr(9)).unwrap(),
         norm::rmsnorm_f32(addr(0), addr(1), addr(2), 3, 8, 1e-6).unwrap(),
         norm::add_rmsnorm_f32(addr(0), addr(1), addr(2), addr(3), addr(4), 3, 8, 1e-6).unwrap(),
         norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
         norm::rmsnorm_backward_weight_f32(addr(0), addr(1), addr(2), addr(3), 3, 8).unwrap(),
         optim::adamw_f32([addr(0), addr(1), addr(2), addr(3), addr(4)], 9, hyper),
         optim::adamw_f32([addr(0), addr(1), addr(2), addr(3), addr(4)], 12, hyper),
-        rope::rope_f32(addr(0), addr(1), addr(2), Some(addr(3)), rope_dims, 1e4),
-        rope::rope_f32(addr(0), addr(1), addr(2), None, rope_dims, 1e4),
-        rope::rope_backward_f32(addr(0), addr(1), addr(2), rope_dims, 1e4),
+        rope::rope_f32(
+            addr(0),
+            [addr(1), addr(2)],
+            Some(addr(3)),
+            (rope_dims, 1e4),
+            addr(9),
+        ),
+        rope::rope_f32(addr(0), [addr(1), addr(2)], None, (rope_dims, 1e4), addr(9)),
+        rope::rope_backward_f32(addr(0), [addr(1), addr(2)], (rope_dims, 1e4), addr(9)),
     ];
     // The kernels of the multi-launch builders (their GEMMs are checked by the lowering tests).
     let pipelines = [
-        decode::cached_attention_f32(addr(0), addr(1), [addr(2); 4], dims, 0.5).unwrap(),
+        decode::cached_attention_f32(addr(0), addr(1), [addr(2); 4], (dims, 0.5), addr(9)).unwrap(),
         attention::attention_f32(forward, dims, 0.5).unwrap(),
         attention::attention_backward_f32(backward, dims, 0.5).unwrap(),
     ];
@@ -137,20 +183,21 @@ fn every_launch() -> Vec<Launch> {
 }
 
 #[test]
-fn every_builder_launches_a_kernel_of_its_module_with_its_arity() {
+fn every_builder_launches_a_kernel_of_its_module_with_its_signature() {
     let launches = every_launch();
     let mut seen = std::collections::BTreeSet::new();
     for launch in &launches {
         let Launch::Kernel(kernel) = launch else {
             panic!("builders return kernels: {launch:?}");
         };
-        let count = parameter_count(kernel.module, kernel.function).unwrap_or_else(|| {
+        let kinds = parameter_kinds(kernel.module, kernel.function).unwrap_or_else(|| {
             panic!(
                 "`{}` is not an extern \"C\" __global__ function of module `{}`",
                 kernel.function, kernel.module
             )
         });
-        assert_eq!(count, kernel.args.len(), "arguments of {}", kernel.function);
+        let args: Vec<Option<&str>> = kernel.args.iter().map(|a| Some(arg_kind(a))).collect();
+        assert_eq!(kinds, args, "parameters of {}", kernel.function);
         assert!(kernel.grid.0 >= 1 && kernel.grid.1 >= 1 && kernel.grid.2 >= 1);
         seen.insert(kernel.function);
     }

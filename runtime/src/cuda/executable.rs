@@ -7,7 +7,13 @@
 //! failing launch) is ended by a guard, so the stream can run eagerly again.
 //!
 //! Streams and events come from the plan: step `i` waits for its events on its stream, issues
-//! its launches there and records its events. Every run starts by forking the side streams
+//! its launches there and records its events. Each stream has its own GEMM workspace: GEMMs on
+//! one stream run in order, so no two that may overlap share scratch memory.
+//!
+//! Invalid indices: [`set`](CudaExecutable::set) checks every index input against the ranges
+//! its readers accept (the CPU reference's rules, so both backends refuse the same inputs); a
+//! kernel that still meets one raises its step's fault word, and the next synchronization
+//! reports the op. Every run starts by forking the side streams
 //! from stream 0 and ends by joining them back into it, so a run (or a replay) is ordered
 //! after what came before and before what follows on stream 0 — also inside a capture, where
 //! the fork brings the side streams into the graph.
@@ -23,10 +29,11 @@ use kiln_kernels::gpu::{Addr, Arg, Launch};
 use kiln_planner::Plan;
 
 use super::gemm::{self, PreparedGemm};
-use super::{error, CudaDevice, DeviceAlloc};
+use super::{error, CudaDevice, DeviceAlloc, GEMM_WORKSPACE_BYTES};
 use crate::backend::RunMode;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::index_inputs::{index_rules, IndexRules};
 use crate::interpret::bytes;
 use crate::lower::LowerOptions;
 use crate::planned::layout::Layout;
@@ -67,6 +74,9 @@ pub struct CudaExecutable {
     fork: CudaEvent,
     joins: Vec<CudaEvent>,
     slots: Vec<DeviceAlloc>,
+    /// One cuBLASLt workspace per stream.
+    gemm_workspaces: Vec<DeviceAlloc>,
+    index_rules: IndexRules,
     steps: Vec<ResolvedStep>,
     write_backs: Vec<Resolved>,
     graph: Option<CudaGraph>,
@@ -130,13 +140,15 @@ impl CudaExecutable {
         let fork = event()?;
         let slots = (program.slots.iter())
             .map(|slot| {
-                let fill = if matches!(slot.kind, SlotKind::Input(_)) {
-                    0
-                } else {
-                    0xFF
+                let fill = match slot.kind {
+                    SlotKind::Input(_) | SlotKind::Faults => 0,
+                    SlotKind::Arena | SlotKind::Output => 0xFF,
                 };
                 DeviceAlloc::new(ctx, slot.bytes as usize, fill)
             })
+            .collect::<Result<Vec<_>>>()?;
+        let gemm_workspaces = (0..program.streams)
+            .map(|_| DeviceAlloc::new(ctx, GEMM_WORKSPACE_BYTES, 0))
             .collect::<Result<Vec<_>>>()?;
         let mut executable = CudaExecutable {
             device: device.clone(),
@@ -146,6 +158,8 @@ impl CudaExecutable {
             fork,
             joins,
             slots,
+            gemm_workspaces,
+            index_rules: index_rules(graph),
             steps: Vec::new(),
             write_backs: Vec::new(),
             graph: None,
@@ -194,8 +208,8 @@ impl CudaExecutable {
             },
             Launch::Gemm(g) => {
                 let pointers = (self.address(g.a), self.address(g.b), self.address(g.c));
-                let workspace = self.device.gemm_workspace.bytes;
-                Resolved::Gemm(gemm::prepare(&self.device.lt, g, pointers, workspace)?)
+                let prepared = gemm::prepare(&self.device.lt, g, pointers, GEMM_WORKSPACE_BYTES)?;
+                Resolved::Gemm(prepared)
             }
             Launch::Copy { dst, src, bytes } => Resolved::Copy {
                 dst: self.address(*dst),
@@ -205,7 +219,9 @@ impl CudaExecutable {
         })
     }
 
-    fn issue(&self, launch: &Resolved, stream: &CudaStream) -> Result<()> {
+    /// Issues `launch` on stream `stream_index`.
+    fn issue(&self, launch: &Resolved, stream_index: usize) -> Result<()> {
+        let stream: &CudaStream = &self.streams[stream_index];
         match launch {
             Resolved::Kernel {
                 function,
@@ -232,11 +248,9 @@ impl CudaExecutable {
                 .map_err(|e| error("kernel launch", e))
             }
             Resolved::Gemm(g) => {
-                let workspace = (
-                    self.device.gemm_workspace.ptr,
-                    self.device.gemm_workspace.bytes,
-                );
-                gemm::issue(&self.device.lt, g, workspace, stream.cu_stream() as _)
+                let workspace = &self.gemm_workspaces[stream_index];
+                let scratch = (workspace.ptr, workspace.bytes);
+                gemm::issue(&self.device.lt, g, scratch, stream.cu_stream() as _)
             }
             Resolved::Copy { dst, src, bytes } => {
                 // SAFETY: both ranges lie inside slots this executable owns (checked when
@@ -273,7 +287,7 @@ impl CudaExecutable {
                     .map_err(|e| error("wait event", e))?;
             }
             for launch in &step.launches {
-                self.issue(launch, stream)?;
+                self.issue(launch, step.stream)?;
             }
             for &event in &step.records {
                 self.events[event]
@@ -286,7 +300,7 @@ impl CudaExecutable {
             main.wait(join).map_err(|e| error("wait join", e))?;
         }
         for launch in &self.write_backs {
-            self.issue(launch, main)?;
+            self.issue(launch, 0)?;
         }
         Ok(())
     }
@@ -321,7 +335,7 @@ impl CudaExecutable {
         marks[0].record(stream)?;
         for (index, step) in self.steps.iter().enumerate() {
             for launch in &step.launches {
-                self.issue(launch, stream)?;
+                self.issue(launch, 0)?;
             }
             marks[index + 1].record(stream)?;
         }
@@ -368,12 +382,35 @@ impl CudaExecutable {
         self.capture_seconds
     }
 
-    /// Waits for everything issued on every stream.
+    /// Waits for everything issued on every stream, then reports what went wrong meanwhile: a
+    /// raised fault word (an invalid index met by a kernel, named by its op; the words are
+    /// cleared) or a failed release of device resources.
     pub fn synchronize(&self) -> Result<()> {
         for stream in &self.streams {
             stream.synchronize().map_err(|e| error("synchronize", e))?;
         }
-        Ok(())
+        self.device.check_released()?;
+        self.check_faults()
+    }
+
+    fn check_faults(&self) -> Result<()> {
+        let slot = &self.slots[self.program.fault_slot as usize];
+        let mut words = vec![0i32; slot.bytes / 4];
+        // SAFETY: the slot holds exactly these words; the streams are idle.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut words, slot.ptr) }
+            .map_err(|e| error("read the fault words", e))?;
+        let Some(step) = words.iter().position(|&word| word != 0) else {
+            return Ok(());
+        };
+        // SAFETY: the slot's own range; the streams are idle.
+        unsafe { cudarc::driver::result::memset_d8_sync(slot.ptr, 0, slot.bytes) }
+            .map_err(|e| error("clear the fault words", e))?;
+        let op = (self.program.steps.get(step)).map_or("?", |s| s.op.as_str());
+        Err(Error::DeviceFault {
+            program: self.program.name.clone(),
+            step,
+            op: op.to_string(),
+        })
     }
 
     /// The main stream (timing events go there).
@@ -405,10 +442,12 @@ impl CudaExecutable {
                 SlotKind::Input(kiln_ir::InputKind::State) => "state",
                 SlotKind::Input(kiln_ir::InputKind::Input) => "inputs",
                 SlotKind::Output => "outputs",
+                SlotKind::Faults => "fault words",
             };
             *bytes.entry(kind).or_insert(0) += slot.bytes;
         }
-        bytes.insert("gemm workspace", self.device.gemm_workspace.bytes as u64);
+        let workspaces = self.gemm_workspaces.iter().map(|w| w.bytes as u64).sum();
+        bytes.insert("gemm workspaces", workspaces);
         bytes
     }
 
@@ -438,6 +477,7 @@ impl CudaExecutable {
                 found: Box::new(TensorType::new(tensor.dtype(), tensor.shape().clone())),
             });
         }
+        self.index_rules.check(name, tensor)?;
         let dense = tensor.contiguous()?;
         let guard = dense.storage().read()?;
         let size = dense.dtype().size_bytes();

@@ -7,11 +7,13 @@
 //! `[k,n]` transposed), its second is our A. Compute type f32 (no TF32), scale type f32.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 use kiln_kernels::gpu::{Gemm, GemmDType};
 
+use super::ReleaseErrors;
 use crate::error::{Error, Result};
 
 fn error(what: &str, e: impl std::fmt::Debug) -> Error {
@@ -22,9 +24,47 @@ fn error(what: &str, e: impl std::fmt::Debug) -> Error {
     }
 }
 
-/// A cuBLASLt handle and its workspace (owned by the device).
+/// A cuBLASLt object of handle type `H`, destroyed exactly once when dropped (cudarc's safe
+/// layer does the same for its types). A failed destroy cannot be returned from `Drop`: it is
+/// recorded in the device's [`ReleaseErrors`] and reported by the next synchronization.
+struct Owned<H: Copy> {
+    handle: H,
+    destroy: unsafe fn(H) -> std::result::Result<(), lt::CublasError>,
+    what: &'static str,
+    errors: Arc<ReleaseErrors>,
+}
+
+impl<H: Copy> Owned<H> {
+    /// Takes ownership of `created` (a fresh handle, or the error that creating it gave).
+    fn new(
+        created: std::result::Result<H, lt::CublasError>,
+        destroy: unsafe fn(H) -> std::result::Result<(), lt::CublasError>,
+        what: &'static str,
+        errors: &Arc<ReleaseErrors>,
+    ) -> Result<Self> {
+        let handle = created.map_err(|e| error(what, e))?;
+        Ok(Owned {
+            handle,
+            destroy,
+            what,
+            errors: errors.clone(),
+        })
+    }
+}
+
+impl<H: Copy> Drop for Owned<H> {
+    fn drop(&mut self) {
+        // SAFETY: `handle` was created for `destroy` and is destroyed only here.
+        if let Err(e) = unsafe { (self.destroy)(self.handle) } {
+            self.errors
+                .record(format!("destroy the cuBLASLt {}", self.what), e);
+        }
+    }
+}
+
+/// The device's cuBLASLt handle (`cublasLtCreate`).
 pub(crate) struct LtHandle {
-    pub handle: sys::cublasLtHandle_t,
+    handle: Owned<sys::cublasLtHandle_t>,
 }
 
 // SAFETY: a cuBLASLt handle may be used from any thread (cuBLASLt's documentation: the handle
@@ -33,23 +73,18 @@ unsafe impl Send for LtHandle {}
 unsafe impl Sync for LtHandle {}
 
 impl LtHandle {
-    pub fn new() -> Result<Self> {
-        let handle = lt::create_handle().map_err(|e| error("handle", e))?;
+    /// `cublasLtCreate`: <https://docs.nvidia.com/cuda/cublas/#cublasltcreate>.
+    pub fn new(errors: &Arc<ReleaseErrors>) -> Result<Self> {
+        let handle = Owned::new(lt::create_handle(), lt::destroy_handle, "handle", errors)?;
         Ok(LtHandle { handle })
     }
 }
 
-impl Drop for LtHandle {
-    fn drop(&mut self) {
-        // SAFETY: the handle was created by `new` and is destroyed once.
-        let _ = unsafe { lt::destroy_handle(self.handle) };
-    }
-}
-
-/// One matmul, ready to issue.
+/// One matmul, ready to issue: its descriptor and layouts (destroyed on drop), the algorithm
+/// chosen for them, its operands' device addresses and the stream it is issued on.
 pub(crate) struct PreparedGemm {
-    desc: sys::cublasLtMatmulDesc_t,
-    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    desc: Owned<sys::cublasLtMatmulDesc_t>,
+    layouts: [Owned<sys::cublasLtMatrixLayout_t>; 3],
     algo: sys::cublasLtMatmulAlgo_t,
     pub a: u64,
     pub b: u64,
@@ -60,18 +95,6 @@ pub(crate) struct PreparedGemm {
 // (the executable that owns them).
 unsafe impl Send for PreparedGemm {}
 
-impl Drop for PreparedGemm {
-    fn drop(&mut self) {
-        // SAFETY: created in `prepare`, destroyed once.
-        unsafe {
-            let _ = lt::destroy_matmul_desc(self.desc);
-            for layout in self.layouts {
-                let _ = lt::destroy_matrix_layout(layout);
-            }
-        }
-    }
-}
-
 fn data_type(dtype: GemmDType) -> sys::cudaDataType {
     match dtype {
         GemmDType::F32 => sys::cudaDataType::CUDA_R_32F,
@@ -79,16 +102,17 @@ fn data_type(dtype: GemmDType) -> sys::cudaDataType {
     }
 }
 
+/// `cublasLtMatrixLayoutCreate` for a column-major `rows x cols` matrix with leading
+/// dimension `ld`, strided-batched when `batch > 1`.
 fn layout(
+    errors: &Arc<ReleaseErrors>,
     dtype: sys::cudaDataType,
-    rows: u64,
-    cols: u64,
-    ld: u64,
-    batch: u64,
-    stride: u64,
-) -> Result<sys::cublasLtMatrixLayout_t> {
-    let layout =
-        lt::create_matrix_layout(dtype, rows, cols, ld as i64).map_err(|e| error("layout", e))?;
+    [rows, cols, ld]: [u64; 3],
+    (batch, stride): (u64, u64),
+) -> Result<Owned<sys::cublasLtMatrixLayout_t>> {
+    let created = lt::create_matrix_layout(dtype, rows, cols, ld as i64);
+    let owned = Owned::new(created, lt::destroy_matrix_layout, "matrix layout", errors)?;
+    let layout = owned.handle;
     if batch > 1 {
         let count = batch as i32;
         let stride = stride as i64;
@@ -110,7 +134,7 @@ fn layout(
             .map_err(|e| error("batch stride", e))?;
         }
     }
-    Ok(layout)
+    Ok(owned)
 }
 
 /// The largest power of two (at most 256) dividing `pointer`, `ld_bytes` and `stride_bytes`
@@ -121,30 +145,32 @@ fn alignment(pointer: u64, ld_bytes: u64, stride_bytes: u64) -> u32 {
 }
 
 /// Prepares `gemm` with resolved pointers `a`, `b`, `c`, for a workspace of
-/// `workspace_bytes`.
+/// `workspace_bytes`: descriptor, layouts and the algorithm cuBLASLt's heuristic picks
+/// (`cublasLtMatmulAlgoGetHeuristic`). Whatever was created is destroyed on every error path.
 pub(crate) fn prepare(
     handle: &LtHandle,
     gemm: &Gemm,
     (a, b, c): (u64, u64, u64),
     workspace_bytes: usize,
 ) -> Result<PreparedGemm> {
-    let desc = lt::create_matmul_desc(
+    let errors = &handle.handle.errors;
+    let created = lt::create_matmul_desc(
         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         sys::cudaDataType::CUDA_R_32F,
-    )
-    .map_err(|e| error("matmul desc", e))?;
+    );
+    let desc = Owned::new(created, lt::destroy_matmul_desc, "matmul desc", errors)?;
     let (op_first, op_second) = (gemm.transpose_b as i32, gemm.transpose_a as i32);
     // SAFETY: attribute buffers of the documented types (cublasOperation_t is an int).
     unsafe {
         lt::set_matmul_desc_attribute(
-            desc,
+            desc.handle,
             sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
             &op_first as *const i32 as *const c_void,
             4,
         )
         .map_err(|e| error("transa", e))?;
         lt::set_matmul_desc_attribute(
-            desc,
+            desc.handle,
             sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
             &op_second as *const i32 as *const c_void,
             4,
@@ -165,31 +191,31 @@ pub(crate) fn prepare(
     };
     let layouts = [
         layout(
+            errors,
             dtype,
-            first_rows,
-            first_cols,
-            gemm.ldb,
-            gemm.batch,
-            gemm.stride_b,
+            [first_rows, first_cols, gemm.ldb],
+            (gemm.batch, gemm.stride_b),
         )?,
         layout(
+            errors,
             dtype,
-            second_rows,
-            second_cols,
-            gemm.lda,
-            gemm.batch,
-            gemm.stride_a,
+            [second_rows, second_cols, gemm.lda],
+            (gemm.batch, gemm.stride_a),
         )?,
         layout(
+            errors,
             sys::cudaDataType::CUDA_R_32F,
-            gemm.n,
-            gemm.m,
-            gemm.ldc,
-            gemm.batch,
-            gemm.stride_c,
+            [gemm.n, gemm.m, gemm.ldc],
+            (gemm.batch, gemm.stride_c),
         )?,
     ];
-    let pref = lt::create_matmul_pref().map_err(|e| error("preference", e))?;
+    let created = lt::create_matmul_pref();
+    let pref = Owned::new(
+        created,
+        lt::destroy_matmul_pref,
+        "matmul preference",
+        errors,
+    )?;
     let ws = workspace_bytes as u64;
     // The alignment every batch's pointer keeps (cuBLASLt assumes 256 bytes unless told):
     // operands at offsets inside a buffer (one head of a group, say) may have less.
@@ -208,10 +234,10 @@ pub(crate) fn prepare(
         P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
         P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
     ];
-    // SAFETY: documented attribute types (u64, u32); the preference is destroyed below.
+    // SAFETY: documented attribute types (u64, u32).
     let heuristic = unsafe {
         lt::set_matmul_pref_attribute(
-            pref,
+            pref.handle,
             sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
             &ws as *const u64 as *const c_void,
             8,
@@ -219,24 +245,23 @@ pub(crate) fn prepare(
         .map_err(|e| error("workspace preference", e))?;
         for (attribute, bytes) in alignment_attributes.into_iter().zip(alignments) {
             lt::set_matmul_pref_attribute(
-                pref,
+                pref.handle,
                 attribute,
                 &bytes as *const u32 as *const c_void,
                 4,
             )
             .map_err(|e| error("alignment preference", e))?;
         }
-        let found = lt::get_matmul_algo_heuristic(
-            handle.handle,
-            desc,
-            layouts[0],
-            layouts[1],
-            layouts[2],
-            layouts[2],
-            pref,
-        );
-        let _ = lt::destroy_matmul_pref(pref);
-        found.map_err(|e| error(&format!("no algorithm for {gemm:?}"), e))?
+        lt::get_matmul_algo_heuristic(
+            handle.handle.handle,
+            desc.handle,
+            layouts[0].handle,
+            layouts[1].handle,
+            layouts[2].handle,
+            layouts[2].handle,
+            pref.handle,
+        )
+        .map_err(|e| error(&format!("no algorithm for {gemm:?}"), e))?
     };
     Ok(PreparedGemm {
         desc,
@@ -248,7 +273,9 @@ pub(crate) fn prepare(
     })
 }
 
-/// Issues a prepared GEMM on `stream` (capturable: no allocation, fixed pointers).
+/// Issues a prepared GEMM on `stream` with that stream's own `workspace` (address, bytes): a
+/// workspace is never shared by GEMMs that may run at once. Capturable: no allocation, fixed
+/// pointers (`cublasLtMatmul`: <https://docs.nvidia.com/cuda/cublas/#cublasltmatmul>).
 pub(crate) fn issue(
     handle: &LtHandle,
     gemm: &PreparedGemm,
@@ -260,18 +287,18 @@ pub(crate) fn issue(
     // life; descriptors were prepared for exactly these shapes.
     unsafe {
         lt::matmul(
-            handle.handle,
-            gemm.desc,
+            handle.handle.handle,
+            gemm.desc.handle,
             &alpha as *const f32 as *const c_void,
             &beta as *const f32 as *const c_void,
             gemm.b as *const c_void,
-            gemm.layouts[0],
+            gemm.layouts[0].handle,
             gemm.a as *const c_void,
-            gemm.layouts[1],
+            gemm.layouts[1].handle,
             gemm.c as *const c_void,
-            gemm.layouts[2],
+            gemm.layouts[2].handle,
             gemm.c as *mut c_void,
-            gemm.layouts[2],
+            gemm.layouts[2].handle,
             &gemm.algo,
             workspace.0 as *mut c_void,
             workspace.1,

@@ -28,13 +28,15 @@ pub(crate) struct LowerOptions {
 }
 
 /// The launches that compute `op`: read `i` (operands by port), overwrite `o` (results by
-/// port), scratch in `workspace` (address and bytes; `None` when the plan gives none).
+/// port), scratch in `workspace` (address and bytes; `None` when the plan gives none); kernels
+/// that read indices raise the step's `fault` word (an i32) on an invalid one.
 /// A result may share its operand's address (in-place results, `Alias::MayOverwrite`).
 pub(crate) fn lower_op(
     op: &Op,
     i: &[DeviceTensor],
     o: &[DeviceTensor],
     workspace: Option<(Addr, u64)>,
+    fault: Addr,
     options: LowerOptions,
 ) -> Result<Vec<Launch>> {
     let at = Lowering {
@@ -42,6 +44,7 @@ pub(crate) fn lower_op(
         i,
         o,
         workspace,
+        fault,
     };
     match op {
         Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } => Err(at.unsupported(
@@ -57,12 +60,13 @@ pub(crate) fn lower_op(
     }
 }
 
-/// One op being lowered, with its placed operands, results and workspace.
+/// One op being lowered, with its placed operands, results, workspace and fault word.
 struct Lowering<'a> {
     op: &'a Op,
     i: &'a [DeviceTensor],
     o: &'a [DeviceTensor],
     workspace: Option<(Addr, u64)>,
+    fault: Addr,
 }
 
 const F32: DType = DType::F32;
@@ -382,9 +386,8 @@ impl Lowering<'_> {
                     out.addr(),
                     weight.addr(),
                     ids.addr(),
-                    size(ids.numel()),
-                    hidden,
-                    vocab,
+                    [size(ids.numel()), hidden, vocab],
+                    self.fault,
                 )?;
                 Ok(vec![launch])
             }
@@ -402,9 +405,8 @@ impl Lowering<'_> {
                         grad_weight.addr(),
                         ids.addr(),
                         grad.addr(),
-                        size(ids.numel()),
-                        hidden,
-                        vocab,
+                        [size(ids.numel()), hidden, vocab],
+                        self.fault,
                     )?);
                 }
                 Ok(launches)
@@ -426,8 +428,8 @@ impl Lowering<'_> {
                         row_loss,
                         logits.addr(),
                         targets.addr(),
-                        sizes,
-                        *ignore_index,
+                        (sizes, *ignore_index),
+                        self.fault,
                     )?);
                 }
                 launches.push(gpu::loss::cross_entropy_mean_f32(
@@ -446,8 +448,8 @@ impl Lowering<'_> {
                 Ok(vec![gpu::loss::cross_entropy_backward_f32(
                     grad.addr(),
                     inputs,
-                    sizes,
-                    *ignore_index,
+                    (sizes, *ignore_index),
+                    self.fault,
                 )?])
             }
             _ => unreachable!("cross_entropy lowers only the cross-entropy ops"),

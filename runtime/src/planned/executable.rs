@@ -37,6 +37,7 @@ use super::memory::{read_view, write_view, Memory};
 use super::placement::{Home, Placement, Value};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::index_inputs::{index_rules, IndexRules};
 use crate::interpret::type_of;
 use crate::tensor::Tensor;
 use launch::{Launch, Span};
@@ -73,6 +74,7 @@ pub struct CpuExecutable {
     scratch: usize,
     poison: bool,
     recording: Option<Vec<Launch>>,
+    index_rules: IndexRules,
 }
 
 impl CpuExecutable {
@@ -152,11 +154,13 @@ impl CpuExecutable {
             scratch,
             poison,
             recording: None,
+            index_rules: index_rules(graph),
         })
     }
 
     /// Copies `tensor` into the slot of graph input `name` (param, input or state), after
-    /// checking its dtype and shape against the input's.
+    /// checking its dtype and shape against the input's and its indices against the ranges
+    /// of the ops that read them (as the CUDA backend does).
     pub fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
         let input =
             (self.inputs.iter_mut().find(|i| i.name == name)).ok_or_else(|| Error::Graph {
@@ -171,6 +175,7 @@ impl CpuExecutable {
                 found: Box::new(found),
             });
         }
+        self.index_rules.check(name, tensor)?;
         let span = (input.slot.region, input.slot.range.clone());
         let mut carved = (self.memory.carve(std::slice::from_ref(&span)))
             .map_err(|_| slot_error(name, "lies outside its region"))?;

@@ -13,7 +13,7 @@ use crate::tensor::Tensor;
 fn device() -> Option<Arc<CudaDevice>> {
     match super::super::unavailable() {
         Some(reason) => {
-            println!("SKIPPED: no CUDA device: {reason}");
+            kiln_kernels::testing::skip_without_gpu("the capture tests", &reason);
             None
         }
         None => Some(CudaDevice::open(0).expect("a usable CUDA device opens")),
@@ -57,4 +57,74 @@ fn an_allocation_inside_a_capture_is_refused_and_the_stream_recovers() {
     assert_eq!(exe.get("out").unwrap().to_vec::<f32>().unwrap(), want());
     exe.run(RunMode::Graph).unwrap();
     assert_eq!(exe.get("out").unwrap().to_vec::<f32>().unwrap(), want());
+}
+
+/// `out = embedding(weight [10,4], ids [2,3])`, with the weights set.
+fn embedding_program(device: &Arc<CudaDevice>, streams: usize) -> CudaExecutable {
+    let mut graph = Graph::new("embedding");
+    let weight =
+        (graph.input("w", InputKind::Param, TensorType::new(DType::F32, [10, 4]))).unwrap();
+    let ids = (graph.input("ids", InputKind::Input, TensorType::new(DType::I64, [2, 3]))).unwrap();
+    let rows = graph.op1(Op::Embedding, &[weight, ids]).unwrap();
+    graph.output("out", rows).unwrap();
+    let options = PlanOptions {
+        streams,
+        ..PlanOptions::default()
+    };
+    let planned = plan(&graph, &options).unwrap();
+    let mut exe = CudaExecutable::new(device, &graph, &planned).unwrap();
+    let w: Vec<f32> = (0..40).map(|i| i as f32 * 0.25 - 4.0).collect();
+    exe.set("w", &Tensor::from_vec(w, [10, 4]).unwrap())
+        .unwrap();
+    exe
+}
+
+/// An id outside the vocabulary is refused by `set`; one that reaches the device anyway (here
+/// written straight into the input's slot) raises the step's fault word, and the next
+/// synchronization names the op; the words are cleared, so a valid run follows.
+#[test]
+fn an_invalid_index_is_refused_on_the_host_and_reported_from_the_device() {
+    let Some(device) = device() else { return };
+    let mut exe = embedding_program(&device, 1);
+    let ids = |v: Vec<i64>| Tensor::from_vec(v, [2, 3]).unwrap();
+    let refused = exe.set("ids", &ids(vec![0, 1, 10, 3, 4, 5])).unwrap_err();
+    assert!(refused.to_string().contains("outside 0..10"), "{refused}");
+    exe.set("ids", &ids(vec![0, 1, 9, 3, 4, 5])).unwrap();
+    for mode in [RunMode::Eager, RunMode::Graph] {
+        let (slot, _) = exe.input("ids").unwrap();
+        let bad: Vec<u8> = [0i64, 1, 12, 3, 4, 5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        // SAFETY: the slot holds exactly six i64; the streams are idle after `set`.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(exe.slots[slot as usize].ptr, &bad) }
+            .unwrap();
+        exe.run(mode).unwrap();
+        let error = exe.get("out").unwrap_err();
+        let text = error.to_string();
+        println!("{mode:?}: {text}");
+        assert!(
+            text.contains("embedding") && text.contains("invalid index"),
+            "{text}"
+        );
+        exe.set("ids", &ids(vec![0, 1, 9, 3, 4, 5])).unwrap();
+        exe.run(mode).unwrap();
+        let out = exe.get("out").unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(
+            &out[8..12],
+            &[5.0, 5.25, 5.5, 5.75],
+            "row of id 9 after the fault"
+        );
+    }
+}
+
+/// Every stream has a GEMM workspace of its own (GEMMs of two streams may run at once).
+#[test]
+fn each_stream_has_its_own_gemm_workspace() {
+    let Some(device) = device() else { return };
+    let exe = embedding_program(&device, 2);
+    let pointers: Vec<u64> = exe.gemm_workspaces.iter().map(|w| w.ptr).collect();
+    assert_eq!(pointers.len(), 2);
+    assert_ne!(pointers[0], pointers[1]);
+    assert!(pointers.iter().all(|&p| p % 256 == 0));
 }

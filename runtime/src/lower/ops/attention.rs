@@ -72,8 +72,8 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 out.addr(),
                 partials,
                 inputs,
-                dims,
-                scale,
+                (dims, scale),
+                at.fault,
             )?)
         }
         Op::AttentionBackward { scale } => {
@@ -117,6 +117,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                     fresh.addr(),
                     positions.addr(),
                     [batch, heads, capacity, block, head_dim],
+                    at.fault,
                 ));
             }
             Ok(launches)

@@ -121,11 +121,10 @@ pub(super) fn lower_rope(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let theta = Lowering::f32_attribute(*theta);
             Ok(vec![rope::rope_f32(
                 out.addr(),
-                x.addr(),
-                positions.addr(),
+                [x.addr(), positions.addr()],
                 bias,
-                dims,
-                theta,
+                (dims, theta),
+                at.fault,
             )])
         }
         Op::RopeBackward { theta } => {
@@ -137,10 +136,9 @@ pub(super) fn lower_rope(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let theta = Lowering::f32_attribute(*theta);
             Ok(vec![rope::rope_backward_f32(
                 grad_x.addr(),
-                grad.addr(),
-                positions.addr(),
-                dims,
-                theta,
+                [grad.addr(), positions.addr()],
+                (dims, theta),
+                at.fault,
             )])
         }
         _ => unreachable!("lower_rope lowers only the RoPE ops"),

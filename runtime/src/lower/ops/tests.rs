@@ -10,6 +10,12 @@ use crate::error::Error;
 use crate::lower::DeviceTensor;
 use crate::planned::layout::Layout;
 
+/// The fault word of the step being lowered: a slot of its own.
+const FAULT: Addr = Addr {
+    slot: 1000,
+    offset: 0,
+};
+
 /// A contiguous tensor alone in slot `slot`, starting `offset` elements in.
 fn placed(slot: u32, offset: usize, ty: &TensorType) -> DeviceTensor {
     let mut layout = Layout::contiguous(ty);
@@ -64,12 +70,13 @@ fn lower_checked(op: &Op, operands: &[TensorType]) -> Vec<Launch> {
         },
         workspace_bytes,
     ));
-    let launches = lower_op(op, &i, &o, workspace, LowerOptions::default())
+    let launches = lower_op(op, &i, &o, workspace, FAULT, LowerOptions::default())
         .unwrap_or_else(|e| panic!("{op}: {e}"));
     let mut ranges: Vec<_> = i.iter().chain(&o).map(range).collect();
     if let Some((at, bytes)) = workspace {
         ranges.push((at.slot, at.offset, at.offset + bytes));
     }
+    ranges.push((FAULT.slot, FAULT.offset, FAULT.offset + 4));
     for launch in &launches {
         for at in launch.addresses() {
             assert!(
@@ -335,6 +342,7 @@ fn in_place_results_skip_their_copies() {
         &i,
         &[fresh],
         None,
+        FAULT,
         LowerOptions::default(),
     )
     .unwrap();
@@ -344,6 +352,7 @@ fn in_place_results_skip_their_copies() {
         &i,
         &i[..1],
         None,
+        FAULT,
         LowerOptions::default(),
     )
     .unwrap();
@@ -358,10 +367,10 @@ fn in_place_results_skip_their_copies() {
         .map(|(k, t)| placed(k as u32, 0, t))
         .collect();
     let results = [i[0].clone(), i[2].clone(), i[3].clone()];
-    let launches = lower_op(&adamw(), &i, &results, None, LowerOptions::default()).unwrap();
+    let launches = lower_op(&adamw(), &i, &results, None, FAULT, LowerOptions::default()).unwrap();
     assert_eq!(launches.len(), 1, "no copies in place: {launches:?}");
     let fresh: Vec<DeviceTensor> = (0..3).map(|k| placed(10 + k, 0, &p)).collect();
-    let launches = lower_op(&adamw(), &i, &fresh, None, LowerOptions::default()).unwrap();
+    let launches = lower_op(&adamw(), &i, &fresh, None, FAULT, LowerOptions::default()).unwrap();
     assert_eq!(
         launches.len(),
         4,
@@ -390,6 +399,7 @@ fn strided_operands_are_refused_by_name_except_by_contiguous_and_matmul() {
         &[a.clone(), b],
         std::slice::from_ref(&out),
         None,
+        FAULT,
         LowerOptions::default(),
     )
     .unwrap_err();
@@ -411,6 +421,7 @@ fn strided_operands_are_refused_by_name_except_by_contiguous_and_matmul() {
         std::slice::from_ref(&a),
         &[out],
         None,
+        FAULT,
         LowerOptions::default(),
     )
     .unwrap();
@@ -422,7 +433,7 @@ fn strided_operands_are_refused_by_name_except_by_contiguous_and_matmul() {
         transpose_a: false,
         transpose_b: false,
     };
-    let launches = lower_op(&op, &[a, w], &[c], None, LowerOptions::default()).unwrap();
+    let launches = lower_op(&op, &[a, w], &[c], None, FAULT, LowerOptions::default()).unwrap();
     match &launches[..] {
         [Launch::Gemm(g)] => {
             assert!(g.transpose_a && !g.transpose_b);
@@ -441,6 +452,7 @@ fn views_have_no_kernel() {
         std::slice::from_ref(&a),
         &[transposed(&a)],
         None,
+        FAULT,
         LowerOptions::default(),
     );
     assert!(matches!(err, Err(Error::Unsupported { .. })));
@@ -456,8 +468,8 @@ fn gemv_runs_skinny_products_only_when_enabled() {
         transpose_b: true,
     };
     let (i, o) = ([a, w], [c]);
-    let default = lower_op(&op, &i, &o, None, LowerOptions::default()).unwrap();
+    let default = lower_op(&op, &i, &o, None, FAULT, LowerOptions::default()).unwrap();
     assert!(matches!(&default[..], [Launch::Gemm(_)]));
-    let gemv = lower_op(&op, &i, &o, None, LowerOptions { gemv: true }).unwrap();
+    let gemv = lower_op(&op, &i, &o, None, FAULT, LowerOptions { gemv: true }).unwrap();
     assert!(matches!(&gemv[..], [Launch::Kernel(k)] if k.function == "gemv_bf16"));
 }
