@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Runs kiln's GPU checks and benchmarks on a CUDA machine, from binaries built elsewhere.
-# Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR [tests|bench|anchor]...
-#   BIN_DIR holds `kiln` and the `gpu` test binary (cargo test --release --no-run --test gpu).
-#   tests:  the GPU tests (tests/gpu.rs) and `kiln demo`
+# Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR [tests|sanitize|nan|bench|anchor]...
+#   BIN_DIR holds `kiln`, the `gpu` test binary (cargo test --release --no-run --test gpu) and
+#   `runtime` (kiln-runtime's unit tests: cargo test --release --no-run -p kiln-runtime --lib).
+#   tests:    the GPU tests (tests/gpu.rs, the CUDA executable's unit tests) with
+#             KILN_REQUIRE_GPU=1 (a skip fails), `kiln demo`, `kiln eval` against the oracle
+#   sanitize: compute-sanitizer memcheck and racecheck over the tiny programs, 1 and 2 streams
+#   nan:      one NaN in the tiny model's lm_head.weight: `kiln eval` loss on the CPU and GPU
 #   bench:  `kiln bench` rows of BENCHMARKS.md (JSON lines in OUT_DIR/bench.jsonl)
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 set -uo pipefail
@@ -19,8 +23,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 for what in "$@"; do
   case $what in
     tests)
-      "$bin/gpu" --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_tests.log"
+      KILN_REQUIRE_GPU=1 "$bin/gpu" --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_tests.log"
       echo "gpu tests exit: ${PIPESTATUS[0]}"
+      KILN_REQUIRE_GPU=1 "$bin/runtime" --test-threads=1 --nocapture cuda:: 2>&1 | tee "$out/runtime_cuda_tests.log"
+      echo "runtime cuda tests exit: ${PIPESTATUS[0]}"
       "$bin/kiln" demo 2>&1 | tee "$out/demo.log"
       echo "demo exit: ${PIPESTATUS[0]}"
       # kiln eval on the GPU (planned and replayed) against the oracle on the CPU.
@@ -35,6 +41,43 @@ for what in "$@"; do
           python3 "$(dirname "$0")/compare_safetensors.py" "$scratch/oracle.safetensors" "$scratch/$mode.safetensors" 1e-5 \
             | sed "s/^/eval --device cuda --mode $mode vs oracle: /"
         done
+      done
+      ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        for program in prefill decode train; do
+          for streams in 1 2; do
+            for mode in eager graph; do
+              compute-sanitizer --tool $tool --error-exitcode 9 "$bin/kiln" bench --model tiny \
+                --program $program --batch 2 --seq 8 --context 8 --streams $streams --mode $mode \
+                --warmup 0 --steps 1 >"$out/sanitize_last.log" 2>&1
+              code=$?
+              echo "compute-sanitizer $tool $program streams=$streams $mode: exit $code, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_last.log" | tr '\n' ' ')"
+              [ $code -ne 0 ] && cp "$out/sanitize_last.log" "$out/sanitize_${tool}_${program}_${streams}_${mode}.log"
+            done
+          done
+        done
+      done
+      ;;
+    nan)
+      scratch=$(mktemp -d)
+      "$bin/kiln" init-model --preset tiny --seed 3 --out "$scratch/model" >/dev/null
+      python3 - "$scratch" <<'PY'
+import sys
+import numpy as np
+from safetensors.numpy import load_file, save_file
+d = sys.argv[1]
+w = load_file(f"{d}/model/model.safetensors")
+w["lm_head.weight"] = w["lm_head.weight"].copy()
+w["lm_head.weight"].flat[123] = np.nan
+save_file(w, f"{d}/model/model.safetensors")
+save_file({"tokens": np.random.default_rng(5).integers(0, 97, (2, 9)).astype(np.int64)}, f"{d}/tokens.safetensors")
+PY
+      for run in "oracle cpu" "planned cpu" "planned cuda" "graph cuda"; do
+        read -r mode device <<<"$run"
+        "$bin/kiln" eval --model "$scratch/model" --tokens "$scratch/tokens.safetensors" --mode $mode \
+          --device $device --out "$scratch/$mode-$device.safetensors" 2>&1 \
+          | sed "s/^/NaN in lm_head: eval --mode $mode --device $device: /"
       done
       ;;
     bench)

@@ -7,6 +7,13 @@
 //! matrix, `i·g·T·(row length)` elements in; `k`, `v`, `grad_k`, `grad_v` hold pair `i` at
 //! `i·S·D`. Most steps are therefore ONE GEMM batched over the `B·Hkv` pairs with uniform
 //! strides. Every GEMM writes its C whole (beta = 0) and sums in a fixed order: no atomics.
+//!
+//! Non-finite operands: a GEMM multiplies every (query, key) pair, masked ones by a
+//! probability (or dS) of exactly 0, and `0 · NaN` and `0 · inf` are NaN. So a NaN or
+//! infinity in `v` (the forward's P·V), or in `q`, `k` or `grad_out` (the backward's dSᵀ·Q,
+//! dS·K and Pᵀ·dO) reaches the rows of the positions that must not see it, where the CPU
+//! reference, which sums over the visible pairs only, stays finite — as the same GEMMs do in
+//! PyTorch's eager attention. Every NaN of the reference is still a NaN here (none is dropped).
 
 use super::copy::strided_copy;
 use super::embedding::zero_f32;
