@@ -274,3 +274,32 @@ fn an_unset_input_is_named_and_replay_needs_a_capture() {
     let (prefill, _) = program(&config, ProgramKind::Prefill, 1);
     assert!(CpuExecutable::new(&prefill, &plan).is_err());
 }
+
+/// Index inputs are checked where they enter: a token id outside the vocabulary and a decode
+/// position past the cache are refused by `set` with an error naming the input, the value and
+/// the range (the CUDA executable checks the same rules).
+#[test]
+fn set_refuses_out_of_range_ids_and_positions() {
+    let config = ModelConfig::tiny();
+    let (graph, planned) = program(&config, ProgramKind::Decode, 1);
+    let mut exe = CpuExecutable::new(&graph, &planned).unwrap();
+    let vocab = config.vocab_size as i64;
+    let tokens = Tensor::from_vec(vec![3, vocab], [2, 1]).unwrap();
+    let err = exe.set("tokens", &tokens).unwrap_err().to_string();
+    assert!(
+        err.contains("`tokens`") && err.contains(&format!("{vocab} at element 1")),
+        "{err}"
+    );
+    assert!(err.contains(&format!("outside 0..{vocab}")), "{err}");
+    // A cache of 12 rows: one new row fits at positions 0..=11.
+    let positions = Tensor::from_vec(vec![11i64, 12], [2]).unwrap();
+    let err = exe.set("positions", &positions).unwrap_err().to_string();
+    assert!(
+        err.contains("12 at element 1") && err.contains("0..12"),
+        "{err}"
+    );
+    let negative = Tensor::from_vec(vec![-1i64, 0], [2]).unwrap();
+    assert!(exe.set("positions", &negative).is_err());
+    exe.set("positions", &Tensor::from_vec(vec![11i64, 0], [2]).unwrap())
+        .unwrap();
+}
