@@ -12,6 +12,7 @@ mod buffers;
 pub mod dump;
 mod error;
 mod hash;
+mod in_place;
 mod offsets;
 mod plan;
 mod planner;

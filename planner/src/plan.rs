@@ -109,6 +109,10 @@ pub struct Plan {
     pub offset_candidates: Vec<(String, u64)>,
     /// Number of events.
     pub events: usize,
+    /// Writes of persistent inputs computed directly in the input's storage (no output buffer
+    /// is used, nothing is copied back), in the graph's order; the other writes are copied
+    /// into their input after the last step. The rules are in `in_place.rs`.
+    pub in_place_writes: Vec<String>,
     /// Stable hash (hex) of everything above.
     pub hash: String,
 }

@@ -6,7 +6,8 @@
 //! 3. Assign streams and events for the winner.
 //! 4. Place arena buffers (activations and workspaces) with every offset heuristic, sharing
 //!    bytes only where happens-before allows it across streams; keep the smallest arena.
-//! 5. Assemble the plan in its fixed orders and hash it.
+//! 5. Decide which writes of persistent inputs are computed in place (`in_place.rs`).
+//! 6. Assemble the plan in its fixed orders and hash it.
 //!
 //! `lower_bound_bytes` is the peak of live (aligned) arena bytes over the schedule's steps,
 //! from the buffers' own `[start, end]`. With several streams buffers stay busy until later
@@ -15,6 +16,7 @@
 
 use crate::buffers::{BufferInfo, Buffers};
 use crate::hash::plan_hash;
+use crate::in_place::in_place_writes;
 use crate::offsets::{align_up, arena_size, lower_bound, place_best, ArenaItem, Placement};
 use crate::program::Program;
 use crate::schedule::{candidates, check_order};
@@ -29,6 +31,7 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
     let chosen = choose_schedule(&program, options.alignment)?;
     let streams = StreamPlan::new(&program, &chosen.order, &chosen.buffers, options.streams);
     let arena = place_arena(&chosen.buffers, &streams, options.alignment)?;
+    let in_place_writes = in_place_writes(&program, &chosen.order, &chosen.buffers, &streams);
 
     let schedule = chosen
         .order
@@ -89,6 +92,7 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
         offset_strategy: arena.placement.strategy,
         offset_candidates: arena.placement.candidates,
         events: streams.events,
+        in_place_writes,
         hash: String::new(),
     };
     plan.hash = plan_hash(&plan)?;

@@ -142,6 +142,18 @@ impl StreamPlan {
         self.stream_of_step.get(step).copied().unwrap_or(0)
     }
 
+    /// Whether step `a` finishes before step `b` starts: earlier on the same stream, or below
+    /// `b`'s frontier (through its waits and what they bring).
+    pub fn happens_before(&self, a: usize, b: usize) -> bool {
+        let n = self.streams;
+        a < b
+            && (self.stream(a) == self.stream(b)
+                || self
+                    .frontier
+                    .get(b * n + self.stream(a))
+                    .is_some_and(|&k| k > a))
+    }
+
     /// For a buffer used at `users` (ascending) whose last use is `end`: per stream, the last
     /// step that does not happen-after every use (at least `end`). A buffer first written on
     /// stream `t` after `busy_until[t]` may take its bytes (see the module doc).

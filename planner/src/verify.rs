@@ -32,11 +32,15 @@
 //! - `overlap`: arena buffers that share a byte are never live together: with one stream their
 //!   `[start, end]` are disjoint; with several, every step touching one happens before the first
 //!   write of the other.
+//! - `in_place`: `in_place_writes` names writes of the graph, in its order; each is computed by
+//!   an op that may overwrite the written input itself, its buffer holds it and its views only,
+//!   and every other op reading the input (or a view of it) happens before that op.
 //!
 //! Byte arithmetic is done in `u128`, so no plan, however large its numbers, overflows it.
 //! Everything is iterated in step, buffer or value order, so the violation reported is
 //! deterministic.
 
+mod in_place;
 mod memory;
 mod order;
 mod storage;
@@ -74,7 +78,8 @@ pub fn verify_plan(graph: &Graph, plan: &Plan) -> Result<(), PlanError> {
     memory::check_alignment(plan)?;
     memory::check_bounds(plan)?;
     memory::check_lower_bound(plan)?;
-    memory::check_overlap(plan, &lifetimes, &order)
+    memory::check_overlap(plan, &lifetimes, &order)?;
+    in_place::check_in_place(graph, &program, plan, (&buffer_of, &steps), &order)
 }
 
 /// An IR value as plans name it: (node index, output port).

@@ -86,6 +86,7 @@ fn plan(options: PlanOptions, schedule: Vec<Step>, mut buffers: Vec<Buffer>, are
         schedule_strategy: "by hand".to_string(),
         offset_strategy: "by hand".to_string(),
         offset_candidates: vec![("by hand".to_string(), arena)],
+        in_place_writes: Vec::new(),
         hash: String::new(),
     }
 }

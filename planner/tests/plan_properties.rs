@@ -159,6 +159,7 @@ fn random_plans() -> impl Strategy<Value = Plan> {
                     offset_strategy: String::new(),
                     offset_candidates: Vec::new(),
                     events,
+                    in_place_writes: Vec::new(),
                     hash: String::new(),
                 }
             },

@@ -7,21 +7,17 @@
 //! address against its slot. A backend allocates the slots once, resolves the addresses once
 //! and issues the launches — eagerly, or into a captured graph that replays them.
 //!
-//! In-place state updates: a graph write `name ← value` whose value is computed by an op that
-//! may overwrite (`Alias::MayOverwrite`) the input `name` itself (AdamW's param and moments, a
-//! KV cache write) is computed directly in the input's slot — no output buffer, no copy back —
-//! when every other reader of the input (through views too) finishes before that op starts:
-//! earlier on its stream, or ordered before it by the plan's events (vector clocks). Otherwise
-//! the value goes to an output slot of its own and is copied back after the last step;
-//! [`DeviceProgram::copied_writes`] names those.
+//! In-place state updates: a graph write `name ← value` that the plan lists in
+//! `in_place_writes` (the planner decides, the plan verifier checks: AdamW's param and
+//! moments, a KV cache write) is computed directly in the input's slot — no output buffer, no
+//! copy back. Every other write goes to an output slot of its own and is copied back after
+//! the last step; [`DeviceProgram::copied_writes`] names those.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use kiln_ir::graph::NodeKind;
-use kiln_ir::{Alias, Graph, InputKind, Op, TensorType, ValueId};
+use kiln_ir::{Graph, InputKind, TensorType};
 use kiln_kernels::gpu::{Addr, Launch};
 use kiln_planner::{BufferClass, Plan};
-use petgraph::stable_graph::NodeIndex;
 
 use crate::error::{Error, Result};
 use crate::lower::{lower_op, DeviceTensor, LowerOptions};
@@ -159,30 +155,21 @@ struct Builder<'g> {
     graph: &'g Graph,
     plan: &'g Plan,
     buffer_of: BTreeMap<Value, usize>,
-    /// Step index of each op node.
-    step_of: BTreeMap<usize, usize>,
     slots: Vec<Slot>,
     /// Home of each buffer: its slot's base address.
     homes: Vec<Option<Addr>>,
     /// Input slot by input node.
     input_slot: BTreeMap<usize, u32>,
-    /// Vector clock of each step: for each stream, how many of its steps happen before or at
-    /// this one (through stream order and the plan's events).
-    clocks: Vec<Vec<usize>>,
 }
 
 impl<'g> Builder<'g> {
     fn new(graph: &'g Graph, plan: &'g Plan) -> Result<Self> {
         let buffer_of = map_values(graph, plan)?;
         check_schedule(graph, plan)?;
-        let step_of = (plan.schedule.iter().enumerate())
-            .map(|(i, s)| (s.node, i))
-            .collect();
         Ok(Builder {
             graph,
             plan,
             buffer_of,
-            step_of,
             slots: vec![Slot {
                 name: "arena".to_string(),
                 kind: SlotKind::Arena,
@@ -190,14 +177,7 @@ impl<'g> Builder<'g> {
             }],
             homes: vec![None; plan.buffers.len()],
             input_slot: BTreeMap::new(),
-            clocks: vector_clocks(plan),
         })
-    }
-
-    /// Whether step `a` finishes before step `b` starts on every execution of the plan.
-    fn happens_before(&self, a: usize, b: usize) -> bool {
-        let stream = self.plan.schedule[a].stream;
-        a < b && self.clocks[b][stream] >= self.clocks[a][stream]
     }
 
     fn add_slot(&mut self, name: &str, kind: SlotKind, bytes: u64) -> u32 {
@@ -240,7 +220,7 @@ impl<'g> Builder<'g> {
             if self.homes[buffer].is_some() {
                 // Already the input's own buffer (the plan placed the write in place).
                 in_place_writes.push(name.clone());
-            } else if self.in_place(*value, input, buffer) {
+            } else if plan.in_place_writes.contains(name) {
                 self.homes[buffer] = Some(Addr {
                     slot: input_slot,
                     offset: 0,
@@ -397,108 +377,6 @@ impl<'g> Builder<'g> {
             layout: layout.clone(),
         })
     }
-
-    /// Whether write `value` (in `buffer`) may be computed in the slot of `input`: it is the
-    /// result of an op that may overwrite `input` itself, the buffer holds nothing else but
-    /// views of it, and every other reader of `input` (or of a view of it) runs earlier on the
-    /// writer's stream.
-    fn in_place(&self, value: ValueId, input: ValueId, buffer: usize) -> bool {
-        let graph = self.graph;
-        let writer = value.node;
-        let Some(NodeKind::Op(op)) = graph.node(writer).map(|n| &n.kind) else {
-            return false;
-        };
-        let Alias::MayOverwrite(port) = op.alias(value.port) else {
-            return false;
-        };
-        if graph.operands(writer).get(port) != Some(&input) {
-            return false;
-        }
-        let Some(&writer_step) = self.step_of.get(&writer.index()) else {
-            return false;
-        };
-        // The buffer holds the write and views of it only.
-        let views_of_value = self.views_of(value);
-        let holds_only_the_write = (self.buffer_of.iter())
-            .filter(|(_, b)| **b == buffer)
-            .all(|(v, _)| views_of_value.contains(v));
-        if !holds_only_the_write {
-            return false;
-        }
-        // Every other reader of the input has finished before the writer starts: earlier on
-        // its stream, or ordered before it through the plan's events.
-        let views_of_input = self.views_of(input);
-        graph.node_indices().all(|node| {
-            if node == writer {
-                return true;
-            }
-            let reads = (graph.operands(node).iter())
-                .any(|v| views_of_input.contains(&(v.node.index(), v.port)));
-            if !reads || is_view(graph, node) {
-                return true;
-            }
-            (self.step_of.get(&node.index()))
-                .is_some_and(|&step| self.happens_before(step, writer_step))
-        })
-    }
-
-    /// `value` and every value that is (transitively) a view of it.
-    fn views_of(&self, value: ValueId) -> BTreeSet<Value> {
-        let graph = self.graph;
-        let mut found = BTreeSet::from([(value.node.index(), value.port)]);
-        let mut changed = true;
-        while changed {
-            changed = false;
-            for node in graph.node_indices() {
-                if !is_view(graph, node) || found.contains(&(node.index(), 0)) {
-                    continue;
-                }
-                if let Some(operand) = graph.operands(node).first() {
-                    if found.contains(&(operand.node.index(), operand.port)) {
-                        found.insert((node.index(), 0));
-                        changed = true;
-                    }
-                }
-            }
-        }
-        found
-    }
-}
-
-/// Vector clocks of the plan's steps (see `Builder::clocks`); events wait for the clock of the
-/// step that recorded them. Steps of a stream run in schedule order.
-fn vector_clocks(plan: &Plan) -> Vec<Vec<usize>> {
-    let streams = plan.options.streams.max(1);
-    let mut last: Vec<Vec<usize>> = vec![vec![0; streams]; streams];
-    let mut events: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    let mut clocks = Vec::with_capacity(plan.schedule.len());
-    for step in &plan.schedule {
-        let stream = step.stream.min(streams - 1);
-        let mut clock = last[stream].clone();
-        for event in &step.waits {
-            if let Some(recorded) = events.get(event) {
-                for (mine, theirs) in clock.iter_mut().zip(recorded) {
-                    *mine = (*mine).max(*theirs);
-                }
-            }
-        }
-        clock[stream] += 1;
-        for &event in &step.records {
-            events.insert(event, clock.clone());
-        }
-        last[stream] = clock.clone();
-        clocks.push(clock);
-    }
-    clocks
-}
-
-fn is_view(graph: &Graph, node: NodeIndex) -> bool {
-    matches!(
-        graph.node(node).map(|n| &n.kind),
-        Some(NodeKind::Op(
-            Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. }
-        ))
-    )
 }
 
 /// What lowering a plan for a device gives, computed without a device: the launches one run

@@ -170,6 +170,7 @@ pub(super) fn tiny_plan() -> Plan {
             ("best-fit".to_string(), 3328),
         ],
         events: 2,
+        in_place_writes: Vec::new(),
         hash: "0123456789abcdef".to_string(),
     }
 }

@@ -99,6 +99,7 @@ fn summary(plan: &Plan, planning_time: Option<Duration>) -> Vec<String> {
         entry("arena / lower bound", ratio_text(plan)),
         entry("fragmentation", fragmentation),
         entry("events", plan.events),
+        entry("writes in place", plan.in_place_writes.len()),
         entry("schedule strategy", &plan.schedule_strategy),
         entry("offset strategy", &plan.offset_strategy),
         entry("offset candidates", plan.offset_candidates.len()),

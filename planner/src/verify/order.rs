@@ -349,7 +349,7 @@ pub(super) fn check_aliasing(
 }
 
 /// Ops that only reinterpret their operand's bytes and run no work on a device.
-fn is_view(op: &kiln_ir::Op) -> bool {
+pub(super) fn is_view(op: &kiln_ir::Op) -> bool {
     matches!(
         op,
         kiln_ir::Op::Reshape { .. } | kiln_ir::Op::Transpose { .. } | kiln_ir::Op::Slice { .. }

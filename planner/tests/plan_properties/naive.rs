@@ -137,6 +137,7 @@ pub fn naive_plan(graph: &Graph, options: &PlanOptions) -> Plan {
         offset_strategy: "no reuse".to_string(),
         offset_candidates: vec![("no reuse".to_string(), arena)],
         events: 0,
+        in_place_writes: Vec::new(),
         hash: String::new(),
     }
 }

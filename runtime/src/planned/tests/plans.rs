@@ -175,6 +175,7 @@ pub fn make_plan(graph: &Graph, specs: &[Spec]) -> Plan {
         offset_strategy: "by hand".to_string(),
         offset_candidates: vec![],
         events: 0,
+        in_place_writes: Vec::new(),
         hash: "test".to_string(),
     };
     settle_arena(&mut plan);
