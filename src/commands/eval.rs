@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use kiln_frontend::eval::{evaluate, evaluate_interpreted, evaluate_program, Engine};
-use kiln_frontend::hf::safetensors_io::{write_safetensors, SafetensorsFile};
+use kiln_frontend::hf::safetensors_io::{check_absent, write_safetensors, SafetensorsFile};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::model::Precision;
 use kiln_ir::DType;
@@ -56,12 +56,8 @@ pub fn eval(
     if device == EvalDevice::Cuda && matches!(mode, EvalMode::Oracle | EvalMode::Interpret) {
         bail!("--device cuda runs the planned program: use --mode planned or --mode graph");
     }
-    if out.exists() {
-        bail!(
-            "{} already exists; kiln never overwrites files (choose another --out)",
-            out.display()
-        );
-    }
+    // Checked again when the file is published: this only answers before the work.
+    check_absent(out).map_err(|e| anyhow!("{e} (choose another --out)"))?;
     let source = ModelSource::resolve(model)?;
     let file = SafetensorsFile::open(tokens_path)?;
     if file.info("tokens").is_none() {

@@ -6,17 +6,17 @@
 //! on the file's layout. Nothing is copied until [`SafetensorsFile::tensor`] converts one tensor
 //! into a contiguous kiln [`Tensor`].
 //!
-//! [`write_safetensors`] streams tensors to a temporary file beside the target and renames it
-//! into place, so an existing file is replaced whole or not at all.
+//! [`write_safetensors`] streams tensors to a temporary file beside the target and moves it into
+//! place only if nothing is at the target: kiln never replaces an existing path.
 //!
 //! Like every memory-mapped reader, this assumes the file is not modified while it is open
-//! (model files are written once; kiln's own writer replaces files by rename, which leaves an
-//! open map on the old contents).
+//! (model files are written once, and kiln's own writer never rewrites a file).
 //!
 //! [`open`]: SafetensorsFile::open
 
 mod convert;
 mod header;
+mod temp;
 mod write;
 
 use std::collections::BTreeMap;
@@ -32,6 +32,7 @@ use convert::StoredFloat;
 use header::{Entry, Header};
 
 pub(crate) use header::OrderedEntries;
+pub use temp::check_absent;
 
 /// A memory-mapped safetensors file with its validated header.
 pub struct SafetensorsFile {
@@ -189,9 +190,10 @@ fn stored_kind(dtype: safetensors::Dtype) -> Option<Stored> {
 
 /// Writes `tensors` (any layout; f32, f64, bf16, f16, i32, i64, each in its own dtype) to
 /// `path` with the optional `__metadata__`. The header lists the names sorted; the data is
-/// streamed; the file is replaced atomically (temporary file in the same directory, synced,
-/// renamed), and on any error the temporary file is removed and an existing `path` is left
-/// untouched.
+/// streamed to a temporary file in the same directory, synced, and moved to `path` only if
+/// nothing is there: anything at `path` (a file, a directory, a dangling symbolic link) is
+/// refused with [`Error::AlreadyExists`], before the write or at its end, and left untouched.
+/// On any error the temporary file is removed.
 pub fn write_safetensors(
     path: &Path,
     tensors: &[(String, Tensor)],
@@ -200,7 +202,8 @@ pub fn write_safetensors(
     write::write_file(path, tensors, None, metadata)
 }
 
-/// Writes `bytes` to `path` atomically, like [`write_safetensors`] (used for config.json).
+/// Writes `bytes` to a new file `path` atomically, like [`write_safetensors`]: never replaces
+/// anything at `path`.
 pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     write::write_bytes(path, bytes)
 }
@@ -228,3 +231,7 @@ mod conversion_tests;
 #[cfg(test)]
 #[path = "safetensors_io_rejection_tests.rs"]
 mod rejection_tests;
+
+#[cfg(all(test, unix))]
+#[path = "safetensors_io_publish_tests.rs"]
+mod publish_tests;

@@ -9,8 +9,8 @@
 //! agreement. Problems are reported in a fixed order: parameters in [`parameter_shapes`] order,
 //! then unexpected tensors by name.
 //!
-//! Saving writes `model.safetensors` atomically under the Hugging Face names, with the
-//! `{"format": "pt"}` metadata transformers expects.
+//! Saving writes a new `model.safetensors` atomically under the Hugging Face names, with the
+//! `{"format": "pt"}` metadata transformers expects; an existing one is never replaced.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path};
@@ -51,9 +51,9 @@ pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<Mo
     })
 }
 
-/// Writes `weights` to `dir/model.safetensors` (creating `dir` if needed) under their Hugging
-/// Face names, converted to the float `dtype` (f32, bf16 or f16 for transformers; f64 too),
-/// replacing an existing file atomically.
+/// Writes `weights` to a new `dir/model.safetensors` (creating `dir` if needed) under their
+/// Hugging Face names, converted to the float `dtype` (f32, bf16 or f16 for transformers; f64
+/// too), atomically; an existing file is refused ([`Error::AlreadyExists`]) and left as it was.
 pub fn save_weights(dir: &Path, weights: &ModelWeights<Var>, dtype: DType) -> Result<()> {
     if !dtype.is_float() {
         return Err(Error::Unsupported {

@@ -99,6 +99,7 @@ fn a_tensor_in_two_shards_names_both() {
     let half = tensors.len() / 2;
     let mut second = tensors[half..].to_vec();
     second.push(tensors[0].clone());
+    std::fs::remove_file(dir.path().join(&shards[1])).unwrap();
     write_safetensors(&dir.path().join(&shards[1]), &second, None).unwrap();
     let message = malformed(dir.path(), WEIGHTS_INDEX_FILE);
     assert_contains(

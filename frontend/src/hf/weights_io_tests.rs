@@ -80,9 +80,14 @@ pub(super) fn f32_bits(weights: &ModelWeights<Var>) -> Vec<(String, Vec<u32>)> {
         .collect()
 }
 
-/// Writes `tensors` as the directory's single weights file.
+/// Writes `tensors` as the directory's single weights file, in place of one an earlier case
+/// wrote (kiln's writer never replaces a file).
 pub(super) fn write_single(dir: &Path, tensors: &[(String, Tensor)]) {
-    write_safetensors(&dir.join(WEIGHTS_FILE), tensors, None).unwrap();
+    let path = dir.join(WEIGHTS_FILE);
+    if path.exists() {
+        fs::remove_file(&path).unwrap();
+    }
+    write_safetensors(&path, tensors, None).unwrap();
 }
 
 /// An f32 tensor of zeros.
@@ -178,21 +183,27 @@ fn bf16_save_rounds_each_value_once() {
 }
 
 #[test]
-fn saving_replaces_earlier_weights_and_creates_the_directory() {
+fn saving_creates_the_directory_and_never_replaces_earlier_weights() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("new").join("model");
     let config = llama_tied();
-    save_weights(
-        &dir,
-        &random(&config, "saving_replaces_earlier_weights_1"),
-        DType::F16,
-    )
-    .unwrap();
-    let weights = random(&config, "saving_replaces_earlier_weights_2");
-    save_weights(&dir, &weights, DType::F32).unwrap();
+    let first = random(&config, "saving_never_replaces_earlier_weights_1");
+    save_weights(&dir, &first, DType::F32).unwrap();
+    let before = fs::read(dir.join(WEIGHTS_FILE)).unwrap();
+    let second = random(&config, "saving_never_replaces_earlier_weights_2");
+    let err = save_weights(&dir, &second, DType::F16).unwrap_err();
+    assert!(matches!(err, Error::AlreadyExists { .. }), "{err:?}");
+    assert_contains(
+        &err.to_string(),
+        &[
+            &dir.join(WEIGHTS_FILE).display().to_string(),
+            "already exists",
+        ],
+    );
+    assert_eq!(fs::read(dir.join(WEIGHTS_FILE)).unwrap(), before);
     assert_eq!(
         f32_bits(&load_weights(&dir, &config, DType::F32).unwrap()),
-        f32_bits(&weights)
+        f32_bits(&first)
     );
     let names: Vec<_> = fs::read_dir(&dir)
         .unwrap()
