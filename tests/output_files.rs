@@ -1,11 +1,14 @@
 //! What `kiln` writes never replaces anything: `eval --out`, `plan --out` and the files of
 //! `init-model --out` refuse an existing path (a dangling symbolic link included) with an error
-//! naming it, and two runs racing for one path leave one result and one refusal.
+//! naming it, two runs racing for one path leave one result and one refusal, and a run stopped
+//! by SIGTERM or SIGINT leaves no temporary file behind.
 
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
 
 use kiln_frontend::hf::safetensors_io::{write_safetensors, SafetensorsFile};
 use kiln_kernels::testing::rng;
@@ -131,4 +134,77 @@ fn two_evals_racing_for_one_output_leave_one_result_and_one_refusal() {
     let file = SafetensorsFile::open(&out).unwrap();
     assert_eq!(file.info("logits").unwrap().1, vec![2, 8, 97]);
     assert_eq!(listing(dir), ["out.safetensors", "tokens.safetensors"]);
+}
+
+/// Waits for `child` until `deadline`; kills it and fails past that.
+fn wait_until(child: &mut Child, deadline: Instant, what: &str) -> ExitStatus {
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what}: still running at the deadline");
+        }
+        sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts writing the 0.5B preset (about 1 GB) into a fresh directory, sends `signal` once the
+/// temporary weights file exists, and checks the exit status and that nothing is left. Returns
+/// `false` (skipped) where it cannot be done here.
+fn interrupted_write_leaves_nothing(signal: &str, status: i32) -> bool {
+    if Command::new("kill").arg("-l").output().is_err() {
+        eprintln!("skipped: no `kill` command to send {signal}");
+        return false;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("qwen");
+    let mut child = kiln(&["init-model", "--preset", "qwen2.5-0.5b", "--out", s(&dir)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let is_temp = |name: &str| name.starts_with(".model.safetensors.tmp-");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if dir.is_dir() && listing(&dir).iter().any(|n| is_temp(n)) {
+            break;
+        }
+        if let Some(done) = child.try_wait().unwrap() {
+            assert!(done.success(), "init-model failed before writing: {done}");
+            eprintln!("skipped: init-model finished before its temporary file was seen");
+            return false;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("init-model wrote no temporary file within 300 s");
+        }
+        sleep(Duration::from_millis(5));
+    }
+    let sent = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{signal} failed");
+    let exit = wait_until(
+        &mut child,
+        Instant::now() + Duration::from_secs(60),
+        "after the signal",
+    );
+    assert_eq!(exit.code(), Some(status), "{signal}: {exit}");
+    let left = listing(&dir);
+    assert!(
+        left.iter()
+            .all(|n| !n.contains(".tmp-") && n != "model.safetensors"),
+        "{signal} left {left:?}"
+    );
+    true
+}
+
+#[test]
+fn a_write_stopped_by_sigterm_or_sigint_leaves_no_temporary_file() {
+    if interrupted_write_leaves_nothing("TERM", 143) {
+        interrupted_write_leaves_nothing("INT", 130);
+    }
 }

@@ -32,7 +32,7 @@ use convert::StoredFloat;
 use header::{Entry, Header};
 
 pub(crate) use header::OrderedEntries;
-pub use temp::check_absent;
+pub use temp::{check_absent, exit_removing_temp_files};
 
 /// A memory-mapped safetensors file with its validated header.
 pub struct SafetensorsFile {

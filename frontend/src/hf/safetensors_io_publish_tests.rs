@@ -1,17 +1,20 @@
 //! Tests of how writes are published: nothing at the target is ever replaced (a file, a
-//! directory, a dangling symbolic link, one that appears during the write), and every failure
-//! leaves no temporary file.
+//! directory, a dangling symbolic link, one that appears during the write), every failure
+//! leaves no temporary file, in-flight temporary files are registered for a signal's sweep, and
+//! stale ones of dead writers are swept.
 
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::symlink;
 use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, SystemTime};
 
 use kiln_kernels::testing::rng;
 use rand::Rng;
 
 use super::rejection_tests::{listing, one_tensor};
-use super::temp::{link_then_unlink, publish_no_replace};
+use super::temp::{in_flight_paths, link_then_unlink, publish_no_replace};
 use super::tests::assert_contains;
 use super::write::{atomically, Failure};
 use super::*;
@@ -143,4 +146,83 @@ fn the_hard_link_publish_never_replaces_either() {
     link_then_unlink(&from, &to).unwrap();
     assert_eq!(fs::read(&to).unwrap(), bytes);
     assert!(!from.exists(), "the temporary name is gone");
+}
+
+#[test]
+fn in_flight_temporary_files_are_registered_until_the_write_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = |paths: Vec<std::path::PathBuf>| {
+        paths
+            .into_iter()
+            .filter(|p| p.starts_with(dir.path()))
+            .collect::<Vec<_>>()
+    };
+    for fail in [false, true] {
+        let target = dir.path().join(format!("out-{fail}"));
+        let mut seen = Vec::new();
+        let result = atomically(&target, |out| {
+            seen = mine(in_flight_paths());
+            out.write_all(b"partial")?;
+            if fail {
+                return Err(Failure::Kiln(Error::NoGradient));
+            }
+            Ok(())
+        });
+        assert_eq!(result.is_err(), fail);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        let name = seen[0].file_name().unwrap().to_string_lossy().into_owned();
+        let prefix = format!(".out-{fail}.tmp-{}-", std::process::id());
+        assert!(name.starts_with(&prefix), "{name}");
+        assert!(!seen[0].exists());
+        assert!(mine(in_flight_paths()).is_empty());
+    }
+    assert_eq!(listing(dir.path()), ["out-false"]);
+}
+
+/// The pid of a process that has exited and been reaped.
+fn dead_pid() -> u32 {
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+#[test]
+fn stale_temporary_files_of_dead_writers_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut live = Command::new("sleep").arg("60").spawn().unwrap();
+    let (dead, alive) = (dead_pid(), live.id());
+    let old = SystemTime::now() - Duration::from_secs(600);
+    let leftover = |name: String, modified: Option<SystemTime>| {
+        let path = dir.path().join(name);
+        let file = fs::File::create(&path).unwrap();
+        (&file)
+            .write_all(&random_bytes("stale_temporary_files", 128))
+            .unwrap();
+        if let Some(modified) = modified {
+            file.set_modified(modified).unwrap();
+        }
+    };
+    leftover(format!(".out.safetensors.tmp-{dead}-0"), Some(old));
+    leftover(format!(".out.safetensors.tmp-{dead}-1"), None);
+    leftover(format!(".out.safetensors.tmp-{alive}-0"), Some(old));
+    leftover(format!(".other.tmp-{dead}-0"), Some(old));
+    leftover(format!(".out.safetensors.tmp-{dead}-x"), Some(old));
+
+    write_safetensors(&dir.path().join("out.safetensors"), &one_tensor(), None).unwrap();
+    live.kill().unwrap();
+    live.wait().unwrap();
+    let mut expected = vec![
+        format!(".other.tmp-{dead}-0"),
+        format!(".out.safetensors.tmp-{alive}-0"),
+        format!(".out.safetensors.tmp-{dead}-1"),
+        format!(".out.safetensors.tmp-{dead}-x"),
+        "out.safetensors".to_string(),
+    ];
+    expected.sort();
+    assert_eq!(
+        listing(dir.path()),
+        expected,
+        "only the old file of the dead writer is swept"
+    );
 }

@@ -6,14 +6,44 @@
 //! `renameat2(RENAME_NOREPLACE)` on Linux, else a hard link and an unlink. Checking that the
 //! target is absent and publishing are one step, so a file or link that appears at the target
 //! while kiln writes (another kiln run, the user) is never replaced.
+//!
+//! Every temporary file in flight is registered, so that a process stopped by a signal can
+//! remove them before it exits ([`exit_removing_temp_files`]). Files left by a process killed
+//! outright are swept by the next write beside the same target once their writer is gone.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
+
+/// Temporary files this process is writing now.
+static IN_FLIGHT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// A stale-looking temporary file modified this recently is kept: its pid may belong to a
+/// writer in another pid namespace or on another host sharing the directory.
+const STALE_AFTER: Duration = Duration::from_secs(60);
+
+fn in_flight() -> MutexGuard<'static, Vec<PathBuf>> {
+    // A writer that panicked while holding the lock leaves a list that is still accurate.
+    IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Removes every temporary file this process is writing and exits with `code`: for a process
+/// stopped by a signal. The registry stays locked until the exit, so no writer can create a new
+/// temporary file after the sweep.
+pub fn exit_removing_temp_files(code: i32) -> ! {
+    let registry = in_flight();
+    for path in registry.iter() {
+        // Nothing more can be done about a file that cannot be removed while exiting.
+        let _ = fs::remove_file(path);
+    }
+    std::process::exit(code)
+}
 
 /// Refuses `path` if anything is there, a dangling symbolic link included: kiln never replaces
 /// an existing path. Writers check this before their work for an early answer; the publish
@@ -54,7 +84,7 @@ fn already_exists(path: &Path, when: Option<&str>) -> Error {
     }
 }
 
-/// A temporary file beside a target; dropping it removes the file (a published
+/// A registered temporary file beside a target; dropping it removes the file (a published
 /// file has left its temporary name, so nothing is removed then).
 pub(super) struct TempFile {
     pub path: PathBuf,
@@ -62,7 +92,8 @@ pub(super) struct TempFile {
 }
 
 impl TempFile {
-    /// Creates a new temporary file for `target`; refuses a `target` that already exists (an early answer: [`TempFile::publish`] checks
+    /// Creates and registers a new temporary file for `target`, after sweeping stale ones;
+    /// refuses a `target` that already exists (an early answer: [`TempFile::publish`] checks
     /// again, atomically). The file is created exclusively: an entry already at the temporary
     /// name, even a symbolic link, is never followed or truncated.
     pub fn create(target: &Path) -> Result<(TempFile, File)> {
@@ -72,12 +103,16 @@ impl TempFile {
             reason: "not a file path (it has no file name)".into(),
         })?;
         check_absent(target)?;
+        sweep_stale(target, name);
         let temp_name = temp_name(
             name,
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed),
         );
         let path = target.with_file_name(temp_name);
+        // Created under the lock, so that a signal's sweep either sees the file or runs before
+        // it exists.
+        let mut registry = in_flight();
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -86,6 +121,8 @@ impl TempFile {
                 path: target.display().to_string(),
                 reason: format!("cannot create the temporary file {}: {e}", path.display()),
             })?;
+        registry.push(path.clone());
+        drop(registry);
         let temp = TempFile {
             path,
             target: target.to_path_buf(),
@@ -111,13 +148,21 @@ impl TempFile {
 
 impl Drop for TempFile {
     fn drop(&mut self) {
+        let mut registry = in_flight();
         // Gone already once published by rename; the second name of a hard link, or a failed
         // write, goes here. Nothing more can be done if removal fails.
         let _ = fs::remove_file(&self.path);
+        registry.retain(|p| p != &self.path);
     }
 }
 
-/// `.{name}.tmp-{pid}-{n}`: hidden; the pid and counter keep writers apart.
+/// The temporary files registered now (tests run in parallel: look for your own).
+#[cfg(test)]
+pub(super) fn in_flight_paths() -> Vec<PathBuf> {
+    in_flight().clone()
+}
+
+/// `.{name}.tmp-{pid}-{n}`: hidden, and naming its writer so a sweep can tell whether it runs.
 fn temp_name(name: &OsStr, pid: u32, n: u64) -> OsString {
     let mut temp = OsString::from(".");
     temp.push(name);
@@ -172,4 +217,56 @@ pub(super) fn link_then_unlink(from: &Path, to: &Path) -> io::Result<()> {
     fs::hard_link(from, to)?;
     let _ = fs::remove_file(from);
     Ok(())
+}
+
+/// Removes `.{name}.tmp-{pid}-{n}` files beside `target` whose writer no longer runs and that
+/// have not changed for [`STALE_AFTER`]. Sweeping is a courtesy, not part of the write:
+/// failures are ignored.
+fn sweep_stale(target: &Path, name: &OsStr) {
+    let Some(name) = name.to_str() else { return };
+    let prefix = format!(".{name}.tmp-");
+    let dir = match target.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let now = SystemTime::now();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(writer_pid)
+        else {
+            continue;
+        };
+        if pid == std::process::id() || process_may_run(pid) {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else { continue };
+        let quiet = meta
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .is_some_and(|age| age >= STALE_AFTER);
+        if meta.is_file() && quiet {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The pid of `{pid}-{n}`, the tail of a temporary name; `None` for any other text.
+fn writer_pid(tail: &str) -> Option<u32> {
+    let (pid, n) = tail.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(pid) && digits(n)).then(|| pid.parse().ok())?
+}
+
+/// Whether process `pid` may still run. Without /proc nothing can be told, so every process
+/// may.
+fn process_may_run(pid: u32) -> bool {
+    let proc = Path::new("/proc");
+    !proc.join("self").exists() || proc.join(pid.to_string()).exists()
 }
