@@ -20,7 +20,6 @@ mod temp;
 mod write;
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use kiln_ir::DType;
@@ -28,6 +27,7 @@ use kiln_runtime::Tensor;
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
+use crate::hf::files::open_regular;
 use convert::StoredFloat;
 use header::{Entry, Header};
 
@@ -54,16 +54,10 @@ impl SafetensorsFile {
     /// Maps `path` and validates its header; errors name the path and the problem.
     pub fn open(path: &Path) -> Result<SafetensorsFile> {
         let path_text = path.display().to_string();
-        let file = File::open(path).map_err(|e| Error::Io {
+        let file = open_regular(path).map_err(|reason| Error::Io {
             path: path_text.clone(),
-            reason: format!("cannot open the safetensors file: {e}"),
+            reason: format!("cannot open the safetensors file: {reason}"),
         })?;
-        if file.metadata().is_ok_and(|m| m.is_dir()) {
-            return Err(Error::Io {
-                path: path_text,
-                reason: "is a directory, not a safetensors file".into(),
-            });
-        }
         // SAFETY: the map is read-only and private to this value. Its contents stay valid as
         // long as no one truncates or rewrites the file in place while it is open, the usual
         // contract of memory-mapped model files (see the module docs).

@@ -57,6 +57,27 @@ fn a_header_longer_than_the_file_is_truncation() {
 }
 
 #[test]
+fn a_header_over_the_formats_limit_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.safetensors");
+    // One byte over the limit, in a (sparse) file that long: only the length is read.
+    let len = super::header::MAX_HEADER as u64 + 1;
+    let file = fs::File::create(&path).unwrap();
+    file.set_len(8 + len).unwrap();
+    drop(file);
+    let mut prefix = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    std::io::Write::write_all(&mut prefix, &len.to_le_bytes()).unwrap();
+    drop(prefix);
+    assert_contains(
+        &malformed(&path),
+        &[
+            &path.display().to_string(),
+            "header says 100000001 bytes, over the 100000000-byte limit",
+        ],
+    );
+}
+
+#[test]
 fn a_header_that_is_not_a_json_object_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let cases: [(&[u8], &str); 4] = [

@@ -20,6 +20,7 @@ use kiln_runtime::Tensor;
 
 use crate::autograd::Var;
 use crate::error::{Error, Result};
+use crate::hf::files::{read_text, INDEX_LIMIT};
 use crate::hf::safetensors_io::{write_safetensors_as, OrderedEntries, SafetensorsFile};
 use crate::model::{parameter_shapes, ModelConfig, ModelWeights};
 
@@ -259,7 +260,7 @@ fn read_index(index: &Path) -> Result<Vec<(String, String)>, String> {
         weight_map: OrderedEntries<String>,
     }
     let text =
-        std::fs::read_to_string(index).map_err(|e| format!("cannot read the shard index: {e}"))?;
+        read_text(index, INDEX_LIMIT).map_err(|e| format!("cannot read the shard index: {e}"))?;
     match serde_json::from_str::<Index>(&text) {
         Ok(index) => Ok(index.weight_map.0),
         Err(e) if e.is_data() => Err(format!(
