@@ -1,9 +1,17 @@
-//! What `kiln eval` reads, run as a user runs it: a FIFO as the tokens file is refused at once.
+//! What `kiln eval` reads and says about it, run as a user runs it: a FIFO as the tokens file is
+//! refused at once, tokens must be integer ids, and the loss line counts the predicted tokens.
 
+use std::fs;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
+
+use kiln_frontend::hf::safetensors_io::{write_safetensors, SafetensorsFile};
+use kiln_ir::DType;
+use kiln_kernels::testing::rng;
+use kiln_runtime::Tensor;
+use rand::Rng;
 
 /// Runs kiln, killing it and failing if it has not ended within 60 s.
 fn kiln(args: &[&str]) -> Output {
@@ -25,6 +33,13 @@ fn kiln(args: &[&str]) -> Output {
 }
 
 #[track_caller]
+fn succeeds(out: &Output) -> (String, String) {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    assert!(out.status.success(), "kiln failed: {}", text(&out.stderr));
+    (text(&out.stdout), text(&out.stderr))
+}
+
+#[track_caller]
 fn fails_with(out: &Output, parts: &[&str]) {
     assert!(!out.status.success(), "kiln should have failed");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -35,6 +50,15 @@ fn fails_with(out: &Output, parts: &[&str]) {
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
+}
+
+/// Random token ids of the tiny preset (vocabulary 97).
+fn random_tokens(test: &str, rows: usize, columns: usize) -> Tensor {
+    let mut rng = rng(test);
+    let ids: Vec<i64> = (0..rows * columns)
+        .map(|_| rng.random_range(0..97))
+        .collect();
+    Tensor::from_vec(ids, [rows, columns]).unwrap()
 }
 
 fn eval(model: &str, tokens: &Path, out: &Path) -> Output {
@@ -64,4 +88,57 @@ fn a_fifo_as_the_tokens_file_is_refused_without_waiting() {
         &[s(&fifo), "a FIFO (named pipe), not a regular file"],
     );
     assert!(!out.exists());
+}
+
+#[test]
+fn the_loss_line_counts_the_predicted_tokens() {
+    let scratch = tempfile::tempdir().unwrap();
+    let tokens = scratch.path().join("tokens.safetensors");
+    let batch = random_tokens("the_loss_line_counts_the_predicted_tokens", 2, 8);
+    write_safetensors(&tokens, &[("tokens".to_string(), batch)], None).unwrap();
+    let out = scratch.path().join("out.safetensors");
+    let (stdout, _) = succeeds(&eval("tiny", &tokens, &out));
+    // Hugging Face's causal-LM loss: logits[:, :-1] against tokens[:, 1:], 2 × 7 targets.
+    assert!(
+        stdout.contains("over 14 predicted tokens (2 rows × 7"),
+        "{stdout}"
+    );
+    let loss = SafetensorsFile::open(&out)
+        .unwrap()
+        .tensor("loss", DType::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()[0];
+    assert!(stdout.starts_with(&format!("loss {loss:.6} ")), "{stdout}");
+}
+
+#[test]
+fn tokens_must_be_integer_ids() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut rng = rng("tokens_must_be_integer_ids");
+    let bytes: Vec<u8> = (0..8).map(|_| rng.random_range(0..97)).collect();
+    for (dtype, name) in [
+        (safetensors::Dtype::U8, "U8"),
+        (safetensors::Dtype::F32, "F32"),
+    ] {
+        let path = scratch.path().join(format!("{name}.safetensors"));
+        let width = if name == "U8" { 1 } else { 4 };
+        let data = &bytes[..8 / width * width];
+        let view = safetensors::tensor::TensorView::new(dtype, vec![2, 4 / width], data).unwrap();
+        fs::write(
+            &path,
+            safetensors::serialize([("tokens", view)], None).unwrap(),
+        )
+        .unwrap();
+        let out = scratch.path().join(format!("{name}.out"));
+        fails_with(
+            &eval("tiny", &path, &out),
+            &[
+                s(&path),
+                &format!("tensor `tokens` has dtype {name}"),
+                "expected integer token ids, I32 or I64",
+            ],
+        );
+        assert!(!out.exists());
+    }
 }
