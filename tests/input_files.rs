@@ -1,5 +1,6 @@
 //! What `kiln eval` reads and says about it, run as a user runs it: a FIFO as the tokens file is
-//! refused at once, tokens must be integer ids, and the loss line counts the predicted tokens.
+//! refused at once, tokens must be integer ids, the loss line counts the predicted tokens, and
+//! the RoPE buffers of old checkpoints are ignored with a note naming them.
 
 use std::fs;
 use std::path::Path;
@@ -141,4 +142,65 @@ fn tokens_must_be_integer_ids() {
         );
         assert!(!out.exists());
     }
+}
+
+#[test]
+fn rope_buffers_of_old_checkpoints_are_ignored_with_a_note() {
+    let test = "rope_buffers_of_old_checkpoints_are_ignored_with_a_note";
+    let scratch = tempfile::tempdir().unwrap();
+    let path = |name: &str| scratch.path().join(name);
+    let mut rng = rng(test);
+    let seed = rng.random_range(0..1000u64).to_string();
+    succeeds(&kiln(&[
+        "init-model",
+        "--preset",
+        "tiny",
+        "--seed",
+        &seed,
+        "--out",
+        s(&path("new")),
+    ]));
+
+    // The same weights as an old checkpoint: every layer's inverse frequencies stored too.
+    fs::create_dir(path("old")).unwrap();
+    fs::copy(path("new/config.json"), path("old/config.json")).unwrap();
+    let new = SafetensorsFile::open(&path("new/model.safetensors")).unwrap();
+    let mut tensors: Vec<(String, Tensor)> = new
+        .names()
+        .into_iter()
+        .map(|name| {
+            let tensor = new.tensor(&name, DType::F32).unwrap();
+            (name, tensor)
+        })
+        .collect();
+    let buffers: Vec<String> = (0..2)
+        .map(|layer| format!("model.layers.{layer}.self_attn.rotary_emb.inv_freq"))
+        .collect();
+    for name in &buffers {
+        let values: Vec<f32> = (0..8).map(|_| rng.random_range(0.0..1.0)).collect();
+        tensors.push((name.clone(), Tensor::from_vec(values, [8]).unwrap()));
+    }
+    write_safetensors(&path("old/model.safetensors"), &tensors, None).unwrap();
+
+    let tokens = path("tokens.safetensors");
+    let batch = random_tokens(test, 1, 6);
+    write_safetensors(&tokens, &[("tokens".to_string(), batch)], None).unwrap();
+    let (_, quiet) = succeeds(&eval(s(&path("new")), &tokens, &path("new.out")));
+    assert!(!quiet.contains("note:"), "{quiet}");
+    let (_, stderr) = succeeds(&eval(s(&path("old")), &tokens, &path("old.out")));
+    for part in [
+        "note:",
+        "transformers ignores too",
+        &buffers[0],
+        &buffers[1],
+    ] {
+        assert!(stderr.contains(part), "expected `{part}` in: {stderr}");
+    }
+    let logits = |out: &str| {
+        let file = SafetensorsFile::open(&path(out)).unwrap();
+        let values = file.tensor("logits", DType::F32).unwrap();
+        values.to_vec::<f32>().unwrap()
+    };
+    let (a, b) = (logits("new.out"), logits("old.out"));
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
 }

@@ -61,9 +61,13 @@ pub fn eval(
     check_absent(out).map_err(|e| anyhow!("{e} (choose another --out)"))?;
     let source = ModelSource::resolve(model)?;
     let tokens = read_tokens(tokens_path)?;
-    let (config, weights) = source
+    let (config, loaded) = source
         .load(seed)
         .with_context(|| format!("loading model {model}"))?;
+    if let Some(note) = loaded.note() {
+        eprintln!("note: {model}: {note}");
+    }
+    let weights = loaded.weights;
     let backend = match device {
         EvalDevice::Cpu => Backend::Cpu,
         EvalDevice::Cuda => Backend::cuda().context("--device cuda")?,

@@ -172,6 +172,8 @@ fn the_single_file_takes_precedence_over_an_index() {
     let (dir, tensors, _) = sharded("the_single_file_takes_precedence_over_an_index");
     fs::write(dir.path().join(WEIGHTS_INDEX_FILE), "not json").unwrap();
     write_single(dir.path(), &tensors);
-    let loaded = load_weights(dir.path(), &qwen2_like(), DType::F32).unwrap();
+    let loaded = load_weights(dir.path(), &qwen2_like(), DType::F32)
+        .unwrap()
+        .weights;
     assert_eq!(loaded.named().len(), tensors.len());
 }
