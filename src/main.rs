@@ -280,7 +280,9 @@ enum Program {
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    kiln::signals::install()?;
+    match cli.command {
         Command::Demo { seed, batch, seq } => {
             let report = kiln::demo::run(seed, batch, seq)?;
             print!("{}", report.text);

@@ -75,7 +75,8 @@ fn oracle_matches_transformers() {
     for case in CASES {
         let dir = case_dir(case);
         let source = ModelSource::resolve(dir.to_str().unwrap()).unwrap();
-        let (config, weights) = source.load(0).unwrap();
+        let (config, loaded) = source.load(0).unwrap();
+        let weights = loaded.weights;
         let tokens = SafetensorsFile::open(&dir.join("tokens.safetensors"))
             .unwrap()
             .tensor("tokens", DType::I64)

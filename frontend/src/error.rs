@@ -73,6 +73,9 @@ pub enum Error {
         value: String,
         reason: String,
     },
+    /// Something is already at a path kiln writes; kiln never replaces it.
+    #[error("{path} already exists ({what}); kiln never replaces an existing path")]
+    AlreadyExists { path: String, what: String },
     /// A file could not be read, written or renamed.
     #[error("{path}: {reason}")]
     Io { path: String, reason: String },

@@ -113,9 +113,13 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         bail!("--device cuda: no CUDA device can be used here: {reason}");
     }
     let source = ModelSource::resolve(&args.model)?;
-    let (config, weights) = source
+    let (config, loaded) = source
         .load(args.seed)
         .with_context(|| format!("loading model {}", args.model))?;
+    if let Some(note) = loaded.note() {
+        eprintln!("note: {}: {note}", args.model);
+    }
+    let weights = loaded.weights;
     let graph = build(args.kind, &config, &args.options)?;
     let planned = plan(
         &graph,

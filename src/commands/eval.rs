@@ -2,13 +2,14 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use kiln_frontend::eval::{evaluate, evaluate_interpreted, evaluate_program, Engine};
-use kiln_frontend::hf::safetensors_io::{write_safetensors, SafetensorsFile};
+use kiln_frontend::hf::safetensors_io::{check_absent, write_safetensors, SafetensorsFile};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::model::Precision;
 use kiln_ir::DType;
-use kiln_runtime::{Backend, RunMode};
+use kiln_runtime::{Backend, RunMode, Tensor};
+use safetensors::Dtype;
 
 /// Which engine computes the evaluation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,25 +57,17 @@ pub fn eval(
     if device == EvalDevice::Cuda && matches!(mode, EvalMode::Oracle | EvalMode::Interpret) {
         bail!("--device cuda runs the planned program: use --mode planned or --mode graph");
     }
-    if out.exists() {
-        bail!(
-            "{} already exists; kiln never overwrites files (choose another --out)",
-            out.display()
-        );
-    }
+    // Checked again when the file is published: this only answers before the work.
+    check_absent(out).map_err(|e| anyhow!("{e} (choose another --out)"))?;
     let source = ModelSource::resolve(model)?;
-    let file = SafetensorsFile::open(tokens_path)?;
-    if file.info("tokens").is_none() {
-        bail!(
-            "{} has no tensor `tokens` (it holds: {})",
-            tokens_path.display(),
-            file.names().join(", ")
-        );
-    }
-    let tokens = file.tensor("tokens", DType::I64)?;
-    let (config, weights) = source
+    let tokens = read_tokens(tokens_path)?;
+    let (config, loaded) = source
         .load(seed)
         .with_context(|| format!("loading model {model}"))?;
+    if let Some(note) = loaded.note() {
+        eprintln!("note: {model}: {note}");
+    }
+    let weights = loaded.weights;
     let backend = match device {
         EvalDevice::Cpu => Backend::Cpu,
         EvalDevice::Cuda => Backend::cuda().context("--device cuda")?,
@@ -107,11 +100,37 @@ pub fn eval(
     );
     write_safetensors(out, &tensors, None)?;
     let loss = result.loss.to_f64_vec()?[0];
+    // The causal-LM loss averages over the targets: every token but each row's first.
+    let (rows, columns) = match tokens.dims() {
+        [rows, columns] => (*rows, *columns),
+        _ => (1, tokens.numel()),
+    };
+    let predicted = columns.saturating_sub(1);
     println!(
-        "loss {loss:.6} over {} tokens; wrote {} tensors to {}",
-        tokens.numel(),
+        "loss {loss:.6} over {} predicted tokens ({rows} rows × {predicted}: all but each row's \
+         first); wrote {} tensors to {}",
+        rows * predicted,
         tensors.len(),
         out.display()
     );
     Ok(())
+}
+
+/// The `tokens` tensor of `path`: integer token ids, I32 or I64, read as i64.
+fn read_tokens(path: &Path) -> Result<Tensor> {
+    let file = SafetensorsFile::open(path)?;
+    let Some((dtype, _)) = file.info("tokens") else {
+        bail!(
+            "{} has no tensor `tokens` (it holds: {})",
+            path.display(),
+            file.names().join(", ")
+        );
+    };
+    if !matches!(dtype, Dtype::I32 | Dtype::I64) {
+        bail!(
+            "{}: tensor `tokens` has dtype {dtype}; expected integer token ids, I32 or I64",
+            path.display()
+        );
+    }
+    Ok(file.tensor("tokens", DType::I64)?)
 }

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use kiln_frontend::hf::safetensors_io::write_file_atomically;
+use anyhow::{anyhow, Context, Result};
+use kiln_frontend::hf::safetensors_io::{check_absent, write_file_atomically};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_planner::{dump, PlanOptions};
@@ -28,11 +28,9 @@ pub fn plan(
     out: Option<&Path>,
     verify: bool,
 ) -> Result<Option<String>> {
-    if let Some(out) = out.filter(|out| out.exists()) {
-        bail!(
-            "{} already exists; kiln never overwrites files (choose another --out)",
-            out.display()
-        );
+    if let Some(out) = out {
+        // Checked again when the file is published: this only answers before the work.
+        check_absent(out).map_err(|e| anyhow!("{e} (choose another --out)"))?;
     }
     let (config, _) = ModelSource::resolve(model)?.config()?;
     let graph =

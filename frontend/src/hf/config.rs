@@ -34,7 +34,8 @@ pub const CONFIG_FILE: &str = "config.json";
 pub fn load_config(dir: &Path) -> Result<(ModelConfig, DType)> {
     let path = dir.join(CONFIG_FILE);
     let shown = path.display().to_string();
-    let json = std::fs::read_to_string(&path).map_err(|error| Error::Io {
+    let json = crate::hf::files::read_text(&path, crate::hf::files::CONFIG_LIMIT);
+    let json = json.map_err(|error| Error::Io {
         path: shown.clone(),
         reason: format!("cannot read the model config: {error}"),
     })?;

@@ -2,6 +2,7 @@
 //! `model.safetensors.index.json`), and kiln's built-in presets.
 
 pub mod config;
+mod files;
 pub mod presets;
 pub mod safetensors_io;
 pub mod source;

@@ -6,21 +6,20 @@
 //! on the file's layout. Nothing is copied until [`SafetensorsFile::tensor`] converts one tensor
 //! into a contiguous kiln [`Tensor`].
 //!
-//! [`write_safetensors`] streams tensors to a temporary file beside the target and renames it
-//! into place, so an existing file is replaced whole or not at all.
+//! [`write_safetensors`] streams tensors to a temporary file beside the target and moves it into
+//! place only if nothing is at the target: kiln never replaces an existing path.
 //!
 //! Like every memory-mapped reader, this assumes the file is not modified while it is open
-//! (model files are written once; kiln's own writer replaces files by rename, which leaves an
-//! open map on the old contents).
+//! (model files are written once, and kiln's own writer never rewrites a file).
 //!
 //! [`open`]: SafetensorsFile::open
 
 mod convert;
 mod header;
+mod temp;
 mod write;
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use kiln_ir::DType;
@@ -28,10 +27,12 @@ use kiln_runtime::Tensor;
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
+use crate::hf::files::open_regular;
 use convert::StoredFloat;
 use header::{Entry, Header};
 
 pub(crate) use header::OrderedEntries;
+pub use temp::{check_absent, exit_removing_temp_files};
 
 /// A memory-mapped safetensors file with its validated header.
 pub struct SafetensorsFile {
@@ -53,16 +54,10 @@ impl SafetensorsFile {
     /// Maps `path` and validates its header; errors name the path and the problem.
     pub fn open(path: &Path) -> Result<SafetensorsFile> {
         let path_text = path.display().to_string();
-        let file = File::open(path).map_err(|e| Error::Io {
+        let file = open_regular(path).map_err(|reason| Error::Io {
             path: path_text.clone(),
-            reason: format!("cannot open the safetensors file: {e}"),
+            reason: format!("cannot open the safetensors file: {reason}"),
         })?;
-        if file.metadata().is_ok_and(|m| m.is_dir()) {
-            return Err(Error::Io {
-                path: path_text,
-                reason: "is a directory, not a safetensors file".into(),
-            });
-        }
         // SAFETY: the map is read-only and private to this value. Its contents stay valid as
         // long as no one truncates or rewrites the file in place while it is open, the usual
         // contract of memory-mapped model files (see the module docs).
@@ -189,9 +184,10 @@ fn stored_kind(dtype: safetensors::Dtype) -> Option<Stored> {
 
 /// Writes `tensors` (any layout; f32, f64, bf16, f16, i32, i64, each in its own dtype) to
 /// `path` with the optional `__metadata__`. The header lists the names sorted; the data is
-/// streamed; the file is replaced atomically (temporary file in the same directory, synced,
-/// renamed), and on any error the temporary file is removed and an existing `path` is left
-/// untouched.
+/// streamed to a temporary file in the same directory, synced, and moved to `path` only if
+/// nothing is there: anything at `path` (a file, a directory, a dangling symbolic link) is
+/// refused with [`Error::AlreadyExists`], before the write or at its end, and left untouched.
+/// On any error the temporary file is removed.
 pub fn write_safetensors(
     path: &Path,
     tensors: &[(String, Tensor)],
@@ -200,7 +196,8 @@ pub fn write_safetensors(
     write::write_file(path, tensors, None, metadata)
 }
 
-/// Writes `bytes` to `path` atomically, like [`write_safetensors`] (used for config.json).
+/// Writes `bytes` to a new file `path` atomically, like [`write_safetensors`]: never replaces
+/// anything at `path`.
 pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     write::write_bytes(path, bytes)
 }
@@ -228,3 +225,7 @@ mod conversion_tests;
 #[cfg(test)]
 #[path = "safetensors_io_rejection_tests.rs"]
 mod rejection_tests;
+
+#[cfg(all(test, unix))]
+#[path = "safetensors_io_publish_tests.rs"]
+mod publish_tests;

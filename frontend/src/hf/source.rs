@@ -5,12 +5,11 @@ use std::path::{Path, PathBuf};
 
 use kiln_ir::DType;
 
-use crate::autograd::Var;
 use crate::error::{Error, Result};
 use crate::hf::config::load_config;
 use crate::hf::presets::{preset, PRESETS};
-use crate::hf::weights_io::load_weights;
-use crate::model::{random_weights, ModelConfig, ModelWeights};
+use crate::hf::weights_io::{load_weights, LoadedWeights};
+use crate::model::{random_weights, ModelConfig};
 
 /// A resolved `--model` argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,14 +44,18 @@ impl ModelSource {
         }
     }
 
-    /// The config and the weights as f32 leaves of the eager oracle. A preset's weights are
-    /// random from `seed`, exactly what `kiln init-model --seed` writes.
-    pub fn load(&self, seed: u64) -> Result<(ModelConfig, ModelWeights<Var>)> {
+    /// The config and the weights as f32 leaves of the eager oracle, with the stored tensors
+    /// ignored on purpose (see [`LoadedWeights`]). A preset's weights are random from `seed`,
+    /// exactly what `kiln init-model --seed` writes.
+    pub fn load(&self, seed: u64) -> Result<(ModelConfig, LoadedWeights)> {
         let (config, _) = self.config()?;
-        let weights = match self {
+        let loaded = match self {
             ModelSource::Dir(dir) => load_weights(dir, &config, DType::F32)?,
-            ModelSource::Preset(_) => random_weights(&config, seed)?,
+            ModelSource::Preset(_) => LoadedWeights {
+                weights: random_weights(&config, seed)?,
+                ignored: Vec::new(),
+            },
         };
-        Ok((config, weights))
+        Ok((config, loaded))
     }
 }

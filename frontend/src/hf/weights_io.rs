@@ -5,12 +5,14 @@
 //! names, which must be plain file names inside the directory. Before any tensor is converted,
 //! the whole set is checked against [`parameter_shapes`]: every parameter present with its
 //! shape and a float dtype, nothing extra (a tied model may carry an `lm_head.weight` shaped
-//! like the embedding; it is ignored, as transformers ties it), the index and the shards in
-//! agreement. Problems are reported in a fixed order: parameters in [`parameter_shapes`] order,
+//! like the embedding; it is ignored, as transformers ties it; old checkpoints carry RoPE's
+//! `model.layers.{i}.self_attn.rotary_emb.inv_freq` buffers, which transformers ignores on load
+//! and kiln ignores too, reporting them in [`LoadedWeights::ignored`]), the index and the shards
+//! in agreement. Problems are reported in a fixed order: parameters in [`parameter_shapes`] order,
 //! then unexpected tensors by name.
 //!
-//! Saving writes `model.safetensors` atomically under the Hugging Face names, with the
-//! `{"format": "pt"}` metadata transformers expects.
+//! Saving writes a new `model.safetensors` atomically under the Hugging Face names, with the
+//! `{"format": "pt"}` metadata transformers expects; an existing one is never replaced.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path};
@@ -20,6 +22,7 @@ use kiln_runtime::Tensor;
 
 use crate::autograd::Var;
 use crate::error::{Error, Result};
+use crate::hf::files::{read_text, INDEX_LIMIT};
 use crate::hf::safetensors_io::{write_safetensors_as, OrderedEntries, SafetensorsFile};
 use crate::model::{parameter_shapes, ModelConfig, ModelWeights};
 
@@ -28,9 +31,36 @@ pub const WEIGHTS_FILE: &str = "model.safetensors";
 /// The shard index of a Hugging Face directory with sharded weights.
 pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
 
+/// Weights loaded from a directory, and the stored tensors ignored on purpose.
+#[derive(Clone, Debug)]
+pub struct LoadedWeights {
+    pub weights: ModelWeights<Var>,
+    /// Stored tensors transformers ignores too (RoPE inverse frequencies of old checkpoints),
+    /// sorted: the caller tells the user (see [`LoadedWeights::note`]).
+    pub ignored: Vec<String>,
+}
+
+impl LoadedWeights {
+    /// One line naming the ignored tensors, or `None` if none were.
+    pub fn note(&self) -> Option<String> {
+        let names = &self.ignored;
+        let listed = match names.as_slice() {
+            [] => return None,
+            [first, second, .., last] if names.len() > 4 => {
+                format!("{first}, {second}, ..., {last} ({} in all)", names.len())
+            }
+            _ => names.join(", "),
+        };
+        Some(format!(
+            "ignored stored tensors that transformers ignores too (RoPE inverse frequencies; \
+             kiln computes them from rope_theta): {listed}"
+        ))
+    }
+}
+
 /// Loads and checks the weights in `dir` for `config`, each converted to `dtype` (the compute
 /// dtype: f32 or f64) and made a parameter leaf.
-pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<ModelWeights<Var>> {
+pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<LoadedWeights> {
     if !matches!(dtype, DType::F32 | DType::F64) {
         return Err(Error::Unsupported {
             path: dir.display().to_string(),
@@ -40,20 +70,21 @@ pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<Mo
         });
     }
     let sources = Sources::open(dir)?;
-    sources.check(config)?;
-    ModelWeights::build(config, |name, dims| {
+    let ignored = sources.check(config)?;
+    let weights = ModelWeights::build(config, |name, dims| {
         let file = sources.file_of(name).ok_or_else(|| Error::MissingTensor {
             path: sources.listing.clone(),
             name: name.to_string(),
             expected: shape_text(dims),
         })?;
         Var::leaf(file.tensor(name, dtype)?)
-    })
+    })?;
+    Ok(LoadedWeights { weights, ignored })
 }
 
-/// Writes `weights` to `dir/model.safetensors` (creating `dir` if needed) under their Hugging
-/// Face names, converted to the float `dtype` (f32, bf16 or f16 for transformers; f64 too),
-/// replacing an existing file atomically.
+/// Writes `weights` to a new `dir/model.safetensors` (creating `dir` if needed) under their
+/// Hugging Face names, converted to the float `dtype` (f32, bf16 or f16 for transformers; f64
+/// too), atomically; an existing file is refused ([`Error::AlreadyExists`]) and left as it was.
 pub fn save_weights(dir: &Path, weights: &ModelWeights<Var>, dtype: DType) -> Result<()> {
     if !dtype.is_float() {
         return Err(Error::Unsupported {
@@ -183,8 +214,8 @@ impl Sources {
     }
 
     /// Every parameter present with its shape and a float dtype (in parameter order), then no
-    /// unexpected tensor (by name).
-    fn check(&self, config: &ModelConfig) -> Result<()> {
+    /// unexpected tensor (by name). Returns the tensors ignored as transformers ignores them.
+    fn check(&self, config: &ModelConfig) -> Result<Vec<String>> {
         let expected = parameter_shapes(config);
         for (name, dims) in &expected {
             let found = self
@@ -200,8 +231,13 @@ impl Sources {
             check_tensor(file, name, stored, &shape, dims)?;
         }
         let names: BTreeSet<&str> = expected.iter().map(|(name, _)| name.as_str()).collect();
+        let mut ignored = Vec::new();
         for (name, &i) in &self.owner {
             if names.contains(name.as_str()) {
+                continue;
+            }
+            if is_rope_buffer(name, config) {
+                ignored.push(name.clone());
                 continue;
             }
             let file = &self.files[i];
@@ -218,8 +254,22 @@ impl Sources {
                 name: name.clone(),
             });
         }
-        Ok(())
+        Ok(ignored)
     }
+}
+
+/// `model.layers.{i}.self_attn.rotary_emb.inv_freq` for a layer of `config`: a buffer older
+/// transformers saved and now ignores on load (it is recomputed from `rope_theta`).
+fn is_rope_buffer(name: &str, config: &ModelConfig) -> bool {
+    name.strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'))
+        .is_some_and(|(layer, rest)| {
+            rest == "self_attn.rotary_emb.inv_freq"
+                && layer.bytes().all(|b| b.is_ascii_digit())
+                && layer
+                    .parse::<usize>()
+                    .is_ok_and(|i| i < config.num_hidden_layers)
+        })
 }
 
 /// One tensor's stored shape and dtype against what the config expects.
@@ -259,7 +309,7 @@ fn read_index(index: &Path) -> Result<Vec<(String, String)>, String> {
         weight_map: OrderedEntries<String>,
     }
     let text =
-        std::fs::read_to_string(index).map_err(|e| format!("cannot read the shard index: {e}"))?;
+        read_text(index, INDEX_LIMIT).map_err(|e| format!("cannot read the shard index: {e}"))?;
     match serde_json::from_str::<Index>(&text) {
         Ok(index) => Ok(index.weight_map.0),
         Err(e) if e.is_data() => Err(format!(
@@ -298,3 +348,7 @@ mod tests;
 #[cfg(test)]
 #[path = "weights_io_shard_tests.rs"]
 mod shard_tests;
+
+#[cfg(test)]
+#[path = "weights_io_ignored_tests.rs"]
+mod ignored_tests;

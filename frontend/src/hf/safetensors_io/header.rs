@@ -20,6 +20,10 @@ use serde_json::Value;
 /// Bytes of the length prefix.
 pub(super) const LENGTH_PREFIX: usize = 8;
 
+/// Largest header accepted, the limit of the format's reference implementation: a bogus
+/// length in a large file would otherwise have gigabytes validated as JSON.
+pub(super) const MAX_HEADER: usize = 100_000_000;
+
 /// Where one tensor lies in the data section, and what it holds.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Entry {
@@ -60,6 +64,12 @@ pub(super) fn parse(file: &[u8]) -> Result<Header, String> {
             ))
         }
     };
+    if header_len > MAX_HEADER {
+        return Err(format!(
+            "header says {header_len} bytes, over the {MAX_HEADER}-byte limit of the \
+             safetensors format"
+        ));
+    }
     let data_start = LENGTH_PREFIX + header_len;
     let text = std::str::from_utf8(&file[LENGTH_PREFIX..data_start])
         .map_err(|e| format!("header is not valid UTF-8: {e}"))?;

@@ -2,16 +2,14 @@
 //!
 //! The data is streamed tensor by tensor through a small reused buffer (model files are
 //! gigabytes; the file is never assembled in memory). The file is written to a temporary name
-//! in the target's directory, synced, then renamed over the target, so a reader sees either
-//! the old file or the whole new one; on any failure the temporary file is removed and an
-//! existing target is left as it was.
+//! in the target's directory, synced, then moved to the target's name only if nothing is there
+//! (see `temp`), so a reader sees no file or the whole new one and an existing path is never
+//! replaced; on any failure the temporary file is removed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsString;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
 use half::{bf16, f16};
 use kiln_ir::DType;
@@ -21,6 +19,7 @@ use serde_json::{json, Map, Value};
 
 use super::convert::LittleEndian;
 use super::header::LENGTH_PREFIX;
+use super::temp::TempFile;
 use crate::error::{Error, Result};
 
 /// Elements converted per write: bounds the memory writing takes beyond the tensors.
@@ -60,15 +59,15 @@ pub(super) fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
     atomically(path, |out| Ok(out.write_all(bytes)?))
 }
 
-/// Runs `write` into a temporary file beside `path`, syncs it and renames it over `path`: a
-/// reader sees the old file or the whole new one. On any failure the temporary file is removed
-/// and an existing `path` is left as it was.
-fn atomically(
+/// Runs `write` into a temporary file beside `path`, syncs it and publishes it as `path`
+/// unless something is already there (see `temp`): a reader sees no file or the whole new one,
+/// and nothing at `path` is ever replaced. On any failure the temporary file is removed.
+pub(super) fn atomically(
     path: &Path,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<(), Failure>,
 ) -> Result<()> {
     let path_text = path.display().to_string();
-    let temp = TempFile::beside(path)?;
+    let (temp, file) = TempFile::create(path)?;
     let io_error = |what: &str, e: std::io::Error| Error::Io {
         path: path_text.clone(),
         reason: format!(
@@ -76,7 +75,6 @@ fn atomically(
             temp.path.display()
         ),
     };
-    let file = File::create(&temp.path).map_err(|e| io_error("create", e))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     write(&mut out).map_err(|e| match e {
         Failure::Io(e) => io_error("write", e),
@@ -87,11 +85,7 @@ fn atomically(
         .map_err(|e| io_error("write", e.into_error()))?;
     file.sync_all().map_err(|e| io_error("sync", e))?;
     drop(file);
-    fs::rename(&temp.path, path).map_err(|e| Error::Io {
-        path: path_text.clone(),
-        reason: format!("cannot replace it with the new file: {e}"),
-    })?;
-    temp.renamed();
+    temp.publish()?;
     // Make the rename itself durable. The new file is already in place, so a directory that
     // cannot be synced (some filesystems refuse) is not reported as a failed write.
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -201,7 +195,7 @@ fn stored_name(dtype: DType) -> &'static str {
 }
 
 /// A write failure: the file system, or reading the tensor.
-enum Failure {
+pub(super) enum Failure {
     Io(std::io::Error),
     Kiln(Error),
 }
@@ -289,46 +283,4 @@ fn chunks<S: Copy, T: LittleEndian>(
         out.write_all(&bytes)?;
     }
     Ok(())
-}
-
-/// A temporary file beside the target, removed on drop unless it was renamed into place.
-struct TempFile {
-    path: PathBuf,
-    renamed: bool,
-}
-
-impl TempFile {
-    /// `.{name}.tmp-{pid}-{n}` in the target's directory (a rename is atomic only within one
-    /// file system); the counter keeps two writers of one process apart.
-    fn beside(target: &Path) -> Result<TempFile> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let name = target.file_name().ok_or_else(|| Error::Io {
-            path: target.display().to_string(),
-            reason: "not a file path (it has no file name)".into(),
-        })?;
-        let mut temp_name = OsString::from(".");
-        temp_name.push(name);
-        temp_name.push(format!(
-            ".tmp-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        Ok(TempFile {
-            path: target.with_file_name(temp_name),
-            renamed: false,
-        })
-    }
-
-    fn renamed(mut self) {
-        self.renamed = true;
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.renamed {
-            // Nothing more can be done if removal fails; the write's own error is reported.
-            let _ = fs::remove_file(&self.path);
-        }
-    }
 }
