@@ -119,6 +119,9 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     if let Some(note) = loaded.note() {
         eprintln!("note: {}: {note}", args.model);
     }
+    if let Some(warning) = loaded.warning() {
+        eprintln!("warning: {}: {warning}", args.model);
+    }
     let weights = loaded.weights;
     let graph = build(args.kind, &config, &args.options)?;
     let planned = plan(

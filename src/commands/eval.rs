@@ -67,6 +67,9 @@ pub fn eval(
     if let Some(note) = loaded.note() {
         eprintln!("note: {model}: {note}");
     }
+    if let Some(warning) = loaded.warning() {
+        eprintln!("warning: {model}: {warning}");
+    }
     let weights = loaded.weights;
     let backend = match device {
         EvalDevice::Cpu => Backend::Cpu,

@@ -54,6 +54,7 @@ impl ModelSource {
             ModelSource::Preset(_) => LoadedWeights {
                 weights: random_weights(&config, seed)?,
                 ignored: Vec::new(),
+                non_finite: Vec::new(),
             },
         };
         Ok((config, loaded))

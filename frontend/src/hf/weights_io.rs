@@ -38,6 +38,10 @@ pub struct LoadedWeights {
     /// Stored tensors transformers ignores too (RoPE inverse frequencies of old checkpoints),
     /// sorted: the caller tells the user (see [`LoadedWeights::note`]).
     pub ignored: Vec<String>,
+    /// Parameters holding NaN or infinite values, in parameter order: (name, NaNs,
+    /// infinities). They flow into every output; the caller warns (see
+    /// [`LoadedWeights::warning`]).
+    pub non_finite: Vec<(String, usize, usize)>,
 }
 
 impl LoadedWeights {
@@ -56,6 +60,42 @@ impl LoadedWeights {
              kiln computes them from rope_theta): {listed}"
         ))
     }
+
+    /// One line naming the parameters that hold NaN or infinite values, or `None`.
+    pub fn warning(&self) -> Option<String> {
+        if self.non_finite.is_empty() {
+            return None;
+        }
+        let listed: Vec<String> = (self.non_finite.iter().take(4))
+            .map(|(name, nans, infinities)| format!("{name} ({nans} NaN, {infinities} infinite)"))
+            .collect();
+        let more = match self.non_finite.len() {
+            n if n > 4 => format!(" and {} more", n - 4),
+            _ => String::new(),
+        };
+        Some(format!(
+            "weights hold non-finite values, which flow into every output: {}{more}",
+            listed.join(", ")
+        ))
+    }
+}
+
+/// (NaNs, infinities) among the elements of a loaded parameter (f32 or f64).
+fn count_non_finite(tensor: &Tensor) -> Result<(usize, usize)> {
+    fn count<T: Copy + Into<f64>>(values: &[T]) -> (usize, usize) {
+        values.iter().fold((0, 0), |(nans, infinities), &v| {
+            let v: f64 = v.into();
+            (
+                nans + usize::from(v.is_nan()),
+                infinities + usize::from(v.is_infinite()),
+            )
+        })
+    }
+    let counted = tensor.read_with(|view| match view.dtype() {
+        DType::F32 => view.slice::<f32>("load_weights", "weight").map(count),
+        _ => view.slice::<f64>("load_weights", "weight").map(count),
+    })?;
+    Ok(counted?)
 }
 
 /// Loads and checks the weights in `dir` for `config`, each converted to `dtype` (the compute
@@ -79,7 +119,18 @@ pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<Lo
         })?;
         Var::leaf(file.tensor(name, dtype)?)
     })?;
-    Ok(LoadedWeights { weights, ignored })
+    let mut non_finite = Vec::new();
+    for (name, var) in weights.named() {
+        let (nans, infinities) = count_non_finite(var.value())?;
+        if nans + infinities > 0 {
+            non_finite.push((name, nans, infinities));
+        }
+    }
+    Ok(LoadedWeights {
+        weights,
+        ignored,
+        non_finite,
+    })
 }
 
 /// Writes `weights` to a new `dir/model.safetensors` (creating `dir` if needed) under their

@@ -1,6 +1,7 @@
 //! Tests of what loading ignores on purpose, as transformers does: a tied model's stored head
 //! of the embedding's shape, and the RoPE inverse frequencies old checkpoints carry (reported,
-//! not silent). Anything else extra is still refused.
+//! not silent). Anything else extra is still refused. And what loading warns about: weights
+//! holding NaN or infinities.
 
 use super::tests::{
     assert_contains, f32_bits, llama_tied, load_error, named_tensors, qwen2_like, random, replace,
@@ -107,6 +108,7 @@ fn a_long_list_of_ignored_tensors_is_shortened() {
     let loaded = LoadedWeights {
         weights: random(&config, "a_long_list_of_ignored_tensors_is_shortened"),
         ignored: ignored.clone(),
+        non_finite: Vec::new(),
     };
     let note = loaded.note().unwrap();
     assert_contains(
@@ -116,4 +118,45 @@ fn a_long_list_of_ignored_tensors_is_shortened() {
             ignored[0], ignored[1], ignored[23]
         )],
     );
+}
+
+#[test]
+fn non_finite_weights_are_counted_and_named_in_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = qwen2_like();
+    let weights = random(&config, "non_finite_weights_are_counted");
+    let mut tensors = named_tensors(&weights);
+    let mut rng = rng("non_finite_weights_are_counted: positions");
+    let poisoned = |tensor: &Tensor, values: &[f32], rng: &mut rand::rngs::StdRng| {
+        let mut all = tensor.to_vec::<f32>().unwrap();
+        for &value in values {
+            let at = rng.random_range(0..all.len());
+            all[at] = value;
+        }
+        Tensor::from_vec(all, tensor.shape().clone()).unwrap()
+    };
+    for (name, tensor) in &mut tensors {
+        match name.as_str() {
+            "lm_head.weight" => *tensor = poisoned(tensor, &[f32::NAN], &mut rng),
+            "model.norm.weight" => *tensor = poisoned(tensor, &[f32::INFINITY], &mut rng),
+            _ => {}
+        }
+    }
+    write_single(dir.path(), &tensors);
+    let loaded = load_weights(dir.path(), &config, DType::F32).unwrap();
+    let flagged: Vec<&str> = loaded.non_finite.iter().map(|(n, ..)| n.as_str()).collect();
+    assert_eq!(flagged, ["model.norm.weight", "lm_head.weight"]);
+    let warning = loaded.warning().unwrap();
+    assert_contains(
+        &warning,
+        &[
+            "lm_head.weight (1 NaN, 0 infinite)",
+            "model.norm.weight (0 NaN, 1 infinite)",
+        ],
+    );
+    // Finite weights give no warning.
+    let clean = tempfile::tempdir().unwrap();
+    write_single(clean.path(), &named_tensors(&weights));
+    let loaded = load_weights(clean.path(), &config, DType::F32).unwrap();
+    assert!(loaded.non_finite.is_empty() && loaded.warning().is_none());
 }
