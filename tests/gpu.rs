@@ -83,17 +83,17 @@ fn check_op(device: &Arc<CudaDevice>, rng: &mut StdRng, name: &str, op: Op, ins:
         let input_name = format!("in{index}");
         let (ty, tensor) = match input {
             In::F(dtype, dims) => {
-                let ty = TensorType::new(*dtype, dims.as_slice());
+                let ty = TensorType::new(*dtype, dims.as_slice()).unwrap();
                 let t = random(rng, &ty);
                 (ty, t)
             }
             In::Ids(dims, bound) => {
-                let ty = TensorType::new(DType::I64, dims.as_slice());
+                let ty = TensorType::new(DType::I64, dims.as_slice()).unwrap();
                 let ids = testing::indices(rng, ty.shape.numel(), *bound);
                 (ty.clone(), Tensor::from_vec(ids, ty.shape.clone()).unwrap())
             }
             In::Pos(dims) => {
-                let ty = TensorType::new(DType::F32, dims.as_slice());
+                let ty = TensorType::new(DType::F32, dims.as_slice()).unwrap();
                 let v = testing::uniform(rng, ty.shape.numel(), 0.01, 1.0);
                 (
                     ty.clone(),
@@ -101,7 +101,7 @@ fn check_op(device: &Arc<CudaDevice>, rng: &mut StdRng, name: &str, op: Op, ins:
                 )
             }
             In::Step => {
-                let ty = TensorType::new(DType::I64, kiln_ir::Shape::scalar());
+                let ty = TensorType::new(DType::I64, kiln_ir::Shape::scalar()).unwrap();
                 (
                     ty,
                     Tensor::from_vec(vec![3i64], kiln_ir::Shape::scalar()).unwrap(),

@@ -68,13 +68,13 @@ impl Default for ProgramOptions {
 }
 
 fn i64_input(graph: &mut Graph, name: &str, dims: &[usize]) -> Result<ValueId> {
-    Ok(graph.input(name, InputKind::Input, TensorType::new(DType::I64, dims))?)
+    Ok(graph.input(name, InputKind::Input, TensorType::new(DType::I64, dims)?)?)
 }
 
 /// Every parameter as an f32 Param input under its Hugging Face name.
 fn params(graph: &mut Graph, config: &ModelConfig) -> Result<ModelWeights<ValueId>> {
     ModelWeights::build(config, |name, dims| {
-        Ok(graph.input(name, InputKind::Param, TensorType::new(DType::F32, dims))?)
+        Ok(graph.input(name, InputKind::Param, TensorType::new(DType::F32, dims)?)?)
     })
 }
 
@@ -93,7 +93,7 @@ fn caches(
     (0..config.num_hidden_layers)
         .map(|layer| {
             let (k_name, v_name) = (format!("cache.k.{layer}"), format!("cache.v.{layer}"));
-            let ty = TensorType::new(DType::F32, dims);
+            let ty = TensorType::new(DType::F32, dims)?;
             Ok(LayerCache {
                 k: graph.input(&k_name, InputKind::State, ty.clone())?,
                 v: graph.input(&v_name, InputKind::State, ty)?,
@@ -158,7 +158,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
             let seed = graph.input(
                 "loss_seed",
                 InputKind::Input,
-                TensorType::new(DType::F32, []),
+                TensorType::new(DType::F32, [])?,
             )?;
             let named = weights.named();
             let wrt: Vec<ValueId> = named.iter().map(|(_, v)| **v).collect();
@@ -171,7 +171,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
                 }
                 return Ok(graph);
             }
-            let step = graph.input("step", InputKind::Input, TensorType::new(DType::I64, []))?;
+            let step = graph.input("step", InputKind::Input, TensorType::new(DType::I64, [])?)?;
             for ((name, param), grad) in named.iter().zip(grads) {
                 let Some(grad) = grad else { continue };
                 let ty = graph.value_type(**param)?.clone();

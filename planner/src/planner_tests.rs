@@ -153,7 +153,7 @@ fn workspaces_outputs_and_writes_are_placed_by_class() {
     let mut g = Graph::new("classes");
     let pmv = param_with_moments(&mut g, "w", &[4, 4]);
     let step = step_input(&mut g);
-    let bf16 = |d: &[usize]| TensorType::new(DType::BF16, d);
+    let bf16 = |d: &[usize]| TensorType::new(DType::BF16, d).unwrap();
     let a = g.input("a", InputKind::Input, bf16(&[4, 8])).unwrap();
     let b = g.input("b", InputKind::Input, bf16(&[8, 4])).unwrap();
     let y = matmul(&mut g, a, b, false);

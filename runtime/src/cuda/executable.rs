@@ -27,7 +27,7 @@ use super::{error, CudaDevice, DeviceAlloc};
 use crate::backend::RunMode;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::interpret::bytes;
+use crate::interpret::{bytes, type_of};
 use crate::lower::LowerOptions;
 use crate::planned::layout::Layout;
 use crate::planned::memory::read_view;
@@ -435,7 +435,7 @@ impl CudaExecutable {
             return Err(Error::InputType {
                 name: name.to_string(),
                 expected: Box::new(ty.clone()),
-                found: Box::new(TensorType::new(tensor.dtype(), tensor.shape().clone())),
+                found: Box::new(type_of(tensor)),
             });
         }
         let dense = tensor.contiguous()?;

@@ -23,7 +23,7 @@ fn device() -> Option<Arc<CudaDevice>> {
 /// `out = a + b` over [4, 8] f32.
 fn add_program(device: &Arc<CudaDevice>) -> CudaExecutable {
     let mut graph = Graph::new("add");
-    let ty = TensorType::new(DType::F32, [4, 8]);
+    let ty = TensorType::new(DType::F32, [4, 8]).unwrap();
     let a = graph.input("a", InputKind::Input, ty.clone()).unwrap();
     let b = graph.input("b", InputKind::Input, ty).unwrap();
     let sum = graph.op1(Op::Add, &[a, b]).unwrap();
