@@ -220,6 +220,26 @@ fn bad_options_and_bad_graphs_are_errors() {
         "{err}"
     );
 
+    // Refused before the stream plan sizes anything by the count.
+    for streams in [MAX_STREAMS + 1, 1 << 32, usize::MAX] {
+        let options = PlanOptions {
+            streams,
+            ..PlanOptions::default()
+        };
+        let err = plan(&g, &options).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "plan option `streams`: {streams} is more than the 64 streams the planner supports"
+            )
+        );
+    }
+    let widest = PlanOptions {
+        streams: MAX_STREAMS,
+        ..PlanOptions::default()
+    };
+    plan(&g, &widest).unwrap();
+
     let mut broken = softmax_chain(2, 2, 2);
     let missing = ValueId {
         node: broken.node_indices().next().unwrap(),
