@@ -447,7 +447,7 @@ fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
             let options = ProgramOptions {
                 batch: 2,
                 seq: 6,
-                max_seq: 12,
+                max_seq: Some(12),
                 precision,
                 ..Default::default()
             };
@@ -526,7 +526,7 @@ fn decode_replayed_at_many_positions_equals_the_full_forward() {
     let options = ProgramOptions {
         batch,
         seq: prompt,
-        max_seq,
+        max_seq: Some(max_seq),
         ..Default::default()
     };
     let compile = |kind| {

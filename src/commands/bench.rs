@@ -106,25 +106,30 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
+    // Every option is checked against the model before anything touches the device.
     if args.steps == 0 {
-        bail!("--steps must be at least 1");
+        bail!("--steps 0: must be at least 1");
+    }
+    let plan_options = PlanOptions {
+        streams: args.streams,
+        ..PlanOptions::default()
+    };
+    plan_options.validate()?;
+    let source = ModelSource::resolve(&args.model)?;
+    let (config, _) = source.config()?;
+    args.options.validate(args.kind, &config)?;
+    if args.kind == ProgramKind::Decode {
+        args.options.check_position(&config, args.context)?;
     }
     if let Some(reason) = kiln_runtime::cuda::unavailable() {
         bail!("--device cuda: no CUDA device can be used here: {reason}");
     }
-    let source = ModelSource::resolve(&args.model)?;
+    let graph = build(args.kind, &config, &args.options)?;
+    let planned = plan(&graph, &plan_options)?;
+    let device = CudaDevice::open(0)?;
     let (config, weights) = source
         .load(args.seed)
         .with_context(|| format!("loading model {}", args.model))?;
-    let graph = build(args.kind, &config, &args.options)?;
-    let planned = plan(
-        &graph,
-        &PlanOptions {
-            streams: args.streams,
-            ..PlanOptions::default()
-        },
-    )?;
-    let device = CudaDevice::open(0)?;
     eprintln!(
         "kiln bench: {} {} on {}: {} ops planned into a {:.2} MiB arena",
         args.model,
@@ -171,7 +176,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     );
     bar.set_message(format!("timing {} steps", args.steps));
     let wall = Instant::now();
-    let mut times = Vec::with_capacity(args.steps);
+    let mut times = Vec::new();
     for _ in 0..args.steps {
         start.record(exe.stream())?;
         exe.run(args.mode)?;

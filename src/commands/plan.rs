@@ -28,6 +28,7 @@ pub fn plan(
     out: Option<&Path>,
     verify: bool,
 ) -> Result<Option<String>> {
+    plan_options.validate()?;
     if let Some(out) = out.filter(|out| out.exists()) {
         bail!(
             "{} already exists; kiln never overwrites files (choose another --out)",
@@ -35,6 +36,7 @@ pub fn plan(
         );
     }
     let (config, _) = ModelSource::resolve(model)?.config()?;
+    options.validate(kind, &config)?;
     let graph =
         build(kind, &config, options).with_context(|| format!("tracing {}", kind.name()))?;
     kiln_ir::verify(&graph).context("the traced graph failed verification")?;
