@@ -39,7 +39,8 @@ fn l2(values: &[f64]) -> f64 {
 }
 
 /// Refuses `batch × seq` tokens the demo cannot run, before anything is allocated: options
-/// every program refuses.
+/// every program refuses, and a train program (the demo's largest) that the eager oracle,
+/// which keeps every value, could not hold in this machine's memory.
 fn check(config: &ModelConfig, batch: usize, seq: usize) -> Result<()> {
     // Decode runs on the last token after a prefill of the rest.
     anyhow::ensure!(
@@ -51,7 +52,13 @@ fn check(config: &ModelConfig, batch: usize, seq: usize) -> Result<()> {
         seq,
         ..ProgramOptions::default()
     };
-    Ok(train.validate(ProgramKind::Train, config)?)
+    let graph = build(ProgramKind::Train, config, &train)?;
+    if let Some(memory) = crate::memory::host_memory() {
+        let what = format!("--batch {batch} with --seq {seq}: the demo's eager run");
+        let need = crate::memory::graph_bytes(&graph);
+        crate::memory::ensure_fits(&what, need, memory, "this machine's memory")?;
+    }
+    Ok(())
 }
 
 /// Runs the tiny model on `batch × seq` random tokens drawn from `seed`.

@@ -10,3 +10,4 @@ pub use kiln_runtime as runtime;
 
 pub mod commands;
 pub mod demo;
+pub mod memory;

@@ -88,6 +88,14 @@ fn the_demo_checks_its_options_as_every_program_does() {
 }
 
 #[test]
+fn a_demo_larger_than_the_machine_is_refused_before_allocating() {
+    refused(
+        &["demo", "--batch", "4294967296"],
+        "--batch 4294967296 with --seq 16: the demo's eager run needs ",
+    );
+}
+
+#[test]
 fn streams_beyond_the_planner_limit_are_refused_everywhere() {
     let limit = |n: &str| format!("plan option `streams`: {n} is more than the 64 streams");
     for streams in ["4294967296", "18446744073709551615", "65"] {

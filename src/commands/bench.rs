@@ -127,6 +127,15 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     let graph = build(args.kind, &config, &args.options)?;
     let planned = plan(&graph, &plan_options)?;
     let device = CudaDevice::open(0)?;
+    let (_, total) = device.memory()?;
+    let what = format!("{} {}", args.model, args.kind.name());
+    let memory = format!("the device ({})", device.describe());
+    crate::memory::ensure_fits(
+        &what,
+        crate::memory::plan_bytes(&planned),
+        total as u64,
+        &memory,
+    )?;
     let (config, weights) = source
         .load(args.seed)
         .with_context(|| format!("loading model {}", args.model))?;
