@@ -38,18 +38,33 @@ fn l2(values: &[f64]) -> f64 {
     values.iter().map(|v| v * v).sum::<f64>().sqrt()
 }
 
+/// Refuses `batch × seq` tokens the demo cannot run, before anything is allocated: options
+/// every program refuses, and a train program (the demo's largest) that the eager oracle,
+/// which keeps every value, could not hold in this machine's memory.
+fn check(config: &ModelConfig, batch: usize, seq: usize) -> Result<()> {
+    // Decode runs on the last token after a prefill of the rest.
+    anyhow::ensure!(
+        seq >= 2,
+        "--seq {seq}: the demo needs --seq >= 2 (a prompt and a token decoded after it)"
+    );
+    let train = ProgramOptions {
+        batch,
+        seq,
+        ..ProgramOptions::default()
+    };
+    let graph = build(ProgramKind::Train, config, &train)?;
+    if let Some(memory) = crate::memory::host_memory() {
+        let what = format!("--batch {batch} with --seq {seq}: the demo's eager run");
+        let need = crate::memory::graph_bytes(&graph);
+        crate::memory::ensure_fits(&what, need, memory, "this machine's memory")?;
+    }
+    Ok(())
+}
+
 /// Runs the tiny model on `batch × seq` random tokens drawn from `seed`.
 pub fn run(seed: u64, batch: usize, seq: usize) -> Result<DemoReport> {
     let config = ModelConfig::tiny();
-    anyhow::ensure!(
-        batch > 0 && seq > 1,
-        "demo needs --batch >= 1 and --seq >= 2"
-    );
-    anyhow::ensure!(
-        seq <= config.max_position_embeddings,
-        "--seq {seq} exceeds the tiny model's {} positions",
-        config.max_position_embeddings
-    );
+    check(&config, batch, seq)?;
     let weights = random_weights(&config, seed).context("building random weights")?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6b69_6c6e);
     let tokens: Vec<i64> = (0..batch * seq)
@@ -161,7 +176,7 @@ fn compiled_programs(
     let options = ProgramOptions {
         batch,
         seq: prompt,
-        max_seq: seq,
+        max_seq: Some(seq),
         ..ProgramOptions::default()
     };
     let prompt_ids: Vec<i64> = (0..batch).flat_map(|b| row(b, 0..prompt)).collect();

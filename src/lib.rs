@@ -10,4 +10,5 @@ pub use kiln_runtime as runtime;
 
 pub mod commands;
 pub mod demo;
+pub mod memory;
 pub mod signals;

@@ -131,7 +131,8 @@ enum Command {
         /// Decode: tokens already in the KV cache (the position decoded).
         #[arg(long, default_value_t = 512)]
         context: usize,
-        /// Rows of the KV cache (default: prefill --seq, decode 1024 or more than --context).
+        /// Rows of the KV cache (default: prefill --seq; decode 1024, or the model's positions
+        /// when fewer).
         #[arg(long)]
         max_seq: Option<usize>,
         /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
@@ -188,31 +189,18 @@ struct ProgramArgs {
     /// Tokens per sequence (prefill, train).
     #[arg(long, default_value_t = 16)]
     seq: usize,
-    /// Rows of the KV cache (prefill, decode).
-    #[arg(long, default_value_t = 64)]
-    max_seq: usize,
+    /// Rows of the KV cache (default: prefill --seq; decode 1024, or the model's positions
+    /// when fewer).
+    #[arg(long)]
+    max_seq: Option<usize>,
     /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
     #[arg(long, value_enum, default_value_t = Numerics::F32)]
     precision: Numerics,
 }
 
 impl ProgramArgs {
-    fn program(&self) -> Result<(ProgramKind, ProgramOptions)> {
-        let kind = match self.program {
-            Program::Prefill => ProgramKind::Prefill,
-            Program::Decode => ProgramKind::Decode,
-            Program::Train => ProgramKind::Train,
-        };
-        anyhow::ensure!(
-            self.batch >= 1 && self.seq >= 1,
-            "--batch and --seq must be >= 1"
-        );
-        anyhow::ensure!(
-            kind == ProgramKind::Train || self.seq <= self.max_seq,
-            "--seq {} does not fit a cache of --max-seq {}",
-            self.seq,
-            self.max_seq
-        );
+    /// The program and its options, unchecked: building it checks them against the model.
+    fn program(&self) -> (ProgramKind, ProgramOptions) {
         let options = ProgramOptions {
             batch: self.batch,
             seq: self.seq,
@@ -220,7 +208,7 @@ impl ProgramArgs {
             precision: self.precision.into(),
             ..ProgramOptions::default()
         };
-        Ok((kind, options))
+        (self.program.into(), options)
     }
 }
 
@@ -279,6 +267,16 @@ enum Program {
     Train,
 }
 
+impl From<Program> for ProgramKind {
+    fn from(program: Program) -> Self {
+        match program {
+            Program::Prefill => ProgramKind::Prefill,
+            Program::Decode => ProgramKind::Decode,
+            Program::Train => ProgramKind::Train,
+        }
+    }
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     kiln::signals::install()?;
@@ -328,7 +326,7 @@ fn main() -> Result<()> {
             commands::eval(&model, seed, &tokens, &out, grads, engine)?
         }
         Command::Compile { program, print_ir } => {
-            let (kind, options) = program.program()?;
+            let (kind, options) = program.program();
             print!(
                 "{}",
                 commands::compile(&program.model, kind, &options, print_ir)?
@@ -352,28 +350,10 @@ fn main() -> Result<()> {
             seed,
             json,
         } => {
-            let kind = match program {
-                Program::Prefill => ProgramKind::Prefill,
-                Program::Decode => ProgramKind::Decode,
-                Program::Train => ProgramKind::Train,
-            };
-            anyhow::ensure!(batch >= 1 && seq >= 1, "--batch and --seq must be >= 1");
-            let max_seq = match kind {
-                ProgramKind::Decode => max_seq.unwrap_or(1024.max(context + 1)),
-                _ => max_seq.unwrap_or(seq),
-            };
-            anyhow::ensure!(
-                kind != ProgramKind::Decode || context < max_seq,
-                "--context {context} does not fit a cache of --max-seq {max_seq}"
-            );
-            anyhow::ensure!(
-                kind != ProgramKind::Prefill || seq <= max_seq,
-                "--seq {seq} does not fit a cache of --max-seq {max_seq}"
-            );
             let args = commands::BenchArgs {
                 model,
                 seed,
-                kind,
+                kind: program.into(),
                 options: ProgramOptions {
                     batch,
                     seq,
@@ -409,7 +389,7 @@ fn main() -> Result<()> {
             out,
             verify,
         } => {
-            let (kind, options) = program.program()?;
+            let (kind, options) = program.program();
             let format = match format {
                 Format::Text => commands::PlanFormat::Text,
                 Format::Json => commands::PlanFormat::Json,

@@ -52,5 +52,5 @@ fn demo_rejects_bad_arguments() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--seq >= 2"));
     let out = kiln(&["demo", "--seq", "4096"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("exceeds"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("beyond the model's 128 positions"));
 }

@@ -23,7 +23,7 @@ fn options() -> ProgramOptions {
     ProgramOptions {
         batch: 2,
         seq: 5,
-        max_seq: 12,
+        max_seq: Some(12),
         ..Default::default()
     }
 }

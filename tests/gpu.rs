@@ -142,17 +142,17 @@ fn check_op(
         let input_name = format!("in{index}");
         let (ty, tensor) = match input {
             In::F(dtype, dims) => {
-                let ty = TensorType::new(*dtype, dims.as_slice());
+                let ty = TensorType::new(*dtype, dims.as_slice()).unwrap();
                 let t = random(rng, &ty);
                 (ty, t)
             }
             In::Ids(dims, bound) => {
-                let ty = TensorType::new(DType::I64, dims.as_slice());
+                let ty = TensorType::new(DType::I64, dims.as_slice()).unwrap();
                 let ids = testing::indices(rng, ty.shape.numel(), *bound);
                 (ty.clone(), Tensor::from_vec(ids, ty.shape.clone()).unwrap())
             }
             In::Pos(dims) => {
-                let ty = TensorType::new(DType::F32, dims.as_slice());
+                let ty = TensorType::new(DType::F32, dims.as_slice()).unwrap();
                 let v = testing::uniform(rng, ty.shape.numel(), 0.01, 1.0);
                 (
                     ty.clone(),
@@ -160,7 +160,7 @@ fn check_op(
                 )
             }
             In::Step => {
-                let ty = TensorType::new(DType::I64, kiln_ir::Shape::scalar());
+                let ty = TensorType::new(DType::I64, kiln_ir::Shape::scalar()).unwrap();
                 (
                     ty,
                     Tensor::from_vec(vec![3i64], kiln_ir::Shape::scalar()).unwrap(),
@@ -543,7 +543,7 @@ fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
             let options = ProgramOptions {
                 batch: 2,
                 seq: 6,
-                max_seq: 12,
+                max_seq: Some(12),
                 precision,
                 ..Default::default()
             };
@@ -622,7 +622,7 @@ fn decode_replayed_at_many_positions_equals_the_full_forward() {
     let options = ProgramOptions {
         batch,
         seq: prompt,
-        max_seq,
+        max_seq: Some(max_seq),
         ..Default::default()
     };
     let compile = |kind| {
@@ -706,7 +706,7 @@ fn a_nan_weight_gives_the_cpus_nans_on_the_gpu() {
     let options = ProgramOptions {
         batch: 2,
         seq: 6,
-        max_seq: 12,
+        max_seq: Some(12),
         ..Default::default()
     };
     for kind in [ProgramKind::Train, ProgramKind::Prefill] {

@@ -7,7 +7,7 @@ fn snapshot(kind: ProgramKind) {
     let options = ProgramOptions {
         batch: 2,
         seq: 4,
-        max_seq: 8,
+        max_seq: Some(8),
         ..Default::default()
     };
     let graph = build(kind, &ModelConfig::tiny(), &options).unwrap();

@@ -56,7 +56,7 @@ fn tiny_programs_lower_with_every_write_in_place() {
             let options = ProgramOptions {
                 batch: 2,
                 seq: 6,
-                max_seq: 12,
+                max_seq: Some(12),
                 precision,
                 ..Default::default()
             };
@@ -80,7 +80,7 @@ fn official_programs_lower_with_every_write_in_place() {
     let options = ProgramOptions {
         batch: 1,
         seq: 512,
-        max_seq: 512,
+        max_seq: Some(512),
         ..Default::default()
     };
     check(&config, &options, 1, "qwen2.5-0.5b");

@@ -80,7 +80,7 @@ fn planned_executor_equals_interpreter_bit_for_bit() {
     let options = ProgramOptions {
         batch: 2,
         seq: 6,
-        max_seq: 12,
+        max_seq: Some(12),
         ..Default::default()
     };
     for kind in [

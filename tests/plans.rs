@@ -41,7 +41,7 @@ fn tiny_plans_verify_on_one_to_four_streams() {
     let options = ProgramOptions {
         batch: 2,
         seq: 8,
-        max_seq: 16,
+        max_seq: Some(16),
         ..Default::default()
     };
     for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
@@ -72,7 +72,7 @@ fn official_shapes_plan_and_verify() {
         let options = ProgramOptions {
             batch: 1,
             seq,
-            max_seq: 512,
+            max_seq: Some(512),
             ..Default::default()
         };
         for streams in [1, 2] {
@@ -92,7 +92,7 @@ fn snapshot(kind: ProgramKind, streams: usize) {
     let options = ProgramOptions {
         batch: 2,
         seq: 4,
-        max_seq: 8,
+        max_seq: Some(8),
         ..Default::default()
     };
     let planned = check(&ModelConfig::tiny(), kind, &options, streams);

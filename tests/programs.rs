@@ -92,7 +92,7 @@ fn interpreted_prefill_equals_oracle_bit_for_bit() {
         let options = ProgramOptions {
             batch,
             seq,
-            max_seq,
+            max_seq: Some(max_seq),
             ..Default::default()
         };
         let graph = build(ProgramKind::Prefill, &config, &options).unwrap();
@@ -171,7 +171,7 @@ fn decode_steps_reproduce_the_full_forward() {
         let options = ProgramOptions {
             batch,
             seq: prompt,
-            max_seq,
+            max_seq: Some(max_seq),
             ..Default::default()
         };
         let prefill = build(ProgramKind::Prefill, &config, &options).unwrap();

@@ -128,6 +128,16 @@ pub enum Error {
     #[error("tokens: {reason}")]
     Tokens { reason: String },
 
+    // --- programs ---
+    /// A program option no program of the model can be built with; `flag` is the option as
+    /// every kiln command spells it (`--batch`, `--seq`, `--max-seq`, `--context`).
+    #[error("{flag} {value}: {reason}")]
+    ProgramOption {
+        flag: &'static str,
+        value: usize,
+        reason: String,
+    },
+
     // --- below ---
     /// An IR error while tracing a program (boxed: it carries op text).
     #[error(transparent)]

@@ -110,6 +110,41 @@ impl CausalLmInputs {
     }
 }
 
+/// The eval program's options for `inputs`, checked as every program's are
+/// ([`ProgramOptions::validate`]), so every engine refuses the same tokens.
+fn eval_options(
+    config: &ModelConfig,
+    inputs: &CausalLmInputs,
+    with_grads: bool,
+    precision: Precision,
+) -> Result<ProgramOptions> {
+    let (batch, seq) = inputs.batch_and_seq();
+    let options = ProgramOptions {
+        batch,
+        seq,
+        grads: with_grads,
+        precision,
+        ..ProgramOptions::default()
+    };
+    // `kiln eval` has no --batch or --seq: the tokens' [B,T] are them.
+    options
+        .validate(ProgramKind::Eval, config)
+        .map_err(|error| match error {
+            Error::ProgramOption {
+                flag,
+                value,
+                reason,
+            } => Error::Tokens {
+                reason: match flag {
+                    "--batch" => format!("B = {value} rows: {reason}"),
+                    _ => format!("T = {value} tokens per row: {reason}"),
+                },
+            },
+            other => other,
+        })?;
+    Ok(options)
+}
+
 /// Runs the model on `tokens` at positions `0..T` through the eager oracle.
 pub fn evaluate(
     config: &ModelConfig,
@@ -119,6 +154,7 @@ pub fn evaluate(
     precision: Precision,
 ) -> Result<Evaluation> {
     let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
+    eval_options(config, &inputs, with_grads, precision)?;
     let [ids, positions, targets] = inputs.named().map(|(_, t)| Var::constant(t.clone()));
     let eager = Eager { precision };
     let logits = forward(&eager, config, weights, &ids, &positions)?;
@@ -185,14 +221,7 @@ pub fn evaluate_program(
     engine: Engine<'_>,
 ) -> Result<Evaluation> {
     let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
-    let (batch, seq) = inputs.batch_and_seq();
-    let options = ProgramOptions {
-        batch,
-        seq,
-        grads: with_grads,
-        precision,
-        ..ProgramOptions::default()
-    };
+    let options = eval_options(config, &inputs, with_grads, precision)?;
     let graph = build(ProgramKind::Eval, config, &options)?;
     let mut values: BTreeMap<String, Tensor> = weights
         .named()

@@ -5,13 +5,17 @@
 //! seed — are graph Inputs (device inputs), never constants baked into the graph, so one
 //! compiled program serves every step.
 
-use kiln_ir::{AdamWConfig, DType, Graph, InputKind, TensorType, ValueId};
+use kiln_ir::{DType, Graph, InputKind, TensorType, ValueId};
 
 use crate::error::Result;
 use crate::model::{
-    causal_lm_loss, forward, last_logits, parameter_shapes, ModelConfig, ModelWeights, Precision,
+    causal_lm_loss, forward, last_logits, parameter_shapes, ModelConfig, ModelWeights,
 };
 use crate::trace::{AttentionMode, LayerCache, Tracer};
+
+mod options;
+
+pub use options::{ProgramOptions, DECODE_CACHE_ROWS};
 
 /// Which program to build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,70 +37,34 @@ impl ProgramKind {
     }
 }
 
-/// Shapes and options of a program.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ProgramOptions {
-    pub batch: usize,
-    /// Tokens per row (prefill, train, eval); decode always takes one.
-    pub seq: usize,
-    /// Rows of the KV cache (prefill, decode).
-    pub max_seq: usize,
-    /// Eval: also output `grad.<name>` for every parameter.
-    pub grads: bool,
-    /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
-    pub precision: Precision,
-    pub adamw: AdamWConfig,
-}
-
-impl Default for ProgramOptions {
-    fn default() -> Self {
-        ProgramOptions {
-            batch: 1,
-            seq: 16,
-            max_seq: 64,
-            grads: false,
-            precision: Precision::F32,
-            adamw: AdamWConfig {
-                lr: 1e-3,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 1e-2,
-            },
-        }
-    }
-}
-
 fn i64_input(graph: &mut Graph, name: &str, dims: &[usize]) -> Result<ValueId> {
-    Ok(graph.input(name, InputKind::Input, TensorType::new(DType::I64, dims))?)
+    Ok(graph.input(name, InputKind::Input, TensorType::new(DType::I64, dims)?)?)
 }
 
 /// Every parameter as an f32 Param input under its Hugging Face name.
 fn params(graph: &mut Graph, config: &ModelConfig) -> Result<ModelWeights<ValueId>> {
     ModelWeights::build(config, |name, dims| {
-        Ok(graph.input(name, InputKind::Param, TensorType::new(DType::F32, dims))?)
+        Ok(graph.input(name, InputKind::Param, TensorType::new(DType::F32, dims)?)?)
     })
 }
 
-/// The per-layer KV cache states `cache.{k,v}.{layer}`, `[B,Hkv,Smax,D]` f32.
+/// The per-layer KV cache states `cache.{k,v}.{layer}`, `[B,Hkv,rows,D]` f32.
 fn caches(
     graph: &mut Graph,
     config: &ModelConfig,
-    options: &ProgramOptions,
+    batch: usize,
+    rows: usize,
 ) -> Result<Vec<LayerCache>> {
-    let dims = [
-        options.batch,
-        config.num_key_value_heads,
-        options.max_seq,
-        config.head_dim,
-    ];
+    let ty = TensorType::new(
+        DType::F32,
+        [batch, config.num_key_value_heads, rows, config.head_dim],
+    )?;
     (0..config.num_hidden_layers)
         .map(|layer| {
             let (k_name, v_name) = (format!("cache.k.{layer}"), format!("cache.v.{layer}"));
-            let ty = TensorType::new(DType::F32, dims);
             Ok(LayerCache {
                 k: graph.input(&k_name, InputKind::State, ty.clone())?,
-                v: graph.input(&v_name, InputKind::State, ty)?,
+                v: graph.input(&v_name, InputKind::State, ty.clone())?,
                 k_name,
                 v_name,
             })
@@ -104,17 +72,19 @@ fn caches(
         .collect()
 }
 
-/// Builds program `kind` for `config`.
+/// Builds program `kind` for `config`, after [`ProgramOptions::validate`].
 pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> Result<Graph> {
+    options.validate(kind, config)?;
     let mut graph = Graph::new(kind.name());
     let (batch, seq) = (options.batch, options.seq);
+    let rows = options.cache_rows(kind, config).unwrap_or(0);
     let weights = params(&mut graph, config)?;
     match kind {
         ProgramKind::Prefill => {
             let tokens = i64_input(&mut graph, "tokens", &[batch, seq])?;
             let positions = i64_input(&mut graph, "positions", &[batch, seq])?;
             let cache_positions = i64_input(&mut graph, "cache_positions", &[batch])?;
-            let caches = caches(&mut graph, config, options)?;
+            let caches = caches(&mut graph, config, batch, rows)?;
             let mode = AttentionMode::FillCache {
                 caches,
                 positions: cache_positions,
@@ -127,7 +97,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
         ProgramKind::Decode => {
             let tokens = i64_input(&mut graph, "tokens", &[batch, 1])?;
             let positions = i64_input(&mut graph, "positions", &[batch])?;
-            let caches = caches(&mut graph, config, options)?;
+            let caches = caches(&mut graph, config, batch, rows)?;
             let mode = AttentionMode::ReadCache { caches, positions };
             let tracer = Tracer::new(graph, mode, options.precision);
             let rope_positions = tracer.graph().op1(
@@ -143,6 +113,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
         ProgramKind::Train | ProgramKind::Eval => {
             let tokens = i64_input(&mut graph, "tokens", &[batch, seq])?;
             let positions = i64_input(&mut graph, "positions", &[batch, seq])?;
+            // `validate` has checked that `[batch, seq]` ids fit, so their count does.
             let targets = i64_input(&mut graph, "targets", &[batch * seq])?;
             let tracer = Tracer::new(graph, AttentionMode::Plain, options.precision);
             let logits = forward(&tracer, config, &weights, &tokens, &positions)?;
@@ -158,7 +129,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
             let seed = graph.input(
                 "loss_seed",
                 InputKind::Input,
-                TensorType::new(DType::F32, []),
+                TensorType::new(DType::F32, [])?,
             )?;
             let named = weights.named();
             let wrt: Vec<ValueId> = named.iter().map(|(_, v)| **v).collect();
@@ -171,7 +142,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
                 }
                 return Ok(graph);
             }
-            let step = graph.input("step", InputKind::Input, TensorType::new(DType::I64, []))?;
+            let step = graph.input("step", InputKind::Input, TensorType::new(DType::I64, [])?)?;
             for ((name, param), grad) in named.iter().zip(grads) {
                 let Some(grad) = grad else { continue };
                 let ty = graph.value_type(**param)?.clone();
@@ -212,6 +183,9 @@ pub fn example_inputs(
 ) -> Result<std::collections::BTreeMap<String, kiln_runtime::Tensor>> {
     use kiln_runtime::{Device, Tensor};
     use rand::{Rng, SeedableRng};
+    if kind == ProgramKind::Decode {
+        options.check_position(config, position)?;
+    }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let (batch, seq) = (options.batch, options.seq);
     let rows = if kind == ProgramKind::Decode { 1 } else { seq };
@@ -248,3 +222,6 @@ pub fn example_inputs(
     }
     Ok(values)
 }
+
+#[cfg(test)]
+mod tests;

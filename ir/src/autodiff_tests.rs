@@ -9,11 +9,11 @@ use crate::graph::NodeKind;
 use crate::{DType, Error, Graph, InputKind, Op, Shape, TensorType, ValueId};
 
 fn f32t(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, dims)
+    TensorType::new(DType::F32, dims).unwrap()
 }
 
 fn i64t(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::I64, dims)
+    TensorType::new(DType::I64, dims).unwrap()
 }
 
 fn param(g: &mut Graph, name: &str, ty: TensorType) -> ValueId {
@@ -374,7 +374,7 @@ fn rope_attention_transpose_block() {
 fn bf16_matmul_casts_the_gradient_down_and_back() {
     let mut g = Graph::new("bf16");
     let a = param(&mut g, "a", f32t(&[3, 2]));
-    let b = param(&mut g, "b", TensorType::new(DType::BF16, [4, 3]));
+    let b = param(&mut g, "b", TensorType::new(DType::BF16, [4, 3]).unwrap());
     let a16 = g.op1(Op::Cast { to: DType::BF16 }, &[a]).unwrap();
     let mm = g.op1(matmul(true, true), &[a16, b]).unwrap(); // f32 [2,4]
     let loss = sum_all(&mut g, mm);
@@ -502,7 +502,7 @@ fn bad_losses_and_seeds_are_errors() {
     let loss = sum_all(&mut g, x);
     let seed = seed_for(&mut g, loss);
     let wide_seed = data(&mut g, "wide_seed", f32t(&[2, 3]));
-    let f64_seed = data(&mut g, "f64_seed", TensorType::new(DType::F64, []));
+    let f64_seed = data(&mut g, "f64_seed", TensorType::new(DType::F64, []).unwrap());
     let shaped_seed = data(&mut g, "shaped_seed", f32t(&[1]));
 
     let err = append_backward(&mut g, x, wide_seed, &[x]).unwrap_err();

@@ -10,9 +10,10 @@ pub enum Error {
     /// A stride was negative.
     #[error("stride {axis} is negative ({value}); strides must be >= 0")]
     NegativeStride { axis: usize, value: i64 },
-    /// The number of elements does not fit in `usize`.
-    #[error("shape {dims:?} has more elements than fit in memory")]
-    TooLarge { dims: Vec<i64> },
+    /// A shape whose element count overflows `usize`, or a type whose bytes exceed
+    /// `isize::MAX` (the most one allocation can hold).
+    #[error("{what} is too large: {detail}")]
+    TooLarge { what: String, detail: String },
     /// Strides and shape disagree in rank.
     #[error("shape has rank {shape_rank} but strides have rank {strides_rank}")]
     RankMismatch {

@@ -115,7 +115,7 @@ mod tests {
     use crate::{DType, Op};
 
     fn f32t(dims: &[usize]) -> TensorType {
-        TensorType::new(DType::F32, dims)
+        TensorType::new(DType::F32, dims).unwrap()
     }
 
     /// Inputs added out of group order, a param after an op, a multi-output op, a view,
@@ -127,7 +127,7 @@ mod tests {
             .input(
                 "tokens",
                 InputKind::Input,
-                TensorType::new(DType::I64, [1, 2]),
+                TensorType::new(DType::I64, [1, 2]).unwrap(),
             )
             .unwrap();
         let embed = g.input("embed", InputKind::Param, f32t(&[5, 4])).unwrap();

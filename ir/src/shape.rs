@@ -39,9 +39,7 @@ impl Shape {
             out.push(dim);
         }
         let shape = Shape(out);
-        shape.checked_numel().ok_or_else(|| Error::TooLarge {
-            dims: dims.to_vec(),
-        })?;
+        shape.checked_numel()?;
         Ok(shape)
     }
 
@@ -55,14 +53,26 @@ impl Shape {
         self.0.len()
     }
 
-    /// Number of elements: 1 for a scalar, 0 if any dimension is 0.
+    /// Number of elements: 1 for a scalar, 0 if any dimension is 0. Unchecked: for shapes of
+    /// a [`TensorType`](crate::TensorType) or a tensor, whose count is known to fit; a shape
+    /// from a user or a file goes through [`Shape::checked_numel`].
     pub fn numel(&self) -> usize {
         self.0.iter().product()
     }
 
-    /// Number of elements, or `None` on overflow.
-    pub fn checked_numel(&self) -> Option<usize> {
-        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+    /// Number of elements, or an error naming the shape when the count overflows `usize`.
+    pub fn checked_numel(&self) -> Result<usize> {
+        let zero = self.0.contains(&0);
+        let count = self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        match count {
+            Some(count) => Ok(count),
+            // An empty dimension makes the product 0 whatever the others overflow to.
+            None if zero => Ok(0),
+            None => Err(Error::TooLarge {
+                what: format!("shape {self}"),
+                detail: format!("more than {} elements (usize::MAX)", usize::MAX),
+            }),
+        }
     }
 
     /// Row-major (C-order) element strides for this shape.
@@ -189,6 +199,13 @@ mod tests {
             Shape::from_signed(&[big, big, big]),
             Err(Error::TooLarge { .. })
         ));
+        let error = Shape::new(&[1 << 32, 1 << 32]).checked_numel().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "shape [4294967296,4294967296] is too large: more than 18446744073709551615 \
+             elements (usize::MAX)"
+        );
+        assert_eq!(Shape::new(&[usize::MAX, 2, 0]).checked_numel(), Ok(0));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! - `ports`: an op's incoming edges cover its operand ports 0..n exactly once; every edge reads
 //!   an existing result of its source; inputs have no incoming edges.
 //! - `types`: an op's stored result types are its type rule applied to its operand types; an
-//!   input has exactly one result.
+//!   input has exactly one result, of a type whose size fits (`TensorType::checked_size_bytes`).
 //! - `acyclic`: the graph has no cycle.
 //! - `order`: node index order is a topological order (the interpreter runs nodes in it).
 //! - `outputs`: outputs name existing values; output names and input names are unique.
@@ -159,7 +159,14 @@ fn check_types(graph: &Graph) -> Result<()> {
                     ),
                 ));
             }
-            NodeKind::Input { .. } => continue,
+            NodeKind::Input { .. } => {
+                // Sizes of every later value derive from the inputs'; an op's are checked by its
+                // type rule below.
+                weight.outputs[0]
+                    .checked_size_bytes()
+                    .map_err(|e| invalid("types", format!("{}: {e}", describe(graph, node))))?;
+                continue;
+            }
             NodeKind::Op(op) => op,
         };
         let operand_types = graph

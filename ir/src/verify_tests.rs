@@ -10,7 +10,7 @@ use crate::graph::{Edge, Node, NodeKind};
 use crate::{DType, Error, Graph, InputKind, Op, TensorType, ValueId};
 
 fn f32t(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, dims)
+    TensorType::new(DType::F32, dims).unwrap()
 }
 
 /// The values of [`well_formed`], to break it in targeted ways.
@@ -32,7 +32,7 @@ fn well_formed() -> Sample {
         .input(
             "tokens",
             InputKind::Input,
-            TensorType::new(DType::I64, [2, 3]),
+            TensorType::new(DType::I64, [2, 3]).unwrap(),
         )
         .unwrap();
     let acc = g.input("acc", InputKind::State, f32t(&[2, 3, 4])).unwrap();
@@ -121,6 +121,24 @@ fn types_rejects_an_input_without_exactly_one_result() {
         &s.graph,
         "types",
         &[&node_name(s.tokens), "tokens", "2 results"],
+    );
+}
+
+#[test]
+fn types_rejects_an_input_too_large_to_address() {
+    // Only the unchecked API can store such a type; `TensorType::new` refuses it.
+    let mut s = well_formed();
+    s.graph.raw_mut()[s.tokens.node].outputs = vec![TensorType {
+        dtype: DType::I64,
+        shape: [1usize << 32, 1 << 32].into(),
+    }];
+    rejects(
+        &s.graph,
+        "types",
+        &[
+            &node_name(s.tokens),
+            "i64[4294967296,4294967296] is too large",
+        ],
     );
 }
 

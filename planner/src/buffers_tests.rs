@@ -127,7 +127,7 @@ fn inputs_transposed_views_and_other_aliasing_operands_are_not_overwritten() {
 #[test]
 fn a_bf16_matmul_gets_a_workspace_living_only_at_its_step() {
     let mut g = Graph::new("bf16");
-    let bf16 = |d: &[usize]| TensorType::new(DType::BF16, d);
+    let bf16 = |d: &[usize]| TensorType::new(DType::BF16, d).unwrap();
     let a = g.input("a", InputKind::Input, bf16(&[4, 8])).unwrap();
     let w = g.input("w", InputKind::Param, bf16(&[8, 16])).unwrap();
     let y = matmul(&mut g, a, w, false); // step 0

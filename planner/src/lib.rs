@@ -29,5 +29,5 @@ pub use error::{Error, Result};
 pub use hash::{fnv1a64, plan_hash};
 pub use offsets::{arena_size, lower_bound, portfolio, ArenaItem, Fit, Greedy, OffsetHeuristic};
 pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
-pub use planner::plan;
+pub use planner::{plan, MAX_STREAMS};
 pub use verify::{verify_plan, PlanError};

@@ -25,7 +25,7 @@ use crate::{Buffer, BufferClass, Error, Plan, PlanOptions, Result, Step};
 
 /// Plans `graph` with `options`. Same graph and options give the same plan, byte for byte.
 pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
-    check_options(options)?;
+    options.validate()?;
     kiln_ir::verify(graph)?;
     let program = Program::new(graph)?;
     let chosen = choose_schedule(&program, options.alignment)?;
@@ -99,20 +99,31 @@ pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
     Ok(plan)
 }
 
-fn check_options(options: &PlanOptions) -> Result<()> {
-    let bad = |option, detail: &str| {
-        Err(Error::Option {
-            option,
-            detail: detail.to_string(),
-        })
-    };
-    if options.streams == 0 {
-        return bad("streams", "must be at least 1");
+/// The most streams a plan may use. Streams pay off only while independent ops can run side by
+/// side, which a Transformer step offers a few of; and the stream plan keeps a vector clock of
+/// one entry per stream at every step, so the count must be bounded before it is allocated.
+pub const MAX_STREAMS: usize = 64;
+
+impl PlanOptions {
+    /// Checks the options `plan` accepts: 1 to [`MAX_STREAMS`] streams, an alignment of at
+    /// least one byte.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |option, detail: String| Err(Error::Option { option, detail });
+        if self.streams == 0 {
+            return bad("streams", "must be at least 1".into());
+        }
+        if self.streams > MAX_STREAMS {
+            let detail = format!(
+                "{} is more than the {MAX_STREAMS} streams the planner supports",
+                self.streams
+            );
+            return bad("streams", detail);
+        }
+        if self.alignment == 0 {
+            return bad("alignment", "must be at least 1 byte".into());
+        }
+        Ok(())
     }
-    if options.alignment == 0 {
-        return bad("alignment", "must be at least 1 byte");
-    }
-    Ok(())
 }
 
 /// The winning schedule candidate with its buffers and peak of live arena bytes.

@@ -153,7 +153,7 @@ fn workspaces_outputs_and_writes_are_placed_by_class() {
     let mut g = Graph::new("classes");
     let pmv = param_with_moments(&mut g, "w", &[4, 4]);
     let step = step_input(&mut g);
-    let bf16 = |d: &[usize]| TensorType::new(DType::BF16, d);
+    let bf16 = |d: &[usize]| TensorType::new(DType::BF16, d).unwrap();
     let a = g.input("a", InputKind::Input, bf16(&[4, 8])).unwrap();
     let b = g.input("b", InputKind::Input, bf16(&[8, 4])).unwrap();
     let y = matmul(&mut g, a, b, false);
@@ -219,6 +219,26 @@ fn bad_options_and_bad_graphs_are_errors() {
         ),
         "{err}"
     );
+
+    // Refused before the stream plan sizes anything by the count.
+    for streams in [MAX_STREAMS + 1, 1 << 32, usize::MAX] {
+        let options = PlanOptions {
+            streams,
+            ..PlanOptions::default()
+        };
+        let err = plan(&g, &options).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "plan option `streams`: {streams} is more than the 64 streams the planner supports"
+            )
+        );
+    }
+    let widest = PlanOptions {
+        streams: MAX_STREAMS,
+        ..PlanOptions::default()
+    };
+    plan(&g, &widest).unwrap();
 
     let mut broken = softmax_chain(2, 2, 2);
     let missing = ValueId {

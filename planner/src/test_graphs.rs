@@ -5,7 +5,7 @@ use kiln_ir::{AdamWConfig, DType, Graph, InputKind, Op, Shape, TensorType, Value
 use crate::{Plan, PlanOptions};
 
 pub fn f32t(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, dims)
+    TensorType::new(DType::F32, dims).unwrap()
 }
 
 pub fn input(g: &mut Graph, name: &str, kind: InputKind, dims: &[usize]) -> ValueId {
@@ -78,7 +78,7 @@ pub fn step_input(g: &mut Graph) -> ValueId {
     g.input(
         "step",
         InputKind::Input,
-        TensorType::new(DType::I64, Shape::scalar()),
+        TensorType::new(DType::I64, Shape::scalar()).unwrap(),
     )
     .unwrap()
 }

@@ -114,7 +114,7 @@ impl Builder {
 
     /// A value of shape `[h]`: an existing one from `pick` on, else a reduction of `of`.
     fn vector(&mut self, pick: u16, of: ValueId, h: usize) -> Result<ValueId> {
-        let want = TensorType::new(DType::F32, [h]);
+        let want = TensorType::new(DType::F32, [h])?;
         let found = self.find(pick, of, |t| *t == want);
         if found != of {
             return Ok(found);
@@ -152,7 +152,7 @@ impl GraphRecipe {
             let name = format!("{}{i}", kind.name());
             let value = b
                 .graph
-                .input(&name, kind, TensorType::new(DType::F32, [rows, cols]))?;
+                .input(&name, kind, TensorType::new(DType::F32, [rows, cols])?)?;
             b.values.push(value);
             if kind.is_persistent() {
                 persistent.push((name, value));

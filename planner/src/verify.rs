@@ -170,7 +170,8 @@ impl<'g> Program<'g> {
         let ty = self.values.get(&value)?;
         let bytes = ty
             .shape
-            .checked_numel()?
+            .checked_numel()
+            .ok()?
             .checked_mul(ty.dtype.size_bytes())?;
         u64::try_from(bytes).ok()
     }

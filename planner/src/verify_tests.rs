@@ -15,7 +15,7 @@ use crate::{Buffer, BufferClass, Plan, PlanOptions, Step};
 use BufferClass::{Activation, Output, Param, Workspace};
 
 fn f32t(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, dims)
+    TensorType::new(DType::F32, dims).unwrap()
 }
 
 /// Steps `(node, stream, waits, records)`, with the op text read from the graph.
@@ -111,7 +111,11 @@ fn serial() -> (Graph, Plan) {
     let x = g.input("x", InputKind::Input, f32t(&[2, 4])).unwrap();
     let w = g.input("w", InputKind::Param, f32t(&[4])).unwrap();
     let h = g
-        .input("h", InputKind::Param, TensorType::new(DType::BF16, [4, 4]))
+        .input(
+            "h",
+            InputKind::Param,
+            TensorType::new(DType::BF16, [4, 4]).unwrap(),
+        )
         .unwrap();
     let a = g.op1(Op::Mul, &[x, w]).unwrap();
     let b = g.op1(Op::Scale { alpha: 2.0 }, &[a]).unwrap();

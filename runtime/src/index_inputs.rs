@@ -106,14 +106,22 @@ mod tests {
     /// logits = embedding(weight [10,4], reshape(ids [2,3] -> [6])) and a loss over targets.
     fn graph() -> Graph {
         let mut graph = Graph::new("ids");
-        let weight =
-            (graph.input("w", InputKind::Param, TensorType::new(DType::F32, [10, 4]))).unwrap();
-        let ids =
-            (graph.input("ids", InputKind::Input, TensorType::new(DType::I64, [2, 3]))).unwrap();
+        let weight = (graph.input(
+            "w",
+            InputKind::Param,
+            TensorType::new(DType::F32, [10, 4]).unwrap(),
+        ))
+        .unwrap();
+        let ids = (graph.input(
+            "ids",
+            InputKind::Input,
+            TensorType::new(DType::I64, [2, 3]).unwrap(),
+        ))
+        .unwrap();
         let targets = (graph.input(
             "targets",
             InputKind::Input,
-            TensorType::new(DType::I64, [6]),
+            TensorType::new(DType::I64, [6]).unwrap(),
         ))
         .unwrap();
         let flat = graph

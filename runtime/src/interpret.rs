@@ -179,7 +179,12 @@ impl Env {
 
 /// The dtype and shape of a tensor, as the IR types it.
 pub(crate) fn type_of(tensor: &Tensor) -> TensorType {
-    TensorType::new(tensor.dtype(), tensor.shape().clone())
+    // Unchecked: the tensor's storage already holds its elements, so the type is within the
+    // limits `TensorType::new` checks.
+    TensorType {
+        dtype: tensor.dtype(),
+        shape: tensor.shape().clone(),
+    }
 }
 
 fn list(types: &[TensorType]) -> String {

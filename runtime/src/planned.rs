@@ -44,7 +44,7 @@ use kiln_planner::Plan;
 
 use crate::device::Device;
 use crate::error::Result;
-use crate::interpret::{bound_inputs, check_write};
+use crate::interpret::{bound_inputs, check_write, type_of};
 use crate::tensor::Tensor;
 pub use executable::CpuExecutable;
 use memory::{bound_view, read_view, Memory};
@@ -81,8 +81,7 @@ pub fn execute(
     let mut writes = Vec::with_capacity(graph.writes().len());
     for (name, value) in graph.writes() {
         let tensor = copy_out(plan, &placement, &memory, &layouts, *value, name)?;
-        let found = kiln_ir::TensorType::new(tensor.dtype(), tensor.shape().clone());
-        check_write(graph, name, *value, &found)?;
+        check_write(graph, name, *value, &type_of(&tensor))?;
         writes.push((name.clone(), tensor));
     }
     // Only now, with nothing left to fail, are the persistent values replaced.

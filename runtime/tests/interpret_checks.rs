@@ -14,7 +14,11 @@ use kiln_runtime::{interpret, Error, Tensor};
 fn doubling() -> Graph {
     let mut graph = Graph::new("double");
     let x = graph
-        .input("x", InputKind::Input, TensorType::new(DType::F32, [2, 3]))
+        .input(
+            "x",
+            InputKind::Input,
+            TensorType::new(DType::F32, [2, 3]).unwrap(),
+        )
         .unwrap();
     let y = graph.op1(Op::Scale { alpha: 2.0 }, &[x]).unwrap();
     graph.output("y", y).unwrap();
@@ -57,7 +61,11 @@ fn a_binding_of_another_type_is_refused_naming_both_types() {
 fn a_graph_whose_node_order_is_not_topological_is_refused() {
     let mut graph = Graph::new("out_of_order");
     let x = graph
-        .input("x", InputKind::Input, TensorType::new(DType::F32, [4]))
+        .input(
+            "x",
+            InputKind::Input,
+            TensorType::new(DType::F32, [4]).unwrap(),
+        )
         .unwrap();
     let a = graph.op1(Op::Scale { alpha: 2.0 }, &[x]).unwrap();
     let b = graph.op1(Op::Scale { alpha: 3.0 }, &[a]).unwrap();
@@ -85,11 +93,15 @@ fn a_kernel_error_names_the_node_and_wraps_the_kernel_error() {
         .input(
             "weight",
             InputKind::Param,
-            TensorType::new(DType::F32, [3, 2]),
+            TensorType::new(DType::F32, [3, 2]).unwrap(),
         )
         .unwrap();
     let ids = graph
-        .input("ids", InputKind::Input, TensorType::new(DType::I64, [2]))
+        .input(
+            "ids",
+            InputKind::Input,
+            TensorType::new(DType::I64, [2]).unwrap(),
+        )
         .unwrap();
     let e = graph.op1(Op::Embedding, &[weight, ids]).unwrap();
     graph.output("e", e).unwrap();
@@ -121,7 +133,7 @@ fn a_kernel_error_names_the_node_and_wraps_the_kernel_error() {
 #[test]
 fn writes_replace_state_values_and_outputs_are_returned() {
     let mut graph = Graph::new("counter");
-    let ty = TensorType::new(DType::F32, [3]);
+    let ty = TensorType::new(DType::F32, [3]).unwrap();
     let total = graph.input("total", InputKind::State, ty.clone()).unwrap();
     let x = graph.input("x", InputKind::Input, ty).unwrap();
     let sum = graph.op1(Op::Add, &[total, x]).unwrap();
@@ -149,7 +161,7 @@ fn writes_replace_state_values_and_outputs_are_returned() {
 #[test]
 fn an_output_naming_no_value_is_refused_and_nothing_is_written() {
     let mut graph = Graph::new("dangling");
-    let ty = TensorType::new(DType::F32, [2]);
+    let ty = TensorType::new(DType::F32, [2]).unwrap();
     let state = graph.input("s", InputKind::State, ty).unwrap();
     let doubled = graph.op1(Op::Scale { alpha: 2.0 }, &[state]).unwrap();
     graph.write("s", doubled).unwrap();

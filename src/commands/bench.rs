@@ -106,13 +106,36 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
+    // Every option is checked against the model before anything touches the device.
     if args.steps == 0 {
-        bail!("--steps must be at least 1");
+        bail!("--steps 0: must be at least 1");
+    }
+    let plan_options = PlanOptions {
+        streams: args.streams,
+        ..PlanOptions::default()
+    };
+    plan_options.validate()?;
+    let source = ModelSource::resolve(&args.model)?;
+    let (config, _) = source.config()?;
+    args.options.validate(args.kind, &config)?;
+    if args.kind == ProgramKind::Decode {
+        args.options.check_position(&config, args.context)?;
     }
     if let Some(reason) = kiln_runtime::cuda::unavailable() {
         bail!("--device cuda: no CUDA device can be used here: {reason}");
     }
-    let source = ModelSource::resolve(&args.model)?;
+    let graph = build(args.kind, &config, &args.options)?;
+    let planned = plan(&graph, &plan_options)?;
+    let device = CudaDevice::open(0)?;
+    let (_, total) = device.memory()?;
+    let what = format!("{} {}", args.model, args.kind.name());
+    let memory = format!("the device ({})", device.describe());
+    crate::memory::ensure_fits(
+        &what,
+        crate::memory::plan_bytes(&planned),
+        total as u64,
+        &memory,
+    )?;
     let (config, loaded) = source
         .load(args.seed)
         .with_context(|| format!("loading model {}", args.model))?;
@@ -123,15 +146,6 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         eprintln!("warning: {}: {warning}", args.model);
     }
     let weights = loaded.weights;
-    let graph = build(args.kind, &config, &args.options)?;
-    let planned = plan(
-        &graph,
-        &PlanOptions {
-            streams: args.streams,
-            ..PlanOptions::default()
-        },
-    )?;
-    let device = CudaDevice::open(0)?;
     eprintln!(
         "kiln bench: {} {} on {}: {} ops planned into a {:.2} MiB arena",
         args.model,
@@ -178,7 +192,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     );
     bar.set_message(format!("timing {} steps", args.steps));
     let wall = Instant::now();
-    let mut times = Vec::with_capacity(args.steps);
+    let mut times = Vec::new();
     for _ in 0..args.steps {
         start.record(exe.stream())?;
         exe.run(args.mode)?;

@@ -18,6 +18,7 @@ pub fn compile(
 ) -> Result<String> {
     let source = ModelSource::resolve(model)?;
     let (config, _) = source.config()?;
+    options.validate(kind, &config)?;
     let started = std::time::Instant::now();
     let graph =
         build(kind, &config, options).with_context(|| format!("tracing {}", kind.name()))?;
@@ -36,10 +37,10 @@ pub fn compile(
     }
     let inputs = graph.inputs();
     let of = |kind: InputKind| inputs.iter().filter(|(_, _, k, _)| *k == kind).count();
-    let shape = match kind {
-        ProgramKind::Prefill => format!("seq {}, cache {}", options.seq, options.max_seq),
-        ProgramKind::Decode => format!("one token per row, cache {}", options.max_seq),
-        ProgramKind::Train | ProgramKind::Eval => format!("seq {}", options.seq),
+    let shape = match (kind, options.cache_rows(kind, &config)) {
+        (ProgramKind::Decode, Some(rows)) => format!("one token per row, cache {rows}"),
+        (_, Some(rows)) => format!("seq {}, cache {rows}", options.seq),
+        (_, None) => format!("seq {}", options.seq),
     };
     let mut text = format!(
         "program {} for {model} ({} parameters): batch {}, {shape}, {:?} GEMMs\n",

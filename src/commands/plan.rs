@@ -28,11 +28,13 @@ pub fn plan(
     out: Option<&Path>,
     verify: bool,
 ) -> Result<Option<String>> {
+    plan_options.validate()?;
     if let Some(out) = out {
         // Checked again when the file is published: this only answers before the work.
         check_absent(out).map_err(|e| anyhow!("{e} (choose another --out)"))?;
     }
     let (config, _) = ModelSource::resolve(model)?.config()?;
+    options.validate(kind, &config)?;
     let graph =
         build(kind, &config, options).with_context(|| format!("tracing {}", kind.name()))?;
     kiln_ir::verify(&graph).context("the traced graph failed verification")?;

@@ -52,6 +52,12 @@ fn mib(bytes: u64) -> String {
 /// Plans every row with `streams` streams (best planning time of `repeats` runs) and returns a
 /// Markdown table.
 pub fn planner_report(streams: usize, repeats: usize) -> Result<String> {
+    anyhow::ensure!(repeats >= 1, "--repeats {repeats}: must be at least 1");
+    let plan_options = PlanOptions {
+        streams,
+        ..PlanOptions::default()
+    };
+    plan_options.validate()?;
     let mut table = String::new();
     writeln!(
         table,
@@ -63,18 +69,14 @@ pub fn planner_report(streams: usize, repeats: usize) -> Result<String> {
         let options = ProgramOptions {
             batch,
             seq,
-            max_seq,
+            max_seq: Some(max_seq),
             ..ProgramOptions::default()
         };
         let graph = build(kind, &config, &options)
             .with_context(|| format!("tracing {name} {}", kind.name()))?;
-        let plan_options = PlanOptions {
-            streams,
-            ..PlanOptions::default()
-        };
         let mut best = Duration::MAX;
         let mut planned = None;
-        for _ in 0..repeats.max(1) {
+        for _ in 0..repeats {
             let started = Instant::now();
             let plan = kiln_planner::plan(&graph, &plan_options)?;
             best = best.min(started.elapsed());

@@ -124,7 +124,32 @@ pub fn parse_config(json: &str, path: &str) -> Result<(ModelConfig, DType)> {
         },
     };
     validate(&config, path)?;
+    check_layer_types(&fields, config.num_hidden_layers)?;
     Ok((config, checkpoint_dtype(&fields)?))
+}
+
+/// `layer_types`, when given: one entry per layer, as transformers requires, each
+/// `"full_attention"`.
+fn check_layer_types(fields: &Fields, layers: usize) -> Result<()> {
+    let Some(layer_types) = fields.get("layer_types") else {
+        return Ok(());
+    };
+    let Value::Array(types) = layer_types else {
+        let found = shown(layer_types);
+        return Err(fields.error("layer_types", format!("expected an array, found {found}")));
+    };
+    if let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+        let reason = "kiln implements full causal attention only";
+        return Err(fields.unsupported("layer_types", &shown(other), reason));
+    }
+    if types.len() != layers {
+        let reason = format!(
+            "{} entries for num_hidden_layers {layers} (one per layer)",
+            types.len()
+        );
+        return Err(fields.error("layer_types", reason));
+    }
+    Ok(())
 }
 
 /// `model_type` → [`Family`].
@@ -155,16 +180,6 @@ fn check_unsupported(fields: &Fields) -> Result<()> {
     if fields.boolean("use_sliding_window")? == Some(true) {
         let reason = "kiln implements full causal attention only";
         return Err(fields.unsupported("use_sliding_window", "true", reason));
-    }
-    if let Some(layer_types) = fields.get("layer_types") {
-        let Value::Array(types) = layer_types else {
-            let found = shown(layer_types);
-            return Err(fields.error("layer_types", format!("expected an array, found {found}")));
-        };
-        if let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
-            let reason = "kiln implements full causal attention only";
-            return Err(fields.unsupported("layer_types", &shown(other), reason));
-        }
     }
     for (field, rope) in [
         ("rope_scaling", fields.get("rope_scaling")),

@@ -63,7 +63,7 @@ mod tests {
     use crate::DType;
 
     fn ty(dtype: DType, dims: &[usize]) -> TensorType {
-        TensorType::new(dtype, dims)
+        TensorType::new(dtype, dims).unwrap()
     }
 
     #[test]

@@ -61,7 +61,7 @@ impl Rule<'_> {
 
     /// Operand `port` is a float of `dtype` whose shape is `dims`.
     fn shaped(&self, port: usize, dtype: DType, dims: &[usize]) -> Result<()> {
-        self.same(port, &TensorType::new(dtype, dims))
+        self.same(port, &TensorType::new(dtype, dims)?)
     }
 
     fn rank(&self, port: usize, rank: usize, layout: &str) -> Result<&[usize]> {
@@ -98,7 +98,7 @@ impl Op {
                 let ids = rule.int(1)?;
                 let mut dims = ids.dims().to_vec();
                 dims.push(weight.dims()[1]);
-                one(TensorType::new(weight.dtype, dims))
+                one(TensorType::new(weight.dtype, dims)?)
             }
             Op::EmbeddingBackward { vocab } => {
                 rule.arity(2)?;
@@ -109,7 +109,7 @@ impl Op {
                 let mut want = ids.to_vec();
                 want.push(hidden);
                 rule.shaped(1, grad.dtype, &want)?;
-                one(TensorType::new(grad.dtype, [*vocab, hidden]))
+                one(TensorType::new(grad.dtype, [*vocab, hidden])?)
             }
             Op::MatMul {
                 transpose_a,
@@ -150,7 +150,7 @@ impl Op {
                 }
                 let mut dims = ad[..rank - 2].to_vec();
                 dims.extend([m, n]);
-                one(TensorType::new(dtype, dims))
+                one(TensorType::new(dtype, dims)?)
             }
             Op::Add | Op::Mul => {
                 rule.arity(2)?;
@@ -178,7 +178,7 @@ impl Op {
                 if !is_suffix(shape.dims(), a.dims()) {
                     return Err(rule.attribute(format!("{shape} is not a suffix of {}", a.shape)));
                 }
-                one(TensorType::new(a.dtype, shape.clone()))
+                one(TensorType::new(a.dtype, shape.clone())?)
             }
             Op::BroadcastTo { shape } => {
                 rule.arity(1)?;
@@ -186,7 +186,7 @@ impl Op {
                 if !is_suffix(a.dims(), shape.dims()) {
                     return Err(rule.attribute(format!("{} is not a suffix of {shape}", a.shape)));
                 }
-                one(TensorType::new(a.dtype, shape.clone()))
+                one(TensorType::new(a.dtype, shape.clone())?)
             }
             Op::Cast { to } => {
                 rule.arity(1)?;
@@ -194,7 +194,7 @@ impl Op {
                 if !a.dtype.is_float() || !to.is_float() {
                     return Err(rule.type_error(0, "a float (casts are float to float)"));
                 }
-                one(TensorType::new(*to, a.shape.clone()))
+                one(TensorType::new(*to, a.shape.clone())?)
             }
             Op::RmsNorm { .. } => {
                 rule.arity(2)?;
@@ -268,7 +268,7 @@ impl Op {
                 if *bias {
                     rule.shaped(2, x.dtype, &[h * d])?;
                 }
-                one(TensorType::new(x.dtype, [b, h, t, d]))
+                one(TensorType::new(x.dtype, [b, h, t, d])?)
             }
             Op::RopeBackward { .. } => {
                 rule.arity(2)?;
@@ -280,7 +280,7 @@ impl Op {
                 if operands[1].dims() != [b, t] {
                     return Err(rule.type_error(1, format!("int [{b},{t}]")));
                 }
-                one(TensorType::new(g.dtype, [b, t, h, d]))
+                one(TensorType::new(g.dtype, [b, t, h, d])?)
             }
             Op::Attention { .. } | Op::CachedAttention { .. } => {
                 let cached = matches!(self, Op::CachedAttention { .. });
@@ -310,7 +310,7 @@ impl Op {
                     ));
                 }
                 rule.same(2, k)?;
-                let out = TensorType::new(q.dtype, [b, t, hq, d]);
+                let out = TensorType::new(q.dtype, [b, t, hq, d])?;
                 if cached {
                     rule.int(3)?;
                     if operands[3].dims() != [b] {
@@ -318,7 +318,7 @@ impl Op {
                     }
                     one(out)
                 } else {
-                    Ok(vec![out, TensorType::new(q.dtype, [b, hq, t, s])])
+                    Ok(vec![out, TensorType::new(q.dtype, [b, hq, t, s])?])
                 }
             }
             Op::AttentionBackward { scale } => {
@@ -401,7 +401,7 @@ impl Op {
                     rule.shaped(2, logits.dtype, &[])?;
                     one(logits)
                 } else {
-                    one(TensorType::new(logits.dtype, Shape::scalar()))
+                    one(TensorType::new(logits.dtype, Shape::scalar())?)
                 }
             }
             Op::AdamW(_) => {
@@ -416,10 +416,12 @@ impl Op {
             Op::Reshape { shape } => {
                 rule.arity(1)?;
                 let a = &operands[0];
-                if a.shape.numel() != shape.numel() {
+                // Typed first: a target shape whose count overflows is refused, not compared.
+                let viewed = TensorType::new(a.dtype, shape.clone())?;
+                if a.shape.numel() != viewed.shape.numel() {
                     return Err(rule.attribute(format!("cannot view {} as {shape}", a.shape)));
                 }
-                one(TensorType::new(a.dtype, shape.clone()))
+                one(viewed)
             }
             Op::Transpose { dim0, dim1 } => {
                 rule.arity(1)?;
@@ -432,7 +434,7 @@ impl Op {
                 }
                 let mut dims = a.dims().to_vec();
                 dims.swap(*dim0, *dim1);
-                one(TensorType::new(a.dtype, dims))
+                one(TensorType::new(a.dtype, dims)?)
             }
             Op::Slice { axis, start, end } => {
                 rule.arity(1)?;
@@ -441,7 +443,7 @@ impl Op {
                     Some(&size) if start <= end && *end <= size => {
                         let mut dims = a.dims().to_vec();
                         dims[*axis] = end - start;
-                        one(TensorType::new(a.dtype, dims))
+                        one(TensorType::new(a.dtype, dims)?)
                     }
                     _ => Err(rule.attribute(format!(
                         "{start}..{end} along axis {axis} does not fit {}",

@@ -7,15 +7,15 @@
 use crate::{AdamWConfig, DType, Error, Op, Shape, TensorType};
 
 fn f32t(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, dims)
+    TensorType::new(DType::F32, dims).unwrap()
 }
 
 fn i64t(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::I64, dims)
+    TensorType::new(DType::I64, dims).unwrap()
 }
 
 fn ty(dtype: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(dtype, dims)
+    TensorType::new(dtype, dims).unwrap()
 }
 
 #[track_caller]
@@ -380,6 +380,30 @@ fn reshape_keeps_the_element_count() {
     accepts(op(&[6, 2]), &[f32t(&[3, 4])], &[f32t(&[6, 2])]);
     accepts(op(&[12]), &[i64t(&[3, 4])], &[i64t(&[12])]);
     rejects_attribute(op(&[5, 2]), &[f32t(&[3, 4])], "cannot view [3,4] as [5,2]");
+}
+
+#[test]
+fn results_too_large_to_address_are_refused() {
+    // Each operand fits; the result would not.
+    let wide = 1usize << 32;
+    let err = matmul(false, false)
+        .infer(&[f32t(&[wide, 1]), f32t(&[1, wide])])
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("f32[4294967296,4294967296] is too large"),
+        "{err}"
+    );
+    let reshape = Op::Reshape {
+        shape: Shape::new(&[wide, wide, 0, wide]),
+    };
+    let empty = reshape.infer(&[f32t(&[0])]).unwrap();
+    assert_eq!(empty, vec![f32t(&[wide, wide, 0, wide])]);
+    let reshape = Op::Reshape {
+        shape: Shape::new(&[wide, wide]),
+    };
+    let err = reshape.infer(&[f32t(&[0])]).unwrap_err();
+    assert!(matches!(err, Error::TooLarge { .. }), "{err}");
 }
 
 #[test]

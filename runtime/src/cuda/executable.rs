@@ -34,7 +34,7 @@ use crate::backend::RunMode;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::index_inputs::{index_rules, IndexRules};
-use crate::interpret::bytes;
+use crate::interpret::{bytes, type_of};
 use crate::lower::LowerOptions;
 use crate::planned::layout::Layout;
 use crate::planned::memory::read_view;
@@ -474,7 +474,7 @@ impl CudaExecutable {
             return Err(Error::InputType {
                 name: name.to_string(),
                 expected: Box::new(ty.clone()),
-                found: Box::new(TensorType::new(tensor.dtype(), tensor.shape().clone())),
+                found: Box::new(type_of(tensor)),
             });
         }
         self.index_rules.check(name, tensor)?;

@@ -46,7 +46,12 @@ impl Layout {
 
     /// The IR type of the value.
     pub fn ty(&self) -> TensorType {
-        TensorType::new(self.dtype, self.shape.clone())
+        // Unchecked: a layout is placed for a value of a graph, whose type was checked when
+        // the graph was built.
+        TensorType {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+        }
     }
 
     /// The layout of view op `op` of this value, in a storage of `capacity` elements; `None`
@@ -190,13 +195,13 @@ mod tests {
 
     #[test]
     fn fits_follows_the_kernel_bounds_rule() {
-        let ty = TensorType::new(DType::F32, [2, 3]);
+        let ty = TensorType::new(DType::F32, [2, 3]).unwrap();
         let layout = Layout::contiguous(&ty);
         assert!(layout.clone().checked(6).is_ok());
         assert!(layout.clone().checked(5).is_err());
         let empty = Layout {
             offset: 7,
-            ..Layout::contiguous(&TensorType::new(DType::F32, [0, 3]))
+            ..Layout::contiguous(&TensorType::new(DType::F32, [0, 3]).unwrap())
         };
         assert!(empty.clone().checked(7).is_ok());
         assert!(empty.clone().checked(6).is_err());

@@ -43,7 +43,7 @@ fn bind(
     tensor: &Tensor,
 ) -> ValueId {
     values.insert(name.to_string(), tensor.clone());
-    let ty = TensorType::new(tensor.dtype(), tensor.shape().clone());
+    let ty = TensorType::new(tensor.dtype(), tensor.shape().clone()).unwrap();
     graph.input(name, kind, ty).unwrap()
 }
 

@@ -39,7 +39,7 @@ pub fn f32_bits(values: &[f32]) -> Vec<u64> {
 
 /// The IR type of a tensor.
 pub fn type_of(tensor: &Tensor) -> TensorType {
-    TensorType::new(tensor.dtype(), tensor.shape().clone())
+    TensorType::new(tensor.dtype(), tensor.shape().clone()).unwrap()
 }
 
 /// A graph of one `op` over per-run inputs named `x0`, `x1`, ... (typed like `operands`),

@@ -303,7 +303,7 @@ fn refuses_inconsistent_shapes() {
             ("hidden_size", json!(1u64 << 62)),
         ],
     );
-    assert_refused(&huge, "Config", &["(sizes)", "overflows"]);
+    assert_refused(&huge, "Config", &["(sizes)", "overflow"]);
 }
 
 #[test]
@@ -418,3 +418,5 @@ fn load_config_reads_the_directory_and_names_missing_files() {
         "{message}"
     );
 }
+
+mod limits;

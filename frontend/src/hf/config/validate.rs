@@ -4,10 +4,31 @@ use super::fields::{config_error, positive};
 use crate::error::Result;
 use crate::model::ModelConfig;
 
+/// The most layers a config may have. Every layer adds its parameters, names and graph nodes
+/// before any tensor is sized against memory, so the bound has to come first; the deepest
+/// published decoders have about 128 layers.
+pub const MAX_LAYERS: usize = 1024;
+
 /// Checks what every config kiln runs must satisfy; `path` names the source in errors.
 pub fn validate(config: &ModelConfig, path: &str) -> Result<()> {
     for (field, value) in config.sizes() {
         positive(path, field, value)?;
+    }
+    if config.num_hidden_layers > MAX_LAYERS {
+        let reason = format!(
+            "{} is more than the {MAX_LAYERS} layers kiln builds",
+            config.num_hidden_layers
+        );
+        return Err(config_error(path, "num_hidden_layers", reason));
+    }
+    // Positions are i64 graph inputs.
+    if i64::try_from(config.max_position_embeddings).is_err() {
+        let reason = format!(
+            "{} is more than the {} positions an i64 can index",
+            config.max_position_embeddings,
+            i64::MAX
+        );
+        return Err(config_error(path, "max_position_embeddings", reason));
     }
     if !config
         .num_attention_heads
@@ -36,8 +57,15 @@ pub fn validate(config: &ModelConfig, path: &str) -> Result<()> {
             return Err(config_error(path, field, reason));
         }
     }
-    if parameter_count(config).is_none() {
-        let reason = "the sizes are too large: the parameter count overflows".to_string();
+    // Parameters are held in f32; their bytes bound every per-parameter size too, so token ids
+    // (< vocab_size) fit an i64.
+    let bytes = parameter_count(config).and_then(|count| count.checked_mul(4));
+    if bytes.is_none_or(|bytes| isize::try_from(bytes).is_err()) {
+        let reason = format!(
+            "the sizes are too large: the parameters' f32 bytes overflow {} (isize::MAX), the \
+             most one allocation can hold",
+            isize::MAX
+        );
         return Err(config_error(path, "(sizes)", reason));
     }
     Ok(())

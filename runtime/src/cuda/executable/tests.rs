@@ -23,7 +23,7 @@ fn device() -> Option<Arc<CudaDevice>> {
 /// `out = a + b` over [4, 8] f32.
 fn add_program(device: &Arc<CudaDevice>) -> CudaExecutable {
     let mut graph = Graph::new("add");
-    let ty = TensorType::new(DType::F32, [4, 8]);
+    let ty = TensorType::new(DType::F32, [4, 8]).unwrap();
     let a = graph.input("a", InputKind::Input, ty.clone()).unwrap();
     let b = graph.input("b", InputKind::Input, ty).unwrap();
     let sum = graph.op1(Op::Add, &[a, b]).unwrap();
@@ -62,9 +62,18 @@ fn an_allocation_inside_a_capture_is_refused_and_the_stream_recovers() {
 /// `out = embedding(weight [10,4], ids [2,3])`, with the weights set.
 fn embedding_program(device: &Arc<CudaDevice>, streams: usize) -> CudaExecutable {
     let mut graph = Graph::new("embedding");
-    let weight =
-        (graph.input("w", InputKind::Param, TensorType::new(DType::F32, [10, 4]))).unwrap();
-    let ids = (graph.input("ids", InputKind::Input, TensorType::new(DType::I64, [2, 3]))).unwrap();
+    let weight = (graph.input(
+        "w",
+        InputKind::Param,
+        TensorType::new(DType::F32, [10, 4]).unwrap(),
+    ))
+    .unwrap();
+    let ids = (graph.input(
+        "ids",
+        InputKind::Input,
+        TensorType::new(DType::I64, [2, 3]).unwrap(),
+    ))
+    .unwrap();
     let rows = graph.op1(Op::Embedding, &[weight, ids]).unwrap();
     graph.output("out", rows).unwrap();
     let options = PlanOptions {

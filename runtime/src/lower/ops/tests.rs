@@ -27,7 +27,7 @@ fn placed(slot: u32, offset: usize, ty: &TensorType) -> DeviceTensor {
 }
 
 fn ty(dtype: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(dtype, dims)
+    TensorType::new(dtype, dims).unwrap()
 }
 
 /// Slot and byte range of a tensor's elements.

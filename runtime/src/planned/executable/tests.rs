@@ -84,7 +84,7 @@ fn a_chain_run_and_replayed_equals_execute() {
 fn accumulator(rng: &mut StdRng) -> (Graph, BTreeMap<String, Tensor>) {
     let mut graph = Graph::new("accumulate");
     let mut values = BTreeMap::new();
-    let ty = TensorType::new(DType::F32, [3, 4]);
+    let ty = TensorType::new(DType::F32, [3, 4]).unwrap();
     let mut input = |name: &str, kind: InputKind| {
         values.insert(name.to_string(), random(rng, &[3, 4]));
         graph.input(name, kind, ty.clone()).unwrap()
@@ -203,7 +203,7 @@ fn in_place(plan: &mut Plan, value: kiln_ir::ValueId, input: kiln_ir::ValueId) {
 fn inputs_written_in_place_start_each_run_from_their_slots() {
     let mut rng = testing::rng("executable_in_place_inputs");
     let mut graph = Graph::new("in_place_inputs");
-    let ty = TensorType::new(DType::F32, [3, 4]);
+    let ty = TensorType::new(DType::F32, [3, 4]).unwrap();
     let s = graph.input("s", InputKind::State, ty.clone()).unwrap();
     let x = graph.input("x", InputKind::Input, ty).unwrap();
     let a = graph.op1(Op::Scale { alpha: 2.0 }, &[x]).unwrap();
