@@ -96,7 +96,10 @@ impl Layout {
 
     /// `self` if it fits in `capacity` elements, else the error a kernel view would give.
     fn checked(self, capacity: usize) -> Result<Layout> {
-        kiln_kernels::check_fits(&self.shape, &self.strides, self.offset, capacity)?;
+        let layout = kiln_ir::Layout::new(self.shape.clone(), &self.strides, self.offset);
+        layout
+            .and_then(|layout| layout.fits(capacity))
+            .map_err(kiln_kernels::Error::from)?;
         Ok(self)
     }
 }
