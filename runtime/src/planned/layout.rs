@@ -4,14 +4,13 @@
 //! An op result that is not a view starts contiguous at element 0 of its buffer (where the
 //! interpreter's fresh tensor would start at element 0 of its storage); a bound input has the
 //! layout of its tensor; a view's layout is its operand's under the view rules that
-//! [`Tensor::reshape`], [`Tensor::transpose`] and [`Tensor::slice`] also use (`view_rules.rs`),
+//! [`Tensor::reshape`], [`Tensor::transpose`] and [`Tensor::slice`] also use ([`kiln_ir::Layout`]),
 //! so kernels see the same views as in the interpreter.
 
-use kiln_ir::{DType, Op, Shape, Strides, TensorType};
+use kiln_ir::{DType, LayoutError, Op, Shape, Strides, TensorType};
 
 use crate::error::Result;
 use crate::tensor::Tensor;
-use crate::view_rules::ViewLayout;
 
 /// The layout of one value in its buffer.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,23 +60,18 @@ impl Layout {
         Some(view)
     }
 
-    /// This layout viewed by `view` (the shared view rules of `view_rules.rs`), dtype kept.
-    fn with(&self, view: impl FnOnce(&ViewLayout) -> Result<ViewLayout>) -> Result<Layout> {
-        let current = ViewLayout {
-            shape: self.shape.clone(),
-            strides: self.strides.clone(),
-            offset: self.offset,
-        };
-        let ViewLayout {
-            shape,
-            strides,
-            offset,
-        } = view(&current)?;
+    /// This layout viewed by `view` (the view rules of [`kiln_ir::Layout`]), dtype kept.
+    fn with(
+        &self,
+        view: impl FnOnce(&kiln_ir::Layout) -> Result<kiln_ir::Layout, LayoutError>,
+    ) -> Result<Layout> {
+        let current = kiln_ir::Layout::new(self.shape.clone(), &self.strides, self.offset)?;
+        let viewed = view(&current)?;
         Ok(Layout {
             dtype: self.dtype,
-            shape,
-            strides,
-            offset,
+            shape: viewed.shape().clone(),
+            strides: Strides::from_slice(viewed.strides()),
+            offset: viewed.offset(),
         })
     }
 
@@ -96,10 +90,7 @@ impl Layout {
 
     /// `self` if it fits in `capacity` elements, else the error a kernel view would give.
     fn checked(self, capacity: usize) -> Result<Layout> {
-        let layout = kiln_ir::Layout::new(self.shape.clone(), &self.strides, self.offset);
-        layout
-            .and_then(|layout| layout.fits(capacity))
-            .map_err(kiln_kernels::Error::from)?;
+        kiln_ir::Layout::new(self.shape.clone(), &self.strides, self.offset)?.fits(capacity)?;
         Ok(self)
     }
 }
