@@ -25,6 +25,7 @@ mod index_inputs;
 mod interpret;
 mod launch;
 mod lower;
+mod placed;
 mod planned;
 mod program;
 mod storage;
