@@ -1,6 +1,7 @@
 //! kiln-ir: kiln's vocabulary and its typed IR.
 //!
-//! The vocabulary — element types ([`DType`]), static shapes ([`Shape`]) and value types
+//! The vocabulary — element types ([`DType`]), static shapes ([`Shape`]), element layouts
+//! ([`Layout`]: shape, strides and offset, with the view rules) and value types
 //! ([`TensorType`]) — is shared by every crate; kernels use it and nothing more. Above it, the IR:
 //! a closed set of [`Op`]s with type and alias rules, and the program [`Graph`] (a petgraph
 //! `StableDiGraph` whose edges carry output port → input port), with its verifier, stable text
@@ -10,6 +11,7 @@ pub mod autodiff;
 mod dtype;
 mod error;
 pub mod graph;
+mod layout;
 mod op;
 pub mod print;
 mod shape;
@@ -20,6 +22,7 @@ pub use autodiff::append_backward;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{Graph, InputKind, ValueId};
+pub use layout::{Layout, LayoutError};
 pub use op::{AdamWConfig, Alias, IndexRange, Op, DECODE_KEY_CHUNK};
 pub use print::print;
 pub use shape::{Shape, Strides};

@@ -1,6 +1,6 @@
 //! Errors of kiln-kernels: every kernel validates its operands and says which one is wrong.
 
-use kiln_ir::{DType, Shape};
+use kiln_ir::{DType, LayoutError, Shape};
 
 /// What went wrong when calling a kernel or building a view.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -63,24 +63,10 @@ pub enum Error {
     },
 
     // --- views ---
-    /// A view does not lie inside its data.
-    #[error(
-        "view of shape {shape} with strides {strides:?} at offset {offset} reaches element \
-         {end}, but the data holds {len}"
-    )]
-    ViewOutOfBounds {
-        shape: Shape,
-        strides: Vec<usize>,
-        offset: usize,
-        end: usize,
-        len: usize,
-    },
-    /// Shape and strides disagree in rank.
-    #[error("view has rank {shape_rank} but {strides_rank} strides")]
-    StridesRank {
-        shape_rank: usize,
-        strides_rank: usize,
-    },
+    /// A view's layout breaks a layout rule (it does not fit its data, or its strides do not
+    /// match its rank).
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

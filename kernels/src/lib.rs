@@ -32,4 +32,4 @@ pub mod testing;
 pub use buffer::Buffer;
 pub use element::{Element, Real};
 pub use error::{expect_rank, expect_shape, Error, Result};
-pub use view::{check_fits, Data, DataMut, TensorView, TensorViewMut};
+pub use view::{Data, DataMut, TensorView, TensorViewMut};

@@ -1,15 +1,16 @@
 //! The operator seam: non-owning views that kernels read ([`TensorView`]) and write
 //! ([`TensorViewMut`]).
 //!
+//! A view is data plus a [`Layout`] (kiln-ir's one shape + element strides + element offset).
 //! Invariants, checked when a view is built:
-//! 1. `strides` has one entry per dimension; strides and `offset` count elements, not bytes.
-//! 2. The view lies entirely inside its data: for a non-empty view,
-//!    `offset + Σ (dim_i − 1)·stride_i < data.len()`. An empty view (a zero-sized dim) touches
-//!    nothing and only needs `offset <= data.len()`.
+//! 1. The layout's strides have one entry per dimension and count elements, not bytes.
+//! 2. The layout lies entirely inside the data ([`Layout::fits`]).
 //! 3. A view never owns or allocates; whoever made the data owns it.
 
 use half::{bf16, f16};
-use kiln_ir::{DType, Shape, Strides};
+use std::ops::Range;
+
+use kiln_ir::{DType, Layout, Shape};
 
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -126,51 +127,11 @@ impl<'a, T: Element> From<&'a mut Vec<T>> for DataMut<'a> {
     }
 }
 
-/// Checks invariants 1 and 2 of the module doc: `shape` with `strides` at `offset` lies inside
-/// data of `len` elements (the one bounds rule every layer uses).
-pub fn check_fits(shape: &Shape, strides: &[usize], offset: usize, len: usize) -> Result<()> {
-    if strides.len() != shape.rank() {
-        return Err(Error::StridesRank {
-            shape_rank: shape.rank(),
-            strides_rank: strides.len(),
-        });
-    }
-    let out_of_bounds = |end| Error::ViewOutOfBounds {
-        shape: shape.clone(),
-        strides: strides.to_vec(),
-        offset,
-        end,
-        len,
-    };
-    if shape.numel() == 0 {
-        // Touches nothing; the offset may sit at the end of the data.
-        return if offset <= len {
-            Ok(())
-        } else {
-            Err(out_of_bounds(offset))
-        };
-    }
-    let mut last = offset;
-    for (&dim, &stride) in shape.dims().iter().zip(strides) {
-        last = (dim - 1)
-            .checked_mul(stride)
-            .and_then(|reach| last.checked_add(reach))
-            .ok_or_else(|| out_of_bounds(usize::MAX))?;
-    }
-    if last < len {
-        Ok(())
-    } else {
-        Err(out_of_bounds(last + 1))
-    }
-}
-
-/// A read-only, non-owning view: data, shape, element strides, element offset.
+/// A read-only, non-owning view: data and the [`Layout`] of its elements there.
 #[derive(Clone, Debug)]
 pub struct TensorView<'a> {
     data: Data<'a>,
-    shape: Shape,
-    strides: Strides,
-    offset: usize,
+    layout: Layout,
 }
 
 impl<'a> TensorView<'a> {
@@ -181,45 +142,46 @@ impl<'a> TensorView<'a> {
         strides: &[usize],
         offset: usize,
     ) -> Result<Self> {
-        let (data, shape) = (data.into(), shape.into());
-        check_fits(&shape, strides, offset, data.len())?;
-        Ok(TensorView {
-            data,
-            shape,
-            strides: Strides::from_slice(strides),
-            offset,
-        })
+        Self::with_layout(data, Layout::new(shape.into(), strides, offset)?)
+    }
+
+    /// `data` seen through `layout`; fails unless the layout lies inside it.
+    pub fn with_layout(data: impl Into<Data<'a>>, layout: Layout) -> Result<Self> {
+        let data = data.into();
+        layout.fits(data.len())?;
+        Ok(TensorView { data, layout })
     }
 
     /// A row-major view of the first `shape.numel()` elements of `data`.
     pub fn contiguous(data: impl Into<Data<'a>>, shape: impl Into<Shape>) -> Result<Self> {
-        let shape = shape.into();
-        let strides = shape.contiguous_strides();
-        Self::new(data, shape, &strides, 0)
+        Self::with_layout(data, Layout::contiguous(shape.into()))
     }
 
     pub fn dtype(&self) -> DType {
         self.data.dtype()
     }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
     pub fn shape(&self) -> &Shape {
-        &self.shape
+        self.layout.shape()
     }
     /// Element strides, one per dimension.
     pub fn strides(&self) -> &[usize] {
-        &self.strides
+        self.layout.strides()
     }
     /// Offset of the first element, in elements.
     pub fn offset(&self) -> usize {
-        self.offset
+        self.layout.offset()
     }
     pub fn data(&self) -> Data<'a> {
         self.data
     }
     pub fn numel(&self) -> usize {
-        self.shape.numel()
+        self.layout.numel()
     }
     pub fn is_contiguous(&self) -> bool {
-        self.shape.is_contiguous(&self.strides)
+        self.layout.is_contiguous()
     }
 
     /// The elements of a contiguous view as a typed slice, or an error naming `op` and
@@ -231,25 +193,16 @@ impl<'a> TensorView<'a> {
             expected: T::DTYPE,
             got: self.dtype(),
         })?;
-        if !self.is_contiguous() {
-            return Err(Error::NotContiguous {
-                op,
-                operand,
-                shape: self.shape.clone(),
-                strides: self.strides.to_vec(),
-            });
-        }
-        Ok(&all[self.offset..self.offset + self.numel()])
+        let range = contiguous_range(&self.layout, op, operand)?;
+        Ok(&all[range])
     }
 }
 
-/// A writable, non-owning view: data, shape, element strides, element offset.
+/// A writable, non-owning view: data and the [`Layout`] of its elements there.
 #[derive(Debug)]
 pub struct TensorViewMut<'a> {
     data: DataMut<'a>,
-    shape: Shape,
-    strides: Strides,
-    offset: usize,
+    layout: Layout,
 }
 
 impl<'a> TensorViewMut<'a> {
@@ -260,51 +213,50 @@ impl<'a> TensorViewMut<'a> {
         strides: &[usize],
         offset: usize,
     ) -> Result<Self> {
-        let (data, shape) = (data.into(), shape.into());
-        check_fits(&shape, strides, offset, data.len())?;
-        Ok(TensorViewMut {
-            data,
-            shape,
-            strides: Strides::from_slice(strides),
-            offset,
-        })
+        Self::with_layout(data, Layout::new(shape.into(), strides, offset)?)
+    }
+
+    /// `data` seen through `layout`; fails unless the layout lies inside it.
+    pub fn with_layout(data: impl Into<DataMut<'a>>, layout: Layout) -> Result<Self> {
+        let data = data.into();
+        layout.fits(data.len())?;
+        Ok(TensorViewMut { data, layout })
     }
 
     /// A row-major view of the first `shape.numel()` elements of `data`.
     pub fn contiguous(data: impl Into<DataMut<'a>>, shape: impl Into<Shape>) -> Result<Self> {
-        let shape = shape.into();
-        let strides = shape.contiguous_strides();
-        Self::new(data, shape, &strides, 0)
+        Self::with_layout(data, Layout::contiguous(shape.into()))
     }
 
     pub fn dtype(&self) -> DType {
         self.data.dtype()
     }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
     pub fn shape(&self) -> &Shape {
-        &self.shape
+        self.layout.shape()
     }
     /// Element strides, one per dimension.
     pub fn strides(&self) -> &[usize] {
-        &self.strides
+        self.layout.strides()
     }
     /// Offset of the first element, in elements.
     pub fn offset(&self) -> usize {
-        self.offset
+        self.layout.offset()
     }
     pub fn numel(&self) -> usize {
-        self.shape.numel()
+        self.layout.numel()
     }
     pub fn is_contiguous(&self) -> bool {
-        self.shape.is_contiguous(&self.strides)
+        self.layout.is_contiguous()
     }
 
     /// A read-only view of the same elements.
     pub fn as_view(&self) -> TensorView<'_> {
         TensorView {
             data: self.data.reborrow(),
-            shape: self.shape.clone(),
-            strides: self.strides.clone(),
-            offset: self.offset,
+            layout: self.layout.clone(),
         }
     }
 
@@ -316,27 +268,38 @@ impl<'a> TensorViewMut<'a> {
         operand: &'static str,
     ) -> Result<&mut [T]> {
         let dtype = self.dtype();
-        if !self.is_contiguous() {
-            return Err(Error::NotContiguous {
-                op,
-                operand,
-                shape: self.shape.clone(),
-                strides: self.strides.to_vec(),
-            });
-        }
-        let (offset, numel) = (self.offset, self.numel());
+        let range = contiguous_range(&self.layout, op, operand)?;
         let all = T::of_data_mut(&mut self.data).ok_or(Error::DType {
             op,
             operand,
             expected: T::DTYPE,
             got: dtype,
         })?;
-        Ok(&mut all[offset..offset + numel])
+        Ok(&mut all[range])
     }
+}
+
+/// The elements a contiguous `layout` covers, or the error naming `op` and `operand`.
+fn contiguous_range(
+    layout: &Layout,
+    op: &'static str,
+    operand: &'static str,
+) -> Result<Range<usize>> {
+    if !layout.is_contiguous() {
+        return Err(Error::NotContiguous {
+            op,
+            operand,
+            shape: layout.shape().clone(),
+            strides: layout.strides().to_vec(),
+        });
+    }
+    Ok(layout.offset()..layout.offset() + layout.numel())
 }
 
 #[cfg(test)]
 mod tests {
+    use kiln_ir::LayoutError;
+
     use super::*;
 
     #[test]
@@ -347,12 +310,15 @@ mod tests {
         assert!(TensorView::new(&data[..], [3, 2], &[1, 3], 0).is_ok());
         let err = TensorView::new(&data[..], [2, 3], &[3, 1], 1).unwrap_err();
         assert!(
-            matches!(err, Error::ViewOutOfBounds { end: 7, len: 6, .. }),
+            matches!(
+                err,
+                Error::Layout(LayoutError::OutOfBounds { end: 7, len: 6, .. })
+            ),
             "{err}"
         );
         assert!(matches!(
             TensorView::new(&data[..], [2, 3], &[1], 0),
-            Err(Error::StridesRank { .. })
+            Err(Error::Layout(LayoutError::StridesRank { .. }))
         ));
     }
 

@@ -22,38 +22,10 @@ pub enum Error {
     },
 
     // --- views ---
-    /// An operation that needs a row-major tensor got a strided one.
-    #[error("{op}: the tensor is not contiguous (shape {shape}, strides {strides:?}); call contiguous() first")]
-    NotContiguous {
-        op: &'static str,
-        shape: Shape,
-        strides: Vec<usize>,
-    },
-    /// Reshape to a different element count.
-    #[error(
-        "reshape: cannot view {from} ({} elements) as {to} ({} elements)",
-        .from.numel(),
-        .to.numel()
-    )]
-    Reshape { from: Shape, to: Shape },
-    /// A dimension index outside the tensor's rank.
-    #[error("{op}: dimension {axis} is out of range for rank {rank}")]
-    Axis {
-        op: &'static str,
-        axis: usize,
-        rank: usize,
-    },
-    /// A slice with bad bounds or step.
-    #[error(
-        "slice: range {start}..{end} step {step} is invalid for dimension {axis} of size {size}"
-    )]
-    Slice {
-        axis: usize,
-        start: usize,
-        end: usize,
-        step: usize,
-        size: usize,
-    },
+    /// A view breaks a layout rule (reshape of a strided tensor, a bad axis or slice, a view
+    /// outside its storage).
+    #[error(transparent)]
+    Layout(#[from] kiln_ir::LayoutError),
     /// A negative offset was given.
     #[error("as_strided: offset {offset} is negative")]
     NegativeOffset { offset: i64 },

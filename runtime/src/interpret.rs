@@ -20,7 +20,6 @@
 //! Every value is kept until the end of the run: this interpreter is the reference, not the
 //! memory planner.
 
-pub(crate) mod bytes;
 pub(crate) mod ops;
 
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! kiln-runtime: devices, storage, tensors, kernel launches and the reference interpreter.
 //!
-//! A [`Storage`] is one allocation on a [`Device`] with shared lifetime; a [`Tensor`] is
-//! metadata (shape, element strides, element offset) over a shared Storage and obeys the Tensor
+//! A [`Storage`] is one allocation on a [`Device`] with shared lifetime; a [`Tensor`] is a
+//! [`Layout`](kiln_ir::Layout) (shape, element strides, element offset) over a shared Storage and obeys the Tensor
 //! N0 invariants of DESIGN.md. Views (reshape, transpose, slice) share storage; `contiguous()`
 //! is the one call that materializes.
 //!
@@ -25,11 +25,11 @@ mod index_inputs;
 mod interpret;
 mod launch;
 mod lower;
+mod placed;
 mod planned;
 mod program;
 mod storage;
 mod tensor;
-mod view_rules;
 
 pub use backend::{Backend, Executable, RunMode};
 pub use device::Device;

@@ -8,23 +8,23 @@ mod ops;
 
 use kiln_kernels::gpu::Addr;
 
-use crate::planned::layout::Layout;
+use crate::placed::ValueLayout;
 
 pub(crate) use ops::{lower_op, LowerOptions};
 
 /// A placed value: its buffer starts at `base`; `layout` says where its elements sit from
-/// there (element strides and offset, as a CPU `Tensor` over its storage). Derefs to the
+/// there (dtype, element strides and offset, as a CPU `Tensor` over its storage). Derefs to the
 /// layout.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct DeviceTensor {
     pub base: Addr,
-    pub layout: Layout,
+    pub layout: ValueLayout,
 }
 
 impl std::ops::Deref for DeviceTensor {
-    type Target = Layout;
+    type Target = ValueLayout;
 
-    fn deref(&self) -> &Layout {
+    fn deref(&self) -> &ValueLayout {
         &self.layout
     }
 }
@@ -33,19 +33,6 @@ impl DeviceTensor {
     /// The address of the first element.
     pub fn addr(&self) -> Addr {
         self.base
-            .add((self.offset * self.dtype.size_bytes()) as u64)
-    }
-
-    /// Whether the elements are row-major and dense.
-    pub fn is_contiguous(&self) -> bool {
-        self.strides == self.shape.contiguous_strides()
-    }
-
-    pub fn numel(&self) -> usize {
-        self.shape.numel()
-    }
-
-    pub fn dims(&self) -> &[usize] {
-        self.shape.dims()
+            .add((self.offset() * self.dtype.size_bytes()) as u64)
     }
 }

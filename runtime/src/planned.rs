@@ -6,12 +6,12 @@
 //! 1. Same kernels, same arguments, same order of arithmetic: each kernel step calls the
 //!    interpreter's one op table (`interpret::ops::run_op`), in `plan.schedule` order (checked
 //!    topological as it runs), on views with the layouts the interpreter's tensors would have
-//!    (`planned/layout.rs`). Kernels overwrite their results, so where a result is placed does
+//!    (`placed/layout.rs`). Kernels overwrite their results, so where a result is placed does
 //!    not change its bits.
 //! 2. Inputs are bound and checked exactly as the interpreter binds them; the plan is checked
-//!    against the graph before any step runs (`planned/placement.rs`): a mismatch (a step or
-//!    value the graph lacks, a value without a buffer, a buffer outside the arena, a missing
-//!    or small workspace) is an error, never a panic.
+//!    against the graph before any step runs (`placed/plan.rs`, then `planned/placement.rs`):
+//!    a mismatch (a step or value the graph lacks, a value without a buffer, a buffer outside
+//!    the arena, a missing or small workspace) is an error, never a panic.
 //! 3. The arena is one 8-byte aligned allocation of `plan.arena_bytes`; a buffer is the bytes
 //!    `offset..offset + size` of it, seen as typed elements through `bytemuck` (no unsafe
 //!    code). A step writes only its results' and workspace's bytes, as disjoint slices; its
@@ -32,10 +32,9 @@
 //! buffer's last step is right for multi-stream plans too.
 
 mod executable;
-pub(crate) mod layout;
-pub(crate) mod memory;
-pub(crate) mod placement;
-pub(crate) mod step;
+mod memory;
+mod placement;
+mod step;
 
 use std::collections::BTreeMap;
 
@@ -45,9 +44,11 @@ use kiln_planner::Plan;
 use crate::device::Device;
 use crate::error::Result;
 use crate::interpret::{bound_inputs, check_write, type_of};
+use crate::placed::bytes::read_view;
+use crate::placed::{plan_error, Layouts};
 use crate::tensor::Tensor;
 pub use executable::CpuExecutable;
-use memory::{bound_view, read_view, Memory};
+use memory::{bound_view, Memory};
 use placement::{Home, Placement};
 
 /// Runs `graph` as `plan` places it, on the inputs bound in `values` (by input name); returns
@@ -63,7 +64,7 @@ pub fn execute(
     let bound = bound_inputs(graph, values)?;
     let placement = Placement::read(graph, plan, &bound)?;
     let mut memory = Memory::new(&placement, poison)?;
-    let mut layouts: step::Layouts = placement.inputs.iter().cloned().collect();
+    let mut layouts: Layouts = placement.inputs.iter().cloned().collect();
     for index in 0..plan.schedule.len() {
         step::run_step(graph, plan, &placement, &mut memory, &mut layouts, index)?;
         if poison {
@@ -94,16 +95,16 @@ fn copy_out(
     plan: &Plan,
     placement: &Placement,
     memory: &Memory,
-    layouts: &step::Layouts,
+    layouts: &Layouts,
     value: ValueId,
     name: &str,
 ) -> Result<Tensor> {
     let key = (value.node.index(), value.port);
     let (Some(layout), Some(&buffer)) = (layouts.get(&key), placement.buffer_of.get(&key)) else {
         let reason = format!("value {value} is never computed");
-        return Err(placement::plan_error(plan, format!("`{name}`"), reason));
+        return Err(plan_error(plan, format!("`{name}`"), reason));
     };
-    let out = Tensor::zeros(layout.shape.clone(), layout.dtype, Device::Cpu);
+    let out = Tensor::zeros(layout.shape().clone(), layout.dtype, Device::Cpu);
     match &placement.homes[buffer] {
         Home::Region { region, range } => {
             let source = read_view(memory.bytes(*region, range.clone()), layout)?;

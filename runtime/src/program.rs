@@ -21,9 +21,8 @@ use kiln_planner::{BufferClass, Plan};
 
 use crate::error::{Error, Result};
 use crate::lower::{lower_op, DeviceTensor, LowerOptions};
-use crate::planned::layout::Layout;
-use crate::planned::placement::{check_schedule, map_values, plan_error, Value};
-use crate::planned::step::StepOperands;
+use crate::placed::ValueLayout;
+use crate::placed::{check_schedule, map_values, plan_error, Layouts, StepOperands, Value};
 
 /// What a slot holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -277,10 +276,10 @@ impl<'g> Builder<'g> {
             .filter(|b| b.class == BufferClass::Workspace)
             .map(|b| (b.start, b.id))
             .collect();
-        let mut layouts: BTreeMap<Value, Layout> = graph
+        let mut layouts: Layouts = graph
             .inputs()
             .into_iter()
-            .map(|(v, _, _, ty)| ((v.node.index(), 0), Layout::contiguous(ty)))
+            .map(|(v, _, _, ty)| ((v.node.index(), 0), ValueLayout::contiguous(ty)))
             .collect();
         let fault_bytes = 4 * plan.schedule.len().max(1) as u64;
         let fault_slot = self.add_slot("faults", SlotKind::Faults, fault_bytes);
@@ -304,7 +303,7 @@ impl<'g> Builder<'g> {
             if let Some(view) = view {
                 layouts.insert((step.node, 0), view?);
             } else {
-                let results: Vec<Layout> = types.iter().map(Layout::contiguous).collect();
+                let results: Vec<ValueLayout> = types.iter().map(ValueLayout::contiguous).collect();
                 let i = (operands.iter())
                     .map(|(key, layout)| self.tensor(*key, layout))
                     .collect::<Result<Vec<_>>>()?;
@@ -367,7 +366,7 @@ impl<'g> Builder<'g> {
     }
 
     /// Value `key` with `layout`, placed at its buffer's home.
-    fn tensor(&self, key: Value, layout: &Layout) -> Result<DeviceTensor> {
+    fn tensor(&self, key: Value, layout: &ValueLayout) -> Result<DeviceTensor> {
         let buffer = *self.buffer_of.get(&key).ok_or_else(|| {
             self.fail(format!("value {}.{}", key.0, key.1), "has no buffer".into())
         })?;

@@ -1,44 +1,37 @@
-//! Tensor: shape, element strides and element offset over a shared [`Storage`].
+//! Tensor: a [`Layout`] (shape, element strides, element offset) over a shared [`Storage`].
 //!
 //! Tensor N0 invariants (DESIGN.md), each kept by construction or checked with an error:
 //! 1. A scalar (shape `{}`) has one element; zero-sized dimensions are valid.
 //! 2. Dimensions, strides and offsets are never negative: the signed entry point
 //!    [`Tensor::as_strided`] rejects them.
 //! 3. Offsets and strides count elements, not bytes.
-//! 4. A tensor lies entirely inside its storage (checked whenever a view is made).
+//! 4. A tensor lies entirely inside its storage ([`Layout::fits`], checked whenever a view is
+//!    made).
 //! 5. `reshape` is zero-copy and needs a contiguous tensor; `transpose` and positive-step
-//!    `slice` are zero-copy; `contiguous()` is the one call that copies. Nothing else copies
-//!    behind the caller's back.
+//!    `slice` are zero-copy (the view rules of [`Layout`]); `contiguous()` is the one call that
+//!    copies. Nothing else copies behind the caller's back.
 
-use kiln_ir::{DType, Shape, Strides};
+use kiln_ir::{DType, Layout, Shape, Strides};
 use kiln_kernels::{Buffer, Element, TensorView, TensorViewMut};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::storage::{Storage, StorageRead, StorageWrite};
-use crate::view_rules::ViewLayout;
 
-/// A view of a storage: shape, element strides, element offset.
+/// A view of a storage: the layout of its elements there.
 #[derive(Clone, Debug)]
 pub struct Tensor {
     storage: Storage,
-    shape: Shape,
-    strides: Strides,
-    offset: usize,
+    layout: Layout,
 }
 
 impl Tensor {
-    /// Checks invariant 4 and builds the tensor.
-    fn view_of(storage: Storage, shape: Shape, strides: Strides, offset: usize) -> Result<Self> {
-        // Building a kernel view runs the one bounds check both layers share.
-        let read = storage.read()?;
-        TensorView::new(read.data(), shape.clone(), &strides, offset)?;
-        drop(read);
+    /// A view of this tensor's storage with `layout`, checked to fit it (invariant 4).
+    fn with_layout(&self, layout: Layout) -> Result<Tensor> {
+        layout.fits(self.storage.len())?;
         Ok(Tensor {
-            storage,
-            shape,
-            strides,
-            offset,
+            storage: self.storage.clone(),
+            layout,
         })
     }
 
@@ -57,24 +50,18 @@ impl Tensor {
                 shape,
             });
         }
-        let strides = shape.contiguous_strides();
         Ok(Tensor {
             storage: Storage::from_buffer(buffer),
-            shape,
-            strides,
-            offset: 0,
+            layout: Layout::contiguous(shape),
         })
     }
 
     /// A contiguous tensor of zeros.
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: Device) -> Self {
         let shape = shape.into();
-        let strides = shape.contiguous_strides();
         Tensor {
             storage: Storage::zeros(device, dtype, shape.numel()),
-            shape,
-            strides,
-            offset: 0,
+            layout: Layout::contiguous(shape),
         }
     }
 
@@ -90,22 +77,26 @@ impl Tensor {
     pub fn storage(&self) -> &Storage {
         &self.storage
     }
+    /// Where the elements sit in the storage.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
     pub fn shape(&self) -> &Shape {
-        &self.shape
+        self.layout.shape()
     }
     pub fn dims(&self) -> &[usize] {
-        self.shape.dims()
+        self.layout.dims()
     }
     pub fn rank(&self) -> usize {
-        self.shape.rank()
+        self.layout.rank()
     }
     /// Element strides, one per dimension.
     pub fn strides(&self) -> &[usize] {
-        &self.strides
+        self.layout.strides()
     }
     /// Offset of the first element in the storage, in elements.
     pub fn offset(&self) -> usize {
-        self.offset
+        self.layout.offset()
     }
     pub fn dtype(&self) -> DType {
         self.storage.dtype()
@@ -114,10 +105,10 @@ impl Tensor {
         self.storage.device()
     }
     pub fn numel(&self) -> usize {
-        self.shape.numel()
+        self.layout.numel()
     }
     pub fn is_contiguous(&self) -> bool {
-        self.shape.is_contiguous(&self.strides)
+        self.layout.is_contiguous()
     }
 
     /// A view with the given signed shape, strides and offset over the same storage. Negative
@@ -138,43 +129,24 @@ impl Tensor {
             unsigned.push(stride);
         }
         let offset = usize::try_from(offset).map_err(|_| Error::NegativeOffset { offset })?;
-        Self::view_of(self.storage.clone(), shape, unsigned, offset)
-    }
-
-    /// This tensor's layout over its storage.
-    fn layout(&self) -> ViewLayout {
-        ViewLayout {
-            shape: self.shape.clone(),
-            strides: self.strides.clone(),
-            offset: self.offset,
-        }
-    }
-
-    /// A view of the same storage with `layout` (checked to fit it).
-    fn with_layout(&self, layout: ViewLayout) -> Result<Tensor> {
-        Self::view_of(
-            self.storage.clone(),
-            layout.shape,
-            layout.strides,
-            layout.offset,
-        )
+        self.with_layout(Layout::new(shape, &unsigned, offset)?)
     }
 
     /// The same elements under another shape with the same element count; zero-copy, and only
     /// for contiguous tensors (call `contiguous()` first otherwise).
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
-        self.with_layout(self.layout().reshape(shape.into())?)
+        self.with_layout(self.layout.reshape(shape.into())?)
     }
 
     /// Swaps two dimensions; zero-copy.
     pub fn transpose(&self, dim0: usize, dim1: usize) -> Result<Tensor> {
-        self.with_layout(self.layout().transpose(dim0, dim1)?)
+        self.with_layout(self.layout.transpose(dim0, dim1)?)
     }
 
     /// Elements `start, start+step, ...` below `end` along `axis`; zero-copy. `step` must be
     /// positive and `start <= end <= size`.
     pub fn slice(&self, axis: usize, start: usize, end: usize, step: usize) -> Result<Tensor> {
-        self.with_layout(self.layout().slice(axis, start, end, step)?)
+        self.with_layout(self.layout.slice(axis, start, end, step)?)
     }
 
     /// A row-major tensor with the same elements: `self` (sharing storage) when already
@@ -188,7 +160,7 @@ impl Tensor {
 
     /// A fresh contiguous copy that shares nothing with `self`.
     pub fn deep_clone(&self) -> Result<Tensor> {
-        let out = Tensor::zeros(self.shape.clone(), self.dtype(), self.device());
+        let out = Tensor::zeros(self.shape().clone(), self.dtype(), self.device());
         out.write_with(|mut dst| self.read_with(|src| kiln_kernels::copy::copy(&src, &mut dst)))???;
         Ok(out)
     }
@@ -201,21 +173,14 @@ impl Tensor {
 
     /// A read-only kernel view of this tensor through a guard of its storage.
     pub fn view<'g>(&self, guard: &'g StorageRead<'_>) -> Result<TensorView<'g>> {
-        Ok(TensorView::new(
-            guard.data(),
-            self.shape.clone(),
-            &self.strides,
-            self.offset,
-        )?)
+        Ok(TensorView::with_layout(guard.data(), self.layout.clone())?)
     }
 
     /// A writable kernel view of this tensor through a guard of its storage.
     pub fn view_mut<'g>(&self, guard: &'g mut StorageWrite<'_>) -> Result<TensorViewMut<'g>> {
-        Ok(TensorViewMut::new(
+        Ok(TensorViewMut::with_layout(
             guard.data_mut(),
-            self.shape.clone(),
-            &self.strides,
-            self.offset,
+            self.layout.clone(),
         )?)
     }
 
@@ -228,13 +193,7 @@ impl Tensor {
     /// Runs `f` on a writable kernel view of this tensor.
     pub fn write_with<R>(&self, f: impl FnOnce(TensorViewMut<'_>) -> R) -> Result<R> {
         let mut guard = self.storage.write()?;
-        let view = TensorViewMut::new(
-            guard.data_mut(),
-            self.shape.clone(),
-            &self.strides,
-            self.offset,
-        )?;
-        Ok(f(view))
+        Ok(f(self.view_mut(&mut guard)?))
     }
 
     /// The elements in row-major order of the shape, as `T` (dtype must match).

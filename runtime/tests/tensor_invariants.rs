@@ -1,6 +1,6 @@
 //! Tensor N0 invariants (DESIGN.md), one test per invariant, rejections as errors.
 
-use kiln_ir::{DType, Shape};
+use kiln_ir::{DType, LayoutError, Shape};
 use kiln_kernels::testing;
 use kiln_runtime::{Device, Error, Tensor};
 
@@ -77,7 +77,7 @@ fn views_must_lie_inside_their_storage() {
     let t = Tensor::from_vec(vec![1i64, 2, 3, 4, 5, 6], [2, 3]).unwrap();
     assert!(t.as_strided(&[2, 3], &[3, 1], 0).is_ok());
     let err = t.as_strided(&[2, 3], &[3, 1], 1).unwrap_err();
-    let out_of_bounds = |err: &Error| matches!(err, Error::Kernel(e) if matches!(**e, kiln_kernels::Error::ViewOutOfBounds { .. }));
+    let out_of_bounds = |err: &Error| matches!(err, Error::Layout(LayoutError::OutOfBounds { .. }));
     assert!(out_of_bounds(&err), "{err}");
     let err = t.as_strided(&[3, 3], &[3, 1], 0).unwrap_err();
     assert!(out_of_bounds(&err), "{err}");
@@ -101,7 +101,10 @@ fn reshape_is_zero_copy_and_needs_contiguous_input() {
     let transposed = t.transpose(1, 2).unwrap();
     let err = transposed.reshape([24]).unwrap_err();
     assert!(
-        matches!(err, Error::NotContiguous { op: "reshape", .. }),
+        matches!(
+            err,
+            Error::Layout(LayoutError::NotContiguous { op: "reshape", .. })
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("contiguous()"));
@@ -123,11 +126,11 @@ fn transpose_is_zero_copy() {
     }
     assert!(matches!(
         t.transpose(0, 2),
-        Err(Error::Axis {
+        Err(Error::Layout(LayoutError::Axis {
             axis: 2,
             rank: 2,
             ..
-        })
+        }))
     ));
 }
 
@@ -146,14 +149,20 @@ fn positive_step_slice_is_zero_copy() {
     }
     assert!(matches!(
         t.slice(1, 0, 7, 0),
-        Err(Error::Slice { step: 0, .. })
+        Err(Error::Layout(LayoutError::Slice { step: 0, .. }))
     ));
-    assert!(matches!(t.slice(1, 5, 3, 1), Err(Error::Slice { .. })));
+    assert!(matches!(
+        t.slice(1, 5, 3, 1),
+        Err(Error::Layout(LayoutError::Slice { .. }))
+    ));
     assert!(matches!(
         t.slice(1, 0, 8, 1),
-        Err(Error::Slice { size: 7, .. })
+        Err(Error::Layout(LayoutError::Slice { size: 7, .. }))
     ));
-    assert!(matches!(t.slice(2, 0, 1, 1), Err(Error::Axis { .. })));
+    assert!(matches!(
+        t.slice(2, 0, 1, 1),
+        Err(Error::Layout(LayoutError::Axis { .. }))
+    ));
 }
 
 #[test]

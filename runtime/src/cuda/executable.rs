@@ -34,10 +34,11 @@ use crate::backend::RunMode;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::index_inputs::{index_rules, IndexRules};
-use crate::interpret::{bytes, type_of};
+use crate::interpret::type_of;
 use crate::lower::LowerOptions;
-use crate::planned::layout::Layout;
-use crate::planned::memory::read_view;
+use crate::placed::bytes;
+use crate::placed::bytes::read_view;
+use crate::placed::ValueLayout;
 use crate::program::{DeviceProgram, SlotKind};
 use crate::tensor::Tensor;
 
@@ -497,7 +498,7 @@ impl CudaExecutable {
             Some(t) => (t.base, t.layout.clone()),
             None => {
                 let (slot, ty) = self.input(name)?;
-                (Addr { slot, offset: 0 }, Layout::contiguous(ty))
+                (Addr { slot, offset: 0 }, ValueLayout::contiguous(ty))
             }
         };
         self.synchronize()?;
@@ -509,7 +510,7 @@ impl CudaExecutable {
         unsafe { cudarc::driver::result::memcpy_dtoh_sync(host_bytes, self.address(addr)) }
             .map_err(|e| error(format!("copy `{name}` from the device"), e))?;
         let source = read_view(host_bytes, &layout)?;
-        let out = Tensor::zeros(layout.shape.clone(), layout.dtype, Device::Cpu);
+        let out = Tensor::zeros(layout.shape().clone(), layout.dtype, Device::Cpu);
         out.write_with(|mut dst| kiln_kernels::copy::copy(&source, &mut dst))??;
         Ok(out)
     }

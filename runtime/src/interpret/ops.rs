@@ -15,9 +15,9 @@ use kiln_kernels::optim::AdamW;
 use kiln_kernels::{activation, copy, elementwise, embedding, loss, norm, rope};
 use kiln_kernels::{Error, Result, TensorView, TensorViewMut};
 
-use super::bytes;
 use crate::device::Device;
 use crate::launch::launch;
+use crate::placed::bytes;
 use crate::tensor::Tensor;
 
 /// Runs `op`'s kernels: reads `i` (the operands, by port), overwrites `o` (the results, by
@@ -177,8 +177,7 @@ fn typed_workspace<'w>(
         });
     }
     let data = bytes::data_mut(workspace, dtype).ok_or_else(|| misaligned(op.name()))?;
-    let shape = Shape::new(dims);
-    TensorViewMut::new(data, shape.clone(), &shape.contiguous_strides(), 0)
+    TensorViewMut::contiguous(data, Shape::new(dims))
 }
 
 fn misaligned(op: &'static str) -> Error {

@@ -117,8 +117,8 @@ impl Lowering<'_> {
         } else {
             Err(self.unsupported(format!(
                 "`{name}` is not contiguous (shape {}, strides {:?}); make it contiguous first",
-                tensor.shape,
-                tensor.strides.as_slice()
+                tensor.shape(),
+                tensor.strides()
             )))
         }
     }
@@ -171,12 +171,12 @@ impl Lowering<'_> {
         if src.is_contiguous() {
             return Ok(copy_unless_same(dst.addr(), src.addr(), byte_len(src)));
         }
-        let (dims, strides) = collapse(src.dims(), &src.strides);
+        let (dims, strides) = collapse(src.dims(), src.strides());
         if dims.len() > gpu::copy::MAX_COPY_RANK {
             return Err(self.unsupported(format!(
                 "`a` (shape {}, strides {:?}) has more than {} dims that do not merge",
-                src.shape,
-                src.strides.as_slice(),
+                src.shape(),
+                src.strides(),
                 gpu::copy::MAX_COPY_RANK
             )));
         }
@@ -206,7 +206,8 @@ impl Lowering<'_> {
                 if b_len == 0 || n % b_len != 0 {
                     return Err(self.unsupported(format!(
                         "`b` {} is not a suffix of `a` {}",
-                        b.shape, a.shape
+                        b.shape(),
+                        a.shape()
                     )));
                 }
                 let build = if matches!(self.op, Op::Add) {
@@ -245,7 +246,7 @@ impl Lowering<'_> {
                 let out = self.result(0, "out", F32)?;
                 let (n, src_len) = (size(out.numel()), size(src.numel()));
                 if src_len == 0 {
-                    return Err(self.unsupported(format!("`a` {} holds no element", src.shape)));
+                    return Err(self.unsupported(format!("`a` {} holds no element", src.shape())));
                 }
                 Ok(vec![gpu::elementwise::broadcast_to_f32(
                     out.addr(),
@@ -482,7 +483,7 @@ fn rows_cols(tensor: &DeviceTensor) -> [u64; 2] {
 fn two_dims(at: &Lowering<'_>, tensor: &DeviceTensor, name: &str) -> Result<[u64; 2]> {
     match *tensor.dims() {
         [a, b] => Ok([size(a), size(b)]),
-        _ => Err(at.unsupported(format!("`{name}` {} is not rank 2", tensor.shape))),
+        _ => Err(at.unsupported(format!("`{name}` {} is not rank 2", tensor.shape()))),
     }
 }
 

@@ -32,13 +32,15 @@ mod record;
 use kiln_ir::{Graph, TensorType};
 use kiln_planner::Plan;
 
-use super::layout::Layout;
-use super::memory::{read_view, write_view, Memory};
-use super::placement::{Home, Placement, Value};
+use super::memory::Memory;
+use super::placement::{Home, Placement};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::index_inputs::{index_rules, IndexRules};
 use crate::interpret::type_of;
+use crate::placed::bytes::{read_view, write_view};
+use crate::placed::Value;
+use crate::placed::ValueLayout;
 use crate::tensor::Tensor;
 use launch::{Launch, Span};
 use record::{aligned, span_of, Recorder};
@@ -180,7 +182,7 @@ impl CpuExecutable {
         let mut carved = (self.memory.carve(std::slice::from_ref(&span)))
             .map_err(|_| slot_error(name, "lies outside its region"))?;
         let piece = carved.writes.pop().unwrap_or_default();
-        let mut slot = write_view(piece, &Layout::contiguous(&input.ty))?;
+        let mut slot = write_view(piece, &ValueLayout::contiguous(&input.ty))?;
         tensor.read_with(|source| kiln_kernels::copy::copy(&source, &mut slot))??;
         input.set = true;
         Ok(())
@@ -249,7 +251,7 @@ impl CpuExecutable {
             })?;
         let source = read_view(
             self.memory.bytes(slot.region, slot.range.clone()),
-            &Layout::contiguous(ty),
+            &ValueLayout::contiguous(ty),
         )?;
         let out = Tensor::zeros(ty.shape.clone(), ty.dtype, Device::Cpu);
         out.write_with(|mut target| kiln_kernels::copy::copy(&source, &mut target))??;

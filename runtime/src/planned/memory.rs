@@ -12,12 +12,12 @@
 
 use std::ops::Range;
 
-use kiln_kernels::{TensorView, TensorViewMut};
+use kiln_kernels::TensorView;
 
-use super::layout::Layout;
 use super::placement::Placement;
 use crate::error::{Error, Result};
-use crate::interpret::bytes;
+use crate::placed::bytes;
+use crate::placed::ValueLayout;
 use crate::storage::StorageRead;
 
 /// The byte every poisoned byte holds.
@@ -129,49 +129,15 @@ impl<'a> Carved<'a> {
     }
 }
 
-/// A kernel view of the value laid out as `layout` in `bytes`.
-pub(crate) fn read_view<'a>(bytes: &'a [u8], layout: &Layout) -> Result<TensorView<'a>> {
-    let data = bytes::data(bytes, layout.dtype).ok_or_else(|| misaligned(layout))?;
-    Ok(TensorView::new(
-        data,
-        layout.shape.clone(),
-        &layout.strides,
-        layout.offset,
-    )?)
-}
-
-/// A writable kernel view of the value laid out as `layout` in `bytes`.
-pub(super) fn write_view<'a>(bytes: &'a mut [u8], layout: &Layout) -> Result<TensorViewMut<'a>> {
-    let data = bytes::data_mut(bytes, layout.dtype).ok_or_else(|| misaligned(layout))?;
-    Ok(TensorViewMut::new(
-        data,
-        layout.shape.clone(),
-        &layout.strides,
-        layout.offset,
-    )?)
-}
-
 /// A kernel view of the value laid out as `layout` in a bound tensor's storage.
 pub(super) fn bound_view<'a>(
     guard: &'a StorageRead<'_>,
-    layout: &Layout,
+    layout: &ValueLayout,
 ) -> Result<TensorView<'a>> {
-    let (shape, strides) = (layout.shape.clone(), &layout.strides);
-    Ok(TensorView::new(
+    Ok(TensorView::with_layout(
         guard.data(),
-        shape,
-        strides,
-        layout.offset,
+        layout.layout.clone(),
     )?)
-}
-
-fn misaligned(layout: &Layout) -> Error {
-    kiln_kernels::Error::Argument {
-        op: "execute",
-        argument: "buffer",
-        reason: format!("its bytes are not aligned for {}", layout.dtype),
-    }
-    .into()
 }
 
 #[cfg(test)]

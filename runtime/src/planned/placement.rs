@@ -1,6 +1,6 @@
-//! Reading a plan against its graph, before anything runs: which buffer holds each value, where
-//! each buffer's bytes are (its home), which workspace each step gets and which arena bytes die
-//! after each step. Every mismatch between plan and graph is an error naming the step, buffer
+//! The CPU executor's reading of a plan, before anything runs: on top of the shared value→buffer
+//! map ([`map_values`]) and schedule check, where each buffer's bytes are (its home), which
+//! workspace each step gets and which arena bytes die after each step. Every mismatch between plan and graph is an error naming the step, buffer
 //! or value; nothing here panics on a bad plan.
 //!
 //! Homes, by buffer class:
@@ -17,7 +17,7 @@
 //! `value_buffers` is the source of truth for which buffer holds a value; the buffers' own
 //! `values` lists are not read.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use kiln_ir::graph::NodeKind;
@@ -25,12 +25,9 @@ use kiln_ir::{Alias, Graph, InputKind, TensorType, ValueId};
 use kiln_planner::{Buffer, BufferClass, Plan};
 use petgraph::stable_graph::NodeIndex;
 
-use super::layout::Layout;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::placed::{check_schedule, describe, map_values, plan_error, Value, ValueLayout};
 use crate::tensor::Tensor;
-
-/// An IR value as plans name it: (node index, output port).
-pub(crate) type Value = (usize, usize);
 
 /// Where a buffer's bytes are during a run.
 #[derive(Clone, Debug)]
@@ -56,20 +53,7 @@ pub(super) struct Placement {
     /// Arena bytes of the buffers whose lifetime ends at each step but the last, by step.
     pub dying: BTreeMap<usize, Vec<Range<usize>>>,
     /// The layout of every graph input in its home.
-    pub inputs: Vec<(Value, Layout)>,
-}
-
-/// An error about the plan: `what` names the step, buffer or value at fault.
-pub(crate) fn plan_error(plan: &Plan, what: impl std::fmt::Display, reason: String) -> Error {
-    Error::Graph {
-        what: format!("plan `{}`: {what}", plan.program),
-        reason,
-    }
-}
-
-/// How errors name a buffer.
-pub(super) fn describe(buffer: &Buffer) -> String {
-    format!("buffer {} (`{}`)", buffer.id, buffer.name)
+    pub inputs: Vec<(Value, ValueLayout)>,
 }
 
 /// The class of the buffer that holds an input of `kind`.
@@ -115,7 +99,7 @@ impl Placement {
             })?;
             placement
                 .inputs
-                .push(((value.node.index(), 0), Layout::of_tensor(tensor)));
+                .push(((value.node.index(), 0), ValueLayout::of_tensor(tensor)));
         }
         placement.workspaces(graph, plan)?;
         placement.lifetimes(plan);
@@ -278,94 +262,4 @@ impl Placement {
             }
         }
     }
-}
-
-/// `value_buffers` checked and parsed: every value of the graph in exactly one existing buffer.
-pub(crate) fn map_values(graph: &Graph, plan: &Plan) -> Result<BTreeMap<Value, usize>> {
-    if let Some((index, buffer)) = plan.buffers.iter().enumerate().find(|(i, b)| b.id != *i) {
-        let reason = format!("is at index {index}; buffer ids must be their index");
-        return Err(plan_error(plan, describe(buffer), reason));
-    }
-    let mut buffer_of = BTreeMap::new();
-    for (text, buffer) in &plan.value_buffers {
-        let what = format!("value `{text}`");
-        let value = parse(text).filter(|&(node, port)| {
-            graph
-                .value_type(ValueId {
-                    node: NodeIndex::new(node),
-                    port,
-                })
-                .is_ok()
-        });
-        let Some(value) = value else {
-            return Err(plan_error(
-                plan,
-                what,
-                "is not a value of the graph".to_string(),
-            ));
-        };
-        if *buffer >= plan.buffers.len() {
-            let reason = format!("is in buffer {buffer}, of {}", plan.buffers.len());
-            return Err(plan_error(plan, what, reason));
-        }
-        if buffer_of.insert(value, *buffer).is_some() {
-            return Err(plan_error(plan, what, "is listed twice".to_string()));
-        }
-    }
-    for node in graph.node_indices() {
-        let outputs = graph.node(node).map_or(0, |n| n.outputs.len());
-        for port in 0..outputs {
-            if !buffer_of.contains_key(&(node.index(), port)) {
-                let what = format!("value {}.{port}", node.index());
-                return Err(plan_error(plan, what, "has no buffer".to_string()));
-            }
-        }
-    }
-    Ok(buffer_of)
-}
-
-/// `"node.port"` as a value, if it has that form.
-fn parse(text: &str) -> Option<Value> {
-    let (node, port) = text.split_once('.')?;
-    Some((node.parse().ok()?, port.parse().ok()?))
-}
-
-/// Every step runs an op node of the graph, with that op's text, and every op node runs once.
-/// (Whether operands are computed before they are read is checked as the steps run.)
-pub(crate) fn check_schedule(graph: &Graph, plan: &Plan) -> Result<()> {
-    let mut ran = BTreeSet::new();
-    for (index, step) in plan.schedule.iter().enumerate() {
-        let what = format!("step {index}");
-        let op = match graph.node(NodeIndex::new(step.node)).map(|n| &n.kind) {
-            Some(NodeKind::Op(op)) => op,
-            Some(NodeKind::Input { name, .. }) => {
-                let reason = format!("runs node %{}, the input `{name}`", step.node);
-                return Err(plan_error(plan, what, reason));
-            }
-            None => {
-                let reason = format!("runs node %{}, which the graph does not have", step.node);
-                return Err(plan_error(plan, what, reason));
-            }
-        };
-        if step.op != op.to_string() {
-            let reason = format!("says `{}` but node %{} is `{op}`", step.op, step.node);
-            return Err(plan_error(plan, what, reason));
-        }
-        if !ran.insert(step.node) {
-            let reason = format!("runs node %{} a second time", step.node);
-            return Err(plan_error(plan, what, reason));
-        }
-    }
-    for node in graph.node_indices() {
-        let is_op = matches!(graph.node(node).map(|n| &n.kind), Some(NodeKind::Op(_)));
-        if is_op && !ran.contains(&node.index()) {
-            let what = format!("node %{}", node.index());
-            return Err(plan_error(
-                plan,
-                what,
-                "is an op that no step runs".to_string(),
-            ));
-        }
-    }
-    Ok(())
 }

@@ -7,73 +7,17 @@
 //! `Alias::MayOverwrite`) is first copied into a scratch allocation and read from there: the
 //! CPU reference kernels never see aliased operands. (GPU kernels will write in place.)
 
-use std::collections::BTreeMap;
-
-use kiln_ir::graph::NodeKind;
-use kiln_ir::{Graph, Op, TensorType};
+use kiln_ir::{Graph, Op};
 use kiln_kernels::{TensorView, TensorViewMut};
 use kiln_planner::Plan;
-use petgraph::stable_graph::NodeIndex;
 
-use super::layout::Layout;
-use super::memory::{bound_view, read_view, write_view, Memory};
-use super::placement::{describe, plan_error, Home, Placement, Value};
+use super::memory::{bound_view, Memory};
+use super::placement::{Home, Placement};
 use crate::error::{Error, Result};
-use crate::interpret::{bytes, ops::run_op, result_types};
+use crate::interpret::ops::run_op;
+use crate::placed::bytes::{self, read_view, write_view};
+use crate::placed::{describe, plan_error, Layouts, StepOperands, Value, ValueLayout};
 use crate::storage::StorageRead;
-
-/// What the steps so far computed: the layout of every value available (inputs and the results
-/// of steps that ran).
-pub(crate) type Layouts = BTreeMap<Value, Layout>;
-
-/// Step `index` of a plan as every executor reads it: its op, its operands' layouts (from the
-/// layouts of the values computed so far) and its results' types.
-pub(crate) struct StepOperands<'g> {
-    pub node: usize,
-    pub op: &'g Op,
-    pub operands: Vec<(Value, Layout)>,
-    pub types: Vec<TensorType>,
-}
-
-impl<'g> StepOperands<'g> {
-    /// Reads step `index`; an op node that is missing, or an operand not yet computed, is an
-    /// error naming the step.
-    pub(crate) fn read(
-        graph: &'g Graph,
-        plan: &Plan,
-        layouts: &Layouts,
-        index: usize,
-    ) -> Result<Self> {
-        let node_index = plan.schedule[index].node;
-        let node = NodeIndex::new(node_index);
-        let Some(NodeKind::Op(op)) = graph.node(node).map(|n| &n.kind) else {
-            let reason = "runs no op".to_string();
-            return Err(plan_error(plan, format!("step {index}"), reason));
-        };
-        let what = || format!("step {index} (node %{node_index} {op})");
-        let mut operands: Vec<(Value, Layout)> = Vec::new();
-        for (port, operand) in graph.operands(node).iter().enumerate() {
-            let value = (operand.node.index(), operand.port);
-            let layout = layouts.get(&value).ok_or_else(|| {
-                let reason = format!(
-                    "reads operand {port}, value {}.{}, before the step that computes it",
-                    value.0, value.1
-                );
-                plan_error(plan, what(), reason)
-            })?;
-            operands.push((value, layout.clone()));
-        }
-        let operand_types: Vec<TensorType> = operands.iter().map(|(_, l)| l.ty()).collect();
-        let recorded = graph.node(node).map_or(&[][..], |n| &n.outputs[..]);
-        let types = result_types(node_index, op, &operand_types, recorded)?;
-        Ok(StepOperands {
-            node: node_index,
-            op,
-            operands,
-            types,
-        })
-    }
-}
 
 /// Runs step `index` of `plan` and records its results' layouts.
 pub(super) fn run_step(
@@ -116,7 +60,7 @@ pub(super) fn run_step(
         op,
         what: &what,
     };
-    let result_layouts: Vec<Layout> = types.iter().map(Layout::contiguous).collect();
+    let result_layouts: Vec<ValueLayout> = types.iter().map(ValueLayout::contiguous).collect();
     kernel
         .run(memory, index, &operands, &results, &result_layouts)
         .map_err(|e| match e {
@@ -128,7 +72,7 @@ pub(super) fn run_step(
 }
 
 /// Elements of `layout`'s dtype that `buffer`'s home holds.
-fn capacity(placement: &Placement, buffer: usize, layout: &Layout) -> usize {
+fn capacity(placement: &Placement, buffer: usize, layout: &ValueLayout) -> usize {
     match &placement.homes[buffer] {
         Home::Region { range, .. } => range.len() / layout.dtype.size_bytes(),
         Home::Bound(tensor) => tensor.storage().len(),
@@ -163,9 +107,9 @@ impl Kernel<'_> {
         &self,
         memory: &mut Memory,
         index: usize,
-        operands: &[(Value, Layout)],
+        operands: &[(Value, ValueLayout)],
         results: &[Value],
-        result_layouts: &[Layout],
+        result_layouts: &[ValueLayout],
     ) -> Result<()> {
         let placement = self.placement;
         let result_buffers: Vec<usize> = results.iter().map(|v| placement.buffer_of[v]).collect();

@@ -14,7 +14,7 @@ use kiln_planner::{verify_plan, Plan};
 use rand::rngs::StdRng;
 
 use super::execute;
-use crate::interpret::bytes;
+use crate::placed::bytes;
 use crate::{interpret, Tensor};
 use plans::{arena, bound, make_plan, output};
 

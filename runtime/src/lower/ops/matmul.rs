@@ -27,7 +27,7 @@ struct Stored {
 /// How `tensor` (logical `[..., rows, cols]`, op transposing it when `transpose`) is stored.
 fn stored(at: &Lowering<'_>, tensor: &DeviceTensor, name: &str, transpose: bool) -> Result<Stored> {
     let dims = tensor.dims();
-    let strides = tensor.strides.as_slice();
+    let strides = tensor.strides();
     let rank = dims.len();
     let (rows, cols) = (dims[rank - 2], dims[rank - 1]);
     let (row_stride, col_stride) = (strides[rank - 2], strides[rank - 1]);
@@ -35,7 +35,7 @@ fn stored(at: &Lowering<'_>, tensor: &DeviceTensor, name: &str, transpose: bool)
         at.unsupported(format!(
             "`{name}` (shape {}, strides {strides:?}) is neither row- nor column-major in its \
              last two dims, or its batch dims do not merge; make it contiguous first",
-            tensor.shape
+            tensor.shape()
         ))
     };
     let (transpose, ld) = if (col_stride == 1 || cols == 1) && (rows == 1 || row_stride >= cols) {
@@ -73,7 +73,8 @@ pub(super) fn lower_matmul(
     if rank < 2 || b.dims().len() != rank || c.dims().len() != rank {
         return Err(at.unsupported(format!(
             "operands {} and {} are not matrices of one rank",
-            a.shape, b.shape
+            a.shape(),
+            b.shape()
         )));
     }
     let k = size(if transpose_a {

@@ -2,13 +2,13 @@
 //! and workspace's bytes, in-place results skip their copies, strided operands are refused
 //! with the operand named.
 
-use kiln_ir::{AdamWConfig, DType, Op, Shape, TensorType};
+use kiln_ir::{AdamWConfig, DType, Layout, Op, Shape, TensorType};
 use kiln_kernels::gpu::{Addr, Launch};
 
 use super::{lower_op, LowerOptions};
 use crate::error::Error;
 use crate::lower::DeviceTensor;
-use crate::planned::layout::Layout;
+use crate::placed::ValueLayout;
 
 /// The fault word of the step being lowered: a slot of its own.
 const FAULT: Addr = Addr {
@@ -18,8 +18,11 @@ const FAULT: Addr = Addr {
 
 /// A contiguous tensor alone in slot `slot`, starting `offset` elements in.
 fn placed(slot: u32, offset: usize, ty: &TensorType) -> DeviceTensor {
-    let mut layout = Layout::contiguous(ty);
-    layout.offset = offset;
+    let strides = ty.shape.contiguous_strides();
+    let layout = ValueLayout {
+        dtype: ty.dtype,
+        layout: Layout::new(ty.shape.clone(), &strides, offset).unwrap(),
+    };
     DeviceTensor {
         base: Addr { slot, offset: 256 },
         layout,
@@ -381,11 +384,8 @@ fn in_place_results_skip_their_copies() {
 /// `t` viewed with its last two dims swapped (as a Transpose op's result).
 fn transposed(t: &DeviceTensor) -> DeviceTensor {
     let mut view = t.clone();
-    let rank = view.shape.rank();
-    let mut dims = view.dims().to_vec();
-    dims.swap(rank - 2, rank - 1);
-    view.layout.shape = Shape::new(&dims);
-    view.layout.strides.swap(rank - 2, rank - 1);
+    let rank = view.rank();
+    view.layout.layout = t.transpose(rank - 2, rank - 1).unwrap();
     view
 }
 

@@ -17,10 +17,11 @@ use std::ops::Range;
 use kiln_ir::Op;
 use kiln_kernels::{TensorView, TensorViewMut};
 
-use super::super::layout::Layout;
-use super::super::memory::{read_view, write_view, Carved, Memory};
+use super::super::memory::{Carved, Memory};
 use crate::error::{Error, Result};
 use crate::interpret::ops::run_op;
+use crate::placed::bytes::{read_view, write_view};
+use crate::placed::ValueLayout;
 
 /// Bytes `range` of region `region` of the executable's memory (region 0 is the arena).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,9 +46,9 @@ pub(super) struct KernelLaunch {
     pub node: usize,
     pub op: Op,
     /// Each operand's span (its buffer, or the scratch copy of an in-place operand) and layout.
-    pub operands: Vec<(Span, Layout)>,
+    pub operands: Vec<(Span, ValueLayout)>,
     /// Each result's span (its whole buffer) and layout, by port.
-    pub results: Vec<(Span, Layout)>,
+    pub results: Vec<(Span, ValueLayout)>,
     pub workspace: Option<Span>,
 }
 
@@ -62,8 +63,8 @@ pub(super) enum Launch {
     /// kernel copy: any strides in, any strides out).
     /// (Boxed: layouts are large, and most launches are small.)
     Copy {
-        from: Box<(Span, Layout)>,
-        to: Box<(Span, Layout)>,
+        from: Box<(Span, ValueLayout)>,
+        to: Box<(Span, ValueLayout)>,
     },
     /// Runs one op's kernels.
     Kernel(Box<KernelLaunch>),

@@ -18,16 +18,16 @@ use kiln_ir::{Graph, ValueId};
 use kiln_planner::{BufferClass, Plan};
 use petgraph::stable_graph::NodeIndex;
 
-use super::super::layout::Layout;
-use super::super::placement::{describe, plan_error, Home, Placement, Value};
-use super::super::step::StepOperands;
+use super::super::placement::{Home, Placement};
 use super::launch::{KernelLaunch, Launch, Span};
 use super::{InputSlot, OutputSlot};
 use crate::error::{Error, Result};
 use crate::interpret::check_write;
+use crate::placed::ValueLayout;
+use crate::placed::{describe, plan_error, StepOperands, Value};
 
 /// What the steps resolved so far computed: the layout of every available value.
-type Layouts = std::collections::BTreeMap<Value, Layout>;
+type Layouts = std::collections::BTreeMap<Value, ValueLayout>;
 
 /// Resolves one run of the program, part by part.
 pub(super) struct Recorder<'e> {
@@ -217,7 +217,7 @@ impl<'e> Recorder<'e> {
             let reason = format!("copies {next} bytes of in-place operands; scratch is smaller");
             return Err(plan_error(plan, what(), reason));
         }
-        let result_layouts: Vec<Layout> = types.iter().map(Layout::contiguous).collect();
+        let result_layouts: Vec<ValueLayout> = types.iter().map(ValueLayout::contiguous).collect();
         launches.push(Launch::Kernel(Box::new(KernelLaunch {
             node: node_index,
             op: op.clone(),
@@ -275,7 +275,7 @@ impl<'e> Recorder<'e> {
     }
 
     /// The value `value` as the last step left it: its span and layout.
-    fn final_value(&self, value: Value, name: &str) -> Result<(Span, Layout)> {
+    fn final_value(&self, value: Value, name: &str) -> Result<(Span, ValueLayout)> {
         let Some(layout) = self.layouts.get(&value) else {
             let reason = format!("value {}.{} is never computed", value.0, value.1);
             return Err(plan_error(self.plan, format!("`{name}`"), reason));
@@ -296,7 +296,7 @@ impl<'e> Recorder<'e> {
             }
             launches.push(Launch::Copy {
                 from: Box::new((span, layout)),
-                to: Box::new((output.slot.clone(), Layout::contiguous(&output.ty))),
+                to: Box::new((output.slot.clone(), ValueLayout::contiguous(&output.ty))),
             });
         }
         // Writes whose value sits in an input slot go through the scratch region first.
@@ -315,7 +315,7 @@ impl<'e> Recorder<'e> {
                 let reason = "the graph has no input of that name".to_string();
                 plan_error(self.plan, format!("write `{name}`"), reason)
             })?;
-            let slot = (input.slot.clone(), Layout::contiguous(&input.ty));
+            let slot = (input.slot.clone(), ValueLayout::contiguous(&input.ty));
             if self.inputs.iter().any(|i| i.slot.overlaps(&span)) {
                 let bytes = slot.0.range.len();
                 let stage = Span {

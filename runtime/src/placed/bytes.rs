@@ -1,5 +1,6 @@
-//! Raw bytes seen as elements of one dtype: how workspaces (and the planned executor's arena)
-//! become the typed slices kernels take, without unsafe code (`bytemuck` checks alignment).
+//! Raw bytes seen as elements of one dtype: how workspaces, the planned executor's arena and
+//! a device buffer's bytes read back become the typed slices and views kernels take, without
+//! unsafe code (`bytemuck` checks alignment).
 //!
 //! Invariant: a byte slice is seen as the longest whole number of elements it holds; trailing
 //! bytes that do not make a whole element are never seen. Misaligned bytes give `None`, never a
@@ -7,7 +8,10 @@
 
 use half::{bf16, f16};
 use kiln_ir::DType;
-use kiln_kernels::{Data, DataMut};
+use kiln_kernels::{Data, DataMut, TensorView, TensorViewMut};
+
+use super::ValueLayout;
+use crate::error::{Error, Result};
 
 /// The longest prefix of `bytes` that is a whole number of `size`-byte elements.
 fn whole(len: usize, size: usize) -> usize {
@@ -93,6 +97,30 @@ pub(crate) fn prefix_mut(words: &mut [u64], len: usize) -> &mut [u8] {
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(words);
     let len = len.min(bytes.len());
     &mut bytes[..len]
+}
+
+/// A kernel view of the value laid out as `layout` in `bytes`.
+pub(crate) fn read_view<'a>(bytes: &'a [u8], layout: &ValueLayout) -> Result<TensorView<'a>> {
+    let data = data(bytes, layout.dtype).ok_or_else(|| misaligned(layout))?;
+    Ok(TensorView::with_layout(data, layout.layout.clone())?)
+}
+
+/// A writable kernel view of the value laid out as `layout` in `bytes`.
+pub(crate) fn write_view<'a>(
+    bytes: &'a mut [u8],
+    layout: &ValueLayout,
+) -> Result<TensorViewMut<'a>> {
+    let data = data_mut(bytes, layout.dtype).ok_or_else(|| misaligned(layout))?;
+    Ok(TensorViewMut::with_layout(data, layout.layout.clone())?)
+}
+
+fn misaligned(layout: &ValueLayout) -> Error {
+    kiln_kernels::Error::Argument {
+        op: "execute",
+        argument: "buffer",
+        reason: format!("its bytes are not aligned for {}", layout.dtype),
+    }
+    .into()
 }
 
 #[cfg(test)]

@@ -1,46 +1,47 @@
-//! Where a value's elements sit inside its buffer: dtype, shape, element strides and element
-//! offset, counted in elements of the value's dtype from the start of the buffer's storage.
+//! Where a value's elements sit inside its buffer: its dtype (to see the buffer's bytes as
+//! elements) and its [`Layout`], counted in elements of that dtype from the start of the
+//! buffer's storage.
 //!
 //! An op result that is not a view starts contiguous at element 0 of its buffer (where the
 //! interpreter's fresh tensor would start at element 0 of its storage); a bound input has the
-//! layout of its tensor; a view's layout is its operand's under the view rules that
-//! [`Tensor::reshape`], [`Tensor::transpose`] and [`Tensor::slice`] also use (`view_rules.rs`),
-//! so kernels see the same views as in the interpreter.
+//! layout of its tensor; a view's layout is its operand's under the view rules of [`Layout`]
+//! that [`Tensor::reshape`], [`Tensor::transpose`] and [`Tensor::slice`] also use, so kernels
+//! see the same views as in the interpreter.
 
-use kiln_ir::{DType, Op, Shape, Strides, TensorType};
+use kiln_ir::{DType, Layout, Op, TensorType};
 
 use crate::error::Result;
 use crate::tensor::Tensor;
-use crate::view_rules::ViewLayout;
 
-/// The layout of one value in its buffer.
+/// The layout of one value in its buffer. Derefs to the [`Layout`].
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Layout {
+pub(crate) struct ValueLayout {
     pub dtype: DType,
-    pub shape: Shape,
-    pub strides: Strides,
-    /// Offset of the first element, in elements of `dtype`.
-    pub offset: usize,
+    pub layout: Layout,
 }
 
-impl Layout {
+impl std::ops::Deref for ValueLayout {
+    type Target = Layout;
+
+    fn deref(&self) -> &Layout {
+        &self.layout
+    }
+}
+
+impl ValueLayout {
     /// Row-major from element 0: where an op writes a (non-view) result.
     pub fn contiguous(ty: &TensorType) -> Self {
-        Layout {
+        ValueLayout {
             dtype: ty.dtype,
-            shape: ty.shape.clone(),
-            strides: ty.shape.contiguous_strides(),
-            offset: 0,
+            layout: Layout::contiguous(ty.shape.clone()),
         }
     }
 
     /// The layout of a tensor over its storage.
     pub fn of_tensor(tensor: &Tensor) -> Self {
-        Layout {
+        ValueLayout {
             dtype: tensor.dtype(),
-            shape: tensor.shape().clone(),
-            strides: Strides::from_slice(tensor.strides()),
-            offset: tensor.offset(),
+            layout: tensor.layout().clone(),
         }
     }
 
@@ -50,64 +51,33 @@ impl Layout {
         // the graph was built.
         TensorType {
             dtype: self.dtype,
-            shape: self.shape.clone(),
+            shape: self.shape().clone(),
         }
     }
 
     /// The layout of view op `op` of this value, in a storage of `capacity` elements; `None`
     /// when `op` is not a view op.
-    pub fn view(&self, op: &Op, capacity: usize) -> Option<Result<Layout>> {
+    pub fn view(&self, op: &Op, capacity: usize) -> Option<Result<ValueLayout>> {
         let view = match op {
-            Op::Reshape { shape } => self.reshape(shape, capacity),
+            Op::Reshape { shape } => self.reshape(shape.clone()),
             Op::Transpose { dim0, dim1 } => self.transpose(*dim0, *dim1),
-            Op::Slice { axis, start, end } => self.slice(*axis, *start, *end, capacity),
+            Op::Slice { axis, start, end } => self.slice(*axis, *start, *end, 1),
             _ => return None,
         };
-        Some(view)
-    }
-
-    /// This layout viewed by `view` (the shared view rules of `view_rules.rs`), dtype kept.
-    fn with(&self, view: impl FnOnce(&ViewLayout) -> Result<ViewLayout>) -> Result<Layout> {
-        let current = ViewLayout {
-            shape: self.shape.clone(),
-            strides: self.strides.clone(),
-            offset: self.offset,
-        };
-        let ViewLayout {
-            shape,
-            strides,
-            offset,
-        } = view(&current)?;
-        Ok(Layout {
-            dtype: self.dtype,
-            shape,
-            strides,
-            offset,
-        })
-    }
-
-    fn reshape(&self, to: &Shape, capacity: usize) -> Result<Layout> {
-        self.with(|l| l.reshape(to.clone()))?.checked(capacity)
-    }
-
-    fn transpose(&self, dim0: usize, dim1: usize) -> Result<Layout> {
-        self.with(|l| l.transpose(dim0, dim1))
-    }
-
-    fn slice(&self, axis: usize, start: usize, end: usize, capacity: usize) -> Result<Layout> {
-        self.with(|l| l.slice(axis, start, end, 1))?
-            .checked(capacity)
-    }
-
-    /// `self` if it fits in `capacity` elements, else the error a kernel view would give.
-    fn checked(self, capacity: usize) -> Result<Layout> {
-        kiln_kernels::check_fits(&self.shape, &self.strides, self.offset, capacity)?;
-        Ok(self)
+        let fitting = view.and_then(|layout| layout.fits(capacity).map(|()| layout));
+        let dtype = self.dtype;
+        Some(
+            fitting
+                .map(|layout| ValueLayout { dtype, layout })
+                .map_err(Into::into),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use kiln_ir::Shape;
+
     use super::*;
 
     /// A 2x3x4 f32 tensor viewed at element 5 of a 40-element storage, so offsets matter.
@@ -121,7 +91,7 @@ mod tests {
     fn views_match_the_tensor_view_methods() {
         let tensor = base();
         let capacity = tensor.storage().len();
-        let layout = Layout::of_tensor(&tensor);
+        let layout = ValueLayout::of_tensor(&tensor);
         let cases: Vec<(Op, Tensor)> = vec![
             (
                 Op::Reshape {
@@ -144,7 +114,7 @@ mod tests {
         ];
         for (op, want) in cases {
             let got = layout.view(&op, capacity).unwrap().unwrap();
-            assert_eq!(got, Layout::of_tensor(&want), "{op}");
+            assert_eq!(got, ValueLayout::of_tensor(&want), "{op}");
         }
         // A slice of a transpose: strided, offset moved along the swapped axis.
         let t = tensor.transpose(1, 2).unwrap();
@@ -153,8 +123,11 @@ mod tests {
             start: 2,
             end: 3,
         };
-        let got = Layout::of_tensor(&t).view(&op, capacity).unwrap().unwrap();
-        assert_eq!(got, Layout::of_tensor(&t.slice(2, 2, 3, 1).unwrap()));
+        let got = ValueLayout::of_tensor(&t)
+            .view(&op, capacity)
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, ValueLayout::of_tensor(&t.slice(2, 2, 3, 1).unwrap()));
         assert!(layout.view(&Op::Softmax, capacity).is_none());
     }
 
@@ -162,14 +135,14 @@ mod tests {
     fn views_refuse_what_the_tensor_methods_refuse() {
         let tensor = base();
         let capacity = tensor.storage().len();
-        let transposed = Layout::of_tensor(&tensor.transpose(0, 1).unwrap());
+        let transposed = ValueLayout::of_tensor(&tensor.transpose(0, 1).unwrap());
         let reshape = Op::Reshape {
             shape: Shape::new(&[24]),
         };
         let err = transposed.view(&reshape, capacity).unwrap().unwrap_err();
         let want = tensor.transpose(0, 1).unwrap().reshape([24]).unwrap_err();
         assert_eq!(err, want);
-        let layout = Layout::of_tensor(&tensor);
+        let layout = ValueLayout::of_tensor(&tensor);
         let wrong_count = Op::Reshape {
             shape: Shape::new(&[5]),
         };
@@ -194,17 +167,10 @@ mod tests {
     }
 
     #[test]
-    fn fits_follows_the_kernel_bounds_rule() {
+    fn results_are_contiguous_from_element_zero() {
         let ty = TensorType::new(DType::F32, [2, 3]).unwrap();
-        let layout = Layout::contiguous(&ty);
-        assert!(layout.clone().checked(6).is_ok());
-        assert!(layout.clone().checked(5).is_err());
-        let empty = Layout {
-            offset: 7,
-            ..Layout::contiguous(&TensorType::new(DType::F32, [0, 3]).unwrap())
-        };
-        assert!(empty.clone().checked(7).is_ok());
-        assert!(empty.clone().checked(6).is_err());
+        let layout = ValueLayout::contiguous(&ty);
+        assert_eq!(layout.layout, Layout::contiguous(ty.shape.clone()));
         assert_eq!(layout.ty(), ty);
     }
 }
