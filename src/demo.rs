@@ -322,8 +322,12 @@ fn run_planned(
     gpu: Option<&Arc<CudaDevice>>,
 ) -> Result<BTreeMap<String, Tensor>> {
     let graph = build(kind, config, options).with_context(|| format!("tracing {}", kind.name()))?;
-    let planned = kiln_planner::plan(&graph, &PlanOptions::default())?;
-    kiln_planner::verify_plan(&graph, &planned)?;
+    let planned = kiln_planner::plan(
+        &graph,
+        &PlanOptions::default(),
+        &kiln_runtime::Workspaces::Any,
+    )?;
+    kiln_planner::verify_plan(&graph, &planned, &kiln_runtime::Workspaces::Any)?;
     let ops = planned.schedule.len();
     writeln!(
         text,

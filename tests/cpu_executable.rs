@@ -34,8 +34,8 @@ fn program(config: &ModelConfig, kind: ProgramKind, streams: usize) -> (Graph, P
         streams,
         ..Default::default()
     };
-    let planned = plan(&graph, &options).unwrap();
-    verify_plan(&graph, &planned).unwrap();
+    let planned = plan(&graph, &options, &kiln_runtime::Workspaces::Cpu).unwrap();
+    verify_plan(&graph, &planned, &kiln_runtime::Workspaces::Cpu).unwrap();
     (graph, planned)
 }
 

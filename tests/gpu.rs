@@ -188,7 +188,12 @@ fn check_op(
     for (port, value) in results.iter().enumerate() {
         graph.output(&format!("out{port}"), *value).unwrap();
     }
-    let planned = plan(&graph, &PlanOptions::default()).unwrap();
+    let planned = plan(
+        &graph,
+        &PlanOptions::default(),
+        &kiln_runtime::Workspaces::Cuda,
+    )
+    .unwrap();
     let want = interpret(&graph, &mut values.clone()).unwrap();
 
     let run = |mode: RunMode| {
@@ -529,7 +534,7 @@ fn gpu_run(
         streams,
         ..Default::default()
     };
-    let planned = plan(graph, &options).unwrap();
+    let planned = plan(graph, &options, &kiln_runtime::Workspaces::Cuda).unwrap();
     let backend = Backend::Cuda(device.clone());
     backend.run(graph, &planned, values, mode, runs).unwrap()
 }
@@ -627,7 +632,12 @@ fn decode_replayed_at_many_positions_equals_the_full_forward() {
     };
     let compile = |kind| {
         let graph = build(kind, &config, &options).unwrap();
-        let planned = plan(&graph, &PlanOptions::default()).unwrap();
+        let planned = plan(
+            &graph,
+            &PlanOptions::default(),
+            &kiln_runtime::Workspaces::Cuda,
+        )
+        .unwrap();
         let mut exe = CudaExecutable::new(&device, &graph, &planned).unwrap();
         for (name, var) in weights.named() {
             exe.set(&name, var.value()).unwrap();

@@ -21,6 +21,7 @@ fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &
                 streams,
                 ..Default::default()
             },
+            &kiln_runtime::Workspaces::Cuda,
         )
         .unwrap();
         let summary = lower_for_device(&graph, &planned)

@@ -99,9 +99,10 @@ fn planned_executor_equals_interpreter_bit_for_bit() {
                     streams,
                     ..Default::default()
                 },
+                &kiln_runtime::Workspaces::Cpu,
             )
             .unwrap();
-            verify_plan(&graph, &planned).unwrap();
+            verify_plan(&graph, &planned, &kiln_runtime::Workspaces::Cpu).unwrap();
             let mut planned_values = values.clone();
             let outputs = execute(&graph, &planned, &mut planned_values, true).unwrap();
             assert_eq!(

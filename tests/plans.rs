@@ -24,13 +24,13 @@ fn check(
         streams,
         ..PlanOptions::default()
     };
-    let planned = plan(&graph, &plan_options).unwrap();
-    verify_plan(&graph, &planned)
+    let planned = plan(&graph, &plan_options, &kiln_runtime::Workspaces::Any).unwrap();
+    verify_plan(&graph, &planned, &kiln_runtime::Workspaces::Any)
         .unwrap_or_else(|e| panic!("{} streams={streams}: {e}", kind.name()));
     assert!(planned.arena_bytes >= planned.lower_bound_bytes);
     assert_eq!(
         planned,
-        plan(&graph, &plan_options).unwrap(),
+        plan(&graph, &plan_options, &kiln_runtime::Workspaces::Any).unwrap(),
         "deterministic"
     );
     planned

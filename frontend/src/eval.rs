@@ -237,7 +237,11 @@ pub fn evaluate_program(
     let mut outputs = match engine {
         Engine::Interpret => kiln_runtime::interpret(&graph, &mut values)?,
         Engine::Planned { backend, mode } => {
-            let plan = kiln_planner::plan(&graph, &kiln_planner::PlanOptions::default())?;
+            let plan = kiln_planner::plan(
+                &graph,
+                &kiln_planner::PlanOptions::default(),
+                &backend.workspaces(),
+            )?;
             backend.run(&graph, &plan, &values, mode, 1)?
         }
     };

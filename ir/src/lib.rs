@@ -23,7 +23,7 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{Graph, InputKind, ValueId};
 pub use layout::{Layout, LayoutError};
-pub use op::{AdamWConfig, Alias, IndexRange, Op, DECODE_KEY_CHUNK};
+pub use op::{AdamWConfig, Alias, IndexRange, Op};
 pub use print::print;
 pub use shape::{Shape, Strides};
 pub use types::TensorType;

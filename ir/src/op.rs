@@ -12,7 +12,7 @@ pub use index_range::IndexRange;
 
 use std::fmt;
 
-use crate::{DType, Shape, TensorType};
+use crate::{DType, Shape};
 
 /// AdamW hyper-parameters (decoupled weight decay, bias correction; torch.optim.AdamW).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,10 +23,6 @@ pub struct AdamWConfig {
     pub eps: f64,
     pub weight_decay: f64,
 }
-
-/// Cache rows per chunk when attention over a KV cache is split over keys (the GPU's decode
-/// form: one partial result per chunk, combined in chunk order).
-pub const DECODE_KEY_CHUNK: usize = 64;
 
 /// An operation. Operands and results are listed per variant as `(operands) -> results`.
 #[derive(Clone, Debug, PartialEq)]
@@ -205,64 +201,6 @@ impl Op {
             | Op::Softmax
             | Op::SoftmaxBackward
             | Op::Contiguous => vec![],
-        }
-    }
-
-    /// Bytes of scratch the op needs while it runs (a workspace buffer in a plan), for
-    /// operands of types `operands` (0 when the types do not fit the op; saturating, never
-    /// overflowing).
-    pub fn workspace_bytes(&self, operands: &[TensorType]) -> usize {
-        let dims = |port: usize| operands.get(port).map(|t| t.dims()).unwrap_or(&[]);
-        let size = |port: usize| operands.get(port).map_or(0, |t| t.dtype.size_bytes());
-        // Rows of a [..., H] operand: its elements over its last dim.
-        let rows = |port: usize| match dims(port).last() {
-            Some(&0) | None => 0,
-            Some(&hidden) => operands[port].shape.numel() / hidden,
-        };
-        match self {
-            // bf16 operands are widened to f32 into the workspace before the f32 GEMM.
-            Op::MatMul { .. } if operands.first().map(|t| t.dtype) == Some(DType::BF16) => {
-                operands.iter().take(2).fold(0usize, |sum, t| {
-                    sum.saturating_add(t.shape.numel().saturating_mul(4))
-                })
-            }
-            // The GPU's GEMM backward: dS and the masked probs [B,Hq,T,S], each rounded up to
-            // 256 bytes (the device slot alignment) so the next starts aligned, then grad_out
-            // transposed to [B,Hq,T,D]. The CPU uses one row of S, so at least S.
-            Op::AttentionBackward { .. } => match (dims(0), dims(1)) {
-                (&[b, hq, t, d], &[_, _, s, _]) => {
-                    let product =
-                        |dims: [usize; 5]| dims.into_iter().fold(1, usize::saturating_mul);
-                    let probs = product([b, hq, t, s, size(0)]).saturating_add(255) / 256 * 256;
-                    probs
-                        .saturating_mul(2)
-                        .saturating_add(product([b, hq, t, d, size(0)]))
-                        .max(s.saturating_mul(size(0)))
-                }
-                _ => 0,
-            },
-            // One rstd per row of [..., H] (the GPU's grad_weight pass reads them).
-            Op::RmsNormBackward { .. } | Op::AddRmsNormBackward { .. } => {
-                rows(0).saturating_mul(size(0))
-            }
-            // One loss per row of the logits [N,V] (the GPU's mean pass adds them).
-            Op::CrossEntropy { .. } => dims(0)
-                .first()
-                .copied()
-                .unwrap_or(0)
-                .saturating_mul(size(0)),
-            // The probabilities [B,Hq,T,Smax] (CPU), or the per-chunk partial results
-            // [B,Hq,T,chunks,D+2] of the split-key form (GPU), whichever is larger.
-            Op::CachedAttention { .. } => match (dims(0), dims(1)) {
-                (&[b, hq, t, d], &[_, _, smax, _]) => {
-                    let chunks = smax.div_ceil(DECODE_KEY_CHUNK).max(1);
-                    let rows = [b, hq, t, size(0)].into_iter();
-                    let rows = rows.fold(1usize, usize::saturating_mul);
-                    rows.saturating_mul(smax.max(chunks.saturating_mul(d.saturating_add(2))))
-                }
-                _ => 0,
-            },
-            _ => 0,
         }
     }
 

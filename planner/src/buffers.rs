@@ -10,7 +10,8 @@
 //!   the buffer's start (not a transpose or slice view): an in-place elementwise write must
 //!   never race a differently indexed read of the same bytes. Otherwise the result gets a
 //!   fresh buffer.
-//! - An op with `workspace_bytes > 0` gets a workspace buffer living only at its step.
+//! - An op the backend needs scratch for (`OpInfo::workspace_bytes > 0`) gets a workspace
+//!   buffer of that size living only at its step.
 //! - A buffer holding a graph output, or a value written to a Param/State, is class output:
 //!   outside the arena, alive to the end. Writes are not done in place: the new value lives in
 //!   its own output buffer and is copied into the persistent input after the run (which also
@@ -25,7 +26,7 @@
 
 use kiln_ir::{Alias, InputKind, Op};
 
-use crate::program::{bytes, Producer, Program, Value};
+use crate::program::{Producer, Program, Value};
 use crate::{BufferClass, Error, Result};
 
 /// One buffer for one schedule.
@@ -179,12 +180,12 @@ impl Buffers {
                 t.external |= program.is_external(result);
                 t.last_use = t.last_use.max(last_read[result].unwrap_or(step));
             }
-            let workspace = info.op.workspace_bytes(&info.operand_types);
+            let workspace = info.workspace_bytes;
             if workspace > 0 {
                 list.push(BufferInfo {
                     name: format!("{} %{} workspace", info.op.name(), info.node),
                     class: BufferClass::Workspace,
-                    size: bytes(workspace),
+                    size: workspace,
                     start: step,
                     end: step,
                     values: Vec::new(),

@@ -5,7 +5,9 @@ use crate::test_graphs::*;
 
 /// Buffers of `g` in node order.
 fn build(g: &Graph) -> Buffers {
-    let program = Program::new(g).unwrap();
+    let program = Program::new(g)
+        .unwrap()
+        .with_workspaces(&crate::testing::TestWorkspaces);
     let order: Vec<usize> = (0..program.ops.len()).collect();
     Buffers::build(&program, &order).unwrap()
 }

@@ -123,12 +123,17 @@ mod tests {
     #[test]
     fn writes_are_in_place_exactly_when_every_other_reader_ran_first() {
         let graph = synthetic_train(3, 8, 16);
-        let planned = plan(&graph, &PlanOptions::default()).unwrap();
+        let planned = plan(
+            &graph,
+            &PlanOptions::default(),
+            &crate::testing::TestWorkspaces,
+        )
+        .unwrap();
         let want = expected(&graph, &planned);
         assert_eq!(planned.in_place_writes, want);
         // The moments are read by their update alone: always in place.
         assert!(want.iter().any(|w| w == "adamw.m.w0") && want.iter().any(|w| w == "adamw.v.w2"));
-        verify_plan(&graph, &planned).unwrap();
+        verify_plan(&graph, &planned, &crate::testing::TestWorkspaces).unwrap();
     }
 
     #[test]
@@ -140,18 +145,18 @@ mod tests {
                 streams,
                 ..PlanOptions::default()
             };
-            let planned = plan(&graph, &options).unwrap();
-            verify_plan(&graph, &planned).unwrap();
+            let planned = plan(&graph, &options, &crate::testing::TestWorkspaces).unwrap();
+            verify_plan(&graph, &planned, &crate::testing::TestWorkspaces).unwrap();
             // A name that is no write.
             let mut bad = planned.clone();
             bad.in_place_writes.push("x".to_string());
-            let err = verify_plan(&graph, &bad).unwrap_err();
+            let err = verify_plan(&graph, &bad, &crate::testing::TestWorkspaces).unwrap_err();
             assert_eq!(err.rule, "in_place", "{err}");
             // Every write in place, the params too, whose backward GEMM reads them.
             let mut bad = planned.clone();
             bad.in_place_writes = graph.writes().iter().map(|(n, _)| n.clone()).collect();
             if bad.in_place_writes != planned.in_place_writes {
-                let err = verify_plan(&graph, &bad).unwrap_err();
+                let err = verify_plan(&graph, &bad, &crate::testing::TestWorkspaces).unwrap_err();
                 assert_eq!(err.rule, "in_place", "{err}");
                 assert!(err.detail.contains("does not happen before"), "{err}");
                 refused_a_reader += 1;

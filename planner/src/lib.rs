@@ -24,6 +24,7 @@ mod test_graphs;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod verify;
+mod workspaces;
 
 pub use error::{Error, Result};
 pub use hash::{fnv1a64, plan_hash};
@@ -31,3 +32,4 @@ pub use offsets::{arena_size, lower_bound, portfolio, ArenaItem, Fit, Greedy, Of
 pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
 pub use planner::{plan, MAX_STREAMS};
 pub use verify::{verify_plan, PlanError};
+pub use workspaces::WorkspaceNeeds;

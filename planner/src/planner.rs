@@ -21,13 +21,19 @@ use crate::offsets::{align_up, arena_size, lower_bound, place_best, ArenaItem, P
 use crate::program::Program;
 use crate::schedule::{candidates, check_order};
 use crate::streams::StreamPlan;
+use crate::workspaces::WorkspaceNeeds;
 use crate::{Buffer, BufferClass, Error, Plan, PlanOptions, Result, Step};
 
-/// Plans `graph` with `options`. Same graph and options give the same plan, byte for byte.
-pub fn plan(graph: &kiln_ir::Graph, options: &PlanOptions) -> Result<Plan> {
+/// Plans `graph` with `options` for a backend whose kernels need `workspaces`. Same graph,
+/// options and needs give the same plan, byte for byte.
+pub fn plan(
+    graph: &kiln_ir::Graph,
+    options: &PlanOptions,
+    workspaces: &dyn WorkspaceNeeds,
+) -> Result<Plan> {
     options.validate()?;
     kiln_ir::verify(graph)?;
-    let program = Program::new(graph)?;
+    let program = Program::new(graph)?.with_workspaces(workspaces);
     let chosen = choose_schedule(&program, options.alignment)?;
     let streams = StreamPlan::new(&program, &chosen.order, &chosen.buffers, options.streams);
     let arena = place_arena(&chosen.buffers, &streams, options.alignment)?;

@@ -34,21 +34,22 @@ fn planning_twice_gives_the_same_plan_and_hash() {
             streams,
             alignment: 256,
         };
-        let first = plan(&g, &options).unwrap();
-        let second = plan(&g, &options).unwrap();
+        let first = plan(&g, &options, &crate::testing::TestWorkspaces).unwrap();
+        let second = plan(&g, &options, &crate::testing::TestWorkspaces).unwrap();
         assert_eq!(first, second);
         assert_eq!(first.hash, second.hash);
         assert_eq!(first.hash, plan_hash(&first).unwrap());
         assert_eq!(first.hash.len(), 16);
         assert!(first.hash.chars().all(|c| c.is_ascii_hexdigit()));
     }
-    let one = plan(&g, &PlanOptions::default()).unwrap();
+    let one = plan(&g, &PlanOptions::default(), &crate::testing::TestWorkspaces).unwrap();
     let aligned = plan(
         &g,
         &PlanOptions {
             streams: 1,
             alignment: 512,
         },
+        &crate::testing::TestWorkspaces,
     )
     .unwrap();
     assert_ne!(one.hash, aligned.hash);
@@ -137,6 +138,7 @@ fn offsets_respect_every_alignment() {
                 streams: 1,
                 alignment,
             },
+            &crate::testing::TestWorkspaces,
         )
         .unwrap();
         check_arena(&plan);
@@ -189,6 +191,7 @@ fn bad_options_and_bad_graphs_are_errors() {
             streams: 0,
             alignment: 256,
         },
+        &crate::testing::TestWorkspaces,
     )
     .unwrap_err();
     assert!(
@@ -207,6 +210,7 @@ fn bad_options_and_bad_graphs_are_errors() {
             streams: 1,
             alignment: 0,
         },
+        &crate::testing::TestWorkspaces,
     )
     .unwrap_err();
     assert!(
@@ -226,7 +230,7 @@ fn bad_options_and_bad_graphs_are_errors() {
             streams,
             ..PlanOptions::default()
         };
-        let err = plan(&g, &options).unwrap_err();
+        let err = plan(&g, &options, &crate::testing::TestWorkspaces).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!(
@@ -238,7 +242,7 @@ fn bad_options_and_bad_graphs_are_errors() {
         streams: MAX_STREAMS,
         ..PlanOptions::default()
     };
-    plan(&g, &widest).unwrap();
+    plan(&g, &widest, &crate::testing::TestWorkspaces).unwrap();
 
     let mut broken = softmax_chain(2, 2, 2);
     let missing = ValueId {
@@ -246,7 +250,12 @@ fn bad_options_and_bad_graphs_are_errors() {
         port: 7,
     };
     broken.push_unchecked(Some(("ghost".to_string(), missing)), None);
-    let err = plan(&broken, &PlanOptions::default()).unwrap_err();
+    let err = plan(
+        &broken,
+        &PlanOptions::default(),
+        &crate::testing::TestWorkspaces,
+    )
+    .unwrap_err();
     assert!(matches!(err, Error::Graph(_)), "{err}");
     assert!(err.to_string().contains("ghost"), "{err}");
 }
@@ -281,7 +290,7 @@ fn a_five_thousand_node_graph_plans_correctly_and_fast() {
         let mut planned = None;
         for _ in 0..3 {
             let started = Instant::now();
-            planned = Some(plan(&g, &options).unwrap());
+            planned = Some(plan(&g, &options, &crate::testing::TestWorkspaces).unwrap());
             elapsed = elapsed.min(started.elapsed());
         }
         let plan = planned.unwrap();

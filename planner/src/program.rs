@@ -11,7 +11,7 @@
 use kiln_ir::graph::{Node, NodeKind};
 use kiln_ir::{Graph, InputKind, Op, TensorType, ValueId};
 
-use crate::{Error, Result};
+use crate::{Error, Result, WorkspaceNeeds};
 
 /// Dense number of a value.
 pub(crate) type Value = usize;
@@ -42,6 +42,8 @@ pub(crate) struct OpInfo<'g> {
     pub op: &'g Op,
     pub operands: Vec<Value>,
     pub operand_types: Vec<TensorType>,
+    /// Bytes of scratch the backend needs for it (see [`Program::with_workspaces`]).
+    pub workspace_bytes: u64,
     /// Value numbers of the results, port order.
     pub results: Vec<Value>,
 }
@@ -71,6 +73,14 @@ pub(crate) struct Program<'g> {
 }
 
 impl<'g> Program<'g> {
+    /// Each op's scratch as `workspaces` states it (until called, no op has any).
+    pub fn with_workspaces(mut self, workspaces: &dyn WorkspaceNeeds) -> Self {
+        for info in &mut self.ops {
+            info.workspace_bytes = workspaces.workspace_bytes(info.op, &info.operand_types);
+        }
+        self
+    }
+
     /// Builds the view; `graph` must have passed `kiln_ir::verify`, but nothing here panics if
     /// it did not: a broken reference is an error naming it.
     pub fn new(graph: &'g Graph) -> Result<Self> {
@@ -125,6 +135,7 @@ impl<'g> Program<'g> {
                     op,
                     operands: Vec::new(),
                     operand_types: Vec::new(),
+                    workspace_bytes: 0,
                     results,
                 }),
             }

@@ -18,13 +18,17 @@ fn peak(program: &Program, order: &[usize]) -> u64 {
 #[test]
 fn node_order_is_the_first_candidate_and_adamw_early_only_for_train_graphs() {
     let g = two_branches();
-    let program = Program::new(&g).unwrap();
+    let program = Program::new(&g)
+        .unwrap()
+        .with_workspaces(&crate::testing::TestWorkspaces);
     let names: Vec<_> = candidates(&program).iter().map(|c| c.name).collect();
     assert_eq!(names, [NODE_ORDER, LIST]);
     assert_eq!(candidates(&program)[0].order, [0, 1, 2, 3, 4]);
 
     let g = train_like();
-    let program = Program::new(&g).unwrap();
+    let program = Program::new(&g)
+        .unwrap()
+        .with_workspaces(&crate::testing::TestWorkspaces);
     let names: Vec<_> = candidates(&program).iter().map(|c| c.name).collect();
     assert_eq!(names, [NODE_ORDER, LIST, ADAMW_EARLY]);
     for c in candidates(&program) {
@@ -35,7 +39,9 @@ fn node_order_is_the_first_candidate_and_adamw_early_only_for_train_graphs() {
 #[test]
 fn list_scheduler_reduces_each_branch_before_starting_the_next() {
     let g = two_branches();
-    let program = Program::new(&g).unwrap();
+    let program = Program::new(&g)
+        .unwrap()
+        .with_workspaces(&crate::testing::TestWorkspaces);
     let order = list_schedule(&program);
     // t1, r1, t2, r2, z
     assert_eq!(order, [0, 2, 1, 3, 4]);
@@ -48,7 +54,9 @@ fn list_scheduler_reduces_each_branch_before_starting_the_next() {
 #[test]
 fn adamw_early_updates_right_after_the_gradient_and_has_the_lowest_peak() {
     let g = train_like();
-    let program = Program::new(&g).unwrap();
+    let program = Program::new(&g)
+        .unwrap()
+        .with_workspaces(&crate::testing::TestWorkspaces);
     let order = adamw_early(&program);
     assert_eq!(order, [0, 1, 5, 2, 3, 4, 6, 7]);
     let node_order: Vec<usize> = (0..8).collect();
@@ -63,7 +71,9 @@ fn adamw_early_updates_right_after_the_gradient_and_has_the_lowest_peak() {
 #[test]
 fn check_order_rejects_duplicates_missing_ops_and_early_consumers() {
     let g = two_branches();
-    let program = Program::new(&g).unwrap();
+    let program = Program::new(&g)
+        .unwrap()
+        .with_workspaces(&crate::testing::TestWorkspaces);
     let rule = |order: &[usize]| match check_order(&program, "test", order) {
         Err(Error::Unplannable { rule, detail }) => format!("{rule}: {detail}"),
         other => panic!("expected an error, got {other:?}"),

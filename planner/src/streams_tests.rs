@@ -27,7 +27,9 @@ fn backward() -> Graph {
 }
 
 fn node_order_streams(g: &Graph, streams: usize) -> (StreamPlan, Buffers) {
-    let program = Program::new(g).unwrap();
+    let program = Program::new(g)
+        .unwrap()
+        .with_workspaces(&crate::testing::TestWorkspaces);
     let order: Vec<usize> = (0..program.ops.len()).collect();
     let buffers = Buffers::build(&program, &order).unwrap();
     let plan = StreamPlan::new(&program, &order, &buffers, streams);
@@ -90,7 +92,9 @@ fn two_streams_put_weight_gradients_and_their_updates_on_stream_one() {
 /// Value number of op `op`'s first result (ops follow the 9 inputs, one result each until
 /// the first AdamW, so this holds for ops 0..=2).
 fn program_value(g: &Graph, op: usize) -> usize {
-    let program = Program::new(g).unwrap();
+    let program = Program::new(g)
+        .unwrap()
+        .with_workspaces(&crate::testing::TestWorkspaces);
     program.ops[op].results[0]
 }
 
@@ -138,7 +142,7 @@ fn planned_backward_graphs_are_race_free_minimal_and_share_bytes_safely() {
             streams,
             alignment: 256,
         };
-        let plan = crate::plan(&g, &options).unwrap();
+        let plan = crate::plan(&g, &options, &crate::testing::TestWorkspaces).unwrap();
         check_streams(&g, &plan);
         check_arena(&plan);
         if streams > 1 {
@@ -170,6 +174,7 @@ fn a_wait_already_covered_on_the_waiting_stream_is_not_repeated() {
             streams: 2,
             alignment: 256,
         },
+        &crate::testing::TestWorkspaces,
     )
     .unwrap();
     check_streams(&g, &planned);
@@ -231,6 +236,7 @@ fn stream_zero_joins_a_side_stream_when_its_next_chain_starts() {
             streams: 2,
             alignment: 256,
         },
+        &crate::testing::TestWorkspaces,
     )
     .unwrap();
     check_streams(&g, &planned);

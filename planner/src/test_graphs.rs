@@ -129,7 +129,7 @@ pub fn train_like() -> Graph {
 
 /// Plans with default options, panicking on error (tests only).
 pub fn plan_default(g: &Graph) -> Plan {
-    crate::plan(g, &PlanOptions::default()).unwrap()
+    crate::plan(g, &PlanOptions::default(), &crate::testing::TestWorkspaces).unwrap()
 }
 
 /// Checks a single-stream plan's arena: offsets exactly on arena buffers, aligned, inside the

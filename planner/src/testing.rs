@@ -253,3 +253,35 @@ impl GraphRecipe {
         Ok(b.graph)
     }
 }
+
+/// A backend's scratch needs for the planner's own tests: simple rules of the same shape as
+/// real kernels' (a row of scratch per row of a norm or loss, widened bf16 GEMM operands, a
+/// probs-sized buffer for attention), with no device in them.
+pub struct TestWorkspaces;
+
+impl crate::WorkspaceNeeds for TestWorkspaces {
+    fn workspace_bytes(&self, op: &Op, operands: &[TensorType]) -> u64 {
+        let dims = |port: usize| operands.get(port).map_or(&[][..], |t| t.dims());
+        let size = operands.first().map_or(0, |t| t.dtype.size_bytes()) as u64;
+        let product = |dims: &[usize]| dims.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64));
+        let rows = |port: usize| match dims(port).split_last() {
+            Some((_, rest)) => product(rest),
+            None => 0,
+        };
+        let bytes = match op {
+            Op::MatMul { .. } if operands.first().map(|t| t.dtype) == Some(DType::BF16) => {
+                (operands.iter().take(2))
+                    .fold(0u64, |sum, t| sum.saturating_add(product(t.dims()) * 4))
+            }
+            Op::RmsNormBackward { .. }
+            | Op::AddRmsNormBackward { .. }
+            | Op::CrossEntropy { .. } => rows(0).saturating_mul(size),
+            Op::AttentionBackward { .. } | Op::CachedAttention { .. } => match (dims(0), dims(1)) {
+                (&[b, hq, t, _], &[_, _, s, _]) => product(&[b, hq, t, s]).saturating_mul(size),
+                _ => 0,
+            },
+            _ => 0,
+        };
+        bytes
+    }
+}

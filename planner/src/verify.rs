@@ -14,7 +14,8 @@
 //! - `storage`: `buffers[i].id == i`; every IR value (`"node.port"`) is in `value_buffers`
 //!   exactly once, in an existing buffer, and the buffers' `values` lists say the same; a
 //!   buffer is at least as large as each value in it; each step whose op needs scratch has
-//!   exactly one workspace buffer, one step long, at least that large, and no other step has one.
+//!   exactly one workspace buffer, one step long, at least that large (the needs are the
+//!   backend's, given to the verifier as to the planner), and no other step has one.
 //! - `classes`: an input's buffer has its kind's class; a buffer without values is a workspace;
 //!   other buffers of op results are activations or outputs; arena classes (activation,
 //!   workspace) have an offset, the others none.
@@ -50,7 +51,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kiln_ir::graph::NodeKind;
 use kiln_ir::{Graph, InputKind, Op, TensorType};
 
-use crate::Plan;
+use crate::{Plan, WorkspaceNeeds};
 
 /// A broken rule of the module doc.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -66,9 +67,14 @@ fn fail<T>(rule: &'static str, detail: String) -> Result<T, PlanError> {
     Err(PlanError { rule, detail })
 }
 
-/// Checks every rule of the module doc; the first violation found is the error.
-pub fn verify_plan(graph: &Graph, plan: &Plan) -> Result<(), PlanError> {
-    let program = Program::read(graph);
+/// Checks every rule of the module doc for a plan made for a backend whose kernels need
+/// `workspaces`; the first violation found is the error.
+pub fn verify_plan(
+    graph: &Graph,
+    plan: &Plan,
+    workspaces: &dyn WorkspaceNeeds,
+) -> Result<(), PlanError> {
+    let program = Program::read(graph, workspaces);
     let steps = check_schedule(&program, plan)?;
     let order = order::check_events(&program, plan, &steps)?;
     let buffer_of = storage::check_storage(&program, plan)?;
@@ -111,15 +117,18 @@ struct Program<'g> {
     /// Values that must still hold their content after the run: outputs, written values, and
     /// params and states that nothing writes (the next run reads them again).
     kept: BTreeSet<Value>,
+    /// The scratch the plan's backend needs per op.
+    workspaces: &'g dyn WorkspaceNeeds,
 }
 
 impl<'g> Program<'g> {
-    fn read(graph: &'g Graph) -> Self {
+    fn read(graph: &'g Graph, workspaces: &'g dyn WorkspaceNeeds) -> Self {
         let mut program = Program {
             ops: BTreeMap::new(),
             inputs: BTreeMap::new(),
             values: BTreeMap::new(),
             kept: BTreeSet::new(),
+            workspaces,
         };
         let written: BTreeSet<&str> = graph.writes().iter().map(|(n, _)| n.as_str()).collect();
         for node in graph.node_indices() {
@@ -184,7 +193,7 @@ impl<'g> Program<'g> {
         let types: Option<Vec<TensorType>> = (op.operands.iter())
             .map(|v| self.values.get(v).map(|t| (*t).clone()))
             .collect();
-        types.map_or(0, |types| op.op.workspace_bytes(&types) as u64)
+        types.map_or(0, |types| self.workspaces.workspace_bytes(op.op, &types))
     }
 }
 

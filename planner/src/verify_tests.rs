@@ -187,7 +187,8 @@ fn serial() -> (Graph, Plan) {
 /// Asserts `plan` breaks `rule` with a detail containing every one of `needles`.
 #[track_caller]
 fn rejects(graph: &Graph, plan: &Plan, rule: &str, needles: &[&str]) {
-    let error = verify_plan(graph, plan).expect_err("the plan should be rejected");
+    let error = verify_plan(graph, plan, &crate::testing::TestWorkspaces)
+        .expect_err("the plan should be rejected");
     assert_eq!(error.rule, rule, "{error}");
     for needle in needles {
         assert!(error.detail.contains(needle), "`{needle}` not in: {error}");
@@ -209,7 +210,10 @@ fn serial_rejects(edit: impl FnOnce(&mut Plan), rule: &str, needles: &[&str]) {
 #[test]
 fn the_serial_plan_is_valid() {
     let (graph, plan) = serial();
-    assert_eq!(verify_plan(&graph, &plan), Ok(()));
+    assert_eq!(
+        verify_plan(&graph, &plan, &crate::testing::TestWorkspaces),
+        Ok(())
+    );
 }
 
 #[test]

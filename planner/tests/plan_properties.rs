@@ -13,8 +13,8 @@ use std::error::Error;
 
 use kiln_ir::graph::NodeKind;
 use kiln_ir::{Graph, Op, TensorType};
-use kiln_planner::testing::{graphs, plan_options, recipes, GraphRecipe};
-use kiln_planner::{verify_plan, Buffer, BufferClass, Plan, PlanOptions, Step};
+use kiln_planner::testing::{graphs, plan_options, recipes, GraphRecipe, TestWorkspaces};
+use kiln_planner::{verify_plan, Buffer, BufferClass, Plan, PlanOptions, Step, WorkspaceNeeds};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
@@ -32,8 +32,8 @@ fn check(graph: &Graph, options: &PlanOptions) -> Result<(), Box<dyn Error>> {
     }
     // The planner's plan passes the independent verifier (which also checks arena >= lower
     // bound and that overlapping lifetimes never share a byte, across streams too) ...
-    let plan = kiln_planner::plan(graph, options)?;
-    verify_plan(graph, &plan)?;
+    let plan = kiln_planner::plan(graph, options, &kiln_planner::testing::TestWorkspaces)?;
+    verify_plan(graph, &plan, &kiln_planner::testing::TestWorkspaces)?;
     if plan.arena_bytes < plan.lower_bound_bytes {
         return Err(format!(
             "arena {} below lower bound {}",
@@ -42,7 +42,7 @@ fn check(graph: &Graph, options: &PlanOptions) -> Result<(), Box<dyn Error>> {
         .into());
     }
     // ... and planning is deterministic, byte for byte.
-    let again = kiln_planner::plan(graph, options)?;
+    let again = kiln_planner::plan(graph, options, &kiln_planner::testing::TestWorkspaces)?;
     if plan != again || kiln_planner::dump::to_json(&plan) != kiln_planner::dump::to_json(&again) {
         return Err("planning twice gave different plans".into());
     }
@@ -63,7 +63,7 @@ proptest! {
     #[test]
     fn the_naive_plan_of_every_graph_verifies(graph in graphs(), options in plan_options()) {
         let plan = naive_plan(&graph, &options);
-        if let Err(error) = verify_plan(&graph, &plan) {
+        if let Err(error) = verify_plan(&graph, &plan, &kiln_planner::testing::TestWorkspaces) {
             let text = kiln_ir::print(&graph);
             return Err(TestCaseError::fail(format!("{error}\n{text}")));
         }
@@ -80,13 +80,13 @@ proptest! {
             edit(&mut plan, field, usize::from(index), number);
         }
         // Any verdict will do; a panic fails the test.
-        let _ = verify_plan(&graph, &plan);
+        let _ = verify_plan(&graph, &plan, &kiln_planner::testing::TestWorkspaces);
     }
 
     #[test]
     fn random_plans_are_rejected_without_panicking(graph in graphs(), plan in random_plans()) {
         // Some op never runs, or some value has no buffer, at the very least.
-        let error = verify_plan(&graph, &plan).expect_err("a random plan is not valid");
+        let error = verify_plan(&graph, &plan, &kiln_planner::testing::TestWorkspaces).expect_err("a random plan is not valid");
         prop_assert!(!error.detail.is_empty());
     }
 }
@@ -211,7 +211,7 @@ fn features(graph: &Graph, into: &mut Features) {
         into.views += usize::from(matches!(op, Op::Reshape { .. }));
         into.multi_output += usize::from(weight.outputs.len() > 1);
         into.may_overwrite += usize::from(matches!(op, Op::Add | Op::Mul | Op::Scale { .. }));
-        into.workspaces += usize::from(op.workspace_bytes(&types) > 0);
+        into.workspaces += usize::from(TestWorkspaces.workspace_bytes(op, &types) > 0);
     }
     into.writes += graph.writes().len();
     let inputs: BTreeSet<_> = graph.inputs().iter().map(|(v, ..)| *v).collect();

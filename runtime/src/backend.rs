@@ -14,6 +14,7 @@ use crate::cuda::{CudaDevice, CudaExecutable};
 use crate::error::Result;
 use crate::planned::CpuExecutable;
 use crate::tensor::Tensor;
+use crate::workspaces::Workspaces;
 
 /// How a program runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +46,14 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The scratch this backend's kernels need: what its plans are made for.
+    pub fn workspaces(&self) -> Workspaces {
+        match self {
+            Backend::Cpu => Workspaces::Cpu,
+            Backend::Cuda(_) => Workspaces::Cuda,
+        }
+    }
+
     /// The first CUDA device, or an error saying why none can be used.
     pub fn cuda() -> Result<Self> {
         Ok(Backend::Cuda(CudaDevice::open(0)?))

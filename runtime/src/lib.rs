@@ -30,6 +30,7 @@ mod planned;
 mod program;
 mod storage;
 mod tensor;
+mod workspaces;
 
 pub use backend::{Backend, Executable, RunMode};
 pub use device::Device;
@@ -41,3 +42,4 @@ pub use planned::CpuExecutable;
 pub use program::{lower_for_device, LoweringSummary};
 pub use storage::{Storage, StorageRead, StorageWrite};
 pub use tensor::Tensor;
+pub use workspaces::Workspaces;

@@ -125,7 +125,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         bail!("--device cuda: no CUDA device can be used here: {reason}");
     }
     let graph = build(args.kind, &config, &args.options)?;
-    let planned = plan(&graph, &plan_options)?;
+    let planned = plan(&graph, &plan_options, &kiln_runtime::Workspaces::Cuda)?;
     let device = CudaDevice::open(0)?;
     let (_, total) = device.memory()?;
     let what = format!("{} {}", args.model, args.kind.name());

@@ -39,10 +39,12 @@ pub fn plan(
         build(kind, &config, options).with_context(|| format!("tracing {}", kind.name()))?;
     kiln_ir::verify(&graph).context("the traced graph failed verification")?;
     let started = std::time::Instant::now();
-    let plan = kiln_planner::plan(&graph, plan_options).context("planning")?;
+    let plan = kiln_planner::plan(&graph, plan_options, &kiln_runtime::Workspaces::Any)
+        .context("planning")?;
     let elapsed = started.elapsed();
     if verify {
-        kiln_planner::verify_plan(&graph, &plan).context("the plan failed verification")?;
+        kiln_planner::verify_plan(&graph, &plan, &kiln_runtime::Workspaces::Any)
+            .context("the plan failed verification")?;
     }
     let text = match format {
         PlanFormat::Text => {

@@ -78,12 +78,12 @@ pub fn planner_report(streams: usize, repeats: usize) -> Result<String> {
         let mut planned = None;
         for _ in 0..repeats {
             let started = Instant::now();
-            let plan = kiln_planner::plan(&graph, &plan_options)?;
+            let plan = kiln_planner::plan(&graph, &plan_options, &kiln_runtime::Workspaces::Any)?;
             best = best.min(started.elapsed());
             planned = Some(plan);
         }
         let plan = planned.context("no plan")?;
-        kiln_planner::verify_plan(&graph, &plan)?;
+        kiln_planner::verify_plan(&graph, &plan, &kiln_runtime::Workspaces::Any)?;
         // What one allocation per activation and workspace would take.
         let naive: u64 = plan
             .buffers

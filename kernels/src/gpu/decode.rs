@@ -8,8 +8,8 @@ use crate::Result;
 
 const MODULE: &str = "decode";
 
-/// Cache rows per block of the split kernel (the IR sizes the workspace with it).
-pub const KEY_CHUNK: u64 = kiln_ir::DECODE_KEY_CHUNK as u64;
+/// Cache rows per block of the split kernel.
+pub const KEY_CHUNK: u64 = 64;
 
 /// Chunks of a cache of `capacity` rows.
 pub fn splits(capacity: u64) -> u64 {

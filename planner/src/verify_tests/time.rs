@@ -116,7 +116,10 @@ fn two_readers_plan(x_holds: &[&str], other: &[&str], other_start: usize) -> Pla
 #[test]
 fn aliasing_allows_overwriting_an_operand_at_its_last_read() {
     let plan = two_readers_plan(&["0.0", "2.0"], &["1.0"], 0);
-    assert_eq!(verify_plan(&two_readers(), &plan), Ok(()));
+    assert_eq!(
+        verify_plan(&two_readers(), &plan, &crate::testing::TestWorkspaces),
+        Ok(())
+    );
 }
 
 #[test]
@@ -160,7 +163,10 @@ fn param_update(written: bool) -> (Graph, Plan) {
 #[test]
 fn aliasing_overwrites_a_param_only_when_the_graph_writes_it() {
     let (graph, plan) = param_update(true);
-    assert_eq!(verify_plan(&graph, &plan), Ok(()));
+    assert_eq!(
+        verify_plan(&graph, &plan, &crate::testing::TestWorkspaces),
+        Ok(())
+    );
     let (graph, plan) = param_update(false);
     let needles = [
         "step 0 writes 2.0 over 0.0",
@@ -320,7 +326,10 @@ fn two_streams() -> (Graph, Plan) {
 fn the_two_stream_plan_is_valid() {
     let (graph, plan) = two_streams();
     assert_eq!(plan.events, 2);
-    assert_eq!(verify_plan(&graph, &plan), Ok(()));
+    assert_eq!(
+        verify_plan(&graph, &plan, &crate::testing::TestWorkspaces),
+        Ok(())
+    );
 }
 
 #[test]
@@ -358,7 +367,7 @@ fn happens_before(events: &[(usize, usize, &[usize], &[usize])]) -> order::Happe
         vec![],
         0,
     );
-    let program = Program::read(&g);
+    let program = Program::read(&g, &crate::testing::TestWorkspaces);
     let step_of = check_schedule(&program, &plan).unwrap();
     order::check_events(&program, &plan, &step_of).unwrap()
 }

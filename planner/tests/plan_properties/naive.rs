@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use kiln_ir::graph::NodeKind;
 use kiln_ir::{Alias, Graph, InputKind, TensorType, ValueId};
-use kiln_planner::{Buffer, BufferClass, Plan, PlanOptions, Step};
+use kiln_planner::testing::TestWorkspaces;
+use kiln_planner::{Buffer, BufferClass, Plan, PlanOptions, Step, WorkspaceNeeds};
 
 /// A plan any planner beats: ops in node order on stream 0, no in-place results, every buffer
 /// alive from its first write to the last step at an offset of its own. It is valid by
@@ -102,7 +103,7 @@ pub fn naive_plan(graph: &Graph, options: &PlanOptions) -> Plan {
             };
             buffer_of.insert(value, id);
         }
-        let need = op.workspace_bytes(&types) as u64;
+        let need = TestWorkspaces.workspace_bytes(op, &types);
         if need > 0 {
             add(
                 &mut buffers,

@@ -19,10 +19,12 @@ use crate::device::Device;
 use crate::launch::launch;
 use crate::placed::bytes;
 use crate::tensor::Tensor;
+use crate::workspaces::Workspaces;
+use kiln_planner::WorkspaceNeeds;
 
 /// Runs `op`'s kernels: reads `i` (the operands, by port), overwrites `o` (the results, by
 /// port) and uses `workspace` as scratch; `workspace` holds at least
-/// [`Op::workspace_bytes`] bytes, 8-byte aligned (empty for ops that need none). View ops
+/// [`Workspaces::Cpu`] states for it, 8-byte aligned (empty for ops that need none). View ops
 /// (reshape, transpose, slice) have no kernel: they are layouts, which each caller derives.
 pub(crate) fn run_op(
     op: &Op,
@@ -224,7 +226,11 @@ pub(super) fn run(
         .map(|ty| Tensor::zeros(ty.shape.clone(), ty.dtype, Device::Cpu))
         .collect();
     let operand_types: Vec<TensorType> = operands.iter().map(super::type_of).collect();
-    let workspace_len = op.workspace_bytes(&operand_types);
+    let workspace_len = usize::try_from(Workspaces::Cpu.workspace_bytes(op, &operand_types))
+        .map_err(|_| crate::error::Error::Graph {
+            what: op.to_string(),
+            reason: "its workspace exceeds the address space".to_string(),
+        })?;
     let mut workspace = bytes::aligned_zeros(workspace_len);
     let workspace = bytes::prefix_mut(&mut workspace, workspace_len);
     let inputs: Vec<&Tensor> = operands.iter().collect();

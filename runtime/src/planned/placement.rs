@@ -28,6 +28,8 @@ use petgraph::stable_graph::NodeIndex;
 use crate::error::Result;
 use crate::placed::{check_schedule, describe, map_values, plan_error, Value, ValueLayout};
 use crate::tensor::Tensor;
+use crate::workspaces::Workspaces;
+use kiln_planner::WorkspaceNeeds;
 
 /// Where a buffer's bytes are during a run.
 #[derive(Clone, Debug)]
@@ -233,7 +235,7 @@ impl Placement {
             let operands = (graph.operands(node).iter())
                 .map(|v| graph.value_type(*v).cloned())
                 .collect::<kiln_ir::Result<Vec<TensorType>>>()?;
-            let need = op.workspace_bytes(&operands) as u64;
+            let need = Workspaces::Cpu.workspace_bytes(op, &operands);
             let have = self
                 .workspace
                 .get(&index)

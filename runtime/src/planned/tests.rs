@@ -88,7 +88,7 @@ fn both(
 /// Checks `plan` with the verifier, then the executor with poison against the interpreter.
 #[track_caller]
 fn assert_matches_interpret(graph: &Graph, plan: &Plan, values: &BTreeMap<String, Tensor>) {
-    verify_plan(graph, plan).unwrap();
+    verify_plan(graph, plan, &crate::Workspaces::Any).unwrap();
     let [want, got] = both(graph, plan, values, true);
     assert!(!want.0.is_empty(), "the graph has outputs");
     assert_eq!(got, want);

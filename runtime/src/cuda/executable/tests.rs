@@ -28,7 +28,7 @@ fn add_program(device: &Arc<CudaDevice>) -> CudaExecutable {
     let b = graph.input("b", InputKind::Input, ty).unwrap();
     let sum = graph.op1(Op::Add, &[a, b]).unwrap();
     graph.output("out", sum).unwrap();
-    let planned = plan(&graph, &PlanOptions::default()).unwrap();
+    let planned = plan(&graph, &PlanOptions::default(), &crate::Workspaces::Cuda).unwrap();
     let mut exe = CudaExecutable::new(device, &graph, &planned).unwrap();
     let a: Vec<f32> = (0..32).map(|i| i as f32 * 0.5 - 3.0).collect();
     let b: Vec<f32> = (0..32).map(|i| 7.0 - i as f32 * 0.25).collect();
@@ -80,7 +80,7 @@ fn embedding_program(device: &Arc<CudaDevice>, streams: usize) -> CudaExecutable
         streams,
         ..PlanOptions::default()
     };
-    let planned = plan(&graph, &options).unwrap();
+    let planned = plan(&graph, &options, &crate::Workspaces::Cuda).unwrap();
     let mut exe = CudaExecutable::new(device, &graph, &planned).unwrap();
     let w: Vec<f32> = (0..40).map(|i| i as f32 * 0.25 - 4.0).collect();
     exe.set("w", &Tensor::from_vec(w, [10, 4]).unwrap())

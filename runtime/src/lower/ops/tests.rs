@@ -9,6 +9,8 @@ use super::{lower_op, LowerOptions};
 use crate::error::Error;
 use crate::lower::DeviceTensor;
 use crate::placed::ValueLayout;
+use crate::workspaces::Workspaces;
+use kiln_planner::WorkspaceNeeds;
 
 /// The fault word of the step being lowered: a slot of its own.
 const FAULT: Addr = Addr {
@@ -64,7 +66,7 @@ fn lower_checked(op: &Op, operands: &[TensorType]) -> Vec<Launch> {
         .enumerate()
         .map(|(k, t)| placed((operands.len() + k) as u32, 0, t))
         .collect();
-    let workspace_bytes = op.workspace_bytes(operands) as u64;
+    let workspace_bytes = Workspaces::Cuda.workspace_bytes(op, operands);
     let workspace_slot = (operands.len() + results.len()) as u32;
     let workspace = (workspace_bytes > 0).then_some((
         Addr {

@@ -119,7 +119,7 @@ fn state_is_carried_between_runs_and_replays() {
             streams,
             ..Default::default()
         };
-        let plan = plan(&graph, &options).unwrap();
+        let plan = plan(&graph, &options, &crate::Workspaces::Any).unwrap();
         let mut eager = executable(&graph, &plan, &values);
         let mut replayed = executable(&graph, &plan, &values);
         replayed.capture().unwrap();
@@ -147,7 +147,7 @@ fn state_is_carried_between_runs_and_replays() {
 fn misuse_is_refused_with_errors_naming_the_input() {
     let mut rng = testing::rng("executable_errors");
     let (graph, values) = accumulator(&mut rng);
-    let plan = plan(&graph, &PlanOptions::default()).unwrap();
+    let plan = plan(&graph, &PlanOptions::default(), &crate::Workspaces::Any).unwrap();
     let mut exe = CpuExecutable::new(&graph, &plan).unwrap();
     assert_eq!(exe.captured_launches(), None);
     let err = exe.replay().unwrap_err().to_string();
@@ -211,7 +211,7 @@ fn inputs_written_in_place_start_each_run_from_their_slots() {
     let y = graph.op1(Op::Mul, &[a, s2]).unwrap();
     graph.output("y", y).unwrap();
     graph.write("s", s2).unwrap();
-    let mut plan = plan(&graph, &PlanOptions::default()).unwrap();
+    let mut plan = plan(&graph, &PlanOptions::default(), &crate::Workspaces::Any).unwrap();
     // `a` overwrites the per-run input `x`, `s2` the state `s`: each is its input's last reader.
     in_place(&mut plan, a, x);
     in_place(&mut plan, s2, s);

@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kiln_ir::graph::NodeKind;
 use kiln_ir::{Graph, ValueId};
-use kiln_planner::{Buffer, BufferClass, Plan, PlanOptions, Step};
+use kiln_planner::{Buffer, BufferClass, Plan, PlanOptions, Step, WorkspaceNeeds};
+
+use crate::workspaces::Workspaces;
 
 /// Alignment of the test plans' arena offsets.
 pub const ALIGN: u64 = 256;
@@ -123,7 +125,7 @@ pub fn make_plan(graph: &Graph, specs: &[Spec]) -> Plan {
                     .map(|v| graph.value_type(*v).unwrap().clone())
                     .collect();
                 let step = step_of[&node.index()];
-                (op.workspace_bytes(&types) as u64, step, step)
+                (Workspaces::Any.workspace_bytes(op, &types), step, step)
             }
             None => {
                 let size = spec.values.iter().map(bytes).max().unwrap_or(0);

@@ -1,0 +1,138 @@
+//! The scratch each backend's kernels need, stated to the planner ([`WorkspaceNeeds`]): the
+//! IR and the planner know no device, so the numbers come from here, computed by the kernels'
+//! own size functions where they have one.
+//!
+//! - CPU reference: a bf16 MatMul widens its operands to f32; the attention backward takes one
+//!   row of `S` scores; attention over a cache takes the probabilities `[B,Hq,T,Smax]`.
+//! - CUDA: the GEMM attention backward's dS, masked probs and transposed `grad_out`
+//!   ([`AttentionDims::backward_workspace_bytes`]); decode attention's per-chunk partials
+//!   ([`decode::partials_bytes`]); one rstd per row for the norm backwards; one loss per row
+//!   for cross-entropy. Only f32 activations run there.
+//! - Any: the larger of the two, so one plan runs on either backend.
+
+use kiln_ir::{DType, Op, TensorType};
+use kiln_kernels::gpu::attention::AttentionDims;
+use kiln_kernels::gpu::decode;
+use kiln_planner::WorkspaceNeeds;
+
+/// Whose kernels a plan is made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workspaces {
+    Cpu,
+    Cuda,
+    /// Every backend: a plan either can run.
+    Any,
+}
+
+impl WorkspaceNeeds for Workspaces {
+    fn workspace_bytes(&self, op: &Op, operands: &[TensorType]) -> u64 {
+        match self {
+            Workspaces::Cpu => cpu(op, operands),
+            Workspaces::Cuda => cuda(op, operands),
+            Workspaces::Any => cpu(op, operands).max(cuda(op, operands)),
+        }
+    }
+}
+
+fn dims(operands: &[TensorType], port: usize) -> &[usize] {
+    operands.get(port).map_or(&[][..], |t| t.dims())
+}
+
+fn product(dims: &[usize]) -> u64 {
+    dims.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64))
+}
+
+/// The CPU reference's scratch (`interpret/ops.rs` takes exactly these).
+fn cpu(op: &Op, operands: &[TensorType]) -> u64 {
+    let size = operands.first().map_or(0, |t| t.dtype.size_bytes()) as u64;
+    match op {
+        Op::MatMul { .. } if operands.first().map(|t| t.dtype) == Some(DType::BF16) => {
+            let widened = |t: &TensorType| product(t.dims()).saturating_mul(4);
+            (operands.iter().take(2)).fold(0, |sum, t| sum.saturating_add(widened(t)))
+        }
+        Op::AttentionBackward { .. } => match dims(operands, 1) {
+            &[_, _, keys, _] => (keys as u64).saturating_mul(size),
+            _ => 0,
+        },
+        Op::CachedAttention { .. } => match (dims(operands, 0), dims(operands, 1)) {
+            (&[b, hq, t, _], &[_, _, smax, _]) => product(&[b, hq, t, smax]).saturating_mul(size),
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// The CUDA backend's scratch (the lowering asks for exactly these).
+fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
+    if operands.first().map(|t| t.dtype) != Some(DType::F32) {
+        return 0;
+    }
+    let attention = || match (dims(operands, 0), dims(operands, 1)) {
+        (&[batch, q_heads, q_len, head_dim], &[_, kv_heads, kv_len, _]) => Some(AttentionDims {
+            batch: batch as u64,
+            q_heads: q_heads as u64,
+            kv_heads: kv_heads as u64,
+            q_len: q_len as u64,
+            kv_len: kv_len as u64,
+            head_dim: head_dim as u64,
+        }),
+        _ => None,
+    };
+    let rows = |port: usize| match dims(operands, port).split_last() {
+        Some((_, rest)) => product(rest),
+        None => 0,
+    };
+    match op {
+        Op::AttentionBackward { .. } => attention().map_or(0, |d| d.backward_workspace_bytes()),
+        Op::CachedAttention { .. } => attention().map_or(0, |d| decode::partials_bytes(&d)),
+        Op::RmsNormBackward { .. } | Op::AddRmsNormBackward { .. } | Op::CrossEntropy { .. } => {
+            rows(0).saturating_mul(4)
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32(dims: &[usize]) -> TensorType {
+        TensorType::new(DType::F32, dims).unwrap()
+    }
+
+    #[test]
+    fn each_backend_states_its_own_needs_and_any_takes_the_larger() {
+        let (q, k) = (f32(&[2, 4, 5, 16]), f32(&[2, 2, 5, 16]));
+        let backward = Op::AttentionBackward { scale: 0.25 };
+        let operands = [
+            q.clone(),
+            k.clone(),
+            k.clone(),
+            f32(&[2, 4, 5, 5]),
+            f32(&[2, 5, 4, 16]),
+        ];
+        assert_eq!(Workspaces::Cpu.workspace_bytes(&backward, &operands), 5 * 4);
+        // dS and the masked probs (200 floats, 800 bytes, each rounded up to 1024), then
+        // grad_out [2,4,5,16].
+        let gpu = 2 * 1024 + 2 * 4 * 5 * 16 * 4;
+        assert_eq!(Workspaces::Cuda.workspace_bytes(&backward, &operands), gpu);
+        assert_eq!(Workspaces::Any.workspace_bytes(&backward, &operands), gpu);
+
+        let bf16 = |dims: &[usize]| TensorType::new(DType::BF16, dims).unwrap();
+        let matmul = Op::MatMul {
+            transpose_a: false,
+            transpose_b: true,
+        };
+        let operands = [bf16(&[3, 8]), bf16(&[6, 8])];
+        assert_eq!(
+            Workspaces::Cpu.workspace_bytes(&matmul, &operands),
+            (24 + 48) * 4
+        );
+        assert_eq!(Workspaces::Cuda.workspace_bytes(&matmul, &operands), 0);
+
+        let loss = Op::CrossEntropy { ignore_index: -100 };
+        let operands = [f32(&[7, 97]), TensorType::new(DType::I64, [7]).unwrap()];
+        assert_eq!(Workspaces::Cpu.workspace_bytes(&loss, &operands), 0);
+        assert_eq!(Workspaces::Any.workspace_bytes(&loss, &operands), 28);
+    }
+}
