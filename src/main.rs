@@ -113,6 +113,10 @@ enum Command {
         /// Check the plan with the independent plan verifier.
         #[arg(long)]
         verify: bool,
+        /// Whose kernels the workspaces are sized for: the CPU reference, CUDA (what `kiln
+        /// bench` plans for), or any (the larger need: the plan runs on either).
+        #[arg(long, value_enum, default_value_t = PlanBackend::Any)]
+        backend: PlanBackend,
     },
     /// Time one program on a device: median and p95 per step (device events), tokens/s,
     /// arena vs lower bound, device memory, capture time, launches per step.
@@ -245,6 +249,13 @@ enum Mode {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum EvalDeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PlanBackend {
+    Any,
     Cpu,
     Cuda,
 }
@@ -388,8 +399,14 @@ fn main() -> Result<()> {
             format,
             out,
             verify,
+            backend,
         } => {
             let (kind, options) = program.program();
+            let workspaces = match backend {
+                PlanBackend::Any => kiln_runtime::Workspaces::Any,
+                PlanBackend::Cpu => kiln_runtime::Workspaces::Cpu,
+                PlanBackend::Cuda => kiln_runtime::Workspaces::Cuda,
+            };
             let format = match format {
                 Format::Text => commands::PlanFormat::Text,
                 Format::Json => commands::PlanFormat::Json,
@@ -404,7 +421,7 @@ fn main() -> Result<()> {
                 &program.model,
                 kind,
                 &options,
-                &plan_options,
+                (&plan_options, workspaces),
                 format,
                 out.as_deref(),
                 verify,

@@ -276,3 +276,53 @@ fn plan_writes_to_a_new_file_only() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine");
 }
+
+/// `kiln plan --backend` sizes workspaces for one backend's kernels: with bf16 GEMM inputs the
+/// CPU reference widens each GEMM's operands into a workspace and CUDA's GEMMs need none, so
+/// the CUDA plan's arena is smaller, and a plan for any backend is as large as the larger.
+#[test]
+fn plan_sizes_workspaces_for_the_backend_asked_for() {
+    let arena = |backend: &str| -> (u64, usize) {
+        let args = [
+            "plan",
+            "--model",
+            "tiny",
+            "--program",
+            "train",
+            "--batch",
+            "2",
+            "--seq",
+            "8",
+            "--precision",
+            "bf16-gemm",
+            "--format",
+            "json",
+            "--verify",
+            "--backend",
+            backend,
+        ];
+        let plan: serde_json::Value = serde_json::from_str(&stdout_of(kiln(&args))).unwrap();
+        let workspaces = (plan["buffers"].as_array().unwrap().iter())
+            .filter(|b| b["class"] == "workspace")
+            .count();
+        (plan["arena_bytes"].as_u64().unwrap(), workspaces)
+    };
+    let (any, cpu, cuda) = (arena("any"), arena("cpu"), arena("cuda"));
+    assert!(cuda.0 < cpu.0, "cuda {cuda:?} vs cpu {cpu:?}");
+    assert!(cpu.0 <= any.0 && cuda.0 <= any.0, "any {any:?}");
+    // The CUDA plan keeps the workspaces of its own kernels (norm and loss rows) only.
+    assert!(
+        cuda.1 < any.1 && cuda.1 > 0,
+        "workspaces: cuda {cuda:?}, any {any:?}"
+    );
+    let refused = kiln(&[
+        "plan",
+        "--model",
+        "tiny",
+        "--program",
+        "train",
+        "--backend",
+        "tpu",
+    ]);
+    assert!(!refused.status.success());
+}

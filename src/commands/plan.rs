@@ -7,6 +7,7 @@ use kiln_frontend::hf::safetensors_io::{check_absent, write_file_atomically};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_planner::{dump, PlanOptions};
+use kiln_runtime::Workspaces;
 
 /// How to render a plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,13 +18,14 @@ pub enum PlanFormat {
     Svg,
 }
 
-/// Plans `kind` for `model` and renders it; writes to `out` (which must not exist) or returns
-/// the text to print. With `verify`, the independent plan verifier checks the plan first.
+/// Plans `kind` for `model` with workspaces sized for `workspaces`' kernels and renders it;
+/// writes to `out` (which must not exist) or returns the text to print. With `verify`, the
+/// independent plan verifier checks the plan first.
 pub fn plan(
     model: &str,
     kind: ProgramKind,
     options: &ProgramOptions,
-    plan_options: &PlanOptions,
+    (plan_options, workspaces): (&PlanOptions, Workspaces),
     format: PlanFormat,
     out: Option<&Path>,
     verify: bool,
@@ -39,11 +41,10 @@ pub fn plan(
         build(kind, &config, options).with_context(|| format!("tracing {}", kind.name()))?;
     kiln_ir::verify(&graph).context("the traced graph failed verification")?;
     let started = std::time::Instant::now();
-    let plan = kiln_planner::plan(&graph, plan_options, &kiln_runtime::Workspaces::Any)
-        .context("planning")?;
+    let plan = kiln_planner::plan(&graph, plan_options, &workspaces).context("planning")?;
     let elapsed = started.elapsed();
     if verify {
-        kiln_planner::verify_plan(&graph, &plan, &kiln_runtime::Workspaces::Any)
+        kiln_planner::verify_plan(&graph, &plan, &workspaces)
             .context("the plan failed verification")?;
     }
     let text = match format {
