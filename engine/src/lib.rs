@@ -1,1 +1,7 @@
-//! kiln-engine
+//! kiln-engine: what generation needs around a compiled model — choosing each next token
+//! (sampling) and deciding when a request is done (stop criteria), with the defaults a model
+//! directory's `generation_config.json` carries.
+
+mod error;
+
+pub use error::{Error, Result};
