@@ -3,5 +3,6 @@
 //! directory's `generation_config.json` carries.
 
 mod error;
+pub mod sampling;
 
 pub use error::{Error, Result};
