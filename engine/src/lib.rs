@@ -3,6 +3,9 @@
 //! directory's `generation_config.json` carries.
 
 mod error;
+pub mod sampler;
 pub mod sampling;
+#[cfg(test)]
+mod testing;
 
 pub use error::{Error, Result};
