@@ -3,6 +3,8 @@
 //! directory's `generation_config.json` carries.
 
 mod error;
+pub mod generation_config;
+mod regular_file;
 pub mod sampler;
 pub mod sampling;
 #[cfg(test)]
