@@ -7,6 +7,7 @@ pub mod generation_config;
 mod regular_file;
 pub mod sampler;
 pub mod sampling;
+pub mod stop;
 #[cfg(test)]
 mod testing;
 
