@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
-use crate::files::read_capped;
+use crate::regular_file::read_optional_text;
 
 /// The tokenizer's file in a Hugging Face model directory.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -47,28 +47,39 @@ impl Tokenizer {
     /// The tokenizer of model directory `dir`, or `None` when it has no `tokenizer.json`.
     pub fn from_dir(dir: &Path) -> Result<Option<Tokenizer>> {
         let file = dir.join(TOKENIZER_FILE);
-        match std::fs::symlink_metadata(&file) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            _ => {}
-        }
+        let Some(text) = read_optional_text(&file, TOKENIZER_LIMIT)? else {
+            return Ok(None);
+        };
         let config = dir.join(TOKENIZER_CONFIG_FILE);
-        let config = config.exists().then_some(config);
-        Self::from_files(&file, config.as_deref()).map(Some)
+        let config = read_optional_text(&config, CONFIG_LIMIT)?.map(|text| (config, text));
+        Self::parse(&file, &text, config).map(Some)
     }
 
     /// The tokenizer of `tokenizer.json` at `file`, with `tokenizer_config.json` at `config`.
     pub fn from_files(file: &Path, config: Option<&Path>) -> Result<Tokenizer> {
-        let text = read_capped(file, TOKENIZER_LIMIT)?;
+        let missing = |path: &Path| Error::Io {
+            path: path.display().to_string(),
+            reason: "no such file".to_string(),
+        };
+        let text = read_optional_text(file, TOKENIZER_LIMIT)?.ok_or_else(|| missing(file))?;
+        let config = match config {
+            Some(path) => {
+                let text = read_optional_text(path, CONFIG_LIMIT)?.ok_or_else(|| missing(path))?;
+                Some((path.to_path_buf(), text))
+            }
+            None => None,
+        };
+        Self::parse(file, &text, config)
+    }
+
+    /// The tokenizer of the text of a `tokenizer.json` (read from `file`).
+    fn parse(file: &Path, text: &str, config: Option<(PathBuf, String)>) -> Result<Tokenizer> {
         let inner: tokenizers::Tokenizer =
             text.parse()
                 .map_err(|e: tokenizers::Error| Error::Tokenizer {
                     path: file.display().to_string(),
                     reason: format!("not a tokenizer.json the tokenizers crate reads: {e}"),
                 })?;
-        let config = match config {
-            Some(path) => Some((path.to_path_buf(), read_capped(path, CONFIG_LIMIT)?)),
-            None => None,
-        };
         Self::new(inner, file.display().to_string(), config)
     }
 
