@@ -68,6 +68,22 @@ pub enum Error {
         field: &'static str,
         reason: String,
     },
+
+    // --- generation ---
+    /// A request that cannot be served as given.
+    #[error("bad request: {reason}")]
+    Request { reason: String },
+    /// Generation failed on the way.
+    #[error("generation: {reason}")]
+    Generate { reason: String },
+
+    // --- below ---
+    #[error(transparent)]
+    Frontend(#[from] kiln_frontend::Error),
+    #[error(transparent)]
+    Planner(#[from] kiln_planner::Error),
+    #[error(transparent)]
+    Runtime(#[from] kiln_runtime::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

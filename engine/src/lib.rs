@@ -5,6 +5,7 @@
 
 pub mod chat;
 mod error;
+pub mod generate;
 pub mod generation_config;
 mod regular_file;
 pub mod sampler;

@@ -3,6 +3,7 @@
 mod bench;
 mod compile;
 mod eval;
+mod generate;
 mod init_model;
 mod plan;
 mod planner_report;
@@ -10,6 +11,7 @@ mod planner_report;
 pub use bench::{bench, table as bench_table, BenchArgs};
 pub use compile::compile;
 pub use eval::{eval, EvalDevice, EvalEngine, EvalMode};
+pub use generate::{generate, GenerateArgs, Prompt};
 pub use init_model::init_model;
 pub use plan::{plan, PlanFormat};
 pub use planner_report::planner_report;
