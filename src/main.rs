@@ -97,15 +97,19 @@ enum Command {
         #[arg(long)]
         model: String,
         /// The prompt text (needs the model's tokenizer.json).
-        #[arg(
-            long,
-            conflicts_with = "prompt_ids",
-            required_unless_present = "prompt_ids"
-        )]
+        #[arg(long, conflicts_with_all = ["prompt_ids", "prompts"])]
         prompt: Option<String>,
         /// The prompt as token ids, comma-separated (for models without a tokenizer).
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', conflicts_with = "prompts")]
         prompt_ids: Option<Vec<u32>>,
+        /// Many prompts, run in order: a JSONL file of {"prompt": TEXT} or {"prompt_ids":
+        /// [...]} lines, or a safetensors file of integer vectors prompt.0, prompt.1, ...
+        #[arg(long)]
+        prompts: Option<PathBuf>,
+        /// Write every request's tokens, text, finish reason and latencies, and a P50/P95
+        /// summary, to this JSON file (must not exist).
+        #[arg(long)]
+        json: Option<PathBuf>,
         /// Put the prompt through the model's chat template as a user message.
         #[arg(long)]
         chat: bool,
@@ -390,6 +394,8 @@ fn main() -> Result<()> {
             model,
             prompt,
             prompt_ids,
+            prompts,
+            json,
             chat,
             max_new_tokens,
             temperature,
@@ -404,10 +410,13 @@ fn main() -> Result<()> {
             precision,
             max_seq,
         } => {
-            let prompt = match (prompt, prompt_ids) {
-                (Some(text), _) => commands::Prompt::Text(text),
-                (None, Some(ids)) => commands::Prompt::Ids(ids),
-                (None, None) => anyhow::bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+            let input = match (prompt, prompt_ids, prompts) {
+                (Some(text), _, _) => commands::Input::One(commands::Prompt::Text(text)),
+                (None, Some(ids), _) => commands::Input::One(commands::Prompt::Ids(ids)),
+                (None, None, Some(file)) => commands::Input::File(file),
+                (None, None, None) => {
+                    anyhow::bail!("give --prompt TEXT, --prompt-ids 1,2,3 or --prompts FILE")
+                }
             };
             let backend = match device {
                 EvalDeviceArg::Cpu => kiln_runtime::Backend::Cpu,
@@ -416,7 +425,7 @@ fn main() -> Result<()> {
             commands::generate(commands::GenerateArgs {
                 model,
                 seed,
-                prompt,
+                input,
                 chat,
                 max_new_tokens,
                 sampling: kiln_engine::sampling::SamplingParams {
@@ -435,6 +444,7 @@ fn main() -> Result<()> {
                 },
                 precision: precision.into(),
                 max_seq,
+                json,
             })?;
         }
         Command::Compile { program, print_ir } => {

@@ -42,7 +42,7 @@ fn greedy_ids_from_a_preset_equal_the_oracles_greedy_loop() {
         .collect();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("10 generated (finish reason: length)"),
+        stderr.contains("10 tokens generated (finish reason: length)"),
         "{stderr}"
     );
 
@@ -90,4 +90,86 @@ fn bad_requests_exit_with_a_message() {
         );
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+}
+
+/// `--prompts FILE --json OUT`: every prompt in order, each with what a single run gives it;
+/// the report holds one entry per prompt and a summary; an existing OUT is never replaced.
+#[test]
+fn a_file_of_prompts_writes_a_report_in_prompt_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt_ids\": [5, 17, 42, 8]}\n\n{\"prompt_ids\": [1, 2]}\n{\"prompt_ids\": [9]}\n",
+    )
+    .unwrap();
+    let json = dir.path().join("report.json");
+    let (prompts_arg, json_arg) = (prompts.to_str().unwrap(), json.to_str().unwrap());
+    let common = [
+        "generate",
+        "--model",
+        "tiny",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "6",
+    ];
+    let mut args = common.to_vec();
+    args.extend(["--prompts", prompts_arg, "--json", json_arg]);
+    let out = kiln(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let requests = report["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 3);
+    for (index, (request, ids)) in requests.iter().zip(["5,17,42,8", "1,2", "9"]).enumerate() {
+        assert_eq!(request["index"], index);
+        assert_eq!(request["finish_reason"], "length");
+        let mut single = common.to_vec();
+        single.extend(["--prompt-ids", ids]);
+        let alone = kiln(&single);
+        let alone: Vec<u64> = (String::from_utf8_lossy(&alone.stdout).split_whitespace())
+            .map(|t| t.parse().unwrap())
+            .collect();
+        let tokens: Vec<u64> = (request["tokens"].as_array().unwrap().iter())
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        assert_eq!(tokens, alone, "prompt {index}");
+    }
+    let summary = &report["summary"];
+    assert_eq!(summary["requests"], 3);
+    assert_eq!(summary["generated_tokens"], 18);
+    assert!(
+        summary["total_ms"]["p95"].as_f64().unwrap()
+            >= summary["total_ms"]["p50"].as_f64().unwrap()
+    );
+
+    let before = std::fs::read(&json).unwrap();
+    let again = kiln(&args);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    assert_eq!(
+        std::fs::read(&json).unwrap(),
+        before,
+        "the report is left as it was"
+    );
+
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"prompt\": 3}\n").unwrap();
+    let out = kiln(&[
+        "generate",
+        "--model",
+        "tiny",
+        "--prompts",
+        bad.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("line 1"),
+        "{stderr}"
+    );
 }
