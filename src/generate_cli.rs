@@ -1,0 +1,124 @@
+//! The arguments of `kiln generate` and their reading into the command's own.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use kiln::commands;
+
+use crate::{BenchMode, EvalDeviceArg, Numerics};
+
+/// Continue prompts on compiled programs (see `kiln::commands::generate`).
+#[derive(clap::Args)]
+pub struct GenerateCli {
+    /// A Hugging Face model directory or a preset name.
+    #[arg(long)]
+    model: String,
+    /// The prompt text (needs the model's tokenizer.json).
+    #[arg(long, conflicts_with_all = ["prompt_ids", "prompts"])]
+    prompt: Option<String>,
+    /// The prompt as token ids, comma-separated (for models without a tokenizer).
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompts")]
+    prompt_ids: Option<Vec<u32>>,
+    /// Many prompts, run in order: a JSONL file of {"prompt": TEXT} or {"prompt_ids":
+    /// [...]} lines, or a safetensors file of integer vectors prompt.0, prompt.1, ...
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Write every request's tokens, text, finish reason and latencies, and a P50/P95
+    /// summary, to this JSON file (must not exist).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Put the prompt through the model's chat template as a user message.
+    #[arg(long)]
+    chat: bool,
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Seed of the sampling (and of a preset's random weights).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long)]
+    stop: Vec<String>,
+    #[arg(long, value_enum, default_value_t = EvalDeviceArg::Cpu)]
+    device: EvalDeviceArg,
+    /// eager: every launch issued each step; graph: captured once and replayed.
+    #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
+    mode: BenchMode,
+    #[arg(long, value_enum, default_value_t = Numerics::F32)]
+    precision: Numerics,
+    /// Rows of the KV cache (default: the prompt and --max-new-tokens).
+    #[arg(long)]
+    max_seq: Option<usize>,
+}
+
+impl GenerateCli {
+    pub fn into_args(self) -> Result<commands::GenerateArgs> {
+        let GenerateCli {
+            model,
+            prompt,
+            prompt_ids,
+            prompts,
+            json,
+            chat,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            seed,
+            stop,
+            device,
+            mode,
+            precision,
+            max_seq,
+        } = self;
+        let input = match (prompt, prompt_ids, prompts) {
+            (Some(text), _, _) => commands::Input::One(commands::Prompt::Text(text)),
+            (None, Some(ids), _) => commands::Input::One(commands::Prompt::Ids(ids)),
+            (None, None, Some(file)) => commands::Input::File(file),
+            (None, None, None) => {
+                anyhow::bail!("give --prompt TEXT, --prompt-ids 1,2,3 or --prompts FILE")
+            }
+        };
+        let backend = match device {
+            EvalDeviceArg::Cpu => kiln_runtime::Backend::Cpu,
+            EvalDeviceArg::Cuda => kiln_runtime::Backend::cuda()?,
+        };
+        Ok(commands::GenerateArgs {
+            model,
+            seed,
+            input,
+            chat,
+            max_new_tokens,
+            sampling: kiln_engine::sampling::SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                repetition_penalty,
+                seed,
+            },
+            stop,
+            backend,
+            mode: match mode {
+                BenchMode::Eager => kiln_runtime::RunMode::Eager,
+                BenchMode::Graph => kiln_runtime::RunMode::Graph,
+            },
+            precision: precision.into(),
+            max_seq,
+            json,
+        })
+    }
+}
