@@ -1,0 +1,154 @@
+//! What the host sees of a CUDA executable: synchronization (with the fault words and failed
+//! releases reported), copies of inputs in and outputs out, and its sizes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use kiln_ir::TensorType;
+use kiln_kernels::gpu::Addr;
+
+use super::super::{error, CudaDevice};
+use super::CudaExecutable;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::interpret::type_of;
+use crate::placed::bytes;
+use crate::placed::bytes::read_view;
+use crate::placed::ValueLayout;
+use crate::program::SlotKind;
+use crate::tensor::Tensor;
+
+impl CudaExecutable {
+    /// Waits for everything issued on every stream, then reports what went wrong meanwhile: a
+    /// raised fault word (an invalid index met by a kernel, named by its op; the words are
+    /// cleared) or a failed release of device resources.
+    pub fn synchronize(&self) -> Result<()> {
+        for stream in &self.streams {
+            stream.synchronize().map_err(|e| error("synchronize", e))?;
+        }
+        self.device.check_released()?;
+        self.check_faults()
+    }
+
+    fn check_faults(&self) -> Result<()> {
+        let slot = &self.slots[self.program.fault_slot as usize];
+        let mut words = vec![0i32; slot.bytes / 4];
+        // SAFETY: the slot holds exactly these words; the streams are idle.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut words, slot.ptr) }
+            .map_err(|e| error("read the fault words", e))?;
+        let Some(step) = words.iter().position(|&word| word != 0) else {
+            return Ok(());
+        };
+        // SAFETY: the slot's own range; the streams are idle.
+        unsafe { cudarc::driver::result::memset_d8_sync(slot.ptr, 0, slot.bytes) }
+            .map_err(|e| error("clear the fault words", e))?;
+        let op = (self.program.steps.get(step)).map_or("?", |s| s.op.as_str());
+        Err(Error::DeviceFault {
+            program: self.program.name.clone(),
+            step,
+            op: op.to_string(),
+        })
+    }
+
+    /// The main stream (timing events go there).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.streams[0]
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// Launches per run (kernels, GEMMs and copies).
+    pub fn launches(&self) -> usize {
+        self.program.launch_count()
+    }
+
+    /// Bytes of the arena, and the plan's lower bound of live bytes.
+    pub fn arena_bytes(&self) -> (u64, u64) {
+        (self.program.arena_bytes, self.program.lower_bound_bytes)
+    }
+
+    /// Bytes allocated per slot kind: (params, state, per-run inputs, outputs, arena).
+    pub fn slot_bytes(&self) -> BTreeMap<&'static str, u64> {
+        let mut bytes = BTreeMap::new();
+        for slot in &self.program.slots {
+            let kind = match slot.kind {
+                SlotKind::Arena => "arena",
+                SlotKind::Input(kiln_ir::InputKind::Param) => "params",
+                SlotKind::Input(kiln_ir::InputKind::State) => "state",
+                SlotKind::Input(kiln_ir::InputKind::Input) => "inputs",
+                SlotKind::Output => "outputs",
+                SlotKind::Faults => "fault words",
+            };
+            *bytes.entry(kind).or_insert(0) += slot.bytes;
+        }
+        let workspaces = self.gemm_workspaces.iter().map(|w| w.bytes as u64).sum();
+        bytes.insert("gemm workspaces", workspaces);
+        bytes
+    }
+
+    /// Writes the graph makes in their input's slot, and writes copied back after the run.
+    pub fn writes(&self) -> (&[String], &[String]) {
+        (&self.program.in_place_writes, &self.program.copied_writes)
+    }
+
+    pub(super) fn input(&self, name: &str) -> Result<(u32, &TensorType)> {
+        self.program
+            .inputs
+            .get(name)
+            .map(|(slot, ty)| (*slot, ty))
+            .ok_or_else(|| Error::Graph {
+                what: format!("program `{}`", self.program.name),
+                reason: format!("has no input `{name}`"),
+            })
+    }
+
+    /// Copies `tensor` into the slot of graph input `name` (after the work in flight).
+    pub fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
+        let (slot, ty) = self.input(name)?;
+        if tensor.dtype() != ty.dtype || tensor.shape() != &ty.shape {
+            return Err(Error::InputType {
+                name: name.to_string(),
+                expected: Box::new(ty.clone()),
+                found: Box::new(type_of(tensor)),
+            });
+        }
+        self.index_rules.check(name, tensor)?;
+        let dense = tensor.contiguous()?;
+        let guard = dense.storage().read()?;
+        let size = dense.dtype().size_bytes();
+        let all = bytes::of_data(guard.data());
+        let host = &all[dense.offset() * size..(dense.offset() + dense.numel()) * size];
+        self.synchronize()?;
+        let dst = self.slots[slot as usize].ptr;
+        // SAFETY: the slot holds exactly the input's bytes; the streams are idle.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(dst, host) }
+            .map_err(|e| error(format!("copy input `{name}` to the device"), e))
+    }
+
+    /// A fresh CPU tensor with output `name` (or input slot `name`: a param or state after
+    /// the runs so far), after the work in flight.
+    pub fn get(&self, name: &str) -> Result<Tensor> {
+        let (addr, layout) = match self.program.outputs.get(name) {
+            Some(t) => (t.base, t.layout.clone()),
+            None => {
+                let (slot, ty) = self.input(name)?;
+                (Addr { slot, offset: 0 }, ValueLayout::contiguous(ty))
+            }
+        };
+        self.synchronize()?;
+        let slot = &self.slots[addr.slot as usize];
+        let len = slot.bytes - addr.offset as usize;
+        let mut host = bytes::aligned_zeros(len);
+        let host_bytes = bytes::prefix_mut(&mut host, len);
+        // SAFETY: the range lies inside the slot; the streams are idle.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(host_bytes, self.address(addr)) }
+            .map_err(|e| error(format!("copy `{name}` from the device"), e))?;
+        let source = read_view(host_bytes, &layout)?;
+        let out = Tensor::zeros(layout.shape().clone(), layout.dtype, Device::Cpu);
+        out.write_with(|mut dst| kiln_kernels::copy::copy(&source, &mut dst))??;
+        Ok(out)
+    }
+}
