@@ -112,10 +112,7 @@ impl GenerateCli {
             },
             stop,
             backend,
-            mode: match mode {
-                BenchMode::Eager => kiln_runtime::RunMode::Eager,
-                BenchMode::Graph => kiln_runtime::RunMode::Graph,
-            },
+            mode: mode.into(),
             precision: precision.into(),
             max_seq,
             json,

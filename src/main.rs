@@ -277,6 +277,15 @@ enum BenchMode {
     Graph,
 }
 
+impl From<BenchMode> for kiln_runtime::RunMode {
+    fn from(mode: BenchMode) -> Self {
+        match mode {
+            BenchMode::Eager => kiln_runtime::RunMode::Eager,
+            BenchMode::Graph => kiln_runtime::RunMode::Graph,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Program {
     Prefill,
@@ -380,10 +389,7 @@ fn main() -> Result<()> {
                     ..ProgramOptions::default()
                 },
                 context,
-                mode: match mode {
-                    BenchMode::Eager => kiln_runtime::RunMode::Eager,
-                    BenchMode::Graph => kiln_runtime::RunMode::Graph,
-                },
+                mode: mode.into(),
                 streams,
                 warmup,
                 steps,

@@ -69,6 +69,16 @@ pub enum FinishReason {
     Stop,
 }
 
+impl FinishReason {
+    /// The OpenAI name (`"length"`, `"stop"`), as it is serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+        }
+    }
+}
+
 /// What exactly finished a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopCause {

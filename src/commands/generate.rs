@@ -262,12 +262,7 @@ fn ids_text(ids: &[u32]) -> String {
 
 /// "finish reason: length" or "finish reasons: 3 stop, 1 length".
 fn finish_reasons(records: &[RequestRecord]) -> String {
-    let name = |r: &RequestRecord| {
-        serde_json::to_value(r.finish_reason)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default()
-    };
+    let name = |r: &RequestRecord| r.finish_reason.as_str();
     if let [only] = records {
         return format!("finish reason: {}", name(only));
     }
