@@ -22,6 +22,7 @@ pub mod decode;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemv;
+pub mod linear;
 pub mod loss;
 pub mod norm;
 pub mod optim;
@@ -54,6 +55,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", module!("elementwise.cu")),
     ("embedding", module!("embedding.cu")),
     ("gemv", module!("gemv.cu")),
+    ("linear", module!("linear.cu")),
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cu")),
     ("optim", module!("optim.cu")),

@@ -3,6 +3,7 @@
 
 use super::attention::{AttentionBackward, AttentionDims, AttentionForward};
 use super::gemv::Gemv;
+use super::linear::{LinearGroup, SkinnyLinear};
 use super::norm::RmsNormBackwardRows;
 use super::optim::AdamWHyper;
 use super::rope::RopeDims;
@@ -167,6 +168,26 @@ fn every_launch() -> Vec<Launch> {
         attention::attention_f32(forward, dims, 0.5).unwrap(),
         attention::attention_backward_f32(backward, dims, 0.5).unwrap(),
     ];
+    // Every row bucket of the skinny linear layer, k split (so with its reduce kernel).
+    let group = |slot, n| LinearGroup {
+        w: addr(slot),
+        bias: Some(addr(slot + 1)),
+        out: addr(slot + 2),
+        n,
+        ldo: n,
+    };
+    for m in [1, 2, 4, 8, 16] {
+        let spec = SkinnyLinear {
+            x: addr(0),
+            x_dtype: GemmDType::BF16,
+            m,
+            k: 896,
+            ldx: 896,
+            groups: vec![group(1, 896), group(4, 128)],
+            swiglu: false,
+        };
+        launches.extend(linear::skinny_linear(&spec, Some(addr(9))).unwrap());
+    }
     let kernels = pipelines.into_iter().flatten();
     launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
     for bytes in [2, 4, 8] {

@@ -1,0 +1,393 @@
+// Skinny fused linear layer for decode: y_g[r, j] = sum_k x[r, k] * w_g[j, k] (+ bias_g[j]) for
+// m <= 16 rows and up to three weight groups g sharing x (q/k/v), optionally with the SwiGLU
+// epilogue out = silu(y_0) * y_1 (gate and up). Weights and bias are bf16, accumulation and
+// outputs f32. The builder (kernels/src/gpu/linear.rs) checks every size and alignment.
+//
+// Decode is bound by the weight bytes: every weight byte is read from memory once for all
+// rows, with as many bytes in flight as possible.
+//
+// Threads. A block of 256 threads is 32 teams of 8 lanes (a warp holds 4 teams). A team owns
+// KILN_LINEAR_COLS = 4 "virtual" columns; the block a tile of 128. Virtual columns are the
+// groups' output columns one after the other (group 0's n0, then group 1's, group 2's), or,
+// with SwiGLU, a team's first two are gate columns j0, j0+1 and its last two the up columns
+// j0, j0+1, so that gate and up of one j end in the same thread.
+//
+// Loads. Lane l of a team reads the 16-byte vectors (8 bf16) l, l + 8, l + 16, ... of each of
+// its 4 weight rows, so a team reads 128 contiguous bytes of a row per load instruction (a whole
+// cache line when k is a multiple of 64). Per step a thread issues 4 columns x UNROLL vectors
+// of independent 16-byte loads into registers before its first FMA; a stage's first step is
+// issued before x is staged, so the staging latency hides behind it. UNROLL per row bucket,
+// with the registers ptxas (NVRTC 13.0, sm_90) gives and the blocks per SM they allow:
+//   ROWS  UNROLL  loads/thread  registers  blocks/SM  weight bytes in flight per SM
+//     1      4         16          111         2         128 KB
+//     2      4         16          125         2         128 KB
+//     4      2          8          128         2          64 KB
+//     8      1          4          127         2          32 KB
+//    16      2          8          206         1          32 KB
+// (A larger UNROLL at 4 or 8 rows costs the second block per SM for the same bytes in flight.)
+// Little's law at ~4.3 TB/s over 132 SMs with ~1 us of loaded latency wants ~30 KB per SM.
+//
+// x. The block stages its k range of x in shared memory in stages of stage_k elements (all
+// ROWS rows, f32, already rounded to bf16 when x is f32, zeros in rows m..ROWS), so every weight
+// row meets every row of x from shared memory. The layout keeps each lane's 16-byte reads
+// conflict-free: within every 64 elements (8 vectors), the low halves (elements 0..3) of the 8
+// vectors come first, then the high halves; the 4 teams of a warp read the same addresses
+// (broadcast). The builder keeps ROWS * stage_k * 4 <= 32 KB.
+//
+// Split-K. Block (x, y) covers column tile x and k range [y * split_k, (y + 1) * split_k); the
+// builder's linear_plan picks split_k from the shape alone (enough blocks for the SMs when the
+// columns are few). With one split the block adds bias, applies SwiGLU and writes the outputs.
+// With more, it writes its f32 sums to partial[y][r][virtual column] (gate's columns, then
+// up's, with SwiGLU) and linear_reduce sums the splits in increasing order, adds bias and
+// applies the epilogue.
+//
+// Determinism. Each lane adds its products in increasing k; the 8 lanes of a team combine by a
+// fixed butterfly; splits combine in increasing order. No atomics, nothing depends on timing.
+
+#define KILN_LINEAR_TEAM 8
+#define KILN_LINEAR_COLS 4
+#define KILN_LINEAR_HALF (KILN_LINEAR_COLS / 2)
+
+// The two bf16 values of a 32-bit word as f32 (low half first: little-endian element order).
+__device__ __forceinline__ float kiln_linear_low(unsigned int word) {
+    return __uint_as_float(word << 16);
+}
+__device__ __forceinline__ float kiln_linear_high(unsigned int word) {
+    return __uint_as_float(word & 0xffff0000u);
+}
+
+// Sum over the 8 lanes of a team (every lane of the team gets the same bits).
+__device__ __forceinline__ float kiln_linear_team_sum(float value) {
+    for (int lane_mask = KILN_LINEAR_TEAM / 2; lane_mask > 0; lane_mask >>= 1) {
+        value += __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask);
+    }
+    return value;
+}
+
+__device__ __forceinline__ float kiln_linear_silu_mul(float gate, float up) {
+    float s = gate / (1.0f + expf(-gate));
+    return s * up;
+}
+
+// Where virtual column v of a launch without SwiGLU lands: group g, column j of that group.
+__device__ __forceinline__ void kiln_linear_locate(i64 v, i64 n0, i64 n1, int* g, i64* j) {
+    if (v < n0) {
+        *g = 0;
+        *j = v;
+    } else if (v < n0 + n1) {
+        *g = 1;
+        *j = v - n0;
+    } else {
+        *g = 2;
+        *j = v - n0 - n1;
+    }
+}
+
+// The three groups' outputs, bias pointers, bias flags and leading dims. Fields are picked by
+// selects, never by a runtime array index (which would put the struct in local memory).
+struct KilnLinearOut {
+    float *y0, *y1, *y2;
+    const bf16_bits *b0, *b1, *b2;
+    int has_b0, has_b1, has_b2;
+    i64 ldo0, ldo1, ldo2;
+};
+
+// value + bias_g[j] (widened) when group g has a bias, else value.
+__device__ __forceinline__ float kiln_linear_biased(const KilnLinearOut& out, int g, i64 j,
+                                                    float value) {
+    const bf16_bits* b = g == 0 ? out.b0 : (g == 1 ? out.b1 : out.b2);
+    const int has = g == 0 ? out.has_b0 : (g == 1 ? out.has_b1 : out.has_b2);
+    return has ? value + kiln_bf16_to_f32(b[j]) : value;
+}
+
+// y_g[r, j] = value + bias_g[j].
+__device__ __forceinline__ void kiln_linear_write(const KilnLinearOut& out, int g, i64 r, i64 j,
+                                                  float value) {
+    float* y = g == 0 ? out.y0 : (g == 1 ? out.y1 : out.y2);
+    const i64 ldo = g == 0 ? out.ldo0 : (g == 1 ? out.ldo1 : out.ldo2);
+    y[r * ldo + j] = kiln_linear_biased(out, g, j, value);
+}
+
+// out[r, j] = silu(gate + bias_0[j]) * (up + bias_1[j]), written to y0.
+__device__ __forceinline__ void kiln_linear_write_swiglu(const KilnLinearOut& out, i64 r, i64 j,
+                                                         float gate, float up) {
+    const float a = kiln_linear_biased(out, 0, j, gate);
+    out.y0[r * out.ldo0 + j] = kiln_linear_silu_mul(a, kiln_linear_biased(out, 1, j, up));
+}
+
+// Virtual column c of team `team` with SwiGLU: gate j = team * 2 + c for c < 2, up j for c >= 2.
+__device__ __forceinline__ i64 kiln_linear_swiglu_j(i64 team, int c) {
+    return team * KILN_LINEAR_HALF + (c % KILN_LINEAR_HALF);
+}
+
+// Stages x[0..m, k0..k0 + len) (len a multiple of 8) into `xs` (ROWS rows of stage_k floats in
+// the half-split layout of the header; rows m..ROWS are zeros).
+template <int ROWS>
+__device__ __forceinline__ void kiln_linear_stage(float* xs, const void* x, int x_f32, i64 m,
+                                                  i64 ldx, i64 k0, int len, int stage_k) {
+    const int vecs = len / 8;
+    for (int i = threadIdx.x; i < ROWS * vecs; i += blockDim.x) {
+        const int r = i / vecs;
+        const int v = i % vecs;
+        float e[8];
+        if (r >= m) {
+#pragma unroll
+            for (int t = 0; t < 8; ++t) e[t] = 0.0f;
+        } else if (x_f32) {
+            const float4* row = (const float4*)((const float*)x + r * ldx + k0);
+            const float4 lo = row[2 * v];
+            const float4 hi = row[2 * v + 1];
+            const float raw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int t = 0; t < 8; ++t) e[t] = kiln_bf16_to_f32(kiln_f32_to_bf16(raw[t]));
+        } else {
+            const uint4 q = ((const uint4*)((const bf16_bits*)x + r * ldx + k0))[v];
+            const unsigned int words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                e[2 * t] = kiln_linear_low(words[t]);
+                e[2 * t + 1] = kiln_linear_high(words[t]);
+            }
+        }
+        float* at = xs + r * stage_k + (v / 8) * 64 + (v % 8) * 4;
+        *(float4*)at = make_float4(e[0], e[1], e[2], e[3]);
+        *(float4*)(at + 32) = make_float4(e[4], e[5], e[6], e[7]);
+    }
+}
+
+// wv[c][u] = vector first + lane + 8u of weight row c, for the vectors below `left` of valid
+// columns (zeros elsewhere): COLS x UNROLL independent 16-byte loads.
+template <int UNROLL>
+__device__ __forceinline__ void kiln_linear_load(uint4 (&wv)[KILN_LINEAR_COLS][UNROLL],
+                                                 const uint4* const (&rows)[KILN_LINEAR_COLS],
+                                                 const bool (&valid)[KILN_LINEAR_COLS], i64 first,
+                                                 int lane, int left) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int v = lane + KILN_LINEAR_TEAM * u;
+#pragma unroll
+        for (int c = 0; c < KILN_LINEAR_COLS; ++c) {
+            wv[c][u] = make_uint4(0u, 0u, 0u, 0u);
+            if (valid[c] && v < left) wv[c][u] = rows[c][first + v];
+        }
+    }
+}
+
+// The main kernel's body for ROWS >= m rows and UNROLL vectors per column per step.
+template <int ROWS, int UNROLL>
+__device__ __forceinline__ void kiln_linear_body(
+    const KilnLinearOut& out, float* partial, const bf16_bits* w0, const bf16_bits* w1,
+    const bf16_bits* w2, i64 n0, i64 n1, i64 n2, const void* x, int x_f32, i64 m, i64 k,
+    i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    extern __shared__ float4 kiln_linear_smem[];
+    float* xs = (float*)kiln_linear_smem;
+    const int lane = threadIdx.x % KILN_LINEAR_TEAM;
+    const i64 team = (i64)blockIdx.x * (blockDim.x / KILN_LINEAR_TEAM) +
+                     threadIdx.x / KILN_LINEAR_TEAM;
+    const i64 n_virtual = swiglu ? 2 * n0 : n0 + n1 + n2;
+
+    // This team's weight rows; a column past the end keeps a valid pointer and never loads.
+    const uint4* rows[KILN_LINEAR_COLS];
+    bool valid[KILN_LINEAR_COLS];
+#pragma unroll
+    for (int c = 0; c < KILN_LINEAR_COLS; ++c) {
+        const bf16_bits* w = w0;
+        i64 j = 0;
+        if (swiglu) {
+            j = kiln_linear_swiglu_j(team, c);
+            valid[c] = j < n0;
+            if (c >= KILN_LINEAR_HALF) w = w1;
+        } else {
+            const i64 v = team * KILN_LINEAR_COLS + c;
+            int g = 0;
+            kiln_linear_locate(v, n0, n1, &g, &j);
+            valid[c] = v < n_virtual;
+            w = g == 0 ? w0 : (g == 1 ? w1 : w2);
+        }
+        rows[c] = (const uint4*)(w + (valid[c] ? j : 0) * k);
+    }
+
+    float acc[ROWS][KILN_LINEAR_COLS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+        for (int c = 0; c < KILN_LINEAR_COLS; ++c) acc[r][c] = 0.0f;
+    }
+
+    const int stride = (int)stage_k;  // floats between rows of xs
+    const i64 k_begin = (i64)blockIdx.y * split_k;
+    const i64 k_end = k_begin + split_k < k ? k_begin + split_k : k;
+#pragma unroll 1
+    for (i64 k0 = k_begin; k0 < k_end; k0 += stage_k) {
+        const int len = (int)(k_end - k0 < stage_k ? k_end - k0 : stage_k);
+        const int vecs = len / 8;
+        const i64 first = k0 / 8;  // the stage's first vector within a weight row
+        __syncthreads();  // the previous stage's reads of xs are done
+        // The first step's weights are in flight while x is staged.
+        uint4 wv[KILN_LINEAR_COLS][UNROLL];
+        kiln_linear_load<UNROLL>(wv, rows, valid, first, lane, vecs);
+        kiln_linear_stage<ROWS>(xs, x, x_f32, m, ldx, k0, len, stride);
+        __syncthreads();
+#pragma unroll 1
+        for (int base = 0; base < vecs; base += KILN_LINEAR_TEAM * UNROLL) {
+            if (base > 0) kiln_linear_load<UNROLL>(wv, rows, valid, first + base, lane, vecs - base);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int v = base + lane + KILN_LINEAR_TEAM * u;
+                if (v >= vecs) continue;
+                float wf[KILN_LINEAR_COLS][8];
+#pragma unroll
+                for (int c = 0; c < KILN_LINEAR_COLS; ++c) {
+                    const unsigned int words[4] = {wv[c][u].x, wv[c][u].y, wv[c][u].z,
+                                                   wv[c][u].w};
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) {
+                        wf[c][2 * t] = kiln_linear_low(words[t]);
+                        wf[c][2 * t + 1] = kiln_linear_high(words[t]);
+                    }
+                }
+                // v % 8 == lane: base is a multiple of 8.
+                const float* xv = xs + (v / 8) * 64 + lane * 4;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const float4 lo = *(const float4*)(xv + r * stride);
+                    const float4 hi = *(const float4*)(xv + r * stride + 32);
+                    const float e[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+                    for (int c = 0; c < KILN_LINEAR_COLS; ++c) {
+#pragma unroll
+                        for (int t = 0; t < 8; ++t) acc[r][c] += wf[c][t] * e[t];
+                    }
+                }
+            }
+        }
+    }
+
+    // Every lane of the team gets every sum; lane (r * COLS + c) % 8 stores (r, c).
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+        for (int c = 0; c < KILN_LINEAR_COLS; ++c) acc[r][c] = kiln_linear_team_sum(acc[r][c]);
+    }
+    const bool split = gridDim.y > 1;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+        for (int c = 0; c < KILN_LINEAR_COLS; ++c) {
+            if (r >= m || !valid[c] || (r * KILN_LINEAR_COLS + c) % KILN_LINEAR_TEAM != lane) {
+                continue;
+            }
+            if (swiglu) {
+                const i64 j = kiln_linear_swiglu_j(team, c);
+                if (split) {
+                    const i64 v = c < KILN_LINEAR_HALF ? j : n0 + j;
+                    partial[((i64)blockIdx.y * m + r) * n_virtual + v] = acc[r][c];
+                } else if (c < KILN_LINEAR_HALF) {
+                    kiln_linear_write_swiglu(out, r, j, acc[r][c], acc[r][c + KILN_LINEAR_HALF]);
+                }
+            } else {
+                const i64 v = team * KILN_LINEAR_COLS + c;
+                if (split) {
+                    partial[((i64)blockIdx.y * m + r) * n_virtual + v] = acc[r][c];
+                } else {
+                    int g = 0;
+                    i64 j = 0;
+                    kiln_linear_locate(v, n0, n1, &g, &j);
+                    kiln_linear_write(out, g, r, j, acc[r][c]);
+                }
+            }
+        }
+    }
+}
+
+// The main kernels, one per row bucket (ROWS >= m; the builder picks the smallest). Unused
+// groups have n = 0 and any valid pointers; b_g is read only when has_b_g is nonzero; `partial`
+// is written only with more than one split (gridDim.y > 1).
+#define KILN_LINEAR_OUT                                                                      \
+    const KilnLinearOut out = {y0,     y1,     y2,     b0,   b1,   b2,                       \
+                               has_b0, has_b1, has_b2, ldo0, ldo1, ldo2}
+
+extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* partial,
+                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
+                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
+                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
+                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
+                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    KILN_LINEAR_OUT;
+    kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
+                                split_k, stage_k, swiglu);
+}
+
+extern "C" __global__ void linear_r2(float* y0, float* y1, float* y2, float* partial,
+                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
+                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
+                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
+                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
+                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    KILN_LINEAR_OUT;
+    kiln_linear_body<2, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
+                                split_k, stage_k, swiglu);
+}
+
+extern "C" __global__ void linear_r4(float* y0, float* y1, float* y2, float* partial,
+                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
+                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
+                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
+                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
+                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    KILN_LINEAR_OUT;
+    kiln_linear_body<4, 2>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
+                                split_k, stage_k, swiglu);
+}
+
+extern "C" __global__ void linear_r8(float* y0, float* y1, float* y2, float* partial,
+                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
+                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
+                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
+                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
+                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    KILN_LINEAR_OUT;
+    kiln_linear_body<8, 1>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
+                                split_k, stage_k, swiglu);
+}
+
+extern "C" __global__ void linear_r16(float* y0, float* y1, float* y2, float* partial,
+                                      const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
+                                      const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
+                                      int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
+                                      i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
+                                      i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    KILN_LINEAR_OUT;
+    kiln_linear_body<16, 2>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
+                                split_k, stage_k, swiglu);
+}
+
+// Sums the splits of `partial` ([splits][m][n_virtual]) in increasing order, adds bias and
+// applies the epilogue: one thread per output element (m * n0 with SwiGLU, else m * n_virtual).
+extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const float* partial,
+                                         const bf16_bits* b0, const bf16_bits* b1,
+                                         const bf16_bits* b2, int has_b0, int has_b1,
+                                         int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1,
+                                         i64 ldo2, i64 m, i64 splits, int swiglu) {
+    KILN_LINEAR_OUT;
+    const i64 n_virtual = swiglu ? 2 * n0 : n0 + n1 + n2;
+    const i64 n_out = swiglu ? n0 : n_virtual;
+    KILN_FOR_EACH(i, m * n_out) {
+        const i64 r = i / n_out;
+        const i64 v = i % n_out;
+        const float* at = partial + r * n_virtual + v;
+        const i64 split_stride = m * n_virtual;
+        float sum = at[0];
+        for (i64 s = 1; s < splits; ++s) sum += at[s * split_stride];
+        if (swiglu) {
+            float up = at[n0];
+            for (i64 s = 1; s < splits; ++s) up += at[s * split_stride + n0];
+            kiln_linear_write_swiglu(out, r, v, sum, up);
+        } else {
+            int g = 0;
+            i64 j = 0;
+            kiln_linear_locate(v, n0, n1, &g, &j);
+            kiln_linear_write(out, g, r, j, sum);
+        }
+    }
+}

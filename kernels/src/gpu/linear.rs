@@ -1,0 +1,318 @@
+//! Builder of `linear.cu`: a fused skinny linear layer for decode, `y_g = x · w_gᵀ (+ bias_g)`
+//! for `m ≤ 16` rows and up to three bf16 weight groups sharing `x` (q/k/v in one pass), or
+//! `out = silu(x · gateᵀ) · (x · upᵀ)` (SwiGLU). A candidate beside cuBLASLt: [`SkinnyLinear::fits`]
+//! says whether it takes a shape, so the caller can fall back.
+//!
+//! Cost. With `N = Σ n_g` output columns, the launches move `2·N·K` weight bytes (each read
+//! from memory once for all rows), `M·K·(2|4)` bytes of x per 128-column tile (L2 hits after the
+//! first), `4·M·N` output bytes and, with `s > 1` k splits, `2·4·s·M·N` bytes of partial sums
+//! (written once, read once; a decode layer's partials fit in L2). They do `2·M·N·K` FLOPs: about
+//! `M` FLOPs per weight byte, 1 at `M = 1` (lm_head of Qwen2.5-0.5B: 272 MB of weights,
+//! ~63 µs at 4.3 TB/s) and 16 at `M = 16`. The kernel multiplies with f32 FMAs, not tensor
+//! cores: an H200 does ~67 TFLOP/s of those, ~15.6 per byte of its bandwidth, so `M ≤ 8` is
+//! bound by memory and `M = 16` sits at the ridge (it may trail a tensor-core GEMM there).
+//!
+//! Split rule ([`linear_plan`], a function of the shape alone): a block covers 128 columns;
+//! too few tiles to give an H200's 132 SMs ~4 blocks each also split k, into ranges of a
+//! multiple of 64 elements, no shorter than 128 (each lane then still has two vectors per
+//! column) and no more than `k / (16·m)` of them (partial sums at most a quarter of the weight
+//! bytes).
+
+use super::launch::{all_aligned, grid_dim, grid_stride, size_arg, MAX_GRID_X, MAX_GRID_YZ};
+use super::{Addr, Arg, GemmDType, Kernel, Launch};
+use crate::{Error, Result};
+
+/// The most rows of `x` the kernels take.
+pub const LINEAR_MAX_ROWS: u64 = 16;
+/// The most weight groups of one launch.
+pub const LINEAR_MAX_GROUPS: usize = 3;
+
+const MODULE: &str = "linear";
+const OP: &str = "skinny_linear";
+const THREADS: u32 = 256;
+/// Virtual columns per block: 32 teams of 8 lanes, 4 columns each (`KILN_LINEAR_COLS`).
+const TILE_COLUMNS: u64 = 128;
+/// Blocks worth of work the split rule aims at: 4 per SM of an H200.
+const TARGET_BLOCKS: u64 = 4 * 132;
+/// k ranges are multiples of this (8 lanes × one 8-element vector) ...
+const SPLIT_ALIGN: u64 = 64;
+/// ... and no shorter than this.
+const MIN_SPLIT_K: u64 = 128;
+/// f32 elements of x staged in shared memory at a time, over all rows: 32 KB.
+const STAGE_FLOATS: u64 = 8192;
+const F32_BYTES: u64 = 4;
+
+/// One weight group: `w [n, k]` bf16 row-major (leading dim `k`: Hugging Face's `[out, in]`),
+/// optional `bias [n]` bf16, output `out [m, n]` f32 row-major with `ldo` elements between rows.
+#[derive(Clone, Copy, Debug)]
+pub struct LinearGroup {
+    pub w: Addr,
+    pub bias: Option<Addr>,
+    pub out: Addr,
+    pub n: u64,
+    pub ldo: u64,
+}
+
+/// A fused linear layer over `x [m, k]` (row-major, `ldx` elements between rows; f32 is rounded
+/// to bf16 on load, as the IR's Cast, bf16 is used as is) and 1 to 3 groups. With `swiglu`,
+/// `groups` holds gate then up (equal `n`) and the one output, `silu(gate) · up`, is written to
+/// `groups[0].out` with `groups[0].ldo`; `groups[1].out` and `ldo` are ignored.
+#[derive(Clone, Debug)]
+pub struct SkinnyLinear {
+    pub x: Addr,
+    pub x_dtype: GemmDType,
+    pub m: u64,
+    pub k: u64,
+    pub ldx: u64,
+    pub groups: Vec<LinearGroup>,
+    pub swiglu: bool,
+}
+
+/// How a shape is cut into blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearPlan {
+    /// The kernel's row bucket: the smallest of 1, 2, 4, 8, 16 that holds `m`.
+    pub rows: u64,
+    /// Blocks along the columns (grid x), [`TILE_COLUMNS`] virtual columns each.
+    pub column_tiles: u64,
+    /// Blocks along k (grid y), each over `split_k` elements (the last one's range may be
+    /// shorter); 1 means no partial sums.
+    pub splits: u64,
+    pub split_k: u64,
+    /// Elements of each x row staged in shared memory at a time.
+    pub stage_k: u64,
+}
+
+impl LinearPlan {
+    /// Dynamic shared memory of the main kernel, bytes.
+    pub fn shared_bytes(&self) -> u64 {
+        self.rows * self.stage_k * F32_BYTES
+    }
+}
+
+/// The plan of an `m × k` input against `virtual_columns` (Σ n, or 2n with SwiGLU): a pure
+/// function of the shape (see the module doc), at least one tile and one split for any input.
+pub fn linear_plan(m: u64, k: u64, virtual_columns: u64) -> LinearPlan {
+    let rows = m.clamp(1, LINEAR_MAX_ROWS).next_power_of_two();
+    let column_tiles = virtual_columns.div_ceil(TILE_COLUMNS).max(1);
+    let wanted = TARGET_BLOCKS.div_ceil(column_tiles);
+    let by_k = k / MIN_SPLIT_K;
+    let by_partials = k / (16 * m.max(1));
+    let splits = wanted.min(by_k).min(by_partials).clamp(1, MAX_GRID_YZ);
+    let split_k = k
+        .div_ceil(splits)
+        .next_multiple_of(SPLIT_ALIGN)
+        .max(SPLIT_ALIGN);
+    let stage_k = (STAGE_FLOATS / rows / SPLIT_ALIGN * SPLIT_ALIGN).min(split_k);
+    LinearPlan {
+        rows,
+        column_tiles,
+        // Rounding split_k up may leave the last ranges empty: drop them.
+        splits: k.div_ceil(split_k).max(1),
+        split_k,
+        stage_k,
+    }
+}
+
+fn refuse(argument: &'static str, reason: String) -> Result<()> {
+    Err(Error::Argument {
+        op: OP,
+        argument,
+        reason,
+    })
+}
+
+impl SkinnyLinear {
+    /// Output columns the main kernel computes: the groups' columns one after the other, or
+    /// gate's and up's with SwiGLU.
+    fn virtual_columns(&self) -> u64 {
+        self.groups.iter().map(|g| g.n).sum()
+    }
+
+    /// The cut of this shape (meaningful when it [`fits`](Self::fits)).
+    pub fn plan(&self) -> LinearPlan {
+        linear_plan(self.m, self.k, self.virtual_columns())
+    }
+
+    /// Whether the kernels take this layer; [`check`](Self::check) says why not.
+    pub fn fits(&self) -> bool {
+        self.check().is_ok()
+    }
+
+    /// Ok, or the first rule the layer breaks, naming the argument: 1 to 3 groups (exactly 2
+    /// of equal `n` with SwiGLU), `1 ≤ m ≤ 16`, `k` a positive multiple of 8, `ldx ≥ k` a
+    /// multiple of 8, every `n ≥ 1` with `ldo ≥ n`, x and w 16-byte aligned, bias 2-byte and
+    /// outputs 4-byte aligned.
+    pub fn check(&self) -> Result<()> {
+        let count = self.groups.len();
+        if !(1..=LINEAR_MAX_GROUPS).contains(&count) {
+            return refuse("groups", format!("{count} groups, expected 1 to 3"));
+        }
+        if self.swiglu && (count != 2 || self.groups[0].n != self.groups[1].n) {
+            let sizes: Vec<u64> = self.groups.iter().map(|g| g.n).collect();
+            return refuse(
+                "swiglu",
+                format!("needs 2 groups (gate, up) of equal n, got n = {sizes:?}"),
+            );
+        }
+        if !(1..=LINEAR_MAX_ROWS).contains(&self.m) {
+            return refuse("m", format!("{} rows, expected 1 to 16", self.m));
+        }
+        if self.k == 0 || !self.k.is_multiple_of(8) {
+            return refuse("k", format!("{} is not a positive multiple of 8", self.k));
+        }
+        if self.ldx < self.k || !self.ldx.is_multiple_of(8) {
+            return refuse(
+                "ldx",
+                format!(
+                    "{} must be a multiple of 8 and at least k = {}",
+                    self.ldx, self.k
+                ),
+            );
+        }
+        if !all_aligned(&[self.x], 16) {
+            return refuse("x", format!("{:?} is not 16-byte aligned", self.x));
+        }
+        for (index, group) in self.groups.iter().enumerate() {
+            if group.n == 0 {
+                return refuse("n", format!("group {index} has no columns"));
+            }
+            // With SwiGLU only group 0's output is written.
+            if (!self.swiglu || index == 0) && group.ldo < group.n {
+                let (ldo, n) = (group.ldo, group.n);
+                return refuse("ldo", format!("group {index}: {ldo} is less than n = {n}"));
+            }
+            if !all_aligned(&[group.w], 16) {
+                let w = group.w;
+                return refuse("w", format!("group {index}: {w:?} is not 16-byte aligned"));
+            }
+            if group.bias.is_some_and(|b| !all_aligned(&[b], 2)) {
+                return refuse("bias", format!("group {index}: {:?} is odd", group.bias));
+            }
+            if !all_aligned(&[group.out], 4) {
+                let out = group.out;
+                return refuse(
+                    "out",
+                    format!("group {index}: {out:?} is not 4-byte aligned"),
+                );
+            }
+        }
+        let tiles = self.plan().column_tiles;
+        grid_dim(OP, "columns", tiles, MAX_GRID_X).map(|_| ())
+    }
+
+    /// Bytes of scratch the launches need: the partial sums `[splits][m][virtual columns]` f32
+    /// when k is split, else 0. The caller supplies them (4-byte aligned).
+    pub fn workspace_bytes(&self) -> u64 {
+        let plan = self.plan();
+        if plan.splits > 1 {
+            plan.splits * self.m * self.virtual_columns() * F32_BYTES
+        } else {
+            0
+        }
+    }
+}
+
+/// The main kernel of a row bucket.
+fn main_function(rows: u64) -> &'static str {
+    match rows {
+        1 => "linear_r1",
+        2 => "linear_r2",
+        4 => "linear_r4",
+        8 => "linear_r8",
+        _ => "linear_r16",
+    }
+}
+
+/// The groups' arguments in the C order: outputs, then (after what `between` adds) weights,
+/// biases, bias flags, sizes and leading dims. Missing groups repeat group 0's pointers with
+/// `n = 0` and no bias.
+fn group_args(spec: &SkinnyLinear, between: &[Arg], weights: bool) -> Vec<Arg> {
+    let first = spec.groups[0];
+    let padding = LinearGroup {
+        bias: None,
+        n: 0,
+        ldo: 0,
+        ..first
+    };
+    let groups: Vec<LinearGroup> = (0..LINEAR_MAX_GROUPS)
+        .map(|i| spec.groups.get(i).copied().unwrap_or(padding))
+        .collect();
+    let mut args: Vec<Arg> = groups.iter().map(|g| Arg::Ptr(g.out)).collect();
+    args.extend_from_slice(between);
+    if weights {
+        args.extend(groups.iter().map(|g| Arg::Ptr(g.w)));
+    }
+    // Without a bias the kernel never reads the pointer; pass a valid one all the same.
+    args.extend(groups.iter().map(|g| Arg::Ptr(g.bias.unwrap_or(g.w))));
+    args.extend(groups.iter().map(|g| Arg::I32(i32::from(g.bias.is_some()))));
+    args.extend(groups.iter().map(|g| size_arg(g.n)));
+    args.extend(groups.iter().map(|g| size_arg(g.ldo)));
+    args
+}
+
+/// The launches (1, or 2 with split k) computing `spec`; `workspace` must hold
+/// [`workspace_bytes`](SkinnyLinear::workspace_bytes) (`None` is allowed when that is 0).
+pub fn skinny_linear(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<Vec<Launch>> {
+    spec.check()?;
+    let plan = spec.plan();
+    let split = plan.splits > 1;
+    let partial = match (split, workspace) {
+        (false, _) => spec.groups[0].out, // never written
+        (true, Some(at)) if all_aligned(&[at], 4) => at,
+        (true, at) => {
+            let bytes = spec.workspace_bytes();
+            let reason = format!("{at:?}: {bytes} bytes, 4-byte aligned, are needed");
+            return Err(Error::Argument {
+                op: OP,
+                argument: "workspace",
+                reason,
+            });
+        }
+    };
+    let function = main_function(plan.rows);
+    let grid = (
+        grid_dim(function, "columns", plan.column_tiles, MAX_GRID_X)?,
+        grid_dim(function, "splits", plan.splits, MAX_GRID_YZ)?,
+        1,
+    );
+    let mut args = group_args(spec, &[Arg::Ptr(partial)], true);
+    args.extend([
+        Arg::Ptr(spec.x),
+        Arg::I32(i32::from(spec.x_dtype == GemmDType::F32)),
+        size_arg(spec.m),
+        size_arg(spec.k),
+        size_arg(spec.ldx),
+        size_arg(plan.split_k),
+        size_arg(plan.stage_k),
+        Arg::I32(i32::from(spec.swiglu)),
+    ]);
+    let shared = plan.shared_bytes() as u32; // at most 32 KB
+    let mut launches = vec![Kernel::launch(
+        MODULE,
+        function,
+        grid,
+        (THREADS, 1, 1),
+        shared,
+        args,
+    )];
+    if split {
+        let outputs = if spec.swiglu {
+            spec.groups[0].n
+        } else {
+            spec.virtual_columns()
+        };
+        let mut args = group_args(spec, &[Arg::Ptr(partial)], false);
+        args.extend([
+            size_arg(spec.m),
+            size_arg(plan.splits),
+            Arg::I32(i32::from(spec.swiglu)),
+        ]);
+        launches.push(grid_stride(MODULE, "linear_reduce", spec.m * outputs, args));
+    }
+    Ok(launches)
+}
+
+#[cfg(test)]
+#[path = "linear_tests.rs"]
+mod tests;

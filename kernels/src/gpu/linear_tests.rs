@@ -1,0 +1,278 @@
+//! The skinny linear builder: what it refuses (naming the argument), its split rule, and that
+//! its launches name kernels of `linear.cu` with as many arguments as their signatures.
+
+use super::*;
+use crate::gpu::SOURCES;
+
+fn addr(slot: u32) -> Addr {
+    Addr { slot, offset: 0 }
+}
+
+fn group(slot: u32, n: u64) -> LinearGroup {
+    LinearGroup {
+        w: addr(slot),
+        bias: Some(addr(slot + 1)),
+        out: addr(slot + 2),
+        n,
+        ldo: n,
+    }
+}
+
+/// `x [m, k]` bf16 against groups of `columns[g]` columns.
+fn layer(m: u64, k: u64, columns: &[u64]) -> SkinnyLinear {
+    SkinnyLinear {
+        x: addr(0),
+        x_dtype: GemmDType::BF16,
+        m,
+        k,
+        ldx: k,
+        groups: (0..columns.len())
+            .map(|g| group(1 + 3 * g as u32, columns[g]))
+            .collect(),
+        swiglu: false,
+    }
+}
+
+fn swiglu(m: u64, k: u64, n: u64) -> SkinnyLinear {
+    SkinnyLinear {
+        swiglu: true,
+        ..layer(m, k, &[n, n])
+    }
+}
+
+/// The argument a refused layer's error names (also the builder's, with a workspace given).
+fn refused(spec: &SkinnyLinear) -> &'static str {
+    assert!(!spec.fits(), "{spec:?} fits");
+    let from_builder = skinny_linear(spec, Some(addr(30))).unwrap_err();
+    match (spec.check().unwrap_err(), from_builder) {
+        (Error::Argument { argument, .. }, Error::Argument { argument: same, .. }) => {
+            assert_eq!(argument, same);
+            argument
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn refusals_name_the_argument() {
+    let misaligned = |slot| Addr { slot, offset: 8 };
+    assert!(layer(1, 896, &[896]).fits());
+    assert_eq!(refused(&layer(0, 896, &[896])), "m");
+    assert_eq!(refused(&layer(17, 896, &[896])), "m");
+    assert_eq!(refused(&layer(1, 900, &[896])), "k");
+    assert_eq!(refused(&layer(1, 0, &[896])), "k");
+    assert_eq!(refused(&layer(1, 896, &[])), "groups");
+    assert_eq!(refused(&layer(1, 896, &[8, 8, 8, 8])), "groups");
+    assert_eq!(refused(&layer(1, 896, &[8, 0])), "n");
+    let mut spec = layer(2, 896, &[896]);
+    spec.ldx = 892;
+    assert_eq!(refused(&spec), "ldx");
+    spec.ldx = 900;
+    assert_eq!(refused(&spec), "ldx", "not a multiple of 8");
+    spec.ldx = 904;
+    assert!(spec.fits());
+    spec.x = misaligned(0);
+    assert_eq!(refused(&spec), "x");
+    let mut spec = layer(1, 896, &[896, 128]);
+    spec.groups[1].w = misaligned(4);
+    assert_eq!(refused(&spec), "w");
+    let mut spec = layer(1, 896, &[896, 128]);
+    spec.groups[1].bias = Some(Addr { slot: 5, offset: 1 });
+    assert_eq!(refused(&spec), "bias");
+    spec.groups[1].bias = Some(Addr { slot: 5, offset: 2 });
+    assert!(spec.fits(), "bias needs 2 bytes only");
+    spec.groups[1].out = Addr { slot: 6, offset: 2 };
+    assert_eq!(refused(&spec), "out");
+    spec.groups[1].out = Addr { slot: 6, offset: 4 };
+    spec.groups[1].ldo = 127;
+    assert_eq!(refused(&spec), "ldo");
+    // SwiGLU: gate and up of equal n, nothing else.
+    assert!(swiglu(1, 896, 4864).fits());
+    let lone = SkinnyLinear {
+        swiglu: true,
+        ..layer(1, 896, &[4864])
+    };
+    assert_eq!(refused(&lone), "swiglu");
+    let three = SkinnyLinear {
+        swiglu: true,
+        ..layer(1, 896, &[8, 8, 8])
+    };
+    assert_eq!(refused(&three), "swiglu");
+    let unequal = SkinnyLinear {
+        swiglu: true,
+        ..layer(1, 896, &[8, 16])
+    };
+    assert_eq!(refused(&unequal), "swiglu");
+    // The message names the argument too.
+    let message = layer(17, 896, &[896]).check().unwrap_err().to_string();
+    assert!(
+        message.contains("`m`") && message.contains("17"),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_plan_is_a_pure_function_of_the_shape_with_whole_cuts() {
+    for m in 1..=LINEAR_MAX_ROWS {
+        for k in [8, 64, 136, 896, 1536, 4864, 8960, 1 << 20] {
+            for columns in [1, 127, 128, 1152, 9728, 151_936] {
+                let plan = linear_plan(m, k, columns);
+                assert_eq!(plan, linear_plan(m, k, columns));
+                let at = format!("m {m} k {k} columns {columns}: {plan:?}");
+                assert!(plan.rows >= m && plan.rows.is_power_of_two(), "{at}");
+                assert!(plan.column_tiles * TILE_COLUMNS >= columns, "{at}");
+                assert!((plan.column_tiles - 1) * TILE_COLUMNS < columns, "{at}");
+                assert!(
+                    plan.splits >= 1 && plan.split_k.is_multiple_of(SPLIT_ALIGN),
+                    "{at}"
+                );
+                // Every split has elements; together they cover k.
+                assert!((plan.splits - 1) * plan.split_k < k, "{at}");
+                assert!(plan.splits * plan.split_k >= k, "{at}");
+                if plan.splits > 1 {
+                    assert!(plan.split_k >= MIN_SPLIT_K, "{at}");
+                    // Partial sums (written and read) at most a quarter of the weight bytes.
+                    assert!(16 * plan.splits * m <= k, "{at}");
+                }
+                assert!(plan.stage_k <= plan.split_k, "{at}");
+                assert!(plan.stage_k.is_multiple_of(SPLIT_ALIGN), "{at}");
+                assert!(plan.shared_bytes() <= STAGE_FLOATS * F32_BYTES, "{at}");
+            }
+        }
+    }
+    // Out-of-contract shapes still give a plan of one block.
+    let degenerate = linear_plan(0, 0, 0);
+    assert_eq!((degenerate.column_tiles, degenerate.splits), (1, 1));
+}
+
+#[test]
+fn qwen_decode_shapes_split_as_documented() {
+    // (m, k, virtual columns) -> (column tiles, splits, split_k)
+    let cases = [
+        ((1, 896, 1152), (9, 7, 128)),       // q, k, v
+        ((1, 896, 9728), (76, 7, 128)),      // gate and up
+        ((1, 4864, 896), (7, 38, 128)),      // down
+        ((1, 896, 151_936), (1187, 1, 896)), // lm_head
+        ((16, 896, 1152), (9, 3, 320)),
+        ((16, 4864, 896), (7, 19, 256)),
+        ((1, 8960, 1536), (12, 35, 256)), // 1.5B down
+    ];
+    for ((m, k, columns), expected) in cases {
+        let plan = linear_plan(m, k, columns);
+        assert_eq!(
+            (plan.column_tiles, plan.splits, plan.split_k),
+            expected,
+            "{m} x {k} x {columns}"
+        );
+    }
+    assert_eq!(swiglu(1, 896, 4864).plan(), linear_plan(1, 896, 9728));
+}
+
+#[test]
+fn workspace_is_needed_exactly_when_k_is_split() {
+    let down = layer(1, 4864, &[896]);
+    assert_eq!(down.workspace_bytes(), 38 * 896 * 4);
+    assert_eq!(refused_workspace(&down, None), "workspace");
+    let odd = Addr { slot: 9, offset: 2 };
+    assert_eq!(refused_workspace(&down, Some(odd)), "workspace");
+    assert_eq!(skinny_linear(&down, Some(addr(9))).unwrap().len(), 2);
+    let lm_head = layer(1, 896, &[151_936]);
+    assert_eq!(lm_head.workspace_bytes(), 0);
+    assert_eq!(skinny_linear(&lm_head, None).unwrap().len(), 1);
+}
+
+fn refused_workspace(spec: &SkinnyLinear, workspace: Option<Addr>) -> &'static str {
+    match skinny_linear(spec, workspace) {
+        Err(Error::Argument { argument, .. }) => argument,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The parameter count of `extern "C" __global__ void function(...)` in linear.cu.
+fn parameters(function: &str) -> Option<usize> {
+    let (_, source) = SOURCES.iter().find(|(name, _)| *name == MODULE)?;
+    let head = format!("extern \"C\" __global__ void {function}(");
+    let start = source.find(&head)? + head.len();
+    let params = &source[start..start + source[start..].find(')')?];
+    Some(params.split(',').count())
+}
+
+fn kernels(launches: Vec<Launch>) -> Vec<Kernel> {
+    let kernel = |launch| match launch {
+        Launch::Kernel(kernel) => kernel,
+        other => panic!("{other:?}"),
+    };
+    launches.into_iter().map(kernel).collect()
+}
+
+#[test]
+fn launches_name_linear_kernels_with_their_signatures() {
+    let mut seen = std::collections::BTreeSet::new();
+    for (m, bucket) in [
+        (1, 1),
+        (2, 2),
+        (3, 4),
+        (4, 4),
+        (5, 8),
+        (8, 8),
+        (9, 16),
+        (16, 16),
+    ] {
+        for spec in [
+            layer(m, 896, &[896, 128, 128]),
+            layer(m, 896, &[151_936]),
+            swiglu(m, 896, 4864),
+        ] {
+            let launches = kernels(skinny_linear(&spec, Some(addr(30))).unwrap());
+            let plan = spec.plan();
+            assert_eq!(launches.len(), if plan.splits > 1 { 2 } else { 1 });
+            let main = &launches[0];
+            assert_eq!(main.function, format!("linear_r{bucket}"));
+            assert_eq!(main.grid, (plan.column_tiles as u32, plan.splits as u32, 1));
+            assert_eq!(main.shared_bytes as u64, bucket * plan.stage_k * 4);
+            for kernel in &launches {
+                assert_eq!(kernel.module, "linear");
+                let count = parameters(kernel.function)
+                    .unwrap_or_else(|| panic!("{} is not a kernel of linear.cu", kernel.function));
+                assert_eq!(count, kernel.args.len(), "{}", kernel.function);
+                seen.insert(kernel.function);
+            }
+        }
+    }
+    let (_, source) = SOURCES.iter().find(|(name, _)| *name == MODULE).unwrap();
+    let defined = source.matches("extern \"C\" __global__ void ").count();
+    assert_eq!(seen.len(), defined, "every kernel is reached: {seen:?}");
+}
+
+#[test]
+fn swiglu_writes_group_zero_and_missing_groups_have_no_columns() {
+    // Split: the reduce kernel writes; its first output pointer is gate's.
+    let spec = swiglu(1, 896, 4864);
+    let launches = kernels(skinny_linear(&spec, Some(addr(30))).unwrap());
+    let reduce = &launches[1];
+    assert_eq!(reduce.function, "linear_reduce");
+    assert_eq!(reduce.args[0], Arg::Ptr(spec.groups[0].out));
+    assert_eq!(reduce.args[3], Arg::Ptr(addr(30)));
+    assert_eq!(reduce.args.last(), Some(&Arg::I32(1)));
+    // One group: groups 1 and 2 pass n = 0 and no bias.
+    let spec = layer(1, 896, &[151_936]);
+    let main = &kernels(skinny_linear(&spec, None).unwrap())[0];
+    assert_eq!(
+        &main.args[10..16],
+        &[
+            Arg::I32(1),
+            Arg::I32(0),
+            Arg::I32(0),
+            Arg::I64(151_936),
+            Arg::I64(0),
+            Arg::I64(0)
+        ]
+    );
+    // x as f32 sets the rounding flag.
+    let f32_input = SkinnyLinear {
+        x_dtype: GemmDType::F32,
+        ..spec
+    };
+    let main = &kernels(skinny_linear(&f32_input, None).unwrap())[0];
+    assert_eq!(main.args[19..21], [Arg::Ptr(addr(0)), Arg::I32(1)]);
+}
