@@ -55,6 +55,8 @@ pub struct GenerateCli {
     /// eager: every launch issued each step; graph: captured once and replayed.
     #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
     mode: BenchMode,
+    /// f32, or bf16: bf16 weights and KV caches, f32 activations (bf16-gemm: bf16 GEMM
+    /// inputs over f32 weights).
     #[arg(long, value_enum, default_value_t = Numerics::F32)]
     precision: Numerics,
     /// Rows of the KV cache (default: the prompt and --max-new-tokens).

@@ -89,7 +89,8 @@ enum Command {
         /// Where planned and graph modes run.
         #[arg(long, value_enum, default_value_t = EvalDeviceArg::Cpu)]
         device: EvalDeviceArg,
-        /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
+        /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16: bf16 weights and caches
+        /// (inference).
         #[arg(long, value_enum, default_value_t = Numerics::F32)]
         precision: Numerics,
     },
@@ -145,7 +146,8 @@ enum Command {
         /// when fewer).
         #[arg(long)]
         max_seq: Option<usize>,
-        /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
+        /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16: bf16 weights and caches
+        /// (inference).
         #[arg(long, value_enum, default_value_t = Numerics::F32)]
         precision: Numerics,
         #[arg(long, value_enum, default_value_t = BenchDevice::Cuda)]
@@ -160,9 +162,13 @@ enum Command {
         warmup: usize,
         #[arg(long, default_value_t = 30)]
         steps: usize,
-        /// Use the GEMV kernel for GEMMs of at most 8 rows (a candidate under evaluation).
+        /// Fused linears of at most this many rows run the skinny kernel, larger ones
+        /// cuBLASLt (0: all on cuBLASLt; default 8).
         #[arg(long)]
-        gemv: bool,
+        linear_rows: Option<u64>,
+        /// The fusion pass: on, or off for the unfused reference program.
+        #[arg(long, value_enum, default_value_t = Switch::On)]
+        fusion: Switch,
         /// Also time each step alone once and list the costliest ops (one stream).
         #[arg(long)]
         profile: bool,
@@ -203,9 +209,13 @@ struct ProgramArgs {
     /// when fewer).
     #[arg(long)]
     max_seq: Option<usize>,
-    /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
+    /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16: bf16 weights and caches
+    /// (inference).
     #[arg(long, value_enum, default_value_t = Numerics::F32)]
     precision: Numerics,
+    /// The fusion pass: on, or off for the unfused reference program.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    fusion: Switch,
 }
 
 impl ProgramArgs {
@@ -216,6 +226,7 @@ impl ProgramArgs {
             seq: self.seq,
             max_seq: self.max_seq,
             precision: self.precision.into(),
+            fusion: self.fusion == Switch::On,
             ..ProgramOptions::default()
         };
         (self.program.into(), options)
@@ -224,8 +235,12 @@ impl ProgramArgs {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Numerics {
+    /// f32 weights, activations and GEMMs.
     F32,
+    /// Mixed precision: bf16 GEMM inputs, f32 accumulation and master weights.
     Bf16Gemm,
+    /// Inference: bf16 weights and KV caches, f32 activations and accumulation.
+    Bf16,
 }
 
 impl From<Numerics> for Precision {
@@ -233,8 +248,15 @@ impl From<Numerics> for Precision {
         match numerics {
             Numerics::F32 => Precision::F32,
             Numerics::Bf16Gemm => Precision::Bf16Gemm,
+            Numerics::Bf16 => Precision::Bf16,
         }
     }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -372,7 +394,8 @@ fn main() -> Result<()> {
             streams,
             warmup,
             steps,
-            gemv,
+            linear_rows,
+            fusion,
             profile,
             seed,
             json,
@@ -386,6 +409,7 @@ fn main() -> Result<()> {
                     seq,
                     max_seq,
                     precision: precision.into(),
+                    fusion: fusion == Switch::On,
                     ..ProgramOptions::default()
                 },
                 context,
@@ -393,7 +417,7 @@ fn main() -> Result<()> {
                 streams,
                 warmup,
                 steps,
-                gemv,
+                linear_rows,
                 profile,
             };
             let result = commands::bench(&args)?;

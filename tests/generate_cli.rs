@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::model::{forward, Eager};
 use kiln_frontend::Var;
+use kiln_ir::DType;
 use kiln_runtime::Tensor;
 
 fn kiln(args: &[&str]) -> Output {
@@ -46,7 +47,10 @@ fn greedy_ids_from_a_preset_equal_the_oracles_greedy_loop() {
         "{stderr}"
     );
 
-    let (config, loaded) = ModelSource::resolve("tiny").unwrap().load(0).unwrap();
+    let (config, loaded) = ModelSource::resolve("tiny")
+        .unwrap()
+        .load(0, DType::F32)
+        .unwrap();
     let mut sequence = prompt.to_vec();
     for _ in 0..10 {
         let t = sequence.len();

@@ -137,6 +137,13 @@ pub enum Error {
         value: usize,
         reason: String,
     },
+    /// A precision the program cannot be built in.
+    #[error("--precision {precision} cannot build the {program} program: {reason}")]
+    ProgramPrecision {
+        precision: &'static str,
+        program: &'static str,
+        reason: &'static str,
+    },
 
     // --- below ---
     /// An IR error while tracing a program (boxed: it carries op text).

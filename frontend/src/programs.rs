@@ -41,22 +41,22 @@ fn i64_input(graph: &mut Graph, name: &str, dims: &[usize]) -> Result<ValueId> {
     Ok(graph.input(name, InputKind::Input, TensorType::new(DType::I64, dims)?)?)
 }
 
-/// Every parameter as an f32 Param input under its Hugging Face name.
-fn params(graph: &mut Graph, config: &ModelConfig) -> Result<ModelWeights<ValueId>> {
+/// Every parameter as a Param input of `dtype` under its Hugging Face name.
+fn params(graph: &mut Graph, config: &ModelConfig, dtype: DType) -> Result<ModelWeights<ValueId>> {
     ModelWeights::build(config, |name, dims| {
-        Ok(graph.input(name, InputKind::Param, TensorType::new(DType::F32, dims)?)?)
+        Ok(graph.input(name, InputKind::Param, TensorType::new(dtype, dims)?)?)
     })
 }
 
-/// The per-layer KV cache states `cache.{k,v}.{layer}`, `[B,Hkv,rows,D]` f32.
+/// The per-layer KV cache states `cache.{k,v}.{layer}`, `[B,Hkv,rows,D]` of `dtype`.
 fn caches(
     graph: &mut Graph,
     config: &ModelConfig,
-    batch: usize,
-    rows: usize,
+    (batch, rows): (usize, usize),
+    dtype: DType,
 ) -> Result<Vec<LayerCache>> {
     let ty = TensorType::new(
-        DType::F32,
+        dtype,
         [batch, config.num_key_value_heads, rows, config.head_dim],
     )?;
     (0..config.num_hidden_layers)
@@ -72,19 +72,30 @@ fn caches(
         .collect()
 }
 
-/// Builds program `kind` for `config`, after [`ProgramOptions::validate`].
+/// Builds program `kind` for `config`, after [`ProgramOptions::validate`], fused unless
+/// `options.fusion` is off.
 pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> Result<Graph> {
+    let traced = trace(kind, config, options)?;
+    match options.fusion {
+        true => Ok(kiln_ir::fuse(&traced)?),
+        false => Ok(traced),
+    }
+}
+
+/// Program `kind` as the model code traces it.
+fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> Result<Graph> {
     options.validate(kind, config)?;
     let mut graph = Graph::new(kind.name());
     let (batch, seq) = (options.batch, options.seq);
     let rows = options.cache_rows(kind, config).unwrap_or(0);
-    let weights = params(&mut graph, config)?;
+    let stored = options.precision.weight_dtype();
+    let weights = params(&mut graph, config, stored)?;
     match kind {
         ProgramKind::Prefill => {
             let tokens = i64_input(&mut graph, "tokens", &[batch, seq])?;
             let positions = i64_input(&mut graph, "positions", &[batch, seq])?;
             let cache_positions = i64_input(&mut graph, "cache_positions", &[batch])?;
-            let caches = caches(&mut graph, config, batch, rows)?;
+            let caches = caches(&mut graph, config, (batch, rows), stored)?;
             let mode = AttentionMode::FillCache {
                 caches,
                 positions: cache_positions,
@@ -97,7 +108,7 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
         ProgramKind::Decode => {
             let tokens = i64_input(&mut graph, "tokens", &[batch, 1])?;
             let positions = i64_input(&mut graph, "positions", &[batch])?;
-            let caches = caches(&mut graph, config, batch, rows)?;
+            let caches = caches(&mut graph, config, (batch, rows), stored)?;
             let mode = AttentionMode::ReadCache { caches, positions };
             let tracer = Tracer::new(graph, mode, options.precision);
             let rope_positions = tracer.graph().op1(

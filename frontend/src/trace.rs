@@ -71,6 +71,15 @@ impl Tracer {
         Ok(self.graph.borrow_mut().op1(op, operands)?)
     }
 
+    /// `value` as `dtype`: itself when it has that dtype, else a `Cast`.
+    fn cast_to(&self, value: ValueId, dtype: kiln_ir::DType) -> Result<ValueId> {
+        if self.graph.borrow().value_type(value)?.dtype == dtype {
+            Ok(value)
+        } else {
+            self.op1(Op::Cast { to: dtype }, &[value])
+        }
+    }
+
     /// Writes `k`, `v` into layer `layer`'s cache at `positions` and makes the updated caches
     /// the new content of their states; returns them.
     fn write_cache(
@@ -122,13 +131,9 @@ impl Ops for Tracer {
         let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
         let outputs = self.dims(weight).first().copied().unwrap_or(0);
         let flat = self.reshape(x, &[rows, features])?;
-        let dtype = self.graph.borrow().value_type(flat)?.dtype;
         let (flat, weight) = match self.precision.gemm_dtype() {
-            Some(gemm) if gemm != dtype => {
-                let flat = self.op1(Op::Cast { to: gemm }, &[flat])?;
-                (flat, self.op1(Op::Cast { to: gemm }, &[*weight])?)
-            }
-            _ => (flat, *weight),
+            Some(gemm) => (self.cast_to(flat, gemm)?, self.cast_to(*weight, gemm)?),
+            None => (flat, *weight),
         };
         let mut out = self.op1(
             Op::MatMul {

@@ -357,6 +357,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::SoftmaxBackward
         | Op::CrossEntropyBackward { .. }
         | Op::AdamW(_)
+        | Op::Linear { .. }
         | Op::Slice { .. } => {
             return Err(site.error("has no gradient rule but is on the path to the loss"))
         }

@@ -4,11 +4,16 @@
 //! Layout conventions (the CPU reference kernels' and the GPU kernels'): activations are
 //! row-major; attention takes `q [B,Hq,T,D]`, `k`/`v [B,Hkv,S,D]` and returns `[B,T,Hq,D]`;
 //! RoPE turns `[B,T,H,D]` into `[B,H,T,D]`; caches are `[B,Hkv,Smax,D]`.
+//!
+//! Stored operands: an op computing in f32 may take its weights, biases and caches in bf16
+//! (RMSNorm weights, RoPE and Add biases, KV caches, the embedding table; [`stores`]), read
+//! widened and written rounded, as bf16 inference keeps them.
 
 mod index_range;
 mod typing;
 
 pub use index_range::IndexRange;
+pub use typing::{stores, LINEAR_MAX_GROUPS};
 
 use std::fmt;
 
@@ -97,6 +102,13 @@ pub enum Op {
     },
     /// `(a) -> a` materialized row-major.
     Contiguous,
+    /// A fused linear layer, made by the fusion pass (`crate::fuse`), never traced:
+    /// `(x [M,K], w_0 [N_0,K], …, w_{G-1} [N_{G-1},K], then bias_g [N_g] for each g with
+    /// biases[g]) -> y_g = bf16(x)·w_gᵀ (+ bias_g) [M,N_g] f32, one per group`, or with
+    /// `swiglu` (G = 2, N_0 = N_1) the one result `silu(y_0)·y_1`. Weights are bf16; x is f32
+    /// (rounded to bf16 first: the folded Cast) or bf16; biases are stored operands. Equal to
+    /// its unfused ops: Cast, MatMul with transpose_b, Add, SwiGlu.
+    Linear { biases: Vec<bool>, swiglu: bool },
 }
 
 /// How an op's result relates to its operands' storage (what the planner may do).
@@ -144,6 +156,7 @@ impl Op {
             Op::Transpose { .. } => "transpose",
             Op::Slice { .. } => "slice",
             Op::Contiguous => "contiguous",
+            Op::Linear { .. } => "linear",
         }
     }
 
@@ -192,6 +205,13 @@ impl Op {
                 ("start", start.to_string()),
                 ("end", end.to_string()),
             ],
+            Op::Linear { biases, swiglu } => {
+                let biases: Vec<String> = biases.iter().map(bool::to_string).collect();
+                vec![
+                    ("biases", format!("[{}]", biases.join(","))),
+                    ("swiglu", swiglu.to_string()),
+                ]
+            }
             Op::Embedding
             | Op::Add
             | Op::Mul

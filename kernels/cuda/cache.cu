@@ -2,10 +2,11 @@
 // cache [B,H,Smax,D] are overwritten by new [B,H,T,D]. The positions are a device input, so
 // one captured graph serves every decode step. A block that would not fit the cache is
 // skipped and raises the fault word.
-extern "C" __global__ void kv_cache_write_f32(float* cache, const float* fresh,
-                                              const i64* positions, i64 batch, i64 heads,
-                                              i64 capacity, i64 block, i64 head_dim,
-                                              int* fault) {
+// The cache C is f32 or bf16 (new rows rounded into a bf16 cache); `fresh` is f32.
+template <typename C>
+__device__ void kiln_kv_cache_write(C* cache, const float* fresh, const i64* positions,
+                                    i64 batch, i64 heads, i64 capacity, i64 block, i64 head_dim,
+                                    int* fault) {
     const i64 n = batch * heads * block * head_dim;
     KILN_FOR_EACH(index, n) {
         const i64 d = index % head_dim;
@@ -16,6 +17,20 @@ extern "C" __global__ void kv_cache_write_f32(float* cache, const float* fresh,
             kiln_raise(fault);
             continue;
         }
-        cache[(bh * capacity + start + t) * head_dim + d] = fresh[index];
+        kiln_store(cache, (bh * capacity + start + t) * head_dim + d, fresh[index]);
     }
+}
+
+extern "C" __global__ void kv_cache_write_f32(float* cache, const float* fresh,
+                                              const i64* positions, i64 batch, i64 heads,
+                                              i64 capacity, i64 block, i64 head_dim,
+                                              int* fault) {
+    kiln_kv_cache_write(cache, fresh, positions, batch, heads, capacity, block, head_dim, fault);
+}
+
+extern "C" __global__ void kv_cache_write_f32_bf16(bf16_bits* cache, const float* fresh,
+                                                   const i64* positions, i64 batch, i64 heads,
+                                                   i64 capacity, i64 block, i64 head_dim,
+                                                   int* fault) {
+    kiln_kv_cache_write(cache, fresh, positions, batch, heads, capacity, block, head_dim, fault);
 }

@@ -28,6 +28,18 @@ __device__ __forceinline__ bf16_bits kiln_f32_to_bf16(float value) {
     return (bf16_bits)(x >> 16);
 }
 
+// Stored operands (weights, biases, caches) of kernels that compute in f32: f32 as is, or
+// bf16 widened exactly where read and rounded to nearest even where written. Kernels that take
+// either are templates over the stored type, instantiated once per dtype.
+__device__ __forceinline__ float kiln_load(const float* p, i64 i) { return p[i]; }
+__device__ __forceinline__ float kiln_load(const bf16_bits* p, i64 i) {
+    return kiln_bf16_to_f32(p[i]);
+}
+__device__ __forceinline__ void kiln_store(float* p, i64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void kiln_store(bf16_bits* p, i64 i, float v) {
+    p[i] = kiln_f32_to_bf16(v);
+}
+
 // Sum over a warp by butterfly (every lane gets the same bits: the pairing is fixed).
 __device__ __forceinline__ float kiln_warp_sum(float value) {
     for (int lane_mask = KILN_WARP / 2; lane_mask > 0; lane_mask >>= 1) {

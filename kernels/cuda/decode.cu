@@ -12,13 +12,12 @@ extern __shared__ float kiln_shared[];
 
 // One block per (chunk, query head, b·T + t); dynamic shared memory: (D + chunk + blockDim)
 // floats. Needs D <= blockDim.
-extern "C" __global__ void cached_attention_split_f32(float* partials, const float* q,
-                                                      const float* k_cache,
-                                                      const float* v_cache,
-                                                      const i64* positions, i64 q_heads,
-                                                      i64 kv_heads, i64 q_len, i64 capacity,
-                                                      i64 head_dim, i64 chunk, float scale,
-                                                      int* fault) {
+// The caches C are f32 or bf16 (stored operands, widened where read).
+template <typename C>
+__device__ void kiln_cached_attention_split(float* partials, const float* q, const C* k_cache,
+                                            const C* v_cache, const i64* positions, i64 q_heads,
+                                            i64 kv_heads, i64 q_len, i64 capacity, i64 head_dim,
+                                            i64 chunk, float scale, int* fault) {
     const i64 split = blockIdx.x, h = blockIdx.y, row = blockIdx.z;
     const i64 splits = gridDim.x;
     const i64 b = row / q_len, t = row % q_len;
@@ -42,9 +41,9 @@ extern "C" __global__ void cached_attention_split_f32(float* partials, const flo
     __syncthreads();
     // One thread per key: its whole row, loads independent of each other.
     for (i64 i = threadIdx.x; i < count; i += blockDim.x) {
-        const float* key = k_cache + kv_first + (first + i) * head_dim;
+        const C* key = k_cache + kv_first + (first + i) * head_dim;
         float dot = 0.0f;
-        for (i64 d = 0; d < head_dim; ++d) dot += q_shared[d] * key[d];
+        for (i64 d = 0; d < head_dim; ++d) dot += q_shared[d] * kiln_load(key, d);
         weights[i] = dot * scale;
     }
     __syncthreads();
@@ -63,7 +62,7 @@ extern "C" __global__ void cached_attention_split_f32(float* partials, const flo
     float acc = 0.0f;
     if (g < groups) {
         for (i64 i = g; i < count; i += groups) {
-            acc += weights[i] * v_cache[kv_first + (first + i) * head_dim + d];
+            acc += weights[i] * kiln_load(v_cache, kv_first + (first + i) * head_dim + d);
         }
     }
     partial[threadIdx.x] = acc;
@@ -77,6 +76,25 @@ extern "C" __global__ void cached_attention_split_f32(float* partials, const flo
         out[0] = m;
         out[1] = l;
     }
+}
+
+extern "C" __global__ void cached_attention_split_f32(float* partials, const float* q,
+                                                      const float* k_cache,
+                                                      const float* v_cache,
+                                                      const i64* positions, i64 q_heads,
+                                                      i64 kv_heads, i64 q_len, i64 capacity,
+                                                      i64 head_dim, i64 chunk, float scale,
+                                                      int* fault) {
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, q_heads, kv_heads,
+                                q_len, capacity, head_dim, chunk, scale, fault);
+}
+
+extern "C" __global__ void cached_attention_split_f32_bf16(
+    float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
+    const i64* positions, i64 q_heads, i64 kv_heads, i64 q_len, i64 capacity, i64 head_dim,
+    i64 chunk, float scale, int* fault) {
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, q_heads, kv_heads,
+                                q_len, capacity, head_dim, chunk, scale, fault);
 }
 
 // One block per (query head, b·T + t): out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M),

@@ -35,6 +35,12 @@ extern "C" __global__ void add_f32(float* out, const float* a, const float* b, i
     kiln_binary(out, a, b, n, b_len, KilnAdd());
 }
 
+// out = a + b[i % b_len] with a bf16 b (a bias stored in bf16).
+extern "C" __global__ void add_f32_bf16(float* out, const float* a, const bf16_bits* b, i64 n,
+                                        i64 b_len) {
+    KILN_FOR_EACH(i, n) { out[i] = a[i] + kiln_load(b, i % b_len); }
+}
+
 extern "C" __global__ void add_f32_vec4(float4* out, const float4* a, const float4* b, i64 n4,
                                         i64 b_len4) {
     kiln_binary_vec4(out, a, b, n4, b_len4, KilnAdd());

@@ -14,6 +14,20 @@ extern "C" __global__ void embedding_f32(float* out, const float* weight, const 
     }
 }
 
+// The same gather from a bf16 table into f32 rows (widened exactly).
+extern "C" __global__ void embedding_bf16(float* out, const bf16_bits* weight, const i64* ids,
+                                          i64 tokens, i64 hidden, i64 vocab, int* fault) {
+    const i64 n = blockIdx.x;
+    if (n >= tokens) return;
+    const i64 id = ids[n];
+    const bool valid = id >= 0 && id < vocab;
+    if (!valid && threadIdx.x == 0) kiln_raise(fault);
+    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
+        out[n * hidden + j] =
+            valid ? kiln_bf16_to_f32(weight[id * hidden + j]) : __int_as_float(0x7fc00000);
+    }
+}
+
 // grad_weight [V,H] = 0 everywhere (the first of the backward's two launches).
 extern "C" __global__ void zero_f32(float* out, i64 n) {
     KILN_FOR_EACH(i, n) { out[i] = 0.0f; }

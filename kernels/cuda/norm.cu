@@ -6,8 +6,10 @@ __device__ __forceinline__ float kiln_inverse_rms(float sum_of_squares, i64 hidd
     return 1.0f / sqrtf(mean + eps);
 }
 
-extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* weight, i64 rows,
-                                       i64 hidden, float eps) {
+// The weight W is f32 or bf16 (a stored operand); x, residual and the results are f32.
+template <typename W>
+__device__ void kiln_rmsnorm(float* out, const float* x, const W* weight, i64 rows, i64 hidden,
+                             float eps) {
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
     if (row >= rows) return;
@@ -16,14 +18,25 @@ extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* 
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) sum += x_row[j] * x_row[j];
     const float rstd = kiln_inverse_rms(kiln_block_sum(sum, scratch), hidden, eps);
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        out[row * hidden + j] = (x_row[j] * rstd) * weight[j];
+        out[row * hidden + j] = (x_row[j] * rstd) * kiln_load(weight, j);
     }
 }
 
+extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* weight, i64 rows,
+                                       i64 hidden, float eps) {
+    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
+}
+
+extern "C" __global__ void rmsnorm_f32_bf16(float* out, const float* x, const bf16_bits* weight,
+                                            i64 rows, i64 hidden, float eps) {
+    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
+}
+
 // sum = x + residual; out = rmsnorm(sum). Each thread re-reads only the sums it wrote.
-extern "C" __global__ void add_rmsnorm_f32(float* sum_out, float* out, const float* x,
-                                           const float* residual, const float* weight, i64 rows,
-                                           i64 hidden, float eps) {
+template <typename W>
+__device__ void kiln_add_rmsnorm(float* sum_out, float* out, const float* x,
+                                 const float* residual, const W* weight, i64 rows, i64 hidden,
+                                 float eps) {
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
     if (row >= rows) return;
@@ -35,8 +48,20 @@ extern "C" __global__ void add_rmsnorm_f32(float* sum_out, float* out, const flo
     }
     const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), hidden, eps);
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        out[row * hidden + j] = (sum_out[row * hidden + j] * rstd) * weight[j];
+        out[row * hidden + j] = (sum_out[row * hidden + j] * rstd) * kiln_load(weight, j);
     }
+}
+
+extern "C" __global__ void add_rmsnorm_f32(float* sum_out, float* out, const float* x,
+                                           const float* residual, const float* weight, i64 rows,
+                                           i64 hidden, float eps) {
+    kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
+}
+
+extern "C" __global__ void add_rmsnorm_f32_bf16(float* sum_out, float* out, const float* x,
+                                                const float* residual, const bf16_bits* weight,
+                                                i64 rows, i64 hidden, float eps) {
+    kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
 }
 
 // Per row: grad_x = rstd * w * g - x * rstd^3 * sum(g * w * x) / H (+ grad_sum when given),

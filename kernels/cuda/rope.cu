@@ -12,9 +12,11 @@ __device__ __forceinline__ void kiln_rope_angle(float theta, i64 position, i64 i
 }
 
 // x [B,T,H,D] (+ bias [H*D] when `has_bias`), positions [B,T] i64 -> out [B,H,T,D].
-extern "C" __global__ void rope_f32(float* out, const float* x, const i64* positions,
-                                    const float* bias, int has_bias, i64 batch, i64 seq,
-                                    i64 heads, i64 head_dim, float theta, int* fault) {
+// The bias B is f32 or bf16 (a stored operand).
+template <typename B>
+__device__ void kiln_rope(float* out, const float* x, const i64* positions, const B* bias,
+                          int has_bias, i64 batch, i64 seq, i64 heads, i64 head_dim, float theta,
+                          int* fault) {
     const i64 half = head_dim / 2;
     const i64 pairs = batch * seq * heads * half;
     KILN_FOR_EACH(index, pairs) {
@@ -31,12 +33,24 @@ extern "C" __global__ void rope_f32(float* out, const float* x, const i64* posit
         float lo = x[src + i];
         float hi = x[src + i + half];
         if (has_bias) {
-            lo += bias[h * head_dim + i];
-            hi += bias[h * head_dim + i + half];
+            lo += kiln_load(bias, h * head_dim + i);
+            hi += kiln_load(bias, h * head_dim + i + half);
         }
         out[dst + i] = lo * cos_a - hi * sin_a;
         out[dst + i + half] = hi * cos_a + lo * sin_a;
     }
+}
+
+extern "C" __global__ void rope_f32(float* out, const float* x, const i64* positions,
+                                    const float* bias, int has_bias, i64 batch, i64 seq,
+                                    i64 heads, i64 head_dim, float theta, int* fault) {
+    kiln_rope(out, x, positions, bias, has_bias, batch, seq, heads, head_dim, theta, fault);
+}
+
+extern "C" __global__ void rope_f32_bf16(float* out, const float* x, const i64* positions,
+                                         const bf16_bits* bias, int has_bias, i64 batch, i64 seq,
+                                         i64 heads, i64 head_dim, float theta, int* fault) {
+    kiln_rope(out, x, positions, bias, has_bias, batch, seq, heads, head_dim, theta, fault);
 }
 
 // grad_out [B,H,T,D], positions [B,T] -> grad_x [B,T,H,D] (the inverse rotation).

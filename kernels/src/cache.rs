@@ -25,10 +25,12 @@
 
 use crate::attention::attend_row;
 use crate::dispatch_real;
-use crate::element::Real;
+use crate::element::{Element, Real};
 use crate::error::{expect_rank, expect_shape, Error, Result};
 use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
+use half::{bf16, f16};
+use kiln_ir::DType;
 
 /// Checks `positions` is an integer `[batch]` whose every entry leaves room for `block` rows
 /// in a cache of `capacity` rows: `0 <= p` and `p + block <= capacity`.
@@ -95,11 +97,16 @@ pub fn kv_cache_write(
         block,
         head_dim,
     };
-    dispatch_real!(
-        OP,
-        cache.dtype(),
-        kv_cache_write_typed(layout, cache, new, positions)
-    )
+    // A copy of rows: any float dtype (bf16 caches of inference too).
+    match cache.dtype() {
+        DType::BF16 => kv_cache_write_typed::<bf16>(layout, cache, new, positions),
+        DType::F16 => kv_cache_write_typed::<f16>(layout, cache, new, positions),
+        dtype => dispatch_real!(
+            OP,
+            dtype,
+            kv_cache_write_typed(layout, cache, new, positions)
+        ),
+    }
 }
 
 /// The sizes of one cache write.
@@ -111,7 +118,7 @@ struct WriteLayout {
     head_dim: usize,
 }
 
-fn kv_cache_write_typed<T: Real>(
+fn kv_cache_write_typed<T: Element>(
     layout: WriteLayout,
     cache: &mut TensorViewMut<'_>,
     new: &TensorView<'_>,

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Layouts: every operand is contiguous row-major. `weight`, `out` and the gradients share one
-//! real dtype (f32 or f64); `ids` is i32 or i64.
+//! real dtype (f32 or f64), except that a bf16 table (inference) gives f32 rows; `ids` is i32
+//! or i64.
 //!
 //! Invariants:
 //! - Every id is checked against `0..V` before anything is written, so a bad id returns
@@ -17,7 +18,8 @@
 //! - The backward overwrites `grad_weight` (zero, then add) and adds rows in token order, so
 //!   repeated ids sum in a fixed order and give the same bits on every run.
 
-use kiln_ir::Shape;
+use half::bf16;
+use kiln_ir::{DType, Shape};
 
 use crate::dispatch_real;
 use crate::element::Real;
@@ -59,6 +61,32 @@ fn gather<T: Real>(weight: &[T], ids: Indices<'_>, out: &mut [T], hidden: usize)
     }
 }
 
+/// [`gather`] from a bf16 table into f32 rows (each element widened exactly).
+fn gather_widened(weight: &[bf16], ids: Indices<'_>, out: &mut [f32], hidden: usize) {
+    for n in 0..ids.len() {
+        let row = ids.get(n) as usize;
+        let source = &weight[row * hidden..(row + 1) * hidden];
+        for (o, w) in out[n * hidden..(n + 1) * hidden].iter_mut().zip(source) {
+            *o = w.to_f32();
+        }
+    }
+}
+
+fn embedding_bf16(
+    weight: &TensorView<'_>,
+    ids: &TensorView<'_>,
+    out: &mut TensorViewMut<'_>,
+) -> Result<()> {
+    const OP: &str = "embedding";
+    let (vocab, hidden) = (weight.shape().dims()[0], weight.shape().dims()[1]);
+    let table = weight.slice::<bf16>(OP, "weight")?;
+    let rows = out.slice_mut::<f32>(OP, "out")?;
+    let ids = Indices::of(OP, "ids", ids)?;
+    ids.check_below(OP, "ids", vocab, None)?;
+    gather_widened(table, ids, rows, hidden);
+    Ok(())
+}
+
 fn embedding_typed<T: Real>(
     weight: &TensorView<'_>,
     ids: &TensorView<'_>,
@@ -76,8 +104,8 @@ fn embedding_typed<T: Real>(
 
 /// `out[n, :] = weight[ids[n], :]` for every token `n` of `ids`.
 ///
-/// `weight` is `[V, H]` (f32 or f64), `ids` has any shape `S` (i32 or i64), `out` is `S ++ [H]`
-/// with `weight`'s dtype. An id outside `0..V` is [`Error::IndexOutOfRange`] on `ids`; ids of
+/// `weight` is `[V, H]` (f32, f64 or bf16), `ids` has any shape `S` (i32 or i64), `out` is
+/// `S ++ [H]` with `weight`'s dtype (f32 for a bf16 table: rows widened exactly). An id outside `0..V` is [`Error::IndexOutOfRange`] on `ids`; ids of
 /// another dtype are [`Error::DType`] on `ids`.
 pub fn embedding(
     weight: &TensorView<'_>,
@@ -93,7 +121,10 @@ pub fn embedding(
         ids.shape(),
         weight.shape().dims()[1],
     )?;
-    dispatch_real!(OP, weight.dtype(), embedding_typed(weight, ids, out))
+    match weight.dtype() {
+        DType::BF16 => embedding_bf16(weight, ids, out),
+        dtype => dispatch_real!(OP, dtype, embedding_typed(weight, ids, out)),
+    }
 }
 
 /// `grad_weight[ids[n], :] += grad_out[n, :]` in token order, for ids already checked against

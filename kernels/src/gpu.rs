@@ -21,7 +21,6 @@ pub mod copy;
 pub mod decode;
 pub mod elementwise;
 pub mod embedding;
-pub mod gemv;
 pub mod linear;
 pub mod loss;
 pub mod norm;
@@ -30,7 +29,7 @@ pub mod rope;
 
 pub use launch::{
     all_aligned, grid_dim, grid_stride_blocks, size_arg, Addr, Arg, Gemm, GemmDType, Kernel,
-    Launch, BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, SLOT_ALIGN,
+    Launch, Stored, BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, SLOT_ALIGN,
 };
 
 /// A module's text: the shared prelude (`common.cuh`: bf16 bits, fixed-order reductions)
@@ -54,7 +53,6 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("decode", module!("decode.cu")),
     ("elementwise", module!("elementwise.cu")),
     ("embedding", module!("embedding.cu")),
-    ("gemv", module!("gemv.cu")),
     ("linear", module!("linear.cu")),
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cu")),

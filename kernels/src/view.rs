@@ -101,6 +101,18 @@ impl<'a> DataMut<'a> {
             DataMut::I64(s) => Data::I64(s),
         }
     }
+
+    /// The same elements, read-only for the rest of the borrow.
+    pub fn into_data(self) -> Data<'a> {
+        match self {
+            DataMut::F32(s) => Data::F32(s),
+            DataMut::F64(s) => Data::F64(s),
+            DataMut::BF16(s) => Data::BF16(s),
+            DataMut::F16(s) => Data::F16(s),
+            DataMut::I32(s) => Data::I32(s),
+            DataMut::I64(s) => Data::I64(s),
+        }
+    }
 }
 
 impl<'a, T: Element> From<&'a [T]> for Data<'a> {
@@ -257,6 +269,14 @@ impl<'a> TensorViewMut<'a> {
         TensorView {
             data: self.data.reborrow(),
             layout: self.layout.clone(),
+        }
+    }
+
+    /// The same view, read-only for the rest of the borrow (what was written, to be read).
+    pub fn into_view(self) -> TensorView<'a> {
+        TensorView {
+            data: self.data.into_data(),
+            layout: self.layout,
         }
     }
 

@@ -20,6 +20,7 @@
 //! Every value is kept until the end of the run: this interpreter is the reference, not the
 //! memory planner.
 
+pub(crate) mod linear;
 pub(crate) mod ops;
 
 use std::collections::BTreeMap;

@@ -10,6 +10,7 @@ use kiln_kernels::gpu::Addr;
 
 use crate::placed::ValueLayout;
 
+pub(crate) use ops::linear::workspace_bytes as linear_workspace_bytes;
 pub(crate) use ops::{lower_op, LowerOptions};
 
 /// A placed value: its buffer starts at `base`; `layout` says where its elements sit from

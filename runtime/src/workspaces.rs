@@ -42,8 +42,23 @@ fn product(dims: &[usize]) -> u64 {
     dims.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64))
 }
 
-/// The CPU reference's scratch (`interpret/ops.rs` takes exactly these).
+/// The CPU reference's scratch (`interpret/ops.rs` takes exactly these): converted stored
+/// operands first, then the kernel's own.
 fn cpu(op: &Op, operands: &[TensorType]) -> u64 {
+    let types: Vec<(DType, &[usize])> = operands.iter().map(|t| (t.dtype, t.dims())).collect();
+    let converted = crate::interpret::ops::conversions(op, &types)
+        .into_iter()
+        .fold(0u64, |sum, (port, dtype)| {
+            sum.saturating_add(crate::interpret::ops::conversion_bytes(
+                dtype,
+                operands[port].dims(),
+            ))
+        });
+    converted.saturating_add(cpu_kernel(op, operands))
+}
+
+/// The scratch of `op`'s CPU kernel itself.
+fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
     let size = operands.first().map_or(0, |t| t.dtype.size_bytes()) as u64;
     match op {
         Op::MatMul { .. } if operands.first().map(|t| t.dtype) == Some(DType::BF16) => {
@@ -58,12 +73,22 @@ fn cpu(op: &Op, operands: &[TensorType]) -> u64 {
             (&[b, hq, t, _], &[_, _, smax, _]) => product(&[b, hq, t, smax]).saturating_mul(size),
             _ => 0,
         },
+        Op::Linear { biases, swiglu } => {
+            let weights: Vec<&[usize]> = (1..=biases.len()).map(|p| dims(operands, p)).collect();
+            let x = operands
+                .first()
+                .map_or((DType::F32, &[][..]), |t| (t.dtype, t.dims()));
+            crate::interpret::linear::workspace_bytes(x, &weights, *swiglu)
+        }
         _ => 0,
     }
 }
 
 /// The CUDA backend's scratch (the lowering asks for exactly these).
 fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
+    if let Op::Linear { biases, swiglu } = op {
+        return crate::lower::linear_workspace_bytes(operands, biases.len(), *swiglu);
+    }
     if operands.first().map(|t| t.dtype) != Some(DType::F32) {
         return 0;
     }

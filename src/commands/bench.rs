@@ -36,7 +36,8 @@ pub struct BenchArgs {
     pub streams: usize,
     pub warmup: usize,
     pub steps: usize,
-    pub gemv: bool,
+    /// Fused linears of at most this many rows on the skinny kernel (None: the default).
+    pub linear_rows: Option<u64>,
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
@@ -54,8 +55,11 @@ pub struct BenchResult {
     pub seq: usize,
     pub context: usize,
     pub streams: usize,
-    /// GEMMs of at most 8 rows on the GEMV kernel (a candidate) instead of cuBLASLt.
-    pub gemv: bool,
+    /// Whether the fusion pass ran.
+    pub fusion: bool,
+    /// `--linear-rows` when given: fused linears of at most this many rows on the skinny
+    /// kernel, larger ones on cuBLASLt.
+    pub linear_rows: Option<u64>,
     pub steps: usize,
     pub median_ms: f64,
     pub p95_ms: f64,
@@ -137,7 +141,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         &memory,
     )?;
     let (config, loaded) = source
-        .load(args.seed)
+        .load(args.seed, args.options.precision.weight_dtype())
         .with_context(|| format!("loading model {}", args.model))?;
     if let Some(note) = loaded.note() {
         eprintln!("note: {}: {note}", args.model);
@@ -154,10 +158,9 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         planned.schedule.len(),
         planned.arena_bytes as f64 / (1u64 << 20) as f64
     );
-    let mut exe = if args.gemv {
-        CudaExecutable::with_gemv(&device, &graph, &planned)?
-    } else {
-        CudaExecutable::new(&device, &graph, &planned)?
+    let mut exe = match args.linear_rows {
+        Some(rows) => CudaExecutable::with_linear_rows(&device, &graph, &planned, rows)?,
+        None => CudaExecutable::new(&device, &graph, &planned)?,
     };
     for (name, var) in weights.named() {
         exe.set(&name, var.value())?;
@@ -244,7 +247,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     Ok(BenchResult {
         model: args.model.clone(),
         program: args.kind.name().to_string(),
-        precision: format!("{:?}", args.options.precision),
+        precision: args.options.precision.name().to_string(),
         mode: match args.mode {
             RunMode::Eager => "eager",
             RunMode::Graph => "graph",
@@ -263,7 +266,8 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
             0
         },
         streams: args.streams,
-        gemv: args.gemv,
+        fusion: args.options.fusion,
+        linear_rows: args.linear_rows,
         steps: args.steps,
         median_ms: median,
         p95_ms: percentile(&times, 0.95),

@@ -62,7 +62,7 @@ pub fn eval(
     let source = ModelSource::resolve(model)?;
     let tokens = read_tokens(tokens_path)?;
     let (config, loaded) = source
-        .load(seed)
+        .load(seed, precision.weight_dtype())
         .with_context(|| format!("loading model {model}"))?;
     if let Some(note) = loaded.note() {
         eprintln!("note: {model}: {note}");

@@ -127,8 +127,8 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
             (false, ids)
         }
     };
-    let (config, loaded) =
-        (source.load(args.seed)).with_context(|| format!("loading model {}", args.model))?;
+    let (config, loaded) = (source.load(args.seed, args.precision.weight_dtype()))
+        .with_context(|| format!("loading model {}", args.model))?;
     if let Some(warning) = loaded.warning() {
         eprintln!("warning: {}: {warning}", args.model);
     }

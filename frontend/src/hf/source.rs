@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::hf::config::load_config;
 use crate::hf::presets::{preset, PRESETS};
 use crate::hf::weights_io::{load_weights, LoadedWeights};
-use crate::model::{random_weights, ModelConfig};
+use crate::model::{random_weights_as, ModelConfig};
 
 /// A resolved `--model` argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,15 +44,16 @@ impl ModelSource {
         }
     }
 
-    /// The config and the weights as f32 leaves of the eager oracle, with the stored tensors
-    /// ignored on purpose (see [`LoadedWeights`]). A preset's weights are random from `seed`,
-    /// exactly what `kiln init-model --seed` writes.
-    pub fn load(&self, seed: u64) -> Result<(ModelConfig, LoadedWeights)> {
+    /// The config and the weights as leaves of the eager oracle in `dtype` (f32, or bf16 for
+    /// bf16 inference), with the stored tensors ignored on purpose (see [`LoadedWeights`]). A
+    /// preset's weights are random from `seed`, exactly what `kiln init-model --seed --dtype`
+    /// writes.
+    pub fn load(&self, seed: u64, dtype: DType) -> Result<(ModelConfig, LoadedWeights)> {
         let (config, _) = self.config()?;
         let loaded = match self {
-            ModelSource::Dir(dir) => load_weights(dir, &config, DType::F32)?,
+            ModelSource::Dir(dir) => load_weights(dir, &config, dtype)?,
             ModelSource::Preset(_) => LoadedWeights {
-                weights: random_weights(&config, seed)?,
+                weights: random_weights_as(&config, seed, dtype)?,
                 ignored: Vec::new(),
                 non_finite: Vec::new(),
             },

@@ -93,20 +93,24 @@ fn count_non_finite(tensor: &Tensor) -> Result<(usize, usize)> {
     }
     let counted = tensor.read_with(|view| match view.dtype() {
         DType::F32 => view.slice::<f32>("load_weights", "weight").map(count),
+        DType::BF16 => view
+            .slice::<half::bf16>("load_weights", "weight")
+            .map(|values| count(&values.iter().map(|v| v.to_f32()).collect::<Vec<_>>())),
         _ => view.slice::<f64>("load_weights", "weight").map(count),
     })?;
     Ok(counted?)
 }
 
-/// Loads and checks the weights in `dir` for `config`, each converted to `dtype` (the compute
-/// dtype: f32 or f64) and made a parameter leaf.
+/// Loads and checks the weights in `dir` for `config`, each converted to `dtype` (f32 or f64 to
+/// compute in; bf16 for bf16 inference, which reads a bf16 file as it is stored) and made a
+/// parameter leaf.
 pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<LoadedWeights> {
-    if !matches!(dtype, DType::F32 | DType::F64) {
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16) {
         return Err(Error::Unsupported {
             path: dir.display().to_string(),
             field: "dtype".into(),
             value: dtype.to_string(),
-            reason: "weights load in a compute dtype, f32 or f64".into(),
+            reason: "weights load as f32, f64 or bf16".into(),
         });
     }
     let sources = Sources::open(dir)?;

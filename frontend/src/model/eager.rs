@@ -30,14 +30,17 @@ impl Ops for Eager {
     fn linear(&self, x: &Var, weight: &Var, bias: Option<&Var>) -> Result<Var> {
         ops::linear(x, weight, bias, self.precision.gemm_dtype())
     }
+    // Stored weights and biases of another dtype (bf16 inference) are widened first, as the
+    // IR's mixed-dtype ops read them.
     fn rmsnorm(&self, x: &Var, weight: &Var, eps: f64) -> Result<Var> {
-        ops::rmsnorm(x, weight, eps)
+        ops::rmsnorm(x, &ops::as_dtype(weight, x.dtype())?, eps)
     }
     fn add_rmsnorm(&self, x: &Var, residual: &Var, weight: &Var, eps: f64) -> Result<(Var, Var)> {
-        ops::add_rmsnorm(x, residual, weight, eps)
+        ops::add_rmsnorm(x, residual, &ops::as_dtype(weight, x.dtype())?, eps)
     }
     fn rope(&self, x: &Var, positions: &Var, bias: Option<&Var>, theta: f64) -> Result<Var> {
-        ops::rope(x, positions.value(), bias, theta)
+        let bias = bias.map(|b| ops::as_dtype(b, x.dtype())).transpose()?;
+        ops::rope(x, positions.value(), bias.as_ref(), theta)
     }
     fn heads_first(&self, x: &Var) -> Result<Var> {
         ops::contiguous(&ops::transpose(x, 1, 2)?)

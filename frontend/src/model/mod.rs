@@ -13,5 +13,6 @@ pub use transformer::{
     causal_lm_loss, forward, hidden_states, last_logits, output_head, shifted_targets, IGNORE_INDEX,
 };
 pub use weights::{
-    parameter_shapes, random_parameters, random_weights, LayerWeights, ModelWeights,
+    parameter_shapes, random_parameters, random_weights, random_weights_as, LayerWeights,
+    ModelWeights,
 };

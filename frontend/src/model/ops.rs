@@ -5,7 +5,8 @@ use kiln_ir::DType;
 
 use crate::error::Result;
 
-/// Numerics of a model run's GEMMs; weights and activations keep their dtype either way.
+/// Numerics of a model run: the dtype of its weights and caches and of its GEMM inputs.
+/// Activations, reductions and GEMM accumulation are f32 in every precision.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
     /// Every GEMM in the activations' dtype (f32 for models, f64 in gradient checks).
@@ -13,6 +14,10 @@ pub enum Precision {
     F32,
     /// Mixed precision: GEMM inputs rounded to bf16, f32 accumulation, f32 master weights.
     Bf16Gemm,
+    /// Inference in bf16: weights and KV caches stored in bf16 as a bf16 checkpoint holds them
+    /// (no f32 copy), activations rounded to bf16 where they enter a GEMM, everything else
+    /// computed in f32 (norms, RoPE, attention, logits). Not for training.
+    Bf16,
 }
 
 impl Precision {
@@ -20,7 +25,24 @@ impl Precision {
     pub fn gemm_dtype(self) -> Option<DType> {
         match self {
             Precision::F32 => None,
-            Precision::Bf16Gemm => Some(DType::BF16),
+            Precision::Bf16Gemm | Precision::Bf16 => Some(DType::BF16),
+        }
+    }
+
+    /// The dtype parameters and KV caches are stored in.
+    pub fn weight_dtype(self) -> DType {
+        match self {
+            Precision::F32 | Precision::Bf16Gemm => DType::F32,
+            Precision::Bf16 => DType::BF16,
+        }
+    }
+
+    /// The name of `--precision`'s value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16Gemm => "bf16-gemm",
+            Precision::Bf16 => "bf16",
         }
     }
 }

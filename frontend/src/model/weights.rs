@@ -216,7 +216,16 @@ pub fn random_parameters(
 
 /// Seeded random f32 parameters (see [`random_parameters`]) as leaves of the eager oracle.
 pub fn random_weights(config: &ModelConfig, seed: u64) -> Result<ModelWeights<Var>> {
-    let mut tensors = random_parameters(config, seed, DType::F32, |_| {})?.into_iter();
+    random_weights_as(config, seed, DType::F32)
+}
+
+/// [`random_weights`] stored in `dtype` (each value drawn in f32 and rounded once).
+pub fn random_weights_as(
+    config: &ModelConfig,
+    seed: u64,
+    dtype: DType,
+) -> Result<ModelWeights<Var>> {
+    let mut tensors = random_parameters(config, seed, dtype, |_| {})?.into_iter();
     ModelWeights::build(config, |_, _| {
         let (_, tensor) = tensors
             .next()

@@ -86,6 +86,17 @@ pub(crate) fn cast_tensor(x: &Tensor, dtype: DType) -> Result<Tensor> {
 }
 
 /// `x` converted to `dtype` (round to nearest even); the gradient converts back.
+/// `x` as `dtype`: `x` itself when it has that dtype, else [`cast`]. Stored operands (a bf16
+/// weight, bias or cache, `kiln_ir::stores`) are widened with it before an f32 kernel, which
+/// is exactly what the IR's mixed-dtype ops compute.
+pub fn as_dtype(x: &Var, dtype: DType) -> Result<Var> {
+    if x.dtype() == dtype {
+        Ok(x.clone())
+    } else {
+        cast(x, dtype)
+    }
+}
+
 pub fn cast(x: &Var, dtype: DType) -> Result<Var> {
     let out = cast_tensor(x.value(), dtype)?;
     let from = x.dtype();

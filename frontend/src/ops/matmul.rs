@@ -136,16 +136,16 @@ pub fn linear(x: &Var, weight: &Var, bias: Option<&Var>, gemm_dtype: Option<DTyp
     };
     let rows = x.shape().rows();
     let flat = super::reshape(x, [rows, features])?;
-    let mut out = match gemm_dtype {
-        Some(dtype) if dtype != x.dtype() => {
-            let flat = super::cast(&flat, dtype)?;
-            let weight = super::cast(weight, dtype)?;
-            matmul(&flat, &weight, Transpose { a: false, b: true })?
-        }
-        _ => matmul(&flat, weight, Transpose { a: false, b: true })?,
+    let (flat, weight) = match gemm_dtype {
+        Some(dtype) => (
+            super::as_dtype(&flat, dtype)?,
+            super::as_dtype(weight, dtype)?,
+        ),
+        None => (flat, weight.clone()),
     };
+    let mut out = matmul(&flat, &weight, Transpose { a: false, b: true })?;
     if let Some(bias) = bias {
-        out = super::add(&out, bias)?;
+        out = super::add(&out, &super::as_dtype(bias, out.dtype())?)?;
     }
     let mut out_dims = dims[..dims.len() - 1].to_vec();
     out_dims.push(outputs);

@@ -14,7 +14,7 @@ mod views;
 
 pub use activation::{softmax, swiglu};
 pub use attention::attention;
-pub use elementwise::{add, cast, mul, scale, sum};
+pub use elementwise::{add, as_dtype, cast, mul, scale, sum};
 pub use embedding::embedding;
 pub use kiln_kernels::matmul::Transpose;
 pub use loss::cross_entropy;

@@ -21,6 +21,9 @@ pub struct ProgramOptions {
     pub grads: bool,
     /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
     pub precision: Precision,
+    /// Run the fusion pass (`kiln_ir::fuse`) on the traced program; off keeps the unfused
+    /// program, the reference (`--fusion off`).
+    pub fusion: bool,
     pub adamw: AdamWConfig,
 }
 
@@ -32,6 +35,7 @@ impl Default for ProgramOptions {
             max_seq: None,
             grads: false,
             precision: Precision::F32,
+            fusion: true,
             adamw: AdamWConfig {
                 lr: 1e-3,
                 beta1: 0.9,
@@ -80,6 +84,19 @@ impl ProgramOptions {
                 reason,
             })
         };
+        let trains = kind == ProgramKind::Train || (kind == ProgramKind::Eval && self.grads);
+        if self.precision == Precision::Bf16 && trains {
+            return Err(Error::ProgramPrecision {
+                precision: self.precision.name(),
+                program: if kind == ProgramKind::Train {
+                    "train"
+                } else {
+                    "eval --grads"
+                },
+                reason: "bf16 weights are for inference; training keeps f32 master weights \
+                         (--precision bf16-gemm gives bf16 GEMM inputs)",
+            });
+        }
         let positions = config.max_position_embeddings;
         if self.batch == 0 {
             return refuse("--batch", 0, "must be at least 1".into());

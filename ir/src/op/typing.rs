@@ -41,6 +41,23 @@ impl Rule<'_> {
         }
     }
 
+    /// Operand `port` is stored data (a weight, bias or cache) of an op computing in
+    /// `compute`, shaped `dims`: of `compute`, or bf16 when `compute` is f32 (see [`stores`]).
+    fn stored(&self, port: usize, compute: DType, dims: &[usize]) -> Result<()> {
+        let t = &self.operands[port];
+        if stores(compute, t.dtype) && t.dims() == dims {
+            Ok(())
+        } else {
+            let also = if compute == DType::F32 {
+                " or bf16"
+            } else {
+                ""
+            };
+            let shape = Shape::from(dims);
+            Err(self.type_error(port, format!("{compute}{also} {shape}")))
+        }
+    }
+
     fn int(&self, port: usize) -> Result<&TensorType> {
         let t = &self.operands[port];
         if matches!(t.dtype, DType::I32 | DType::I64) {
@@ -81,6 +98,57 @@ impl Rule<'_> {
     }
 }
 
+/// Whether an op computing in `compute` takes stored data (weights, biases, caches) of
+/// `stored`: its own dtype, or bf16 under f32 compute — widened exactly where it is read,
+/// rounded to nearest even where it is written (as `Cast`), so such an op equals the same op
+/// with a `Cast` on each side (bf16 inference keeps its weights and caches as checkpoints do).
+pub fn stores(compute: DType, stored: DType) -> bool {
+    stored == compute || (compute == DType::F32 && stored == DType::BF16)
+}
+
+/// The most weight groups of one [`Op::Linear`].
+pub const LINEAR_MAX_GROUPS: usize = 3;
+
+fn linear_types(rule: &Rule<'_>, biases: &[bool], swiglu: bool) -> Result<Vec<TensorType>> {
+    let groups = biases.len();
+    if !(1..=LINEAR_MAX_GROUPS).contains(&groups) || (swiglu && groups != 2) {
+        return Err(rule.attribute(format!(
+            "{groups} weight groups (1 to {LINEAR_MAX_GROUPS}; swiglu takes exactly 2)"
+        )));
+    }
+    rule.arity(1 + groups + biases.iter().filter(|&&b| b).count())?;
+    let x = &rule.operands[0];
+    let &[m, k] = x.dims() else {
+        return Err(rule.type_error(0, "f32 or bf16 [M,K]"));
+    };
+    if !matches!(x.dtype, DType::F32 | DType::BF16) {
+        return Err(rule.type_error(0, "f32 or bf16 [M,K]"));
+    }
+    let mut widths = Vec::with_capacity(groups);
+    for port in 1..=groups {
+        let w = &rule.operands[port];
+        match *w.dims() {
+            [n, wk] if wk == k && w.dtype == DType::BF16 => widths.push(n),
+            _ => return Err(rule.type_error(port, format!("bf16 [N,{k}]"))),
+        }
+    }
+    let mut port = 1 + groups;
+    for (group, _) in biases.iter().enumerate().filter(|(_, &b)| b) {
+        rule.stored(port, DType::F32, &[widths[group]])?;
+        port += 1;
+    }
+    if swiglu {
+        if widths[0] != widths[1] {
+            return Err(rule.type_error(2, format!("bf16 [{},{k}] like the gate", widths[0])));
+        }
+        return Ok(vec![TensorType::new(DType::F32, [m, widths[0]])?]);
+    }
+    widths
+        .iter()
+        .map(|&n| TensorType::new(DType::F32, [m, n]))
+        .collect()
+}
+
 fn is_suffix(short: &[usize], long: &[usize]) -> bool {
     short.len() <= long.len() && long[long.len() - short.len()..] == *short
 }
@@ -93,12 +161,18 @@ impl Op {
         match self {
             Op::Embedding => {
                 rule.arity(2)?;
-                let weight = rule.float(0)?;
+                // A bf16 table gives f32 rows (widened exactly, like a stored operand).
+                let weight = &operands[0];
+                let dtype = match weight.dtype {
+                    DType::F32 | DType::F64 => weight.dtype,
+                    DType::BF16 => DType::F32,
+                    _ => return Err(rule.type_error(0, "f32, f64 or bf16 [V,H]")),
+                };
                 rule.rank(0, 2, "[V,H]")?;
                 let ids = rule.int(1)?;
                 let mut dims = ids.dims().to_vec();
                 dims.push(weight.dims()[1]);
-                one(TensorType::new(weight.dtype, dims)?)
+                one(TensorType::new(dtype, dims)?)
             }
             Op::EmbeddingBackward { vocab } => {
                 rule.arity(2)?;
@@ -155,8 +229,13 @@ impl Op {
             Op::Add | Op::Mul => {
                 rule.arity(2)?;
                 let a = rule.float(0)?;
-                let b = rule.float(1)?;
-                if b.dtype != a.dtype || !is_suffix(b.dims(), a.dims()) {
+                let b = &operands[1];
+                // Add's `b` (a bias) may be stored data; Mul's operands share a's dtype.
+                let dtype_ok = match self {
+                    Op::Add => stores(a.dtype, b.dtype),
+                    _ => b.dtype == a.dtype,
+                };
+                if !dtype_ok || !is_suffix(b.dims(), a.dims()) {
                     return Err(
                         rule.type_error(1, format!("{} with a suffix of {}", a.dtype, a.shape))
                     );
@@ -204,7 +283,7 @@ impl Op {
                     .last()
                     .copied()
                     .ok_or_else(|| rule.type_error(0, "rank >= 1"))?;
-                rule.shaped(1, x.dtype, &[h])?;
+                rule.stored(1, x.dtype, &[h])?;
                 one(x.clone())
             }
             Op::RmsNormBackward { .. } => {
@@ -228,7 +307,7 @@ impl Op {
                     .last()
                     .copied()
                     .ok_or_else(|| rule.type_error(0, "rank >= 1"))?;
-                rule.shaped(2, x.dtype, &[h])?;
+                rule.stored(2, x.dtype, &[h])?;
                 Ok(vec![x.clone(), x])
             }
             Op::AddRmsNormBackward { .. } => {
@@ -266,7 +345,7 @@ impl Op {
                     return Err(rule.type_error(1, format!("int [{b},{t}]")));
                 }
                 if *bias {
-                    rule.shaped(2, x.dtype, &[h * d])?;
+                    rule.stored(2, x.dtype, &[h * d])?;
                 }
                 one(TensorType::new(x.dtype, [b, h, t, d])?)
             }
@@ -289,11 +368,16 @@ impl Op {
                 let &[b, hq, t, d] = rule.rank(0, 4, "[B,Hq,T,D]")? else {
                     unreachable!("rank checked")
                 };
-                let k = rule.float(1)?;
+                // The cache is stored data; attention's own keys share q's dtype.
+                let k = &operands[1];
                 let &[kb, hkv, s, kd] = rule.rank(1, 4, "[B,Hkv,S,D]")? else {
                     unreachable!("rank checked")
                 };
-                if k.dtype != q.dtype
+                let k_dtype_ok = match cached {
+                    true => stores(q.dtype, k.dtype),
+                    false => k.dtype == q.dtype,
+                };
+                if !k_dtype_ok
                     || kb != b
                     || kd != d
                     || hkv == 0
@@ -346,12 +430,12 @@ impl Op {
             }
             Op::KvCacheWrite => {
                 rule.arity(3)?;
-                let cache = rule.float(0)?;
+                let cache = &operands[0];
                 let &[b, h, _, d] = rule.rank(0, 4, "[B,H,Smax,D]")? else {
                     unreachable!("rank checked")
                 };
                 let new = rule.float(1)?;
-                if new.dtype != cache.dtype
+                if !stores(new.dtype, cache.dtype)
                     || new.dims().len() != 4
                     || new.dims()[0] != b
                     || new.dims()[1] != h
@@ -413,6 +497,7 @@ impl Op {
                 rule.shaped(4, DType::I64, &[])?;
                 Ok(vec![param.clone(), param.clone(), param])
             }
+            Op::Linear { biases, swiglu } => linear_types(&rule, biases, *swiglu),
             Op::Reshape { shape } => {
                 rule.arity(1)?;
                 let a = &operands[0];

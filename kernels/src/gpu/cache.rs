@@ -1,13 +1,13 @@
 //! Builder of `cache.cu`: writing new K/V rows into a cache at device-held positions.
 
 use super::launch::{grid_stride, size_arg};
-use super::{Addr, Arg, Launch};
+use super::{Addr, Arg, Launch, Stored};
 
 /// Rows `positions[b]..+T` of `cache [B,H,Smax,D]` ← `fresh [B,H,T,D]` (positions i64 `[B]`);
 /// `fresh` must hold some element. A position that leaves no room for `T` rows raises the
 /// `fault` word.
 pub fn kv_cache_write_f32(
-    cache: Addr,
+    (cache, stored): (Addr, Stored),
     fresh: Addr,
     positions: Addr,
     [batch, heads, capacity, block, head_dim]: [u64; 5],
@@ -25,5 +25,6 @@ pub fn kv_cache_write_f32(
         Arg::Ptr(fault),
     ];
     let items = batch * heads * block * head_dim;
-    grid_stride("cache", "kv_cache_write_f32", items, args)
+    let function = stored.pick("kv_cache_write_f32", "kv_cache_write_f32_bf16");
+    grid_stride("cache", function, items, args)
 }

@@ -3,7 +3,7 @@
 
 use super::attention::AttentionDims;
 use super::launch::{grid_dim, size_arg, MAX_GRID_X, MAX_GRID_YZ};
-use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS};
 use crate::Result;
 
 const MODULE: &str = "decode";
@@ -28,9 +28,13 @@ pub fn cached_attention_f32(
     out: Addr,
     partials: Addr,
     [q, k_cache, v_cache, positions]: [Addr; 4],
-    (dims, scale): (AttentionDims, f32),
+    (dims, scale, stored): (AttentionDims, f32, Stored),
     fault: Addr,
 ) -> Result<Vec<Launch>> {
+    let split_function = stored.pick(
+        "cached_attention_split_f32",
+        "cached_attention_split_f32_bf16",
+    );
     const SPLIT: &str = "cached_attention_split_f32";
     const COMBINE: &str = "cached_attention_combine_f32";
     if dims.head_dim > u64::from(BLOCK_THREADS) {
@@ -61,7 +65,7 @@ pub fn cached_attention_f32(
     let shared = ((dims.head_dim + KEY_CHUNK + u64::from(BLOCK_THREADS)) * 4) as u32;
     let split = Kernel::launch(
         MODULE,
-        SPLIT,
+        split_function,
         (grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?, heads, rows),
         (BLOCK_THREADS, 1, 1),
         shared,

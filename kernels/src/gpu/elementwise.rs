@@ -41,6 +41,16 @@ pub fn add_f32(out: Addr, a: Addr, b: Addr, n: u64, b_len: u64) -> Launch {
     binary("add_f32", "add_f32_vec4", out, a, b, n, b_len)
 }
 
+/// `out = a + b[i % b_len]` with `b` a bf16 bias (widened), `n > 0` elements.
+pub fn add_f32_bf16(out: Addr, a: Addr, b: Addr, n: u64, b_len: u64) -> Launch {
+    let args = vec![Arg::Ptr(out), Arg::Ptr(a), Arg::Ptr(b)];
+    items(
+        "add_f32_bf16",
+        n,
+        [args, vec![size_arg(n), size_arg(b_len)]].concat(),
+    )
+}
+
 /// `out = a · b[i % b_len]`, `n > 0` elements.
 pub fn mul_f32(out: Addr, a: Addr, b: Addr, n: u64, b_len: u64) -> Launch {
     binary("mul_f32", "mul_f32_vec4", out, a, b, n, b_len)

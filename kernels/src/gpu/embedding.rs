@@ -2,7 +2,7 @@
 //! the table, then the first token of each id writes that id's row, summed in token order).
 
 use super::launch::{block_per, grid_stride, size_arg};
-use super::{Addr, Arg, Launch};
+use super::{Addr, Arg, Launch, Stored};
 use crate::Result;
 
 const MODULE: &str = "embedding";
@@ -11,7 +11,7 @@ const MODULE: &str = "embedding";
 /// outside `0..V` raises the `fault` word.
 pub fn embedding_f32(
     out: Addr,
-    weight: Addr,
+    (weight, stored): (Addr, Stored),
     ids: Addr,
     [tokens, hidden, vocab]: [u64; 3],
     fault: Addr,
@@ -25,7 +25,8 @@ pub fn embedding_f32(
         size_arg(vocab),
         Arg::Ptr(fault),
     ];
-    block_per(MODULE, "embedding_f32", "tokens", tokens, args)
+    let function = stored.pick("embedding_f32", "embedding_bf16");
+    block_per(MODULE, function, "tokens", tokens, args)
 }
 
 /// `out[0..n] = 0` (f32; `n > 0`).

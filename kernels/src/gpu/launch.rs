@@ -75,6 +75,32 @@ impl GemmDType {
     }
 }
 
+/// The dtype of a kernel's stored operand (a weight, bias or cache) where the kernel computes
+/// in f32: f32, or bf16 widened where read and rounded where written (`kiln_ir::stores`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    F32,
+    BF16,
+}
+
+impl Stored {
+    pub fn of(dtype: DType) -> Option<Stored> {
+        match dtype {
+            DType::F32 => Some(Stored::F32),
+            DType::BF16 => Some(Stored::BF16),
+            _ => None,
+        }
+    }
+
+    /// The kernel of this stored dtype: `f32` or its bf16 instantiation `bf16`.
+    pub fn pick(self, f32: &'static str, bf16: &'static str) -> &'static str {
+        match self {
+            Stored::F32 => f32,
+            Stored::BF16 => bf16,
+        }
+    }
+}
+
 /// A (strided-batched) matrix product in row-major terms, for the vendor GEMM:
 /// for each batch `b < batch`, `C_b [m,n] = op(A_b) · op(B_b)` where `op(A_b)` is `[m,k]` and
 /// `op(B_b)` is `[k,n]`. `A_b` is stored row-major with leading dimension `lda` (elements

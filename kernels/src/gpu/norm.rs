@@ -2,7 +2,7 @@
 //! saves each row's rstd, then a column pass for grad_weight).
 
 use super::launch::{block_per, grid_dim, size_arg, MAX_GRID_X};
-use super::{Addr, Arg, Kernel, Launch};
+use super::{Addr, Arg, Kernel, Launch, Stored};
 use crate::Result;
 
 const MODULE: &str = "norm";
@@ -11,7 +11,7 @@ const MODULE: &str = "norm";
 pub fn rmsnorm_f32(
     out: Addr,
     x: Addr,
-    weight: Addr,
+    (weight, stored): (Addr, Stored),
     rows: u64,
     hidden: u64,
     eps: f32,
@@ -24,7 +24,8 @@ pub fn rmsnorm_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ];
-    block_per(MODULE, "rmsnorm_f32", "rows", rows, args)
+    let function = stored.pick("rmsnorm_f32", "rmsnorm_f32_bf16");
+    block_per(MODULE, function, "rows", rows, args)
 }
 
 /// `sum = x + residual`, `out = rmsnorm(sum) · weight` (`rows > 0`).
@@ -34,7 +35,7 @@ pub fn add_rmsnorm_f32(
     out: Addr,
     x: Addr,
     residual: Addr,
-    weight: Addr,
+    (weight, stored): (Addr, Stored),
     rows: u64,
     hidden: u64,
     eps: f32,
@@ -49,7 +50,8 @@ pub fn add_rmsnorm_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ];
-    block_per(MODULE, "add_rmsnorm_f32", "rows", rows, args)
+    let function = stored.pick("add_rmsnorm_f32", "add_rmsnorm_f32_bf16");
+    block_per(MODULE, function, "rows", rows, args)
 }
 
 /// Where the backward's row pass reads and writes.

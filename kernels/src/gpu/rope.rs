@@ -2,7 +2,7 @@
 //! per pair of rotated elements.
 
 use super::launch::{grid_stride, size_arg};
-use super::{Addr, Arg, Launch};
+use super::{Addr, Arg, Launch, Stored};
 
 const MODULE: &str = "rope";
 
@@ -36,7 +36,7 @@ impl RopeDims {
 pub fn rope_f32(
     out: Addr,
     [x, positions]: [Addr; 2],
-    bias: Option<Addr>,
+    (bias, stored): (Option<Addr>, Stored),
     (dims, theta): (RopeDims, f32),
     fault: Addr,
 ) -> Launch {
@@ -50,7 +50,8 @@ pub fn rope_f32(
     ];
     args.extend(dims.args());
     args.extend([Arg::F32(theta), Arg::Ptr(fault)]);
-    grid_stride(MODULE, "rope_f32", dims.pairs(), args)
+    let function = stored.pick("rope_f32", "rope_f32_bf16");
+    grid_stride(MODULE, function, dims.pairs(), args)
 }
 
 /// `grad_x [B,T,H,D]` from `grad_out [B,H,T,D]`; `dims` are grad_x's. A negative position

@@ -2,12 +2,14 @@
 //! and passes an argument of the C signature's type for each parameter, in order.
 
 use super::attention::{AttentionBackward, AttentionDims, AttentionForward};
-use super::gemv::Gemv;
 use super::linear::{LinearGroup, SkinnyLinear};
 use super::norm::RmsNormBackwardRows;
 use super::optim::AdamWHyper;
 use super::rope::RopeDims;
 use super::*;
+
+const F32: Stored = Stored::F32;
+const BF16: Stored = Stored::BF16;
 
 /// The kind of argument a C parameter declaration takes (`const float* x`, `i64 rows`, ...):
 /// the [`Arg`] variant's name, or `None` for a type no builder may pass.
@@ -115,22 +117,11 @@ fn every_launch() -> Vec<Launch> {
         eps: 1e-8,
         weight_decay: 0.01,
     };
-    let gemv = |dtype| Gemv {
-        dtype,
-        c: addr(0),
-        a: addr(1),
-        w: addr(2),
-        m: 3,
-        n: 5,
-        k: 16,
-        lda: 16,
-        ldw: 16,
-        ldc: 5,
-    };
     let mut launches = vec![
         activation::softmax_f32(addr(0), addr(1), 2, 3).unwrap(),
         activation::softmax_backward_f32(addr(0), addr(1), addr(2), 2, 3).unwrap(),
-        cache::kv_cache_write_f32(addr(0), addr(1), addr(2), [1, 2, 8, 1, 4], addr(9)),
+        cache::kv_cache_write_f32((addr(0), F32), addr(1), addr(2), [1, 2, 8, 1, 4], addr(9)),
+        cache::kv_cache_write_f32((addr(0), BF16), addr(1), addr(2), [1, 2, 8, 1, 4], addr(9)),
         copy::cast_f32_to_bf16(addr(0), addr(1), 3),
         copy::cast_bf16_to_f32(addr(0), addr(1), 3),
         copy::cast_f32_to_bf16(addr(0), addr(1), 8),
@@ -138,16 +129,37 @@ fn every_launch() -> Vec<Launch> {
         elementwise::sum_to_shape_f32(addr(0), addr(1), 4, 3),
         elementwise::broadcast_to_f32(addr(0), addr(1), 12, 3),
         elementwise::swiglu_backward_f32(addr(0), addr(1), addr(2), addr(3), addr(4), 5),
-        embedding::embedding_f32(addr(0), addr(1), addr(2), [3, 4, 10], addr(9)).unwrap(),
+        embedding::embedding_f32(addr(0), (addr(1), F32), addr(2), [3, 4, 10], addr(9)).unwrap(),
+        embedding::embedding_f32(addr(0), (addr(1), BF16), addr(2), [3, 4, 10], addr(9)).unwrap(),
         embedding::zero_f32(addr(0), 40),
         embedding::embedding_backward_f32(addr(0), addr(1), addr(2), [3, 4, 10], addr(9)).unwrap(),
-        gemv::gemv(gemv(GemmDType::F32)).unwrap(),
-        gemv::gemv(gemv(GemmDType::BF16)).unwrap(),
         loss::cross_entropy_rows_f32(addr(0), addr(1), addr(2), ([3, 7], -100), addr(9)).unwrap(),
         loss::cross_entropy_mean_f32(addr(0), addr(1), addr(2), 3, -100),
         loss::cross_entropy_backward_f32(addr(0), [addr(1); 3], ([3, 7], -100), addr(9)).unwrap(),
-        norm::rmsnorm_f32(addr(0), addr(1), addr(2), 3, 8, 1e-6).unwrap(),
-        norm::add_rmsnorm_f32(addr(0), addr(1), addr(2), addr(3), addr(4), 3, 8, 1e-6).unwrap(),
+        norm::rmsnorm_f32(addr(0), addr(1), (addr(2), F32), 3, 8, 1e-6).unwrap(),
+        norm::rmsnorm_f32(addr(0), addr(1), (addr(2), BF16), 3, 8, 1e-6).unwrap(),
+        norm::add_rmsnorm_f32(
+            addr(0),
+            addr(1),
+            addr(2),
+            addr(3),
+            (addr(4), F32),
+            3,
+            8,
+            1e-6,
+        )
+        .unwrap(),
+        norm::add_rmsnorm_f32(
+            addr(0),
+            addr(1),
+            addr(2),
+            addr(3),
+            (addr(4), BF16),
+            3,
+            8,
+            1e-6,
+        )
+        .unwrap(),
         norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
         norm::rmsnorm_backward_weight_f32(addr(0), addr(1), addr(2), addr(3), 3, 8).unwrap(),
         optim::adamw_f32([addr(0), addr(1), addr(2), addr(3), addr(4)], 9, hyper),
@@ -155,16 +167,32 @@ fn every_launch() -> Vec<Launch> {
         rope::rope_f32(
             addr(0),
             [addr(1), addr(2)],
-            Some(addr(3)),
+            (Some(addr(3)), F32),
             (rope_dims, 1e4),
             addr(9),
         ),
-        rope::rope_f32(addr(0), [addr(1), addr(2)], None, (rope_dims, 1e4), addr(9)),
+        rope::rope_f32(
+            addr(0),
+            [addr(1), addr(2)],
+            (Some(addr(3)), BF16),
+            (rope_dims, 1e4),
+            addr(9),
+        ),
+        rope::rope_f32(
+            addr(0),
+            [addr(1), addr(2)],
+            (None, F32),
+            (rope_dims, 1e4),
+            addr(9),
+        ),
         rope::rope_backward_f32(addr(0), [addr(1), addr(2)], (rope_dims, 1e4), addr(9)),
     ];
     // The kernels of the multi-launch builders (their GEMMs are checked by the lowering tests).
     let pipelines = [
-        decode::cached_attention_f32(addr(0), addr(1), [addr(2); 4], (dims, 0.5), addr(9)).unwrap(),
+        decode::cached_attention_f32(addr(0), addr(1), [addr(2); 4], (dims, 0.5, F32), addr(9))
+            .unwrap(),
+        decode::cached_attention_f32(addr(0), addr(1), [addr(2); 4], (dims, 0.5, BF16), addr(9))
+            .unwrap(),
         attention::attention_f32(forward, dims, 0.5).unwrap(),
         attention::attention_backward_f32(backward, dims, 0.5).unwrap(),
     ];
@@ -196,6 +224,7 @@ fn every_launch() -> Vec<Launch> {
     // Scalar and vector variants of the elementwise kernels.
     for at in [addr, unaligned] {
         launches.push(elementwise::add_f32(at(0), at(1), at(2), 8, 4));
+        launches.push(elementwise::add_f32_bf16(at(0), at(1), at(2), 8, 4));
         launches.push(elementwise::mul_f32(at(0), at(1), at(2), 8, 4));
         launches.push(elementwise::scale_f32(at(0), at(1), 2.0, 8));
         launches.push(elementwise::swiglu_f32(at(0), at(1), at(2), 8));
@@ -253,28 +282,6 @@ fn vector_variants_need_alignment_and_whole_vectors() {
         name(elementwise::add_f32(addr(0), offset, addr(2), 8, 4)),
         "add_f32"
     );
-}
-
-#[test]
-fn gemv_rejects_what_it_cannot_vectorize() {
-    let mut gemv = Gemv {
-        dtype: GemmDType::BF16,
-        c: addr(0),
-        a: addr(1),
-        w: addr(2),
-        m: 9,
-        n: 5,
-        k: 16,
-        lda: 16,
-        ldw: 16,
-        ldc: 5,
-    };
-    assert!(!gemv.fits(), "more than 8 rows");
-    gemv.m = 8;
-    assert!(gemv.fits());
-    gemv.k = 12;
-    assert!(!gemv.fits(), "k not a whole number of 8 bf16");
-    assert!(gemv::gemv(gemv).is_err());
 }
 
 #[test]

@@ -103,10 +103,15 @@ impl CudaExecutable {
         Self::with_options(device, graph, plan, LowerOptions::default())
     }
 
-    /// As [`new`](Self::new), with the GEMV kernel for GEMMs of at most 8 rows (a candidate
-    /// until measured: DESIGN.md's evidence rule).
-    pub fn with_gemv(device: &Arc<CudaDevice>, graph: &Graph, plan: &Plan) -> Result<Self> {
-        let options = LowerOptions { gemv: true };
+    /// As [`new`](Self::new), with fused linears of at most `rows` rows on the skinny kernel
+    /// and larger ones on the vendor GEMM (the default is measured: BENCHMARKS.md).
+    pub fn with_linear_rows(
+        device: &Arc<CudaDevice>,
+        graph: &Graph,
+        plan: &Plan,
+        rows: u64,
+    ) -> Result<Self> {
+        let options = LowerOptions { linear_rows: rows };
         Self::with_options(device, graph, plan, options)
     }
 

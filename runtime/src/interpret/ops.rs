@@ -9,7 +9,7 @@
 //! The caller has checked the operands against the type rule, so each op has the operand count
 //! and result count its rule fixes (indexing `i[..]` and `o[..]` below relies on it).
 
-use kiln_ir::{Op, Shape, TensorType};
+use kiln_ir::{DType, Op, Shape, TensorType};
 use kiln_kernels::matmul::Transpose;
 use kiln_kernels::optim::AdamW;
 use kiln_kernels::{activation, copy, elementwise, embedding, loss, norm, rope};
@@ -27,6 +27,76 @@ use kiln_planner::WorkspaceNeeds;
 /// [`Workspaces::Cpu`] states for it, 8-byte aligned (empty for ops that need none). View ops
 /// (reshape, transpose, slice) have no kernel: they are layouts, which each caller derives.
 pub(crate) fn run_op(
+    op: &Op,
+    i: &[TensorView<'_>],
+    o: &mut [TensorViewMut<'_>],
+    workspace: &mut [u8],
+) -> Result<()> {
+    let types: Vec<(DType, &[usize])> = i.iter().map(|v| (v.dtype(), v.shape().dims())).collect();
+    let conversions = conversions(op, &types);
+    if conversions.is_empty() {
+        return run_kernels(op, i, o, workspace);
+    }
+    // Stored operands of another dtype are converted into the front of the workspace first.
+    let mut converted = i.to_vec();
+    let mut rest = workspace;
+    for (port, dtype) in conversions {
+        let dims = i[port].shape().dims();
+        let bytes = conversion_bytes(dtype, dims) as usize;
+        let taken = std::mem::take(&mut rest);
+        let at = bytes.min(taken.len());
+        let (head, tail) = taken.split_at_mut(at);
+        rest = tail;
+        let mut view = typed_workspace(head, dtype, dims, op)?;
+        copy::cast(&i[port], &mut view)?;
+        converted[port] = view.into_view();
+    }
+    run_kernels(op, &converted, o, rest)
+}
+
+/// The operands the CPU reference converts before `op`'s kernel runs, as (port, dtype): stored
+/// operands of another dtype than the op computes in (`kiln_ir::stores`) — a bf16 weight, bias
+/// or cache widened to f32, or the new rows of a bf16 cache rounded to bf16. The kernels then
+/// see operands of one dtype; widening is exact, so the result is that of a `Cast` first.
+pub(crate) fn conversions(op: &Op, operands: &[(DType, &[usize])]) -> Vec<(usize, DType)> {
+    let ports: &[usize] = match op {
+        Op::Add | Op::RmsNorm { .. } => &[1],
+        Op::AddRmsNorm { .. } | Op::Rope { .. } => &[2],
+        Op::CachedAttention { .. } => &[1, 2],
+        Op::KvCacheWrite => {
+            return match (operands.first(), operands.get(1)) {
+                (Some(&(cache, _)), Some(&(new, _))) if cache != new => vec![(1, cache)],
+                _ => vec![],
+            }
+        }
+        _ => &[],
+    };
+    let Some(&(compute, _)) = operands.first() else {
+        return vec![];
+    };
+    ports
+        .iter()
+        .filter(|&&port| {
+            operands
+                .get(port)
+                .is_some_and(|&(dtype, _)| dtype != compute)
+        })
+        .map(|&port| (port, compute))
+        .collect()
+}
+
+/// Workspace bytes of one converted operand of `dims` (a multiple of 8, keeping the next
+/// conversion and the kernel's own scratch aligned).
+pub(crate) fn conversion_bytes(dtype: DType, dims: &[usize]) -> u64 {
+    let elements = dims.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64));
+    elements
+        .saturating_mul(dtype.size_bytes() as u64)
+        .div_ceil(8)
+        .saturating_mul(8)
+}
+
+/// `op`'s kernels on operands of the dtypes they take.
+fn run_kernels(
     op: &Op,
     i: &[TensorView<'_>],
     o: &mut [TensorViewMut<'_>],
@@ -138,6 +208,7 @@ pub(crate) fn run_op(
             kiln_kernels::optim::adamw(p, grad, m, v, step, &config)
         }
         Op::Contiguous => copy::copy(&i[0], &mut o[0]),
+        Op::Linear { biases, swiglu } => super::linear::linear(i, o, (&biases, swiglu), workspace),
         Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } => Err(Error::Argument {
             op: op.name(),
             argument: "op",

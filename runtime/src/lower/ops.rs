@@ -13,6 +13,7 @@ use super::DeviceTensor;
 use crate::error::{Error, Result};
 
 mod attention;
+pub(crate) mod linear;
 mod matmul;
 mod norm;
 #[cfg(test)]
@@ -20,12 +21,23 @@ mod tests;
 
 /// Choices among validated implementations (DESIGN.md's evidence rule: a candidate becomes the
 /// default only with measured evidence).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LowerOptions {
-    /// MatMuls of at most 8 rows with transposed weights run the gemv kernel instead of the
-    /// vendor GEMM (a candidate: off until it wins a benchmark).
-    pub gemv: bool,
+    /// Fused linears (`Op::Linear`) of at most this many rows run the skinny kernel
+    /// (`kernels/cuda/linear.cu`), larger ones the vendor GEMM; 0 sends all to the GEMM.
+    pub linear_rows: u64,
 }
+
+impl Default for LowerOptions {
+    fn default() -> Self {
+        LowerOptions {
+            linear_rows: DEFAULT_LINEAR_ROWS,
+        }
+    }
+}
+
+/// The default of [`LowerOptions::linear_rows`] (BENCHMARKS.md has the measurements).
+pub(crate) const DEFAULT_LINEAR_ROWS: u64 = 8;
 
 /// The launches that compute `op`: read `i` (operands by port), overwrite `o` (results by
 /// port), scratch in `workspace` (address and bytes; `None` when the plan gives none); kernels
@@ -55,7 +67,8 @@ pub(crate) fn lower_op(
         Op::MatMul {
             transpose_a,
             transpose_b,
-        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b], options),
+        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b]),
+        Op::Linear { biases, swiglu } => linear::lower_linear(&at, (biases, *swiglu), options),
         _ => at.dense(options),
     }
 }
@@ -131,6 +144,15 @@ impl Lowering<'_> {
         Ok(tensor)
     }
 
+    /// Stored operand `port` (a weight, bias or cache), contiguous, f32 or bf16.
+    fn stored(&self, port: usize, name: &str) -> Result<(&DeviceTensor, gpu::Stored)> {
+        let tensor = self.port(self.i, "operand", port, name)?;
+        self.expect_dtype(tensor, name, &[F32, DType::BF16])?;
+        self.expect_contiguous(tensor, name)?;
+        let stored = gpu::Stored::of(tensor.dtype).unwrap_or(gpu::Stored::F32);
+        Ok((tensor, stored))
+    }
+
     /// Result `port`, contiguous and of `dtype`.
     fn result(&self, port: usize, name: &str, dtype: DType) -> Result<&DeviceTensor> {
         let tensor = self.port(self.o, "result", port, name)?;
@@ -200,7 +222,10 @@ impl Lowering<'_> {
         match self.op {
             Op::Add | Op::Mul => {
                 let a = self.operand(0, "a", F32)?;
-                let b = self.operand(1, "b", F32)?;
+                let (b, stored) = match self.op {
+                    Op::Add => self.stored(1, "b")?,
+                    _ => (self.operand(1, "b", F32)?, gpu::Stored::F32),
+                };
                 let out = self.result(0, "out", F32)?;
                 let (n, b_len) = (size(a.numel()), size(b.numel()));
                 if b_len == 0 || n % b_len != 0 {
@@ -210,10 +235,10 @@ impl Lowering<'_> {
                         a.shape()
                     )));
                 }
-                let build = if matches!(self.op, Op::Add) {
-                    gpu::elementwise::add_f32
-                } else {
-                    gpu::elementwise::mul_f32
+                let build = match (self.op, stored) {
+                    (Op::Add, gpu::Stored::BF16) => gpu::elementwise::add_f32_bf16,
+                    (Op::Add, gpu::Stored::F32) => gpu::elementwise::add_f32,
+                    _ => gpu::elementwise::mul_f32,
                 };
                 Ok(vec![build(out.addr(), a.addr(), b.addr(), n, b_len)])
             }
@@ -351,6 +376,7 @@ impl Lowering<'_> {
                 Ok(launches)
             }
             Op::MatMul { .. }
+            | Op::Linear { .. }
             | Op::Contiguous
             | Op::Reshape { .. }
             | Op::Transpose { .. }
@@ -379,13 +405,13 @@ impl Lowering<'_> {
     fn embedding(&self) -> Result<Vec<Launch>> {
         match self.op {
             Op::Embedding => {
-                let weight = self.operand(0, "weight", F32)?;
+                let (weight, stored) = self.stored(0, "weight")?;
                 let ids = self.operand(1, "ids", I64)?;
                 let out = self.result(0, "out", F32)?;
                 let [vocab, hidden] = two_dims(self, weight, "weight")?;
                 let launch = gpu::embedding::embedding_f32(
                     out.addr(),
-                    weight.addr(),
+                    (weight.addr(), stored),
                     ids.addr(),
                     [size(ids.numel()), hidden, vocab],
                     self.fault,

@@ -56,8 +56,8 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
         }
         Op::CachedAttention { scale } => {
             let q = at.operand(0, "q", F32)?;
-            let k_cache = at.operand(1, "k_cache", F32)?;
-            let v_cache = at.operand(2, "v_cache", F32)?;
+            let (k_cache, stored) = at.stored(1, "k_cache")?;
+            let v_cache = at.operand(2, "v_cache", k_cache.dtype)?;
             let positions = at.operand(3, "positions", I64)?;
             let out = at.result(0, "out", F32)?;
             let dims = attention_dims(at, q.dims(), k_cache.dims())?;
@@ -72,7 +72,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 out.addr(),
                 partials,
                 inputs,
-                (dims, scale),
+                (dims, scale, stored),
                 at.fault,
             )?)
         }
@@ -103,17 +103,17 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             Ok(attention::attention_backward_f32(addresses, dims, scale)?)
         }
         Op::KvCacheWrite => {
-            let cache = at.operand(0, "cache", F32)?;
+            let (cache, stored) = at.stored(0, "cache")?;
             let fresh = at.operand(1, "new", F32)?;
             let positions = at.operand(2, "positions", I64)?;
-            let out = at.result(0, "cache", F32)?;
+            let out = at.result(0, "cache", cache.dtype)?;
             let [batch, heads, capacity, head_dim] = dims4(at, cache.dims(), "cache")?;
             let [_, _, block, _] = dims4(at, fresh.dims(), "new")?;
             // In place (the result is the cache) only the new rows are written.
             let mut launches = copy_unless_same(out.addr(), cache.addr(), byte_len(cache));
             if fresh.numel() > 0 {
                 launches.push(cache::kv_cache_write_f32(
-                    out.addr(),
+                    (out.addr(), stored),
                     fresh.addr(),
                     positions.addr(),
                     [batch, heads, capacity, block, head_dim],

@@ -1,4 +1,4 @@
-//! MatMul on the vendor GEMM (or, as a candidate, the gemv kernel): the IR's batched
+//! MatMul on the vendor GEMM: the IR's batched
 //! `op(a)·op(b)` as one strided-batched row-major GEMM description.
 //!
 //! Operands may be strided: a matrix whose columns are dense is row-major with `ld` = its row
@@ -7,10 +7,9 @@
 //! uniform stride.
 
 use kiln_ir::DType;
-use kiln_kernels::gpu::gemv::{self, Gemv};
 use kiln_kernels::gpu::{self, Gemm, GemmDType, Launch};
 
-use super::{collapse, size, LowerOptions, Lowering, F32};
+use super::{collapse, size, Lowering, F32};
 use crate::error::Result;
 use crate::lower::DeviceTensor;
 
@@ -62,7 +61,6 @@ fn stored(at: &Lowering<'_>, tensor: &DeviceTensor, name: &str, transpose: bool)
 pub(super) fn lower_matmul(
     at: &Lowering<'_>,
     [transpose_a, transpose_b]: [bool; 2],
-    options: LowerOptions,
 ) -> Result<Vec<Launch>> {
     let a = at.port(at.i, "operand", 0, "a")?;
     let b = at.port(at.i, "operand", 1, "b")?;
@@ -94,23 +92,6 @@ pub(super) fn lower_matmul(
     let stored_b = stored(at, b, "b", transpose_b)?;
     let batch = size(c.numel()) / (m * n);
     let dtype = GemmDType::of(a.dtype).expect("dtype checked above");
-    if options.gemv && batch == 1 && !stored_a.transpose && stored_b.transpose {
-        let candidate = Gemv {
-            dtype,
-            c: c.addr(),
-            a: a.addr(),
-            w: b.addr(),
-            m,
-            n,
-            k,
-            lda: stored_a.ld,
-            ldw: stored_b.ld,
-            ldc: n,
-        };
-        if candidate.fits() {
-            return Ok(vec![gemv::gemv(candidate)?]);
-        }
-    }
     let gemm = Gemm {
         dtype,
         a: a.addr(),

@@ -4,7 +4,7 @@
 use kiln_ir::Op;
 use kiln_kernels::gpu::norm::{self, RmsNormBackwardRows};
 use kiln_kernels::gpu::rope::{self, RopeDims};
-use kiln_kernels::gpu::Launch;
+use kiln_kernels::gpu::{Launch, Stored};
 
 use super::{size, Lowering, F32, I64};
 use crate::error::Result;
@@ -20,17 +20,18 @@ pub(super) fn lower_norm(at: &Lowering<'_>) -> Result<Vec<Launch>> {
     match at.op {
         Op::RmsNorm { eps } => {
             let x = at.operand(0, "x", F32)?;
-            let weight = at.operand(1, "weight", F32)?;
+            let (weight, stored) = at.stored(1, "weight")?;
             let out = at.result(0, "out", F32)?;
             let [rows, hidden] = rows_hidden(x.dims(), x.numel());
             let eps = Lowering::f32_attribute(*eps);
-            let launch = norm::rmsnorm_f32(out.addr(), x.addr(), weight.addr(), rows, hidden, eps)?;
+            let weight = (weight.addr(), stored);
+            let launch = norm::rmsnorm_f32(out.addr(), x.addr(), weight, rows, hidden, eps)?;
             Ok(vec![launch])
         }
         Op::AddRmsNorm { eps } => {
             let x = at.operand(0, "x", F32)?;
             let residual = at.operand(1, "residual", F32)?;
-            let weight = at.operand(2, "weight", F32)?;
+            let (weight, stored) = at.stored(2, "weight")?;
             let sum = at.result(0, "sum", F32)?;
             let out = at.result(1, "out", F32)?;
             let [rows, hidden] = rows_hidden(x.dims(), x.numel());
@@ -40,7 +41,7 @@ pub(super) fn lower_norm(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 out.addr(),
                 x.addr(),
                 residual.addr(),
-                weight.addr(),
+                (weight.addr(), stored),
                 rows,
                 hidden,
                 eps,
@@ -112,9 +113,12 @@ pub(super) fn lower_rope(at: &Lowering<'_>) -> Result<Vec<Launch>> {
         Op::Rope { theta, bias } => {
             let x = at.operand(0, "x", F32)?;
             let positions = at.operand(1, "positions", I64)?;
-            let bias = match bias {
-                true => Some(at.operand(2, "bias", F32)?.addr()),
-                false => None,
+            let (bias, stored) = match bias {
+                true => {
+                    let (bias, stored) = at.stored(2, "bias")?;
+                    (Some(bias.addr()), stored)
+                }
+                false => (None, Stored::F32),
             };
             let out = at.result(0, "out", F32)?;
             let dims = rope_dims(at, x.dims(), [0, 1, 2, 3], "x")?;
@@ -122,7 +126,7 @@ pub(super) fn lower_rope(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             Ok(vec![rope::rope_f32(
                 out.addr(),
                 [x.addr(), positions.addr()],
-                bias,
+                (bias, stored),
                 (dims, theta),
                 at.fault,
             )])

@@ -461,17 +461,32 @@ fn views_have_no_kernel() {
 }
 
 #[test]
-fn gemv_runs_skinny_products_only_when_enabled() {
-    let a = placed(0, 0, &ty(DType::BF16, &[2, 64]));
-    let w = placed(1, 0, &ty(DType::BF16, &[96, 64]));
-    let c = placed(2, 0, &ty(F32, &[2, 96]));
-    let op = Op::MatMul {
-        transpose_a: false,
-        transpose_b: true,
+fn linear_takes_the_skinny_kernel_up_to_its_row_limit_and_the_gemm_beyond() {
+    let op = Op::Linear {
+        biases: vec![false, true],
+        swiglu: true,
     };
-    let (i, o) = ([a, w], [c]);
-    let default = lower_op(&op, &i, &o, None, FAULT, LowerOptions::default()).unwrap();
-    assert!(matches!(&default[..], [Launch::Gemm(_)]));
-    let gemv = lower_op(&op, &i, &o, None, FAULT, LowerOptions { gemv: true }).unwrap();
-    assert!(matches!(&gemv[..], [Launch::Kernel(k)] if k.function == "gemv_bf16"));
+    let lower = |rows: usize, limit: u64| {
+        let x = placed(0, 0, &ty(F32, &[rows, 64]));
+        let gate = placed(1, 0, &ty(DType::BF16, &[96, 64]));
+        let up = placed(2, 0, &ty(DType::BF16, &[96, 64]));
+        let bias = placed(3, 0, &ty(DType::BF16, &[96]));
+        let out = placed(4, 0, &ty(F32, &[rows, 96]));
+        let workspace = Some((Addr { slot: 5, offset: 0 }, 1 << 20));
+        let options = LowerOptions { linear_rows: limit };
+        lower_op(&op, &[x, gate, up, bias], &[out], workspace, FAULT, options).unwrap()
+    };
+    let skinny = lower(4, 8);
+    assert!(skinny
+        .iter()
+        .all(|l| matches!(l, Launch::Kernel(k) if k.module == "linear")));
+    // Beyond the limit: cast x, two GEMMs, the bias, SwiGLU.
+    let gemm = lower(12, 8);
+    let gemms = gemm.iter().filter(|l| matches!(l, Launch::Gemm(_))).count();
+    assert_eq!((gemm.len(), gemms), (5, 2), "{gemm:?}");
+    assert_eq!(
+        lower(4, 0).len(),
+        5,
+        "limit 0 sends every linear to the GEMM"
+    );
 }

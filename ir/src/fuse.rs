@@ -1,0 +1,378 @@
+//! The fusion pass: rules that match subgraphs of a typed program and rewrite them into the
+//! fused ops of the op set, run after tracing (and autodiff) and before planning. The result
+//! is a new graph, type-checked op by op as it is built, with dead nodes dropped; the
+//! unfused graph stays the reference (`--fusion off`).
+//!
+//! Rules (each a subgraph of the traced bf16-weight programs, matched through the views the
+//! tracer puts between them):
+//! - `linear`: `Cast{bf16}(x) → MatMul{transpose_b}(·, w) [→ Add(·, bias)]` with `w` a bf16
+//!   parameter becomes one [`Op::Linear`] group (the cast is read into the product, the bias
+//!   into its epilogue);
+//! - `swiglu`: `SwiGlu(linear_gate(x), linear_up(x))` becomes one two-group `Linear` with the
+//!   SwiGLU epilogue (the gate and up results never exist);
+//! - `group`: linears of the same input (through reshapes: q, k and v of one layer) become one
+//!   `Linear` of up to [`LINEAR_MAX_GROUPS`] groups, which reads the input once.
+//!
+//! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu) rather than
+//! CUDA C generated per matched subgraph: the patterns that matter are few and the same in
+//! every Transformer, each fused kernel is checked against the CPU reference once for every
+//! program and shape (not per generated variant), and a fixed module compiles once rather than
+//! per program at start-up.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use petgraph::graph::NodeIndex;
+
+use crate::graph::NodeKind;
+use crate::op::LINEAR_MAX_GROUPS;
+use crate::{DType, Graph, InputKind, Op, Result, ValueId};
+
+/// One `MatMul` that the `linear` rule takes, with what it absorbs.
+#[derive(Clone, Debug)]
+struct Candidate {
+    /// The product's input: the cast's f32 operand, or a bf16 value.
+    x: ValueId,
+    /// Values that share the input: `x` seen through reshapes, and whether the cast is folded.
+    key: (ValueId, Vec<usize>, bool),
+    weight: ValueId,
+    bias: Option<ValueId>,
+    matmul: NodeIndex,
+    /// The nodes the group replaces (cast, matmul, add).
+    absorbed: Vec<NodeIndex>,
+    /// The value the group's result stands for (the add's, else the matmul's).
+    end: ValueId,
+}
+
+/// One fused op to emit, at the position of `at` in the old graph.
+struct Fusion {
+    at: NodeIndex,
+    members: Vec<Candidate>,
+    swiglu: Option<NodeIndex>,
+    /// Views between the members and the SwiGlu, replaced with it.
+    views: Vec<NodeIndex>,
+}
+
+/// The program with every rule applied (see the module doc).
+pub fn fuse(graph: &Graph) -> Result<Graph> {
+    let users = users(graph);
+    let candidates: Vec<Candidate> = graph
+        .node_indices()
+        .filter_map(|node| candidate(graph, &users, node))
+        .collect();
+    let mut fusions = swiglu_fusions(graph, &users, &candidates);
+    let paired: BTreeSet<NodeIndex> = (fusions.iter())
+        .flat_map(|f| f.members.iter().map(matmul_of))
+        .collect();
+    let mut groups: BTreeMap<&(ValueId, Vec<usize>, bool), Vec<Candidate>> = BTreeMap::new();
+    for candidate in candidates
+        .iter()
+        .filter(|c| !paired.contains(&matmul_of(c)))
+    {
+        groups
+            .entry(&candidate.key)
+            .or_default()
+            .push(candidate.clone());
+    }
+    for members in groups.into_values() {
+        for chunk in members.chunks(LINEAR_MAX_GROUPS) {
+            let at = chunk
+                .iter()
+                .map(matmul_of)
+                .min()
+                .expect("chunks are not empty");
+            fusions.push(Fusion {
+                at,
+                members: chunk.to_vec(),
+                swiglu: None,
+                views: Vec::new(),
+            });
+        }
+    }
+    let fused = rebuild(graph, &fusions, &BTreeSet::new())?;
+    without_dead_ops(&fused)
+}
+
+fn matmul_of(candidate: &Candidate) -> NodeIndex {
+    candidate.matmul
+}
+
+/// Every value's readers: (node, operand port); outputs and writes count as readers too.
+fn users(graph: &Graph) -> BTreeMap<ValueId, Vec<Option<NodeIndex>>> {
+    let mut users: BTreeMap<ValueId, Vec<Option<NodeIndex>>> = BTreeMap::new();
+    for node in graph.node_indices() {
+        for operand in graph.operands(node) {
+            users.entry(operand).or_default().push(Some(node));
+        }
+    }
+    for (_, value) in graph.outputs().iter().chain(graph.writes()) {
+        users.entry(*value).or_default().push(None);
+    }
+    users
+}
+
+fn op_of(graph: &Graph, node: NodeIndex) -> Option<&Op> {
+    match &graph.node(node)?.kind {
+        NodeKind::Op(op) => Some(op),
+        NodeKind::Input { .. } => None,
+    }
+}
+
+fn is_param(graph: &Graph, value: ValueId) -> bool {
+    matches!(
+        graph.node(value.node).map(|n| &n.kind),
+        Some(NodeKind::Input {
+            kind: InputKind::Param,
+            ..
+        })
+    )
+}
+
+/// Whether `value` is read by exactly `reader` and nothing else.
+fn only_read_by(
+    users: &BTreeMap<ValueId, Vec<Option<NodeIndex>>>,
+    value: ValueId,
+    reader: NodeIndex,
+) -> bool {
+    users
+        .get(&value)
+        .is_some_and(|u| u.as_slice() == [Some(reader)])
+}
+
+/// The `linear` rule at `node`, if it matches.
+fn candidate(
+    graph: &Graph,
+    users: &BTreeMap<ValueId, Vec<Option<NodeIndex>>>,
+    node: NodeIndex,
+) -> Option<Candidate> {
+    let Some(Op::MatMul {
+        transpose_a: false,
+        transpose_b: true,
+    }) = op_of(graph, node)
+    else {
+        return None;
+    };
+    let [a, weight] = graph.operands(node)[..] else {
+        return None;
+    };
+    let weight_type = graph.value_type(weight).ok()?;
+    if !is_param(graph, weight) || weight_type.dtype != DType::BF16 || weight_type.dims().len() != 2
+    {
+        return None;
+    }
+    let a_type = graph.value_type(a).ok()?;
+    if a_type.dims().len() != 2 || a_type.dtype != DType::BF16 {
+        return None;
+    }
+    let mut absorbed = Vec::new();
+    // A cast read by this product alone is folded into it.
+    let cast_source = match op_of(graph, a.node) {
+        Some(Op::Cast { to: DType::BF16 }) if only_read_by(users, a, node) => {
+            let source = graph.operands(a.node)[0];
+            (graph.value_type(source).ok()?.dtype == DType::F32).then_some(source)
+        }
+        _ => None,
+    };
+    if cast_source.is_some() {
+        absorbed.push(a.node);
+    }
+    absorbed.push(node);
+    let x = cast_source.unwrap_or(a);
+    let product = ValueId { node, port: 0 };
+    let mut end = product;
+    let mut bias = None;
+    if let Some([Some(add)]) = users.get(&product).map(Vec::as_slice) {
+        if let (Some(Op::Add), [left, b]) = (op_of(graph, *add), &graph.operands(*add)[..]) {
+            let n = weight_type.dims()[0];
+            let b_type = graph.value_type(*b).ok()?;
+            if *left == product && is_param(graph, *b) && b_type.dims() == [n] {
+                bias = Some(*b);
+                absorbed.push(*add);
+                end = ValueId {
+                    node: *add,
+                    port: 0,
+                };
+            }
+        }
+    }
+    let key = (
+        through_reshapes(graph, x),
+        a_type.dims().to_vec(),
+        cast_source.is_some(),
+    );
+    Some(Candidate {
+        x,
+        key,
+        weight,
+        bias,
+        matmul: node,
+        absorbed,
+        end,
+    })
+}
+
+/// The value `value` is a reshape (or chain of reshapes) of.
+fn through_reshapes(graph: &Graph, mut value: ValueId) -> ValueId {
+    while let Some(Op::Reshape { .. }) = op_of(graph, value.node) {
+        value = graph.operands(value.node)[0];
+    }
+    value
+}
+
+/// The `swiglu` rule: each SwiGlu whose gate and up are the ends of candidates of one input,
+/// read by it alone.
+fn swiglu_fusions(
+    graph: &Graph,
+    users: &BTreeMap<ValueId, Vec<Option<NodeIndex>>>,
+    candidates: &[Candidate],
+) -> Vec<Fusion> {
+    let by_end: BTreeMap<ValueId, &Candidate> = candidates.iter().map(|c| (c.end, c)).collect();
+    let mut fusions = Vec::new();
+    for node in graph.node_indices() {
+        let Some(Op::SwiGlu) = op_of(graph, node) else {
+            continue;
+        };
+        let [gate, up] = graph.operands(node)[..] else {
+            continue;
+        };
+        // Each operand is a linear's end, or a reshape of one read by nothing else.
+        let end_of = |value: ValueId| match op_of(graph, value.node) {
+            Some(Op::Reshape { .. }) if only_read_by(users, value, node) => {
+                let end = graph.operands(value.node)[0];
+                only_read_by(users, end, value.node).then_some(end)
+            }
+            _ => only_read_by(users, value, node).then_some(value),
+        };
+        let views: Vec<NodeIndex> = [gate, up]
+            .iter()
+            .filter(|v| matches!(op_of(graph, v.node), Some(Op::Reshape { .. })))
+            .map(|v| v.node)
+            .collect();
+        let (Some(gate), Some(up)) = (end_of(gate), end_of(up)) else {
+            continue;
+        };
+        let (Some(g), Some(u)) = (by_end.get(&gate), by_end.get(&up)) else {
+            continue;
+        };
+        if gate != up && g.key == u.key {
+            fusions.push(Fusion {
+                at: node,
+                members: vec![(*g).clone(), (*u).clone()],
+                swiglu: Some(node),
+                views,
+            });
+        }
+    }
+    fusions
+}
+
+/// A new graph: `graph` without the op nodes in `dead`, and with each fusion's nodes replaced
+/// by its `Linear`, emitted where the fusion says (every operand of it is defined before that
+/// node: the input precedes the first member, weights and biases are parameters).
+fn rebuild(graph: &Graph, fusions: &[Fusion], dead: &BTreeSet<NodeIndex>) -> Result<Graph> {
+    let skipped: BTreeSet<NodeIndex> = fusions
+        .iter()
+        .flat_map(|f| f.members.iter().flat_map(|m| m.absorbed.iter().copied()))
+        .chain(fusions.iter().filter_map(|f| f.swiglu))
+        .chain(fusions.iter().flat_map(|f| f.views.iter().copied()))
+        .chain(dead.iter().copied())
+        .collect();
+    let at: BTreeMap<NodeIndex, &Fusion> = fusions.iter().map(|f| (f.at, f)).collect();
+    let mut new = Graph::new(graph.name());
+    let mut map: BTreeMap<ValueId, ValueId> = BTreeMap::new();
+    // Operands precede their readers, so every value read is mapped by then.
+    let mapped = |map: &BTreeMap<ValueId, ValueId>, v: &ValueId| {
+        map.get(v).copied().ok_or_else(|| crate::Error::Invalid {
+            rule: "fuse: operands before readers",
+            detail: format!("{v} is read before the fused graph defines it"),
+        })
+    };
+    for node in graph.node_indices() {
+        let Some(old) = graph.node(node) else {
+            continue;
+        };
+        if let Some(fusion) = at.get(&node) {
+            let members = &fusion.members;
+            let mut operands = vec![mapped(&map, &members[0].x)?];
+            for member in members {
+                operands.push(mapped(&map, &member.weight)?);
+            }
+            for bias in members.iter().filter_map(|m| m.bias) {
+                operands.push(mapped(&map, &bias)?);
+            }
+            let op = Op::Linear {
+                biases: members.iter().map(|m| m.bias.is_some()).collect(),
+                swiglu: fusion.swiglu.is_some(),
+            };
+            let results = new.op(op, &operands)?;
+            match fusion.swiglu {
+                Some(swiglu) => {
+                    // SwiGlu ran on the products viewed back as [.., N]: view the result so.
+                    let mut result = results[0];
+                    if let Some(old) = graph.node(swiglu) {
+                        let shape = old.outputs[0].shape.clone();
+                        if shape != new.value_type(result)?.shape {
+                            result = new.op1(Op::Reshape { shape }, &[result])?;
+                        }
+                    }
+                    map.insert(
+                        ValueId {
+                            node: swiglu,
+                            port: 0,
+                        },
+                        result,
+                    );
+                }
+                None => {
+                    for (member, result) in members.iter().zip(results) {
+                        map.insert(member.end, result);
+                    }
+                }
+            }
+        }
+        if skipped.contains(&node) {
+            continue;
+        }
+        let results = match &old.kind {
+            NodeKind::Input { name, kind } => {
+                vec![new.input(name, *kind, old.outputs[0].clone())?]
+            }
+            NodeKind::Op(op) => {
+                let operands = (graph.operands(node).iter())
+                    .map(|v| mapped(&map, v))
+                    .collect::<Result<Vec<_>>>()?;
+                new.op(op.clone(), &operands)?
+            }
+        };
+        for (port, result) in results.into_iter().enumerate() {
+            map.insert(ValueId { node, port }, result);
+        }
+    }
+    for (name, value) in graph.outputs() {
+        new.output(name, mapped(&map, value)?)?;
+    }
+    for (name, value) in graph.writes() {
+        new.write(name, mapped(&map, value)?)?;
+    }
+    Ok(new)
+}
+
+/// `graph` without the ops no output or write depends on (the inputs all stay).
+fn without_dead_ops(graph: &Graph) -> Result<Graph> {
+    let mut live: BTreeSet<NodeIndex> = BTreeSet::new();
+    let mut stack: Vec<NodeIndex> = (graph.outputs().iter().chain(graph.writes()))
+        .map(|(_, v)| v.node)
+        .collect();
+    while let Some(node) = stack.pop() {
+        if live.insert(node) {
+            stack.extend(graph.operands(node).iter().map(|v| v.node));
+        }
+    }
+    let dead: Vec<NodeIndex> = graph
+        .node_indices()
+        .filter(|n| !live.contains(n) && op_of(graph, *n).is_some())
+        .collect();
+    if dead.is_empty() {
+        return Ok(graph.clone());
+    }
+    rebuild(graph, &[], &dead.into_iter().collect())
+}
