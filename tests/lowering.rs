@@ -49,7 +49,10 @@ fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &
             summary.in_place_writes.len() + summary.copied_writes.len(),
             graph.writes().len()
         );
-        assert!(summary.kernels > 0 && summary.gemms > 0);
+        assert!(summary.kernels > 0);
+        // bf16 decode runs every linear of its one row on the skinny kernel, no GEMM.
+        let skinny = options.precision == Precision::Bf16 && options.batch == 1;
+        assert!(summary.gemms > 0 || (skinny && kind == ProgramKind::Decode));
     }
 }
 

@@ -87,7 +87,9 @@ pub struct BenchResult {
 /// Bytes one decode step must read at least: every weight once (the embedding table only for
 /// the rows it gathers, unless the output head shares it), every cached K/V row up to the
 /// position, all in f32.
-fn decode_bytes(config: &ModelConfig, batch: usize, context: usize) -> f64 {
+/// Bytes a decode step must read: every weight (the embedding only for the gathered rows unless
+/// tied) and every cached K/V row, at `element_bytes` each (the precision's storage).
+fn decode_bytes(config: &ModelConfig, batch: usize, context: usize, element_bytes: f64) -> f64 {
     let params = kiln_frontend::programs::parameter_count(config) as f64;
     let embedding = (config.vocab_size * config.hidden_size) as f64;
     let weights = if config.tie_word_embeddings {
@@ -101,7 +103,7 @@ fn decode_bytes(config: &ModelConfig, batch: usize, context: usize) -> f64 {
             * config.num_key_value_heads
             * (context + 1)
             * config.head_dim) as f64;
-    4.0 * (weights + cache)
+    element_bytes * (weights + cache)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -242,8 +244,10 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         ProgramKind::Decode => batch,
         _ => batch * seq,
     };
-    let floor = (args.kind == ProgramKind::Decode)
-        .then(|| 1e3 * decode_bytes(&config, batch, args.context) / HBM_BYTES_PER_SECOND);
+    let floor = (args.kind == ProgramKind::Decode).then(|| {
+        let element = args.options.precision.weight_dtype().size_bytes() as f64;
+        1e3 * decode_bytes(&config, batch, args.context, element) / HBM_BYTES_PER_SECOND
+    });
     Ok(BenchResult {
         model: args.model.clone(),
         program: args.kind.name().to_string(),

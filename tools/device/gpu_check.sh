@@ -8,6 +8,8 @@
 #   sanitize: compute-sanitizer memcheck and racecheck over the tiny programs, 1 and 2 streams
 #   nan:      one NaN in the tiny model's lm_head.weight: `kiln eval` loss on the CPU and GPU
 #   bench:  `kiln bench` rows of BENCHMARKS.md (JSON lines in OUT_DIR/bench.jsonl)
+#   fused:  bf16 inference rows (fused, unfused, skinny-kernel limits) and the compiled PyTorch
+#           decode peer (BIN_DIR/fast_decode.py)
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -82,7 +84,7 @@ PY
       ;;
     bench)
       for model in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
-        rows=("decode --mode graph" "decode --mode eager" "decode --mode graph --gemv"
+        rows=("decode --mode graph" "decode --mode eager"
               "prefill --mode graph" "prefill --mode graph --precision bf16-gemm"
               "train --mode graph" "train --mode graph --precision bf16-gemm")
         for args in "${rows[@]}"; do
@@ -92,6 +94,31 @@ PY
           tail -n 1 "$out/bench.jsonl"
         done
       done
+      ;;
+    fused)
+      # bf16 inference, fused and not, the skinny kernel's row limit; the compiled-PyTorch
+      # decode peer (ANCHORS.md's fast_decode.py, given as BIN_DIR/fast_decode.py) after.
+      for model in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
+        for b in 1 8 32; do
+          for extra in "" "--linear-rows 0" "--linear-rows 16" "--fusion off"; do
+            echo "== $model decode B=$b bf16 $extra"
+            "$bin/kiln" bench --model $model --program decode --batch $b --precision bf16 $extra \
+              --json >>"$out/fused.jsonl" 2>>"$out/fused.log" || echo "FAILED (see fused.log)"
+            tail -n 1 "$out/fused.jsonl"
+          done
+        done
+        for extra in "" "--fusion off"; do
+          echo "== $model prefill bf16 $extra"
+          "$bin/kiln" bench --model $model --program prefill --precision bf16 $extra --json \
+            >>"$out/fused.jsonl" 2>>"$out/fused.log" || echo "FAILED (see fused.log)"
+          tail -n 1 "$out/fused.jsonl"
+        done
+        echo "== $model decode B=1 f32"
+        "$bin/kiln" bench --model $model --program decode --json >>"$out/fused.jsonl" 2>>"$out/fused.log"
+        tail -n 1 "$out/fused.jsonl"
+      done
+      PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" qwen2.5-0.5b 1 8 32 2>&1 | tee "$out/peer.log"
+      PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" ds-r1-qwen-1.5b 1 2>&1 | tee -a "$out/peer.log"
       ;;
     anchor)
       PYTHONUNBUFFERED=1 python3 "$bin/torch_anchor.py" qwen2.5-0.5b ds-r1-qwen-1.5b 2>&1 | tee "$out/anchor.log"

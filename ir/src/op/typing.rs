@@ -132,10 +132,9 @@ fn linear_types(rule: &Rule<'_>, biases: &[bool], swiglu: bool) -> Result<Vec<Te
             _ => return Err(rule.type_error(port, format!("bf16 [N,{k}]"))),
         }
     }
-    let mut port = 1 + groups;
-    for (group, _) in biases.iter().enumerate().filter(|(_, &b)| b) {
+    let biased = biases.iter().enumerate().filter(|(_, &b)| b);
+    for (port, (group, _)) in (1 + groups..).zip(biased) {
         rule.stored(port, DType::F32, &[widths[group]])?;
-        port += 1;
     }
     if swiglu {
         if widths[0] != widths[1] {
