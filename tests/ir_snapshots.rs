@@ -1,13 +1,18 @@
 //! Snapshots of the IR text of the tiny programs (reviewed like code: `cargo insta review`).
 
-use kiln_frontend::model::ModelConfig;
+use kiln_frontend::model::{ModelConfig, Precision};
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 
 fn snapshot(kind: ProgramKind) {
+    snapshot_as(kind, Precision::F32, &format!("ir_tiny_{}", kind.name()));
+}
+
+fn snapshot_as(kind: ProgramKind, precision: Precision, name: &str) {
     let options = ProgramOptions {
         batch: 2,
         seq: 4,
         max_seq: Some(8),
+        precision,
         ..Default::default()
     };
     let graph = build(kind, &ModelConfig::tiny(), &options).unwrap();
@@ -19,7 +24,7 @@ fn snapshot(kind: ProgramKind) {
         "deterministic"
     );
     insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
-        insta::assert_snapshot!(format!("ir_tiny_{}", kind.name()), text);
+        insta::assert_snapshot!(name.to_string(), text);
     });
 }
 
@@ -36,4 +41,11 @@ fn tiny_decode() {
 #[test]
 fn tiny_train() {
     snapshot(ProgramKind::Train);
+}
+
+/// The fused bf16 decode program: one `linear` each for q/k/v, o, gate/up with SwiGLU, down
+/// and the head; bf16 weights and caches read by the f32 ops directly.
+#[test]
+fn tiny_decode_bf16_fused() {
+    snapshot_as(ProgramKind::Decode, Precision::Bf16, "ir_tiny_decode_bf16");
 }

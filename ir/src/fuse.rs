@@ -11,7 +11,11 @@
 //! - `swiglu`: `SwiGlu(linear_gate(x), linear_up(x))` becomes one two-group `Linear` with the
 //!   SwiGLU epilogue (the gate and up results never exist);
 //! - `group`: linears of the same input (through reshapes: q, k and v of one layer) become one
-//!   `Linear` of up to [`LINEAR_MAX_GROUPS`] groups, which reads the input once.
+//!   `Linear` of up to [`LINEAR_MAX_GROUPS`] groups, which reads the input once;
+//! - `views`: a `Contiguous` of a view that moves no element — a transpose that only moves
+//!   dims of size 1 past each other (decode's one token put heads first), a slice of a whole
+//!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
+//!   itself: no copy.
 //!
 //! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu) rather than
 //! CUDA C generated per matched subgraph: the patterns that matter are few and the same in
@@ -88,7 +92,7 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
             });
         }
     }
-    let fused = rebuild(graph, &fusions, &BTreeSet::new())?;
+    let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
     without_dead_ops(&fused)
 }
 
@@ -265,10 +269,70 @@ fn swiglu_fusions(
     fusions
 }
 
-/// A new graph: `graph` without the op nodes in `dead`, and with each fusion's nodes replaced
-/// by its `Linear`, emitted where the fusion says (every operand of it is defined before that
-/// node: the input precedes the first member, weights and biases are parameters).
-fn rebuild(graph: &Graph, fusions: &[Fusion], dead: &BTreeSet<NodeIndex>) -> Result<Graph> {
+/// What the `views` rule makes of a `Contiguous` node.
+enum ViewRewrite {
+    /// The dense value viewed as the contiguous result's shape.
+    Reshape(ValueId),
+    /// The dense value itself.
+    Same(ValueId),
+}
+
+/// Whether `value` is dense row-major: the result of a non-view op or an input, or a reshape
+/// of one.
+fn is_dense(graph: &Graph, value: ValueId) -> bool {
+    let root = through_reshapes(graph, value);
+    !matches!(
+        op_of(graph, root.node),
+        Some(Op::Transpose { .. } | Op::Slice { .. })
+    )
+}
+
+/// The `views` rule at every `Contiguous` it matches.
+fn view_rewrites(graph: &Graph) -> BTreeMap<NodeIndex, ViewRewrite> {
+    let mut rewrites = BTreeMap::new();
+    for node in graph.node_indices() {
+        let Some(Op::Contiguous) = op_of(graph, node) else {
+            continue;
+        };
+        let view = graph.operands(node)[0];
+        let Some(source) = graph.operands(view.node).first().copied() else {
+            continue;
+        };
+        let Ok(dims) = graph.value_type(source).map(|t| t.dims().to_vec()) else {
+            continue;
+        };
+        if !is_dense(graph, source) {
+            continue;
+        }
+        match op_of(graph, view.node) {
+            Some(&Op::Transpose { dim0, dim1 }) => {
+                let (i, j) = (dim0.min(dim1), dim0.max(dim1));
+                // The non-unit dims keep their order: one of the two is 1, and so is every
+                // dim the other passes.
+                let unit = |d: usize| dims.get(d) == Some(&1);
+                if (unit(i) || unit(j)) && (i + 1..j).all(unit) {
+                    rewrites.insert(node, ViewRewrite::Reshape(source));
+                }
+            }
+            Some(&Op::Slice { axis, start, end }) if start == 0 && dims.get(axis) == Some(&end) => {
+                rewrites.insert(node, ViewRewrite::Same(source));
+            }
+            _ => {}
+        }
+    }
+    rewrites
+}
+
+/// A new graph: `graph` without the op nodes in `dead`, with each fusion's nodes replaced by
+/// its `Linear`, emitted where the fusion says (every operand of it is defined before that
+/// node: the input precedes the first member, weights and biases are parameters), and each
+/// view rewrite made.
+fn rebuild(
+    graph: &Graph,
+    fusions: &[Fusion],
+    views: &BTreeMap<NodeIndex, ViewRewrite>,
+    dead: &BTreeSet<NodeIndex>,
+) -> Result<Graph> {
     let skipped: BTreeSet<NodeIndex> = fusions
         .iter()
         .flat_map(|f| f.members.iter().flat_map(|m| m.absorbed.iter().copied()))
@@ -332,6 +396,19 @@ fn rebuild(graph: &Graph, fusions: &[Fusion], dead: &BTreeSet<NodeIndex>) -> Res
         if skipped.contains(&node) {
             continue;
         }
+        match views.get(&node) {
+            Some(ViewRewrite::Same(source)) => {
+                map.insert(ValueId { node, port: 0 }, mapped(&map, source)?);
+                continue;
+            }
+            Some(ViewRewrite::Reshape(source)) => {
+                let shape = old.outputs[0].shape.clone();
+                let result = new.op1(Op::Reshape { shape }, &[mapped(&map, source)?])?;
+                map.insert(ValueId { node, port: 0 }, result);
+                continue;
+            }
+            None => {}
+        }
         let results = match &old.kind {
             NodeKind::Input { name, kind } => {
                 vec![new.input(name, *kind, old.outputs[0].clone())?]
@@ -374,5 +451,5 @@ fn without_dead_ops(graph: &Graph) -> Result<Graph> {
     if dead.is_empty() {
         return Ok(graph.clone());
     }
-    rebuild(graph, &[], &dead.into_iter().collect())
+    rebuild(graph, &[], &BTreeMap::new(), &dead.into_iter().collect())
 }

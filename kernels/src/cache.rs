@@ -1,8 +1,8 @@
 //! The KV cache of incremental decoding: writing new key/value rows into it, and causal GQA
 //! attention of a block of queries over it.
 //!
-//! Layouts (all contiguous; the float operands of one call share f32 or f64; `positions` is
-//! i32 or i64):
+//! Layouts (all contiguous; the float operands of one call share f32 or f64 — `kv_cache_write`
+//! also copies bf16 and f16 rows into a cache of their dtype; `positions` is i32 or i64):
 //! - `cache`, `k_cache`, `v_cache` `[B,H,Smax,D]`: row `s` of batch row `b` and head `h` holds
 //!   the key (or value) of the token at absolute position `s`;
 //! - `new` `[B,H,T,D]`: the rows of `T` consecutive new tokens;

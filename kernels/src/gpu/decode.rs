@@ -1,5 +1,6 @@
 //! Builders of `decode.cu`: attention over a KV cache split over keys (one block per chunk of
-//! [`KEY_CHUNK`] cache rows of one query row, then one combine block per query row).
+//! [`key_chunk`] cache rows of one KV head and all its query heads, then one combine block per
+//! query row).
 
 use super::attention::AttentionDims;
 use super::launch::{grid_dim, size_arg, MAX_GRID_X, MAX_GRID_YZ};
@@ -8,17 +9,35 @@ use crate::Result;
 
 const MODULE: &str = "decode";
 
-/// Cache rows per block of the split kernel.
-pub const KEY_CHUNK: u64 = 64;
+/// Cache rows per block of the split kernel: 64 for heads of up to 64 dims, fewer for wider
+/// ones (the chunk's keys and values sit in shared memory), at least 16.
+pub fn key_chunk(head_dim: u64) -> u64 {
+    (4096 / head_dim.max(1)).clamp(16, 64)
+}
 
 /// Chunks of a cache of `capacity` rows.
-pub fn splits(capacity: u64) -> u64 {
-    capacity.div_ceil(KEY_CHUNK).max(1)
+pub fn splits(capacity: u64, head_dim: u64) -> u64 {
+    capacity.div_ceil(key_chunk(head_dim)).max(1)
 }
+
+/// Dynamic shared memory of one split block, bytes (see `decode.cu`).
+fn split_shared_bytes(dims: &AttentionDims) -> u64 {
+    let group = dims.q_heads / dims.kv_heads.max(1);
+    let (d, chunk) = (dims.head_dim, key_chunk(dims.head_dim));
+    (group * d + chunk * (d + 1) + chunk * d + group * chunk) * 4
+}
+
+/// The dynamic shared memory a block may take without opting in to more.
+const MAX_SHARED_BYTES: u64 = 48 * 1024;
 
 /// Bytes of the partial results, `[B,Hq,T,splits,D+2]` f32.
 pub fn partials_bytes(dims: &AttentionDims) -> u64 {
-    dims.batch * dims.q_heads * dims.q_len * splits(dims.kv_len) * (dims.head_dim + 2) * 4
+    dims.batch
+        * dims.q_heads
+        * dims.q_len
+        * splits(dims.kv_len, dims.head_dim)
+        * (dims.head_dim + 2)
+        * 4
 }
 
 /// `out [B,T,Hq,D]` over the caches `[B,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
@@ -37,16 +56,23 @@ pub fn cached_attention_f32(
     );
     const SPLIT: &str = "cached_attention_split_f32";
     const COMBINE: &str = "cached_attention_combine_f32";
-    if dims.head_dim > u64::from(BLOCK_THREADS) {
+    let shared = split_shared_bytes(&dims);
+    if shared > MAX_SHARED_BYTES || dims.kv_heads == 0 {
         return Err(crate::Error::Argument {
             op: SPLIT,
             argument: "head_dim",
-            reason: format!("{} > {BLOCK_THREADS} threads per block", dims.head_dim),
+            reason: format!(
+                "{} query heads per KV head of {} dims need {shared} bytes of shared memory, \
+                 more than {MAX_SHARED_BYTES}",
+                dims.q_heads / dims.kv_heads.max(1),
+                dims.head_dim
+            ),
         });
     }
-    let splits = splits(dims.kv_len);
+    let splits = splits(dims.kv_len, dims.head_dim);
     let rows = grid_dim(SPLIT, "B·T", dims.batch * dims.q_len, MAX_GRID_YZ)?;
     let heads = grid_dim(SPLIT, "Hq", dims.q_heads, MAX_GRID_YZ)?;
+    let kv_heads = grid_dim(SPLIT, "Hkv", dims.kv_heads, MAX_GRID_YZ)?;
     let split_args = vec![
         Arg::Ptr(partials),
         Arg::Ptr(q),
@@ -58,17 +84,20 @@ pub fn cached_attention_f32(
         size_arg(dims.q_len),
         size_arg(dims.kv_len),
         size_arg(dims.head_dim),
-        size_arg(KEY_CHUNK),
+        size_arg(key_chunk(dims.head_dim)),
         Arg::F32(scale),
         Arg::Ptr(fault),
     ];
-    let shared = ((dims.head_dim + KEY_CHUNK + u64::from(BLOCK_THREADS)) * 4) as u32;
     let split = Kernel::launch(
         MODULE,
         split_function,
-        (grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?, heads, rows),
+        (
+            grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?,
+            kv_heads,
+            rows,
+        ),
         (BLOCK_THREADS, 1, 1),
-        shared,
+        shared as u32,
         split_args,
     );
     let combine_args = vec![
