@@ -10,6 +10,9 @@
 
 extern __shared__ float kiln_shared[];
 
+// Elements each thread loads per round before storing them.
+#define KILN_DECODE_ROUND 8
+
 // One block per (chunk, KV head, b·T + t): the `group` query heads of one KV head share its
 // chunk of cache rows, read once. Dynamic shared memory, in floats: q [group][D], keys
 // [chunk][D + 1] (padded: the score loop reads rows, not columns), values [chunk][D], scores
@@ -48,18 +51,37 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
         const i64 h = kv * group + i / head_dim;
         q_shared[i] = q[((b * q_heads + h) * q_len + t) * head_dim + i % head_dim];
     }
-    const i64 first_element = kv_first + first * head_dim;
-    for (i64 i = threadIdx.x; i < count * head_dim; i += threads) {
-        keys[(i / head_dim) * stride + i % head_dim] = kiln_load(k_cache, first_element + i);
-        values[i] = kiln_load(v_cache, first_element + i);
+    // The chunk's rows are contiguous in the cache. Each thread issues all the loads of a
+    // round before it stores any (a store waits for its load; a load per round trip would
+    // serialize the latency).
+    const C* k_chunk = k_cache + kv_first + first * head_dim;
+    const C* v_chunk = v_cache + kv_first + first * head_dim;
+    const int n = (int)(count * head_dim), dim = (int)head_dim;
+    for (int base = threadIdx.x; base < n; base += KILN_DECODE_ROUND * threads) {
+        float k_values[KILN_DECODE_ROUND], v_values[KILN_DECODE_ROUND];
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
+            const int i = base + u * (int)threads;
+            k_values[u] = i < n ? kiln_load(k_chunk, i) : 0.0f;
+            v_values[u] = i < n ? kiln_load(v_chunk, i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
+            const int i = base + u * (int)threads;
+            if (i < n) {
+                keys[(i / dim) * stride + i % dim] = k_values[u];
+                values[i] = v_values[u];
+            }
+        }
     }
     __syncthreads();
-    for (i64 i = threadIdx.x; i < group * count; i += threads) {
-        const i64 h = i / count, key = i % count;
+    for (int i = threadIdx.x; i < (int)(group * count); i += threads) {
+        const int h = i / (int)count, key = i % (int)count;
         const float* q_row = q_shared + h * head_dim;
         const float* k_row = keys + key * stride;
         float dot = 0.0f;
-        for (i64 d = 0; d < head_dim; ++d) dot += q_row[d] * k_row[d];
+#pragma unroll 8
+        for (int d = 0; d < dim; ++d) dot += q_row[d] * k_row[d];
         scores[h * chunk + key] = dot * scale;
     }
     __syncthreads();
@@ -89,7 +111,8 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
         const i64 h = i / head_dim, d = i % head_dim;
         const float* p = scores + h * chunk;
         float acc = 0.0f;
-        for (i64 key = 0; key < count; ++key) acc += p[key] * values[key * head_dim + d];
+#pragma unroll 8
+        for (int key = 0; key < (int)count; ++key) acc += p[key] * values[key * head_dim + d];
         float* out = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
                                     (head_dim + 2);
         out[2 + d] = acc;
@@ -116,23 +139,47 @@ extern "C" __global__ void cached_attention_split_f32_bf16(
 }
 
 // One block per (query head, b·T + t): out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M),
-// M the largest chunk max; chunks in order. Empty chunks (m = −inf, l = 0) add nothing.
+// M the largest chunk max. Empty chunks (m = −inf, l = 0) add nothing. Dynamic shared memory:
+// 2·splits floats (each chunk's max, then its weight e^(m_c − M)). M and the total are block
+// reductions (fixed order); each output element sums the chunks in chunk order, its loads
+// issued KILN_DECODE_ROUND at a time.
 extern "C" __global__ void cached_attention_combine_f32(float* out, const float* partials,
                                                         i64 q_heads, i64 q_len, i64 head_dim,
                                                         i64 splits) {
+    __shared__ float scratch[KILN_WARP];
     const i64 h = blockIdx.y, row = blockIdx.z;
     const i64 b = row / q_len, t = row % q_len;
     const i64 q_index = (b * q_heads + h) * q_len + t;
     const i64 stride = head_dim + 2;
     const float* part = partials + q_index * splits * stride;
+    float* maxima = kiln_shared;
+    float* weights = kiln_shared + splits;
     float top = -__int_as_float(0x7f800000);
-    for (i64 c = 0; c < splits; ++c) top = kiln_max(top, part[c * stride]);
+    for (i64 c = threadIdx.x; c < splits; c += blockDim.x) {
+        maxima[c] = part[c * stride];
+        top = kiln_max(top, maxima[c]);
+    }
+    top = kiln_block_max(top, scratch);
     float total = 0.0f;
-    for (i64 c = 0; c < splits; ++c) total += part[c * stride + 1] * expf(part[c * stride] - top);
+    for (i64 c = threadIdx.x; c < splits; c += blockDim.x) {
+        weights[c] = expf(maxima[c] - top);
+        total += part[c * stride + 1] * weights[c];
+    }
+    total = kiln_block_sum(total, scratch);
     float* out_row = out + ((b * q_len + t) * q_heads + h) * head_dim;
     for (i64 d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
-        for (i64 c = 0; c < splits; ++c) acc += part[c * stride + 2 + d] * expf(part[c * stride] - top);
+        for (i64 c0 = 0; c0 < splits; c0 += KILN_DECODE_ROUND) {
+            float chunk[KILN_DECODE_ROUND];
+#pragma unroll
+            for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
+                chunk[u] = c0 + u < splits ? part[(c0 + u) * stride + 2 + d] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
+                if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
+            }
+        }
         out_row[d] = acc / total;
     }
 }

@@ -96,25 +96,19 @@ PY
       done
       ;;
     fused)
-      # bf16 inference, fused and not, the skinny kernel's row limit; the compiled-PyTorch
-      # decode peer (ANCHORS.md's fast_decode.py, given as BIN_DIR/fast_decode.py) after.
+      # bf16 inference rows (the defaults, and the unfused reference at B=1); the compiled-
+      # PyTorch decode peer (ANCHORS.md's fast_decode.py, given as BIN_DIR/fast_decode.py) after.
       for model in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
-        for b in 1 8 32; do
-          for extra in "" "--linear-rows 0" "--linear-rows 16" "--fusion off"; do
-            echo "== $model decode B=$b bf16 $extra"
-            "$bin/kiln" bench --model $model --program decode --batch $b --precision bf16 $extra \
-              --json >>"$out/fused.jsonl" 2>>"$out/fused.log" || echo "FAILED (see fused.log)"
-            tail -n 1 "$out/fused.jsonl"
-          done
-        done
-        for extra in "" "--fusion off"; do
-          echo "== $model prefill bf16 $extra"
-          "$bin/kiln" bench --model $model --program prefill --precision bf16 $extra --json \
-            >>"$out/fused.jsonl" 2>>"$out/fused.log" || echo "FAILED (see fused.log)"
+        for args in "--batch 1" "--batch 8" "--batch 32" "--batch 1 --fusion off" \
+                    "--batch 8 --linear-rows 8"; do
+          echo "== $model decode bf16 $args"
+          "$bin/kiln" bench --model $model --program decode --precision bf16 $args \
+            --json >>"$out/fused.jsonl" 2>>"$out/fused.log" || echo "FAILED (see fused.log)"
           tail -n 1 "$out/fused.jsonl"
         done
-        echo "== $model decode B=1 f32"
-        "$bin/kiln" bench --model $model --program decode --json >>"$out/fused.jsonl" 2>>"$out/fused.log"
+        echo "== $model prefill bf16"
+        "$bin/kiln" bench --model $model --program prefill --precision bf16 --json \
+          >>"$out/fused.jsonl" 2>>"$out/fused.log" || echo "FAILED (see fused.log)"
         tail -n 1 "$out/fused.jsonl"
       done
       PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" qwen2.5-0.5b 1 8 32 2>&1 | tee "$out/peer.log"

@@ -108,12 +108,30 @@ pub fn cached_attention_f32(
         size_arg(dims.head_dim),
         size_arg(splits),
     ];
+    // Each chunk's max and weight (decode.cu).
+    let combine_shared = 2 * splits * 4;
+    if combine_shared > MAX_SHARED_BYTES {
+        return Err(crate::Error::Argument {
+            op: COMBINE,
+            argument: "kv_len",
+            reason: format!(
+                "{} cache rows make {splits} chunks, more than the combine's shared memory \
+                 holds ({} chunks)",
+                dims.kv_len,
+                MAX_SHARED_BYTES / 8
+            ),
+        });
+    }
     let combine = Kernel::launch(
         MODULE,
         COMBINE,
         (1, heads, rows),
-        (dims.head_dim.next_multiple_of(32).min(256) as u32, 1, 1),
-        0,
+        (
+            dims.head_dim.next_multiple_of(32).clamp(32, 256) as u32,
+            1,
+            1,
+        ),
+        combine_shared as u32,
         combine_args,
     );
     Ok(vec![split, combine])
