@@ -364,6 +364,25 @@ extern "C" __global__ void linear_r16(float* y0, float* y1, float* y2, float* pa
 
 // Sums the splits of `partial` ([splits][m][n_virtual]) in increasing order, adds bias and
 // applies the epilogue: one thread per output element (m * n0 with SwiGLU, else m * n_virtual).
+// sum over s < splits of at[s * stride], in increasing s, the loads of a round issued
+// before the adds (one load in flight at a time would serialize the splits' latency).
+#define KILN_LINEAR_ROUND 8
+__device__ __forceinline__ float kiln_linear_split_sum(const float* at, i64 stride, i64 splits) {
+    float sum = at[0];
+    for (i64 s0 = 1; s0 < splits; s0 += KILN_LINEAR_ROUND) {
+        float part[KILN_LINEAR_ROUND];
+#pragma unroll
+        for (int u = 0; u < KILN_LINEAR_ROUND; ++u) {
+            part[u] = s0 + u < splits ? at[(s0 + u) * stride] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_LINEAR_ROUND; ++u) {
+            if (s0 + u < splits) sum += part[u];
+        }
+    }
+    return sum;
+}
+
 extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const float* partial,
                                          const bf16_bits* b0, const bf16_bits* b1,
                                          const bf16_bits* b2, int has_b0, int has_b1,
@@ -377,11 +396,9 @@ extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const 
         const i64 v = i % n_out;
         const float* at = partial + r * n_virtual + v;
         const i64 split_stride = m * n_virtual;
-        float sum = at[0];
-        for (i64 s = 1; s < splits; ++s) sum += at[s * split_stride];
+        float sum = kiln_linear_split_sum(at, split_stride, splits);
         if (swiglu) {
-            float up = at[n0];
-            for (i64 s = 1; s < splits; ++s) up += at[s * split_stride + n0];
+            float up = kiln_linear_split_sum(at + n0, split_stride, splits);
             kiln_linear_write_swiglu(out, r, v, sum, up);
         } else {
             int g = 0;
