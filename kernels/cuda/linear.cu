@@ -1,7 +1,9 @@
 // Skinny fused linear layer for decode: y_g[r, j] = sum_k x[r, k] * w_g[j, k] (+ bias_g[j]) for
-// m <= 16 rows and up to three weight groups g sharing x (q/k/v), optionally with the SwiGLU
-// epilogue out = silu(y_0) * y_1 (gate and up). Weights and bias are bf16, accumulation and
-// outputs f32. The builder (kernels/src/gpu/linear.rs) checks every size and alignment.
+// one row (m = 1) and up to three weight groups g sharing x (q/k/v), optionally with the SwiGLU
+// epilogue out = silu(y_0) * y_1 (gate and up), on CUDA cores; and linear_reduce, the split-K
+// reduce and epilogue of this kernel and of the tensor-core kernels (linear_mma.cu, 2..32
+// rows). Weights and bias are bf16, accumulation and outputs f32. The builder
+// (kernels/src/gpu/linear.rs) checks every size and alignment.
 //
 // Decode is bound by the weight bytes: every weight byte is read from memory once for all
 // rows, with as many bytes in flight as possible.
@@ -16,16 +18,12 @@
 // its 4 weight rows, so a team reads 128 contiguous bytes of a row per load instruction (a whole
 // cache line when k is a multiple of 64). Per step a thread issues 4 columns x UNROLL vectors
 // of independent 16-byte loads into registers before its first FMA; a stage's first step is
-// issued before x is staged, so the staging latency hides behind it. UNROLL per row bucket,
-// with the registers ptxas (NVRTC 13.0, sm_90) gives and the blocks per SM they allow:
-//   ROWS  UNROLL  loads/thread  registers  blocks/SM  weight bytes in flight per SM
-//     1      4         16          111         2         128 KB
-//     2      4         16          125         2         128 KB
-//     4      2          8          128         2          64 KB
-//     8      1          4          127         2          32 KB
-//    16      2          8          206         1          32 KB
-// (A larger UNROLL at 4 or 8 rows costs the second block per SM for the same bytes in flight.)
-// Little's law at ~4.3 TB/s over 132 SMs with ~1 us of loaded latency wants ~30 KB per SM.
+// issued before x is staged, so the staging latency hides behind it. With ROWS = 1, UNROLL = 4:
+// 16 loads per thread, 111 registers (ptxas, NVRTC 13.0, sm_90), 2 blocks per SM, 128 KB of
+// weight bytes in flight per SM; Little's law at ~4.3 TB/s over 132 SMs with ~1 us of loaded
+// latency wants ~30 KB. (The body is a template over ROWS; buckets of 2 to 16 rows, measured
+// to lose to cuBLASLt at 8 rows since their FMAs are compute-bound there, were replaced by the
+// tensor-core kernels of linear_mma.cu.)
 //
 // x. The block stages its k range of x in shared memory in stages of stage_k elements (all
 // ROWS rows, f32, already rounded to bf16 when x is f32, zeros in rows m..ROWS), so every weight
@@ -241,9 +239,9 @@ __device__ __forceinline__ void kiln_linear_body(
     }
 }
 
-// The main kernels, one per row bucket (ROWS >= m; the builder picks the smallest). Unused
-// groups have n = 0 and any valid pointers; b_g is read only when has_b_g is nonzero; `partial`
-// is written only with more than one split (gridDim.y > 1).
+// The main kernel for one row (m = 1; more rows take linear_mma.cu). Unused groups have n = 0
+// and any valid pointers; b_g is read only when has_b_g is nonzero; `partial` is written only
+// with more than one split (gridDim.y > 1).
 
 extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* partial,
                                      const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
@@ -253,50 +251,6 @@ extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* par
                                      i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
     KILN_LINEAR_OUT;
     kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                split_k, stage_k, swiglu);
-}
-
-extern "C" __global__ void linear_r2(float* y0, float* y1, float* y2, float* partial,
-                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
-                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
-                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
-                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    KILN_LINEAR_OUT;
-    kiln_linear_body<2, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                split_k, stage_k, swiglu);
-}
-
-extern "C" __global__ void linear_r4(float* y0, float* y1, float* y2, float* partial,
-                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
-                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
-                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
-                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    KILN_LINEAR_OUT;
-    kiln_linear_body<4, 2>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                split_k, stage_k, swiglu);
-}
-
-extern "C" __global__ void linear_r8(float* y0, float* y1, float* y2, float* partial,
-                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
-                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
-                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
-                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    KILN_LINEAR_OUT;
-    kiln_linear_body<8, 1>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                split_k, stage_k, swiglu);
-}
-
-extern "C" __global__ void linear_r16(float* y0, float* y1, float* y2, float* partial,
-                                      const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
-                                      const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
-                                      int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                      i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
-                                      i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    KILN_LINEAR_OUT;
-    kiln_linear_body<16, 2>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                 split_k, stage_k, swiglu);
 }
 

@@ -1,6 +1,6 @@
-// The skinny linear kernels' shareable pieces: the groups' outputs and biases, where a virtual
-// column lands, and the epilogue (bias, SwiGLU) of one output. Prepended to a module's text
-// after common.cuh (kernels/src/gpu.rs).
+// The skinny linear kernels' shared pieces (linear.cu, linear_mma.cu): the groups' outputs
+// and biases, where a virtual column lands, and the epilogue (bias, SwiGLU) of one output.
+// Prepended to both modules' text after common.cuh (kernels/src/gpu.rs).
 
 // The two bf16 values of a 32-bit word as f32 (low half first: little-endian element order).
 __device__ __forceinline__ float kiln_linear_low(unsigned int word) {

@@ -53,6 +53,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", module!("elementwise.cu")),
     ("embedding", module!("embedding.cu")),
     ("linear", module!("linear_common.cuh", "linear.cu")),
+    ("linear_mma", module!("linear_common.cuh", "linear_mma.cu")),
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cu")),
     ("optim", module!("optim.cu")),
