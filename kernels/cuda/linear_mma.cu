@@ -57,6 +57,10 @@
 // tensor core's own order within an mma is fixed, splits combine in increasing order: no
 // atomics, the same bits every run (not the CUDA-core kernel's bits: the summation order and
 // the mma's internal accumulation differ). NaN and Inf propagate as the arithmetic makes them.
+//
+// Checked without a GPU: kernels/src/gpu/linear_emulation.rs runs the builder's launches of
+// these kernels lane by lane with this index math and the mma by the PTX ISA's fragment layouts,
+// against an f64 reference (linear_mma_tests.rs). Any change here must be mirrored there.
 
 #define KILN_MMA_WARPS 8    // warps per block (256 threads): 8 x 16 = 128 virtual columns
 #define KILN_MMA_COLUMNS 16 // virtual columns per warp: the A operand's rows

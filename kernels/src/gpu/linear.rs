@@ -351,3 +351,11 @@ pub fn skinny_linear(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<Vec
 #[cfg(test)]
 #[path = "linear_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "linear_emulation.rs"]
+mod emulation;
+
+#[cfg(test)]
+#[path = "linear_mma_tests.rs"]
+mod mma_tests;
