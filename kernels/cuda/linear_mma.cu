@@ -6,10 +6,10 @@
 // Why. Each weight byte pair meets all m rows: 2 * m FLOPs per 2 bytes. On CUDA cores (~67
 // TFLOP/s on an H200, ~15.6 FLOPs per byte of its ~4.3 TB/s) that is compute-bound from ~8 rows
 // (measured: 3.02 ms vs cuBLASLt's 2.41 ms per 0.5B decode step at 8 rows). Counted at m = 32:
-// weights 2 * N * K bytes, 2 * 32 * N * K FLOPs, 32 FLOPs per weight byte (the padded rows
-// double that at m = 2..7 and 9..15 at worst: 8 FLOPs per byte at m = 2, still nothing), against
-// ~230 per byte for ~990 TFLOP/s of dense bf16 tensor throughput (mma.sync reaches only part of
-// that peak on Hopper, which leaves it several times clear): memory-bound at every m here.
+// weights 2 * N * K bytes, 2 * 32 * N * K FLOPs, 32 FLOPs per weight byte (as executed, with
+// the padded rows: 8 * TILES, so never more than 32 either), against ~230 per byte for ~990
+// TFLOP/s of dense bf16 tensor throughput over ~4.3 TB/s (mma.sync reaches only part of that
+// peak on Hopper, which still leaves it several times clear): memory-bound at every m here.
 //
 // Mapping. y^T = W * x^T: the A operand is 16 weight rows (virtual columns) x 16 k, B is 16 k x 8
 // rows of x, D (f32) is 16 columns x 8 rows. TILES = ceil(m / 8) n8 tiles (8, 16, 24, 32 rows);
