@@ -1,7 +1,9 @@
 // Skinny fused linear layer for decode: y_g[r, j] = sum_k x[r, k] * w_g[j, k] (+ bias_g[j]) for
-// m <= 16 rows and up to three weight groups g sharing x (q/k/v), optionally with the SwiGLU
-// epilogue out = silu(y_0) * y_1 (gate and up). Weights and bias are bf16, accumulation and
-// outputs f32. The builder (kernels/src/gpu/linear.rs) checks every size and alignment.
+// one row (m = 1) and up to three weight groups g sharing x (q/k/v), optionally with the SwiGLU
+// epilogue out = silu(y_0) * y_1 (gate and up), on CUDA cores; and linear_reduce, the split-K
+// reduce and epilogue of this kernel and of the tensor-core kernels (linear_mma.cu, 2..32
+// rows). Weights and bias are bf16, accumulation and outputs f32. The builder
+// (kernels/src/gpu/linear.rs) checks every size and alignment.
 //
 // Decode is bound by the weight bytes: every weight byte is read from memory once for all
 // rows, with as many bytes in flight as possible.
@@ -16,16 +18,12 @@
 // its 4 weight rows, so a team reads 128 contiguous bytes of a row per load instruction (a whole
 // cache line when k is a multiple of 64). Per step a thread issues 4 columns x UNROLL vectors
 // of independent 16-byte loads into registers before its first FMA; a stage's first step is
-// issued before x is staged, so the staging latency hides behind it. UNROLL per row bucket,
-// with the registers ptxas (NVRTC 13.0, sm_90) gives and the blocks per SM they allow:
-//   ROWS  UNROLL  loads/thread  registers  blocks/SM  weight bytes in flight per SM
-//     1      4         16          111         2         128 KB
-//     2      4         16          125         2         128 KB
-//     4      2          8          128         2          64 KB
-//     8      1          4          127         2          32 KB
-//    16      2          8          206         1          32 KB
-// (A larger UNROLL at 4 or 8 rows costs the second block per SM for the same bytes in flight.)
-// Little's law at ~4.3 TB/s over 132 SMs with ~1 us of loaded latency wants ~30 KB per SM.
+// issued before x is staged, so the staging latency hides behind it. With ROWS = 1, UNROLL = 4:
+// 16 loads per thread, 111 registers (ptxas, NVRTC 13.0, sm_90), 2 blocks per SM, 128 KB of
+// weight bytes in flight per SM; Little's law at ~4.3 TB/s over 132 SMs with ~1 us of loaded
+// latency wants ~30 KB. (The body is a template over ROWS; buckets of 2 to 16 rows, measured
+// to lose to cuBLASLt at 8 rows since their FMAs are compute-bound there, were replaced by the
+// tensor-core kernels of linear_mma.cu.)
 //
 // x. The block stages its k range of x in shared memory in stages of stage_k elements (all
 // ROWS rows, f32, already rounded to bf16 when x is f32, zeros in rows m..ROWS), so every weight
@@ -48,71 +46,12 @@
 #define KILN_LINEAR_COLS 4
 #define KILN_LINEAR_HALF (KILN_LINEAR_COLS / 2)
 
-// The two bf16 values of a 32-bit word as f32 (low half first: little-endian element order).
-__device__ __forceinline__ float kiln_linear_low(unsigned int word) {
-    return __uint_as_float(word << 16);
-}
-__device__ __forceinline__ float kiln_linear_high(unsigned int word) {
-    return __uint_as_float(word & 0xffff0000u);
-}
-
 // Sum over the 8 lanes of a team (every lane of the team gets the same bits).
 __device__ __forceinline__ float kiln_linear_team_sum(float value) {
     for (int lane_mask = KILN_LINEAR_TEAM / 2; lane_mask > 0; lane_mask >>= 1) {
         value += __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask);
     }
     return value;
-}
-
-__device__ __forceinline__ float kiln_linear_silu_mul(float gate, float up) {
-    float s = gate / (1.0f + expf(-gate));
-    return s * up;
-}
-
-// Where virtual column v of a launch without SwiGLU lands: group g, column j of that group.
-__device__ __forceinline__ void kiln_linear_locate(i64 v, i64 n0, i64 n1, int* g, i64* j) {
-    if (v < n0) {
-        *g = 0;
-        *j = v;
-    } else if (v < n0 + n1) {
-        *g = 1;
-        *j = v - n0;
-    } else {
-        *g = 2;
-        *j = v - n0 - n1;
-    }
-}
-
-// The three groups' outputs, bias pointers, bias flags and leading dims. Fields are picked by
-// selects, never by a runtime array index (which would put the struct in local memory).
-struct KilnLinearOut {
-    float *y0, *y1, *y2;
-    const bf16_bits *b0, *b1, *b2;
-    int has_b0, has_b1, has_b2;
-    i64 ldo0, ldo1, ldo2;
-};
-
-// value + bias_g[j] (widened) when group g has a bias, else value.
-__device__ __forceinline__ float kiln_linear_biased(const KilnLinearOut& out, int g, i64 j,
-                                                    float value) {
-    const bf16_bits* b = g == 0 ? out.b0 : (g == 1 ? out.b1 : out.b2);
-    const int has = g == 0 ? out.has_b0 : (g == 1 ? out.has_b1 : out.has_b2);
-    return has ? value + kiln_bf16_to_f32(b[j]) : value;
-}
-
-// y_g[r, j] = value + bias_g[j].
-__device__ __forceinline__ void kiln_linear_write(const KilnLinearOut& out, int g, i64 r, i64 j,
-                                                  float value) {
-    float* y = g == 0 ? out.y0 : (g == 1 ? out.y1 : out.y2);
-    const i64 ldo = g == 0 ? out.ldo0 : (g == 1 ? out.ldo1 : out.ldo2);
-    y[r * ldo + j] = kiln_linear_biased(out, g, j, value);
-}
-
-// out[r, j] = silu(gate + bias_0[j]) * (up + bias_1[j]), written to y0.
-__device__ __forceinline__ void kiln_linear_write_swiglu(const KilnLinearOut& out, i64 r, i64 j,
-                                                         float gate, float up) {
-    const float a = kiln_linear_biased(out, 0, j, gate);
-    out.y0[r * out.ldo0 + j] = kiln_linear_silu_mul(a, kiln_linear_biased(out, 1, j, up));
 }
 
 // Virtual column c of team `team` with SwiGLU: gate j = team * 2 + c for c < 2, up j for c >= 2.
@@ -300,12 +239,9 @@ __device__ __forceinline__ void kiln_linear_body(
     }
 }
 
-// The main kernels, one per row bucket (ROWS >= m; the builder picks the smallest). Unused
-// groups have n = 0 and any valid pointers; b_g is read only when has_b_g is nonzero; `partial`
-// is written only with more than one split (gridDim.y > 1).
-#define KILN_LINEAR_OUT                                                                      \
-    const KilnLinearOut out = {y0,     y1,     y2,     b0,   b1,   b2,                       \
-                               has_b0, has_b1, has_b2, ldo0, ldo1, ldo2}
+// The main kernel for one row (m = 1; more rows take linear_mma.cu). Unused groups have n = 0
+// and any valid pointers; b_g is read only when has_b_g is nonzero; `partial` is written only
+// with more than one split (gridDim.y > 1).
 
 extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* partial,
                                      const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
@@ -315,50 +251,6 @@ extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* par
                                      i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
     KILN_LINEAR_OUT;
     kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                split_k, stage_k, swiglu);
-}
-
-extern "C" __global__ void linear_r2(float* y0, float* y1, float* y2, float* partial,
-                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
-                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
-                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
-                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    KILN_LINEAR_OUT;
-    kiln_linear_body<2, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                split_k, stage_k, swiglu);
-}
-
-extern "C" __global__ void linear_r4(float* y0, float* y1, float* y2, float* partial,
-                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
-                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
-                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
-                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    KILN_LINEAR_OUT;
-    kiln_linear_body<4, 2>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                split_k, stage_k, swiglu);
-}
-
-extern "C" __global__ void linear_r8(float* y0, float* y1, float* y2, float* partial,
-                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
-                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
-                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
-                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    KILN_LINEAR_OUT;
-    kiln_linear_body<8, 1>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                split_k, stage_k, swiglu);
-}
-
-extern "C" __global__ void linear_r16(float* y0, float* y1, float* y2, float* partial,
-                                      const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
-                                      const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
-                                      int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                      i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
-                                      i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    KILN_LINEAR_OUT;
-    kiln_linear_body<16, 2>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                 split_k, stage_k, swiglu);
 }
 

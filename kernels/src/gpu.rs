@@ -33,13 +33,12 @@ pub use launch::{
 };
 
 /// A module's text: the shared prelude (`common.cuh`: bf16 bits, fixed-order reductions)
-/// followed by the module's own source.
+/// followed by the module's own sources (headers it shares with other modules first).
 macro_rules! module {
-    ($file:literal) => {
+    ($($file:literal),+) => {
         concat!(
             include_str!("../cuda/common.cuh"),
-            "\n",
-            include_str!(concat!("../cuda/", $file))
+            $("\n", include_str!(concat!("../cuda/", $file))),+
         )
     };
 }
@@ -53,7 +52,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("decode", module!("decode.cu")),
     ("elementwise", module!("elementwise.cu")),
     ("embedding", module!("embedding.cu")),
-    ("linear", module!("linear.cu")),
+    ("linear", module!("linear_common.cuh", "linear.cu")),
+    ("linear_mma", module!("linear_common.cuh", "linear_mma.cu")),
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cu")),
     ("optim", module!("optim.cu")),

@@ -1,33 +1,42 @@
-//! Builder of `linear.cu`: a fused skinny linear layer for decode, `y_g = x · w_gᵀ (+ bias_g)`
-//! for `m ≤ 16` rows and up to three bf16 weight groups sharing `x` (q/k/v in one pass), or
-//! `out = silu(x · gateᵀ) · (x · upᵀ)` (SwiGLU). A candidate beside cuBLASLt: [`SkinnyLinear::fits`]
-//! says whether it takes a shape, so the caller can fall back.
+//! Builder of `linear.cu` and `linear_mma.cu`: a fused skinny linear layer for decode,
+//! `y_g = x · w_gᵀ (+ bias_g)` for `m ≤ 32` rows and up to three bf16 weight groups sharing `x`
+//! (q/k/v in one pass), or `out = silu(x · gateᵀ) · (x · upᵀ)` (SwiGLU). A candidate beside
+//! cuBLASLt: [`SkinnyLinear::fits`] says whether it takes a shape, so the caller can fall back.
+//! One row runs on CUDA cores (`linear_r1`), 2 to 32 rows on tensor cores (`linear_mma_r8`
+//! .. `linear_mma_r32`, `m` padded to a multiple of 8); both share the column tiles, the split
+//! rule, the workspace layout and the reduce kernel (`linear_reduce`).
 //!
 //! Cost. With `N = Σ n_g` output columns, the launches move `2·N·K` weight bytes (each read
 //! from memory once for all rows), `M·K·(2|4)` bytes of x per 128-column tile (L2 hits after the
 //! first), `4·M·N` output bytes and, with `s > 1` k splits, `2·4·s·M·N` bytes of partial sums
-//! (written once, read once; a decode layer's partials fit in L2). They do `2·M·N·K` FLOPs: about
-//! `M` FLOPs per weight byte, 1 at `M = 1` (lm_head of Qwen2.5-0.5B: 272 MB of weights,
-//! ~63 µs at 4.3 TB/s) and 16 at `M = 16`. The kernel multiplies with f32 FMAs, not tensor
-//! cores: an H200 does ~67 TFLOP/s of those, ~15.6 per byte of its bandwidth, so `M ≤ 8` is
-//! bound by memory and `M = 16` sits at the ridge (it may trail a tensor-core GEMM there).
+//! (written once, read once; a decode layer's partials fit in L2). They do `2·M·N·K` FLOPs: `M`
+//! FLOPs per weight byte, 1 at `M = 1` (lm_head of Qwen2.5-0.5B: 272 MB of weights, ~63 µs at
+//! 4.3 TB/s) and 32 at `M = 32`. f32 FMAs on CUDA cores (~67 TFLOP/s on an H200, ~15.6 per byte
+//! of its bandwidth) turn compute-bound from ~8 rows, hence the tensor cores from 2 rows: ~990
+//! TFLOP/s of dense bf16 is ~230 FLOPs per byte, so 32 rows stay bound by memory.
 //!
 //! Split rule ([`linear_plan`], a function of the shape alone): a block covers 128 columns;
 //! too few tiles to give an H200's 132 SMs ~4 blocks each also split k, into ranges of a
-//! multiple of 64 elements, no shorter than 128 (each lane then still has two vectors per
-//! column) and no more than `k / (16·m)` of them (partial sums at most a quarter of the weight
-//! bytes).
+//! multiple of 64 elements, no shorter than 128 (each lane of the CUDA-core kernel then still
+//! has two vectors per column; a warp of the tensor-core kernels one step of 4 chunks) and no
+//! more than `k / (16·m)` of them on CUDA cores (partial sums written and read at most a quarter
+//! of the weight bytes), `k / (8·m)` on tensor cores (half: a quarter would leave q/k/v of
+//! Qwen2.5-0.5B, k = 896, unsplit at 32 rows, 9 blocks for 132 SMs; this bound is a choice
+//! without a measurement yet).
 
 use super::launch::{all_aligned, grid_dim, grid_stride, size_arg, MAX_GRID_X, MAX_GRID_YZ};
 use super::{Addr, Arg, GemmDType, Kernel, Launch};
 use crate::{Error, Result};
 
 /// The most rows of `x` the kernels take.
-pub const LINEAR_MAX_ROWS: u64 = 16;
+pub const LINEAR_MAX_ROWS: u64 = 32;
+/// The fewest rows that run on tensor cores (`linear_mma.cu`); fewer run on CUDA cores.
+pub const LINEAR_MMA_MIN_ROWS: u64 = 2;
 /// The most weight groups of one launch.
 pub const LINEAR_MAX_GROUPS: usize = 3;
 
 const MODULE: &str = "linear";
+const MMA_MODULE: &str = "linear_mma";
 const OP: &str = "skinny_linear";
 const THREADS: u32 = 256;
 /// Virtual columns per block: 32 teams of 8 lanes, 4 columns each (`KILN_LINEAR_COLS`).
@@ -38,9 +47,16 @@ const TARGET_BLOCKS: u64 = 4 * 132;
 const SPLIT_ALIGN: u64 = 64;
 /// ... and no shorter than this.
 const MIN_SPLIT_K: u64 = 128;
-/// f32 elements of x staged in shared memory at a time, over all rows: 32 KB.
+/// f32 elements of x staged in shared memory at a time, over all rows: 32 KB (CUDA cores).
 const STAGE_FLOATS: u64 = 8192;
+/// bf16 elements of x staged at a time over all rows on tensor cores: 32 KB, plus ...
+const STAGE_BF16: u64 = 16_384;
+/// ... this many bf16 elements after each row (`KILN_MMA_PAD`: conflict-free fragment reads).
+const MMA_PAD: u64 = 32;
+/// Rows of x per mma n8 tile: the tensor-core kernels pad m to a multiple of this.
+const MMA_TILE_ROWS: u64 = 8;
 const F32_BYTES: u64 = 4;
+const BF16_BYTES: u64 = 2;
 
 /// One weight group: `w [n, k]` bf16 row-major (leading dim `k`: Hugging Face's `[out, in]`),
 /// optional `bias [n]` bf16, output `out [m, n]` f32 row-major with `ldo` elements between rows.
@@ -71,7 +87,10 @@ pub struct SkinnyLinear {
 /// How a shape is cut into blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearPlan {
-    /// The kernel's row bucket: the smallest of 1, 2, 4, 8, 16 that holds `m`.
+    /// Whether the tensor-core kernels run (`m ≥ 2`), not the CUDA-core one.
+    pub tensor_cores: bool,
+    /// The kernel's row bucket: 1 on CUDA cores; on tensor cores `m` rounded up to a multiple
+    /// of 8 (8, 16, 24 or 32: the mma n8 tiles).
     pub rows: u64,
     /// Blocks along the columns (grid x), [`TILE_COLUMNS`] virtual columns each.
     pub column_tiles: u64,
@@ -84,27 +103,39 @@ pub struct LinearPlan {
 }
 
 impl LinearPlan {
-    /// Dynamic shared memory of the main kernel, bytes.
+    /// Dynamic shared memory of the main kernel, bytes: x staged as f32 on CUDA cores, as bf16
+    /// with padded rows on tensor cores. At most 34 KB.
     pub fn shared_bytes(&self) -> u64 {
-        self.rows * self.stage_k * F32_BYTES
+        match self.tensor_cores {
+            true => self.rows * (self.stage_k + MMA_PAD) * BF16_BYTES,
+            false => self.rows * self.stage_k * F32_BYTES,
+        }
     }
 }
 
 /// The plan of an `m × k` input against `virtual_columns` (Σ n, or 2n with SwiGLU): a pure
 /// function of the shape (see the module doc), at least one tile and one split for any input.
 pub fn linear_plan(m: u64, k: u64, virtual_columns: u64) -> LinearPlan {
-    let rows = m.clamp(1, LINEAR_MAX_ROWS).next_power_of_two();
+    let tensor_cores = m >= LINEAR_MMA_MIN_ROWS;
+    let (rows, stage_elements, partials_divisor) = match tensor_cores {
+        true => {
+            let rows = m.min(LINEAR_MAX_ROWS).next_multiple_of(MMA_TILE_ROWS);
+            (rows, STAGE_BF16, 8)
+        }
+        false => (1, STAGE_FLOATS, 16),
+    };
     let column_tiles = virtual_columns.div_ceil(TILE_COLUMNS).max(1);
     let wanted = TARGET_BLOCKS.div_ceil(column_tiles);
     let by_k = k / MIN_SPLIT_K;
-    let by_partials = k / (16 * m.max(1));
+    let by_partials = k / (partials_divisor * m.max(1));
     let splits = wanted.min(by_k).min(by_partials).clamp(1, MAX_GRID_YZ);
     let split_k = k
         .div_ceil(splits)
         .next_multiple_of(SPLIT_ALIGN)
         .max(SPLIT_ALIGN);
-    let stage_k = (STAGE_FLOATS / rows / SPLIT_ALIGN * SPLIT_ALIGN).min(split_k);
+    let stage_k = (stage_elements / rows / SPLIT_ALIGN * SPLIT_ALIGN).min(split_k);
     LinearPlan {
+        tensor_cores,
         rows,
         column_tiles,
         // Rounding split_k up may leave the last ranges empty: drop them.
@@ -140,7 +171,7 @@ impl SkinnyLinear {
     }
 
     /// Ok, or the first rule the layer breaks, naming the argument: 1 to 3 groups (exactly 2
-    /// of equal `n` with SwiGLU), `1 ≤ m ≤ 16`, `k` a positive multiple of 8, `ldx ≥ k` a
+    /// of equal `n` with SwiGLU), `1 ≤ m ≤ 32`, `k` a positive multiple of 8, `ldx ≥ k` a
     /// multiple of 8, every `n ≥ 1` with `ldo ≥ n`, x and w 16-byte aligned, bias 2-byte and
     /// outputs 4-byte aligned.
     pub fn check(&self) -> Result<()> {
@@ -156,7 +187,8 @@ impl SkinnyLinear {
             );
         }
         if !(1..=LINEAR_MAX_ROWS).contains(&self.m) {
-            return refuse("m", format!("{} rows, expected 1 to 16", self.m));
+            let (m, max) = (self.m, LINEAR_MAX_ROWS);
+            return refuse("m", format!("{m} rows, expected 1 to {max}"));
         }
         if self.k == 0 || !self.k.is_multiple_of(8) {
             return refuse("k", format!("{} is not a positive multiple of 8", self.k));
@@ -213,15 +245,18 @@ impl SkinnyLinear {
     }
 }
 
-/// The main kernel of a row bucket.
-fn main_function(rows: u64) -> &'static str {
-    match rows {
-        1 => "linear_r1",
-        2 => "linear_r2",
-        4 => "linear_r4",
-        8 => "linear_r8",
-        _ => "linear_r16",
+/// The main kernel of a plan: (module, function).
+fn main_function(plan: &LinearPlan) -> (&'static str, &'static str) {
+    if !plan.tensor_cores {
+        return (MODULE, "linear_r1");
     }
+    let function = match plan.rows {
+        8 => "linear_mma_r8",
+        16 => "linear_mma_r16",
+        24 => "linear_mma_r24",
+        _ => "linear_mma_r32",
+    };
+    (MMA_MODULE, function)
 }
 
 /// The groups' arguments in the C order: outputs, then (after what `between` adds) weights,
@@ -270,7 +305,7 @@ pub fn skinny_linear(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<Vec
             });
         }
     };
-    let function = main_function(plan.rows);
+    let (module, function) = main_function(&plan);
     let grid = (
         grid_dim(function, "columns", plan.column_tiles, MAX_GRID_X)?,
         grid_dim(function, "splits", plan.splits, MAX_GRID_YZ)?,
@@ -287,9 +322,9 @@ pub fn skinny_linear(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<Vec
         size_arg(plan.stage_k),
         Arg::I32(i32::from(spec.swiglu)),
     ]);
-    let shared = plan.shared_bytes() as u32; // at most 32 KB
+    let shared = plan.shared_bytes() as u32; // at most 34 KB
     let mut launches = vec![Kernel::launch(
-        MODULE,
+        module,
         function,
         grid,
         (THREADS, 1, 1),
@@ -316,3 +351,11 @@ pub fn skinny_linear(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<Vec
 #[cfg(test)]
 #[path = "linear_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "linear_emulation.rs"]
+mod emulation;
+
+#[cfg(test)]
+#[path = "linear_mma_tests.rs"]
+mod mma_tests;

@@ -1,5 +1,6 @@
 //! The skinny linear builder: what it refuses (naming the argument), its split rule, and that
-//! its launches name kernels of `linear.cu` with as many arguments as their signatures.
+//! its launches name kernels of `linear.cu` and `linear_mma.cu` with as many arguments as their
+//! signatures.
 
 use super::*;
 use crate::gpu::SOURCES;
@@ -58,7 +59,8 @@ fn refusals_name_the_argument() {
     let misaligned = |slot| Addr { slot, offset: 8 };
     assert!(layer(1, 896, &[896]).fits());
     assert_eq!(refused(&layer(0, 896, &[896])), "m");
-    assert_eq!(refused(&layer(17, 896, &[896])), "m");
+    assert_eq!(refused(&layer(33, 896, &[896])), "m");
+    assert!(layer(32, 896, &[896]).fits());
     assert_eq!(refused(&layer(1, 900, &[896])), "k");
     assert_eq!(refused(&layer(1, 0, &[896])), "k");
     assert_eq!(refused(&layer(1, 896, &[])), "groups");
@@ -104,9 +106,9 @@ fn refusals_name_the_argument() {
     };
     assert_eq!(refused(&unequal), "swiglu");
     // The message names the argument too.
-    let message = layer(17, 896, &[896]).check().unwrap_err().to_string();
+    let message = layer(33, 896, &[896]).check().unwrap_err().to_string();
     assert!(
-        message.contains("`m`") && message.contains("17"),
+        message.contains("`m`") && message.contains("33") && message.contains("1 to 32"),
         "{message}"
     );
 }
@@ -119,7 +121,13 @@ fn the_plan_is_a_pure_function_of_the_shape_with_whole_cuts() {
                 let plan = linear_plan(m, k, columns);
                 assert_eq!(plan, linear_plan(m, k, columns));
                 let at = format!("m {m} k {k} columns {columns}: {plan:?}");
-                assert!(plan.rows >= m && plan.rows.is_power_of_two(), "{at}");
+                assert_eq!(plan.tensor_cores, m >= 2, "{at}");
+                if plan.tensor_cores {
+                    assert!(plan.rows.is_multiple_of(8), "{at}");
+                    assert!(plan.rows >= m && plan.rows < m + 8, "{at}");
+                } else {
+                    assert_eq!(plan.rows, 1, "{at}");
+                }
                 assert!(plan.column_tiles * TILE_COLUMNS >= columns, "{at}");
                 assert!((plan.column_tiles - 1) * TILE_COLUMNS < columns, "{at}");
                 assert!(
@@ -131,12 +139,18 @@ fn the_plan_is_a_pure_function_of_the_shape_with_whole_cuts() {
                 assert!(plan.splits * plan.split_k >= k, "{at}");
                 if plan.splits > 1 {
                     assert!(plan.split_k >= MIN_SPLIT_K, "{at}");
-                    // Partial sums (written and read) at most a quarter of the weight bytes.
-                    assert!(16 * plan.splits * m <= k, "{at}");
+                    // Partial sums (written and read) at most a quarter of the weight bytes on
+                    // CUDA cores, half on tensor cores.
+                    let divisor = if plan.tensor_cores { 8 } else { 16 };
+                    assert!(divisor * plan.splits * m <= k, "{at}");
                 }
                 assert!(plan.stage_k <= plan.split_k, "{at}");
                 assert!(plan.stage_k.is_multiple_of(SPLIT_ALIGN), "{at}");
-                assert!(plan.shared_bytes() <= STAGE_FLOATS * F32_BYTES, "{at}");
+                assert!(plan.shared_bytes() <= 34 * 1024, "{at}");
+                assert!(
+                    plan.shared_bytes() <= 48 * 1024,
+                    "no opt-in launch attribute"
+                );
             }
         }
     }
@@ -153,9 +167,13 @@ fn qwen_decode_shapes_split_as_documented() {
         ((1, 896, 9728), (76, 7, 128)),      // gate and up
         ((1, 4864, 896), (7, 38, 128)),      // down
         ((1, 896, 151_936), (1187, 1, 896)), // lm_head
-        ((16, 896, 1152), (9, 3, 320)),
-        ((16, 4864, 896), (7, 19, 256)),
-        ((1, 8960, 1536), (12, 35, 256)), // 1.5B down
+        ((1, 8960, 1536), (12, 35, 256)),    // 1.5B down
+        ((8, 896, 1152), (9, 7, 128)),       // tensor cores from here
+        ((16, 896, 1152), (9, 7, 128)),
+        ((16, 4864, 896), (7, 38, 128)),
+        ((32, 896, 1152), (9, 3, 320)),
+        ((32, 896, 9728), (76, 3, 320)),
+        ((32, 4864, 896), (7, 19, 256)),
     ];
     for ((m, k, columns), expected) in cases {
         let plan = linear_plan(m, k, columns);
@@ -188,9 +206,9 @@ fn refused_workspace(spec: &SkinnyLinear, workspace: Option<Addr>) -> &'static s
     }
 }
 
-/// The parameter count of `extern "C" __global__ void function(...)` in linear.cu.
-fn parameters(function: &str) -> Option<usize> {
-    let (_, source) = SOURCES.iter().find(|(name, _)| *name == MODULE)?;
+/// The parameter count of `extern "C" __global__ void function(...)` in `module`.
+fn parameters(module: &str, function: &str) -> Option<usize> {
+    let (_, source) = SOURCES.iter().find(|(name, _)| *name == module)?;
     let head = format!("extern \"C\" __global__ void {function}(");
     let start = source.find(&head)? + head.len();
     let params = &source[start..start + source[start..].find(')')?];
@@ -208,15 +226,17 @@ fn kernels(launches: Vec<Launch>) -> Vec<Kernel> {
 #[test]
 fn launches_name_linear_kernels_with_their_signatures() {
     let mut seen = std::collections::BTreeSet::new();
-    for (m, bucket) in [
-        (1, 1),
-        (2, 2),
-        (3, 4),
-        (4, 4),
-        (5, 8),
-        (8, 8),
-        (9, 16),
-        (16, 16),
+    for (m, function) in [
+        (1, "linear_r1"),
+        (2, "linear_mma_r8"),
+        (7, "linear_mma_r8"),
+        (8, "linear_mma_r8"),
+        (9, "linear_mma_r16"),
+        (16, "linear_mma_r16"),
+        (17, "linear_mma_r24"),
+        (24, "linear_mma_r24"),
+        (25, "linear_mma_r32"),
+        (32, "linear_mma_r32"),
     ] {
         for spec in [
             layer(m, 896, &[896, 128, 128]),
@@ -227,20 +247,32 @@ fn launches_name_linear_kernels_with_their_signatures() {
             let plan = spec.plan();
             assert_eq!(launches.len(), if plan.splits > 1 { 2 } else { 1 });
             let main = &launches[0];
-            assert_eq!(main.function, format!("linear_r{bucket}"));
+            assert_eq!(main.function, function);
+            let module = if m == 1 { MODULE } else { MMA_MODULE };
+            assert_eq!(main.module, module);
             assert_eq!(main.grid, (plan.column_tiles as u32, plan.splits as u32, 1));
-            assert_eq!(main.shared_bytes as u64, bucket * plan.stage_k * 4);
+            assert_eq!(main.block, (256, 1, 1));
+            let staged = match m {
+                1 => plan.stage_k * 4,
+                _ => (plan.stage_k + 32) * 2,
+            };
+            assert_eq!(main.shared_bytes as u64, plan.rows * staged);
+            if let Some(reduce) = launches.get(1) {
+                assert_eq!((reduce.module, reduce.function), (MODULE, "linear_reduce"));
+            }
             for kernel in &launches {
-                assert_eq!(kernel.module, "linear");
-                let count = parameters(kernel.function)
-                    .unwrap_or_else(|| panic!("{} is not a kernel of linear.cu", kernel.function));
+                let count = parameters(kernel.module, kernel.function).unwrap_or_else(|| {
+                    panic!("{} is not a kernel of {}", kernel.function, kernel.module)
+                });
                 assert_eq!(count, kernel.args.len(), "{}", kernel.function);
                 seen.insert(kernel.function);
             }
         }
     }
-    let (_, source) = SOURCES.iter().find(|(name, _)| *name == MODULE).unwrap();
-    let defined = source.matches("extern \"C\" __global__ void ").count();
+    let defined: usize = (SOURCES.iter())
+        .filter(|(name, _)| [MODULE, MMA_MODULE].contains(name))
+        .map(|(_, source)| source.matches("extern \"C\" __global__ void ").count())
+        .sum();
     assert_eq!(seen.len(), defined, "every kernel is reached: {seen:?}");
 }
 

@@ -196,7 +196,8 @@ fn every_launch() -> Vec<Launch> {
         attention::attention_f32(forward, dims, 0.5).unwrap(),
         attention::attention_backward_f32(backward, dims, 0.5).unwrap(),
     ];
-    // Every row bucket of the skinny linear layer, k split (so with its reduce kernel).
+    // Every main kernel of the skinny linear layer (one row on CUDA cores, 8 to 32 padded rows
+    // on tensor cores), k split (so with its reduce kernel).
     let group = |slot, n| LinearGroup {
         w: addr(slot),
         bias: Some(addr(slot + 1)),
@@ -204,7 +205,7 @@ fn every_launch() -> Vec<Launch> {
         n,
         ldo: n,
     };
-    for m in [1, 2, 4, 8, 16] {
+    for m in [1, 8, 16, 24, 32] {
         let spec = SkinnyLinear {
             x: addr(0),
             x_dtype: GemmDType::BF16,

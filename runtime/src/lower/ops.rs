@@ -37,8 +37,9 @@ impl Default for LowerOptions {
 }
 
 /// The default of [`LowerOptions::linear_rows`]: measured on the H200 (BENCHMARKS.md), the
-/// skinny kernel wins with 1 row (0.5B decode 1.61 vs 1.85 ms) and loses with 8 (3.02 vs
-/// 2.41 ms); 2 to 7 rows are not measured yet, so they stay on cuBLASLt.
+/// skinny kernel wins with 1 row (0.5B decode 1.61 vs 1.85 ms) and its CUDA-core version lost
+/// with 8 (3.02 vs 2.41 ms). 2 to 32 rows now run its tensor-core kernels (`linear_mma.cu`),
+/// not measured yet, so they stay on cuBLASLt.
 pub(crate) const DEFAULT_LINEAR_ROWS: u64 = 1;
 
 /// The launches that compute `op`: read `i` (operands by port), overwrite `o` (results by
