@@ -199,7 +199,13 @@ fn check_op(
     let want = interpret(&graph, &mut values.clone()).unwrap();
 
     let run = |mode: RunMode| {
-        let mut exe = CudaExecutable::new(device, &graph, &planned).unwrap();
+        // Fused linears of up to 32 rows on the skinny kernels (the default sends 2 rows and
+        // more to cuBLASLt, which the tiny programs check); more rows take cuBLASLt here too.
+        let mut exe = match op {
+            Op::Linear { .. } => CudaExecutable::with_linear_rows(device, &graph, &planned, 32),
+            _ => CudaExecutable::new(device, &graph, &planned),
+        }
+        .unwrap();
         for (name, tensor) in &values {
             exe.set(name, tensor).unwrap();
         }
@@ -532,12 +538,15 @@ fn every_op_matches_the_cpu_reference() {
             ),
         ]);
     }
-    // The fused linear: skinny kernel row buckets, split k, groups, biases, SwiGLU, a bf16
-    // input, and shapes the kernel refuses (more than 16 rows, k not a multiple of 8), which
-    // take the cuBLASLt path.
+    // The fused linear: the skinny kernels' row buckets (1 row on CUDA cores, 2 to 32 on
+    // tensor cores), split k, k not a multiple of 16, groups, biases, SwiGLU, a bf16 input,
+    // and shapes the kernels refuse (33 rows, k not a multiple of 8), which take cuBLASLt.
     type LinearCase<'a> = (usize, usize, &'a [usize], &'a [bool], bool, DType);
-    let linear_cases: [LinearCase; 8] = [
+    let linear_cases: [LinearCase; 11] = [
         (1, 64, &[40], &[false], false, DType::F32),
+        (2, 136, &[24, 40], &[true, false], false, DType::F32),
+        (24, 1000, &[56], &[true], false, DType::F32),
+        (32, 896, &[112, 112], &[false, false], true, DType::BF16),
         (3, 96, &[56, 8, 8], &[false, false, true], false, DType::F32),
         (8, 128, &[72, 72], &[true, false], true, DType::F32),
         (16, 64, &[24], &[true], false, DType::BF16),
