@@ -99,8 +99,9 @@ PY
       # bf16 inference rows (the defaults, and the unfused reference at B=1); the compiled-
       # PyTorch decode peer (ANCHORS.md's fast_decode.py, given as BIN_DIR/fast_decode.py) after.
       for model in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
-        for args in "--batch 1" "--batch 8" "--batch 32" "--batch 1 --fusion off" \
-                    "--batch 8 --linear-rows 8"; do
+        for args in "--batch 1" "--batch 2" "--batch 8" "--batch 32" "--batch 1 --fusion off" \
+                    "--batch 2 --linear-rows 32" "--batch 8 --linear-rows 32" \
+                    "--batch 32 --linear-rows 32"; do
           echo "== $model decode bf16 $args"
           "$bin/kiln" bench --model $model --program decode --precision bf16 $args \
             --json >>"$out/fused.jsonl" 2>>"$out/fused.log" || echo "FAILED (see fused.log)"
