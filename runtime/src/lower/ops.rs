@@ -36,11 +36,12 @@ impl Default for LowerOptions {
     }
 }
 
-/// The default of [`LowerOptions::linear_rows`]: measured on the H200 (BENCHMARKS.md), the
-/// skinny kernel wins with 1 row (0.5B decode 1.61 vs 1.85 ms) and its CUDA-core version lost
-/// with 8 (3.02 vs 2.41 ms). 2 to 32 rows now run its tensor-core kernels (`linear_mma.cu`),
-/// not measured yet, so they stay on cuBLASLt.
-pub(crate) const DEFAULT_LINEAR_ROWS: u64 = 1;
+/// The default of [`LowerOptions::linear_rows`], measured on the H200 (BENCHMARKS.md): against
+/// cuBLASLt the skinny kernels win at 1 row (CUDA cores; 0.5B decode 1.61 vs 1.85 ms), 2 and
+/// 8 rows (tensor cores; 0.5B 1.45 vs 1.73 and 1.55 vs 1.77 ms, 1.5B 2.37 vs 2.75 and 2.68 vs
+/// 2.92 ms) and lose at 32 (2.41 vs 2.17, 4.43 vs 3.74 ms). 9 to 31 rows are not measured and
+/// stay on cuBLASLt.
+pub(crate) const DEFAULT_LINEAR_ROWS: u64 = 8;
 
 /// The launches that compute `op`: read `i` (operands by port), overwrite `o` (results by
 /// port), scratch in `workspace` (address and bytes; `None` when the plan gives none); kernels
