@@ -30,6 +30,9 @@ use petgraph::graph::NodeIndex;
 use crate::graph::NodeKind;
 use crate::op::LINEAR_MAX_GROUPS;
 use crate::{DType, Graph, InputKind, Op, Result, ValueId};
+use views::{view_rewrites, ViewRewrite};
+
+mod views;
 
 /// One `MatMul` that the `linear` rule takes, with what it absorbs.
 #[derive(Clone, Debug)]
@@ -267,60 +270,6 @@ fn swiglu_fusions(
         }
     }
     fusions
-}
-
-/// What the `views` rule makes of a `Contiguous` node.
-enum ViewRewrite {
-    /// The dense value viewed as the contiguous result's shape.
-    Reshape(ValueId),
-    /// The dense value itself.
-    Same(ValueId),
-}
-
-/// Whether `value` is dense row-major: the result of a non-view op or an input, or a reshape
-/// of one.
-fn is_dense(graph: &Graph, value: ValueId) -> bool {
-    let root = through_reshapes(graph, value);
-    !matches!(
-        op_of(graph, root.node),
-        Some(Op::Transpose { .. } | Op::Slice { .. })
-    )
-}
-
-/// The `views` rule at every `Contiguous` it matches.
-fn view_rewrites(graph: &Graph) -> BTreeMap<NodeIndex, ViewRewrite> {
-    let mut rewrites = BTreeMap::new();
-    for node in graph.node_indices() {
-        let Some(Op::Contiguous) = op_of(graph, node) else {
-            continue;
-        };
-        let view = graph.operands(node)[0];
-        let Some(source) = graph.operands(view.node).first().copied() else {
-            continue;
-        };
-        let Ok(dims) = graph.value_type(source).map(|t| t.dims().to_vec()) else {
-            continue;
-        };
-        if !is_dense(graph, source) {
-            continue;
-        }
-        match op_of(graph, view.node) {
-            Some(&Op::Transpose { dim0, dim1 }) => {
-                let (i, j) = (dim0.min(dim1), dim0.max(dim1));
-                // The non-unit dims keep their order: one of the two is 1, and so is every
-                // dim the other passes.
-                let unit = |d: usize| dims.get(d) == Some(&1);
-                if (unit(i) || unit(j)) && (i + 1..j).all(unit) {
-                    rewrites.insert(node, ViewRewrite::Reshape(source));
-                }
-            }
-            Some(&Op::Slice { axis, start, end }) if start == 0 && dims.get(axis) == Some(&end) => {
-                rewrites.insert(node, ViewRewrite::Same(source));
-            }
-            _ => {}
-        }
-    }
-    rewrites
 }
 
 /// A new graph: `graph` without the op nodes in `dead`, with each fusion's nodes replaced by

@@ -1,0 +1,335 @@
+//! The one-op cases of `every_op_matches_the_cpu_reference`: every op at several shapes, the
+//! bf16 stored-operand variants and the fused linear's kernel paths.
+
+use kiln_ir::{AdamWConfig, DType, Op};
+
+use super::{f, In};
+
+/// (name, op, operands) of every case.
+pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
+    let adamw = AdamWConfig {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mm = |a, b| Op::MatMul {
+        transpose_a: a,
+        transpose_b: b,
+    };
+    let bf = |dims: &[usize]| In::F(DType::BF16, dims.to_vec());
+    let mut cases: Vec<(String, Op, Vec<In>)> = Vec::new();
+    for &(b, t, h) in &[(1, 1, 64), (2, 7, 96), (3, 33, 896)] {
+        let n = b * t;
+        let s = format!("B={b} T={t} H={h}");
+        cases.extend([
+            (
+                format!("embedding {s}"),
+                Op::Embedding,
+                vec![f(&[50, h]), In::Ids(vec![b, t], 50)],
+            ),
+            (
+                format!("embedding_backward {s}"),
+                Op::EmbeddingBackward { vocab: 50 },
+                vec![In::Ids(vec![b, t], 50), f(&[b, t, h])],
+            ),
+            (
+                format!("matmul NT {s}"),
+                mm(false, true),
+                vec![f(&[n, h]), f(&[80, h])],
+            ),
+            (
+                format!("matmul NN batched {s}"),
+                mm(false, false),
+                vec![f(&[b, t, h]), f(&[b, h, 24])],
+            ),
+            (
+                format!("matmul TN {s}"),
+                mm(true, false),
+                vec![f(&[n, h]), f(&[n, 40])],
+            ),
+            (
+                format!("matmul bf16 NT {s}"),
+                mm(false, true),
+                vec![bf(&[n, h]), bf(&[72, h])],
+            ),
+            (
+                format!("add {s}"),
+                Op::Add,
+                vec![f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("add bias {s}"),
+                Op::Add,
+                vec![f(&[b, t, h]), f(&[h])],
+            ),
+            // Stored operands in bf16 (bf16 inference): weights, biases, tables.
+            (
+                format!("embedding bf16 table {s}"),
+                Op::Embedding,
+                vec![bf(&[50, h]), In::Ids(vec![b, t], 50)],
+            ),
+            (
+                format!("add bf16 bias {s}"),
+                Op::Add,
+                vec![f(&[b, t, h]), bf(&[h])],
+            ),
+            (
+                format!("rmsnorm bf16 weight {s}"),
+                Op::RmsNorm { eps: 1e-6 },
+                vec![f(&[b, t, h]), bf(&[h])],
+            ),
+            (
+                format!("add_rmsnorm bf16 weight {s}"),
+                Op::AddRmsNorm { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[b, t, h]), bf(&[h])],
+            ),
+            (
+                format!("mul {s}"),
+                Op::Mul,
+                vec![f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("scale {s}"),
+                Op::Scale { alpha: 0.37 },
+                vec![f(&[b, t, h])],
+            ),
+            (
+                format!("sum_to_shape {s}"),
+                Op::SumToShape { shape: [h].into() },
+                vec![f(&[b, t, h])],
+            ),
+            (
+                format!("broadcast_to {s}"),
+                Op::BroadcastTo {
+                    shape: [b, t, h].into(),
+                },
+                vec![f(&[h])],
+            ),
+            (
+                format!("cast to bf16 {s}"),
+                Op::Cast { to: DType::BF16 },
+                vec![f(&[b, t, h])],
+            ),
+            (
+                format!("cast to f32 {s}"),
+                Op::Cast { to: DType::F32 },
+                vec![bf(&[b, t, h])],
+            ),
+            (
+                format!("rmsnorm {s}"),
+                Op::RmsNorm { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[h])],
+            ),
+            (
+                format!("rmsnorm_backward {s}"),
+                Op::RmsNormBackward { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h])],
+            ),
+            (
+                format!("add_rmsnorm {s}"),
+                Op::AddRmsNorm { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[b, t, h]), f(&[h])],
+            ),
+            (
+                format!("add_rmsnorm_backward {s}"),
+                Op::AddRmsNormBackward { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("add_rmsnorm_backward no grad_sum {s}"),
+                Op::AddRmsNormBackward { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h])],
+            ),
+            (
+                format!("swiglu {s}"),
+                Op::SwiGlu,
+                vec![f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("swiglu_backward {s}"),
+                Op::SwiGluBackward,
+                vec![f(&[b, t, h]), f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (format!("softmax {s}"), Op::Softmax, vec![f(&[b, t, h])]),
+            (
+                format!("softmax_backward {s}"),
+                Op::SoftmaxBackward,
+                vec![In::Pos(vec![b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("cross_entropy {s}"),
+                Op::CrossEntropy { ignore_index: -100 },
+                vec![f(&[n, h]), In::Ids(vec![n], h)],
+            ),
+            (
+                format!("cross_entropy_backward {s}"),
+                Op::CrossEntropyBackward { ignore_index: -100 },
+                vec![f(&[n, h]), In::Ids(vec![n], h), f(&[])],
+            ),
+            (
+                format!("adamw {s}"),
+                Op::AdamW(adamw),
+                vec![
+                    f(&[t, h]),
+                    f(&[t, h]),
+                    f(&[t, h]),
+                    In::Pos(vec![t, h]),
+                    In::Step,
+                ],
+            ),
+        ]);
+    }
+    // Odd element counts: the scalar cast kernels (the cases above take the vector ones).
+    cases.extend([
+        (
+            "cast to bf16 [3,5]".to_string(),
+            Op::Cast { to: DType::BF16 },
+            vec![f(&[3, 5])],
+        ),
+        (
+            "cast to f32 [3,5]".to_string(),
+            Op::Cast { to: DType::F32 },
+            vec![bf(&[3, 5])],
+        ),
+    ]);
+    for &(b, t, hq, hkv, d) in &[
+        (1, 1, 2, 1, 16),
+        (2, 5, 4, 2, 32),
+        (1, 40, 14, 2, 64),
+        (2, 9, 12, 2, 128),
+    ] {
+        let s = format!("B={b} T={t} Hq={hq} Hkv={hkv} D={d}");
+        let smax = t + 6;
+        let scale = 1.0 / (d as f64).sqrt();
+        cases.extend([
+            (
+                format!("rope {s}"),
+                Op::Rope {
+                    theta: 1e6,
+                    bias: false,
+                },
+                vec![f(&[b, t, hq, d]), In::Ids(vec![b, t], 4096)],
+            ),
+            (
+                format!("rope bias {s}"),
+                Op::Rope {
+                    theta: 1e4,
+                    bias: true,
+                },
+                vec![f(&[b, t, hkv, d]), In::Ids(vec![b, t], 4096), f(&[hkv * d])],
+            ),
+            (
+                format!("rope bf16 bias {s}"),
+                Op::Rope {
+                    theta: 1e4,
+                    bias: true,
+                },
+                vec![
+                    f(&[b, t, hkv, d]),
+                    In::Ids(vec![b, t], 4096),
+                    bf(&[hkv * d]),
+                ],
+            ),
+            (
+                format!("rope_backward {s}"),
+                Op::RopeBackward { theta: 1e6 },
+                vec![f(&[b, hq, t, d]), In::Ids(vec![b, t], 4096)],
+            ),
+            (
+                format!("attention {s}"),
+                Op::Attention { scale },
+                vec![f(&[b, hq, t, d]), f(&[b, hkv, t, d]), f(&[b, hkv, t, d])],
+            ),
+            (
+                format!("attention_backward {s}"),
+                Op::AttentionBackward { scale },
+                vec![
+                    f(&[b, hq, t, d]),
+                    f(&[b, hkv, t, d]),
+                    f(&[b, hkv, t, d]),
+                    In::Pos(vec![b, hq, t, t]),
+                    f(&[b, t, hq, d]),
+                ],
+            ),
+            (
+                format!("cached_attention {s}"),
+                Op::CachedAttention { scale },
+                vec![
+                    f(&[b, hq, t, d]),
+                    f(&[b, hkv, smax, d]),
+                    f(&[b, hkv, smax, d]),
+                    In::Ids(vec![b], smax - t + 1),
+                ],
+            ),
+            (
+                format!("cached_attention bf16 caches {s}"),
+                Op::CachedAttention { scale },
+                vec![
+                    f(&[b, hq, t, d]),
+                    bf(&[b, hkv, smax, d]),
+                    bf(&[b, hkv, smax, d]),
+                    In::Ids(vec![b], smax - t + 1),
+                ],
+            ),
+            (
+                format!("kv_cache_write bf16 cache {s}"),
+                Op::KvCacheWrite,
+                vec![
+                    bf(&[b, hkv, smax, d]),
+                    f(&[b, hkv, t, d]),
+                    In::Ids(vec![b], smax - t + 1),
+                ],
+            ),
+            (
+                format!("kv_cache_write {s}"),
+                Op::KvCacheWrite,
+                vec![
+                    f(&[b, hkv, smax, d]),
+                    f(&[b, hkv, t, d]),
+                    In::Ids(vec![b], smax - t + 1),
+                ],
+            ),
+        ]);
+    }
+    // The fused linear: the skinny kernels' row buckets (1 row on CUDA cores, 2 to 32 on
+    // tensor cores), split k, k not a multiple of 16, groups, biases, SwiGLU, a bf16 input,
+    // and shapes the kernels refuse (33 rows, k not a multiple of 8), which take cuBLASLt.
+    type LinearCase<'a> = (usize, usize, &'a [usize], &'a [bool], bool, DType);
+    let linear_cases: [LinearCase; 11] = [
+        (1, 64, &[40], &[false], false, DType::F32),
+        (2, 136, &[24, 40], &[true, false], false, DType::F32),
+        (24, 1000, &[56], &[true], false, DType::F32),
+        (32, 896, &[112, 112], &[false, false], true, DType::BF16),
+        (3, 96, &[56, 8, 8], &[false, false, true], false, DType::F32),
+        (8, 128, &[72, 72], &[true, false], true, DType::F32),
+        (16, 64, &[24], &[true], false, DType::BF16),
+        (
+            5,
+            896,
+            &[896, 128, 128],
+            &[false, false, true],
+            false,
+            DType::F32,
+        ),
+        (1, 4864, &[896], &[false], false, DType::F32),
+        (33, 64, &[40, 40], &[false, false], true, DType::F32),
+        (2, 36, &[20], &[true], false, DType::F32),
+    ];
+    for (m, k, widths, biases, swiglu, x_dtype) in linear_cases {
+        let mut ins = vec![In::F(x_dtype, vec![m, k])];
+        ins.extend(widths.iter().map(|&n| bf(&[n, k])));
+        let biased = widths.iter().zip(biases).filter(|(_, &b)| b);
+        ins.extend(biased.map(|(&n, _)| bf(&[n])));
+        let op = Op::Linear {
+            biases: biases.to_vec(),
+            swiglu,
+        };
+        let name = format!(
+            "linear M={m} K={k} N={widths:?} biases={biases:?} swiglu={swiglu} x {x_dtype}"
+        );
+        cases.push((name, op, ins));
+    }
+    cases
+}
