@@ -43,11 +43,12 @@ pub fn compile(
         (_, None) => format!("seq {}", options.seq),
     };
     let mut text = format!(
-        "program {} for {model} ({} parameters): batch {}, {shape}, {:?} GEMMs\n",
+        "program {} for {model} ({} parameters): batch {}, {shape}, precision {}, fusion {}\n",
         kind.name(),
         parameter_count(&config),
         options.batch,
-        options.precision
+        options.precision.name(),
+        if options.fusion { "on" } else { "off" }
     );
     text += &format!(
         "  {} params, {} inputs, {} states, {count} ops, {} outputs, {} writes; traced and verified in {:.1} ms\n  ops:",
