@@ -1,31 +1,28 @@
 // Embedding gather and its deterministic scatter-add backward (no atomics).
 
-// out[n, :] = weight[ids[n], :]; one block per token. An id outside 0..V gives a row of NaN
-// and raises the fault word.
-extern "C" __global__ void embedding_f32(float* out, const float* weight, const i64* ids,
-                                         i64 tokens, i64 hidden, i64 vocab, int* fault) {
+// out[n, :] = weight[ids[n], :] (f32 rows; a bf16 table W widened exactly); one block per
+// token. An id outside 0..V gives a row of NaN and raises the fault word.
+template <typename W>
+__device__ void kiln_embedding(float* out, const W* weight, const i64* ids, i64 tokens,
+                               i64 hidden, i64 vocab, int* fault) {
     const i64 n = blockIdx.x;
     if (n >= tokens) return;
     const i64 id = ids[n];
     const bool valid = id >= 0 && id < vocab;
     if (!valid && threadIdx.x == 0) kiln_raise(fault);
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        out[n * hidden + j] = valid ? weight[id * hidden + j] : __int_as_float(0x7fc00000);
+        out[n * hidden + j] = valid ? kiln_load(weight, id * hidden + j) : __int_as_float(0x7fc00000);
     }
 }
 
-// The same gather from a bf16 table into f32 rows (widened exactly).
+extern "C" __global__ void embedding_f32(float* out, const float* weight, const i64* ids,
+                                         i64 tokens, i64 hidden, i64 vocab, int* fault) {
+    kiln_embedding(out, weight, ids, tokens, hidden, vocab, fault);
+}
+
 extern "C" __global__ void embedding_bf16(float* out, const bf16_bits* weight, const i64* ids,
                                           i64 tokens, i64 hidden, i64 vocab, int* fault) {
-    const i64 n = blockIdx.x;
-    if (n >= tokens) return;
-    const i64 id = ids[n];
-    const bool valid = id >= 0 && id < vocab;
-    if (!valid && threadIdx.x == 0) kiln_raise(fault);
-    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        out[n * hidden + j] =
-            valid ? kiln_bf16_to_f32(weight[id * hidden + j]) : __int_as_float(0x7fc00000);
-    }
+    kiln_embedding(out, weight, ids, tokens, hidden, vocab, fault);
 }
 
 // grad_weight [V,H] = 0 everywhere (the first of the backward's two launches).

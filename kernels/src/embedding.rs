@@ -22,7 +22,7 @@ use half::bf16;
 use kiln_ir::{DType, Shape};
 
 use crate::dispatch_real;
-use crate::element::Real;
+use crate::element::{Element, Real};
 use crate::error::{expect_rank, Error, Result};
 use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
@@ -51,62 +51,45 @@ fn expect_token_rows(
     }
 }
 
-/// `out[n, :] = weight[ids[n], :]`, for ids already checked against `0..V`.
-fn gather<T: Real>(weight: &[T], ids: Indices<'_>, out: &mut [T], hidden: usize) {
+/// `out[n, :] = widen(weight[ids[n], :])`, for ids already checked against `0..V`.
+fn gather<W: Copy, O>(
+    weight: &[W],
+    ids: Indices<'_>,
+    out: &mut [O],
+    hidden: usize,
+    widen: impl Fn(W) -> O,
+) {
     for n in 0..ids.len() {
         let row = ids.get(n) as usize;
         // Ranges are in bounds: n < N with out.len() = N·H, row < V with weight.len() = V·H.
-        out[n * hidden..(n + 1) * hidden]
-            .copy_from_slice(&weight[row * hidden..(row + 1) * hidden]);
-    }
-}
-
-/// [`gather`] from a bf16 table into f32 rows (each element widened exactly).
-fn gather_widened(weight: &[bf16], ids: Indices<'_>, out: &mut [f32], hidden: usize) {
-    for n in 0..ids.len() {
-        let row = ids.get(n) as usize;
         let source = &weight[row * hidden..(row + 1) * hidden];
-        for (o, w) in out[n * hidden..(n + 1) * hidden].iter_mut().zip(source) {
-            *o = w.to_f32();
+        for (o, &w) in out[n * hidden..(n + 1) * hidden].iter_mut().zip(source) {
+            *o = widen(w);
         }
     }
 }
 
-fn embedding_bf16(
-    weight: &TensorView<'_>,
-    ids: &TensorView<'_>,
-    out: &mut TensorViewMut<'_>,
+/// The gather from a table of `W` into rows of `O` (the same real type, or f32 from bf16).
+fn embedding_typed<W: Element, O: Element>(
+    (weight, ids, out): (&TensorView<'_>, &TensorView<'_>, &mut TensorViewMut<'_>),
+    widen: impl Fn(W) -> O,
 ) -> Result<()> {
     const OP: &str = "embedding";
     let (vocab, hidden) = (weight.shape().dims()[0], weight.shape().dims()[1]);
-    let table = weight.slice::<bf16>(OP, "weight")?;
-    let rows = out.slice_mut::<f32>(OP, "out")?;
+    let table = weight.slice::<W>(OP, "weight")?;
+    let rows = out.slice_mut::<O>(OP, "out")?;
     let ids = Indices::of(OP, "ids", ids)?;
     ids.check_below(OP, "ids", vocab, None)?;
-    gather_widened(table, ids, rows, hidden);
-    Ok(())
-}
-
-fn embedding_typed<T: Real>(
-    weight: &TensorView<'_>,
-    ids: &TensorView<'_>,
-    out: &mut TensorViewMut<'_>,
-) -> Result<()> {
-    const OP: &str = "embedding";
-    let (vocab, hidden) = (weight.shape().dims()[0], weight.shape().dims()[1]);
-    let table = weight.slice::<T>(OP, "weight")?;
-    let rows = out.slice_mut::<T>(OP, "out")?;
-    let ids = Indices::of(OP, "ids", ids)?;
-    ids.check_below(OP, "ids", vocab, None)?;
-    gather(table, ids, rows, hidden);
+    gather(table, ids, rows, hidden, widen);
     Ok(())
 }
 
 /// `out[n, :] = weight[ids[n], :]` for every token `n` of `ids`.
 ///
 /// `weight` is `[V, H]` (f32, f64 or bf16), `ids` has any shape `S` (i32 or i64), `out` is
-/// `S ++ [H]` with `weight`'s dtype (f32 for a bf16 table: rows widened exactly). An id outside `0..V` is [`Error::IndexOutOfRange`] on `ids`; ids of
-/// another dtype are [`Error::DType`] on `ids`.
+/// `S ++ [H]` with `weight`'s dtype (f32 for a bf16 table: rows widened exactly). An id
+/// outside `0..V` is [`Error::IndexOutOfRange`] on `ids`; ids of another dtype are
+/// [`Error::DType`] on `ids`.
 pub fn embedding(
     weight: &TensorView<'_>,
     ids: &TensorView<'_>,
@@ -121,9 +104,16 @@ pub fn embedding(
         ids.shape(),
         weight.shape().dims()[1],
     )?;
+    let operands = (weight, ids, out);
     match weight.dtype() {
-        DType::BF16 => embedding_bf16(weight, ids, out),
-        dtype => dispatch_real!(OP, dtype, embedding_typed(weight, ids, out)),
+        DType::F32 => embedding_typed::<f32, f32>(operands, |w| w),
+        DType::F64 => embedding_typed::<f64, f64>(operands, |w| w),
+        DType::BF16 => embedding_typed::<bf16, f32>(operands, |w| w.to_f32()),
+        other => Err(Error::UnsupportedDType {
+            op: OP,
+            dtype: other,
+            supported: "f32, f64, bf16",
+        }),
     }
 }
 
