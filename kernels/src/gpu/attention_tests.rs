@@ -300,7 +300,12 @@ fn the_backward_pipeline_matches_the_reference_and_ignores_masked_probs() {
             ("grad_v", 7, &grads[2]),
         ] {
             let what = format!("{name} {case:?}");
-            assert_close(&what, &widen(&memory.0[slot]), &widen(want), 1e-5, 1e-6);
+            // Each element is an f32 sum over keys or queries, added in another order than the
+            // reference's: an element near zero out of larger terms keeps an absolute error of
+            // the terms' scale, so the absolute bound follows the largest element.
+            let want = widen(want);
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            assert_close(&what, &widen(&memory.0[slot]), &want, 1e-5, 1e-5 * scale);
         }
     }
 }
