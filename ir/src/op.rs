@@ -3,7 +3,7 @@
 //!
 //! Layout conventions (the CPU reference kernels' and the GPU kernels'): activations are
 //! row-major; attention takes `q [B,Hq,T,D]`, `k`/`v [B,Hkv,S,D]` and returns `[B,T,Hq,D]`;
-//! RoPE turns `[B,T,H,D]` into `[B,H,T,D]`; caches are `[B,Hkv,Smax,D]`.
+//! RoPE turns `[B,T,H,D]` into `[B,H,T,D]`; caches are `[S,Hkv,Smax,D]`, one row per sequence (a pool of slots where the cache ops take `rows`).
 //!
 //! Stored operands: an op computing in f32 may take its weights, biases and caches in bf16
 //! (RMSNorm weights, RoPE and Add biases, KV caches, the embedding table; [`stores`]), read
@@ -70,11 +70,15 @@ pub enum Op {
     Attention { scale: f64 },
     /// `(q, k, v, probs, grad_out) -> (grad_q, grad_k, grad_v)`.
     AttentionBackward { scale: f64 },
-    /// `(q [B,Hq,T,D], k_cache [B,Hkv,Smax,D], v_cache, positions [B] int) -> [B,T,Hq,D]`:
-    /// query `t` of row `b` sits at `positions[b] + t` and attends cache rows up to it.
+    /// `(q [B,Hq,T,D], k_cache [S,Hkv,Smax,D], v_cache, positions [B] int[, rows [B] int]) ->
+    /// [B,T,Hq,D]`: query `t` of batch row `b` sits at `positions[b] + t` and attends its
+    /// cache row's positions up to it. Batch row `b`'s cache row is `b` (`S = B`), or
+    /// `rows[b]` of a pool of `S` slots when `rows` is given.
     CachedAttention { scale: f64 },
-    /// `(cache [B,H,Smax,D], new [B,H,T,D], positions [B] int) -> cache` with rows
-    /// `positions[b]..positions[b]+T` of row `b` replaced by `new`.
+    /// `(cache [S,H,Smax,D], new [B,H,T,D], positions [B] int[, rows [B] int]) -> cache` with
+    /// positions `positions[b]..positions[b]+T` of batch row `b`'s cache row (as in
+    /// `CachedAttention`) replaced by `new`; other cache rows are untouched. Pooled `rows`
+    /// are distinct.
     KvCacheWrite,
     /// `(gate, up) -> silu(gate)·up`.
     SwiGlu,

@@ -51,6 +51,9 @@ impl Op {
             }
             (Op::KvCacheWrite, 2) => cache_positions(1, 0),
             (Op::CachedAttention { .. }, 3) => cache_positions(0, 1),
+            // A pooled cache's row (slot) of each batch row.
+            (Op::KvCacheWrite, 3) => Some(IndexRange::below(dim(0, 0)?)),
+            (Op::CachedAttention { .. }, 4) => Some(IndexRange::below(dim(1, 0)?)),
             (Op::Rope { .. } | Op::RopeBackward { .. }, 1) => Some(IndexRange::below(usize::MAX)),
             _ => None,
         }

@@ -4,8 +4,10 @@
 use super::Op;
 use crate::{DType, Error, Result, Shape, TensorType};
 
+mod cache;
 mod linear;
 
+use cache::{attention_types, cached_attention_types, kv_cache_write_types};
 use linear::linear_types;
 pub use linear::LINEAR_MAX_GROUPS;
 
@@ -323,50 +325,8 @@ impl Op {
                 }
                 one(TensorType::new(g.dtype, [b, t, h, d])?)
             }
-            Op::Attention { .. } | Op::CachedAttention { .. } => {
-                let cached = matches!(self, Op::CachedAttention { .. });
-                rule.arity(if cached { 4 } else { 3 })?;
-                let q = rule.float(0)?;
-                let &[b, hq, t, d] = rule.rank(0, 4, "[B,Hq,T,D]")? else {
-                    unreachable!("rank checked")
-                };
-                // The cache is stored data; attention's own keys share q's dtype.
-                let k = &operands[1];
-                let &[kb, hkv, s, kd] = rule.rank(1, 4, "[B,Hkv,S,D]")? else {
-                    unreachable!("rank checked")
-                };
-                let k_dtype_ok = match cached {
-                    true => stores(q.dtype, k.dtype),
-                    false => k.dtype == q.dtype,
-                };
-                if !k_dtype_ok
-                    || kb != b
-                    || kd != d
-                    || hkv == 0
-                    || hq % hkv != 0
-                    || (!cached && s < t)
-                {
-                    return Err(rule.type_error(
-                        1,
-                        format!(
-                            "{} [{b},Hkv,S,{d}] with Hkv dividing {hq}{}",
-                            q.dtype,
-                            if cached { "" } else { " and S >= T" }
-                        ),
-                    ));
-                }
-                rule.same(2, k)?;
-                let out = TensorType::new(q.dtype, [b, t, hq, d])?;
-                if cached {
-                    rule.int(3)?;
-                    if operands[3].dims() != [b] {
-                        return Err(rule.type_error(3, format!("int [{b}]")));
-                    }
-                    one(out)
-                } else {
-                    Ok(vec![out, TensorType::new(q.dtype, [b, hq, t, s])?])
-                }
-            }
+            Op::Attention { .. } => attention_types(&rule),
+            Op::CachedAttention { .. } => cached_attention_types(&rule),
             Op::AttentionBackward { scale } => {
                 rule.arity(5)?;
                 // The forward rule checks q, k, v; its errors are renamed to this op.
@@ -390,29 +350,7 @@ impl Op {
                 rule.same(4, &forward[0])?;
                 Ok(operands[..3].to_vec())
             }
-            Op::KvCacheWrite => {
-                rule.arity(3)?;
-                let cache = &operands[0];
-                let &[b, h, _, d] = rule.rank(0, 4, "[B,H,Smax,D]")? else {
-                    unreachable!("rank checked")
-                };
-                let new = rule.float(1)?;
-                if !stores(new.dtype, cache.dtype)
-                    || new.dims().len() != 4
-                    || new.dims()[0] != b
-                    || new.dims()[1] != h
-                    || new.dims()[3] != d
-                    || new.dims()[2] > cache.dims()[2]
-                {
-                    return Err(rule
-                        .type_error(1, format!("{} [{b},{h},T,{d}] with T <= Smax", cache.dtype)));
-                }
-                rule.int(2)?;
-                if operands[2].dims() != [b] {
-                    return Err(rule.type_error(2, format!("int [{b}]")));
-                }
-                one(cache.clone())
-            }
+            Op::KvCacheWrite => kv_cache_write_types(&rule),
             Op::SwiGlu => {
                 rule.arity(2)?;
                 let g = rule.float(0)?.clone();

@@ -316,6 +316,32 @@ fn kv_cache_write_fits_the_cache() {
 }
 
 #[test]
+fn pooled_cache_ops_take_one_slot_per_batch_row() {
+    // A pool of 5 slots serves a batch of 2.
+    let (q, pool) = (f32t(&[2, 4, 1, 8]), f32t(&[5, 2, 16, 8]));
+    let attention = || Op::CachedAttention { scale: 0.5 };
+    let read = |rows: TensorType| vec![q.clone(), pool.clone(), pool.clone(), i64t(&[2]), rows];
+    accepts(attention(), &read(i64t(&[2])), &[f32t(&[2, 1, 4, 8])]);
+    rejects_operand(attention(), &read(i64t(&[5])), 4);
+    rejects_operand(attention(), &read(f32t(&[2])), 4);
+    // Without rows, the cache has one row per batch row.
+    let unpooled = vec![q.clone(), pool.clone(), pool.clone(), i64t(&[2])];
+    rejects_operand(attention(), &unpooled, 1);
+
+    let write = |rows: TensorType| vec![pool.clone(), f32t(&[2, 2, 1, 8]), i64t(&[2]), rows];
+    accepts(Op::KvCacheWrite, &write(i64t(&[2])), &[pool.clone()]);
+    rejects_operand(Op::KvCacheWrite, &write(i64t(&[3])), 3);
+    let unpooled = vec![pool.clone(), f32t(&[2, 2, 1, 8]), i64t(&[2])];
+    rejects_operand(Op::KvCacheWrite, &unpooled, 1);
+    // A slot id must name one of the pool's rows.
+    let types = write(i64t(&[2]));
+    let range = Op::KvCacheWrite.index_range(3, &types).unwrap();
+    assert!(range.contains(4) && !range.contains(5) && !range.contains(-1));
+    let range = attention().index_range(4, &read(i64t(&[2]))).unwrap();
+    assert!(range.contains(0) && !range.contains(5));
+}
+
+#[test]
 fn swiglu_and_its_backward() {
     let g = f32t(&[2, 6]);
     accepts(Op::SwiGlu, &[g.clone(), g.clone()], &[g.clone()]);

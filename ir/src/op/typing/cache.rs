@@ -1,0 +1,96 @@
+//! The type rules of attention and of the KV cache ops.
+//!
+//! A cache is `[S,H,Smax,D]`: `S` rows (one per sequence), `Smax` positions each. Without a
+//! `rows` operand, batch row `b` owns cache row `b` (`S = B`); with `rows [B] int`, batch row
+//! `b` owns cache row `rows[b]` of a pool of any `S` — how one persistent KV pool of fixed
+//! slots serves decode programs of every batch size.
+
+use super::Rule;
+use crate::{stores, Result, TensorType};
+
+/// `(q [B,Hq,T,D], k [B,Hkv,S,D], v) -> (out [B,T,Hq,D], probs [B,Hq,T,S])`, `S >= T`.
+pub(super) fn attention_types(rule: &Rule<'_>) -> Result<Vec<TensorType>> {
+    rule.arity(3)?;
+    let q = rule.float(0)?;
+    let &[b, hq, t, d] = rule.rank(0, 4, "[B,Hq,T,D]")? else {
+        unreachable!("rank checked")
+    };
+    let k = &rule.operands[1];
+    let &[kb, hkv, s, kd] = rule.rank(1, 4, "[B,Hkv,S,D]")? else {
+        unreachable!("rank checked")
+    };
+    if k.dtype != q.dtype || kb != b || kd != d || hkv == 0 || hq % hkv != 0 || s < t {
+        let expected = format!("{} [{b},Hkv,S,{d}] with Hkv dividing {hq} and S >= T", q.dtype);
+        return Err(rule.type_error(1, expected));
+    }
+    rule.same(2, k)?;
+    Ok(vec![
+        TensorType::new(q.dtype, [b, t, hq, d])?,
+        TensorType::new(q.dtype, [b, hq, t, s])?,
+    ])
+}
+
+/// `(q [B,Hq,T,D], k_cache [S,Hkv,Smax,D], v_cache, positions [B] int[, rows [B] int]) ->
+/// [B,T,Hq,D]`; the caches are stored data of q's compute dtype.
+pub(super) fn cached_attention_types(rule: &Rule<'_>) -> Result<Vec<TensorType>> {
+    let pooled = rule.operands.len() == 5;
+    rule.arity(if pooled { 5 } else { 4 })?;
+    let q = rule.float(0)?;
+    let &[b, hq, t, d] = rule.rank(0, 4, "[B,Hq,T,D]")? else {
+        unreachable!("rank checked")
+    };
+    let k = &rule.operands[1];
+    let &[slots, hkv, _, kd] = rule.rank(1, 4, "[S,Hkv,Smax,D]")? else {
+        unreachable!("rank checked")
+    };
+    let slots_ok = if pooled { slots > 0 } else { slots == b };
+    if !stores(q.dtype, k.dtype) || !slots_ok || kd != d || hkv == 0 || hq % hkv != 0 {
+        let rows = if pooled { "S".to_string() } else { b.to_string() };
+        let expected = format!("{} [{rows},Hkv,Smax,{d}] with Hkv dividing {hq}", q.dtype);
+        return Err(rule.type_error(1, expected));
+    }
+    rule.same(2, k)?;
+    one_index_per_row(rule, 3, b)?;
+    if pooled {
+        one_index_per_row(rule, 4, b)?;
+    }
+    Ok(vec![TensorType::new(q.dtype, [b, t, hq, d])?])
+}
+
+/// `(cache [S,H,Smax,D], new [B,H,T,D], positions [B] int[, rows [B] int]) -> cache`, with
+/// `T <= Smax`; `new` computes in the cache's stored dtype's compute dtype.
+pub(super) fn kv_cache_write_types(rule: &Rule<'_>) -> Result<Vec<TensorType>> {
+    let pooled = rule.operands.len() == 4;
+    rule.arity(if pooled { 4 } else { 3 })?;
+    let cache = &rule.operands[0];
+    let &[slots, h, capacity, d] = rule.rank(0, 4, "[S,H,Smax,D]")? else {
+        unreachable!("rank checked")
+    };
+    let new = rule.float(1)?;
+    let b = match new.dims() {
+        &[b, nh, t, nd] if nh == h && nd == d && t <= capacity => b,
+        _ => {
+            let expected = format!("{} [B,{h},T,{d}] with T <= {capacity}", cache.dtype);
+            return Err(rule.type_error(1, expected));
+        }
+    };
+    if !stores(new.dtype, cache.dtype) || (!pooled && b != slots) || (pooled && slots == 0) {
+        let rows = if pooled { "B".to_string() } else { slots.to_string() };
+        let expected = format!("{} [{rows},{h},T,{d}] with T <= {capacity}", cache.dtype);
+        return Err(rule.type_error(1, expected));
+    }
+    one_index_per_row(rule, 2, b)?;
+    if pooled {
+        one_index_per_row(rule, 3, b)?;
+    }
+    Ok(vec![cache.clone()])
+}
+
+/// Operand `port` is an integer `[batch]`.
+fn one_index_per_row(rule: &Rule<'_>, port: usize, batch: usize) -> Result<()> {
+    rule.int(port)?;
+    if rule.operands[port].dims() != [batch] {
+        return Err(rule.type_error(port, format!("int [{batch}]")));
+    }
+    Ok(())
+}
