@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::model::{
     causal_lm_loss, forward, last_logits, parameter_shapes, ModelConfig, ModelWeights,
 };
-use crate::trace::{AttentionMode, LayerCache, Tracer};
+use crate::trace::{AttentionMode, Caches, LayerCache, Tracer};
 
 mod options;
 
@@ -48,18 +48,25 @@ fn params(graph: &mut Graph, config: &ModelConfig, dtype: DType) -> Result<Model
     })
 }
 
-/// The per-layer KV cache states `cache.{k,v}.{layer}`, `[B,Hkv,rows,D]` of `dtype`.
+/// The per-layer KV cache states `cache.{k,v}.{layer}`, `[S,Hkv,rows,D]` of `dtype`, at
+/// `positions`: one cache row per batch row (`S = B`), or with `options.pool` a pool of `S`
+/// slots and the input `cache_rows [B]` naming each batch row's.
 fn caches(
     graph: &mut Graph,
     config: &ModelConfig,
-    (batch, rows): (usize, usize),
-    dtype: DType,
-) -> Result<Vec<LayerCache>> {
+    (options, rows): (&ProgramOptions, usize),
+    (dtype, positions): (DType, ValueId),
+) -> Result<Caches> {
+    let sequences = options.pool.unwrap_or(options.batch);
     let ty = TensorType::new(
         dtype,
-        [batch, config.num_key_value_heads, rows, config.head_dim],
+        [sequences, config.num_key_value_heads, rows, config.head_dim],
     )?;
-    (0..config.num_hidden_layers)
+    let slots = match options.pool {
+        Some(_) => Some(i64_input(graph, "cache_rows", &[options.batch])?),
+        None => None,
+    };
+    let layers = (0..config.num_hidden_layers)
         .map(|layer| {
             let (k_name, v_name) = (format!("cache.k.{layer}"), format!("cache.v.{layer}"));
             Ok(LayerCache {
@@ -69,7 +76,12 @@ fn caches(
                 v_name,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Caches {
+        layers,
+        positions,
+        slots,
+    })
 }
 
 /// Builds program `kind` for `config`, after [`ProgramOptions::validate`], fused unless
@@ -95,11 +107,13 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
             let tokens = i64_input(&mut graph, "tokens", &[batch, seq])?;
             let positions = i64_input(&mut graph, "positions", &[batch, seq])?;
             let cache_positions = i64_input(&mut graph, "cache_positions", &[batch])?;
-            let caches = caches(&mut graph, config, (batch, rows), stored)?;
-            let mode = AttentionMode::FillCache {
-                caches,
-                positions: cache_positions,
-            };
+            let caches = caches(
+                &mut graph,
+                config,
+                (options, rows),
+                (stored, cache_positions),
+            )?;
+            let mode = AttentionMode::FillCache(caches);
             let tracer = Tracer::new(graph, mode, options.precision);
             let logits = last_logits(&tracer, config, &weights, &tokens, &positions)?;
             tracer.graph().output("logits", logits)?;
@@ -108,8 +122,8 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
         ProgramKind::Decode => {
             let tokens = i64_input(&mut graph, "tokens", &[batch, 1])?;
             let positions = i64_input(&mut graph, "positions", &[batch])?;
-            let caches = caches(&mut graph, config, (batch, rows), stored)?;
-            let mode = AttentionMode::ReadCache { caches, positions };
+            let caches = caches(&mut graph, config, (options, rows), (stored, positions))?;
+            let mode = AttentionMode::ReadCache(caches);
             let tracer = Tracer::new(graph, mode, options.precision);
             let rope_positions = tracer.graph().op1(
                 kiln_ir::Op::Reshape {
@@ -224,6 +238,8 @@ pub fn example_inputs(
                 found.map(|(_, t)| t.clone()).expect("named above")
             }
             ("cache_positions", _) => Tensor::from_vec(vec![0i64; batch], [batch])?,
+            // Pool slots 0..B, one per row.
+            ("cache_rows", _) => Tensor::from_vec((0..batch as i64).collect(), [batch])?,
             ("step", _) => Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar())?,
             ("loss_seed", _) => Tensor::scalar(1.0, DType::F32),
             _ if input_kind == InputKind::Param => continue,

@@ -14,18 +14,29 @@ use crate::model::{Ops, Precision};
 pub enum AttentionMode {
     /// Attend over this call's keys and values (training, evaluation).
     Plain,
-    /// Attend over this call's keys and values and store them in the layer's cache at rows
-    /// `positions[b]..` (prefill from an empty cache).
-    FillCache {
-        caches: Vec<LayerCache>,
-        positions: ValueId,
-    },
+    /// Attend over this call's keys and values and store them in the layer's cache at
+    /// positions `positions[b]..` (prefill from an empty cache).
+    FillCache(Caches),
     /// Store this call's keys and values in the cache at `positions[b]..` and attend over the
     /// cache up to each query's position (decode).
-    ReadCache {
-        caches: Vec<LayerCache>,
-        positions: ValueId,
-    },
+    ReadCache(Caches),
+}
+
+/// Every layer's cache, where each batch row's keys go.
+#[derive(Clone, Debug)]
+pub struct Caches {
+    pub layers: Vec<LayerCache>,
+    /// `[B]` int: the position of each batch row's first token.
+    pub positions: ValueId,
+    /// `[B]` int: each batch row's slot, when the caches are a pool of sequences.
+    pub slots: Option<ValueId>,
+}
+
+impl Caches {
+    /// The index operands of a cache op: positions, then slots when pooled.
+    fn indices(&self) -> Vec<ValueId> {
+        std::iter::once(self.positions).chain(self.slots).collect()
+    }
 }
 
 /// The State inputs holding one layer's cache, `[B,Hkv,Smax,D]` each.
@@ -80,22 +91,27 @@ impl Tracer {
         }
     }
 
-    /// Writes `k`, `v` into layer `layer`'s cache at `positions` and makes the updated caches
-    /// the new content of their states; returns them.
+    /// Writes `k`, `v` into layer `layer`'s cache at its positions and makes the updated
+    /// caches the new content of their states; returns them.
     fn write_cache(
         &self,
-        caches: &[LayerCache],
+        caches: &Caches,
         layer: usize,
         k: &ValueId,
         v: &ValueId,
-        positions: ValueId,
     ) -> Result<(ValueId, ValueId)> {
-        let cache = caches.get(layer).ok_or_else(|| Error::Operand {
+        let cache = caches.layers.get(layer).ok_or_else(|| Error::Operand {
             op: "attention",
-            reason: format!("no cache for layer {layer} ({} caches)", caches.len()),
+            reason: format!(
+                "no cache for layer {layer} ({} caches)",
+                caches.layers.len()
+            ),
         })?;
-        let k_cache = self.op1(Op::KvCacheWrite, &[cache.k, *k, positions])?;
-        let v_cache = self.op1(Op::KvCacheWrite, &[cache.v, *v, positions])?;
+        let write = |cache: ValueId, new: ValueId| {
+            let operands: Vec<ValueId> = [cache, new].into_iter().chain(caches.indices()).collect();
+            self.op1(Op::KvCacheWrite, &operands)
+        };
+        let (k_cache, v_cache) = (write(cache.k, *k)?, write(cache.v, *v)?);
         let mut graph = self.graph.borrow_mut();
         graph.write(&cache.k_name, k_cache)?;
         graph.write(&cache.v_name, v_cache)?;
@@ -196,16 +212,17 @@ impl Ops for Tracer {
     ) -> Result<ValueId> {
         match &self.mode {
             AttentionMode::Plain => Ok(self.op(Op::Attention { scale }, &[*q, *k, *v])?[0]),
-            AttentionMode::FillCache { caches, positions } => {
-                self.write_cache(caches, layer, k, v, *positions)?;
+            AttentionMode::FillCache(caches) => {
+                self.write_cache(caches, layer, k, v)?;
                 Ok(self.op(Op::Attention { scale }, &[*q, *k, *v])?[0])
             }
-            AttentionMode::ReadCache { caches, positions } => {
-                let (k_cache, v_cache) = self.write_cache(caches, layer, k, v, *positions)?;
-                self.op1(
-                    Op::CachedAttention { scale },
-                    &[*q, k_cache, v_cache, *positions],
-                )
+            AttentionMode::ReadCache(caches) => {
+                let (k_cache, v_cache) = self.write_cache(caches, layer, k, v)?;
+                let operands: Vec<ValueId> = [*q, k_cache, v_cache]
+                    .into_iter()
+                    .chain(caches.indices())
+                    .collect();
+                self.op1(Op::CachedAttention { scale }, &operands)
             }
         }
     }

@@ -101,6 +101,22 @@ __device__ float kiln_block_max(float value, float* scratch) {
 // naming the op.
 __device__ __forceinline__ void kiln_raise(int* fault) { *fault = 1; }
 
+// The cache row of batch row b: rows[b] of a pool of `slots` rows, or b itself when rows is
+// null; -1 when rows[b] lies outside the pool (the caller raises the fault word).
+__device__ __forceinline__ i64 kiln_slot(const i64* rows, i64 b, i64 slots) {
+    if (rows == nullptr) return b;
+    const i64 slot = rows[b];
+    return slot < 0 || slot >= slots ? -1 : slot;
+}
+
+// Whether an earlier batch row than b takes b's slot (a pool is written by distinct rows).
+__device__ __forceinline__ bool kiln_slot_taken(const i64* rows, i64 b) {
+    if (rows == nullptr) return false;
+    for (i64 a = 0; a < b; ++a)
+        if (rows[a] == rows[b]) return true;
+    return false;
+}
+
 // Grid-stride loop over `n` items: the same items go to the same threads on every run.
 #define KILN_FOR_EACH(index, n)                                                              \
     for (i64 index = (i64)blockIdx.x * blockDim.x + threadIdx.x; index < (n);              \

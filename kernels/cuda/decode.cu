@@ -4,8 +4,9 @@
 // row (chunk max m, sum of exp l, unnormalized output acc[D]); a second kernel combines the
 // chunks of each row in chunk order. Every sum is in a fixed order: the same bits on every run.
 //
-// Layouts: q [B,Hq,T,D]; caches [B,Hkv,Smax,D]; positions [B] (query t of row b at position
-// positions[b] + t sees cache rows 0..=that); out [B,T,Hq,D]; partials
+// Layouts: q [B,Hq,T,D]; caches [S,Hkv,Smax,D]; positions [B] (query t of row b at position
+// positions[b] + t sees positions 0..=that of its cache row: rows[b] of a pool of `slots`, or b
+// when rows is null); out [B,T,Hq,D]; partials
 // [B,Hq,T,splits,D+2] f32 as (m, l, acc[0..D]).
 
 extern __shared__ float kiln_shared[];
@@ -24,19 +25,22 @@ extern __shared__ float kiln_shared[];
 // 4. one thread per (head, d): acc = sum over keys, in key order, of p · v.
 template <typename C>
 __device__ void kiln_cached_attention_split(float* partials, const float* q, const C* k_cache,
-                                            const C* v_cache, const i64* positions, i64 q_heads,
+                                            const C* v_cache, const i64* positions,
+                                            const i64* rows, i64 slots, i64 q_heads,
                                             i64 kv_heads, i64 q_len, i64 capacity, i64 head_dim,
                                             i64 chunk, float scale, int* fault) {
     const i64 split = blockIdx.x, kv = blockIdx.y, row = blockIdx.z;
     const i64 splits = gridDim.x;
     const i64 b = row / q_len, t = row % q_len;
     const i64 group = q_heads / kv_heads;
-    const i64 kv_first = (b * kv_heads + kv) * capacity * head_dim;
-    // A position outside 0..=capacity - T raises the fault word; the clamp keeps every read
-    // inside the cache.
+    // A position outside 0..=capacity - T or a slot outside the pool raises the fault word;
+    // the clamp keeps every read inside the cache (a bad slot reads nothing).
+    const i64 slot = kiln_slot(rows, b, slots);
+    const i64 kv_first = ((slot < 0 ? 0 : slot) * kv_heads + kv) * capacity * head_dim;
     const i64 position = positions[b];
-    if ((position < 0 || position + q_len > capacity) && threadIdx.x == 0) kiln_raise(fault);
-    i64 visible = position + t + 1;
+    const bool bad = position < 0 || position + q_len > capacity || slot < 0;
+    if (bad && threadIdx.x == 0) kiln_raise(fault);
+    i64 visible = slot < 0 ? 0 : position + t + 1;
     visible = visible < 0 ? 0 : (visible > capacity ? capacity : visible);
     const i64 first = split * chunk;
     const i64 count = visible > first ? (visible - first < chunk ? visible - first : chunk) : 0;
@@ -122,20 +126,20 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
 extern "C" __global__ void cached_attention_split_f32(float* partials, const float* q,
                                                       const float* k_cache,
                                                       const float* v_cache,
-                                                      const i64* positions, i64 q_heads,
-                                                      i64 kv_heads, i64 q_len, i64 capacity,
-                                                      i64 head_dim, i64 chunk, float scale,
-                                                      int* fault) {
-    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, q_heads, kv_heads,
-                                q_len, capacity, head_dim, chunk, scale, fault);
+                                                      const i64* positions, const i64* rows,
+                                                      i64 slots, i64 q_heads, i64 kv_heads,
+                                                      i64 q_len, i64 capacity, i64 head_dim,
+                                                      i64 chunk, float scale, int* fault) {
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
 
 extern "C" __global__ void cached_attention_split_f32_bf16(
     float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
-    const i64* positions, i64 q_heads, i64 kv_heads, i64 q_len, i64 capacity, i64 head_dim,
-    i64 chunk, float scale, int* fault) {
-    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, q_heads, kv_heads,
-                                q_len, capacity, head_dim, chunk, scale, fault);
+    const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
+    i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
 
 // One block per (query head, b·T + t): out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M),

@@ -2,21 +2,27 @@
 //! attention of a block of queries over it.
 //!
 //! Layouts (all contiguous; the float operands of one call share f32 or f64 — `kv_cache_write`
-//! also copies bf16 and f16 rows into a cache of their dtype; `positions` is i32 or i64):
-//! - `cache`, `k_cache`, `v_cache` `[B,H,Smax,D]`: row `s` of batch row `b` and head `h` holds
-//!   the key (or value) of the token at absolute position `s`;
+//! also copies bf16 and f16 rows into a cache of their dtype; `positions` and `rows` are i32 or
+//! i64):
+//! - `cache`, `k_cache`, `v_cache` `[S,H,Smax,D]`: position `s` of cache row `c` and head `h`
+//!   holds the key (or value) of that sequence's token at absolute position `s`;
 //! - `new` `[B,H,T,D]`: the rows of `T` consecutive new tokens;
 //! - `positions` `[B]`: the absolute position of the first new token of each batch row;
+//! - `rows` `[B]` (optional): the cache row (slot) of each batch row in a pool of `S`; without
+//!   it batch row `b` owns cache row `b` and `S = B`;
 //! - `q` `[B,Hq,T,D]`, `probs` `[B,Hq,T,Smax]` (workspace, written), `out` `[B,T,Hq,D]`.
 //!
 //! ```text
-//! kv_cache_write:    cache[b,h,positions[b]+t,:] = new[b,h,t,:]      other rows untouched
-//! cached_attention:  query t of row b sits at p = positions[b] + t and attends cache rows
-//!                    0..=p, exactly as `attention` does with S = p + 1 − t keys
+//! kv_cache_write:    cache[c,h,positions[b]+t,:] = new[b,h,t,:]   c = rows[b] (or b);
+//!                    every other cache row and position untouched
+//! cached_attention:  query t of row b sits at p = positions[b] + t and attends positions
+//!                    0..=p of cache row c, exactly as `attention` does with S = p + 1 − t keys
 //! ```
 //!
-//! Invariant: every position must fit, `0 <= positions[b]` and `positions[b] + T <= Smax`;
-//! otherwise the call is an [`Error::IndexOutOfRange`] on `positions` and writes nothing.
+//! Invariants: every position must fit, `0 <= positions[b]` and `positions[b] + T <= Smax`,
+//! and every slot must name a cache row, `0 <= rows[b] < S`; otherwise the call is an
+//! [`Error::IndexOutOfRange`] on that operand and writes nothing. The slots a write takes are
+//! distinct (two batch rows writing one sequence is [`Error::Argument`]).
 //!
 //! `cached_attention` computes each query row with the very function `attention` uses
 //! ([`attend_row`]), so with `positions[b] = S − T` over a cache whose first `S` rows are `k`
@@ -73,24 +79,79 @@ fn block_too_long(
     }
 }
 
-/// Overwrites rows `positions[b]..positions[b] + T` of every head of batch row `b` of `cache`
-/// `[B,H,Smax,D]` with `new` `[B,H,T,D]`; every other row is left as it was. A position that
-/// is negative or leaves no room for `T` rows is [`Error::IndexOutOfRange`] on `positions`,
-/// and then nothing is written.
+/// The cache row of each batch row: `rows[b]` of a pool of `slots` rows, checked to name one,
+/// or `b` itself without `rows` (then the cache must have one row per batch row).
+#[derive(Clone, Copy)]
+enum Slots<'a> {
+    Own,
+    Pool(Indices<'a>),
+}
+
+impl<'a> Slots<'a> {
+    fn check(
+        op: &'static str,
+        rows: Option<&TensorView<'a>>,
+        batch: usize,
+        slots: usize,
+    ) -> Result<Self> {
+        let Some(rows) = rows else {
+            return Ok(Slots::Own);
+        };
+        expect_shape(op, "rows", rows.shape(), &[batch])?;
+        let indices = Indices::of(op, "rows", rows)?;
+        indices.check_below(op, "rows", slots, None)?;
+        Ok(Slots::Pool(indices))
+    }
+
+    /// The cache row of batch row `b` (checked in range by [`Slots::check`]).
+    fn of(&self, b: usize) -> usize {
+        match self {
+            Slots::Own => b,
+            Slots::Pool(rows) => rows.get(b) as usize,
+        }
+    }
+}
+
+/// Overwrites positions `positions[b]..positions[b] + T` of every head of batch row `b`'s
+/// cache row (`rows[b]`, or `b` without `rows`) of `cache` `[S,H,Smax,D]` with `new`
+/// `[B,H,T,D]`; everything else is left as it was. A position that is negative or leaves no
+/// room for `T` rows, or a slot outside the pool, is [`Error::IndexOutOfRange`] on its
+/// operand; two batch rows on one slot is [`Error::Argument`]; then nothing is written.
 pub fn kv_cache_write(
     cache: &mut TensorViewMut<'_>,
     new: &TensorView<'_>,
     positions: &TensorView<'_>,
+    rows: Option<&TensorView<'_>>,
 ) -> Result<()> {
     const OP: &str = "kv_cache_write";
-    let [batch, heads, capacity, head_dim] = dims4(OP, "cache", &cache.as_view())?;
+    let [slots, heads, capacity, head_dim] = dims4(OP, "cache", &cache.as_view())?;
     let new_dims = dims4(OP, "new", new)?;
-    let block = new_dims[2];
+    let [batch, _, block, _] = new_dims;
     if block > capacity {
         return Err(block_too_long(OP, "new", new, new_dims, capacity));
     }
     expect_shape(OP, "new", new.shape(), &[batch, heads, block, head_dim])?;
     let positions = check_positions(OP, positions, batch, block, capacity)?;
+    let slot = Slots::check(OP, rows, batch, slots)?;
+    if rows.is_none() && batch != slots {
+        let expected = format!("[{batch},{heads},{capacity},{head_dim}] (one row per batch row)");
+        return Err(Error::Shape {
+            op: OP,
+            operand: "cache",
+            expected,
+            got: cache.shape().clone(),
+        });
+    }
+    if let Some((first, second)) = repeated_slot(&slot, batch) {
+        return Err(Error::Argument {
+            op: OP,
+            argument: "rows",
+            reason: format!(
+                "batch rows {first} and {second} both write slot {}",
+                slot.of(first)
+            ),
+        });
+    }
     let layout = WriteLayout {
         heads,
         capacity,
@@ -99,14 +160,19 @@ pub fn kv_cache_write(
     };
     // A copy of rows: any float dtype (bf16 caches of inference too).
     match cache.dtype() {
-        DType::BF16 => kv_cache_write_typed::<bf16>(layout, cache, new, positions),
-        DType::F16 => kv_cache_write_typed::<f16>(layout, cache, new, positions),
+        DType::BF16 => kv_cache_write_typed::<bf16>(layout, cache, new, (positions, slot)),
+        DType::F16 => kv_cache_write_typed::<f16>(layout, cache, new, (positions, slot)),
         dtype => dispatch_real!(
             OP,
             dtype,
-            kv_cache_write_typed(layout, cache, new, positions)
+            kv_cache_write_typed(layout, cache, new, (positions, slot))
         ),
     }
+}
+
+/// Two batch rows that take the same slot, if any.
+fn repeated_slot(slot: &Slots<'_>, batch: usize) -> Option<(usize, usize)> {
+    (0..batch).find_map(|b| (0..b).find(|&a| slot.of(a) == slot.of(b)).map(|a| (a, b)))
 }
 
 /// The sizes of one cache write.
@@ -122,7 +188,7 @@ fn kv_cache_write_typed<T: Element>(
     layout: WriteLayout,
     cache: &mut TensorViewMut<'_>,
     new: &TensorView<'_>,
-    positions: Indices<'_>,
+    (positions, slot): (Indices<'_>, Slots<'_>),
 ) -> Result<()> {
     const OP: &str = "kv_cache_write";
     let new = new.slice::<T>(OP, "new")?;
@@ -136,15 +202,17 @@ fn kv_cache_write_typed<T: Element>(
     let block_len = block * head_dim;
     for (b_h, new_block) in new.chunks_exact(block_len.max(1)).enumerate() {
         // Checked non-negative and in range by `check_positions`.
-        let start = positions.get(b_h / heads) as usize;
-        let first = (b_h * capacity + start) * head_dim;
+        let (b, h) = (b_h / heads, b_h % heads);
+        let start = positions.get(b) as usize;
+        let first = ((slot.of(b) * heads + h) * capacity + start) * head_dim;
         cache[first..first + block_len].copy_from_slice(new_block);
     }
     Ok(())
 }
 
-/// Causal GQA of `q` `[B,Hq,T,D]` over the cache `k_cache`, `v_cache` `[B,Hkv,Smax,D]`: query
-/// `t` of row `b` sits at `p = positions[b] + t` and attends cache rows `0..=p`. Writes the
+/// Causal GQA of `q` `[B,Hq,T,D]` over the cache `k_cache`, `v_cache` `[S,Hkv,Smax,D]`: query
+/// `t` of row `b` sits at `p = positions[b] + t` and attends positions `0..=p` of its cache row
+/// (`rows[b]`, or `b` without `rows`). Writes the
 /// probabilities into the workspace `probs` `[B,Hq,T,Smax]` (0 past `p`) and the result into
 /// `out` `[B,T,Hq,D]`. Same math, order and bits as [`attention`](crate::attention::attention)
 /// (see the module doc).
@@ -152,7 +220,7 @@ pub fn cached_attention(
     q: &TensorView<'_>,
     k_cache: &TensorView<'_>,
     v_cache: &TensorView<'_>,
-    positions: &TensorView<'_>,
+    (positions, rows): (&TensorView<'_>, Option<&TensorView<'_>>),
     scale: f64,
     probs: &mut TensorViewMut<'_>,
     out: &mut TensorViewMut<'_>,
@@ -160,18 +228,19 @@ pub fn cached_attention(
     const OP: &str = "cached_attention";
     let q_dims = dims4(OP, "q", q)?;
     let [batch, q_heads, q_len, head_dim] = q_dims;
-    let [_, kv_heads, capacity, _] = dims4(OP, "k_cache", k_cache)?;
+    let [pool, kv_heads, capacity, _] = dims4(OP, "k_cache", k_cache)?;
+    let slots = if rows.is_some() { pool } else { batch };
     if kv_heads == 0 || q_heads % kv_heads != 0 {
         return Err(Error::Shape {
             op: OP,
             operand: "k_cache",
             expected: format!(
-                "[{batch},Hkv,Smax,{head_dim}] with Hkv >= 1 dividing the {q_heads} query heads"
+                "[{slots},Hkv,Smax,{head_dim}] with Hkv >= 1 dividing the {q_heads} query heads"
             ),
             got: k_cache.shape().clone(),
         });
     }
-    let cache_shape = [batch, kv_heads, capacity, head_dim];
+    let cache_shape = [slots, kv_heads, capacity, head_dim];
     expect_shape(OP, "k_cache", k_cache.shape(), &cache_shape)?;
     expect_shape(OP, "v_cache", v_cache.shape(), &cache_shape)?;
     if q_len > capacity {
@@ -181,6 +250,7 @@ pub fn cached_attention(
     expect_shape(OP, "probs", probs.shape(), &probs_shape)?;
     expect_shape(OP, "out", out.shape(), &[batch, q_len, q_heads, head_dim])?;
     let positions = check_positions(OP, positions, batch, q_len, capacity)?;
+    let slot = Slots::check(OP, rows, batch, slots)?;
     let layout = AttendLayout {
         batch,
         q_heads,
@@ -193,7 +263,7 @@ pub fn cached_attention(
     dispatch_real!(
         OP,
         q.dtype(),
-        cached_attention_typed(layout, q, caches, positions, scale, probs, out)
+        cached_attention_typed(layout, q, caches, (positions, slot), scale, probs, out)
     )
 }
 
@@ -212,7 +282,7 @@ fn cached_attention_typed<T: Real>(
     layout: AttendLayout,
     q: &TensorView<'_>,
     [k_cache, v_cache]: [&TensorView<'_>; 2],
-    positions: Indices<'_>,
+    (positions, slot): (Indices<'_>, Slots<'_>),
     scale: f64,
     probs: &mut TensorViewMut<'_>,
     out: &mut TensorViewMut<'_>,
@@ -238,7 +308,7 @@ fn cached_attention_typed<T: Real>(
         // Checked non-negative and in range by `check_positions`.
         let start = positions.get(b) as usize;
         for h in 0..q_heads {
-            let kv_first = (b * kv_heads + h / group) * capacity * head_dim;
+            let kv_first = (slot.of(b) * kv_heads + h / group) * capacity * head_dim;
             let q_row0 = (b * q_heads + h) * q_len;
             for t in 0..q_len {
                 let q_first = (q_row0 + t) * head_dim;
@@ -259,6 +329,8 @@ fn cached_attention_typed<T: Real>(
     Ok(())
 }
 
+#[cfg(test)]
+mod pool_tests;
 #[cfg(test)]
 mod rejection_tests;
 #[cfg(test)]

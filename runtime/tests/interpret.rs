@@ -250,6 +250,7 @@ fn cache_write_then_cached_attention_matches_the_kernels_and_replaces_the_states
             &mut view_mut(cache, &cache_dims),
             &view(new, &[b, hkv, t, d]),
             &positions_view,
+            None,
         )
         .unwrap();
     }
@@ -259,7 +260,7 @@ fn cache_write_then_cached_attention_matches_the_kernels_and_replaces_the_states
         &view(&q_v, &[b, hq, t, d]),
         &view(&k_want, &cache_dims),
         &view(&v_want, &cache_dims),
-        &positions_view,
+        (&positions_view, None),
         scale,
         &mut view_mut(&mut probs, &[b, hq, t, smax]),
         &mut view_mut(&mut out_want, &[b, t, hq, d]),

@@ -17,6 +17,11 @@ pub struct ProgramOptions {
     /// Rows of the KV cache (prefill, decode); `None` takes the default of
     /// [`ProgramOptions::cache_rows`].
     pub max_seq: Option<usize>,
+    /// Prefill and decode over a KV pool of this many slots (a serving engine's programs):
+    /// each cache is `[pool,Hkv,rows,D]`, shared by every program of the engine, and the
+    /// program takes `cache_rows [B]`, the slot of each batch row (distinct). `None`: each
+    /// batch row owns its cache row (`[B,Hkv,rows,D]`).
+    pub pool: Option<usize>,
     /// Eval: also output `grad.<name>` for every parameter.
     pub grads: bool,
     /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
@@ -33,6 +38,7 @@ impl Default for ProgramOptions {
             batch: 1,
             seq: 16,
             max_seq: None,
+            pool: None,
             grads: false,
             precision: Precision::F32,
             fusion: true,
@@ -110,6 +116,15 @@ impl ProgramOptions {
             }
         }
         let rows = self.cache_rows(kind, config);
+        if let (Some(pool), Some(_)) = (self.pool, rows) {
+            if pool < self.batch {
+                let reason = format!(
+                    "a pool of {pool} slots cannot hold the {} rows of a batch (each row takes                      its own slot)",
+                    self.batch
+                );
+                return refuse("--slots", pool, reason);
+            }
+        }
         if let Some(rows) = rows {
             if rows == 0 {
                 return refuse("--max-seq", 0, "must be at least 1".into());
@@ -159,7 +174,8 @@ impl ProgramOptions {
             ),
         ];
         if let Some(rows) = rows {
-            let cache = vec![batch, kv_heads, rows, config.head_dim];
+            let sequences = self.pool.unwrap_or(batch);
+            let cache = vec![sequences, kv_heads, rows, config.head_dim];
             tensors.push(("KV cache of a layer", DType::F32, cache));
         }
         for (what, dtype, dims) in tensors {

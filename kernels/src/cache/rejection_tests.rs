@@ -29,6 +29,7 @@ fn write_error(new_shape: &[usize], positions: TensorView<'_>) -> Error {
         &mut TensorViewMut::contiguous(&mut cache, cache_shape).unwrap(),
         &TensorView::contiguous(&new, new_shape).unwrap(),
         &positions,
+        None,
     )
     .unwrap_err();
     assert_eq!(cache, before, "a refused write changed the cache: {err}");
@@ -87,6 +88,7 @@ fn kv_cache_write_rejects_bad_operands() {
         &mut TensorViewMut::contiguous(&mut cache, [2, 2, 5, 3]).unwrap(),
         &TensorView::contiguous(&new64, [2, 2, 1, 3]).unwrap(),
         &positions(),
+        None,
     )
     .unwrap_err();
     assert!(matches!(err, Error::DType { .. }), "{err}");
@@ -99,6 +101,7 @@ fn kv_cache_write_rejects_bad_operands() {
         &mut TensorViewMut::contiguous(&mut cache16, [2, 2, 5, 3]).unwrap(),
         &TensorView::contiguous(&new32, [2, 2, 1, 3]).unwrap(),
         &positions(),
+        None,
     )
     .unwrap_err();
     assert!(matches!(err, Error::DType { .. }), "{err}");
@@ -109,6 +112,7 @@ fn kv_cache_write_rejects_bad_operands() {
         &mut TensorViewMut::new(&mut cache, [2, 2, 5, 3], &[15, 30, 3, 1], 0).unwrap(),
         &TensorView::contiguous(&data(12), [2, 2, 1, 3]).unwrap(),
         &positions(),
+        None,
     )
     .unwrap_err();
     assert!(matches!(err, Error::NotContiguous { .. }), "{err}");
@@ -144,7 +148,10 @@ fn attention_error(shapes: Shapes<'_>, positions: &[i64]) -> Error {
         &TensorView::contiguous(&q, shapes.q).unwrap(),
         &TensorView::contiguous(&k, shapes.k).unwrap(),
         &TensorView::contiguous(&v, shapes.v).unwrap(),
-        &TensorView::contiguous(positions, [positions.len()]).unwrap(),
+        (
+            &TensorView::contiguous(positions, [positions.len()]).unwrap(),
+            None,
+        ),
         0.5,
         &mut TensorViewMut::contiguous(&mut probs, shapes.probs).unwrap(),
         &mut TensorViewMut::contiguous(&mut out, shapes.out).unwrap(),
@@ -239,7 +246,7 @@ fn cached_attention_rejects_bad_dtypes() {
         &TensorView::contiguous(&q, GOOD.q).unwrap(),
         &TensorView::contiguous(&cache, GOOD.k).unwrap(),
         &TensorView::contiguous(&cache64, GOOD.v).unwrap(),
-        &TensorView::contiguous(&starts[..], [2]).unwrap(),
+        (&TensorView::contiguous(&starts[..], [2]).unwrap(), None),
         0.5,
         &mut TensorViewMut::contiguous(&mut probs, GOOD.probs).unwrap(),
         &mut TensorViewMut::contiguous(&mut out, GOOD.out).unwrap(),
@@ -258,7 +265,7 @@ fn cached_attention_rejects_bad_dtypes() {
         &TensorView::contiguous(&q16, GOOD.q).unwrap(),
         &TensorView::contiguous(&cache16, GOOD.k).unwrap(),
         &TensorView::contiguous(&cache16, GOOD.v).unwrap(),
-        &TensorView::contiguous(&starts[..], [2]).unwrap(),
+        (&TensorView::contiguous(&starts[..], [2]).unwrap(), None),
         0.5,
         &mut TensorViewMut::contiguous(&mut probs16, GOOD.probs).unwrap(),
         &mut TensorViewMut::contiguous(&mut out16, GOOD.out).unwrap(),

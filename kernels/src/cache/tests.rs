@@ -74,7 +74,7 @@ fn run_cached<T: Real>(c: &Case, q: &[T], k: &[T], v: &[T], scale: f64) -> (Vec<
         &TensorView::contiguous(q, [c.b, c.hq, c.t, c.d]).unwrap(),
         &TensorView::contiguous(k, cache_shape).unwrap(),
         &TensorView::contiguous(v, cache_shape).unwrap(),
-        &TensorView::contiguous(&c.starts, [c.b]).unwrap(),
+        (&TensorView::contiguous(&c.starts, [c.b]).unwrap(), None),
         scale,
         &mut TensorViewMut::contiguous(&mut probs, [c.b, c.hq, c.t, c.smax]).unwrap(),
         &mut TensorViewMut::contiguous(&mut out, [c.b, c.t, c.hq, c.d]).unwrap(),
@@ -224,6 +224,7 @@ fn run_write<T: Real, I: Element>(
         &mut TensorViewMut::contiguous(&mut cache, cache_shape).unwrap(),
         &TensorView::contiguous(new, new_shape).unwrap(),
         &TensorView::contiguous(starts, [starts.len()]).unwrap(),
+        None,
     )
     .unwrap();
     cache

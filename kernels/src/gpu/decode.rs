@@ -3,6 +3,7 @@
 //! query row).
 
 use super::attention::AttentionDims;
+use super::cache::CacheRows;
 use super::launch::{grid_dim, size_arg, MAX_GRID_X, MAX_GRID_YZ};
 use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS};
 use crate::Result;
@@ -40,13 +41,15 @@ pub fn partials_bytes(dims: &AttentionDims) -> u64 {
         * 4
 }
 
-/// `out [B,T,Hq,D]` over the caches `[B,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
-/// (i64), with `partials` scratch of [`partials_bytes`]: the split launch, then the combine.
-/// A position outside `0..=Smax - T` raises the `fault` word.
+/// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
+/// (i64) of each batch row's cache row, with `partials` scratch of [`partials_bytes`]: the
+/// split launch, then the combine. A position outside `0..=Smax - T` or a slot outside the
+/// pool raises the `fault` word.
 pub fn cached_attention_f32(
     out: Addr,
     partials: Addr,
     [q, k_cache, v_cache, positions]: [Addr; 4],
+    cache_rows: CacheRows,
     (dims, scale, stored): (AttentionDims, f32, Stored),
     fault: Addr,
 ) -> Result<Vec<Launch>> {
@@ -73,12 +76,15 @@ pub fn cached_attention_f32(
     let rows = grid_dim(SPLIT, "B·T", dims.batch * dims.q_len, MAX_GRID_YZ)?;
     let heads = grid_dim(SPLIT, "Hq", dims.q_heads, MAX_GRID_YZ)?;
     let kv_heads = grid_dim(SPLIT, "Hkv", dims.kv_heads, MAX_GRID_YZ)?;
+    let [cache_rows, slots] = cache_rows.args(dims.batch);
     let split_args = vec![
         Arg::Ptr(partials),
         Arg::Ptr(q),
         Arg::Ptr(k_cache),
         Arg::Ptr(v_cache),
         Arg::Ptr(positions),
+        cache_rows,
+        slots,
         size_arg(dims.q_heads),
         size_arg(dims.kv_heads),
         size_arg(dims.q_len),

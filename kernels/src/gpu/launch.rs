@@ -28,6 +28,8 @@ impl Addr {
 pub enum Arg {
     /// A pointer (`T*`).
     Ptr(Addr),
+    /// A null pointer (`T*`): an optional operand that is absent.
+    Null,
     /// `long long`.
     I64(i64),
     /// `int`.

@@ -2,6 +2,7 @@
 //! and passes an argument of the C signature's type for each parameter, in order.
 
 use super::attention::{AttentionBackward, AttentionDims, AttentionForward};
+use super::cache::CacheRows;
 use super::linear::{LinearGroup, SkinnyLinear};
 use super::norm::RmsNormBackwardRows;
 use super::optim::AdamWHyper;
@@ -41,7 +42,7 @@ fn parameter_kinds(module: &str, function: &str) -> Option<Vec<Option<&'static s
 
 fn arg_kind(arg: &Arg) -> &'static str {
     match arg {
-        Arg::Ptr(_) => "Ptr",
+        Arg::Ptr(_) | Arg::Null => "Ptr",
         Arg::I64(_) => "I64",
         Arg::I32(_) => "I32",
         Arg::F32(_) => "F32",
@@ -117,11 +118,19 @@ fn every_launch() -> Vec<Launch> {
         eps: 1e-8,
         weight_decay: 0.01,
     };
+    let (own, pool) = (
+        CacheRows::Own,
+        CacheRows::Pool {
+            rows: addr(3),
+            slots: 5,
+        },
+    );
+    let sizes = [1, 2, 8, 1, 4];
     let mut launches = vec![
         activation::softmax_f32(addr(0), addr(1), 2, 3).unwrap(),
         activation::softmax_backward_f32(addr(0), addr(1), addr(2), 2, 3).unwrap(),
-        cache::kv_cache_write_f32((addr(0), F32), addr(1), addr(2), [1, 2, 8, 1, 4], addr(9)),
-        cache::kv_cache_write_f32((addr(0), BF16), addr(1), addr(2), [1, 2, 8, 1, 4], addr(9)),
+        cache::kv_cache_write_f32((addr(0), F32), addr(1), (addr(2), own), sizes, addr(9)),
+        cache::kv_cache_write_f32((addr(0), BF16), addr(1), (addr(2), pool), sizes, addr(9)),
         copy::cast_f32_to_bf16(addr(0), addr(1), 3),
         copy::cast_bf16_to_f32(addr(0), addr(1), 3),
         copy::cast_f32_to_bf16(addr(0), addr(1), 8),
@@ -189,10 +198,24 @@ fn every_launch() -> Vec<Launch> {
     ];
     // The kernels of the multi-launch builders (their GEMMs are checked by the lowering tests).
     let pipelines = [
-        decode::cached_attention_f32(addr(0), addr(1), [addr(2); 4], (dims, 0.5, F32), addr(9))
-            .unwrap(),
-        decode::cached_attention_f32(addr(0), addr(1), [addr(2); 4], (dims, 0.5, BF16), addr(9))
-            .unwrap(),
+        decode::cached_attention_f32(
+            addr(0),
+            addr(1),
+            [addr(2); 4],
+            own,
+            (dims, 0.5, F32),
+            addr(9),
+        )
+        .unwrap(),
+        decode::cached_attention_f32(
+            addr(0),
+            addr(1),
+            [addr(2); 4],
+            pool,
+            (dims, 0.5, BF16),
+            addr(9),
+        )
+        .unwrap(),
         attention::attention_f32(forward, dims, 0.5).unwrap(),
         attention::attention_backward_f32(backward, dims, 0.5).unwrap(),
     ];

@@ -198,6 +198,7 @@ impl CudaExecutable {
                 args: (k.args.iter())
                     .map(|arg| match *arg {
                         Arg::Ptr(addr) => self.address(addr),
+                        Arg::Null => 0,
                         Arg::I64(v) => v as u64,
                         Arg::I32(v) => v as u32 as u64,
                         Arg::F32(v) => v.to_bits() as u64,

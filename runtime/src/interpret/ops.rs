@@ -168,13 +168,13 @@ fn run_kernels(
             let (q, cache) = (i[0].shape().dims(), i[1].shape().dims());
             let dims: Vec<usize> = q[..3].iter().chain(&cache[2..3]).copied().collect();
             let mut probs = typed_workspace(workspace, i[0].dtype(), &dims, op)?;
-            let (q, k, v, positions) = (&i[0], &i[1], &i[2], &i[3]);
-            kiln_kernels::cache::cached_attention(q, k, v, positions, scale, &mut probs, &mut o[0])
+            let (q, k, v, rows) = (&i[0], &i[1], &i[2], (&i[3], i.get(4)));
+            kiln_kernels::cache::cached_attention(q, k, v, rows, scale, &mut probs, &mut o[0])
         }
         Op::KvCacheWrite => {
             // The result starts as a copy of the cache; only the new rows change.
             copy::copy(&i[0], &mut o[0])?;
-            kiln_kernels::cache::kv_cache_write(&mut o[0], &i[1], &i[2])
+            kiln_kernels::cache::kv_cache_write(&mut o[0], &i[1], &i[2], i.get(3))
         }
         Op::SwiGlu => activation::swiglu(&i[0], &i[1], &mut o[0]),
         Op::SwiGluBackward => {

@@ -20,7 +20,10 @@ pub(super) fn attention_types(rule: &Rule<'_>) -> Result<Vec<TensorType>> {
         unreachable!("rank checked")
     };
     if k.dtype != q.dtype || kb != b || kd != d || hkv == 0 || hq % hkv != 0 || s < t {
-        let expected = format!("{} [{b},Hkv,S,{d}] with Hkv dividing {hq} and S >= T", q.dtype);
+        let expected = format!(
+            "{} [{b},Hkv,S,{d}] with Hkv dividing {hq} and S >= T",
+            q.dtype
+        );
         return Err(rule.type_error(1, expected));
     }
     rule.same(2, k)?;
@@ -45,7 +48,11 @@ pub(super) fn cached_attention_types(rule: &Rule<'_>) -> Result<Vec<TensorType>>
     };
     let slots_ok = if pooled { slots > 0 } else { slots == b };
     if !stores(q.dtype, k.dtype) || !slots_ok || kd != d || hkv == 0 || hq % hkv != 0 {
-        let rows = if pooled { "S".to_string() } else { b.to_string() };
+        let rows = if pooled {
+            "S".to_string()
+        } else {
+            b.to_string()
+        };
         let expected = format!("{} [{rows},Hkv,Smax,{d}] with Hkv dividing {hq}", q.dtype);
         return Err(rule.type_error(1, expected));
     }
@@ -75,7 +82,11 @@ pub(super) fn kv_cache_write_types(rule: &Rule<'_>) -> Result<Vec<TensorType>> {
         }
     };
     if !stores(new.dtype, cache.dtype) || (!pooled && b != slots) || (pooled && slots == 0) {
-        let rows = if pooled { "B".to_string() } else { slots.to_string() };
+        let rows = if pooled {
+            "B".to_string()
+        } else {
+            slots.to_string()
+        };
         let expected = format!("{} [{rows},{h},T,{d}] with T <= {capacity}", cache.dtype);
         return Err(rule.type_error(1, expected));
     }

@@ -16,6 +16,20 @@ fn dims4(at: &Lowering<'_>, dims: &[usize], name: &str) -> Result<[u64; 4]> {
     }
 }
 
+/// Where the cache op's batch rows find their cache rows: operand `port` (`rows [B]` i64,
+/// slots of a pool of `cache[0]` rows) when the op has it, else their own.
+fn pooled_rows(at: &Lowering<'_>, port: usize, cache: &[usize]) -> Result<cache::CacheRows> {
+    if at.i.len() <= port {
+        return Ok(cache::CacheRows::Own);
+    }
+    let rows = at.operand(port, "rows", I64)?;
+    let slots = cache.first().copied().map_or(0, size);
+    Ok(cache::CacheRows::Pool {
+        rows: rows.addr(),
+        slots,
+    })
+}
+
 /// The sizes from `q [B,Hq,T,D]` and keys `[B,Hkv,S,D]`, with `Hkv` dividing `Hq`.
 fn attention_dims(at: &Lowering<'_>, q: &[usize], keys: &[usize]) -> Result<AttentionDims> {
     let [batch, q_heads, q_len, head_dim] = dims4(at, q, "q")?;
@@ -59,6 +73,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let (k_cache, stored) = at.stored(1, "k_cache")?;
             let v_cache = at.operand(2, "v_cache", k_cache.dtype)?;
             let positions = at.operand(3, "positions", I64)?;
+            let cache_rows = pooled_rows(at, 4, k_cache.dims())?;
             let out = at.result(0, "out", F32)?;
             let dims = attention_dims(at, q.dims(), k_cache.dims())?;
             if dims.q_len == 0 {
@@ -72,6 +87,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 out.addr(),
                 partials,
                 inputs,
+                cache_rows,
                 (dims, scale, stored),
                 at.fault,
             )?)
@@ -106,16 +122,17 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let (cache, stored) = at.stored(0, "cache")?;
             let fresh = at.operand(1, "new", F32)?;
             let positions = at.operand(2, "positions", I64)?;
+            let cache_rows = pooled_rows(at, 3, cache.dims())?;
             let out = at.result(0, "cache", cache.dtype)?;
-            let [batch, heads, capacity, head_dim] = dims4(at, cache.dims(), "cache")?;
-            let [_, _, block, _] = dims4(at, fresh.dims(), "new")?;
+            let [_, heads, capacity, head_dim] = dims4(at, cache.dims(), "cache")?;
+            let [batch, _, block, _] = dims4(at, fresh.dims(), "new")?;
             // In place (the result is the cache) only the new rows are written.
             let mut launches = copy_unless_same(out.addr(), cache.addr(), byte_len(cache));
             if fresh.numel() > 0 {
                 launches.push(cache::kv_cache_write_f32(
                     (out.addr(), stored),
                     fresh.addr(),
-                    positions.addr(),
+                    (positions.addr(), cache_rows),
                     [batch, heads, capacity, block, head_dim],
                     at.fault,
                 ));
