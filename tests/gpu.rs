@@ -71,6 +71,8 @@ pub(crate) enum In {
     Ids(Vec<usize>, usize),
     /// Positive floats (probabilities, second moments).
     Pos(Vec<usize>),
+    /// `[B]` distinct slot ids of a pool of this many.
+    Slots(usize, usize),
     Step,
 }
 
@@ -153,6 +155,13 @@ fn check_op(
                 let ty = TensorType::new(DType::I64, dims.as_slice()).unwrap();
                 let ids = testing::indices(rng, ty.shape.numel(), *bound);
                 (ty.clone(), Tensor::from_vec(ids, ty.shape.clone()).unwrap())
+            }
+            In::Slots(batch, pool) => {
+                let ty = TensorType::new(DType::I64, [*batch]).unwrap();
+                let mut slots: Vec<i64> = (0..*pool as i64).collect();
+                rand::seq::SliceRandom::shuffle(&mut slots[..], rng);
+                slots.truncate(*batch);
+                (ty, Tensor::from_vec(slots, [*batch]).unwrap())
             }
             In::Pos(dims) => {
                 let ty = TensorType::new(DType::F32, dims.as_slice()).unwrap();

@@ -61,20 +61,20 @@ fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &
 fn tiny_programs_lower_with_every_write_in_place() {
     for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
         for precision in [Precision::F32, Precision::Bf16Gemm, Precision::Bf16] {
-            let options = ProgramOptions {
-                batch: 2,
-                seq: 6,
-                max_seq: Some(12),
-                precision,
-                ..Default::default()
-            };
-            for streams in [1, 2] {
-                check(
-                    &config,
-                    &options,
-                    streams,
-                    &format!("tiny {:?} {precision:?}", config.family),
-                );
+            // Caches of their own, and a KV pool of 5 slots.
+            for pool in [None, Some(5)] {
+                let options = ProgramOptions {
+                    batch: 2,
+                    seq: 6,
+                    max_seq: Some(12),
+                    pool,
+                    precision,
+                    ..Default::default()
+                };
+                for streams in [1, 2] {
+                    let what = format!("tiny {:?} {precision:?} pool {pool:?}", config.family);
+                    check(&config, &options, streams, &what);
+                }
             }
         }
     }

@@ -291,6 +291,28 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                     In::Ids(vec![b], smax - t + 1),
                 ],
             ),
+            // A pool of b + 3 slots, b of them named.
+            (
+                format!("cached_attention pooled bf16 caches {s}"),
+                Op::CachedAttention { scale },
+                vec![
+                    f(&[b, hq, t, d]),
+                    bf(&[b + 3, hkv, smax, d]),
+                    bf(&[b + 3, hkv, smax, d]),
+                    In::Ids(vec![b], smax - t + 1),
+                    In::Slots(b, b + 3),
+                ],
+            ),
+            (
+                format!("kv_cache_write pooled {s}"),
+                Op::KvCacheWrite,
+                vec![
+                    f(&[b + 3, hkv, smax, d]),
+                    f(&[b, hkv, t, d]),
+                    In::Ids(vec![b], smax - t + 1),
+                    In::Slots(b, b + 3),
+                ],
+            ),
         ]);
     }
     // The fused linear: the skinny kernels' row buckets (1 row on CUDA cores, 2 to 32 on
