@@ -1,5 +1,5 @@
-//! Programs over a KV pool (the serving engine's): prefills of different lengths into chosen
-//! slots, then decodes of the surviving rows by slot id, on the reference interpreter against
+//! Programs over a KV pool (the serving engine's): a prefill of padded prompts of different
+//! lengths into chosen slots, then decodes of the surviving rows by slot id, on the reference interpreter against
 //! the eager full forward; slots no program names keep their bits.
 
 use std::collections::BTreeMap;
@@ -76,20 +76,30 @@ fn pooled_prefill_and_decode_follow_the_full_forward_and_leave_other_slots_alone
             .map(|(name, t)| (name.clone(), t.to_f64_vec().unwrap()))
             .collect();
 
+        // One prefill of both prompts into their slots, the shorter padded with random tokens
+        // (their keys land past its prompt, where decode overwrites them before reading).
+        let length = 5;
+        let prefill = build(ProgramKind::Prefill, &config, &options(2, length)).unwrap();
+        let mut tokens = Vec::new();
+        for (s, &(_, prompt)) in sequences.iter().enumerate() {
+            tokens.extend_from_slice(&ids[s][..prompt]);
+            tokens.extend(testing::indices(&mut rng, length - prompt, vocab));
+        }
+        let positions: Vec<i64> = (0..2 * length as i64).map(|i| i % length as i64).collect();
+        let last: Vec<i64> = (sequences.iter().enumerate())
+            .map(|(s, &(_, prompt))| (s * length + prompt - 1) as i64)
+            .collect();
+        values.insert("tokens".into(), tensor(tokens, &[2, length]));
+        values.insert("positions".into(), tensor(positions, &[2, length]));
+        values.insert("cache_positions".into(), ints(&[0, 0]));
+        values.insert("cache_rows".into(), ints(&[2, 0]));
+        values.insert("logit_rows".into(), ints(&last));
+        let logits = interpret(&prefill, &mut values).unwrap()["logits"]
+            .to_f64_vec()
+            .unwrap();
         for (s, &(slot, prompt)) in sequences.iter().enumerate() {
-            let prefill = build(ProgramKind::Prefill, &config, &options(1, prompt)).unwrap();
-            let positions: Vec<i64> = (0..prompt as i64).collect();
-            values.insert(
-                "tokens".into(),
-                tensor(ids[s][..prompt].to_vec(), &[1, prompt]),
-            );
-            values.insert("positions".into(), tensor(positions, &[1, prompt]));
-            values.insert("cache_positions".into(), ints(&[0]));
-            values.insert("cache_rows".into(), ints(&[slot as i64]));
-            let logits = interpret(&prefill, &mut values).unwrap()["logits"]
-                .to_f64_vec()
-                .unwrap();
-            let error = testing::rel_l2(&logits, &full_at(s, prompt - 1));
+            let got = &logits[s * vocab..(s + 1) * vocab];
+            let error = testing::rel_l2(got, &full_at(s, prompt - 1));
             assert!(
                 error < 1e-5,
                 "{:?} prefill of slot {slot}: {error:e}",

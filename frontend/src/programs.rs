@@ -9,7 +9,8 @@ use kiln_ir::{DType, Graph, InputKind, TensorType, ValueId};
 
 use crate::error::Result;
 use crate::model::{
-    causal_lm_loss, forward, last_logits, parameter_shapes, ModelConfig, ModelWeights,
+    causal_lm_loss, forward, hidden_states, last_logits, output_head, parameter_shapes,
+    ModelConfig, ModelWeights, Ops,
 };
 use crate::trace::{AttentionMode, Caches, LayerCache, Tracer};
 
@@ -84,6 +85,22 @@ fn caches(
     })
 }
 
+/// Logits `[B,V]` of the tokens `rows [B]` of the flattened `[B·T]` tokens (row `b` names one
+/// of its own: `b·T + t`): the output head on those positions only.
+fn row_logits(
+    tracer: &Tracer,
+    config: &ModelConfig,
+    weights: &ModelWeights<ValueId>,
+    (tokens, positions): (&ValueId, &ValueId),
+    rows: ValueId,
+) -> Result<ValueId> {
+    let hidden = hidden_states(tracer, config, weights, tokens, positions)?;
+    let dims = tracer.dims(&hidden);
+    let flat = tracer.reshape(&hidden, &[dims[0] * dims[1], dims[2]])?;
+    let picked = tracer.embedding(&flat, &rows)?;
+    output_head(tracer, weights, &picked)
+}
+
 /// Builds program `kind` for `config`, after [`ProgramOptions::validate`], fused unless
 /// `options.fusion` is off.
 pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> Result<Graph> {
@@ -114,8 +131,17 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
                 (stored, cache_positions),
             )?;
             let mode = AttentionMode::FillCache(caches);
+            // A pool's prompts are padded to the program's length: each row names the token
+            // whose logits come out.
+            let logit_rows = match options.pool {
+                Some(_) => Some(i64_input(&mut graph, "logit_rows", &[batch])?),
+                None => None,
+            };
             let tracer = Tracer::new(graph, mode, options.precision);
-            let logits = last_logits(&tracer, config, &weights, &tokens, &positions)?;
+            let logits = match logit_rows {
+                Some(rows) => row_logits(&tracer, config, &weights, (&tokens, &positions), rows)?,
+                None => last_logits(&tracer, config, &weights, &tokens, &positions)?,
+            };
             tracer.graph().output("logits", logits)?;
             Ok(tracer.finish())
         }
@@ -240,6 +266,11 @@ pub fn example_inputs(
             ("cache_positions", _) => Tensor::from_vec(vec![0i64; batch], [batch])?,
             // Pool slots 0..B, one per row.
             ("cache_rows", _) => Tensor::from_vec((0..batch as i64).collect(), [batch])?,
+            // Each row's last token.
+            ("logit_rows", _) => {
+                let rows = (1..=batch as i64).map(|b| b * seq as i64 - 1).collect();
+                Tensor::from_vec(rows, [batch])?
+            }
             ("step", _) => Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar())?,
             ("loss_seed", _) => Tensor::scalar(1.0, DType::F32),
             _ if input_kind == InputKind::Param => continue,
