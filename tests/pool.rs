@@ -1,6 +1,6 @@
 //! Programs over a KV pool (the serving engine's): a prefill of padded prompts of different
-//! lengths into chosen slots, then decodes of the surviving rows by slot id, on the reference interpreter against
-//! the eager full forward; slots no program names keep their bits.
+//! lengths into chosen slots, then decodes of the surviving rows by slot id, on the reference
+//! interpreter against the eager full forward; slots no program names keep their bits.
 
 use std::collections::BTreeMap;
 
