@@ -71,7 +71,7 @@ pub(crate) enum In {
     Ids(Vec<usize>, usize),
     /// Positive floats (probabilities, second moments).
     Pos(Vec<usize>),
-    /// `[B]` distinct slot ids of a pool of this many.
+    /// `[B]` distinct slot ids of a pool of this many, the first a padding row when B > 1.
     Slots(usize, usize),
     Step,
 }
@@ -161,6 +161,9 @@ fn check_op(
                 let mut slots: Vec<i64> = (0..*pool as i64).collect();
                 rand::seq::SliceRandom::shuffle(&mut slots[..], rng);
                 slots.truncate(*batch);
+                if *batch > 1 {
+                    slots[0] = kiln_ir::PADDING_SLOT;
+                }
                 (ty, Tensor::from_vec(slots, [*batch]).unwrap())
             }
             In::Pos(dims) => {

@@ -12,7 +12,7 @@
 mod index_range;
 mod typing;
 
-pub use index_range::IndexRange;
+pub use index_range::{IndexRange, PADDING_SLOT};
 pub use typing::{stores, LINEAR_MAX_GROUPS};
 
 use std::fmt;
@@ -73,12 +73,13 @@ pub enum Op {
     /// `(q [B,Hq,T,D], k_cache [S,Hkv,Smax,D], v_cache, positions [B] int[, rows [B] int]) ->
     /// [B,T,Hq,D]`: query `t` of batch row `b` sits at `positions[b] + t` and attends its
     /// cache row's positions up to it. Batch row `b`'s cache row is `b` (`S = B`), or
-    /// `rows[b]` of a pool of `S` slots when `rows` is given.
+    /// `rows[b]` of a pool of `S` slots when `rows` is given; a row of slot [`PADDING_SLOT`]
+    /// reads none (its output is 0).
     CachedAttention { scale: f64 },
     /// `(cache [S,H,Smax,D], new [B,H,T,D], positions [B] int[, rows [B] int]) -> cache` with
     /// positions `positions[b]..positions[b]+T` of batch row `b`'s cache row (as in
     /// `CachedAttention`) replaced by `new`; other cache rows are untouched. Pooled `rows`
-    /// are distinct.
+    /// are distinct, but for [`PADDING_SLOT`] rows, which write nothing.
     KvCacheWrite,
     /// `(gate, up) -> silu(gate)·up`.
     SwiGlu,

@@ -1,7 +1,8 @@
 // KV cache append: positions positions[b]..positions[b]+T of every head of batch row b's cache
 // row of cache [S,H,Smax,D] are overwritten by new [B,H,T,D]. Batch row b's cache row is
-// rows[b] of a pool of `slots` rows, or b itself when rows is null. The positions and rows are
-// device inputs, so one captured graph serves every decode step. A block that would not fit
+// rows[b] of a pool of `slots` rows, or b itself when rows is null; a padding row writes
+// nothing. The positions and rows are device inputs, so one captured graph serves every
+// decode step. A block that would not fit
 // the cache, a slot outside the pool and a slot two batch rows take are skipped and raise the
 // fault word.
 // The cache C is f32 or bf16 (new rows rounded into a bf16 cache); `fresh` is f32.
@@ -17,10 +18,12 @@ __device__ void kiln_kv_cache_write(C* cache, const float* fresh, const i64* pos
         const i64 b = bh / heads, h = bh % heads;
         const i64 start = positions[b];
         const i64 slot = kiln_slot(rows, b, slots);
-        if (start < 0 || start + block > capacity || slot < 0 || kiln_slot_taken(rows, b)) {
+        if (start < 0 || start + block > capacity || slot == KILN_BAD_SLOT ||
+            kiln_slot_taken(rows, b)) {
             kiln_raise(fault);
             continue;
         }
+        if (slot == KILN_PADDING_SLOT) continue;
         kiln_store(cache, ((slot * heads + h) * capacity + start + t) * head_dim + d,
                    fresh[index]);
     }

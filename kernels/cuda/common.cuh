@@ -102,16 +102,22 @@ __device__ float kiln_block_max(float value, float* scratch) {
 __device__ __forceinline__ void kiln_raise(int* fault) { *fault = 1; }
 
 // The cache row of batch row b: rows[b] of a pool of `slots` rows, or b itself when rows is
-// null; -1 when rows[b] lies outside the pool (the caller raises the fault word).
+// null. KILN_PADDING_SLOT marks a padding row, which reads and writes no cache row;
+// KILN_BAD_SLOT is returned when rows[b] lies outside the pool (the caller raises the fault
+// word).
+#define KILN_PADDING_SLOT (-1)
+#define KILN_BAD_SLOT (-2)
 __device__ __forceinline__ i64 kiln_slot(const i64* rows, i64 b, i64 slots) {
     if (rows == nullptr) return b;
     const i64 slot = rows[b];
-    return slot < 0 || slot >= slots ? -1 : slot;
+    if (slot == KILN_PADDING_SLOT) return slot;
+    return slot < 0 || slot >= slots ? KILN_BAD_SLOT : slot;
 }
 
-// Whether an earlier batch row than b takes b's slot (a pool is written by distinct rows).
+// Whether an earlier batch row than b takes b's slot (a pool is written by distinct rows;
+// padding rows take none).
 __device__ __forceinline__ bool kiln_slot_taken(const i64* rows, i64 b) {
-    if (rows == nullptr) return false;
+    if (rows == nullptr || rows[b] == KILN_PADDING_SLOT) return false;
     for (i64 a = 0; a < b; ++a)
         if (rows[a] == rows[b]) return true;
     return false;

@@ -34,11 +34,12 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
     const i64 b = row / q_len, t = row % q_len;
     const i64 group = q_heads / kv_heads;
     // A position outside 0..=capacity - T or a slot outside the pool raises the fault word;
-    // the clamp keeps every read inside the cache (a bad slot reads nothing).
+    // the clamp keeps every read inside the cache. A padding row (or a bad slot) reads no
+    // key: its output is 0.
     const i64 slot = kiln_slot(rows, b, slots);
     const i64 kv_first = ((slot < 0 ? 0 : slot) * kv_heads + kv) * capacity * head_dim;
     const i64 position = positions[b];
-    const bool bad = position < 0 || position + q_len > capacity || slot < 0;
+    const bool bad = position < 0 || position + q_len > capacity || slot == KILN_BAD_SLOT;
     if (bad && threadIdx.x == 0) kiln_raise(fault);
     i64 visible = slot < 0 ? 0 : position + t + 1;
     visible = visible < 0 ? 0 : (visible > capacity ? capacity : visible);
@@ -143,7 +144,8 @@ extern "C" __global__ void cached_attention_split_f32_bf16(
 }
 
 // One block per (query head, b·T + t): out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M),
-// M the largest chunk max. Empty chunks (m = −inf, l = 0) add nothing. Dynamic shared memory:
+// M the largest chunk max. Empty chunks (m = −inf, l = 0) add nothing; a row with no key at
+// all (padding) is 0. Dynamic shared memory:
 // 2·splits floats (each chunk's max, then its weight e^(m_c − M)). M and the total are block
 // reductions (fixed order); each output element sums the chunks in chunk order, its loads
 // issued KILN_DECODE_ROUND at a time.
@@ -184,6 +186,6 @@ extern "C" __global__ void cached_attention_combine_f32(float* out, const float*
                 if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
             }
         }
-        out_row[d] = acc / total;
+        out_row[d] = total == 0.0f ? 0.0f : acc / total;
     }
 }

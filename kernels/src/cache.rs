@@ -8,8 +8,9 @@
 //!   holds the key (or value) of that sequence's token at absolute position `s`;
 //! - `new` `[B,H,T,D]`: the rows of `T` consecutive new tokens;
 //! - `positions` `[B]`: the absolute position of the first new token of each batch row;
-//! - `rows` `[B]` (optional): the cache row (slot) of each batch row in a pool of `S`; without
-//!   it batch row `b` owns cache row `b` and `S = B`;
+//! - `rows` `[B]` (optional): the cache row (slot) of each batch row in a pool of `S`, or
+//!   [`PADDING_SLOT`] for a padding row, which reads and writes no cache row (its attention
+//!   output is 0); without `rows` batch row `b` owns cache row `b` and `S = B`;
 //! - `q` `[B,Hq,T,D]`, `probs` `[B,Hq,T,Smax]` (workspace, written), `out` `[B,T,Hq,D]`.
 //!
 //! ```text
@@ -20,7 +21,7 @@
 //! ```
 //!
 //! Invariants: every position must fit, `0 <= positions[b]` and `positions[b] + T <= Smax`,
-//! and every slot must name a cache row, `0 <= rows[b] < S`; otherwise the call is an
+//! and every slot must name a cache row, `0 <= rows[b] < S`, or be padding; otherwise the call is an
 //! [`Error::IndexOutOfRange`] on that operand and writes nothing. The slots a write takes are
 //! distinct (two batch rows writing one sequence is [`Error::Argument`]).
 //!
@@ -36,7 +37,7 @@ use crate::error::{expect_rank, expect_shape, Error, Result};
 use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
 use half::{bf16, f16};
-use kiln_ir::DType;
+use kiln_ir::{DType, PADDING_SLOT};
 
 /// Checks `positions` is an integer `[batch]` whose every entry leaves room for `block` rows
 /// in a cache of `capacity` rows: `0 <= p` and `p + block <= capacity`.
@@ -79,8 +80,9 @@ fn block_too_long(
     }
 }
 
-/// The cache row of each batch row: `rows[b]` of a pool of `slots` rows, checked to name one,
-/// or `b` itself without `rows` (then the cache must have one row per batch row).
+/// The cache row of each batch row: `rows[b]` of a pool of `slots` rows, checked to name one
+/// or to be [`PADDING_SLOT`], or `b` itself without `rows` (then the cache must have one row
+/// per batch row).
 #[derive(Clone, Copy)]
 enum Slots<'a> {
     Own,
@@ -99,15 +101,16 @@ impl<'a> Slots<'a> {
         };
         expect_shape(op, "rows", rows.shape(), &[batch])?;
         let indices = Indices::of(op, "rows", rows)?;
-        indices.check_below(op, "rows", slots, None)?;
+        indices.check_below(op, "rows", slots, Some(PADDING_SLOT))?;
         Ok(Slots::Pool(indices))
     }
 
-    /// The cache row of batch row `b` (checked in range by [`Slots::check`]).
-    fn of(&self, b: usize) -> usize {
+    /// The cache row of batch row `b` (checked in range by [`Slots::check`]); `None` for a
+    /// padding row.
+    fn of(&self, b: usize) -> Option<usize> {
         match self {
-            Slots::Own => b,
-            Slots::Pool(rows) => rows.get(b) as usize,
+            Slots::Own => Some(b),
+            Slots::Pool(rows) => usize::try_from(rows.get(b)).ok(),
         }
     }
 }
@@ -148,7 +151,7 @@ pub fn kv_cache_write(
             argument: "rows",
             reason: format!(
                 "batch rows {first} and {second} both write slot {}",
-                slot.of(first)
+                slot.of(first).unwrap_or_default()
             ),
         });
     }
@@ -170,9 +173,12 @@ pub fn kv_cache_write(
     }
 }
 
-/// Two batch rows that take the same slot, if any.
+/// Two batch rows that take the same slot (padding rows take none), if any.
 fn repeated_slot(slot: &Slots<'_>, batch: usize) -> Option<(usize, usize)> {
-    (0..batch).find_map(|b| (0..b).find(|&a| slot.of(a) == slot.of(b)).map(|a| (a, b)))
+    (0..batch).find_map(|b| {
+        let taken = slot.of(b)?;
+        (0..b).find(|&a| slot.of(a) == Some(taken)).map(|a| (a, b))
+    })
 }
 
 /// The sizes of one cache write.
@@ -203,8 +209,11 @@ fn kv_cache_write_typed<T: Element>(
     for (b_h, new_block) in new.chunks_exact(block_len.max(1)).enumerate() {
         // Checked non-negative and in range by `check_positions`.
         let (b, h) = (b_h / heads, b_h % heads);
+        let Some(row) = slot.of(b) else {
+            continue;
+        };
         let start = positions.get(b) as usize;
-        let first = ((slot.of(b) * heads + h) * capacity + start) * head_dim;
+        let first = ((row * heads + h) * capacity + start) * head_dim;
         cache[first..first + block_len].copy_from_slice(new_block);
     }
     Ok(())
@@ -307,8 +316,9 @@ fn cached_attention_typed<T: Real>(
     for b in 0..batch {
         // Checked non-negative and in range by `check_positions`.
         let start = positions.get(b) as usize;
+        let row = slot.of(b);
         for h in 0..q_heads {
-            let kv_first = (slot.of(b) * kv_heads + h / group) * capacity * head_dim;
+            let kv_first = (row.unwrap_or(0) * kv_heads + h / group) * capacity * head_dim;
             let q_row0 = (b * q_heads + h) * q_len;
             for t in 0..q_len {
                 let q_first = (q_row0 + t) * head_dim;
@@ -319,7 +329,8 @@ fn cached_attention_typed<T: Real>(
                     &k[kv_first..],
                     &v[kv_first..],
                     scale,
-                    start + t + 1,
+                    // A padding row attends no keys: its probs and output are 0.
+                    row.map_or(0, |_| start + t + 1),
                     &mut probs[probs_first..probs_first + capacity],
                     &mut out[out_first..out_first + head_dim],
                 );

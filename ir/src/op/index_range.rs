@@ -5,6 +5,10 @@
 use super::Op;
 use crate::TensorType;
 
+/// The slot id of a padding row of a pooled cache op: a batch row that reads and writes no
+/// cache row (its attention output is 0), so that a program of B rows runs fewer sequences.
+pub const PADDING_SLOT: i64 = -1;
+
 /// The valid values of an index operand: `0..end`, and `ignored` (a value that stands for
 /// "no index", such as cross-entropy's `ignore_index`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +22,14 @@ impl IndexRange {
         IndexRange {
             end: i64::try_from(end).unwrap_or(i64::MAX),
             ignored: None,
+        }
+    }
+
+    /// A slot of a pool of `slots` cache rows, or [`PADDING_SLOT`].
+    fn slot_of(slots: usize) -> IndexRange {
+        IndexRange {
+            ignored: Some(PADDING_SLOT),
+            ..IndexRange::below(slots)
         }
     }
 
@@ -51,9 +63,9 @@ impl Op {
             }
             (Op::KvCacheWrite, 2) => cache_positions(1, 0),
             (Op::CachedAttention { .. }, 3) => cache_positions(0, 1),
-            // A pooled cache's row (slot) of each batch row.
-            (Op::KvCacheWrite, 3) => Some(IndexRange::below(dim(0, 0)?)),
-            (Op::CachedAttention { .. }, 4) => Some(IndexRange::below(dim(1, 0)?)),
+            // A pooled cache's row (slot) of each batch row, or a padding row.
+            (Op::KvCacheWrite, 3) => Some(IndexRange::slot_of(dim(0, 0)?)),
+            (Op::CachedAttention { .. }, 4) => Some(IndexRange::slot_of(dim(1, 0)?)),
             (Op::Rope { .. } | Op::RopeBackward { .. }, 1) => Some(IndexRange::below(usize::MAX)),
             _ => None,
         }

@@ -336,7 +336,8 @@ fn pooled_cache_ops_take_one_slot_per_batch_row() {
     // A slot id must name one of the pool's rows.
     let types = write(i64t(&[2]));
     let range = Op::KvCacheWrite.index_range(3, &types).unwrap();
-    assert!(range.contains(4) && !range.contains(5) && !range.contains(-1));
+    assert!(range.contains(4) && !range.contains(5) && !range.contains(-2));
+    assert!(range.contains(crate::PADDING_SLOT));
     let range = attention().index_range(4, &read(i64t(&[2]))).unwrap();
     assert!(range.contains(0) && !range.contains(5));
 }

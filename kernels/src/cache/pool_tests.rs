@@ -99,8 +99,48 @@ fn bad_slots_are_refused_and_change_nothing() {
     };
     let err = write(&[0, 3]);
     assert!(err.contains("`rows`") && err.contains("0..3"), "{err}");
-    assert!(write(&[-1, 0]).contains("`rows`"));
+    assert!(write(&[-2, 0]).contains("`rows`"));
     let err = write(&[1, 1]);
     assert!(err.contains("rows 0 and 1 both write slot 1"), "{err}");
     assert!(write(&[1]).contains("`rows`"));
+}
+
+#[test]
+fn padding_rows_read_and_write_no_slot() {
+    let mut rng = testing::rng("padding_rows_read_and_write_no_slot");
+    let (slots, q_heads) = (3, 2);
+    let pool = testing::signed(&mut rng, slots * SLOT);
+    let new = testing::signed(&mut rng, 3 * HEADS * DIM);
+    let rows = [PADDING_SLOT, 1, PADDING_SLOT];
+    let positions = [2i64, 3, 0];
+    let mut cache = pool.clone();
+    let dims = [slots, HEADS, CAPACITY, DIM];
+    kv_cache_write(
+        &mut TensorViewMut::contiguous(&mut cache, dims).unwrap(),
+        &view(&new, &[3, HEADS, 1, DIM]),
+        &view(&positions, &[3]),
+        Some(&view(&rows, &[3])),
+    )
+    .unwrap();
+    for slot in [0i64, 2] {
+        assert_eq!(gather(&cache, &[slot]), gather(&pool, &[slot]), "slot {slot}");
+    }
+    assert_ne!(gather(&cache, &[1]), gather(&pool, &[1]));
+
+    let q = testing::signed(&mut rng, 3 * q_heads * DIM);
+    let mut probs = vec![7f64; 3 * q_heads * CAPACITY];
+    let mut out = vec![7f64; 3 * q_heads * DIM];
+    cached_attention(
+        &view(&q, &[3, q_heads, 1, DIM]),
+        &view(&cache, &dims),
+        &view(&cache, &dims),
+        (&view(&positions, &[3]), Some(&view(&rows, &[3]))),
+        0.5,
+        &mut TensorViewMut::contiguous(&mut probs, [3, q_heads, 1, CAPACITY]).unwrap(),
+        &mut TensorViewMut::contiguous(&mut out, [3, 1, q_heads, DIM]).unwrap(),
+    )
+    .unwrap();
+    let row = q_heads * DIM;
+    assert!(out[..row].iter().chain(&out[2 * row..]).all(|&x| x == 0.0));
+    assert!(out[row..2 * row].iter().all(|&x| x != 0.0 && x.is_finite()));
 }
