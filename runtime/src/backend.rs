@@ -12,6 +12,7 @@ use kiln_planner::Plan;
 
 use crate::cuda::{CudaDevice, CudaExecutable};
 use crate::error::Result;
+use crate::group::{ExecutableGroup, GroupMemory};
 use crate::planned::CpuExecutable;
 use crate::tensor::Tensor;
 use crate::workspaces::Workspaces;
@@ -59,11 +60,35 @@ impl Backend {
         Ok(Backend::Cuda(CudaDevice::open(0)?))
     }
 
-    /// Binds `plan` of `graph` to this backend (allocating everything it needs).
+    /// Binds `plan` of `graph` to this backend (allocating everything it needs): the group of
+    /// one.
     pub fn compile(&self, graph: &Graph, plan: &Plan) -> Result<Box<dyn Executable>> {
+        let mut group = self.compile_group(&[(graph, plan)])?;
+        Ok(group
+            .executables
+            .pop()
+            .expect("a group has one executable per program"))
+    }
+
+    /// Binds several plans to one memory (see [`ExecutableGroup`]): one executable per
+    /// program, in the order given, sharing one arena of the largest plan's bytes and one slot
+    /// per param and state name. A shared input of one name with different kinds or types in
+    /// two programs is refused.
+    pub fn compile_group(&self, programs: &[(&Graph, &Plan)]) -> Result<ExecutableGroup> {
+        fn boxed<E: Executable + 'static>(
+            (executables, memory): (Vec<E>, GroupMemory),
+        ) -> ExecutableGroup {
+            let executables = (executables.into_iter())
+                .map(|e| Box::new(e) as Box<dyn Executable>)
+                .collect();
+            ExecutableGroup {
+                executables,
+                memory,
+            }
+        }
         Ok(match self {
-            Backend::Cpu => Box::new(CpuExecutable::new(graph, plan)?),
-            Backend::Cuda(device) => Box::new(CudaExecutable::new(device, graph, plan)?),
+            Backend::Cpu => boxed(CpuExecutable::group(programs, false)?),
+            Backend::Cuda(device) => boxed(CudaExecutable::group(device, programs)?),
         })
     }
 

@@ -63,6 +63,19 @@ pub enum Error {
         expected: Box<TensorType>,
         found: Box<TensorType>,
     },
+    /// Two programs of an executable group have a param or state input of one name (which
+    /// the group shares) with different kinds or types.
+    #[error(
+        "input `{name}` is {first} in {first_program} but {second} in {second_program}; an \
+         executable group shares it, so they must agree"
+    )]
+    GroupInput {
+        name: String,
+        first_program: String,
+        first: String,
+        second_program: String,
+        second: String,
+    },
     /// The graph cannot be run as it stands: `what` names the node, output or write at fault.
     #[error("{what}: {reason}")]
     Graph { what: String, reason: String },

@@ -10,6 +10,7 @@ use kiln_ir::graph::NodeKind;
 use kiln_ir::{DType, Graph, IndexRange, Op, TensorType, ValueId};
 
 use crate::error::{Error, Result};
+use crate::group::GroupMemory;
 use crate::tensor::Tensor;
 
 /// For each integer graph input, the ranges its readers accept: (reader's op text, range).
@@ -30,6 +31,34 @@ pub(crate) fn index_rules(graph: &Graph) -> IndexRules {
         }
     }
     IndexRules(rules)
+}
+
+/// The index rules of each program of a group: its own, and for every input the group shares,
+/// those of every other program that reads it too (a value set through one member is what
+/// every member reads), each reader named with its program.
+pub(crate) fn group_index_rules(graphs: &[&Graph], memory: &GroupMemory) -> Vec<IndexRules> {
+    let own: Vec<IndexRules> = graphs.iter().map(|graph| index_rules(graph)).collect();
+    let mut rules = own.clone();
+    for (index, member) in rules.iter_mut().enumerate() {
+        for shared in &memory.shared_inputs {
+            if graphs[index].input_named(&shared.name).is_none() {
+                continue;
+            }
+            for (other, (graph, theirs)) in graphs.iter().zip(&own).enumerate() {
+                let Some(found) = theirs.0.get(&shared.name).filter(|_| other != index) else {
+                    continue;
+                };
+                let named = (found.iter())
+                    .map(|(reader, range)| (format!("{reader} of `{}`", graph.name()), *range));
+                member
+                    .0
+                    .entry(shared.name.clone())
+                    .or_default()
+                    .extend(named);
+            }
+        }
+    }
+    rules
 }
 
 /// Collects the index ranges of every op that reads `value`, through reshapes and transposes.

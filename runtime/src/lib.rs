@@ -15,12 +15,15 @@
 //! replayed recording, behind the [`Executable`] trait: [`CpuExecutable`] (the reference
 //! kernels over one host arena; its recording is a list of launches with bound addresses) and
 //! [`cuda::CudaExecutable`] (one device arena, streams and events from the plan, CUDA graphs).
+//! [`Backend::compile_group`] binds several plans of one model to ONE memory (one arena of
+//! the largest plan's bytes, one slot per param and state), an [`ExecutableGroup`].
 //! [`lower_for_device`] lowers a plan to device launches without a device (what CI checks).
 
 mod backend;
 pub mod cuda;
 mod device;
 mod error;
+mod group;
 mod index_inputs;
 mod interpret;
 mod launch;
@@ -35,6 +38,7 @@ mod workspaces;
 pub use backend::{Backend, Executable, RunMode};
 pub use device::Device;
 pub use error::{Error, Result};
+pub use group::{ExecutableGroup, GroupMemory, SharedInput};
 pub use interpret::interpret;
 pub use launch::launch;
 pub use planned::execute;

@@ -17,11 +17,18 @@
 //! from stream 0 and ends by joining them back into it, so a run (or a replay) is ordered
 //! after what came before and before what follows on stream 0 — also inside a capture, where
 //! the fork brings the side streams into the graph.
+//!
+//! Groups (`executable/group.rs`): the members of an executable group share the arena
+//! allocation, the slots of params and state, the streams and their GEMM workspaces; each
+//! member captures its own CUDA graph over those addresses. Their runs are ordered on the one
+//! stream 0, and a group-wide lock is held while any member issues work (eagerly, a graph
+//! launch, a capture) or copies to or from its slots, so the work of two members never
+//! interleaves, whichever threads drive them. A lone executable is the group of one.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream};
 use kiln_ir::Graph;
 use kiln_kernels::gpu::{Addr, Arg, Launch};
@@ -31,9 +38,9 @@ use super::gemm::{self, PreparedGemm};
 use super::{error, CudaDevice, DeviceAlloc, GEMM_WORKSPACE_BYTES};
 use crate::backend::RunMode;
 use crate::error::Result;
-use crate::index_inputs::{index_rules, IndexRules};
+use crate::index_inputs::IndexRules;
 use crate::lower::LowerOptions;
-use crate::program::{DeviceProgram, SlotKind};
+use crate::program::DeviceProgram;
 
 enum Resolved {
     Kernel {
@@ -63,13 +70,19 @@ struct ResolvedStep {
 pub struct CudaExecutable {
     device: Arc<CudaDevice>,
     program: DeviceProgram,
+    /// The group's first `program.streams` streams: stream 0 is every member's.
     streams: Vec<Arc<CudaStream>>,
     events: Vec<CudaEvent>,
     fork: CudaEvent,
     joins: Vec<CudaEvent>,
-    slots: Vec<DeviceAlloc>,
-    /// One cuBLASLt workspace per stream.
-    gemm_workspaces: Vec<DeviceAlloc>,
+    /// By the program's slot index: the group's arena and shared input slots, this member's
+    /// per-run input, output and fault slots.
+    slots: Vec<Arc<DeviceAlloc>>,
+    /// One cuBLASLt workspace per stream, the group's.
+    gemm_workspaces: Vec<Arc<DeviceAlloc>>,
+    /// The group's: held while work is issued or slots are copied, so that the work of two
+    /// members never interleaves.
+    issue: Arc<Mutex<()>>,
     index_rules: IndexRules,
     steps: Vec<ResolvedStep>,
     write_backs: Vec<Resolved>,
@@ -98,7 +111,7 @@ impl Drop for CaptureGuard<'_> {
 impl CudaExecutable {
     /// Lowers `plan` of `graph`, allocates every slot (arena and output slots poisoned with
     /// 0xFF bytes, a NaN in every float dtype, so a value read before it is written shows) and
-    /// resolves every launch.
+    /// resolves every launch: the group of one ([`group`](Self::group)).
     pub fn new(device: &Arc<CudaDevice>, graph: &Graph, plan: &Plan) -> Result<Self> {
         Self::with_options(device, graph, plan, LowerOptions::default())
     }
@@ -121,53 +134,18 @@ impl CudaExecutable {
         plan: &Plan,
         options: LowerOptions,
     ) -> Result<Self> {
-        let program = DeviceProgram::new(graph, plan, options)?;
-        let ctx = device.context();
-        let streams = (0..program.streams)
-            .map(|_| ctx.new_stream().map_err(|e| error("create stream", e)))
-            .collect::<Result<Vec<_>>>()?;
-        let event = || {
-            ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(|e| error("create event", e))
-        };
-        let events = (0..program.events)
-            .map(|_| event())
-            .collect::<Result<Vec<_>>>()?;
-        let joins = (1..program.streams)
-            .map(|_| event())
-            .collect::<Result<Vec<_>>>()?;
-        let fork = event()?;
-        let slots = (program.slots.iter())
-            .map(|slot| {
-                let fill = match slot.kind {
-                    SlotKind::Input(_) | SlotKind::Faults => 0,
-                    SlotKind::Arena | SlotKind::Output => 0xFF,
-                };
-                DeviceAlloc::new(ctx, slot.bytes as usize, fill)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let gemm_workspaces = (0..program.streams)
-            .map(|_| DeviceAlloc::new(ctx, GEMM_WORKSPACE_BYTES, 0))
-            .collect::<Result<Vec<_>>>()?;
-        let mut executable = CudaExecutable {
-            device: device.clone(),
-            program,
-            streams,
-            events,
-            fork,
-            joins,
-            slots,
-            gemm_workspaces,
-            index_rules: index_rules(graph),
-            steps: Vec::new(),
-            write_backs: Vec::new(),
-            graph: None,
-            capture_seconds: None,
-        };
-        let mut steps = Vec::with_capacity(executable.program.steps.len());
-        for step in &executable.program.steps {
+        let (mut executables, _) = Self::group_with_options(device, &[(graph, plan)], options)?;
+        Ok(executables
+            .pop()
+            .expect("a group has one executable per program"))
+    }
+
+    /// Resolves every launch of the program to device addresses (slots allocated).
+    fn resolve_launches(&mut self) -> Result<()> {
+        let mut steps = Vec::with_capacity(self.program.steps.len());
+        for step in &self.program.steps {
             let launches = (step.launches.iter())
-                .map(|l| executable.resolve(l))
+                .map(|l| self.resolve(l))
                 .collect::<Result<Vec<_>>>()?;
             steps.push(ResolvedStep {
                 stream: step.stream,
@@ -176,12 +154,12 @@ impl CudaExecutable {
                 launches,
             });
         }
-        let write_backs = (executable.program.write_backs.iter())
-            .map(|l| executable.resolve(l))
+        let write_backs = (self.program.write_backs.iter())
+            .map(|l| self.resolve(l))
             .collect::<Result<Vec<_>>>()?;
-        executable.steps = steps;
-        executable.write_backs = write_backs;
-        Ok(executable)
+        self.steps = steps;
+        self.write_backs = write_backs;
+        Ok(())
     }
 
     fn address(&self, addr: Addr) -> u64 {
@@ -308,12 +286,13 @@ impl CudaExecutable {
     /// Runs the program once, asynchronously on stream 0 (eagerly, or by replaying the
     /// captured graph, capturing it first if needed).
     pub fn run(&mut self, mode: RunMode) -> Result<()> {
+        if mode == RunMode::Graph && self.graph.is_none() {
+            self.capture()?;
+        }
+        let _issuing = issuing(&self.issue)?;
         match mode {
             RunMode::Eager => self.issue_all(),
             RunMode::Graph => {
-                if self.graph.is_none() {
-                    self.capture()?;
-                }
                 let graph = self.graph.as_ref().expect("captured above");
                 graph.launch().map_err(|e| error("graph launch", e))
             }
@@ -328,6 +307,7 @@ impl CudaExecutable {
             let reason = "profiling times steps on one stream; plan with --streams 1";
             return Err(error("profile", reason));
         }
+        let _issuing = issuing(&self.issue)?;
         let stream = &self.streams[0];
         let marks = (0..=self.steps.len())
             .map(|_| self.device.timing_event())
@@ -355,6 +335,8 @@ impl CudaExecutable {
     pub(crate) fn capture_with(&mut self, inside: impl FnOnce(&Self) -> Result<()>) -> Result<()> {
         let start = Instant::now();
         self.graph = None;
+        let issue = self.issue.clone();
+        let _issuing = issuing(&issue)?;
         let main = self.streams[0].clone();
         self.synchronize()?;
         main.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
@@ -383,6 +365,14 @@ impl CudaExecutable {
     }
 }
 
+/// The group's issue lock, held (see [`CudaExecutable`]'s `issue`).
+fn issuing(issue: &Mutex<()>) -> Result<MutexGuard<'_, ()>> {
+    issue
+        .lock()
+        .map_err(|_| error("issue lock", "a thread of the group panicked while issuing"))
+}
+
+mod group;
 mod host;
 #[cfg(test)]
 mod tests;

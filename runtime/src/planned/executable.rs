@@ -2,8 +2,8 @@
 //! runs either eagerly or from a captured recording — the contract a CUDA graph keeps, on the
 //! CPU, so that CI tests it without a GPU.
 //!
-//! Memory (one [`Memory`], every region one 8-byte aligned allocation, made once in
-//! [`CpuExecutable::new`] and never moved):
+//! Memory (one [`Memory`], every region one 8-byte aligned allocation, made once when the
+//! executable is made and never moved; `executable/slots.rs` lays it out):
 //! - region 0, the arena of `plan.arena_bytes`, at the plan's offsets;
 //! - one region per output-class buffer of the plan (as in `execute`);
 //! - one slot per graph input (param, input, state), contiguous, of the input's type: bound by
@@ -12,56 +12,54 @@
 //! - one slot per graph output, contiguous, of the output's type;
 //! - one scratch region for the copies of in-place operands and staged writes.
 //!
+//! An executable group's members share one such memory (`executable/group.rs`): one arena of
+//! the largest plan's bytes, one slot (and working copy) per param and state name, the other
+//! regions each member's own. It sits behind a mutex that `set`, `get` and every run hold, so
+//! members' runs never overlap. A lone executable is the group of one.
+//!
 //! Invariants:
 //! 1. A run computes exactly what [`execute`](super::execute) computes on the slots' contents:
 //!    the same layouts, the same kernels through the one op table, in schedule order (a serial
 //!    run respects every stream and event), with the same poison rule.
 //! 2. Input slots change only by `set` and by write-back at the end of a run: after the last
 //!    step, every output is copied into its slot, then every write into its input's slot, so
-//!    the next run sees updated params, moments and caches. Per-run inputs keep what was set.
+//!    the next run (of any member, for a shared slot) sees updated params, moments and caches.
+//!    Per-run inputs keep what was set.
 //! 3. [`CpuExecutable::run`] resolves each step (`executable/record.rs`) and runs it at once;
 //!    [`CpuExecutable::capture`] resolves the whole run into launches with bound spans and
 //!    runs nothing; [`CpuExecutable::replay`] runs those launches and nothing else
 //!    (`executable/launch.rs`). Both run the same launches, so they give the same bits.
-//! 4. The plan is checked against the graph in `new`; a step that does not fit is refused when
-//!    it is resolved. Mismatches are errors, never panics.
+//! 4. The plan is checked against the graph when the executable is made; a step that does not
+//!    fit is refused when it is resolved. Mismatches are errors, never panics.
 
+mod group;
 mod launch;
 mod record;
+mod slots;
 
-use kiln_ir::{Graph, TensorType};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kiln_ir::Graph;
 use kiln_planner::Plan;
 
 use super::memory::Memory;
-use super::placement::{Home, Placement};
+use super::placement::Placement;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::index_inputs::{index_rules, IndexRules};
+use crate::index_inputs::IndexRules;
 use crate::interpret::type_of;
 use crate::placed::bytes::{read_view, write_view};
-use crate::placed::Value;
 use crate::placed::ValueLayout;
 use crate::tensor::Tensor;
-use launch::{Launch, Span};
-use record::{aligned, span_of, Recorder};
+use launch::Launch;
+use record::Recorder;
+use slots::{InputSlot, OutputSlot};
 
-/// A graph input's static slot.
-pub(super) struct InputSlot {
-    name: String,
-    ty: TensorType,
-    slot: Span,
-    /// Where the steps see the input when the plan writes its buffer in place.
-    working: Option<Span>,
-    /// Whether `set` bound it yet.
-    set: bool,
-}
-
-/// A graph output's static slot.
-pub(super) struct OutputSlot {
-    name: String,
-    ty: TensorType,
-    value: Value,
-    slot: Span,
+/// The memory of a group of executables (one executable alone is a group of one), and which
+/// of its input slots `set` has bound, by region.
+struct GroupRegions {
+    memory: Memory,
+    set: Vec<bool>,
 }
 
 /// A planned program with its memory, run eagerly or captured and replayed (see the module
@@ -70,7 +68,7 @@ pub struct CpuExecutable {
     graph: Graph,
     plan: Plan,
     placement: Placement,
-    memory: Memory,
+    memory: Arc<Mutex<GroupRegions>>,
     inputs: Vec<InputSlot>,
     outputs: Vec<OutputSlot>,
     scratch: usize,
@@ -90,85 +88,21 @@ impl CpuExecutable {
     /// 0xFF and refills every buffer's arena bytes after its last step (as `execute` with
     /// `poison`), so a plan with wrong lifetimes or offsets gives different bits.
     pub fn new_with_poison(graph: &Graph, plan: &Plan, poison: bool) -> Result<Self> {
-        // Placement reads the inputs' layouts from bound tensors: contiguous ones of their
-        // types, which is what the slots hold.
-        let bound: Vec<_> = (graph.inputs().into_iter())
-            .map(|(value, _, _, ty)| {
-                (
-                    value,
-                    Tensor::zeros(ty.shape.clone(), ty.dtype, Device::Cpu),
-                )
-            })
-            .collect();
-        let mut placement = Placement::read(graph, plan, &bound)?;
-        // Working copies are filled from the slots at each run, not from these tensors.
-        placement.copies.clear();
-        let region = |placement: &mut Placement, bytes: usize| {
-            placement.region_bytes.push(bytes);
-            Span {
-                region: placement.region_bytes.len() - 1,
-                range: 0..bytes,
-            }
-        };
-
-        let mut inputs = Vec::new();
-        for (value, name, _, ty) in graph.inputs() {
-            let slot = region(&mut placement, ty.size_bytes());
-            let buffer = placement.buffer_of[&(value.node.index(), 0)];
-            let working = match &placement.homes[buffer] {
-                Home::Bound(_) => {
-                    placement.homes[buffer] = Home::Region {
-                        region: slot.region,
-                        range: slot.range.clone(),
-                    };
-                    None
-                }
-                Home::Region { .. } => span_of(&placement, buffer),
-            };
-            inputs.push(InputSlot {
-                name: name.to_string(),
-                ty: ty.clone(),
-                slot,
-                working,
-                set: false,
-            });
-        }
-        let mut outputs = Vec::new();
-        for (name, value) in graph.outputs() {
-            let ty = graph.value_type(*value)?.clone();
-            outputs.push(OutputSlot {
-                name: name.clone(),
-                slot: region(&mut placement, ty.size_bytes()),
-                ty,
-                value: (value.node.index(), value.port),
-            });
-        }
-        let scratch_bytes = scratch_bytes(graph, plan, &placement, &inputs);
-        let scratch = region(&mut placement, scratch_bytes).region;
-        let memory = Memory::new(&placement, false)?;
-        Ok(CpuExecutable {
-            graph: graph.clone(),
-            plan: plan.clone(),
-            placement,
-            memory,
-            inputs,
-            outputs,
-            scratch,
-            poison,
-            recording: None,
-            index_rules: index_rules(graph),
-        })
+        let (mut executables, _) = Self::group(&[(graph, plan)], poison)?;
+        Ok(executables
+            .pop()
+            .expect("a group has one executable per program"))
     }
 
     /// Copies `tensor` into the slot of graph input `name` (param, input or state), after
     /// checking its dtype and shape against the input's and its indices against the ranges
-    /// of the ops that read them (as the CUDA backend does).
+    /// of the ops that read them (as the CUDA backend does; in a group, those of every member
+    /// that shares the slot).
     pub fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
-        let input =
-            (self.inputs.iter_mut().find(|i| i.name == name)).ok_or_else(|| Error::Graph {
-                what: format!("set `{name}`"),
-                reason: format!("graph `{}` has no input of that name", self.graph.name()),
-            })?;
+        let input = (self.inputs.iter().find(|i| i.name == name)).ok_or_else(|| Error::Graph {
+            what: format!("set `{name}`"),
+            reason: format!("graph `{}` has no input of that name", self.graph.name()),
+        })?;
         let found = type_of(tensor);
         if found != input.ty {
             return Err(Error::InputType {
@@ -178,26 +112,28 @@ impl CpuExecutable {
             });
         }
         self.index_rules.check(name, tensor)?;
+        let mut regions = self.lock()?;
         let span = (input.slot.region, input.slot.range.clone());
-        let mut carved = (self.memory.carve(std::slice::from_ref(&span)))
+        let mut carved = (regions.memory.carve(std::slice::from_ref(&span)))
             .map_err(|_| slot_error(name, "lies outside its region"))?;
         let piece = carved.writes.pop().unwrap_or_default();
         let mut slot = write_view(piece, &ValueLayout::contiguous(&input.ty))?;
         tensor.read_with(|source| kiln_kernels::copy::copy(&source, &mut slot))??;
-        input.set = true;
+        regions.set[input.slot.region] = true;
         Ok(())
     }
 
     /// One eager run: each step is resolved and run at once; then the outputs are copied into
     /// their slots and the writes into their inputs' slots.
     pub fn run(&mut self) -> Result<()> {
-        self.check_set()?;
-        let steps = self.plan.schedule.len();
-        let (mut recorder, memory) = self.recorder();
+        let mut regions = self.lock()?;
+        self.check_set(&regions)?;
+        let memory = &mut regions.memory;
+        let mut recorder = self.recorder();
         for launch in recorder.prologue() {
             launch.run(memory)?;
         }
-        for index in 0..steps {
+        for index in 0..self.plan.schedule.len() {
             for launch in recorder.step(index)? {
                 launch.run(memory)?;
             }
@@ -212,11 +148,10 @@ impl CpuExecutable {
     /// Records one run as launches with bound spans (see the module doc), without running
     /// it; replaces any earlier recording.
     pub fn capture(&mut self) -> Result<()> {
-        self.check_set()?;
-        let steps = self.plan.schedule.len();
-        let (mut recorder, _) = self.recorder();
+        self.check_set(&*self.lock()?)?;
+        let mut recorder = self.recorder();
         let mut launches = recorder.prologue();
-        for index in 0..steps {
+        for index in 0..self.plan.schedule.len() {
             launches.extend(recorder.step(index)?);
         }
         launches.extend(recorder.epilogue()?);
@@ -230,8 +165,9 @@ impl CpuExecutable {
             what: format!("replay of `{}`", self.plan.program),
             reason: "nothing was captured; call capture first".to_string(),
         })?;
+        let mut regions = self.lock()?;
         for launch in launches {
-            launch.run(&mut self.memory)?;
+            launch.run(&mut regions.memory)?;
         }
         Ok(())
     }
@@ -249,8 +185,9 @@ impl CpuExecutable {
                     self.graph.name()
                 ),
             })?;
+        let regions = self.lock()?;
         let source = read_view(
-            self.memory.bytes(slot.region, slot.range.clone()),
+            regions.memory.bytes(slot.region, slot.range.clone()),
             &ValueLayout::contiguous(ty),
         )?;
         let out = Tensor::zeros(ty.shape.clone(), ty.dtype, Device::Cpu);
@@ -263,23 +200,31 @@ impl CpuExecutable {
         self.recording.as_ref().map(Vec::len)
     }
 
-    /// A recorder of one run, and the memory it runs on.
-    fn recorder(&mut self) -> (Recorder<'_>, &mut Memory) {
-        let recorder = Recorder::new(
+    /// A recorder of one run.
+    fn recorder(&self) -> Recorder<'_> {
+        Recorder::new(
             &self.graph,
             &self.plan,
             &self.placement,
             (&self.inputs, &self.outputs),
             self.scratch,
             self.poison,
-        );
-        (recorder, &mut self.memory)
+        )
     }
 
-    /// Refuses to run while some input was never set, naming them all.
-    fn check_set(&self) -> Result<()> {
+    /// The group's memory, held until the guard drops: no other member runs meanwhile.
+    fn lock(&self) -> Result<MutexGuard<'_, GroupRegions>> {
+        self.memory.lock().map_err(|_| Error::Graph {
+            what: format!("memory of `{}`", self.plan.program),
+            reason: "a run of its group panicked while holding it".to_string(),
+        })
+    }
+
+    /// Refuses to run while some input was never set (through this executable or, for a
+    /// shared slot, another member of its group), naming them all.
+    fn check_set(&self, regions: &GroupRegions) -> Result<()> {
         let missing: Vec<String> = (self.inputs.iter())
-            .filter(|i| !i.set)
+            .filter(|i| !regions.set[i.slot.region])
             .map(|i| format!("`{}` ({})", i.name, i.ty))
             .collect();
         if missing.is_empty() {
@@ -297,37 +242,6 @@ fn slot_error(name: &str, reason: &str) -> Error {
         what: format!("slot of `{name}`"),
         reason: reason.to_string(),
     }
-}
-
-/// Bytes of scratch a run needs: the most any step copies of its in-place operands, or the
-/// writes staged at the end, whichever is larger.
-fn scratch_bytes(graph: &Graph, plan: &Plan, placement: &Placement, inputs: &[InputSlot]) -> usize {
-    let len = |buffer: usize| span_of(placement, buffer).map_or(0, |s| aligned(s.range.len()));
-    let mut most = 0;
-    for step in &plan.schedule {
-        let node = petgraph::stable_graph::NodeIndex::new(step.node);
-        let ports = graph.node(node).map_or(0, |n| n.outputs.len());
-        let results: Vec<usize> = (0..ports)
-            .filter_map(|port| placement.buffer_of.get(&(step.node, port)).copied())
-            .collect();
-        let mut in_place: Vec<usize> = (graph.operands(node).iter())
-            .filter_map(|v| placement.buffer_of.get(&(v.node.index(), v.port)).copied())
-            .filter(|b| results.contains(b))
-            .collect();
-        in_place.sort_unstable();
-        in_place.dedup();
-        most = most.max(in_place.into_iter().map(len).sum());
-    }
-    let staged: usize = (graph.writes().iter())
-        .filter_map(|(name, value)| {
-            let buffer = *placement.buffer_of.get(&(value.node.index(), value.port))?;
-            let span = span_of(placement, buffer)?;
-            let in_slot = inputs.iter().any(|i| i.slot.overlaps(&span));
-            let target = inputs.iter().find(|i| i.name == *name)?;
-            in_slot.then(|| aligned(target.slot.range.len()))
-        })
-        .sum();
-    most.max(staged)
 }
 
 #[cfg(test)]

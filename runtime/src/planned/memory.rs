@@ -1,6 +1,7 @@
-//! The run's memory: region 0 is the ONE arena of `plan.arena_bytes` bytes; the other regions
-//! are output buffers and private copies of in-place updated inputs. Each region is one 8-byte
-//! aligned allocation (`Vec<u64>`), seen as bytes, and as typed elements through `bytemuck`.
+//! The run's memory: region 0 is the ONE arena of `plan.arena_bytes` bytes (in an executable
+//! group, of the largest plan's); the other regions are output buffers, private copies of
+//! in-place updated inputs and, in an executable, slots. Each region is one 8-byte aligned
+//! allocation (`Vec<u64>`), seen as bytes, and as typed elements through `bytemuck`.
 //!
 //! Invariants:
 //! 1. Regions never move or change length during a run.
@@ -33,8 +34,24 @@ impl Memory {
     /// whole arena and the outputs), else zero. Regions of in-place updated inputs then receive
     /// a copy of their tensor's storage.
     pub fn new(placement: &Placement, poison: bool) -> Result<Self> {
-        let mut regions: Vec<Vec<u64>> = Vec::with_capacity(placement.region_bytes.len());
-        for &len in &placement.region_bytes {
+        let mut memory = Memory::zeroed(&placement.region_bytes)?;
+        if poison {
+            for region in &mut memory.regions {
+                bytemuck::cast_slice_mut::<u64, u8>(region).fill(POISON);
+            }
+        }
+        for (region, tensor) in &placement.copies {
+            let guard = tensor.storage().read()?;
+            let source = bytes::of_data(guard.data());
+            bytes::prefix_mut(&mut memory.regions[*region], source.len()).copy_from_slice(source);
+        }
+        Ok(memory)
+    }
+
+    /// One zeroed region of each of `region_bytes` bytes.
+    pub fn zeroed(region_bytes: &[usize]) -> Result<Self> {
+        let mut regions: Vec<Vec<u64>> = Vec::with_capacity(region_bytes.len());
+        for &len in region_bytes {
             // A plan can ask for any size; failing to get it is an error, not an abort.
             let mut region = Vec::new();
             region
@@ -45,16 +62,6 @@ impl Memory {
                 })?;
             region.resize(len.div_ceil(8), 0u64);
             regions.push(region);
-        }
-        if poison {
-            for region in &mut regions {
-                bytemuck::cast_slice_mut::<u64, u8>(region).fill(POISON);
-            }
-        }
-        for (region, tensor) in &placement.copies {
-            let guard = tensor.storage().read()?;
-            let source = bytes::of_data(guard.data());
-            bytes::prefix_mut(&mut regions[*region], source.len()).copy_from_slice(source);
         }
         Ok(Memory { regions })
     }

@@ -105,7 +105,8 @@ impl CudaExecutable {
             })
     }
 
-    /// Copies `tensor` into the slot of graph input `name` (after the work in flight).
+    /// Copies `tensor` into the slot of graph input `name` (after the work in flight; in a
+    /// group, a shared slot is every member's).
     pub fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
         let (slot, ty) = self.input(name)?;
         if tensor.dtype() != ty.dtype || tensor.shape() != &ty.shape {
@@ -121,6 +122,7 @@ impl CudaExecutable {
         let size = dense.dtype().size_bytes();
         let all = bytes::of_data(guard.data());
         let host = &all[dense.offset() * size..(dense.offset() + dense.numel()) * size];
+        let _issuing = super::issuing(&self.issue)?;
         self.synchronize()?;
         let dst = self.slots[slot as usize].ptr;
         // SAFETY: the slot holds exactly the input's bytes; the streams are idle.
@@ -138,6 +140,7 @@ impl CudaExecutable {
                 (Addr { slot, offset: 0 }, ValueLayout::contiguous(ty))
             }
         };
+        let _issuing = super::issuing(&self.issue)?;
         self.synchronize()?;
         let slot = &self.slots[addr.slot as usize];
         let len = slot.bytes - addr.offset as usize;

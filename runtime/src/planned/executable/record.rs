@@ -20,7 +20,7 @@ use petgraph::stable_graph::NodeIndex;
 
 use super::super::placement::{Home, Placement};
 use super::launch::{KernelLaunch, Launch, Span};
-use super::{InputSlot, OutputSlot};
+use super::slots::{InputSlot, OutputSlot};
 use crate::error::{Error, Result};
 use crate::interpret::check_write;
 use crate::placed::ValueLayout;

@@ -13,12 +13,12 @@ use crate::planned::execute;
 use crate::planned::tests::chain;
 use crate::{Error, Tensor};
 
-fn random(rng: &mut StdRng, dims: &[usize]) -> Tensor {
+pub(super) fn random(rng: &mut StdRng, dims: &[usize]) -> Tensor {
     let values = testing::to_f32(&testing::signed(rng, dims.iter().product()));
     Tensor::from_vec(values, dims).unwrap()
 }
 
-fn bits(tensor: &Tensor) -> Vec<u64> {
+pub(super) fn bits(tensor: &Tensor) -> Vec<u64> {
     let values = tensor.to_f64_vec().unwrap();
     values.iter().map(|v| v.to_bits()).collect()
 }
@@ -191,7 +191,7 @@ fn misuse_is_refused_with_errors_naming_the_input() {
 }
 
 /// `plan` with `value` moved into the buffer of `input`: an in-place result over an input.
-fn in_place(plan: &mut Plan, value: kiln_ir::ValueId, input: kiln_ir::ValueId) {
+pub(super) fn in_place(plan: &mut Plan, value: kiln_ir::ValueId, input: kiln_ir::ValueId) {
     let key = |v: kiln_ir::ValueId| format!("{}.{}", v.node.index(), v.port);
     let buffer_of = |plan: &Plan, v| plan.value_buffers.iter().position(|(k, _)| *k == key(v));
     let buffer = plan.value_buffers[buffer_of(plan, input).unwrap()].1;

@@ -1,0 +1,143 @@
+//! Several CUDA executables over one device memory (see [`crate::group`]): the group allocates
+//! the arena (the largest plan's bytes), one slot per param and state name, and max(streams)
+//! streams with a GEMM workspace each; every member takes handles to those and allocates only
+//! its own per-run input, output and fault slots. An allocation is freed when its last holder
+//! drops.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::CudaStream;
+use kiln_ir::Graph;
+use kiln_planner::Plan;
+
+use super::super::{error, CudaDevice, DeviceAlloc, GEMM_WORKSPACE_BYTES};
+use super::CudaExecutable;
+use crate::error::Result;
+use crate::group::GroupMemory;
+use crate::index_inputs::{group_index_rules, IndexRules};
+use crate::lower::LowerOptions;
+use crate::program::{DeviceProgram, SlotKind};
+
+/// What the members of a group share on the device.
+struct Shared {
+    streams: Vec<Arc<CudaStream>>,
+    gemm_workspaces: Vec<Arc<DeviceAlloc>>,
+    arena: Arc<DeviceAlloc>,
+    /// By index in [`GroupMemory::shared_inputs`].
+    inputs: Vec<Arc<DeviceAlloc>>,
+    issue: Arc<Mutex<()>>,
+}
+
+impl CudaExecutable {
+    /// Binds `programs` (at least one) to one device memory, as
+    /// [`Backend::compile_group`](crate::Backend::compile_group) does: one executable per
+    /// program, in the order given, and what they share. The arena and output slots start
+    /// poisoned as in [`new`](Self::new).
+    pub fn group(
+        device: &Arc<CudaDevice>,
+        programs: &[(&Graph, &Plan)],
+    ) -> Result<(Vec<Self>, GroupMemory)> {
+        Self::group_with_options(device, programs, LowerOptions::default())
+    }
+
+    /// As [`group`](Self::group), with fused linears of at most `rows` rows on the skinny
+    /// kernel (as [`with_linear_rows`](Self::with_linear_rows)).
+    pub fn group_with_linear_rows(
+        device: &Arc<CudaDevice>,
+        programs: &[(&Graph, &Plan)],
+        rows: u64,
+    ) -> Result<(Vec<Self>, GroupMemory)> {
+        let options = LowerOptions { linear_rows: rows };
+        Self::group_with_options(device, programs, options)
+    }
+
+    pub(crate) fn group_with_options(
+        device: &Arc<CudaDevice>,
+        programs: &[(&Graph, &Plan)],
+        options: LowerOptions,
+    ) -> Result<(Vec<Self>, GroupMemory)> {
+        let memory = GroupMemory::of(programs)?;
+        let lowered = (programs.iter())
+            .map(|(graph, plan)| DeviceProgram::new(graph, plan, options))
+            .collect::<Result<Vec<_>>>()?;
+        let ctx = device.context();
+        let streams = lowered.iter().map(|p| p.streams).max().unwrap_or(1);
+        let shared = Shared {
+            streams: (0..streams)
+                .map(|_| ctx.new_stream().map_err(|e| error("create stream", e)))
+                .collect::<Result<_>>()?,
+            gemm_workspaces: (0..streams)
+                .map(|_| DeviceAlloc::new(ctx, GEMM_WORKSPACE_BYTES, 0).map(Arc::new))
+                .collect::<Result<_>>()?,
+            arena: Arc::new(DeviceAlloc::new(ctx, memory.arena_bytes as usize, 0xFF)?),
+            inputs: (memory.shared_inputs.iter())
+                .map(|input| DeviceAlloc::new(ctx, input.bytes() as usize, 0).map(Arc::new))
+                .collect::<Result<_>>()?,
+            issue: Arc::new(Mutex::new(())),
+        };
+        let graphs: Vec<&Graph> = programs.iter().map(|(graph, _)| *graph).collect();
+        let rules = group_index_rules(&graphs, &memory);
+        let executables = (lowered.into_iter().zip(rules))
+            .map(|(program, rules)| Self::member(device, program, &shared, &memory, rules))
+            .collect::<Result<_>>()?;
+        Ok((executables, memory))
+    }
+
+    /// The executable of `program` over the group's `shared` resources, with its own slots
+    /// allocated and every launch resolved.
+    fn member(
+        device: &Arc<CudaDevice>,
+        program: DeviceProgram,
+        shared: &Shared,
+        memory: &GroupMemory,
+        index_rules: IndexRules,
+    ) -> Result<Self> {
+        let ctx = device.context();
+        let event = || {
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(|e| error("create event", e))
+        };
+        let events = (0..program.events)
+            .map(|_| event())
+            .collect::<Result<Vec<_>>>()?;
+        let joins = (1..program.streams)
+            .map(|_| event())
+            .collect::<Result<Vec<_>>>()?;
+        let fork = event()?;
+        let slots = (program.slots.iter())
+            .map(|slot| {
+                let own = |fill| DeviceAlloc::new(ctx, slot.bytes as usize, fill).map(Arc::new);
+                match &slot.kind {
+                    SlotKind::Arena => Ok(shared.arena.clone()),
+                    SlotKind::Input(kind) if kind.is_persistent() => {
+                        let index = memory.shared(&slot.name).ok_or_else(|| {
+                            error(format!("slot of `{}`", slot.name), "not in the group")
+                        })?;
+                        Ok(shared.inputs[index].clone())
+                    }
+                    SlotKind::Input(_) | SlotKind::Faults => own(0),
+                    SlotKind::Output => own(0xFF),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut executable = CudaExecutable {
+            device: device.clone(),
+            streams: shared.streams[..program.streams].to_vec(),
+            gemm_workspaces: shared.gemm_workspaces[..program.streams].to_vec(),
+            program,
+            events,
+            fork,
+            joins,
+            slots,
+            issue: shared.issue.clone(),
+            index_rules,
+            steps: Vec::new(),
+            write_backs: Vec::new(),
+            graph: None,
+            capture_seconds: None,
+        };
+        executable.resolve_launches()?;
+        Ok(executable)
+    }
+}
