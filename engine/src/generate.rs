@@ -99,6 +99,33 @@ impl ReferenceGenerator {
         mut on_token: impl FnMut(u32, Option<&str>) -> Result<()>,
     ) -> Result<Generated> {
         self.check(prompt, stop.criteria().max_new_tokens)?;
+        let mut logits = self.prefill_prompt(prompt)?;
+        let mut context: Vec<u32> = prompt.to_vec();
+        let mut tokens = Vec::new();
+        let mut stream = tokenizer.map(|t| t.stream(false));
+        let mut text = String::new();
+        loop {
+            let token = sampler.sample(&logits, &context)?;
+            tokens.push(token);
+            context.push(token);
+            let piece = match stream.as_mut() {
+                Some(stream) => stream.step(token)?,
+                None => None,
+            };
+            if let Some(piece) = &piece {
+                text.push_str(piece);
+            }
+            on_token(token, piece.as_deref())?;
+            if let Some(cause) = stop.check(token, tokenizer.map(|_| text.as_str())) {
+                return Ok(Generated { tokens, cause });
+            }
+            logits = self.decode_token(token, context.len() - 1)?;
+        }
+    }
+
+    /// Runs `prompt` (checked by the caller) through its prefill program, which starts the
+    /// cache, and moves the cache to the decode program; returns the last position's logits.
+    pub(crate) fn prefill_prompt(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
         let length = prompt.len();
         if !self.prefills.contains_key(&length) {
             let compiled = self.setup.compile(ProgramKind::Prefill, length)?;
@@ -123,42 +150,25 @@ impl ReferenceGenerator {
             .exe
             .set("cache_positions", &Tensor::from_vec(vec![0i64], [1])?)?;
         prefill.exe.run(self.mode)?;
-        let mut logits = prefill.exe.get("logits")?;
+        let logits = prefill.exe.get("logits")?;
         for name in &prefill.caches {
             self.decode.exe.set(name, &prefill.exe.get(name)?)?;
         }
+        Ok(logits.to_vec::<f32>()?)
+    }
 
-        let mut context: Vec<u32> = prompt.to_vec();
-        let mut tokens = Vec::new();
-        let mut stream = tokenizer.map(|t| t.stream(false));
-        let mut text = String::new();
-        loop {
-            let token = sampler.sample(&logits.to_vec::<f32>()?, &context)?;
-            tokens.push(token);
-            context.push(token);
-            let piece = match stream.as_mut() {
-                Some(stream) => stream.step(token)?,
-                None => None,
-            };
-            if let Some(piece) = &piece {
-                text.push_str(piece);
-            }
-            on_token(token, piece.as_deref())?;
-            if let Some(cause) = stop.check(token, tokenizer.map(|_| text.as_str())) {
-                return Ok(Generated { tokens, cause });
-            }
-            let position = context.len() - 1;
-            let exe = &mut self.decode.exe;
-            exe.set("tokens", &Tensor::from_vec(vec![i64::from(token)], [1, 1])?)?;
-            exe.set("positions", &Tensor::from_vec(vec![position as i64], [1])?)?;
-            exe.run(self.mode)?;
-            logits = exe.get("logits")?;
-        }
+    /// Feeds `token` at `position` through the decode program; returns the logits.
+    pub(crate) fn decode_token(&mut self, token: u32, position: usize) -> Result<Vec<f32>> {
+        let exe = &mut self.decode.exe;
+        exe.set("tokens", &Tensor::from_vec(vec![i64::from(token)], [1, 1])?)?;
+        exe.set("positions", &Tensor::from_vec(vec![position as i64], [1])?)?;
+        exe.run(self.mode)?;
+        Ok(exe.get("logits")?.to_vec::<f32>()?)
     }
 
     /// Refuses an empty prompt, an id outside the vocabulary and a request that does not fit
     /// the cache, naming the numbers.
-    fn check(&self, prompt: &[u32], max_new_tokens: usize) -> Result<()> {
+    pub(crate) fn check(&self, prompt: &[u32], max_new_tokens: usize) -> Result<()> {
         let refuse = |reason: String| Err(Error::Request { reason });
         let vocab = self.setup.config.vocab_size;
         if prompt.is_empty() {

@@ -2,44 +2,16 @@
 //! forward (both tiny families, eager and replayed programs), sampled generation by seed, stop
 //! causes, and the requests it refuses.
 
-use kiln_frontend::model::{forward, random_weights, Eager, ModelConfig, Precision};
+use kiln_frontend::model::{random_weights, ModelConfig, Precision};
 use kiln_frontend::Var;
 use kiln_kernels::testing;
-use kiln_runtime::{Backend, RunMode, Tensor};
+use kiln_runtime::{Backend, RunMode};
 use rand::Rng;
 
 use super::*;
 use crate::sampling::SamplingParams;
 use crate::stop::StopCriteria;
-
-/// Greedy continuation of `prompt` by the eager oracle: the whole sequence through the full
-/// forward at every step, the last position's argmax (ties to the lowest id).
-fn oracle_greedy(
-    config: &ModelConfig,
-    weights: &ModelWeights<Var>,
-    prompt: &[u32],
-    n: usize,
-) -> Vec<u32> {
-    let mut sequence: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let t = sequence.len();
-        let tokens = Var::constant(Tensor::from_vec(sequence.clone(), [1, t]).unwrap());
-        let positions = Var::constant(Tensor::from_vec((0..t as i64).collect(), [1, t]).unwrap());
-        let logits = forward(&Eager::F32, config, weights, &tokens, &positions).unwrap();
-        let all = logits.value().to_vec::<f32>().unwrap();
-        let last = &all[(t - 1) * config.vocab_size..];
-        let mut best = 0;
-        for (id, &v) in last.iter().enumerate() {
-            if v > last[best] {
-                best = id;
-            }
-        }
-        out.push(best as u32);
-        sequence.push(best as i64);
-    }
-    out
-}
+use crate::testing::oracle_greedy;
 
 fn checker(max_new_tokens: usize, eos: &[u32]) -> StopChecker {
     StopChecker::new(StopCriteria {

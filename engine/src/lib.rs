@@ -4,12 +4,14 @@
 //! `generation_config.json` carries.
 
 pub mod chat;
+pub mod engine;
 mod error;
 pub mod generate;
 pub mod generation_config;
 mod regular_file;
 pub mod sampler;
 pub mod sampling;
+pub mod scheduler;
 pub mod stop;
 #[cfg(test)]
 mod testing;

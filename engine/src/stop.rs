@@ -67,14 +67,17 @@ pub enum FinishReason {
     Length,
     /// An end-of-sequence token or a stop string.
     Stop,
+    /// The request was cancelled before it finished.
+    Cancelled,
 }
 
 impl FinishReason {
-    /// The OpenAI name (`"length"`, `"stop"`), as it is serialized.
+    /// The OpenAI name (`"length"`, `"stop"`; kiln's `"cancelled"`), as it is serialized.
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Length => "length",
             FinishReason::Stop => "stop",
+            FinishReason::Cancelled => "cancelled",
         }
     }
 }

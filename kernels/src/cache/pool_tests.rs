@@ -123,7 +123,11 @@ fn padding_rows_read_and_write_no_slot() {
     )
     .unwrap();
     for slot in [0i64, 2] {
-        assert_eq!(gather(&cache, &[slot]), gather(&pool, &[slot]), "slot {slot}");
+        assert_eq!(
+            gather(&cache, &[slot]),
+            gather(&pool, &[slot]),
+            "slot {slot}"
+        );
     }
     assert_ne!(gather(&cache, &[1]), gather(&pool, &[1]));
 

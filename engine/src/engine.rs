@@ -1,0 +1,403 @@
+//! One compiled model serving many sequences: prefill programs for prompt-length buckets and
+//! batch buckets, decode programs for batch buckets, all compiled once into ONE executable
+//! group — one activation arena of the largest plan's bytes, the weights once, and ONE
+//! persistent KV pool of `slots` sequences of `max_seq` positions (`cache.{k,v}.{layer}`, each
+//! `[slots, Hkv, max_seq, D]`).
+//!
+//! A program of `B` rows runs any number of sequences up to `B`: each row names its slot in
+//! the pool (`cache_rows`), and the rows beyond the sequences are padding
+//! ([`kiln_ir::PADDING_SLOT`]), which read and write no slot. So a slot is touched only by the
+//! rows that name it, and a slot's rows past its sequence's position are never read (attention
+//! sees positions `0..=position`): slots are reused without clearing.
+//!
+//! Prompts are padded to their bucket's length; the padding tokens' keys land past the prompt,
+//! where the sequence's next decode steps overwrite them before any query reads them, and the
+//! logits come from each prompt's own last token (`logit_rows`).
+
+use std::collections::BTreeMap;
+
+use kiln_frontend::model::{ModelConfig, ModelWeights, Precision};
+use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
+use kiln_frontend::Var;
+use kiln_ir::{InputKind, PADDING_SLOT};
+use kiln_runtime::{Backend, Executable, GroupMemory, RunMode, Tensor};
+
+use crate::error::{Error, Result};
+
+/// The shapes an [`Engine`] is compiled for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineOptions {
+    /// Sequences the KV pool holds at once.
+    pub slots: usize,
+    /// Positions of each slot: a sequence's prompt and generated tokens together.
+    pub max_seq: usize,
+    /// Prompt-length buckets of the prefill programs, ascending; the last is the longest
+    /// prompt the engine takes.
+    pub prefill_lengths: Vec<usize>,
+    /// Batch buckets of the prefill programs, ascending.
+    pub prefill_batches: Vec<usize>,
+    /// Batch buckets of the decode programs, ascending.
+    pub decode_batches: Vec<usize>,
+    pub precision: Precision,
+    pub mode: RunMode,
+}
+
+impl EngineOptions {
+    /// Buckets for `slots` sequences of `max_seq` positions: prompt lengths 16, 32, 64, …
+    /// up to `max_seq` (and `max_seq` itself), prefill batches 1, 2, 4, 8 and decode batches
+    /// 1, 2, 4, … up to `slots` (and `slots` itself).
+    pub fn new(slots: usize, max_seq: usize, precision: Precision, mode: RunMode) -> Self {
+        EngineOptions {
+            slots,
+            max_seq,
+            prefill_lengths: doublings(16, max_seq),
+            prefill_batches: doublings(1, slots.min(8)),
+            decode_batches: doublings(1, slots),
+            precision,
+            mode,
+        }
+    }
+
+    /// The longest prompt a prefill program takes.
+    pub fn max_prompt(&self) -> usize {
+        self.prefill_lengths.last().copied().unwrap_or(0)
+    }
+}
+
+/// `first, 2·first, 4·first, …` below `last`, then `last` (nothing when `last` is 0).
+fn doublings(first: usize, last: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = std::iter::successors(Some(first), |&n| n.checked_mul(2))
+        .take_while(|&n| n < last)
+        .collect();
+    if last > 0 {
+        out.push(last);
+    }
+    out
+}
+
+/// What an engine holds on its device, in bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineMemory {
+    /// The group's arena (the largest plan's) and what one arena per program would take.
+    pub group: GroupMemory,
+    /// The KV pool by its formula: layers × 2 × slots × Hkv × max_seq × D × element bytes.
+    pub pool_bytes: u64,
+    /// Programs compiled.
+    pub programs: usize,
+}
+
+/// One sequence of a prefill: its slot and its prompt.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillRow<'a> {
+    pub slot: usize,
+    pub prompt: &'a [u32],
+}
+
+/// One sequence of a decode step: its slot, the token to feed and its position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeRow {
+    pub slot: usize,
+    pub token: u32,
+    pub position: usize,
+}
+
+/// The compiled model (see the module doc).
+pub struct Engine {
+    config: ModelConfig,
+    options: EngineOptions,
+    executables: Vec<Box<dyn Executable>>,
+    /// (batch, length) → executable.
+    prefill: BTreeMap<(usize, usize), usize>,
+    /// batch → executable.
+    decode: BTreeMap<usize, usize>,
+    memory: EngineMemory,
+}
+
+impl Engine {
+    /// Compiles every bucket's program for `config` on `backend` into one group and sets the
+    /// weights and an empty pool.
+    pub fn new(
+        (config, weights): (&ModelConfig, &ModelWeights<Var>),
+        backend: &Backend,
+        options: EngineOptions,
+    ) -> Result<Self> {
+        check_options(&options)?;
+        let mut programs = Vec::new();
+        let (mut prefill, mut decode) = (BTreeMap::new(), BTreeMap::new());
+        for &batch in &options.prefill_batches {
+            for &length in &options.prefill_lengths {
+                prefill.insert((batch, length), programs.len());
+                programs.push(program(
+                    config,
+                    &options,
+                    ProgramKind::Prefill,
+                    (batch, length),
+                )?);
+            }
+        }
+        for &batch in &options.decode_batches {
+            decode.insert(batch, programs.len());
+            programs.push(program(config, &options, ProgramKind::Decode, (batch, 1))?);
+        }
+        let workspaces = backend.workspaces();
+        let plans = (programs.iter())
+            .map(|graph| kiln_planner::plan(graph, &Default::default(), &workspaces))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let pairs: Vec<_> = programs.iter().zip(&plans).collect();
+        let group = backend.compile_group(&pairs)?;
+        let mut executables = group.executables;
+        let first = executables.first_mut().ok_or_else(|| Error::Generate {
+            reason: "the engine compiled no program".to_string(),
+        })?;
+        for (name, var) in weights.named() {
+            first.set(&name, var.value())?;
+        }
+        for (_, name, kind, ty) in programs[0].inputs() {
+            if kind == InputKind::State {
+                let empty = Tensor::zeros(ty.shape.clone(), ty.dtype, kiln_runtime::Device::Cpu);
+                first.set(name, &empty)?;
+            }
+        }
+        let pool_bytes = pool_bytes(config, &options);
+        let allocated: u64 = (group.memory.shared_inputs.iter())
+            .filter(|input| input.kind == InputKind::State)
+            .map(|input| input.bytes())
+            .sum();
+        if allocated != pool_bytes {
+            return Err(Error::Generate {
+                reason: format!(
+                    "the KV pool took {allocated} bytes where its formula gives {pool_bytes}"
+                ),
+            });
+        }
+        let memory = EngineMemory {
+            group: group.memory,
+            pool_bytes,
+            programs: programs.len(),
+        };
+        Ok(Engine {
+            config: config.clone(),
+            options,
+            executables,
+            prefill,
+            decode,
+            memory,
+        })
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn memory(&self) -> &EngineMemory {
+        &self.memory
+    }
+
+    /// Writes each row's prompt into its slot from position 0 and returns the logits of each
+    /// prompt's last token, in row order. Rows take distinct slots; prompts hold 1 to
+    /// [`EngineOptions::max_prompt`] ids of the vocabulary.
+    pub fn prefill(&mut self, rows: &[PrefillRow<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.check_slots(rows.iter().map(|r| r.slot))?;
+        let mut by_length: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (index, row) in rows.iter().enumerate() {
+            self.check_prompt(row.prompt)?;
+            let length = (self.options.prefill_lengths.iter())
+                .find(|&&l| l >= row.prompt.len())
+                .copied()
+                .unwrap_or_default();
+            by_length.entry(length).or_default().push(index);
+        }
+        let mut logits = vec![Vec::new(); rows.len()];
+        for (length, indices) in by_length {
+            for chunk in chunks(&indices, &self.options.prefill_batches) {
+                let batch = bucket(chunk.len(), &self.options.prefill_batches);
+                let mut tokens = vec![0i64; batch * length];
+                let mut slots = vec![PADDING_SLOT; batch];
+                let mut last: Vec<i64> = (0..batch).map(|b| (b * length) as i64).collect();
+                for (b, &index) in chunk.iter().enumerate() {
+                    let row = &rows[index];
+                    for (t, &id) in row.prompt.iter().enumerate() {
+                        tokens[b * length + t] = i64::from(id);
+                    }
+                    slots[b] = row.slot as i64;
+                    last[b] = (b * length + row.prompt.len() - 1) as i64;
+                }
+                let positions = (0..batch * length).map(|i| (i % length) as i64).collect();
+                let exe = &mut self.executables[self.prefill[&(batch, length)]];
+                exe.set("tokens", &Tensor::from_vec(tokens, [batch, length])?)?;
+                exe.set("positions", &Tensor::from_vec(positions, [batch, length])?)?;
+                exe.set(
+                    "cache_positions",
+                    &Tensor::from_vec(vec![0i64; batch], [batch])?,
+                )?;
+                exe.set("cache_rows", &Tensor::from_vec(slots, [batch])?)?;
+                exe.set("logit_rows", &Tensor::from_vec(last, [batch])?)?;
+                exe.run(self.options.mode)?;
+                let out = split_rows(exe.get("logits")?, self.config.vocab_size)?;
+                for (&index, row) in chunk.iter().zip(out) {
+                    logits[index] = row;
+                }
+            }
+        }
+        Ok(logits)
+    }
+
+    /// Feeds each row's token at its position of its slot and returns the logits that follow,
+    /// in row order. Rows take distinct slots; positions lie below `max_seq`.
+    pub fn decode(&mut self, rows: &[DecodeRow]) -> Result<Vec<Vec<f32>>> {
+        self.check_slots(rows.iter().map(|r| r.slot))?;
+        for row in rows {
+            self.check_token(row.token)?;
+            if row.position >= self.options.max_seq {
+                return Err(Error::Request {
+                    reason: format!(
+                        "position {} of slot {} is past the {} positions of a slot",
+                        row.position, row.slot, self.options.max_seq
+                    ),
+                });
+            }
+        }
+        let mut logits = Vec::with_capacity(rows.len());
+        let all: Vec<usize> = (0..rows.len()).collect();
+        for chunk in chunks(&all, &self.options.decode_batches) {
+            let batch = bucket(chunk.len(), &self.options.decode_batches);
+            let (mut tokens, mut positions) = (vec![0i64; batch], vec![0i64; batch]);
+            let mut slots = vec![PADDING_SLOT; batch];
+            for (b, &index) in chunk.iter().enumerate() {
+                let row = rows[index];
+                tokens[b] = i64::from(row.token);
+                positions[b] = row.position as i64;
+                slots[b] = row.slot as i64;
+            }
+            let exe = &mut self.executables[self.decode[&batch]];
+            exe.set("tokens", &Tensor::from_vec(tokens, [batch, 1])?)?;
+            exe.set("positions", &Tensor::from_vec(positions, [batch])?)?;
+            exe.set("cache_rows", &Tensor::from_vec(slots, [batch])?)?;
+            exe.run(self.options.mode)?;
+            let out = split_rows(exe.get("logits")?, self.config.vocab_size)?;
+            logits.extend(out.into_iter().take(chunk.len()));
+        }
+        Ok(logits)
+    }
+
+    /// Refuses a slot outside the pool and a slot two rows take.
+    fn check_slots(&self, slots: impl Iterator<Item = usize>) -> Result<()> {
+        let mut seen = vec![false; self.options.slots];
+        for slot in slots {
+            let Some(taken) = seen.get_mut(slot) else {
+                return Err(Error::Request {
+                    reason: format!("slot {slot} is outside the pool of {}", self.options.slots),
+                });
+            };
+            if std::mem::replace(taken, true) {
+                return Err(Error::Request {
+                    reason: format!("two rows of one step name slot {slot}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
+        let longest = self.options.max_prompt();
+        if prompt.is_empty() || prompt.len() > longest {
+            return Err(Error::Request {
+                reason: format!(
+                    "a prompt of {} tokens: the engine takes 1 to {longest}",
+                    prompt.len()
+                ),
+            });
+        }
+        prompt.iter().try_for_each(|&id| self.check_token(id))
+    }
+
+    fn check_token(&self, id: u32) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        if id as usize >= vocab {
+            return Err(Error::Request {
+                reason: format!("token {id} is outside the vocabulary of {vocab}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Refuses buckets that cannot serve the pool: empty or unsorted lists, a bucket of 0, a batch
+/// bucket past the pool, a length bucket past a slot.
+fn check_options(options: &EngineOptions) -> Result<()> {
+    let refuse = |reason: String| Err(Error::Generate { reason });
+    if options.slots == 0 || options.max_seq == 0 {
+        return refuse("an engine needs at least one slot of at least one position".into());
+    }
+    let lists = [
+        ("prefill lengths", &options.prefill_lengths, options.max_seq),
+        ("prefill batches", &options.prefill_batches, options.slots),
+        ("decode batches", &options.decode_batches, options.slots),
+    ];
+    for (what, list, most) in lists {
+        let ascending = list.windows(2).all(|w| w[0] < w[1]);
+        if list.is_empty() || !ascending || list[0] == 0 || list[list.len() - 1] > most {
+            return refuse(format!(
+                "{what} {list:?}: need one or more ascending sizes from 1 to {most}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The KV pool's bytes: layers × 2 (keys, values) × slots × Hkv × max_seq × D × element.
+pub fn pool_bytes(config: &ModelConfig, options: &EngineOptions) -> u64 {
+    let element = options.precision.weight_dtype().size_bytes();
+    let dims = [
+        2 * config.num_hidden_layers,
+        options.slots,
+        config.num_key_value_heads,
+        options.max_seq,
+        config.head_dim,
+    ];
+    dims.iter()
+        .fold(element as u64, |bytes, &n| bytes.saturating_mul(n as u64))
+}
+
+/// Program `kind` of `(batch, seq)` rows over the engine's pool.
+fn program(
+    config: &ModelConfig,
+    options: &EngineOptions,
+    kind: ProgramKind,
+    (batch, seq): (usize, usize),
+) -> Result<kiln_ir::Graph> {
+    let program_options = ProgramOptions {
+        batch,
+        seq,
+        max_seq: Some(options.max_seq),
+        pool: Some(options.slots),
+        precision: options.precision,
+        ..ProgramOptions::default()
+    };
+    Ok(build(kind, config, &program_options)?)
+}
+
+/// The smallest bucket that holds `n` rows (the largest when none does).
+fn bucket(n: usize, buckets: &[usize]) -> usize {
+    let largest = buckets.last().copied().unwrap_or(1);
+    buckets.iter().copied().find(|&b| b >= n).unwrap_or(largest)
+}
+
+/// `indices` in runs of at most the largest bucket.
+fn chunks<'i>(indices: &'i [usize], buckets: &[usize]) -> std::slice::Chunks<'i, usize> {
+    indices.chunks(buckets.last().copied().unwrap_or(1).max(1))
+}
+
+/// The rows of logits `[B, V]`.
+fn split_rows(logits: Tensor, vocab: usize) -> Result<Vec<Vec<f32>>> {
+    let values = logits.to_vec::<f32>()?;
+    Ok(values.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect())
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

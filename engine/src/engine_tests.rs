@@ -1,0 +1,265 @@
+//! The engine and its schedulers on the CPU: greedy tokens of the continuous scheduler equal
+//! the serial reference's, whose equal a plain greedy loop over the eager oracle — mixed prompt
+//! lengths, arrivals mid-flight, stops and cancellations mid-flight, slots reused; sampled
+//! tokens by seed whatever the scheduler; the memory the engine reports; bad requests.
+
+use kiln_frontend::model::{random_weights, ModelConfig, ModelWeights, Precision};
+use kiln_frontend::Var;
+use kiln_runtime::{Backend, RunMode};
+use rand::Rng;
+
+use super::*;
+use crate::generate::ReferenceGenerator;
+use crate::sampling::SamplingParams;
+use crate::scheduler::continuous::ContinuousBatchScheduler;
+use crate::scheduler::metrics::{run_workload, Arrival};
+use crate::scheduler::reference::ReferenceScheduler;
+use crate::scheduler::{Phase, Request, Scheduler};
+use crate::stop::{FinishReason, StopCriteria};
+use crate::testing::{fresh_rng, oracle_greedy};
+
+const MAX_SEQ: usize = 24;
+
+/// Few buckets, so prompts are padded, batches split and padding rows run.
+fn options(slots: usize, mode: RunMode) -> EngineOptions {
+    let mut decode_batches = vec![1, slots];
+    decode_batches.dedup();
+    EngineOptions {
+        prefill_lengths: vec![4, 8, 16],
+        prefill_batches: vec![1],
+        decode_batches,
+        ..EngineOptions::new(slots, MAX_SEQ, Precision::F32, mode)
+    }
+}
+
+fn engine(
+    config: &ModelConfig,
+    weights: &ModelWeights<Var>,
+    slots: usize,
+    mode: RunMode,
+) -> Engine {
+    Engine::new((config, weights), &Backend::Cpu, options(slots, mode)).unwrap()
+}
+
+fn request(
+    prompt: Vec<u32>,
+    max_new_tokens: usize,
+    eos: &[u32],
+    sampling: SamplingParams,
+) -> Request {
+    Request {
+        prompt,
+        sampling,
+        stop: StopCriteria {
+            eos_token_ids: eos.to_vec(),
+            stop_strings: Vec::new(),
+            max_new_tokens,
+        },
+    }
+}
+
+fn prompt(rng: &mut impl Rng, config: &ModelConfig, length: usize) -> Vec<u32> {
+    (0..length)
+        .map(|_| rng.random_range(0..config.vocab_size as u32))
+        .collect()
+}
+
+/// Seven requests of lengths 1 to 11 (two of one length), arriving over several steps, onto
+/// 3 slots: admissions wait for free slots, slots are reused, batches shrink and grow.
+fn workload(
+    rng: &mut impl Rng,
+    config: &ModelConfig,
+    sampling: &dyn Fn(usize) -> SamplingParams,
+) -> Vec<Arrival> {
+    let shapes = [
+        (5, 0, 7),
+        (3, 0, 9),
+        (5, 0, 4),
+        (11, 2, 6),
+        (1, 3, 8),
+        (8, 3, 5),
+        (2, 9, 3),
+    ];
+    (shapes.iter().enumerate())
+        .map(|(i, &(length, step, new))| Arrival {
+            step,
+            request: request(prompt(rng, config, length), new, &[], sampling(i)),
+        })
+        .collect()
+}
+
+fn tokens(scheduler: &mut dyn Scheduler, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
+    let report = run_workload(scheduler, arrivals, |_| {}).unwrap();
+    report.outcomes.into_iter().map(|o| o.tokens).collect()
+}
+
+#[test]
+fn continuous_greedy_equals_the_reference_and_the_oracle() {
+    let mut rng = fresh_rng("continuous_greedy_equals_the_reference_and_the_oracle");
+    for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
+        let weights = random_weights(&config, rng.random()).unwrap();
+        let arrivals = workload(&mut rng, &config, &|_| SamplingParams::greedy());
+        let want: Vec<Vec<u32>> = (arrivals.iter())
+            .map(|a| {
+                oracle_greedy(
+                    &config,
+                    &weights,
+                    &a.request.prompt,
+                    a.request.stop.max_new_tokens,
+                )
+            })
+            .collect();
+        for mode in [RunMode::Eager, RunMode::Graph] {
+            let generator = ReferenceGenerator::new(
+                (&config, &weights),
+                Backend::Cpu,
+                (mode, Precision::F32),
+                MAX_SEQ,
+            )
+            .unwrap();
+            let reference = tokens(&mut ReferenceScheduler::new(generator, None), &arrivals);
+            assert_eq!(reference, want, "{:?} {mode:?}: reference", config.family);
+            let mut continuous =
+                ContinuousBatchScheduler::new(engine(&config, &weights, 3, mode), None);
+            let got = tokens(&mut continuous, &arrivals);
+            assert_eq!(got, want, "{:?} {mode:?}: continuous", config.family);
+        }
+    }
+}
+
+#[test]
+fn seeded_sampling_is_the_same_whichever_scheduler_runs_it() {
+    let mut rng = fresh_rng("seeded_sampling_is_the_same_whichever_scheduler_runs_it");
+    let config = ModelConfig::tiny();
+    let weights = random_weights(&config, rng.random()).unwrap();
+    let seed: u64 = rng.random();
+    let sampling = move |i: usize| SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: seed.wrapping_add(i as u64),
+        ..SamplingParams::default()
+    };
+    let arrivals = workload(&mut rng, &config, &sampling);
+    let generator = ReferenceGenerator::new(
+        (&config, &weights),
+        Backend::Cpu,
+        (RunMode::Graph, Precision::F32),
+        MAX_SEQ,
+    )
+    .unwrap();
+    let reference = tokens(&mut ReferenceScheduler::new(generator, None), &arrivals);
+    for slots in [1, 2, 4] {
+        let mut continuous =
+            ContinuousBatchScheduler::new(engine(&config, &weights, slots, RunMode::Graph), None);
+        assert_eq!(
+            tokens(&mut continuous, &arrivals),
+            reference,
+            "{slots} slots"
+        );
+    }
+}
+
+#[test]
+fn stops_and_cancellations_mid_flight_free_slots_for_the_rest() {
+    let mut rng = fresh_rng("stops_and_cancellations_mid_flight_free_slots_for_the_rest");
+    let config = ModelConfig::tiny_llama();
+    let weights = random_weights(&config, rng.random()).unwrap();
+    let prompts: Vec<Vec<u32>> = [4, 6, 3, 7]
+        .iter()
+        .map(|&n| prompt(&mut rng, &config, n))
+        .collect();
+    let greedy: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| oracle_greedy(&config, &weights, p, 10))
+        .collect();
+    // Request 0 stops at its third greedy token (the first time it appears).
+    let eos = greedy[0][2];
+    let stop_at = greedy[0].iter().position(|&t| t == eos).unwrap();
+    let mut scheduler =
+        ContinuousBatchScheduler::new(engine(&config, &weights, 2, RunMode::Graph), None);
+    let ids: Vec<_> = (prompts.iter().enumerate())
+        .map(|(i, p)| {
+            let eos: &[u32] = if i == 0 { &[eos] } else { &[] };
+            scheduler
+                .submit(request(p.clone(), 10, eos, SamplingParams::greedy()))
+                .unwrap()
+        })
+        .collect();
+    // Two slots: requests 2 and 3 wait. Cancel request 1 after its fourth token.
+    let mut steps = 0;
+    while !scheduler.is_idle() {
+        scheduler.step().unwrap();
+        steps += 1;
+        let running = scheduler.phase(ids[1]) == Some(Phase::Decoding);
+        if running && scheduler.outcome(ids[1]).unwrap().tokens.len() == 4 {
+            assert!(scheduler.cancel(ids[1]));
+        }
+        assert!(steps < 100, "the workload does not finish");
+    }
+    let outcome = |i: usize| scheduler.outcome(ids[i]).unwrap();
+    assert_eq!(outcome(0).tokens, greedy[0][..=stop_at].to_vec());
+    assert_eq!(outcome(0).finish_reason, Some(FinishReason::Stop));
+    assert_eq!(outcome(1).tokens, greedy[1][..4].to_vec());
+    assert_eq!(outcome(1).finish_reason, Some(FinishReason::Cancelled));
+    for i in [2, 3] {
+        assert_eq!(outcome(i).tokens, greedy[i], "request {i} on a reused slot");
+        assert_eq!(outcome(i).finish_reason, Some(FinishReason::Length));
+    }
+    assert_eq!(
+        scheduler.phase(ids[3]),
+        Some(Phase::Finished(FinishReason::Length))
+    );
+    assert!(
+        !scheduler.cancel(ids[3]),
+        "a finished request cannot be cancelled"
+    );
+}
+
+#[test]
+fn the_engine_reports_one_arena_and_the_pool_by_its_formula() {
+    let config = ModelConfig::tiny();
+    let weights = random_weights(&config, 7).unwrap();
+    let engine = engine(&config, &weights, 3, RunMode::Eager);
+    let memory = engine.memory();
+    // 3 prefill programs and 2 decode programs.
+    assert_eq!(memory.programs, 5);
+    assert!(memory.group.arena_bytes < memory.group.arena_sum_bytes);
+    let layers = config.num_hidden_layers as u64;
+    let per_cache = (3 * config.num_key_value_heads * MAX_SEQ * config.head_dim * 4) as u64;
+    assert_eq!(memory.pool_bytes, 2 * layers * per_cache);
+}
+
+#[test]
+fn bad_requests_are_refused_and_the_others_go_on() {
+    let config = ModelConfig::tiny();
+    let weights = random_weights(&config, 3).unwrap();
+    let mut scheduler =
+        ContinuousBatchScheduler::new(engine(&config, &weights, 2, RunMode::Eager), None);
+    let good = scheduler
+        .submit(request(vec![1, 2, 3], 4, &[], SamplingParams::greedy()))
+        .unwrap();
+    scheduler.step().unwrap();
+    let mut refused = |prompt: Vec<u32>, new: usize| {
+        let err = scheduler
+            .submit(request(prompt, new, &[], SamplingParams::greedy()))
+            .unwrap_err();
+        err.to_string()
+    };
+    assert!(refused(vec![], 4).contains("prompt is empty"));
+    let vocab = config.vocab_size as u32;
+    let err = refused(vec![1, vocab], 4);
+    assert!(err.contains(&format!("prompt token 1 is {vocab}")), "{err}");
+    // 10 prompt tokens and 16 new ones need 25 positions of the 24.
+    let err = refused(vec![1; 10], 16);
+    assert!(err.contains("25 positions") && err.contains("24"), "{err}");
+    let err = refused(vec![1; 17], 2);
+    assert!(err.contains("17 tokens") && err.contains("16"), "{err}");
+    assert!(refused(vec![1], 0).contains("max_new_tokens"));
+    while !scheduler.is_idle() {
+        scheduler.step().unwrap();
+    }
+    assert_eq!(
+        scheduler.outcome(good).unwrap().tokens,
+        oracle_greedy(&config, &weights, &[1, 2, 3], 4)
+    );
+}

@@ -1,0 +1,213 @@
+//! Schedulers: what runs at each step of generation for many requests.
+//!
+//! A request moves queued → prefilling → decoding → finished (length | stop | cancelled).
+//! Every scheduler takes requests at any time ([`Scheduler::submit`]), acts only at step
+//! boundaries ([`Scheduler::step`]: cancellations, admissions, one token for each running
+//! request) and reports each token as an [`Event`]. Each request carries its own sampler (its
+//! seed decides its draws whatever else runs) and stop checker, so the tokens a request gets
+//! do not depend on the scheduler — the [`ReferenceScheduler`](reference::ReferenceScheduler)
+//! (serial, one request at a time) is the oracle of the
+//! [`ContinuousBatchScheduler`](continuous::ContinuousBatchScheduler).
+
+pub mod continuous;
+pub mod metrics;
+pub mod reference;
+
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::sampler::Sampler;
+use crate::sampling::SamplingParams;
+use crate::stop::{FinishReason, StopCause, StopChecker, StopCriteria};
+use crate::tokenizer::{TextStream, Tokenizer};
+
+/// One request to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopCriteria,
+}
+
+/// A request's handle, in submission order from 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub usize);
+
+/// Where a request is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Queued,
+    /// Admitted, waiting for (or in) its prefill.
+    Prefilling,
+    Decoding,
+    Finished(FinishReason),
+}
+
+/// What one step did to one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub id: RequestId,
+    /// The token it generated, if any (a cancellation generates none).
+    pub token: Option<u32>,
+    /// The text the token completes, when there is a tokenizer (see [`Tokenizer::stream`]).
+    pub text: Option<String>,
+    /// Set on the request's last event.
+    pub finished: Option<FinishReason>,
+}
+
+/// A request's record: its tokens, why it finished and its wall-clock latencies.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub tokens: Vec<u32>,
+    /// The generated text up to any stop string, when there is a tokenizer.
+    pub text: Option<String>,
+    pub finish_reason: Option<FinishReason>,
+    /// Submission → first token and submission → finish, seconds.
+    pub first_token_s: Option<f64>,
+    pub total_s: Option<f64>,
+}
+
+/// The contract every scheduler keeps (see the module doc).
+pub trait Scheduler {
+    /// Queues `request`, or refuses it (bad prompt, a request that cannot fit) with an error
+    /// naming the numbers; a refused request changes nothing.
+    fn submit(&mut self, request: Request) -> Result<RequestId>;
+    /// Cancels request `id` at the next step boundary; false when it is unknown or finished.
+    fn cancel(&mut self, id: RequestId) -> bool;
+    /// Runs one step and returns what happened, in request order.
+    fn step(&mut self) -> Result<Vec<Event>>;
+    /// Whether no request is queued or running.
+    fn is_idle(&self) -> bool;
+    fn phase(&self, id: RequestId) -> Option<Phase>;
+    /// What request `id` got so far.
+    fn outcome(&self, id: RequestId) -> Option<Outcome>;
+}
+
+/// One request's state while it runs: its sampler, stop checker, context and text.
+pub(crate) struct Sequence<'t> {
+    pub id: RequestId,
+    pub request: Request,
+    pub phase: Phase,
+    /// Asked to be cancelled at the next step boundary.
+    pub cancel: bool,
+    sampler: Sampler,
+    stop: StopChecker,
+    context: Vec<u32>,
+    tokens: Vec<u32>,
+    stream: Option<TextStream<'t>>,
+    text: Option<String>,
+    cause: Option<StopCause>,
+    submitted: Instant,
+    first_token: Option<Instant>,
+    finished: Option<Instant>,
+}
+
+impl<'t> Sequence<'t> {
+    /// Refuses invalid sampling parameters, stop criteria and an empty prompt.
+    pub fn new(id: RequestId, request: Request, tokenizer: Option<&'t Tokenizer>) -> Result<Self> {
+        if request.prompt.is_empty() {
+            return Err(crate::Error::Request {
+                reason: "the prompt is empty: it needs at least one token".to_string(),
+            });
+        }
+        Ok(Sequence {
+            id,
+            sampler: Sampler::new(request.sampling.clone())?,
+            stop: StopChecker::new(request.stop.clone())?,
+            context: request.prompt.clone(),
+            tokens: Vec::new(),
+            stream: tokenizer.map(|t| t.stream(false)),
+            text: tokenizer.map(|_| String::new()),
+            cause: None,
+            request,
+            phase: Phase::Queued,
+            cancel: false,
+            submitted: Instant::now(),
+            first_token: None,
+            finished: None,
+        })
+    }
+
+    /// The position of the next token to decode: the last token generated.
+    pub fn position(&self) -> usize {
+        self.context.len() - 1
+    }
+
+    /// The last token of the context (the one a decode step feeds).
+    pub fn last_token(&self) -> u32 {
+        self.context[self.context.len() - 1]
+    }
+
+    /// Samples the next token from `logits`, checks the stop criteria and moves to decoding
+    /// or finished; returns the event.
+    pub fn accept(&mut self, logits: &[f32]) -> Result<Event> {
+        let token = self.sampler.sample(logits, &self.context)?;
+        let now = Instant::now();
+        self.first_token.get_or_insert(now);
+        self.tokens.push(token);
+        self.context.push(token);
+        let piece = match self.stream.as_mut() {
+            Some(stream) => stream.step(token)?,
+            None => None,
+        };
+        if let (Some(text), Some(piece)) = (self.text.as_mut(), &piece) {
+            text.push_str(piece);
+        }
+        let cause = self.stop.check(token, self.text.as_deref());
+        let finished = cause.as_ref().map(StopCause::finish_reason);
+        self.cause = cause;
+        self.phase = match finished {
+            Some(reason) => self.finish(reason),
+            None => Phase::Decoding,
+        };
+        Ok(Event {
+            id: self.id,
+            token: Some(token),
+            text: piece,
+            finished,
+        })
+    }
+
+    /// Ends the request for `reason`; returns its final phase.
+    pub fn finish(&mut self, reason: FinishReason) -> Phase {
+        self.finished = Some(Instant::now());
+        self.phase = Phase::Finished(reason);
+        self.phase
+    }
+
+    /// The cancellation event, after [`finish`](Self::finish).
+    pub fn cancelled(&mut self) -> Event {
+        self.finish(FinishReason::Cancelled);
+        Event {
+            id: self.id,
+            token: None,
+            text: None,
+            finished: Some(FinishReason::Cancelled),
+        }
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        let seconds = |at: Option<Instant>| at.map(|at| (at - self.submitted).as_secs_f64());
+        let text = match (&self.text, &self.cause) {
+            (Some(text), Some(cause)) => Some(cause.returned_text(text).to_string()),
+            (text, None) => text.clone(),
+            (None, Some(_)) => None,
+        };
+        Outcome {
+            tokens: self.tokens.clone(),
+            text,
+            finish_reason: match self.phase {
+                Phase::Finished(reason) => Some(reason),
+                _ => None,
+            },
+            first_token_s: seconds(self.first_token),
+            total_s: seconds(self.finished),
+        }
+    }
+
+    /// Cache positions the request may need: its prompt, then one per generated token but
+    /// the last (which is never fed back).
+    pub fn positions_needed(&self) -> usize {
+        self.request.prompt.len() + self.request.stop.max_new_tokens.saturating_sub(1)
+    }
+}

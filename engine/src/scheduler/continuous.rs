@@ -1,0 +1,235 @@
+//! Continuous batching over one [`Engine`]'s KV pool: requests join and leave the running batch
+//! at step boundaries.
+//!
+//! The scheduler owns the request → slot map. A step:
+//! 1. ends every request asked to be cancelled (a running one frees its slot);
+//! 2. admits queued requests, in submission order, into the lowest free slots;
+//! 3. prefills the admitted prompts — equal lengths as one batch, different lengths as separate
+//!    groups — and samples each one's first token;
+//! 4. decodes one token for every request that was running before the step, each on its own
+//!    slot id, and samples it.
+//!
+//! A request that finishes (length or stop) frees its slot at once; the slot is reused by the
+//! next admission without being cleared (the engine never reads a slot past its sequence's
+//! position). A request that could never fit a slot is refused at submission, naming both
+//! numbers.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::{Event, Outcome, Phase, Request, RequestId, Scheduler, Sequence};
+use crate::engine::{DecodeRow, Engine, PrefillRow};
+use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
+
+/// The continuous batching scheduler (see the module doc).
+pub struct ContinuousBatchScheduler<'t> {
+    engine: Engine,
+    tokenizer: Option<&'t Tokenizer>,
+    /// Every request, indexed by its id.
+    sequences: Vec<Sequence<'t>>,
+    queue: VecDeque<RequestId>,
+    /// Which request holds each slot.
+    slots: Vec<Option<RequestId>>,
+}
+
+impl<'t> ContinuousBatchScheduler<'t> {
+    /// A scheduler over `engine`'s pool; with a `tokenizer`, events carry text and stop
+    /// strings apply.
+    pub fn new(engine: Engine, tokenizer: Option<&'t Tokenizer>) -> Self {
+        let slots = vec![None; engine.options().slots];
+        ContinuousBatchScheduler {
+            engine,
+            tokenizer,
+            sequences: Vec::new(),
+            queue: VecDeque::new(),
+            slots,
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The requests holding slots now, by slot.
+    pub fn running(&self) -> Vec<(usize, RequestId)> {
+        (self.slots.iter().enumerate())
+            .filter_map(|(slot, id)| id.map(|id| (slot, id)))
+            .collect()
+    }
+
+    fn slot_of(&self, id: RequestId) -> Option<usize> {
+        self.slots.iter().position(|&held| held == Some(id))
+    }
+
+    /// Frees request `id`'s slot, if it holds one.
+    fn release(&mut self, id: RequestId) {
+        if let Some(slot) = self.slot_of(id) {
+            self.slots[slot] = None;
+        }
+    }
+
+    /// Step 1: cancellations.
+    fn cancellations(&mut self, events: &mut Vec<Event>) {
+        let asked: Vec<RequestId> = (self.sequences.iter())
+            .filter(|s| s.cancel && !matches!(s.phase, Phase::Finished(_)))
+            .map(|s| s.id)
+            .collect();
+        for id in asked {
+            self.release(id);
+            self.queue.retain(|&queued| queued != id);
+            events.push(self.sequences[id.0].cancelled());
+        }
+    }
+
+    /// Step 2: admissions into the lowest free slots.
+    fn admit(&mut self) -> Vec<RequestId> {
+        let mut admitted = Vec::new();
+        while let Some(slot) = self.slots.iter().position(Option::is_none) {
+            let Some(id) = self.queue.pop_front() else {
+                break;
+            };
+            self.slots[slot] = Some(id);
+            self.sequences[id.0].phase = Phase::Prefilling;
+            admitted.push(id);
+        }
+        admitted
+    }
+
+    /// Step 3: the admitted prompts' prefills, grouped by length, and their first tokens.
+    fn prefill(&mut self, admitted: &[RequestId], events: &mut Vec<Event>) -> Result<()> {
+        let mut groups: BTreeMap<usize, Vec<RequestId>> = BTreeMap::new();
+        for &id in admitted {
+            let length = self.sequences[id.0].request.prompt.len();
+            groups.entry(length).or_default().push(id);
+        }
+        for ids in groups.values() {
+            let slots: Vec<usize> = ids
+                .iter()
+                .map(|&id| self.slot_of(id))
+                .collect::<Option<_>>()
+                .ok_or_else(|| lost("an admitted request holds no slot"))?;
+            let rows: Vec<PrefillRow<'_>> = (ids.iter().zip(&slots))
+                .map(|(&id, &slot)| PrefillRow {
+                    slot,
+                    prompt: &self.sequences[id.0].request.prompt,
+                })
+                .collect();
+            let logits = self.engine.prefill(&rows)?;
+            for (&id, logits) in ids.iter().zip(&logits) {
+                self.take(id, logits, events)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 4: one decode step of the requests running before this step.
+    fn decode(&mut self, admitted: &[RequestId], events: &mut Vec<Event>) -> Result<()> {
+        let running: Vec<(usize, RequestId)> = (self.running().into_iter())
+            .filter(|(_, id)| !admitted.contains(id))
+            .filter(|(_, id)| self.sequences[id.0].phase == Phase::Decoding)
+            .collect();
+        if running.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<DecodeRow> = (running.iter())
+            .map(|&(slot, id)| {
+                let sequence = &self.sequences[id.0];
+                DecodeRow {
+                    slot,
+                    token: sequence.last_token(),
+                    position: sequence.position(),
+                }
+            })
+            .collect();
+        let logits = self.engine.decode(&rows)?;
+        for (&(_, id), logits) in running.iter().zip(&logits) {
+            self.take(id, logits, events)?;
+        }
+        Ok(())
+    }
+
+    /// Request `id`'s next token from `logits`; a finished request frees its slot.
+    fn take(&mut self, id: RequestId, logits: &[f32], events: &mut Vec<Event>) -> Result<()> {
+        let event = self.sequences[id.0].accept(logits)?;
+        if event.finished.is_some() {
+            self.release(id);
+        }
+        events.push(event);
+        Ok(())
+    }
+}
+
+fn lost(reason: &str) -> Error {
+    Error::Generate {
+        reason: format!("continuous scheduler: {reason}"),
+    }
+}
+
+impl Scheduler for ContinuousBatchScheduler<'_> {
+    fn submit(&mut self, request: Request) -> Result<RequestId> {
+        let id = RequestId(self.sequences.len());
+        let sequence = Sequence::new(id, request, self.tokenizer)?;
+        let options = self.engine.options();
+        let prompt = &sequence.request.prompt;
+        let vocab = self.engine.config().vocab_size;
+        let refuse = |reason: String| Err(Error::Request { reason });
+        if let Some(at) = prompt.iter().position(|&t| t as usize >= vocab) {
+            let token = prompt[at];
+            return refuse(format!(
+                "prompt token {at} is {token}, outside the vocabulary of {vocab}"
+            ));
+        }
+        if prompt.len() > options.max_prompt() {
+            return refuse(format!(
+                "a prompt of {} tokens is longer than the {} the engine's prefill takes",
+                prompt.len(),
+                options.max_prompt()
+            ));
+        }
+        let needed = sequence.positions_needed();
+        if needed > options.max_seq {
+            return refuse(format!(
+                "{} prompt tokens and up to {} new ones need {needed} positions, more than the \
+                 {} of a slot (max_sequence_length)",
+                prompt.len(),
+                sequence.request.stop.max_new_tokens,
+                options.max_seq
+            ));
+        }
+        self.sequences.push(sequence);
+        self.queue.push_back(id);
+        Ok(id)
+    }
+
+    fn cancel(&mut self, id: RequestId) -> bool {
+        match self.sequences.get_mut(id.0) {
+            Some(sequence) if !matches!(sequence.phase, Phase::Finished(_)) => {
+                sequence.cancel = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn step(&mut self) -> Result<Vec<Event>> {
+        let mut events = Vec::new();
+        self.cancellations(&mut events);
+        let admitted = self.admit();
+        self.prefill(&admitted, &mut events)?;
+        self.decode(&admitted, &mut events)?;
+        events.sort_by_key(|event| event.id);
+        Ok(events)
+    }
+
+    fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.slots.iter().all(Option::is_none)
+    }
+
+    fn phase(&self, id: RequestId) -> Option<Phase> {
+        self.sequences.get(id.0).map(|s| s.phase)
+    }
+
+    fn outcome(&self, id: RequestId) -> Option<Outcome> {
+        self.sequences.get(id.0).map(Sequence::outcome)
+    }
+}
