@@ -64,17 +64,17 @@ pub enum Error {
         found: Box<TensorType>,
     },
     /// Two programs of an executable group have a param or state input of one name (which
-    /// the group shares) with different kinds or types.
+    /// the group shares) with different kinds or types: each program and its input's kind and
+    /// type. (Boxed to keep every `Result` of this crate small.)
     #[error(
-        "input `{name}` is {first} in {first_program} but {second} in {second_program}; an \
-         executable group shares it, so they must agree"
+        "input `{name}` is {} in {} but {} in {}; an executable group shares it, so they must \
+         agree",
+        .inputs[0], .programs[0], .inputs[1], .programs[1]
     )]
     GroupInput {
         name: String,
-        first_program: String,
-        first: String,
-        second_program: String,
-        second: String,
+        programs: Box<[String; 2]>,
+        inputs: Box<[String; 2]>,
     },
     /// The graph cannot be run as it stands: `what` names the node, output or write at fault.
     #[error("{what}: {reason}")]

@@ -92,10 +92,11 @@ impl GroupMemory {
                     let program = |i: usize| format!("`{}` (program {i})", programs[i].0.name());
                     return Err(Error::GroupInput {
                         name: name.to_string(),
-                        first_program: program(*seen),
-                        first: format!("{} {seen_ty}", seen_kind.name()),
-                        second_program: program(index),
-                        second: format!("{} {ty}", kind.name()),
+                        programs: Box::new([program(*seen), program(index)]),
+                        inputs: Box::new([
+                            format!("{} {seen_ty}", seen_kind.name()),
+                            format!("{} {ty}", kind.name()),
+                        ]),
                     });
                 }
             }

@@ -1,13 +1,38 @@
 //! What a group shares, computed without a backend: its memory sizes, its shared inputs, the
 //! refusal of programs that disagree on one, and index rules that follow a shared slot. The
-//! two programs here are the fixtures of the backends' group tests too.
+//! two programs here, and [`members_equal_standalone_executables`], are the backends' group
+//! tests too.
 
-use kiln_ir::{DType, Graph, InputKind, Op, TensorType};
+use std::collections::BTreeMap;
+
+use kiln_ir::{DType, Graph, InputKind, Op, TensorType, ValueId};
+use kiln_kernels::testing;
 use kiln_planner::{plan, Plan, PlanOptions};
+use rand::rngs::StdRng;
 
 use super::GroupMemory;
+use crate::backend::{Executable, RunMode};
 use crate::index_inputs::group_index_rules;
 use crate::{Error, Tensor, Workspaces};
+
+fn random(rng: &mut StdRng, dims: &[usize]) -> Tensor {
+    let values = testing::to_f32(&testing::signed(rng, dims.iter().product()));
+    Tensor::from_vec(values, dims).unwrap()
+}
+
+fn bits(tensor: &Tensor) -> Vec<u64> {
+    let values = tensor.to_f64_vec().unwrap();
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// `plan` with `value` moved into the buffer of `input`: an in-place result over an input.
+pub(crate) fn in_place(plan: &mut Plan, value: ValueId, input: ValueId) {
+    let key = |v: ValueId| format!("{}.{}", v.node.index(), v.port);
+    let buffer_of = |plan: &Plan, v| plan.value_buffers.iter().position(|(k, _)| *k == key(v));
+    let buffer = plan.value_buffers[buffer_of(plan, input).unwrap()].1;
+    let index = buffer_of(plan, value).unwrap();
+    plan.value_buffers[index].1 = buffer;
+}
 
 fn ty(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, dims).unwrap()
@@ -53,6 +78,94 @@ pub(crate) fn planned(graph: &Graph, streams: usize, workspaces: &Workspaces) ->
         ..PlanOptions::default()
     };
     plan(graph, &options, workspaces).unwrap()
+}
+
+/// Makes a group's members (boxed) and what they share.
+pub(crate) type MakeGroup<'m> =
+    &'m dyn Fn(&[(&Graph, &Plan)]) -> (Vec<Box<dyn Executable>>, GroupMemory);
+
+/// Makes a standalone executable.
+pub(crate) type MakeStandalone<'m> = &'m dyn Fn(&Graph, &Plan) -> Box<dyn Executable>;
+
+/// The plans of [`accumulate`] (on `streams[0]` streams, its `s` updated in place) and
+/// [`decay`] (on `streams[1]`, its `s` copied back).
+pub(crate) fn plans(streams: [usize; 2], workspaces: &Workspaces) -> (Graph, Plan, Graph, Plan) {
+    let (a, b) = (accumulate(), decay());
+    let mut plan_a = planned(&a, streams[0], workspaces);
+    in_place(&mut plan_a, a.writes()[0].1, a.input_named("s").unwrap());
+    let plan_b = planned(&b, streams[1], workspaces);
+    (a, plan_a, b, plan_b)
+}
+
+/// Two groups of [`plans`] (one run eagerly, one replayed) and a standalone executable per
+/// run: the members take turns, each run's output and the state it writes bit-equal a
+/// standalone executable's fed the same param, state and input; every member then reads the
+/// state that run wrote and the param, including one set through the other member; the group
+/// has one arena of the larger plan's bytes.
+pub(crate) fn members_equal_standalone_executables(
+    rng: &mut StdRng,
+    streams: [usize; 2],
+    workspaces: &Workspaces,
+    (group, standalone): (MakeGroup, MakeStandalone),
+) {
+    let (a, plan_a, b, plan_b) = plans(streams, workspaces);
+    let programs = [(&a, &plan_a), (&b, &plan_b)];
+    let (eager, memory) = group(&programs);
+    let (replayed, replayed_memory) = group(&programs);
+    assert_eq!(replayed_memory, memory);
+    assert_ne!(plan_a.arena_bytes, plan_b.arena_bytes);
+    let arenas = (plan_a.arena_bytes, plan_b.arena_bytes);
+    assert_eq!(memory.arena_bytes, arenas.0.max(arenas.1));
+    assert_eq!(memory.arena_sum_bytes, arenas.0 + arenas.1);
+    let mut groups = [(eager, RunMode::Eager), (replayed, RunMode::Graph)];
+
+    let mut weight = random(rng, &[3, 4]);
+    let mut state = random(rng, &[3, 4]);
+    for (members, _) in &mut groups {
+        // Through `accumulate` alone: `decay` reads the same slots without a set.
+        members[0].set("w", &weight).unwrap();
+        members[0].set("s", &state).unwrap();
+    }
+    for step in 0..6 {
+        let member = step % 2;
+        let (graph, plan, output, dims) = match member {
+            0 => (&a, &plan_a, "y", &[3, 4][..]),
+            _ => (&b, &plan_b, "z", &[8, 3, 4][..]),
+        };
+        if step == 3 {
+            // A new param through `decay`: `accumulate` reads it next.
+            weight = random(rng, &[3, 4]);
+            for (members, _) in &mut groups {
+                members[1].set("w", &weight).unwrap();
+            }
+        }
+        let x = random(rng, dims);
+        let values = BTreeMap::from([
+            ("w".to_string(), weight.clone()),
+            ("s".to_string(), state.clone()),
+            ("x".to_string(), x.clone()),
+        ]);
+        let mut alone = standalone(graph, plan);
+        for (name, tensor) in &values {
+            alone.set(name, tensor).unwrap();
+        }
+        alone.run(RunMode::Eager).unwrap();
+        let (want, want_state) = (alone.get(output).unwrap(), alone.get("s").unwrap());
+        assert_ne!(bits(&want_state), bits(&state), "step {step}: s moves");
+        for (members, mode) in &mut groups {
+            let what = format!("streams {streams:?}, {mode:?}, step {step}");
+            members[member].set("x", &x).unwrap();
+            members[member].run(*mode).unwrap();
+            let got = members[member].get(output).unwrap();
+            assert_eq!(bits(&got), bits(&want), "{what}: `{output}`");
+            // One slot each: every member sees the state the run wrote, and the param.
+            for other in members.iter() {
+                assert_eq!(bits(&other.get("s").unwrap()), bits(&want_state), "{what}");
+                assert_eq!(bits(&other.get("w").unwrap()), bits(&weight), "{what}");
+            }
+        }
+        state = want_state;
+    }
 }
 
 #[test]
@@ -151,4 +264,18 @@ fn a_shared_index_input_is_checked_against_every_member_that_reads_it() {
         "{text}"
     );
     assert!(rules[1].check("rows", &rows(vec![0, 7, 2, 3])).is_err());
+}
+
+#[test]
+fn the_fixture_plans_lower_for_the_device_and_differ_in_arena() {
+    for streams in [[1, 1], [2, 1]] {
+        let (a, plan_a, b, plan_b) = plans(streams, &Workspaces::Cuda);
+        assert_ne!(plan_a.arena_bytes, plan_b.arena_bytes);
+        let lowered_a = crate::lower_for_device(&a, &plan_a).unwrap();
+        assert_eq!(lowered_a.in_place_writes, ["s"]);
+        assert!(lowered_a.copied_writes.is_empty());
+        let lowered_b = crate::lower_for_device(&b, &plan_b).unwrap();
+        assert_eq!(lowered_b.copied_writes, ["s"]);
+        assert!(lowered_b.in_place_writes.is_empty());
+    }
 }

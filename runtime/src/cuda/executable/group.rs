@@ -52,6 +52,7 @@ impl CudaExecutable {
         Self::group_with_options(device, programs, options)
     }
 
+    /// As [`group`](Self::group), with the lowering's `options`.
     pub(crate) fn group_with_options(
         device: &Arc<CudaDevice>,
         programs: &[(&Graph, &Plan)],

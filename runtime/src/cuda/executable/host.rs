@@ -65,7 +65,8 @@ impl CudaExecutable {
         self.program.launch_count()
     }
 
-    /// Bytes of the arena, and the plan's lower bound of live bytes.
+    /// Bytes of the plan's arena (a group's arena holds the largest member's), and the plan's
+    /// lower bound of live bytes.
     pub fn arena_bytes(&self) -> (u64, u64) {
         (self.program.arena_bytes, self.program.lower_bound_bytes)
     }

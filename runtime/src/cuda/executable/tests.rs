@@ -1,19 +1,22 @@
-//! Capture rules on a real device (skipped, with the reason printed, where none can be used).
+//! Capture rules and executable groups on a real device (skipped, with the reason printed,
+//! where none can be used).
 
 use std::sync::Arc;
 
 use kiln_ir::{DType, Graph, InputKind, Op, TensorType};
-use kiln_planner::{plan, PlanOptions};
+use kiln_planner::{plan, Plan, PlanOptions};
 
 use super::super::{CudaDevice, DeviceAlloc};
 use super::CudaExecutable;
-use crate::backend::RunMode;
+use crate::backend::{Executable, RunMode};
+use crate::group::tests::{members_equal_standalone_executables, plans};
 use crate::tensor::Tensor;
+use crate::Workspaces;
 
 fn device() -> Option<Arc<CudaDevice>> {
     match super::super::unavailable() {
         Some(reason) => {
-            kiln_kernels::testing::skip_without_gpu("the capture tests", &reason);
+            kiln_kernels::testing::skip_without_gpu("the CUDA executable tests", &reason);
             None
         }
         None => Some(CudaDevice::open(0).expect("a usable CUDA device opens")),
@@ -136,4 +139,57 @@ fn each_stream_has_its_own_gemm_workspace() {
     assert_eq!(pointers.len(), 2);
     assert_ne!(pointers[0], pointers[1]);
     assert!(pointers.iter().all(|&p| p % 256 == 0));
+}
+
+/// A group on the device, as on the CPU (`group::tests`): members bit-equal standalone
+/// executables fed the same values, eager and replayed, with the state and the param shared;
+/// and what the group shares is one allocation, one stream 0 and one issue lock, while the
+/// per-run inputs and the fault words stay each member's.
+#[test]
+fn a_group_shares_its_arena_params_state_and_stream() {
+    let Some(device) = device() else { return };
+    let mut rng = kiln_kernels::testing::rng("cuda_group");
+    let group = |programs: &[(&Graph, &Plan)]| {
+        let (executables, memory) = CudaExecutable::group(&device, programs).unwrap();
+        let boxed = (executables.into_iter())
+            .map(|e| Box::new(e) as Box<dyn Executable>)
+            .collect();
+        (boxed, memory)
+    };
+    let standalone = |graph: &Graph, plan: &Plan| {
+        Box::new(CudaExecutable::new(&device, graph, plan).unwrap()) as Box<dyn Executable>
+    };
+    for streams in [[1, 1], [2, 1]] {
+        let makers = (&group as _, &standalone as _);
+        members_equal_standalone_executables(&mut rng, streams, &Workspaces::Cuda, makers);
+    }
+
+    let (a, plan_a, b, plan_b) = plans([2, 1], &Workspaces::Cuda);
+    let (members, memory) =
+        CudaExecutable::group(&device, &[(&a, &plan_a), (&b, &plan_b)]).unwrap();
+    let slot = |exe: &CudaExecutable, name: &str| {
+        let (slot, _) = exe.input(name).unwrap();
+        exe.slots[slot as usize].clone()
+    };
+    let [first, second] = &members[..] else {
+        panic!("two members");
+    };
+    assert!(Arc::ptr_eq(&first.slots[0], &second.slots[0]));
+    assert_eq!(first.slots[0].bytes as u64, memory.arena_bytes);
+    for name in ["w", "s"] {
+        assert!(
+            Arc::ptr_eq(&slot(first, name), &slot(second, name)),
+            "{name}"
+        );
+    }
+    assert!(!Arc::ptr_eq(&slot(first, "x"), &slot(second, "x")));
+    assert_eq!((first.streams.len(), second.streams.len()), (2, 1));
+    assert!(Arc::ptr_eq(&first.streams[0], &second.streams[0]));
+    assert!(Arc::ptr_eq(
+        &first.gemm_workspaces[0],
+        &second.gemm_workspaces[0]
+    ));
+    assert!(Arc::ptr_eq(&first.issue, &second.issue));
+    let faults = |exe: &CudaExecutable| exe.slots[exe.program.fault_slot as usize].ptr;
+    assert_ne!(faults(first), faults(second));
 }

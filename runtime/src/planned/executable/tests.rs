@@ -9,16 +9,17 @@ use kiln_planner::{plan, Plan, PlanOptions};
 use rand::rngs::StdRng;
 
 use super::CpuExecutable;
+use crate::group::tests::in_place;
 use crate::planned::execute;
 use crate::planned::tests::chain;
 use crate::{Error, Tensor};
 
-pub(super) fn random(rng: &mut StdRng, dims: &[usize]) -> Tensor {
+fn random(rng: &mut StdRng, dims: &[usize]) -> Tensor {
     let values = testing::to_f32(&testing::signed(rng, dims.iter().product()));
     Tensor::from_vec(values, dims).unwrap()
 }
 
-pub(super) fn bits(tensor: &Tensor) -> Vec<u64> {
+fn bits(tensor: &Tensor) -> Vec<u64> {
     let values = tensor.to_f64_vec().unwrap();
     values.iter().map(|v| v.to_bits()).collect()
 }
@@ -188,15 +189,6 @@ fn misuse_is_refused_with_errors_naming_the_input() {
     // A plan of another graph is refused when the executable is made, without a panic.
     let (other, _, _) = chain(&mut rng);
     assert!(CpuExecutable::new(&other, &plan).is_err());
-}
-
-/// `plan` with `value` moved into the buffer of `input`: an in-place result over an input.
-pub(super) fn in_place(plan: &mut Plan, value: kiln_ir::ValueId, input: kiln_ir::ValueId) {
-    let key = |v: kiln_ir::ValueId| format!("{}.{}", v.node.index(), v.port);
-    let buffer_of = |plan: &Plan, v| plan.value_buffers.iter().position(|(k, _)| *k == key(v));
-    let buffer = plan.value_buffers[buffer_of(plan, input).unwrap()].1;
-    let index = buffer_of(plan, value).unwrap();
-    plan.value_buffers[index].1 = buffer;
 }
 
 #[test]

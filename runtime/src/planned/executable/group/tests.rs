@@ -1,117 +1,60 @@
 //! An executable group on the CPU: members bit-equal to standalone executables fed the same
 //! values, a state one member writes read by the other's next run, a param set through one
-//! seen by the other, eager runs and replays alike, and the "never set" rule across members.
-
-use std::collections::BTreeMap;
+//! seen by the other, eager runs and replays alike (`group::tests` drives them), and the
+//! "never set" rule across members.
 
 use kiln_ir::Graph;
 use kiln_kernels::testing;
 use kiln_planner::Plan;
+use rand::rngs::StdRng;
 
-use super::super::tests::{bits, in_place, random};
 use super::super::CpuExecutable;
-use crate::backend::{Backend, Executable, RunMode};
-use crate::group::tests::{accumulate, decay, planned};
+use crate::backend::{Backend, Executable};
+use crate::group::tests::{accumulate, members_equal_standalone_executables, planned, plans};
 use crate::{Error, Tensor, Workspaces};
 
-/// A standalone executable of `graph` run once on `values`: its output `output`, and `s`.
-fn standalone(
-    graph: &Graph,
-    plan: &Plan,
-    values: &BTreeMap<String, Tensor>,
-    output: &str,
-) -> (Tensor, Tensor) {
-    let mut exe = CpuExecutable::new_with_poison(graph, plan, true).unwrap();
-    for (name, tensor) in values {
-        exe.set(name, tensor).unwrap();
-    }
-    exe.run().unwrap();
-    (exe.get(output).unwrap(), exe.get("s").unwrap())
+fn random(rng: &mut StdRng, dims: &[usize]) -> Tensor {
+    let values = testing::to_f32(&testing::signed(rng, dims.iter().product()));
+    Tensor::from_vec(values, dims).unwrap()
+}
+
+fn boxed(executables: Vec<CpuExecutable>) -> Vec<Box<dyn Executable>> {
+    (executables.into_iter())
+        .map(|e| Box::new(e) as Box<dyn Executable>)
+        .collect()
 }
 
 #[test]
 fn members_share_params_and_state_and_equal_standalone_executables() {
     let mut rng = testing::rng("group_members");
-    let (a, b) = (accumulate(), decay());
-    for streams in [1, 2] {
-        let mut plan_a = planned(&a, streams, &Workspaces::Any);
-        // `accumulate` updates `s` in place (through the group's one working copy of `s`),
-        // `decay` copies its new `s` back.
-        in_place(&mut plan_a, a.writes()[0].1, a.input_named("s").unwrap());
-        let plan_b = planned(&b, streams, &Workspaces::Any);
-        let programs = [(&a, &plan_a), (&b, &plan_b)];
-        let (eager, memory) = CpuExecutable::group(&programs, true).unwrap();
-        let eager: Vec<Box<dyn Executable>> = (eager.into_iter())
-            .map(|e| Box::new(e) as Box<dyn Executable>)
-            .collect();
-        let replayed = Backend::Cpu.compile_group(&programs).unwrap();
-        assert_eq!(replayed.memory, memory);
-        assert_ne!(plan_a.arena_bytes, plan_b.arena_bytes);
-        assert_eq!(
-            memory.arena_bytes,
-            plan_a.arena_bytes.max(plan_b.arena_bytes)
-        );
-        assert_eq!(
-            memory.arena_sum_bytes,
-            plan_a.arena_bytes + plan_b.arena_bytes
-        );
-        let mut groups = [
-            (eager, RunMode::Eager),
-            (replayed.executables, RunMode::Graph),
-        ];
-
-        let mut weight = random(&mut rng, &[3, 4]);
-        let mut state = random(&mut rng, &[3, 4]);
-        for (members, _) in &mut groups {
-            // Through `accumulate` alone: `decay` reads the same slots without a set.
-            members[0].set("w", &weight).unwrap();
-            members[0].set("s", &state).unwrap();
-        }
-        // The members take turns; each run reads the state the other's run wrote.
-        for step in 0..6 {
-            let member = step % 2;
-            let (graph, plan, output, dims) = match member {
-                0 => (&a, &plan_a, "y", &[3, 4][..]),
-                _ => (&b, &plan_b, "z", &[8, 3, 4][..]),
-            };
-            if step == 3 {
-                // A new param through `decay`: `accumulate` reads it next.
-                weight = random(&mut rng, &[3, 4]);
-                for (members, _) in &mut groups {
-                    members[1].set("w", &weight).unwrap();
-                }
-            }
-            let x = random(&mut rng, dims);
-            let values = BTreeMap::from([
-                ("w".to_string(), weight.clone()),
-                ("s".to_string(), state.clone()),
-                ("x".to_string(), x.clone()),
-            ]);
-            let (want, want_state) = standalone(graph, plan, &values, output);
-            assert_ne!(bits(&want_state), bits(&state), "step {step}: s moves");
-            for (members, mode) in &mut groups {
-                let what = format!("{streams} streams, {mode:?}, step {step}");
-                members[member].set("x", &x).unwrap();
-                members[member].run(*mode).unwrap();
-                let got = members[member].get(output).unwrap();
-                assert_eq!(bits(&got), bits(&want), "{what}: `{output}`");
-                // One slot each: every member sees the state the run wrote, and the param.
-                for other in members.iter() {
-                    assert_eq!(bits(&other.get("s").unwrap()), bits(&want_state), "{what}");
-                    assert_eq!(bits(&other.get("w").unwrap()), bits(&weight), "{what}");
-                }
-            }
-            state = want_state;
-        }
+    for streams in [[1, 1], [2, 1]] {
+        // Poisoned runs, against poisoned standalone executables.
+        let group = |programs: &[(&Graph, &Plan)]| {
+            let (executables, memory) = CpuExecutable::group(programs, true).unwrap();
+            (boxed(executables), memory)
+        };
+        let standalone = |graph: &Graph, plan: &Plan| {
+            Box::new(CpuExecutable::new_with_poison(graph, plan, true).unwrap())
+                as Box<dyn Executable>
+        };
+        let makers = (&group as _, &standalone as _);
+        members_equal_standalone_executables(&mut rng, streams, &Workspaces::Any, makers);
+        // Through the backend.
+        let group = |programs: &[(&Graph, &Plan)]| {
+            let group = Backend::Cpu.compile_group(programs).unwrap();
+            (group.executables, group.memory)
+        };
+        let standalone = |graph: &Graph, plan: &Plan| Backend::Cpu.compile(graph, plan).unwrap();
+        let makers = (&group as _, &standalone as _);
+        members_equal_standalone_executables(&mut rng, streams, &Workspaces::Any, makers);
     }
 }
 
 #[test]
 fn a_run_needs_every_input_set_through_some_member() {
     let mut rng = testing::rng("group_never_set");
-    let (a, b) = (accumulate(), decay());
-    let plans = [&a, &b].map(|g| planned(g, 1, &Workspaces::Any));
-    let programs = [(&a, &plans[0]), (&b, &plans[1])];
+    let (a, plan_a, b, plan_b) = plans([1, 1], &Workspaces::Any);
+    let programs = [(&a, &plan_a), (&b, &plan_b)];
     let (mut members, _) = CpuExecutable::group(&programs, false).unwrap();
     let missing = |members: &mut Vec<CpuExecutable>| members[1].run().unwrap_err().to_string();
     let text = missing(&mut members);
