@@ -62,6 +62,19 @@ pub struct GenerateCli {
     /// Rows of the KV cache (default: the prompt and --max-new-tokens).
     #[arg(long)]
     max_seq: Option<usize>,
+    /// reference: one request at a time, each with its own cache; continuous: batches of
+    /// requests joining and leaving at step boundaries over one KV pool.
+    #[arg(long, value_enum, default_value_t = SchedulerArg::Reference)]
+    scheduler: SchedulerArg,
+    /// Sequences the continuous scheduler runs at once (its KV pool's slots).
+    #[arg(long, default_value_t = 8)]
+    slots: usize,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum SchedulerArg {
+    Reference,
+    Continuous,
 }
 
 impl GenerateCli {
@@ -85,6 +98,8 @@ impl GenerateCli {
             mode,
             precision,
             max_seq,
+            scheduler,
+            slots,
         } = self;
         let input = match (prompt, prompt_ids, prompts) {
             (Some(text), _, _) => commands::Input::One(commands::Prompt::Text(text)),
@@ -117,6 +132,11 @@ impl GenerateCli {
             mode: mode.into(),
             precision: precision.into(),
             max_seq,
+            scheduler: match scheduler {
+                SchedulerArg::Reference => commands::SchedulerKind::Reference,
+                SchedulerArg::Continuous => commands::SchedulerKind::Continuous,
+            },
+            slots,
             json,
         })
     }

@@ -96,8 +96,9 @@ fn bad_requests_exit_with_a_message() {
     }
 }
 
-/// `--prompts FILE --json OUT`: every prompt in order, each with what a single run gives it;
-/// the report holds one entry per prompt and a summary; an existing OUT is never replaced.
+/// `--prompts FILE --json OUT`: every prompt in order, each with what a single run gives it
+/// (and what continuous batching gives it); the report holds one entry per prompt and a
+/// summary; an existing OUT is never replaced.
 #[test]
 fn a_file_of_prompts_writes_a_report_in_prompt_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -151,6 +152,31 @@ fn a_file_of_prompts_writes_a_report_in_prompt_order() {
         summary["total_ms"]["p95"].as_f64().unwrap()
             >= summary["total_ms"]["p50"].as_f64().unwrap()
     );
+
+    // Continuous batching on two slots gives every request the same tokens.
+    let batched = dir.path().join("batched.json");
+    let mut continuous = common.to_vec();
+    continuous.extend([
+        "--prompts",
+        prompts_arg,
+        "--json",
+        batched.to_str().unwrap(),
+    ]);
+    continuous.extend(["--scheduler", "continuous", "--slots", "2"]);
+    let out = kiln(&continuous);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let batched: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&batched).unwrap()).unwrap();
+    for (index, request) in requests.iter().enumerate() {
+        assert_eq!(
+            batched["requests"][index]["tokens"], request["tokens"],
+            "prompt {index}"
+        );
+    }
 
     let before = std::fs::read(&json).unwrap();
     let again = kiln(&args);

@@ -1,7 +1,9 @@
-//! `kiln generate`: continue prompts on the serial reference generator (compiled prefill and
-//! decode programs, replayed per token). One `--prompt` streams its text to standard output as
-//! it comes; `--prompts FILE` runs every prompt of the file in order with a progress bar, and
-//! `--json OUT` writes what each produced and a latency summary (see `report.rs`).
+//! `kiln generate`: continue prompts through a scheduler — the serial reference (compiled B=1
+//! prefill and decode programs, replayed per token) or continuous batching over one compiled
+//! engine and its KV pool of `--slots` sequences. One `--prompt` streams its text to standard
+//! output as it comes; `--prompts FILE` submits every prompt of the file at once with a
+//! progress bar, and `--json OUT` writes what each produced and a latency summary (see
+//! `report.rs`).
 
 mod prompts;
 mod report;
@@ -12,11 +14,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use kiln_engine::chat::Message;
+use kiln_engine::engine::{Engine, EngineOptions};
 use kiln_engine::generate::ReferenceGenerator;
 use kiln_engine::generation_config::GenerationConfig;
-use kiln_engine::sampler::Sampler;
 use kiln_engine::sampling::SamplingParams;
-use kiln_engine::stop::{StopChecker, StopCriteria};
+use kiln_engine::scheduler::continuous::ContinuousBatchScheduler;
+use kiln_engine::scheduler::reference::ReferenceScheduler;
+use kiln_engine::scheduler::{Request, RequestId, Scheduler};
+use kiln_engine::stop::StopCriteria;
 use kiln_engine::tokenizer::Tokenizer;
 use kiln_frontend::hf::safetensors_io::{check_absent, write_file_atomically};
 use kiln_frontend::hf::source::ModelSource;
@@ -39,8 +44,18 @@ pub struct GenerateArgs {
     pub mode: RunMode,
     pub precision: Precision,
     pub max_seq: Option<usize>,
+    pub scheduler: SchedulerKind,
+    /// Sequences the continuous scheduler's KV pool holds at once.
+    pub slots: usize,
     /// Write the report here (must not exist).
     pub json: Option<PathBuf>,
+}
+
+/// Which scheduler runs the requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulerKind {
+    Reference,
+    Continuous,
 }
 
 /// One prompt, or a file of them.
@@ -144,37 +159,102 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         );
     }
     let started = Instant::now();
-    let mut generator = ReferenceGenerator::new(
-        (&config, &loaded.weights),
-        args.backend.clone(),
-        (args.mode, args.precision),
-        args.max_seq.unwrap_or(needed),
-    )?;
+    let max_seq = args.max_seq.unwrap_or(needed);
+    let tokenizer = model.tokenizer.as_ref();
+    let mut scheduler: Box<dyn Scheduler + '_> = match args.scheduler {
+        SchedulerKind::Reference => {
+            let generator = ReferenceGenerator::new(
+                (&config, &loaded.weights),
+                args.backend.clone(),
+                (args.mode, args.precision),
+                max_seq,
+            )?;
+            Box::new(ReferenceScheduler::new(generator, tokenizer))
+        }
+        SchedulerKind::Continuous => {
+            let options = EngineOptions::new(args.slots, max_seq, args.precision, args.mode);
+            let engine = Engine::new((&config, &loaded.weights), &args.backend, options)?;
+            let memory = engine.memory();
+            eprintln!(
+                "kiln generate: {} programs over one arena of {} bytes (one per program: {}), \
+                 KV pool of {} slots × {max_seq} positions = {} bytes",
+                memory.programs,
+                memory.group.arena_bytes,
+                memory.group.arena_sum_bytes,
+                args.slots,
+                memory.pool_bytes
+            );
+            Box::new(ContinuousBatchScheduler::new(engine, tokenizer))
+        }
+    };
     let compiled = started.elapsed();
+    let ids = (prompts.iter().enumerate())
+        .map(|(index, prompt)| {
+            let request = Request {
+                prompt: prompt.clone(),
+                sampling: SamplingParams {
+                    seed: args.sampling.seed.wrapping_add(index as u64),
+                    ..args.sampling.clone()
+                },
+                stop: StopCriteria {
+                    eos_token_ids: model.eos.clone(),
+                    stop_strings: args.stop.clone(),
+                    max_new_tokens: args.max_new_tokens,
+                },
+            };
+            scheduler
+                .submit(request)
+                .with_context(|| format!("prompt {index}"))
+        })
+        .collect::<Result<Vec<RequestId>>>()?;
     let progress = match streamed {
         true => indicatif::ProgressBar::hidden(),
         false => indicatif::ProgressBar::new(prompts.len() as u64),
     };
-    let mut records = Vec::with_capacity(prompts.len());
-    for (index, prompt) in prompts.iter().enumerate() {
-        let sampling = SamplingParams {
-            seed: args.sampling.seed.wrapping_add(index as u64),
-            ..args.sampling.clone()
-        };
-        let record = run_one(
-            &mut generator,
-            (prompt, index),
-            &model,
-            &args,
-            sampling,
-            streamed,
-            started,
-        )
-        .with_context(|| format!("prompt {index}"))?;
-        records.push(record);
-        progress.inc(1);
+    // With stop strings the text is printed once it is done, cut before the stop string
+    // (OpenAI's semantics: the stop string is not returned); otherwise as it comes.
+    let print_now = streamed && args.stop.is_empty();
+    let mut out = std::io::stdout().lock();
+    while !scheduler.is_idle() {
+        for event in scheduler.step()? {
+            if print_now {
+                match (&event.text, event.token, tokenizer) {
+                    (Some(piece), _, Some(_)) => write!(out, "{piece}")?,
+                    (None, Some(token), None) => write!(out, "{token} ")?,
+                    _ => {}
+                }
+                out.flush()?;
+            }
+            if event.finished.is_some() {
+                progress.inc(1);
+            }
+        }
     }
     progress.finish_and_clear();
+    let ms = |seconds: Option<f64>| seconds.unwrap_or_default() * 1e3;
+    let mut records = Vec::with_capacity(ids.len());
+    for (index, &id) in ids.iter().enumerate() {
+        let outcome = scheduler
+            .outcome(id)
+            .with_context(|| format!("prompt {index} has no outcome"))?;
+        if streamed {
+            match (print_now, &outcome.text) {
+                (true, _) => writeln!(out)?,
+                (false, Some(text)) => writeln!(out, "{text}")?,
+                (false, None) => writeln!(out, "{}", ids_text(&outcome.tokens))?,
+            }
+        }
+        records.push(RequestRecord {
+            index,
+            finish_reason: outcome
+                .finish_reason
+                .with_context(|| format!("prompt {index} did not finish"))?,
+            first_token_ms: ms(outcome.first_token_s),
+            total_ms: ms(outcome.total_s),
+            tokens: outcome.tokens,
+            text: outcome.text,
+        });
+    }
     let report = Report::new(records, started.elapsed().as_secs_f64() * 1e3);
     let s = &report.summary;
     eprintln!(
@@ -194,66 +274,6 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         write_file_atomically(json, text.as_bytes())?;
     }
     Ok(())
-}
-
-/// Generates for one prompt; with `streamed`, prints its text (or ids) as it comes.
-fn run_one(
-    generator: &mut ReferenceGenerator,
-    (prompt, index): (&[u32], usize),
-    model: &Model,
-    args: &GenerateArgs,
-    sampling: SamplingParams,
-    streamed: bool,
-    submitted: Instant,
-) -> Result<RequestRecord> {
-    let mut stop = StopChecker::new(StopCriteria {
-        eos_token_ids: model.eos.clone(),
-        stop_strings: args.stop.clone(),
-        max_new_tokens: args.max_new_tokens,
-    })?;
-    let mut sampler = Sampler::new(sampling)?;
-    let tokenizer = model.tokenizer.as_ref();
-    let mut out = std::io::stdout().lock();
-    // With stop strings the text is printed once it is done, cut before the stop string
-    // (OpenAI's semantics: the stop string is not returned); otherwise as it comes.
-    let print_now = streamed && args.stop.is_empty();
-    let (mut text, mut first_token) = (String::new(), None);
-    let generated = generator.generate(
-        prompt,
-        (&mut sampler, &mut stop),
-        tokenizer,
-        |token, piece| {
-            first_token.get_or_insert_with(|| submitted.elapsed());
-            text.push_str(piece.unwrap_or_default());
-            let written = match (print_now, tokenizer, piece) {
-                (true, Some(_), Some(piece)) => write!(out, "{piece}"),
-                (true, None, _) => write!(out, "{token} "),
-                _ => Ok(()),
-            };
-            written
-                .and_then(|()| out.flush())
-                .map_err(|e| kiln_engine::Error::Generate {
-                    reason: format!("cannot write to standard output: {e}"),
-                })
-        },
-    )?;
-    let returned = generated.cause.returned_text(&text).to_string();
-    if streamed {
-        match (print_now, tokenizer) {
-            (false, Some(_)) => writeln!(out, "{returned}")?,
-            (false, None) => writeln!(out, "{}", ids_text(&generated.tokens))?,
-            (true, _) => writeln!(out)?,
-        }
-    }
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    Ok(RequestRecord {
-        index,
-        tokens: generated.tokens,
-        text: tokenizer.map(|_| returned),
-        finish_reason: generated.cause.finish_reason(),
-        first_token_ms: ms(first_token.unwrap_or_default()),
-        total_ms: ms(submitted.elapsed()),
-    })
 }
 
 fn ids_text(ids: &[u32]) -> String {

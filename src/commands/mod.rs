@@ -11,7 +11,7 @@ mod planner_report;
 pub use bench::{bench, table as bench_table, BenchArgs};
 pub use compile::compile;
 pub use eval::{eval, EvalDevice, EvalEngine, EvalMode};
-pub use generate::{generate, GenerateArgs, Input, Prompt};
+pub use generate::{generate, GenerateArgs, Input, Prompt, SchedulerKind};
 pub use init_model::init_model;
 pub use plan::{plan, PlanFormat};
 pub use planner_report::planner_report;
