@@ -7,7 +7,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use kiln::commands;
 
+mod bench_cli;
 mod generate_cli;
+use bench_cli::BenchCli;
 use generate_cli::GenerateCli;
 use kiln_frontend::model::Precision;
 use kiln_frontend::programs::{ProgramKind, ProgramOptions};
@@ -127,58 +129,7 @@ enum Command {
     },
     /// Time one program on a device: median and p95 per step (device events), tokens/s,
     /// arena vs lower bound, device memory, capture time, launches per step.
-    Bench {
-        /// A Hugging Face model directory or a preset name.
-        #[arg(long)]
-        model: String,
-        #[arg(long, value_enum)]
-        program: Program,
-        /// Sequences in the batch.
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        /// Tokens per sequence (prefill, train).
-        #[arg(long, default_value_t = 512)]
-        seq: usize,
-        /// Decode: tokens already in the KV cache (the position decoded).
-        #[arg(long, default_value_t = 512)]
-        context: usize,
-        /// Rows of the KV cache (default: prefill --seq; decode 1024, or the model's positions
-        /// when fewer).
-        #[arg(long)]
-        max_seq: Option<usize>,
-        /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16: bf16 weights and caches
-        /// (inference).
-        #[arg(long, value_enum, default_value_t = Numerics::F32)]
-        precision: Numerics,
-        #[arg(long, value_enum, default_value_t = BenchDevice::Cuda)]
-        device: BenchDevice,
-        /// eager: every launch issued each step; graph: a captured CUDA graph replayed.
-        #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
-        mode: BenchMode,
-        /// Streams (1 = serial).
-        #[arg(long, default_value_t = 1)]
-        streams: usize,
-        #[arg(long, default_value_t = 5)]
-        warmup: usize,
-        #[arg(long, default_value_t = 30)]
-        steps: usize,
-        /// Fused linears of at most this many rows run the skinny kernel, larger ones
-        /// cuBLASLt (0: all on cuBLASLt; default 8).
-        #[arg(long)]
-        linear_rows: Option<u64>,
-        /// The fusion pass: on, or off for the unfused reference program.
-        #[arg(long, value_enum, default_value_t = Switch::On)]
-        fusion: Switch,
-        /// Also time each step alone once and list the costliest ops (one stream).
-        #[arg(long)]
-        profile: bool,
-        /// Seed for a preset's random weights and the tokens.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Print the result as one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
+    Bench(BenchCli),
     /// The planner quality table for the official presets (prefill, decode B=1 and B=8, train):
     /// arena, lower bound, ratio, naive sum of activations, planning time. Markdown.
     PlannerReport {
@@ -381,52 +332,7 @@ fn main() -> Result<()> {
                 commands::compile(&program.model, kind, &options, print_ir)?
             );
         }
-        Command::Bench {
-            model,
-            program,
-            batch,
-            seq,
-            context,
-            max_seq,
-            precision,
-            device: BenchDevice::Cuda,
-            mode,
-            streams,
-            warmup,
-            steps,
-            linear_rows,
-            fusion,
-            profile,
-            seed,
-            json,
-        } => {
-            let args = commands::BenchArgs {
-                model,
-                seed,
-                kind: program.into(),
-                options: ProgramOptions {
-                    batch,
-                    seq,
-                    max_seq,
-                    precision: precision.into(),
-                    fusion: fusion == Switch::On,
-                    ..ProgramOptions::default()
-                },
-                context,
-                mode: mode.into(),
-                streams,
-                warmup,
-                steps,
-                linear_rows,
-                profile,
-            };
-            let result = commands::bench(&args)?;
-            if json {
-                println!("{}", serde_json::to_string(&result)?);
-            } else {
-                print!("{}", commands::bench_table(&result));
-            }
-        }
+        Command::Bench(args) => args.run()?,
         Command::PlannerReport { streams, repeats } => {
             print!("{}", commands::planner_report(streams, repeats)?);
         }

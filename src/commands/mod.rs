@@ -1,6 +1,7 @@
 //! The subcommands of `kiln` that work on model files.
 
 mod bench;
+mod bench_serve;
 mod compile;
 mod eval;
 mod generate;
@@ -9,6 +10,7 @@ mod plan;
 mod planner_report;
 
 pub use bench::{bench, table as bench_table, BenchArgs};
+pub use bench_serve::{bench_serve, serve_table, ServeArgs};
 pub use compile::compile;
 pub use eval::{eval, EvalDevice, EvalEngine, EvalMode};
 pub use generate::{generate, GenerateArgs, Input, Prompt, SchedulerKind};

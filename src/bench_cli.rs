@@ -1,0 +1,174 @@
+//! `kiln bench`: its flags and the choice between one program's step timings and the serve
+//! workload.
+
+use anyhow::Result;
+use clap::ValueEnum;
+use kiln::commands;
+use kiln_frontend::programs::{ProgramKind, ProgramOptions};
+
+use crate::{BenchDevice, BenchMode, Numerics, Switch};
+
+/// What `kiln bench` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BenchProgram {
+    Prefill,
+    Decode,
+    Train,
+    /// A workload of requests through the reference and the continuous schedulers.
+    Serve,
+}
+
+#[derive(clap::Args)]
+pub struct BenchCli {
+    /// A Hugging Face model directory or a preset name.
+    #[arg(long)]
+    model: String,
+    #[arg(long, value_enum)]
+    program: BenchProgram,
+    /// Sequences in the batch.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Tokens per sequence (prefill, train); serve: the longest prompt (prompts of --seq / 2
+    /// to --seq tokens).
+    #[arg(long, default_value_t = 512)]
+    seq: usize,
+    /// Decode: tokens already in the KV cache (the position decoded).
+    #[arg(long, default_value_t = 512)]
+    context: usize,
+    /// Rows of the KV cache (default: prefill --seq; decode 1024, or the model's positions
+    /// when fewer).
+    #[arg(long)]
+    max_seq: Option<usize>,
+    /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16: bf16 weights and caches
+    /// (inference).
+    #[arg(long, value_enum, default_value_t = Numerics::F32)]
+    precision: Numerics,
+    #[arg(long, value_enum, default_value_t = BenchDevice::Cuda)]
+    device: BenchDevice,
+    /// eager: every launch issued each step; graph: a captured CUDA graph replayed.
+    #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
+    mode: BenchMode,
+    /// Streams (1 = serial).
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    #[arg(long, default_value_t = 30)]
+    steps: usize,
+    /// Fused linears of at most this many rows run the skinny kernel, larger ones
+    /// cuBLASLt (0: all on cuBLASLt; default 8).
+    #[arg(long)]
+    linear_rows: Option<u64>,
+    /// The fusion pass: on, or off for the unfused reference program.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    fusion: Switch,
+    /// Also time each step alone once and list the costliest ops (one stream).
+    #[arg(long)]
+    profile: bool,
+    /// Seed for a preset's random weights and the tokens.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Serve: requests in the workload.
+    #[arg(long, default_value_t = 32)]
+    requests: usize,
+    /// Serve: tokens each request generates.
+    #[arg(long, default_value_t = 64)]
+    new_tokens: usize,
+    /// Serve: a request arrives every this many scheduler steps (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    arrival_every: usize,
+    /// Serve: sequences the continuous scheduler runs at once (its KV pool's slots).
+    #[arg(long, default_value_t = 32)]
+    slots: usize,
+}
+
+impl BenchCli {
+    /// Runs the benchmark and prints its table, or its JSON with `--json`.
+    pub fn run(self) -> Result<()> {
+        let BenchCli {
+            model,
+            program,
+            batch,
+            seq,
+            context,
+            max_seq,
+            precision,
+            device: BenchDevice::Cuda,
+            mode,
+            streams,
+            warmup,
+            steps,
+            linear_rows,
+            fusion,
+            profile,
+            seed,
+            json,
+            requests,
+            new_tokens,
+            arrival_every,
+            slots,
+        } = self;
+        let kind = match program {
+            BenchProgram::Prefill => ProgramKind::Prefill,
+            BenchProgram::Decode => ProgramKind::Decode,
+            BenchProgram::Train => ProgramKind::Train,
+            BenchProgram::Serve => {
+                let args = commands::ServeArgs {
+                    model,
+                    seed,
+                    requests,
+                    prompt_len: seq,
+                    new_tokens,
+                    arrival_every,
+                    slots,
+                    precision: precision.into(),
+                    mode: mode.into(),
+                    backend: cuda()?,
+                };
+                let result = commands::bench_serve(&args)?;
+                match json {
+                    true => println!("{}", serde_json::to_string(&result)?),
+                    false => print!("{}", commands::serve_table(&result)),
+                }
+                return Ok(());
+            }
+        };
+        let args = commands::BenchArgs {
+            model,
+            seed,
+            kind,
+            options: ProgramOptions {
+                batch,
+                seq,
+                max_seq,
+                precision: precision.into(),
+                fusion: fusion == Switch::On,
+                ..ProgramOptions::default()
+            },
+            context,
+            mode: mode.into(),
+            streams,
+            warmup,
+            steps,
+            linear_rows,
+            profile,
+        };
+        let result = commands::bench(&args)?;
+        match json {
+            true => println!("{}", serde_json::to_string(&result)?),
+            false => print!("{}", commands::bench_table(&result)),
+        }
+        Ok(())
+    }
+}
+
+/// The CUDA device, or why none can be used.
+fn cuda() -> Result<kiln_runtime::Backend> {
+    if let Some(reason) = kiln_runtime::cuda::unavailable() {
+        anyhow::bail!("--device cuda: no CUDA device can be used here: {reason}");
+    }
+    Ok(kiln_runtime::Backend::cuda()?)
+}
