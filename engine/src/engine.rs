@@ -86,6 +86,45 @@ pub struct EngineMemory {
     pub programs: usize,
 }
 
+/// The logits of a step's rows, `[rows, vocab]` in row order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Logits {
+    values: Vec<f32>,
+    vocab: usize,
+}
+
+impl Logits {
+    fn new(rows: usize, vocab: usize) -> Self {
+        Logits {
+            values: vec![0.0; rows * vocab],
+            vocab,
+        }
+    }
+
+    /// Row `index`'s logits.
+    pub fn row(&self, index: usize) -> &[f32] {
+        &self.values[index * self.vocab..(index + 1) * self.vocab]
+    }
+
+    pub fn rows(&self) -> usize {
+        self.values.len() / self.vocab.max(1)
+    }
+
+    /// Copies the first `rows.len()` rows of `[B, vocab]` `logits` to rows `rows`.
+    fn fill(&mut self, rows: &[usize], logits: &Tensor) -> Result<()> {
+        logits.read_with(|view| -> Result<()> {
+            let values = (view.slice::<f32>("logits", "logits")).map_err(|e| Error::Generate {
+                reason: format!("the program's logits: {e}"),
+            })?;
+            for (from, &to) in rows.iter().enumerate() {
+                let source = &values[from * self.vocab..(from + 1) * self.vocab];
+                self.values[to * self.vocab..(to + 1) * self.vocab].copy_from_slice(source);
+            }
+            Ok(())
+        })?
+    }
+}
+
 /// One sequence of a prefill: its slot and its prompt.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefillRow<'a> {
@@ -200,7 +239,7 @@ impl Engine {
     /// Writes each row's prompt into its slot from position 0 and returns the logits of each
     /// prompt's last token, in row order. Rows take distinct slots; prompts hold 1 to
     /// [`EngineOptions::max_prompt`] ids of the vocabulary.
-    pub fn prefill(&mut self, rows: &[PrefillRow<'_>]) -> Result<Vec<Vec<f32>>> {
+    pub fn prefill(&mut self, rows: &[PrefillRow<'_>]) -> Result<Logits> {
         self.check_slots(rows.iter().map(|r| r.slot))?;
         let mut by_length: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (index, row) in rows.iter().enumerate() {
@@ -211,7 +250,7 @@ impl Engine {
                 .unwrap_or_default();
             by_length.entry(length).or_default().push(index);
         }
-        let mut logits = vec![Vec::new(); rows.len()];
+        let mut logits = Logits::new(rows.len(), self.config.vocab_size);
         for (length, indices) in by_length {
             for chunk in chunks(&indices, &self.options.prefill_batches) {
                 let batch = bucket(chunk.len(), &self.options.prefill_batches);
@@ -237,10 +276,7 @@ impl Engine {
                 exe.set("cache_rows", &Tensor::from_vec(slots, [batch])?)?;
                 exe.set("logit_rows", &Tensor::from_vec(last, [batch])?)?;
                 exe.run(self.options.mode)?;
-                let out = split_rows(exe.get("logits")?, self.config.vocab_size)?;
-                for (&index, row) in chunk.iter().zip(out) {
-                    logits[index] = row;
-                }
+                logits.fill(chunk, &exe.get("logits")?)?;
             }
         }
         Ok(logits)
@@ -248,7 +284,7 @@ impl Engine {
 
     /// Feeds each row's token at its position of its slot and returns the logits that follow,
     /// in row order. Rows take distinct slots; positions lie below `max_seq`.
-    pub fn decode(&mut self, rows: &[DecodeRow]) -> Result<Vec<Vec<f32>>> {
+    pub fn decode(&mut self, rows: &[DecodeRow]) -> Result<Logits> {
         self.check_slots(rows.iter().map(|r| r.slot))?;
         for row in rows {
             self.check_token(row.token)?;
@@ -261,7 +297,7 @@ impl Engine {
                 });
             }
         }
-        let mut logits = Vec::with_capacity(rows.len());
+        let mut logits = Logits::new(rows.len(), self.config.vocab_size);
         let all: Vec<usize> = (0..rows.len()).collect();
         for chunk in chunks(&all, &self.options.decode_batches) {
             let batch = bucket(chunk.len(), &self.options.decode_batches);
@@ -278,8 +314,7 @@ impl Engine {
             exe.set("positions", &Tensor::from_vec(positions, [batch])?)?;
             exe.set("cache_rows", &Tensor::from_vec(slots, [batch])?)?;
             exe.run(self.options.mode)?;
-            let out = split_rows(exe.get("logits")?, self.config.vocab_size)?;
-            logits.extend(out.into_iter().take(chunk.len()));
+            logits.fill(chunk, &exe.get("logits")?)?;
         }
         Ok(logits)
     }
@@ -390,12 +425,6 @@ fn bucket(n: usize, buckets: &[usize]) -> usize {
 /// `indices` in runs of at most the largest bucket.
 fn chunks<'i>(indices: &'i [usize], buckets: &[usize]) -> std::slice::Chunks<'i, usize> {
     indices.chunks(buckets.last().copied().unwrap_or(1).max(1))
-}
-
-/// The rows of logits `[B, V]`.
-fn split_rows(logits: Tensor, vocab: usize) -> Result<Vec<Vec<f32>>> {
-    let values = logits.to_vec::<f32>()?;
-    Ok(values.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect())
 }
 
 #[cfg(test)]

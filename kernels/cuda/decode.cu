@@ -166,6 +166,8 @@ extern "C" __global__ void cached_attention_combine_f32(float* out, const float*
         top = kiln_max(top, maxima[c]);
     }
     top = kiln_block_max(top, scratch);
+    // No key at all (a padding row): every chunk is empty and the output is 0.
+    const bool empty = top == -__int_as_float(0x7f800000);
     float total = 0.0f;
     for (i64 c = threadIdx.x; c < splits; c += blockDim.x) {
         weights[c] = expf(maxima[c] - top);
@@ -186,6 +188,6 @@ extern "C" __global__ void cached_attention_combine_f32(float* out, const float*
                 if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
             }
         }
-        out_row[d] = total == 0.0f ? 0.0f : acc / total;
+        out_row[d] = empty ? 0.0f : acc / total;
     }
 }

@@ -45,6 +45,11 @@ fn copy_typed<T: Element>(src: &TensorView<'_>, dst: &mut TensorViewMut<'_>) -> 
         got: src.dtype(),
     })?;
     let out = dst.slice_mut::<T>(OP, "dst")?;
+    if src.is_contiguous() {
+        let first = src.offset();
+        out.copy_from_slice(&all[first..first + out.len()]);
+        return Ok(());
+    }
     let mut next = 0;
     for_each_offset(src, |offset| {
         out[next] = all[offset];

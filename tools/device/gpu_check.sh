@@ -10,6 +10,8 @@
 #   bench:  `kiln bench` rows of BENCHMARKS.md (JSON lines in OUT_DIR/bench.jsonl)
 #   fused:  bf16 inference rows (fused, unfused, skinny-kernel limits) and the compiled PyTorch
 #           decode peer (BIN_DIR/fast_decode.py)
+#   serve:  the schedulers on the GPU: the tiny preset's continuous batching (eager and graph)
+#           against the CPU reference, then `kiln bench --program serve` rows of BENCHMARKS.md
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -114,6 +116,31 @@ PY
       done
       PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" qwen2.5-0.5b 1 8 32 2>&1 | tee "$out/peer.log"
       PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" ds-r1-qwen-1.5b 1 2>&1 | tee -a "$out/peer.log"
+      ;;
+    serve)
+      scratch=$(mktemp -d)
+      python3 -c "import json, random; r = random.Random(3); \
+        print('\n'.join(json.dumps({'prompt_ids': [r.randrange(97) for _ in range(r.randrange(1, 14))]}) for _ in range(11)))" \
+        >"$scratch/prompts.jsonl"
+      common=(generate --model tiny --prompts "$scratch/prompts.jsonl" --temperature 0 --max-new-tokens 9)
+      "$bin/kiln" "${common[@]}" --json "$scratch/cpu.json"
+      for mode in eager graph; do
+        "$bin/kiln" "${common[@]}" --device cuda --mode $mode --scheduler continuous --slots 4 \
+          --json "$scratch/cuda-$mode.json"
+        python3 -c "import json, sys; a, b = (json.load(open(f))['requests'] for f in sys.argv[1:]); \
+          same = sum(x['tokens'] == y['tokens'] for x, y in zip(a, b)); \
+          print(f'tiny continuous cuda $mode vs reference cpu: same tokens for {same} of {len(a)} requests')" \
+          "$scratch/cpu.json" "$scratch/cuda-$mode.json"
+      done
+      "$bin/kiln" bench --model tiny --program serve --requests 12 --seq 12 --new-tokens 8 --slots 4 \
+        --arrival-every 1 2>&1 | tee "$out/serve_tiny.log"
+      for args in "--arrival-every 0" "--arrival-every 2"; do
+        echo "== qwen2.5-0.5b serve bf16 $args"
+        "$bin/kiln" bench --model qwen2.5-0.5b --program serve --precision bf16 --requests 32 \
+          --seq 64 --new-tokens 64 --slots 32 $args --json >>"$out/serve.jsonl" 2>>"$out/serve.log" \
+          || echo "FAILED (see serve.log)"
+        tail -n 1 "$out/serve.jsonl"
+      done
       ;;
     anchor)
       PYTHONUNBUFFERED=1 python3 "$bin/torch_anchor.py" qwen2.5-0.5b ds-r1-qwen-1.5b 2>&1 | tee "$out/anchor.log"

@@ -115,8 +115,8 @@ impl<'t> ContinuousBatchScheduler<'t> {
                 })
                 .collect();
             let logits = self.engine.prefill(&rows)?;
-            for (&id, logits) in ids.iter().zip(&logits) {
-                self.take(id, logits, events)?;
+            for (row, &id) in ids.iter().enumerate() {
+                self.take(id, logits.row(row), events)?;
             }
         }
         Ok(())
@@ -142,8 +142,8 @@ impl<'t> ContinuousBatchScheduler<'t> {
             })
             .collect();
         let logits = self.engine.decode(&rows)?;
-        for (&(_, id), logits) in running.iter().zip(&logits) {
-            self.take(id, logits, events)?;
+        for (row, &(_, id)) in running.iter().enumerate() {
+            self.take(id, logits.row(row), events)?;
         }
         Ok(())
     }
