@@ -14,6 +14,13 @@ use kiln_runtime::{interpret, Tensor};
 const SLOTS: usize = 4;
 const MAX_SEQ: usize = 12;
 
+/// The first largest entry of each row of `vocab` logits.
+fn argmax_rows(logits: &[f64], vocab: usize) -> Vec<i64> {
+    (logits.chunks(vocab))
+        .map(|row| (0..vocab).fold(0, |best, j| if row[j] > row[best] { j } else { best }) as i64)
+        .collect()
+}
+
 fn options(batch: usize, seq: usize) -> ProgramOptions {
     ProgramOptions {
         batch,
@@ -120,9 +127,12 @@ fn pooled_prefill_and_decode_follow_the_full_forward_and_leave_other_slots_alone
             values.insert("tokens".into(), tensor(step_ids, &[rows.len(), 1]));
             values.insert("positions".into(), ints(&positions));
             values.insert("cache_rows".into(), ints(&slots));
-            let logits = interpret(program, &mut values).unwrap()["logits"]
-                .to_f64_vec()
-                .unwrap();
+            let out = interpret(program, &mut values).unwrap();
+            let logits = out["logits"].to_f64_vec().unwrap();
+            assert_eq!(
+                out["next_tokens"].to_vec::<i64>().unwrap(),
+                argmax_rows(&logits, vocab)
+            );
             for (row, &s) in rows.iter().enumerate() {
                 let got = &logits[row * vocab..(row + 1) * vocab];
                 let error = testing::rel_l2(got, &full_at(s, next[s]));

@@ -86,39 +86,58 @@ pub struct EngineMemory {
     pub programs: usize,
 }
 
-/// The logits of a step's rows, `[rows, vocab]` in row order.
+/// What a step brings back from the device besides each row's greedy token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    /// Only the greedy tokens (`B` ids): enough when every row decodes greedily.
+    Tokens,
+    /// Also the logits (`B·V` floats), for sampling on the host.
+    Logits,
+}
+
+/// What one step gave each of its rows, in row order.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Logits {
-    values: Vec<f32>,
+pub struct Step {
+    /// Each row's greedy token: the argmax of its logits (ties to the lowest id), -1 where the
+    /// logits hold a NaN.
+    pub tokens: Vec<i64>,
+    /// `[rows, vocab]`, with [`Fetch::Logits`].
+    logits: Option<Vec<f32>>,
     vocab: usize,
 }
 
-impl Logits {
-    fn new(rows: usize, vocab: usize) -> Self {
-        Logits {
-            values: vec![0.0; rows * vocab],
+impl Step {
+    fn new(rows: usize, vocab: usize, fetch: Fetch) -> Self {
+        Step {
+            tokens: vec![-1; rows],
+            logits: (fetch == Fetch::Logits).then(|| vec![0.0; rows * vocab]),
             vocab,
         }
     }
 
-    /// Row `index`'s logits.
-    pub fn row(&self, index: usize) -> &[f32] {
-        &self.values[index * self.vocab..(index + 1) * self.vocab]
+    /// Row `index`'s logits, when they were fetched.
+    pub fn logits(&self, index: usize) -> Option<&[f32]> {
+        let all = self.logits.as_ref()?;
+        all.get(index * self.vocab..(index + 1) * self.vocab)
     }
 
-    pub fn rows(&self) -> usize {
-        self.values.len() / self.vocab.max(1)
-    }
-
-    /// Copies the first `rows.len()` rows of `[B, vocab]` `logits` to rows `rows`.
-    fn fill(&mut self, rows: &[usize], logits: &Tensor) -> Result<()> {
-        logits.read_with(|view| -> Result<()> {
+    /// Copies the first `rows.len()` rows of `exe`'s outputs to rows `rows`.
+    fn fetch(&mut self, exe: &dyn Executable, rows: &[usize], fetch: Fetch) -> Result<()> {
+        let tokens = exe.get("next_tokens")?.to_vec::<i64>()?;
+        for (&to, token) in rows.iter().zip(tokens) {
+            self.tokens[to] = token;
+        }
+        let (Fetch::Logits, Some(all)) = (fetch, self.logits.as_mut()) else {
+            return Ok(());
+        };
+        let vocab = self.vocab;
+        exe.get("logits")?.read_with(|view| -> Result<()> {
             let values = (view.slice::<f32>("logits", "logits")).map_err(|e| Error::Generate {
                 reason: format!("the program's logits: {e}"),
             })?;
             for (from, &to) in rows.iter().enumerate() {
-                let source = &values[from * self.vocab..(from + 1) * self.vocab];
-                self.values[to * self.vocab..(to + 1) * self.vocab].copy_from_slice(source);
+                let source = &values[from * vocab..(from + 1) * vocab];
+                all[to * vocab..(to + 1) * vocab].copy_from_slice(source);
             }
             Ok(())
         })?
@@ -236,10 +255,10 @@ impl Engine {
         &self.memory
     }
 
-    /// Writes each row's prompt into its slot from position 0 and returns the logits of each
-    /// prompt's last token, in row order. Rows take distinct slots; prompts hold 1 to
+    /// Writes each row's prompt into its slot from position 0 and returns what follows each
+    /// prompt's last token (its greedy token, and per `fetch` its logits), in row order. Rows take distinct slots; prompts hold 1 to
     /// [`EngineOptions::max_prompt`] ids of the vocabulary.
-    pub fn prefill(&mut self, rows: &[PrefillRow<'_>]) -> Result<Logits> {
+    pub fn prefill(&mut self, rows: &[PrefillRow<'_>], fetch: Fetch) -> Result<Step> {
         self.check_slots(rows.iter().map(|r| r.slot))?;
         let mut by_length: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (index, row) in rows.iter().enumerate() {
@@ -250,7 +269,7 @@ impl Engine {
                 .unwrap_or_default();
             by_length.entry(length).or_default().push(index);
         }
-        let mut logits = Logits::new(rows.len(), self.config.vocab_size);
+        let mut out = Step::new(rows.len(), self.config.vocab_size, fetch);
         for (length, indices) in by_length {
             for chunk in chunks(&indices, &self.options.prefill_batches) {
                 let batch = bucket(chunk.len(), &self.options.prefill_batches);
@@ -276,15 +295,15 @@ impl Engine {
                 exe.set("cache_rows", &Tensor::from_vec(slots, [batch])?)?;
                 exe.set("logit_rows", &Tensor::from_vec(last, [batch])?)?;
                 exe.run(self.options.mode)?;
-                logits.fill(chunk, &exe.get("logits")?)?;
+                out.fetch(exe.as_ref(), chunk, fetch)?;
             }
         }
-        Ok(logits)
+        Ok(out)
     }
 
-    /// Feeds each row's token at its position of its slot and returns the logits that follow,
-    /// in row order. Rows take distinct slots; positions lie below `max_seq`.
-    pub fn decode(&mut self, rows: &[DecodeRow]) -> Result<Logits> {
+    /// Feeds each row's token at its position of its slot and returns what follows (each row's
+    /// greedy token, and per `fetch` its logits), in row order. Rows take distinct slots; positions lie below `max_seq`.
+    pub fn decode(&mut self, rows: &[DecodeRow], fetch: Fetch) -> Result<Step> {
         self.check_slots(rows.iter().map(|r| r.slot))?;
         for row in rows {
             self.check_token(row.token)?;
@@ -297,7 +316,7 @@ impl Engine {
                 });
             }
         }
-        let mut logits = Logits::new(rows.len(), self.config.vocab_size);
+        let mut out = Step::new(rows.len(), self.config.vocab_size, fetch);
         let all: Vec<usize> = (0..rows.len()).collect();
         for chunk in chunks(&all, &self.options.decode_batches) {
             let batch = bucket(chunk.len(), &self.options.decode_batches);
@@ -314,9 +333,9 @@ impl Engine {
             exe.set("positions", &Tensor::from_vec(positions, [batch])?)?;
             exe.set("cache_rows", &Tensor::from_vec(slots, [batch])?)?;
             exe.run(self.options.mode)?;
-            logits.fill(chunk, &exe.get("logits")?)?;
+            out.fetch(exe.as_ref(), chunk, fetch)?;
         }
-        Ok(logits)
+        Ok(out)
     }
 
     /// Refuses a slot outside the pool and a slot two rows take.

@@ -138,10 +138,34 @@ impl<'t> Sequence<'t> {
         self.context[self.context.len() - 1]
     }
 
-    /// Samples the next token from `logits`, checks the stop criteria and moves to decoding
-    /// or finished; returns the event.
+    /// Whether the device's greedy token is this request's next token: greedy sampling with
+    /// no repetition penalty (the argmax of the logits, ties to the lowest id).
+    pub fn greedy_on_device(&self) -> bool {
+        let params = self.sampler.params();
+        params.is_greedy() && params.repetition_penalty == 1.0
+    }
+
+    /// Samples the next token from `logits` and takes it (see [`take`](Self::take)).
     pub fn accept(&mut self, logits: &[f32]) -> Result<Event> {
         let token = self.sampler.sample(logits, &self.context)?;
+        self.take(token)
+    }
+
+    /// Takes the device's greedy `token` (when [`greedy_on_device`](Self::greedy_on_device));
+    /// -1 means the logits held a NaN.
+    pub fn accept_greedy(&mut self, token: i64) -> Result<Event> {
+        let token = u32::try_from(token).map_err(|_| crate::Error::Generate {
+            reason: format!(
+                "request {}: the logits hold NaN, so no greedy token follows",
+                self.id.0
+            ),
+        })?;
+        self.take(token)
+    }
+
+    /// Appends `token`, checks the stop criteria and moves to decoding or finished; returns
+    /// the event.
+    fn take(&mut self, token: u32) -> Result<Event> {
         let now = Instant::now();
         self.first_token.get_or_insert(now);
         self.tokens.push(token);

@@ -85,6 +85,17 @@ fn caches(
     })
 }
 
+/// A pool's programs also output `next_tokens [B]`, each row's greedy token (the argmax of its
+/// logits, -1 for logits with a NaN), so greedy decoding copies B ids off the device instead of
+/// B·V logits.
+fn greedy_tokens(tracer: &Tracer, options: &ProgramOptions, logits: ValueId) -> Result<()> {
+    if options.pool.is_some() {
+        let next = tracer.graph().op1(kiln_ir::Op::Argmax, &[logits])?;
+        tracer.graph().output("next_tokens", next)?;
+    }
+    Ok(())
+}
+
 /// Logits `[B,V]` of the tokens `rows [B]` of the flattened `[B·T]` tokens (row `b` names one
 /// of its own: `b·T + t`): the output head on those positions only.
 fn row_logits(
@@ -143,6 +154,7 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
                 None => last_logits(&tracer, config, &weights, &tokens, &positions)?,
             };
             tracer.graph().output("logits", logits)?;
+            greedy_tokens(&tracer, options, logits)?;
             Ok(tracer.finish())
         }
         ProgramKind::Decode => {
@@ -159,6 +171,7 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
             )?;
             let logits = last_logits(&tracer, config, &weights, &tokens, &rope_positions)?;
             tracer.graph().output("logits", logits)?;
+            greedy_tokens(&tracer, options, logits)?;
             Ok(tracer.finish())
         }
         ProgramKind::Train | ProgramKind::Eval => {

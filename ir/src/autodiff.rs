@@ -355,6 +355,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::KvCacheWrite
         | Op::SwiGluBackward
         | Op::SoftmaxBackward
+        | Op::Argmax
         | Op::CrossEntropyBackward { .. }
         | Op::AdamW(_)
         | Op::Linear { .. }

@@ -89,6 +89,10 @@ pub enum Op {
     Softmax,
     /// `(y, grad) -> grad_x`.
     SoftmaxBackward,
+    /// `(x [..., N] float) -> i64 [...]`: the index of each last-dim row's largest element,
+    /// ties to the lowest index; -1 for a row holding a NaN or no element (greedy decoding's
+    /// next token, on the device).
+    Argmax,
     /// `(logits [N,V], targets [N] int) -> loss []`: mean over rows not equal to `ignore_index`.
     CrossEntropy { ignore_index: i64 },
     /// `(logits, targets, grad_loss []) -> grad_logits`.
@@ -154,6 +158,7 @@ impl Op {
             Op::SwiGluBackward => "swiglu_backward",
             Op::Softmax => "softmax",
             Op::SoftmaxBackward => "softmax_backward",
+            Op::Argmax => "argmax",
             Op::CrossEntropy { .. } => "cross_entropy",
             Op::CrossEntropyBackward { .. } => "cross_entropy_backward",
             Op::AdamW(_) => "adamw",
@@ -225,6 +230,7 @@ impl Op {
             | Op::SwiGluBackward
             | Op::Softmax
             | Op::SoftmaxBackward
+            | Op::Argmax
             | Op::Contiguous => vec![],
         }
     }

@@ -17,7 +17,7 @@
 
 use crate::dispatch_real;
 use crate::element::Real;
-use crate::error::{expect_shape, Result};
+use crate::error::{expect_shape, Error, Result};
 use crate::view::{TensorView, TensorViewMut};
 
 /// The logistic function `1 / (1 + exp(−x))`; saturates to 0 or 1 without producing NaN.
@@ -125,6 +125,49 @@ fn softmax_typed<T: Real>(x: &TensorView<'_>, out: &mut TensorViewMut<'_>) -> Re
         for o in out_row.iter_mut() {
             *o /= sum;
         }
+    }
+    Ok(())
+}
+
+/// The index of each last-dim row's largest element of `x` into `out` (i64, `x`'s shape
+/// without its last dim): ties go to the lowest index, and a row holding a NaN (or no element)
+/// gives -1.
+pub fn argmax(x: &TensorView<'_>, out: &mut TensorViewMut<'_>) -> Result<()> {
+    const OP: &str = "argmax";
+    let dims = x.shape().dims();
+    let Some((_, rows)) = dims.split_last() else {
+        return Err(Error::Shape {
+            op: OP,
+            operand: "x",
+            expected: "rank 1 or more".to_string(),
+            got: x.shape().clone(),
+        });
+    };
+    expect_shape(OP, "out", out.shape(), rows)?;
+    dispatch_real!(OP, x.dtype(), argmax_typed(x, out))
+}
+
+fn argmax_typed<T: Real>(x: &TensorView<'_>, out: &mut TensorViewMut<'_>) -> Result<()> {
+    const OP: &str = "argmax";
+    let row_len = x.shape().last_dim();
+    let x = x.slice::<T>(OP, "x")?;
+    let out = out.slice_mut::<i64>(OP, "out")?;
+    if row_len == 0 {
+        out.fill(-1);
+        return Ok(());
+    }
+    for (row, best) in x.chunks_exact(row_len).zip(out.iter_mut()) {
+        *best = if row.iter().any(|v| v.is_nan()) {
+            -1
+        } else {
+            let mut at = 0;
+            for (j, &v) in row.iter().enumerate() {
+                if v > row[at] {
+                    at = j;
+                }
+            }
+            at as i64
+        };
     }
     Ok(())
 }

@@ -54,6 +54,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 mm(false, true),
                 vec![bf(&[n, h]), bf(&[72, h])],
             ),
+            (format!("argmax {s}"), Op::Argmax, vec![f(&[b, t, h])]),
             (
                 format!("add {s}"),
                 Op::Add,

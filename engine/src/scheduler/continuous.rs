@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::{Event, Outcome, Phase, Request, RequestId, Scheduler, Sequence};
-use crate::engine::{DecodeRow, Engine, PrefillRow};
+use crate::engine::{DecodeRow, Engine, Fetch, PrefillRow, Step};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 
@@ -114,9 +114,9 @@ impl<'t> ContinuousBatchScheduler<'t> {
                     prompt: &self.sequences[id.0].request.prompt,
                 })
                 .collect();
-            let logits = self.engine.prefill(&rows)?;
+            let step = self.engine.prefill(&rows, self.fetch(ids))?;
             for (row, &id) in ids.iter().enumerate() {
-                self.take(id, logits.row(row), events)?;
+                self.take(id, (&step, row), events)?;
             }
         }
         Ok(())
@@ -141,16 +141,34 @@ impl<'t> ContinuousBatchScheduler<'t> {
                 }
             })
             .collect();
-        let logits = self.engine.decode(&rows)?;
-        for (row, &(_, id)) in running.iter().enumerate() {
-            self.take(id, logits.row(row), events)?;
+        let ids: Vec<RequestId> = running.iter().map(|&(_, id)| id).collect();
+        let step = self.engine.decode(&rows, self.fetch(&ids))?;
+        for (row, &id) in ids.iter().enumerate() {
+            self.take(id, (&step, row), events)?;
         }
         Ok(())
     }
 
-    /// Request `id`'s next token from `logits`; a finished request frees its slot.
-    fn take(&mut self, id: RequestId, logits: &[f32], events: &mut Vec<Event>) -> Result<()> {
-        let event = self.sequences[id.0].accept(logits)?;
+    /// The logits only when some of `ids` samples on the host.
+    fn fetch(&self, ids: &[RequestId]) -> Fetch {
+        match ids.iter().all(|id| self.sequences[id.0].greedy_on_device()) {
+            true => Fetch::Tokens,
+            false => Fetch::Logits,
+        }
+    }
+
+    /// Request `id`'s next token from row `row` of `step`; a finished request frees its slot.
+    fn take(
+        &mut self,
+        id: RequestId,
+        (step, row): (&Step, usize),
+        events: &mut Vec<Event>,
+    ) -> Result<()> {
+        let sequence = &mut self.sequences[id.0];
+        let event = match step.logits(row) {
+            Some(logits) => sequence.accept(logits)?,
+            None => sequence.accept_greedy(step.tokens[row])?,
+        };
         if event.finished.is_some() {
             self.release(id);
         }

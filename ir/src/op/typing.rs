@@ -215,6 +215,14 @@ impl Op {
                 };
                 one(a.clone())
             }
+            Op::Argmax => {
+                rule.arity(1)?;
+                let x = rule.float(0)?;
+                let Some((_, rows)) = x.dims().split_last() else {
+                    return Err(rule.type_error(0, "a float of rank 1 or more"));
+                };
+                one(TensorType::new(DType::I64, rows)?)
+            }
             Op::SumToShape { shape } => {
                 rule.arity(1)?;
                 let a = rule.float(0)?;

@@ -343,6 +343,14 @@ fn pooled_cache_ops_take_one_slot_per_batch_row() {
 }
 
 #[test]
+fn argmax_drops_the_last_dim() {
+    accepts(Op::Argmax, &[f32t(&[3, 7])], &[i64t(&[3])]);
+    accepts(Op::Argmax, &[f32t(&[2, 4, 5])], &[i64t(&[2, 4])]);
+    rejects_operand(Op::Argmax, &[i64t(&[3, 7])], 0);
+    rejects_operand(Op::Argmax, &[f32t(&[])], 0);
+}
+
+#[test]
 fn swiglu_and_its_backward() {
     let g = f32t(&[2, 6]);
     accepts(Op::SwiGlu, &[g.clone(), g.clone()], &[g.clone()]);

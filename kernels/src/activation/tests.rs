@@ -326,3 +326,39 @@ fn rejects_bad_dtypes_and_layouts() {
     );
     assert!(matches!(err, Error::NotContiguous { .. }));
 }
+
+#[test]
+fn argmax_takes_the_first_largest_and_refuses_nan_rows() {
+    let x = [
+        1.0f32,
+        3.0,
+        3.0,
+        -2.0,
+        0.5,
+        f32::NAN,
+        2.0,
+        9.0,
+        -1.0,
+        f32::NEG_INFINITY,
+        4.0,
+        4.0,
+    ];
+    let mut out = [7i64; 3];
+    argmax(
+        &TensorView::contiguous(&x[..], [3, 4]).unwrap(),
+        &mut TensorViewMut::contiguous(&mut out[..], [3]).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(out, [1, -1, 2]);
+    let mut rng = crate::testing::rng("argmax_random_rows");
+    let values = crate::testing::signed(&mut rng, 5 * 33);
+    let mut out = [0i64; 5];
+    argmax(
+        &TensorView::contiguous(&values[..], [5, 33]).unwrap(),
+        &mut TensorViewMut::contiguous(&mut out[..], [5]).unwrap(),
+    )
+    .unwrap();
+    for (row, &at) in values.chunks(33).zip(&out) {
+        assert!(row.iter().all(|&v| v <= row[at as usize]));
+    }
+}

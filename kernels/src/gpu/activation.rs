@@ -12,6 +12,13 @@ pub fn softmax_f32(out: Addr, x: Addr, rows: u64, cols: u64) -> Result<Launch> {
     block_per(MODULE, "softmax_f32", "rows", rows, args)
 }
 
+/// `out[r]` (i64) = the index of the largest `x[r, :]`, ties to the lowest, -1 for a row with
+/// a NaN or no element (`rows > 0`).
+pub fn argmax_f32(out: Addr, x: Addr, rows: u64, cols: u64) -> Result<Launch> {
+    let args = vec![Arg::Ptr(out), Arg::Ptr(x), size_arg(rows), size_arg(cols)];
+    block_per(MODULE, "argmax_f32", "rows", rows, args)
+}
+
 /// `grad_x = y ⊙ (grad_out − rowsum(grad_out ⊙ y))` (`rows > 0`).
 pub fn softmax_backward_f32(
     grad_x: Addr,

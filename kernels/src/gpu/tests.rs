@@ -128,6 +128,7 @@ fn every_launch() -> Vec<Launch> {
     let sizes = [1, 2, 8, 1, 4];
     let mut launches = vec![
         activation::softmax_f32(addr(0), addr(1), 2, 3).unwrap(),
+        activation::argmax_f32(addr(0), addr(1), 2, 3).unwrap(),
         activation::softmax_backward_f32(addr(0), addr(1), addr(2), 2, 3).unwrap(),
         cache::kv_cache_write_f32((addr(0), F32), addr(1), (addr(2), own), sizes, addr(9)),
         cache::kv_cache_write_f32((addr(0), BF16), addr(1), (addr(2), pool), sizes, addr(9)),

@@ -182,6 +182,7 @@ fn run_kernels(
             activation::swiglu_backward(&i[0], &i[1], &i[2], &mut gg[0], &mut gu[0])
         }
         Op::Softmax => activation::softmax(&i[0], &mut o[0]),
+        Op::Argmax => activation::argmax(&i[0], &mut o[0]),
         Op::SoftmaxBackward => activation::softmax_backward(&i[0], &i[1], &mut o[0]),
         Op::CrossEntropy { ignore_index } => {
             loss::cross_entropy(&i[0], &i[1], ignore_index, &mut o[0])

@@ -324,6 +324,20 @@ impl Lowering<'_> {
                     cols,
                 )?])
             }
+            Op::Argmax => {
+                let x = self.operand(0, "x", F32)?;
+                let out = self.result(0, "out", I64)?;
+                let [rows, cols] = rows_cols(x);
+                if rows == 0 {
+                    return Ok(vec![]);
+                }
+                Ok(vec![gpu::activation::argmax_f32(
+                    out.addr(),
+                    x.addr(),
+                    rows,
+                    cols,
+                )?])
+            }
             Op::SoftmaxBackward => {
                 let y = self.operand(0, "y", F32)?;
                 let grad = self.operand(1, "grad", F32)?;
