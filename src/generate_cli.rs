@@ -69,12 +69,34 @@ pub struct GenerateCli {
     /// Sequences the continuous scheduler runs at once (its KV pool's slots).
     #[arg(long, default_value_t = 8)]
     slots: usize,
+    /// The bucketed scheduler's KV pools, SLOTSxPOSITIONS each, e.g. 8x256,2x2048: a request
+    /// runs in the smallest whose slots hold it.
+    #[arg(long, value_delimiter = ',', value_parser = parse_bucket)]
+    buckets: Vec<(usize, usize)>,
+    /// Bucketed: a request whose bucket is full may take the first larger one with room.
+    #[arg(long)]
+    spill: bool,
+}
+
+/// `SLOTSxPOSITIONS`.
+fn parse_bucket(text: &str) -> std::result::Result<(usize, usize), String> {
+    let (slots, positions) = text
+        .split_once('x')
+        .ok_or_else(|| format!("`{text}`: expected SLOTSxPOSITIONS, e.g. 8x256"))?;
+    let number = |part: &str| {
+        part.parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("`{text}`: `{part}` is not a count of at least 1"))
+    };
+    Ok((number(slots)?, number(positions)?))
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum SchedulerArg {
     Reference,
     Continuous,
+    Bucketed,
 }
 
 impl GenerateCli {
@@ -100,6 +122,8 @@ impl GenerateCli {
             max_seq,
             scheduler,
             slots,
+            buckets,
+            spill,
         } = self;
         let input = match (prompt, prompt_ids, prompts) {
             (Some(text), _, _) => commands::Input::One(commands::Prompt::Text(text)),
@@ -135,8 +159,10 @@ impl GenerateCli {
             scheduler: match scheduler {
                 SchedulerArg::Reference => commands::SchedulerKind::Reference,
                 SchedulerArg::Continuous => commands::SchedulerKind::Continuous,
+                SchedulerArg::Bucketed => commands::SchedulerKind::Bucketed { spill },
             },
             slots,
+            buckets,
             json,
         })
     }

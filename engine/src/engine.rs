@@ -16,11 +16,9 @@
 
 use std::collections::BTreeMap;
 
-use kiln_frontend::model::{ModelConfig, ModelWeights, Precision};
-use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
-use kiln_frontend::Var;
-use kiln_ir::{InputKind, PADDING_SLOT};
-use kiln_runtime::{Backend, Executable, GroupMemory, RunMode, Tensor};
+use kiln_frontend::model::{ModelConfig, Precision};
+use kiln_ir::PADDING_SLOT;
+use kiln_runtime::{Executable, GroupMemory, RunMode, Tensor};
 
 use crate::error::{Error, Result};
 
@@ -172,77 +170,6 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Compiles every bucket's program for `config` on `backend` into one group and sets the
-    /// weights and an empty pool.
-    pub fn new(
-        (config, weights): (&ModelConfig, &ModelWeights<Var>),
-        backend: &Backend,
-        options: EngineOptions,
-    ) -> Result<Self> {
-        check_options(&options)?;
-        let mut programs = Vec::new();
-        let (mut prefill, mut decode) = (BTreeMap::new(), BTreeMap::new());
-        for &batch in &options.prefill_batches {
-            for &length in &options.prefill_lengths {
-                prefill.insert((batch, length), programs.len());
-                programs.push(program(
-                    config,
-                    &options,
-                    ProgramKind::Prefill,
-                    (batch, length),
-                )?);
-            }
-        }
-        for &batch in &options.decode_batches {
-            decode.insert(batch, programs.len());
-            programs.push(program(config, &options, ProgramKind::Decode, (batch, 1))?);
-        }
-        let workspaces = backend.workspaces();
-        let plans = (programs.iter())
-            .map(|graph| kiln_planner::plan(graph, &Default::default(), &workspaces))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let pairs: Vec<_> = programs.iter().zip(&plans).collect();
-        let group = backend.compile_group(&pairs)?;
-        let mut executables = group.executables;
-        let first = executables.first_mut().ok_or_else(|| Error::Generate {
-            reason: "the engine compiled no program".to_string(),
-        })?;
-        for (name, var) in weights.named() {
-            first.set(&name, var.value())?;
-        }
-        for (_, name, kind, ty) in programs[0].inputs() {
-            if kind == InputKind::State {
-                let empty = Tensor::zeros(ty.shape.clone(), ty.dtype, kiln_runtime::Device::Cpu);
-                first.set(name, &empty)?;
-            }
-        }
-        let pool_bytes = pool_bytes(config, &options);
-        let allocated: u64 = (group.memory.shared_inputs.iter())
-            .filter(|input| input.kind == InputKind::State)
-            .map(|input| input.bytes())
-            .sum();
-        if allocated != pool_bytes {
-            return Err(Error::Generate {
-                reason: format!(
-                    "the KV pool took {allocated} bytes where its formula gives {pool_bytes}"
-                ),
-            });
-        }
-        let memory = EngineMemory {
-            group: group.memory,
-            pool_bytes,
-            programs: programs.len(),
-        };
-        Ok(Engine {
-            config: config.clone(),
-            options,
-            executables,
-            prefill,
-            decode,
-            memory,
-        })
-    }
-
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }
@@ -380,61 +307,6 @@ impl Engine {
     }
 }
 
-/// Refuses buckets that cannot serve the pool: empty or unsorted lists, a bucket of 0, a batch
-/// bucket past the pool, a length bucket past a slot.
-fn check_options(options: &EngineOptions) -> Result<()> {
-    let refuse = |reason: String| Err(Error::Generate { reason });
-    if options.slots == 0 || options.max_seq == 0 {
-        return refuse("an engine needs at least one slot of at least one position".into());
-    }
-    let lists = [
-        ("prefill lengths", &options.prefill_lengths, options.max_seq),
-        ("prefill batches", &options.prefill_batches, options.slots),
-        ("decode batches", &options.decode_batches, options.slots),
-    ];
-    for (what, list, most) in lists {
-        let ascending = list.windows(2).all(|w| w[0] < w[1]);
-        if list.is_empty() || !ascending || list[0] == 0 || list[list.len() - 1] > most {
-            return refuse(format!(
-                "{what} {list:?}: need one or more ascending sizes from 1 to {most}"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The KV pool's bytes: layers × 2 (keys, values) × slots × Hkv × max_seq × D × element.
-pub fn pool_bytes(config: &ModelConfig, options: &EngineOptions) -> u64 {
-    let element = options.precision.weight_dtype().size_bytes();
-    let dims = [
-        2 * config.num_hidden_layers,
-        options.slots,
-        config.num_key_value_heads,
-        options.max_seq,
-        config.head_dim,
-    ];
-    dims.iter()
-        .fold(element as u64, |bytes, &n| bytes.saturating_mul(n as u64))
-}
-
-/// Program `kind` of `(batch, seq)` rows over the engine's pool.
-fn program(
-    config: &ModelConfig,
-    options: &EngineOptions,
-    kind: ProgramKind,
-    (batch, seq): (usize, usize),
-) -> Result<kiln_ir::Graph> {
-    let program_options = ProgramOptions {
-        batch,
-        seq,
-        max_seq: Some(options.max_seq),
-        pool: Some(options.slots),
-        precision: options.precision,
-        ..ProgramOptions::default()
-    };
-    Ok(build(kind, config, &program_options)?)
-}
-
 /// The smallest bucket that holds `n` rows (the largest when none does).
 fn bucket(n: usize, buckets: &[usize]) -> usize {
     let largest = buckets.last().copied().unwrap_or(1);
@@ -445,6 +317,9 @@ fn bucket(n: usize, buckets: &[usize]) -> usize {
 fn chunks<'i>(indices: &'i [usize], buckets: &[usize]) -> std::slice::Chunks<'i, usize> {
     indices.chunks(buckets.last().copied().unwrap_or(1).max(1))
 }
+
+mod build;
+pub use build::pool_bytes;
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

@@ -7,8 +7,10 @@
 //! seed decides its draws whatever else runs) and stop checker, so the tokens a request gets
 //! do not depend on the scheduler — the [`ReferenceScheduler`](reference::ReferenceScheduler)
 //! (serial, one request at a time) is the oracle of the
-//! [`ContinuousBatchScheduler`](continuous::ContinuousBatchScheduler).
+//! [`ContinuousBatchScheduler`](continuous::ContinuousBatchScheduler) and the
+//! [`LengthBucketedBatchScheduler`](bucketed::LengthBucketedBatchScheduler).
 
+pub mod bucketed;
 pub mod continuous;
 pub mod metrics;
 pub mod reference;

@@ -69,7 +69,11 @@ fn caches(
     };
     let layers = (0..config.num_hidden_layers)
         .map(|layer| {
-            let (k_name, v_name) = (format!("cache.k.{layer}"), format!("cache.v.{layer}"));
+            let prefix = &options.cache_prefix;
+            let (k_name, v_name) = (
+                format!("{prefix}cache.k.{layer}"),
+                format!("{prefix}cache.v.{layer}"),
+            );
             Ok(LayerCache {
                 k: graph.input(&k_name, InputKind::State, ty.clone())?,
                 v: graph.input(&v_name, InputKind::State, ty.clone())?,

@@ -18,6 +18,7 @@ use kiln_engine::engine::{Engine, EngineOptions};
 use kiln_engine::generate::ReferenceGenerator;
 use kiln_engine::generation_config::GenerationConfig;
 use kiln_engine::sampling::SamplingParams;
+use kiln_engine::scheduler::bucketed::LengthBucketedBatchScheduler;
 use kiln_engine::scheduler::continuous::ContinuousBatchScheduler;
 use kiln_engine::scheduler::reference::ReferenceScheduler;
 use kiln_engine::scheduler::{Request, RequestId, Scheduler};
@@ -47,6 +48,8 @@ pub struct GenerateArgs {
     pub scheduler: SchedulerKind,
     /// Sequences the continuous scheduler's KV pool holds at once.
     pub slots: usize,
+    /// The bucketed scheduler's pools: (slots, positions per slot).
+    pub buckets: Vec<(usize, usize)>,
     /// Write the report here (must not exist).
     pub json: Option<PathBuf>,
 }
@@ -56,6 +59,10 @@ pub struct GenerateArgs {
 pub enum SchedulerKind {
     Reference,
     Continuous,
+    /// With `spill`, a request whose bucket is full may take a larger one with room.
+    Bucketed {
+        spill: bool,
+    },
 }
 
 /// One prompt, or a file of them.
@@ -185,6 +192,28 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
                 memory.pool_bytes
             );
             Box::new(ContinuousBatchScheduler::new(engine, tokenizer))
+        }
+        SchedulerKind::Bucketed { spill } => {
+            if args.buckets.is_empty() {
+                bail!(
+                    "--scheduler bucketed needs --buckets SLOTSxPOSITIONS,... (e.g. 8x256,2x2048)"
+                );
+            }
+            let options = (args.buckets.iter())
+                .map(|&(slots, positions)| {
+                    EngineOptions::new(slots, positions, args.precision, args.mode)
+                })
+                .collect();
+            let engines = Engine::group((&config, &loaded.weights), &args.backend, options)?;
+            if let Some(memory) = engines.first().map(Engine::memory) {
+                eprintln!(
+                    "kiln generate: {} buckets over one arena of {} bytes, KV pools of {} bytes",
+                    engines.len(),
+                    memory.group.arena_bytes,
+                    engines.iter().map(|e| e.memory().pool_bytes).sum::<u64>()
+                );
+            }
+            Box::new(LengthBucketedBatchScheduler::new(engines, tokenizer, spill))
         }
     };
     let compiled = started.elapsed();

@@ -50,6 +50,11 @@ impl<'t> ContinuousBatchScheduler<'t> {
         &self.engine
     }
 
+    /// Requests submitted and not admitted yet.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
     /// The requests holding slots now, by slot.
     pub fn running(&self) -> Vec<(usize, RequestId)> {
         (self.slots.iter().enumerate())

@@ -22,6 +22,9 @@ pub struct ProgramOptions {
     /// program takes `cache_rows [B]`, the slot of each batch row (distinct). `None`: each
     /// batch row owns its cache row (`[B,Hkv,rows,D]`).
     pub pool: Option<usize>,
+    /// Prefixed to the cache states' names (`{prefix}cache.k.{layer}`): programs of several
+    /// pools in one executable group keep their caches apart.
+    pub cache_prefix: String,
     /// Eval: also output `grad.<name>` for every parameter.
     pub grads: bool,
     /// f32 GEMMs, or bf16 GEMM inputs with f32 accumulation (mixed precision).
@@ -39,6 +42,7 @@ impl Default for ProgramOptions {
             seq: 16,
             max_seq: None,
             pool: None,
+            cache_prefix: String::new(),
             grads: false,
             precision: Precision::F32,
             fusion: true,
