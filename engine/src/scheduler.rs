@@ -67,6 +67,9 @@ pub struct Outcome {
     /// Submission → first token and submission → finish, seconds.
     pub first_token_s: Option<f64>,
     pub total_s: Option<f64>,
+    /// For each token sampled on the host, its logits' largest minus second largest value:
+    /// how far the greedy choice was from a tie (empty for tokens chosen on the device).
+    pub margins: Vec<f32>,
 }
 
 /// The contract every scheduler keeps (see the module doc).
@@ -96,6 +99,7 @@ pub(crate) struct Sequence<'t> {
     stop: StopChecker,
     context: Vec<u32>,
     tokens: Vec<u32>,
+    margins: Vec<f32>,
     stream: Option<TextStream<'t>>,
     text: Option<String>,
     cause: Option<StopCause>,
@@ -118,6 +122,7 @@ impl<'t> Sequence<'t> {
             stop: StopChecker::new(request.stop.clone())?,
             context: request.prompt.clone(),
             tokens: Vec::new(),
+            margins: Vec::new(),
             stream: tokenizer.map(|t| t.stream(false)),
             text: tokenizer.map(|_| String::new()),
             cause: None,
@@ -150,6 +155,7 @@ impl<'t> Sequence<'t> {
     /// Samples the next token from `logits` and takes it (see [`take`](Self::take)).
     pub fn accept(&mut self, logits: &[f32]) -> Result<Event> {
         let token = self.sampler.sample(logits, &self.context)?;
+        self.margins.push(top_two_margin(logits));
         self.take(token)
     }
 
@@ -228,6 +234,7 @@ impl<'t> Sequence<'t> {
             },
             first_token_s: seconds(self.first_token),
             total_s: seconds(self.finished),
+            margins: self.margins.clone(),
         }
     }
 
@@ -235,5 +242,22 @@ impl<'t> Sequence<'t> {
     /// the last (which is never fed back).
     pub fn positions_needed(&self) -> usize {
         self.request.prompt.len() + self.request.stop.max_new_tokens.saturating_sub(1)
+    }
+}
+
+/// The largest value of `logits` minus the second largest (0 for fewer than two).
+fn top_two_margin(logits: &[f32]) -> f32 {
+    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &value in logits {
+        if value > first {
+            (first, second) = (value, first);
+        } else if value > second {
+            second = value;
+        }
+    }
+    if second.is_finite() {
+        first - second
+    } else {
+        0.0
     }
 }

@@ -66,6 +66,9 @@ pub struct ServeResult {
     pub speedup: f64,
     /// Requests whose tokens are the same under both schedulers.
     pub same_tokens: usize,
+    /// For the others, the reference's top-two logit margin at the first token that differs:
+    /// the largest of them (a tie broken the other way by rounding has a margin near 0).
+    pub largest_margin_where_different: Option<f32>,
     pub programs: usize,
     pub arena_bytes: u64,
     pub arena_sum_bytes: u64,
@@ -129,9 +132,14 @@ pub fn bench_serve(args: &ServeArgs) -> Result<ServeResult> {
     let engine = Engine::new(model, backend, options)?;
     let memory = engine.memory().clone();
     let continuous = timed(&mut ContinuousBatchScheduler::new(engine, None), &arrivals)?;
-    let same_tokens = (reference.outcomes.iter().zip(&continuous.outcomes))
-        .filter(|(a, b)| a.tokens == b.tokens)
-        .count();
+    let pairs = || reference.outcomes.iter().zip(&continuous.outcomes);
+    let same_tokens = pairs().filter(|(a, b)| a.tokens == b.tokens).count();
+    let largest_margin_where_different = pairs()
+        .filter_map(|(a, b)| {
+            let at = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y)?;
+            a.margins.get(at).copied()
+        })
+        .reduce(f32::max);
     let (reference, continuous) = (
         figures("reference", &reference),
         figures("continuous", &continuous),
@@ -152,6 +160,7 @@ pub fn bench_serve(args: &ServeArgs) -> Result<ServeResult> {
         reference,
         continuous,
         same_tokens,
+        largest_margin_where_different,
         programs: memory.programs,
         arena_bytes: memory.group.arena_bytes,
         arena_sum_bytes: memory.group.arena_sum_bytes,
@@ -190,11 +199,17 @@ pub fn serve_table(r: &ServeResult) -> String {
         );
     }
     out += &format!(
-        "  continuous / reference: {:.2}x tokens/s; same tokens for {} of {} requests\n  \
+        "  continuous / reference: {:.2}x tokens/s; same tokens for {} of {} requests{}\n  \
          engine: {} programs, one arena of {} bytes (one per program: {}), KV pool {} bytes\n",
         r.speedup,
         r.same_tokens,
         r.requests,
+        match r.largest_margin_where_different {
+            Some(m) => format!(
+                " (the others first differ where the reference's top-2 margin is at most {m:.2e})"
+            ),
+            None => String::new(),
+        },
         r.programs,
         r.arena_bytes,
         r.arena_sum_bytes,
