@@ -13,6 +13,7 @@
 //!    AdamW <= 1e-4; with bf16 GEMM inputs <= 1e-2); replay equal to eager bit for bit; two steps carry their state (caches,
 //!    parameters, moments) on the device.
 //! 3. Decode replayed at many positions after a prefill equals the full forward.
+//! 4. The schedulers (`gpu/engine.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,6 +29,8 @@ use kiln_runtime::{interpret, Tensor};
 use kiln_runtime::{Backend, RunMode};
 use rand::rngs::StdRng;
 
+#[path = "gpu/engine.rs"]
+mod engine;
 #[path = "gpu/op_cases.rs"]
 mod op_cases;
 
