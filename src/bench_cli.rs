@@ -83,6 +83,10 @@ pub struct BenchCli {
     /// Serve: sequences the continuous scheduler runs at once (its KV pool's slots).
     #[arg(long, default_value_t = 32)]
     slots: usize,
+    /// Serve: also through the length-bucketed scheduler over these pools, SLOTSxPOSITIONS
+    /// each (e.g. 24x128,8x256).
+    #[arg(long, value_delimiter = ',', value_parser = crate::generate_cli::parse_bucket)]
+    buckets: Vec<(usize, usize)>,
 }
 
 impl BenchCli {
@@ -110,6 +114,7 @@ impl BenchCli {
             new_tokens,
             arrival_every,
             slots,
+            buckets,
         } = self;
         let kind = match program {
             BenchProgram::Prefill => ProgramKind::Prefill,
@@ -124,6 +129,7 @@ impl BenchCli {
                     new_tokens,
                     arrival_every,
                     slots,
+                    buckets,
                     precision: precision.into(),
                     mode: mode.into(),
                     backend: cuda()?,

@@ -79,7 +79,7 @@ pub struct GenerateCli {
 }
 
 /// `SLOTSxPOSITIONS`.
-fn parse_bucket(text: &str) -> std::result::Result<(usize, usize), String> {
+pub(crate) fn parse_bucket(text: &str) -> std::result::Result<(usize, usize), String> {
     let (slots, positions) = text
         .split_once('x')
         .ok_or_else(|| format!("`{text}`: expected SLOTSxPOSITIONS, e.g. 8x256"))?;

@@ -1,5 +1,6 @@
-//! The serve workload of `kiln bench --program serve` on the CPU with the tiny preset: both
-//! schedulers finish every request with the same greedy tokens, and the report adds up.
+//! The serve workload of `kiln bench --program serve` on the CPU with the tiny preset: the
+//! reference, continuous and length-bucketed schedulers finish every request with the same
+//! greedy tokens, and the report adds up.
 
 use kiln::commands::{bench_serve, serve_table, ServeArgs};
 use kiln_frontend::model::Precision;
@@ -15,6 +16,7 @@ fn the_serve_workload_gives_both_schedulers_the_same_tokens() {
         new_tokens: 5,
         arrival_every: 1,
         slots: 4,
+        buckets: vec![(2, 10), (2, 16)],
         precision: Precision::F32,
         mode: RunMode::Graph,
         backend: Backend::Cpu,
@@ -30,6 +32,8 @@ fn the_serve_workload_gives_both_schedulers_the_same_tokens() {
     assert_eq!(result.reference.steps, 6 * 5);
     assert!(result.continuous.steps < result.reference.steps);
     assert!(result.arena_bytes < result.arena_sum_bytes);
+    let (bucketed, same) = result.bucketed.as_ref().unwrap();
+    assert_eq!((bucketed.generated_tokens, *same), (6 * 5, 6));
     let table = serve_table(&result);
     assert!(table.contains("same tokens for 6 of 6 requests"), "{table}");
 }

@@ -1,6 +1,7 @@
 //! `kiln bench --program serve`: one workload — `requests` greedy requests with prompts of
 //! random lengths, arriving every `arrival_every` steps — through the serial reference
-//! scheduler and through continuous batching over one engine, on the same device: tokens per
+//! scheduler, continuous batching over one engine and (with `--buckets`) length-bucketed
+//! batching, on the same device: tokens per
 //! second, time to first token and inter-token latency (P50/P95), and whether every request
 //! got the same tokens from both. Each scheduler runs the workload once untimed first, so every
 //! program it uses is compiled and captured before the timed run.
@@ -9,6 +10,7 @@ use anyhow::{bail, Result};
 use kiln_engine::engine::{Engine, EngineOptions};
 use kiln_engine::generate::ReferenceGenerator;
 use kiln_engine::sampling::SamplingParams;
+use kiln_engine::scheduler::bucketed::LengthBucketedBatchScheduler;
 use kiln_engine::scheduler::continuous::ContinuousBatchScheduler;
 use kiln_engine::scheduler::metrics::{run_workload, Arrival, Percentiles, WorkloadReport};
 use kiln_engine::scheduler::reference::ReferenceScheduler;
@@ -31,6 +33,8 @@ pub struct ServeArgs {
     /// A request arrives every this many steps (0: all at the start).
     pub arrival_every: usize,
     pub slots: usize,
+    /// Also through the length-bucketed scheduler over these pools (slots, positions).
+    pub buckets: Vec<(usize, usize)>,
     pub precision: Precision,
     pub mode: RunMode,
     pub backend: Backend,
@@ -62,6 +66,9 @@ pub struct ServeResult {
     pub slots: usize,
     pub reference: SchedulerResult,
     pub continuous: SchedulerResult,
+    /// With `--buckets`: the length-bucketed scheduler's figures and how many requests got
+    /// the reference's tokens from it.
+    pub bucketed: Option<(SchedulerResult, usize)>,
     /// Continuous tokens/s over the reference's.
     pub speedup: f64,
     /// Requests whose tokens are the same under both schedulers.
@@ -140,6 +147,23 @@ pub fn bench_serve(args: &ServeArgs) -> Result<ServeResult> {
             a.margins.get(at).copied()
         })
         .reduce(f32::max);
+    let bucketed = match args.buckets.is_empty() {
+        true => None,
+        false => {
+            let options = (args.buckets.iter())
+                .map(|&(slots, positions)| {
+                    EngineOptions::new(slots, positions, args.precision, args.mode)
+                })
+                .collect();
+            let engines = Engine::group(model, backend, options)?;
+            let mut scheduler = LengthBucketedBatchScheduler::new(engines, None, false);
+            let report = timed(&mut scheduler, &arrivals)?;
+            let same = (reference.outcomes.iter().zip(&report.outcomes))
+                .filter(|(a, b)| a.tokens == b.tokens)
+                .count();
+            Some((figures("bucketed", &report), same))
+        }
+    };
     let (reference, continuous) = (
         figures("reference", &reference),
         figures("continuous", &continuous),
@@ -159,6 +183,7 @@ pub fn bench_serve(args: &ServeArgs) -> Result<ServeResult> {
         speedup: continuous.tokens_per_second / reference.tokens_per_second,
         reference,
         continuous,
+        bucketed,
         same_tokens,
         largest_margin_where_different,
         programs: memory.programs,
@@ -186,7 +211,8 @@ pub fn serve_table(r: &ServeResult) -> String {
         r.precision,
         r.device
     );
-    for s in [&r.reference, &r.continuous] {
+    let bucketed = r.bucketed.as_ref().map(|(figures, _)| figures);
+    for s in [&r.reference, &r.continuous].into_iter().chain(bucketed) {
         out += &format!(
             "  {:<10} {:>8.1} tokens/s  {:>6} steps  {:.3} s  first token {}  inter-token {}  total {}\n",
             s.scheduler,
@@ -215,5 +241,11 @@ pub fn serve_table(r: &ServeResult) -> String {
         r.arena_sum_bytes,
         r.pool_bytes
     );
+    if let Some((_, same)) = &r.bucketed {
+        out += &format!(
+            "  bucketed: same tokens as the reference for {same} of {} requests\n",
+            r.requests
+        );
+    }
     out
 }
