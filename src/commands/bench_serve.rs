@@ -1,10 +1,10 @@
 //! `kiln bench --program serve`: one workload — `requests` greedy requests with prompts of
 //! random lengths, arriving every `arrival_every` steps — through the serial reference
 //! scheduler, continuous batching over one engine and (with `--buckets`) length-bucketed
-//! batching, on the same device: tokens per
-//! second, time to first token and inter-token latency (P50/P95), and whether every request
-//! got the same tokens from both. Each scheduler runs the workload once untimed first, so every
-//! program it uses is compiled and captured before the timed run.
+//! batching, on the same device: tokens per second, time to first token and inter-token
+//! latency (P50/P95), and how many requests got the reference's tokens. Each scheduler runs the
+//! workload once untimed first, so every program it uses is compiled and captured before the
+//! timed run.
 
 use anyhow::{bail, Result};
 use kiln_engine::engine::{Engine, EngineOptions};
