@@ -160,14 +160,17 @@ extern "C" __global__ void cached_attention_combine_f32(float* out, const float*
     const float* part = partials + q_index * splits * stride;
     float* maxima = kiln_shared;
     float* weights = kiln_shared + splits;
-    float top = -__int_as_float(0x7f800000);
+    float top = -__int_as_float(0x7f800000), sums = 0.0f;
     for (i64 c = threadIdx.x; c < splits; c += blockDim.x) {
         maxima[c] = part[c * stride];
         top = kiln_max(top, maxima[c]);
+        sums += part[c * stride + 1];
     }
     top = kiln_block_max(top, scratch);
-    // No key at all (a padding row): every chunk is empty and the output is 0.
-    const bool empty = top == -__int_as_float(0x7f800000);
+    sums = kiln_block_sum(sums, scratch);
+    // No key at all (a padding row): every chunk is empty (m = -inf, l = 0) and the output is
+    // 0. Keys whose scores are all -inf give l = NaN, and NaN, as on the CPU.
+    const bool empty = top == -__int_as_float(0x7f800000) && sums == 0.0f;
     float total = 0.0f;
     for (i64 c = threadIdx.x; c < splits; c += blockDim.x) {
         weights[c] = expf(maxima[c] - top);
