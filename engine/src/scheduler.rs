@@ -245,6 +245,26 @@ impl<'t> Sequence<'t> {
     }
 }
 
+/// Asks request `id` of `sequences` to be cancelled at the next step boundary; false when it
+/// is unknown or finished.
+pub(crate) fn ask_cancel(sequences: &mut [Sequence<'_>], id: RequestId) -> bool {
+    match sequences.get_mut(id.0) {
+        Some(sequence) if !matches!(sequence.phase, Phase::Finished(_)) => {
+            sequence.cancel = true;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The requests asked to be cancelled and not finished yet.
+pub(crate) fn cancelling(sequences: &[Sequence<'_>]) -> Vec<RequestId> {
+    (sequences.iter())
+        .filter(|s| s.cancel && !matches!(s.phase, Phase::Finished(_)))
+        .map(|s| s.id)
+        .collect()
+}
+
 /// The largest value of `logits` minus the second largest (0 for fewer than two).
 fn top_two_margin(logits: &[f32]) -> f32 {
     let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);

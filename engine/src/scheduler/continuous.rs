@@ -16,7 +16,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{Event, Outcome, Phase, Request, RequestId, Scheduler, Sequence};
+use super::{
+    ask_cancel, cancelling, Event, Outcome, Phase, Request, RequestId, Scheduler, Sequence,
+};
 use crate::engine::{DecodeRow, Engine, Fetch, PrefillRow, Step};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -75,11 +77,7 @@ impl<'t> ContinuousBatchScheduler<'t> {
 
     /// Step 1: cancellations.
     fn cancellations(&mut self, events: &mut Vec<Event>) {
-        let asked: Vec<RequestId> = (self.sequences.iter())
-            .filter(|s| s.cancel && !matches!(s.phase, Phase::Finished(_)))
-            .map(|s| s.id)
-            .collect();
-        for id in asked {
+        for id in cancelling(&self.sequences) {
             self.release(id);
             self.queue.retain(|&queued| queued != id);
             events.push(self.sequences[id.0].cancelled());
@@ -225,13 +223,7 @@ impl Scheduler for ContinuousBatchScheduler<'_> {
     }
 
     fn cancel(&mut self, id: RequestId) -> bool {
-        match self.sequences.get_mut(id.0) {
-            Some(sequence) if !matches!(sequence.phase, Phase::Finished(_)) => {
-                sequence.cancel = true;
-                true
-            }
-            _ => false,
-        }
+        ask_cancel(&mut self.sequences, id)
     }
 
     fn step(&mut self) -> Result<Vec<Event>> {

@@ -4,7 +4,9 @@
 
 use std::collections::VecDeque;
 
-use super::{Event, Outcome, Phase, Request, RequestId, Scheduler, Sequence};
+use super::{
+    ask_cancel, cancelling, Event, Outcome, Phase, Request, RequestId, Scheduler, Sequence,
+};
 use crate::error::Result;
 use crate::generate::ReferenceGenerator;
 use crate::tokenizer::Tokenizer;
@@ -53,22 +55,12 @@ impl Scheduler for ReferenceScheduler<'_> {
     }
 
     fn cancel(&mut self, id: RequestId) -> bool {
-        match self.sequences.get_mut(id.0) {
-            Some(sequence) if !matches!(sequence.phase, Phase::Finished(_)) => {
-                sequence.cancel = true;
-                true
-            }
-            _ => false,
-        }
+        ask_cancel(&mut self.sequences, id)
     }
 
     fn step(&mut self) -> Result<Vec<Event>> {
         let mut events = Vec::new();
-        let asked: Vec<RequestId> = (self.sequences.iter())
-            .filter(|s| s.cancel && !matches!(s.phase, Phase::Finished(_)))
-            .map(|s| s.id)
-            .collect();
-        for id in asked {
+        for id in cancelling(&self.sequences) {
             self.queue.retain(|&queued| queued != id);
             if self.running == Some(id) {
                 self.running = None;
