@@ -1,6 +1,6 @@
-//! The length-bucketed scheduler on the CPU: greedy tokens equal the serial reference's, each
-//! request lands in the smallest bucket that holds it (or, opted in, the first larger one with
-//! room), never in one too small, and stays there.
+//! The length-bucketed scheduler on the CPU: greedy and seeded sampled tokens equal the serial
+//! reference's, each request lands in the smallest bucket that holds it (or, opted in, the
+//! first larger one with room), never in one too small, and stays there.
 
 use kiln_frontend::model::{random_weights, ModelConfig, Precision};
 use kiln_runtime::{Backend, RunMode};
@@ -46,7 +46,7 @@ fn request(prompt: Vec<u32>, max_new_tokens: usize) -> Request {
 }
 
 #[test]
-fn bucketed_greedy_equals_the_reference_and_requests_take_the_smallest_bucket() {
+fn bucketed_tokens_equal_the_reference_and_requests_take_the_smallest_bucket() {
     let mut rng = fresh_rng("bucketed_greedy_equals_the_reference");
     let config = ModelConfig::tiny();
     let seed = rng.random();
@@ -59,36 +59,46 @@ fn bucketed_greedy_equals_the_reference_and_requests_take_the_smallest_bucket() 
         (2, 9, 2),
         (6, 6, 4),
     ];
-    let arrivals: Vec<Arrival> = (shapes.iter())
-        .map(|&(length, new, step)| Arrival {
-            step,
-            request: request((0..length).map(|_| rng.random_range(0..97)).collect(), new),
-        })
-        .collect();
     let weights = random_weights(&config, seed).unwrap();
-    let generator = ReferenceGenerator::new(
-        (&config, &weights),
-        Backend::Cpu,
-        (RunMode::Graph, Precision::F32),
-        24,
-    )
-    .unwrap();
-    let reference = run_workload(
-        &mut ReferenceScheduler::new(generator, None),
-        &arrivals,
-        |_| {},
-    );
-    let mut scheduler = buckets(&config, seed, false);
-    assert_eq!(scheduler.buckets(), [(2, 12), (2, 24)]);
-    let bucketed = run_workload(&mut scheduler, &arrivals, |_| {}).unwrap();
-    let tokens = |report: &crate::scheduler::metrics::WorkloadReport| -> Vec<Vec<u32>> {
-        report.outcomes.iter().map(|o| o.tokens.clone()).collect()
-    };
-    assert_eq!(tokens(&bucketed), tokens(&reference.unwrap()));
-    let routed: Vec<usize> = (0..shapes.len())
-        .map(|i| scheduler.bucket_of(RequestId(i)).unwrap())
-        .collect();
-    assert_eq!(routed, [0, 1, 0, 1, 0, 0]);
+    let sampling_seed: u64 = rng.random();
+    // Greedy, then seeded sampling: each request's own draws whichever scheduler runs it.
+    for sampled in [false, true] {
+        let arrivals: Vec<Arrival> = (shapes.iter().enumerate())
+            .map(|(i, &(length, new, step))| {
+                let mut request =
+                    request((0..length).map(|_| rng.random_range(0..97)).collect(), new);
+                if sampled {
+                    request.sampling = SamplingParams {
+                        temperature: 0.9,
+                        top_k: 20,
+                        seed: sampling_seed.wrapping_add(i as u64),
+                        ..SamplingParams::default()
+                    };
+                }
+                Arrival { step, request }
+            })
+            .collect();
+        let generator = ReferenceGenerator::new(
+            (&config, &weights),
+            Backend::Cpu,
+            (RunMode::Graph, Precision::F32),
+            24,
+        )
+        .unwrap();
+        let mut reference = ReferenceScheduler::new(generator, None);
+        let reference = run_workload(&mut reference, &arrivals, |_| {}).unwrap();
+        let mut scheduler = buckets(&config, seed, false);
+        assert_eq!(scheduler.buckets(), [(2, 12), (2, 24)]);
+        let bucketed = run_workload(&mut scheduler, &arrivals, |_| {}).unwrap();
+        let tokens = |report: &crate::scheduler::metrics::WorkloadReport| -> Vec<Vec<u32>> {
+            report.outcomes.iter().map(|o| o.tokens.clone()).collect()
+        };
+        assert_eq!(tokens(&bucketed), tokens(&reference), "sampled {sampled}");
+        let routed: Vec<usize> = (0..shapes.len())
+            .map(|i| scheduler.bucket_of(RequestId(i)).unwrap())
+            .collect();
+        assert_eq!(routed, [0, 1, 0, 1, 0, 0]);
+    }
 }
 
 #[test]

@@ -127,3 +127,22 @@ pub fn run_workload(
         seconds: start.elapsed().as_secs_f64(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_between_ranks_as_numpy_does() {
+        let values = [4.0, 1.0, 3.0, 2.0];
+        // numpy.percentile([1, 2, 3, 4], [50, 95]) = [2.5, 3.85].
+        assert_eq!(quantile(&values, 0.5), Some(2.5));
+        assert!((quantile(&values, 0.95).unwrap() - 3.85).abs() < 1e-12);
+        assert_eq!(quantile(&values, 0.0), Some(1.0));
+        assert_eq!(quantile(&values, 1.0), Some(4.0));
+        assert_eq!(quantile(&[7.0], 0.95), Some(7.0));
+        assert_eq!(quantile(&[], 0.5), None);
+        let p = Percentiles::of(&[f64::NAN, 1.0, 3.0]).unwrap();
+        assert_eq!((p.p50, p.p95), (2.0, 2.9));
+    }
+}
