@@ -1,11 +1,13 @@
-//! 4. The schedulers on the GPU: continuous batching over a CUDA engine (eager and replayed)
-//!    gives every request the greedy tokens of the serial reference on the CPU — both tiny
-//!    families, mixed prompt lengths, arrivals mid-flight, an end-of-sequence stop, a
-//!    cancellation mid-flight and slots reused.
+//! 4. The schedulers: continuous and length-bucketed batching over engines on the CPU and,
+//!    where one can be used, on the GPU (eager and replayed) give every request the greedy
+//!    tokens of the serial reference on the CPU — both tiny families, mixed prompt lengths,
+//!    arrivals mid-flight, an end-of-sequence stop, a cancellation mid-flight and slots
+//!    reused.
 
 use kiln_engine::engine::{Engine, EngineOptions};
 use kiln_engine::generate::ReferenceGenerator;
 use kiln_engine::sampling::SamplingParams;
+use kiln_engine::scheduler::bucketed::LengthBucketedBatchScheduler;
 use kiln_engine::scheduler::continuous::ContinuousBatchScheduler;
 use kiln_engine::scheduler::reference::ReferenceScheduler;
 use kiln_engine::scheduler::{Request, RequestId, Scheduler};
@@ -72,10 +74,9 @@ fn run(
 }
 
 #[test]
-fn continuous_batching_on_the_gpu_gives_the_references_greedy_tokens() {
-    let Some(device) = device() else {
-        return;
-    };
+fn batching_schedulers_give_the_references_greedy_tokens() {
+    let mut backends = vec![Backend::Cpu];
+    backends.extend(device().map(Backend::Cuda));
     let mut rng = testing::rng("continuous_batching_on_the_gpu");
     for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
         let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
@@ -101,20 +102,33 @@ fn continuous_batching_on_the_gpu_gives_the_references_greedy_tokens() {
         );
         assert_eq!(want[1].1, Some(FinishReason::Stop));
         assert_eq!(want[5].1, Some(FinishReason::Cancelled));
-        for mode in [RunMode::Eager, RunMode::Graph] {
+        for (backend, mode) in backends
+            .iter()
+            .flat_map(|b| [(b, RunMode::Eager), (b, RunMode::Graph)])
+        {
             let options = EngineOptions {
                 prefill_lengths: vec![4, 8, 16],
                 ..EngineOptions::new(3, 24, Precision::F32, mode)
             };
-            let backend = Backend::Cuda(device.clone());
-            let engine = Engine::new((&config, &weights), &backend, options).unwrap();
+            let engine = Engine::new((&config, &weights), backend, options).unwrap();
             let mut continuous = ContinuousBatchScheduler::new(engine, None);
             let got = run(&mut continuous, &requests, 5);
-            assert_eq!(got, want, "{:?} {mode:?}", config.family);
+            let on = backend.workspaces();
+            assert_eq!(got, want, "{:?} {on:?} {mode:?}", config.family);
+            // Two pools, 2 slots of 16 positions and 2 of 24: the long requests take the latter.
+            let pools = [(2, 16), (2, 24)].map(|(slots, positions)| EngineOptions {
+                prefill_lengths: vec![4, 8, 16],
+                ..EngineOptions::new(slots, positions, Precision::F32, mode)
+            });
+            let engines = Engine::group((&config, &weights), backend, pools.to_vec()).unwrap();
+            let mut bucketed = LengthBucketedBatchScheduler::new(engines, None, true);
+            let got = run(&mut bucketed, &requests, 5);
+            assert_eq!(got, want, "{:?} {on:?} {mode:?} bucketed", config.family);
         }
         println!(
-            "{:?}: 7 requests, continuous on the GPU = reference on the CPU",
-            config.family
+            "{:?}: 7 requests, continuous and bucketed on {} backend(s) = reference on the CPU",
+            config.family,
+            backends.len()
         );
     }
 }
