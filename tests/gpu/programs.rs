@@ -1,0 +1,274 @@
+//! 2 and 3 of the module doc: the tiny programs against the interpreter, decode at many
+//! positions against the full forward, and a NaN weight's NaNs where the CPU has them.
+
+use super::*;
+
+/// Inputs for the tiny programs: random weights, then `example_inputs`.
+fn program_inputs(
+    graph: &Graph,
+    config: &ModelConfig,
+    kind: ProgramKind,
+    options: &ProgramOptions,
+    seed: u64,
+) -> BTreeMap<String, Tensor> {
+    let weights = random_weights_as(config, seed, options.precision.weight_dtype()).unwrap();
+    let mut values: BTreeMap<String, Tensor> = weights
+        .named()
+        .into_iter()
+        .map(|(name, v)| (name, v.value().clone()))
+        .collect();
+    values.extend(example_inputs(graph, config, kind, options, 5, seed).unwrap());
+    values
+}
+
+fn gpu_run(
+    device: &Arc<CudaDevice>,
+    graph: &Graph,
+    values: &BTreeMap<String, Tensor>,
+    streams: usize,
+    mode: RunMode,
+    runs: usize,
+) -> BTreeMap<String, Tensor> {
+    let options = PlanOptions {
+        streams,
+        ..Default::default()
+    };
+    let planned = plan(graph, &options, &kiln_runtime::Workspaces::Cuda).unwrap();
+    let backend = Backend::Cuda(device.clone());
+    backend.run(graph, &planned, values, mode, runs).unwrap()
+}
+
+#[test]
+fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
+    let Some(device) = device() else { return };
+    let mut seed = 11;
+    for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
+        for precision in [Precision::F32, Precision::Bf16Gemm, Precision::Bf16] {
+            let options = ProgramOptions {
+                batch: 2,
+                seq: 6,
+                max_seq: Some(12),
+                precision,
+                ..Default::default()
+            };
+            for kind in [
+                ProgramKind::Prefill,
+                ProgramKind::Decode,
+                ProgramKind::Train,
+            ] {
+                if precision == Precision::Bf16 && kind == ProgramKind::Train {
+                    continue; // inference only
+                }
+                seed += 1;
+                let graph = build(kind, &config, &options).unwrap();
+                let values = program_inputs(&graph, &config, kind, &options, seed);
+                // Two runs: train carries params and moments, decode its caches.
+                let mut cpu_values = values.clone();
+                interpret(&graph, &mut cpu_values).unwrap();
+                let want = interpret(&graph, &mut cpu_values).unwrap();
+                for streams in [1, 2] {
+                    let eager = gpu_run(&device, &graph, &values, streams, RunMode::Eager, 2);
+                    let replayed = gpu_run(&device, &graph, &values, streams, RunMode::Graph, 2);
+                    for (name, got) in &eager {
+                        let reference = want.get(name).unwrap_or_else(|| &cpu_values[name]);
+                        let error = testing::rel_l2(
+                            &got.to_f64_vec().unwrap(),
+                            &reference.to_f64_vec().unwrap(),
+                        );
+                        let what = format!(
+                            "{:?} {} {precision:?} streams={streams}: {name}",
+                            config.family,
+                            kind.name()
+                        );
+                        // AdamW's first steps divide by sqrt(v) ~ |grad|: an element whose
+                        // gradient is near zero turns a 1e-7 difference of the gradient into a
+                        // larger one of the update, so updated state gets 1e-4.
+                        // With bf16 GEMM inputs, a value that differs in its last f32 bits
+                        // can round to the neighbouring bf16: bf16's limit, 1e-2.
+                        let limit = match (precision, kind) {
+                            (Precision::Bf16Gemm | Precision::Bf16, _) => 1e-2,
+                            (_, ProgramKind::Train) if name != "loss" => 1e-4,
+                            _ => 1e-5,
+                        };
+                        assert!(error <= limit, "{what}: relative error {error:e}");
+                        assert_eq!(bits(got), bits(&replayed[name]), "{what}: replay != eager");
+                    }
+                    println!(
+                        "{:?} {} {precision:?} streams={streams}: {} values checked",
+                        config.family,
+                        kind.name(),
+                        eager.len()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_replayed_at_many_positions_equals_the_full_forward() {
+    let Some(device) = device() else { return };
+    let mut rng = testing::rng("gpu_decode");
+    // f32: the GEMMs' row counts differ, 1e-5. bf16: decode reads keys and values rounded into
+    // the bf16 cache where the full forward uses f32 ones (tests/bf16.rs measures ~4e-3).
+    for (precision, limit) in [(Precision::F32, 1e-5), (Precision::Bf16, 2e-2)] {
+        decode_at_many_positions(&device, &mut rng, precision, limit);
+    }
+}
+
+fn decode_at_many_positions(
+    device: &Arc<CudaDevice>,
+    rng: &mut StdRng,
+    precision: Precision,
+    limit: f64,
+) {
+    let config = ModelConfig::tiny();
+    let (batch, total, prompt, max_seq) = (2, 24, 5, 32);
+    let seed = rand::Rng::random(rng);
+    let weights = random_weights_as(&config, seed, precision.weight_dtype()).unwrap();
+    let ids = testing::indices(rng, batch * total, config.vocab_size);
+    let positions: Vec<i64> = (0..batch * total).map(|i| (i % total) as i64).collect();
+    let full = forward(
+        &Eager { precision },
+        &config,
+        &weights,
+        &Var::constant(Tensor::from_vec(ids.clone(), [batch, total]).unwrap()),
+        &Var::constant(Tensor::from_vec(positions, [batch, total]).unwrap()),
+    )
+    .unwrap()
+    .value()
+    .to_f64_vec()
+    .unwrap();
+    let vocab = config.vocab_size;
+    let options = ProgramOptions {
+        batch,
+        seq: prompt,
+        max_seq: Some(max_seq),
+        precision,
+        ..Default::default()
+    };
+    let compile = |kind| {
+        let graph = build(kind, &config, &options).unwrap();
+        let planned = plan(
+            &graph,
+            &PlanOptions::default(),
+            &kiln_runtime::Workspaces::Cuda,
+        )
+        .unwrap();
+        let mut exe = CudaExecutable::new(device, &graph, &planned).unwrap();
+        for (name, var) in weights.named() {
+            exe.set(&name, var.value()).unwrap();
+        }
+        for (name, tensor) in example_inputs(&graph, &config, kind, &options, 0, 0).unwrap() {
+            exe.set(&name, &tensor).unwrap();
+        }
+        exe
+    };
+    let mut prefill = compile(ProgramKind::Prefill);
+    let rows = |t0: usize, t1: usize| -> Vec<i64> {
+        (0..batch)
+            .flat_map(|b| ids[b * total + t0..b * total + t1].to_vec())
+            .collect()
+    };
+    let prompt_positions: Vec<i64> = (0..batch * prompt).map(|i| (i % prompt) as i64).collect();
+    prefill
+        .set(
+            "tokens",
+            &Tensor::from_vec(rows(0, prompt), [batch, prompt]).unwrap(),
+        )
+        .unwrap();
+    prefill
+        .set(
+            "positions",
+            &Tensor::from_vec(prompt_positions, [batch, prompt]).unwrap(),
+        )
+        .unwrap();
+    prefill.run(RunMode::Graph).unwrap();
+    let mut decode = compile(ProgramKind::Decode);
+    for layer in 0..config.num_hidden_layers {
+        for which in ["k", "v"] {
+            let name = format!("cache.{which}.{layer}");
+            decode.set(&name, &prefill.get(&name).unwrap()).unwrap();
+        }
+    }
+    let mut worst = 0.0f64;
+    for t in prompt..total {
+        decode
+            .set(
+                "tokens",
+                &Tensor::from_vec(rows(t, t + 1), [batch, 1]).unwrap(),
+            )
+            .unwrap();
+        decode
+            .set(
+                "positions",
+                &Tensor::from_vec(vec![t as i64; batch], [batch]).unwrap(),
+            )
+            .unwrap();
+        decode.run(RunMode::Graph).unwrap();
+        let logits = decode.get("logits").unwrap().to_f64_vec().unwrap();
+        for b in 0..batch {
+            let want = &full[(b * total + t) * vocab..(b * total + t + 1) * vocab];
+            let error = testing::rel_l2(&logits[b * vocab..(b + 1) * vocab], want);
+            assert!(
+                error < limit,
+                "{precision:?} position {t} row {b}: relative error {error:e}"
+            );
+            worst = worst.max(error);
+        }
+    }
+    println!(
+        "{precision:?} decode replayed at positions {prompt}..{total}: worst relative error {worst:e} vs the full forward"
+    );
+}
+
+/// One NaN in `lm_head.weight` (the issue that `fmaxf` dropped NaN from the loss's row max):
+/// the train step's loss is NaN on the GPU as in the reference interpreter, and every output,
+/// eager and replayed, has its NaNs where the interpreter has them.
+#[test]
+fn a_nan_weight_gives_the_cpus_nans_on_the_gpu() {
+    let Some(device) = device() else { return };
+    let mut rng = testing::rng("gpu_nan_weight");
+    let config = ModelConfig::tiny();
+    let options = ProgramOptions {
+        batch: 2,
+        seq: 6,
+        max_seq: Some(12),
+        ..Default::default()
+    };
+    for kind in [ProgramKind::Train, ProgramKind::Prefill] {
+        let graph = build(kind, &config, &options).unwrap();
+        let mut values = program_inputs(&graph, &config, kind, &options, 3);
+        let head = &values["lm_head.weight"];
+        let mut weights = head.to_vec::<f32>().unwrap();
+        let at = rand::Rng::random_range(&mut rng, 0..weights.len());
+        weights[at] = f32::NAN;
+        let head = Tensor::from_vec(weights, head.shape().clone()).unwrap();
+        values.insert("lm_head.weight".to_string(), head);
+        let want = interpret(&graph, &mut values.clone()).unwrap();
+        if kind == ProgramKind::Train {
+            assert!(
+                want["loss"].to_f64_vec().unwrap()[0].is_nan(),
+                "the CPU's loss"
+            );
+        }
+        for mode in [RunMode::Eager, RunMode::Graph] {
+            let got = gpu_run(&device, &graph, &values, 1, mode, 1);
+            for (name, reference) in &want {
+                let what = format!(
+                    "{} {mode:?} lm_head.weight[{at}] = NaN: {name}",
+                    kind.name()
+                );
+                let (g, w) = (
+                    got[name].to_f64_vec().unwrap(),
+                    reference.to_f64_vec().unwrap(),
+                );
+                special_values_agree(&what, &g, &w, false);
+            }
+        }
+        println!(
+            "{}: NaN in lm_head.weight[{at}] gives the CPU's NaNs",
+            kind.name()
+        );
+    }
+}
