@@ -12,6 +12,7 @@ use kiln_kernels::gpu::{self, Addr, Launch};
 use super::DeviceTensor;
 use crate::error::{Error, Result};
 
+mod activation;
 mod attention;
 mod indexed;
 pub(crate) mod linear;
@@ -286,70 +287,8 @@ impl Lowering<'_> {
                 )])
             }
             Op::Cast { to } => self.cast(*to),
-            Op::SwiGlu => {
-                let gate = self.operand(0, "gate", F32)?;
-                let up = self.operand(1, "up", F32)?;
-                let out = self.result(0, "out", F32)?;
-                let n = size(gate.numel());
-                Ok(vec![gpu::elementwise::swiglu_f32(
-                    out.addr(),
-                    gate.addr(),
-                    up.addr(),
-                    n,
-                )])
-            }
-            Op::SwiGluBackward => {
-                let gate = self.operand(0, "gate", F32)?;
-                let up = self.operand(1, "up", F32)?;
-                let grad = self.operand(2, "grad", F32)?;
-                let grad_gate = self.result(0, "grad_gate", F32)?;
-                let grad_up = self.result(1, "grad_up", F32)?;
-                Ok(vec![gpu::elementwise::swiglu_backward_f32(
-                    grad_gate.addr(),
-                    grad_up.addr(),
-                    gate.addr(),
-                    up.addr(),
-                    grad.addr(),
-                    size(gate.numel()),
-                )])
-            }
-            Op::Softmax => {
-                let x = self.operand(0, "x", F32)?;
-                let out = self.result(0, "out", F32)?;
-                let [rows, cols] = rows_cols(x);
-                Ok(vec![gpu::activation::softmax_f32(
-                    out.addr(),
-                    x.addr(),
-                    rows,
-                    cols,
-                )?])
-            }
-            Op::Argmax => {
-                let x = self.operand(0, "x", F32)?;
-                let out = self.result(0, "out", I64)?;
-                let [rows, cols] = rows_cols(x);
-                if rows == 0 {
-                    return Ok(vec![]);
-                }
-                Ok(vec![gpu::activation::argmax_f32(
-                    out.addr(),
-                    x.addr(),
-                    rows,
-                    cols,
-                )?])
-            }
-            Op::SoftmaxBackward => {
-                let y = self.operand(0, "y", F32)?;
-                let grad = self.operand(1, "grad", F32)?;
-                let grad_x = self.result(0, "grad_x", F32)?;
-                let [rows, cols] = rows_cols(y);
-                Ok(vec![gpu::activation::softmax_backward_f32(
-                    grad_x.addr(),
-                    y.addr(),
-                    grad.addr(),
-                    rows,
-                    cols,
-                )?])
+            Op::SwiGlu | Op::SwiGluBackward | Op::Softmax | Op::SoftmaxBackward | Op::Argmax => {
+                activation::lower_activation(self)
             }
             Op::RmsNorm { .. }
             | Op::AddRmsNorm { .. }
