@@ -14,7 +14,8 @@ pub enum BenchProgram {
     Prefill,
     Decode,
     Train,
-    /// A workload of requests through the reference and the continuous schedulers.
+    /// A workload of requests through the reference, continuous and (with --buckets)
+    /// length-bucketed schedulers.
     Serve,
 }
 

@@ -63,10 +63,11 @@ pub struct GenerateCli {
     #[arg(long)]
     max_seq: Option<usize>,
     /// reference: one request at a time, each with its own cache; continuous: batches of
-    /// requests joining and leaving at step boundaries over one KV pool.
+    /// requests joining and leaving at step boundaries over one KV pool (--slots); bucketed:
+    /// continuous batching over pools of different slot lengths (--buckets, --spill).
     #[arg(long, value_enum, default_value_t = SchedulerArg::Reference)]
     scheduler: SchedulerArg,
-    /// Sequences the continuous scheduler runs at once (its KV pool's slots).
+    /// Continuous: sequences it runs at once (its KV pool's slots).
     #[arg(long, default_value_t = 8)]
     slots: usize,
     /// The bucketed scheduler's KV pools, SLOTSxPOSITIONS each, e.g. 8x256,2x2048: a request

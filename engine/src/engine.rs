@@ -97,7 +97,7 @@ pub enum Fetch {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Step {
     /// Each row's greedy token: the argmax of its logits (ties to the lowest id), -1 where the
-    /// logits hold a NaN.
+    /// logits hold a NaN or are all -inf.
     pub tokens: Vec<i64>,
     /// `[rows, vocab]`, with [`Fetch::Logits`].
     logits: Option<Vec<f32>>,

@@ -255,6 +255,8 @@ fn bad_requests_are_refused_and_the_others_go_on() {
     let err = refused(vec![1; 17], 2);
     assert!(err.contains("17 tokens") && err.contains("16"), "{err}");
     assert!(refused(vec![1], 0).contains("max_new_tokens"));
+    // A count that would overflow is refused, not wrapped.
+    assert!(refused(vec![1, 2], usize::MAX).contains("more than the 24"));
     while !scheduler.is_idle() {
         scheduler.step().unwrap();
     }

@@ -181,7 +181,10 @@ impl ReferenceGenerator {
             ));
         }
         // The last generated token is never decoded, so the cache holds one row less.
-        let rows = (prompt.len() + max_new_tokens).saturating_sub(1);
+        let rows = prompt
+            .len()
+            .saturating_add(max_new_tokens)
+            .saturating_sub(1);
         if rows > self.setup.max_seq {
             return refuse(format!(
                 "{} prompt tokens and up to {max_new_tokens} new ones need {rows} cache rows, \

@@ -53,6 +53,13 @@ impl Sampler {
         })
     }
 
+    /// Frees the scratch sized by the vocabulary (a finished request keeps its sampler only
+    /// for its parameters).
+    pub fn release(&mut self) {
+        self.scores = Vec::new();
+        self.candidates = Vec::new();
+    }
+
     /// The parameters this sampler was made with.
     pub fn params(&self) -> &SamplingParams {
         &self.params

@@ -67,9 +67,10 @@ pub struct Outcome {
     /// Submission → first token and submission → finish, seconds.
     pub first_token_s: Option<f64>,
     pub total_s: Option<f64>,
-    /// For each token sampled on the host, its logits' largest minus second largest value:
-    /// how far the greedy choice was from a tie (empty for tokens chosen on the device).
-    pub margins: Vec<f32>,
+    /// For each token, its logits' largest minus second largest value (how far a greedy choice
+    /// was from a tie; infinite with a single finite logit) when the token was chosen on the
+    /// host, `None` when the device chose it.
+    pub margins: Vec<Option<f32>>,
 }
 
 /// The contract every scheduler keeps (see the module doc).
@@ -99,7 +100,7 @@ pub(crate) struct Sequence<'t> {
     stop: StopChecker,
     context: Vec<u32>,
     tokens: Vec<u32>,
-    margins: Vec<f32>,
+    margins: Vec<Option<f32>>,
     stream: Option<TextStream<'t>>,
     text: Option<String>,
     cause: Option<StopCause>,
@@ -155,7 +156,7 @@ impl<'t> Sequence<'t> {
     /// Samples the next token from `logits` and takes it (see [`take`](Self::take)).
     pub fn accept(&mut self, logits: &[f32]) -> Result<Event> {
         let token = self.sampler.sample(logits, &self.context)?;
-        self.margins.push(top_two_margin(logits));
+        self.margins.push(Some(top_two_margin(logits)));
         self.take(token)
     }
 
@@ -164,10 +165,11 @@ impl<'t> Sequence<'t> {
     pub fn accept_greedy(&mut self, token: i64) -> Result<Event> {
         let token = u32::try_from(token).map_err(|_| crate::Error::Generate {
             reason: format!(
-                "request {}: the logits hold NaN, so no greedy token follows",
+                "request {}: the logits hold NaN or are all -inf, so no greedy token follows",
                 self.id.0
             ),
         })?;
+        self.margins.push(None);
         self.take(token)
     }
 
@@ -202,6 +204,7 @@ impl<'t> Sequence<'t> {
 
     /// Ends the request for `reason`; returns its final phase.
     pub fn finish(&mut self, reason: FinishReason) -> Phase {
+        self.sampler.release();
         self.finished = Some(Instant::now());
         self.phase = Phase::Finished(reason);
         self.phase
@@ -241,7 +244,8 @@ impl<'t> Sequence<'t> {
     /// Cache positions the request may need: its prompt, then one per generated token but
     /// the last (which is never fed back).
     pub fn positions_needed(&self) -> usize {
-        self.request.prompt.len() + self.request.stop.max_new_tokens.saturating_sub(1)
+        (self.request.prompt.len())
+            .saturating_add(self.request.stop.max_new_tokens.saturating_sub(1))
     }
 }
 
@@ -265,7 +269,8 @@ pub(crate) fn cancelling(sequences: &[Sequence<'_>]) -> Vec<RequestId> {
         .collect()
 }
 
-/// The largest value of `logits` minus the second largest (0 for fewer than two).
+/// The largest value of `logits` minus the second largest (infinite when the second is -inf,
+/// 0 for fewer than two values).
 fn top_two_margin(logits: &[f32]) -> f32 {
     let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
     for &value in logits {
@@ -275,9 +280,9 @@ fn top_two_margin(logits: &[f32]) -> f32 {
             second = value;
         }
     }
-    if second.is_finite() {
-        first - second
-    } else {
-        0.0
+    match (logits.len(), second == f32::NEG_INFINITY) {
+        (0 | 1, _) => 0.0,
+        (_, true) => f32::INFINITY,
+        _ => first - second,
     }
 }

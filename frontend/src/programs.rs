@@ -90,8 +90,8 @@ fn caches(
 }
 
 /// A pool's programs also output `next_tokens [B]`, each row's greedy token (the argmax of its
-/// logits, -1 for logits with a NaN), so greedy decoding copies B ids off the device instead of
-/// B·V logits.
+/// logits, -1 for logits with a NaN or all -inf), so greedy decoding copies B ids off the
+/// device instead of B·V logits.
 fn greedy_tokens(tracer: &Tracer, options: &ProgramOptions, logits: ValueId) -> Result<()> {
     if options.pool.is_some() {
         let next = tracer.graph().op1(kiln_ir::Op::Argmax, &[logits])?;

@@ -90,8 +90,8 @@ pub enum Op {
     /// `(y, grad) -> grad_x`.
     SoftmaxBackward,
     /// `(x [..., N] float) -> i64 [...]`: the index of each last-dim row's largest element,
-    /// ties to the lowest index; -1 for a row holding a NaN or no element (greedy decoding's
-    /// next token, on the device).
+    /// ties to the lowest index; -1 for a row with no largest element (a NaN, all -inf, or
+    /// empty): greedy decoding's next token, on the device.
     Argmax,
     /// `(logits [N,V], targets [N] int) -> loss []`: mean over rows not equal to `ignore_index`.
     CrossEntropy { ignore_index: i64 },

@@ -54,7 +54,8 @@ __device__ void kiln_warp_better(float& value, i64& index) {
 }
 
 // out[r] = the index of the largest x[r, :], ties to the lowest index, as the CPU; -1 for a
-// row holding a NaN or no element. Each thread keeps its stride's first largest element (index
+// row with no largest element (a NaN, all -inf, or empty). Needs blockDim.x a multiple of
+// KILN_WARP, at most 1024 (the builder launches BLOCK_THREADS). Each thread keeps its stride's first largest element (index
 // `cols` stands for none yet), then warps and the block reduce the pairs in a fixed order.
 extern "C" __global__ void argmax_f32(i64* out, const float* x, i64 rows, i64 cols) {
     __shared__ float values[KILN_WARP];
@@ -86,6 +87,7 @@ extern "C" __global__ void argmax_f32(i64* out, const float* x, i64 rows, i64 co
         best = lane < warps ? values[lane] : -__int_as_float(0x7f800000);
         at = lane < warps ? indices[lane] : cols;
         kiln_warp_better(best, at);
-        if (lane == 0) out[row] = nan || at == cols ? -1 : at;
+        const bool none = nan || at == cols || best == -__int_as_float(0x7f800000);
+        if (lane == 0) out[row] = none ? -1 : at;
     }
 }

@@ -130,8 +130,8 @@ fn softmax_typed<T: Real>(x: &TensorView<'_>, out: &mut TensorViewMut<'_>) -> Re
 }
 
 /// The index of each last-dim row's largest element of `x` into `out` (i64, `x`'s shape
-/// without its last dim): ties go to the lowest index, and a row holding a NaN (or no element)
-/// gives -1.
+/// without its last dim): ties go to the lowest index, and a row with no largest element — one
+/// holding a NaN, all -inf, or empty — gives -1 (as the host's greedy sampler refuses it).
 pub fn argmax(x: &TensorView<'_>, out: &mut TensorViewMut<'_>) -> Result<()> {
     const OP: &str = "argmax";
     let dims = x.shape().dims();
@@ -166,7 +166,10 @@ fn argmax_typed<T: Real>(x: &TensorView<'_>, out: &mut TensorViewMut<'_>) -> Res
                     at = j;
                 }
             }
-            at as i64
+            match row[at] == T::neg_infinity() {
+                true => -1,
+                false => at as i64,
+            }
         };
     }
     Ok(())

@@ -120,7 +120,7 @@ pub fn bench_serve(args: &ServeArgs) -> Result<ServeResult> {
                 max_new_tokens: args.new_tokens,
             };
             Arrival {
-                step: i * args.arrival_every,
+                step: i.saturating_mul(args.arrival_every),
                 request: Request {
                     prompt,
                     sampling: SamplingParams::greedy(),
@@ -130,7 +130,8 @@ pub fn bench_serve(args: &ServeArgs) -> Result<ServeResult> {
         })
         .collect();
     let backend = &args.backend;
-    let max_seq = args.prompt_len + args.new_tokens;
+    let max_seq = (args.prompt_len.checked_add(args.new_tokens))
+        .ok_or_else(|| anyhow::anyhow!("--seq plus --new-tokens does not fit a count"))?;
     let model = (&config, &loaded.weights);
     let generator =
         ReferenceGenerator::new(model, backend.clone(), (args.mode, args.precision), max_seq)?;
@@ -144,7 +145,7 @@ pub fn bench_serve(args: &ServeArgs) -> Result<ServeResult> {
     let largest_margin_where_different = pairs()
         .filter_map(|(a, b)| {
             let at = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y)?;
-            a.margins.get(at).copied()
+            a.margins.get(at).copied().flatten()
         })
         .reduce(f32::max);
     let bucketed = match args.buckets.is_empty() {

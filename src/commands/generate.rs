@@ -1,9 +1,9 @@
 //! `kiln generate`: continue prompts through a scheduler — the serial reference (compiled B=1
-//! prefill and decode programs, replayed per token) or continuous batching over one compiled
-//! engine and its KV pool of `--slots` sequences. One `--prompt` streams its text to standard
-//! output as it comes; `--prompts FILE` submits every prompt of the file at once with a
-//! progress bar, and `--json OUT` writes what each produced and a latency summary (see
-//! `report.rs`).
+//! prefill and decode programs, replayed per token), continuous batching over one compiled
+//! engine and its KV pool of `--slots` sequences, or length-bucketed batching over pools of
+//! `--buckets`. One `--prompt` streams its text to standard output as it comes; `--prompts
+//! FILE` submits every prompt of the file at once with a progress bar, and `--json OUT` writes
+//! what each produced and a latency summary (see `report.rs`).
 
 mod prompts;
 mod report;
@@ -156,7 +156,9 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     }
     // The last generated token is never decoded: the cache holds one row less.
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let needed = (longest + args.max_new_tokens).saturating_sub(1);
+    let needed = longest
+        .saturating_add(args.max_new_tokens)
+        .saturating_sub(1);
     let positions = config.max_position_embeddings;
     if args.max_seq.is_none() && needed > positions {
         bail!(

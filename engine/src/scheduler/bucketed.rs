@@ -22,6 +22,8 @@ pub struct LengthBucketedBatchScheduler<'t> {
     buckets: Vec<ContinuousBatchScheduler<'t>>,
     /// Each request's bucket and its id there, by global id.
     routes: Vec<(usize, RequestId)>,
+    /// Each bucket's requests' global ids, by their id there.
+    globals: Vec<Vec<RequestId>>,
     spill: bool,
 }
 
@@ -30,12 +32,14 @@ impl<'t> LengthBucketedBatchScheduler<'t> {
     /// `spill`, the opt-in rule of the module doc.
     pub fn new(mut engines: Vec<Engine>, tokenizer: Option<&'t Tokenizer>, spill: bool) -> Self {
         engines.sort_by_key(|engine| engine.options().max_seq);
-        let buckets = (engines.into_iter())
+        let buckets: Vec<ContinuousBatchScheduler<'t>> = (engines.into_iter())
             .map(|engine| ContinuousBatchScheduler::new(engine, tokenizer))
             .collect();
+        let globals = buckets.iter().map(|_| Vec::new()).collect();
         LengthBucketedBatchScheduler {
             buckets,
             routes: Vec::new(),
+            globals,
             spill,
         }
     }
@@ -54,7 +58,8 @@ impl<'t> LengthBucketedBatchScheduler<'t> {
 
     /// The buckets `request` fits, smallest first.
     fn fitting(&self, request: &Request) -> Vec<usize> {
-        let needed = request.prompt.len() + request.stop.max_new_tokens.saturating_sub(1);
+        let needed =
+            (request.prompt.len()).saturating_add(request.stop.max_new_tokens.saturating_sub(1));
         (0..self.buckets.len())
             .filter(|&b| {
                 let options = self.buckets[b].engine().options();
@@ -94,8 +99,10 @@ impl Scheduler for LengthBucketedBatchScheduler<'_> {
             false => smallest,
         };
         let local = self.buckets[bucket].submit(request)?;
+        let global = RequestId(self.routes.len());
         self.routes.push((bucket, local));
-        Ok(RequestId(self.routes.len() - 1))
+        self.globals[bucket].push(global);
+        Ok(global)
     }
 
     fn cancel(&mut self, id: RequestId) -> bool {
@@ -109,12 +116,10 @@ impl Scheduler for LengthBucketedBatchScheduler<'_> {
         let mut events = Vec::new();
         for (bucket, scheduler) in self.buckets.iter_mut().enumerate() {
             for mut event in scheduler.step()? {
-                let global = (self.routes.iter())
-                    .position(|&route| route == (bucket, event.id))
-                    .ok_or_else(|| Error::Generate {
+                event.id =
+                    *(self.globals[bucket].get(event.id.0)).ok_or_else(|| Error::Generate {
                         reason: format!("bucket {bucket} reported an unknown request"),
                     })?;
-                event.id = RequestId(global);
                 events.push(event);
             }
         }

@@ -101,6 +101,10 @@ pub fn run_workload(
     let mut ids: Vec<Option<RequestId>> = vec![None; arrivals.len()];
     let (start, mut step, mut next) = (Instant::now(), 0, 0);
     while next < order.len() || !scheduler.is_idle() {
+        // Nothing runs until the next arrival: go straight to it.
+        if scheduler.is_idle() {
+            step = step.max(arrivals[order[next]].step);
+        }
         while next < order.len() && arrivals[order[next]].step <= step {
             let index = order[next];
             ids[index] = Some(scheduler.submit(arrivals[index].request.clone())?);

@@ -123,7 +123,8 @@ impl ProgramOptions {
         if let (Some(pool), Some(_)) = (self.pool, rows) {
             if pool < self.batch {
                 let reason = format!(
-                    "a pool of {pool} slots cannot hold the {} rows of a batch (each row takes                      its own slot)",
+                    "a pool of {pool} slots cannot hold the {} rows of a batch (each row takes \
+                     its own slot)",
                     self.batch
                 );
                 return refuse("--slots", pool, reason);
@@ -189,9 +190,13 @@ impl ProgramOptions {
                     (_, Some(rows)) => format!("--seq {} and --max-seq {rows}", self.seq),
                     (_, None) => format!("--seq {}", self.seq),
                 };
+                let (flag, value) = match (what, self.pool) {
+                    ("KV cache of a layer", Some(pool)) => ("--slots", pool),
+                    _ => ("--batch", batch),
+                };
                 return Err(Error::ProgramOption {
-                    flag: "--batch",
-                    value: batch,
+                    flag,
+                    value,
                     reason: format!("with {flags}, the program's {what} cannot be built: {error}"),
                 });
             }

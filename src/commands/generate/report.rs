@@ -3,6 +3,7 @@
 //! default `percentile`). Latencies count from the submission of every request at the start
 //! of the run: the serial reference serves them one after another, so a later request waits.
 
+use kiln_engine::scheduler::metrics::quantile;
 use serde::Serialize;
 
 /// One request's outcome.
@@ -43,6 +44,8 @@ pub struct Report {
 impl Report {
     pub fn new(requests: Vec<RequestRecord>, wall_ms: f64) -> Report {
         let generated_tokens = requests.iter().map(|r| r.tokens.len()).sum();
+        // The engine's quantiles (linear interpolation); 0 when there is no request.
+        let percentile = |values: &[f64], q| quantile(values, q).unwrap_or(0.0);
         let percentiles = |values: Vec<f64>| Percentiles {
             p50: percentile(&values, 0.50),
             p95: percentile(&values, 0.95),
@@ -56,33 +59,5 @@ impl Report {
             total_ms: percentiles(requests.iter().map(|r| r.total_ms).collect()),
         };
         Report { requests, summary }
-    }
-}
-
-/// The `p` quantile of `values` by linear interpolation (0 for none).
-pub fn percentile(values: &[f64], p: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => 0.0,
-        n => {
-            let rank = p * (n - 1) as f64;
-            let (low, high) = (rank.floor() as usize, rank.ceil() as usize);
-            sorted[low] + (sorted[high] - sorted[low]) * (rank - low as f64)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::percentile;
-
-    #[test]
-    fn percentiles_interpolate_between_order_statistics() {
-        let values = [40.0, 10.0, 30.0, 20.0];
-        assert_eq!(percentile(&values, 0.5), 25.0);
-        assert!((percentile(&values, 0.95) - 38.5).abs() < 1e-12);
-        assert_eq!(percentile(&[7.0], 0.95), 7.0);
-        assert_eq!(percentile(&[], 0.5), 0.0);
     }
 }
