@@ -265,3 +265,53 @@ fn bad_requests_are_refused_and_the_others_go_on() {
         oracle_greedy(&config, &weights, &[1, 2, 3], 4)
     );
 }
+
+#[test]
+fn a_request_with_nan_logits_fails_alone() {
+    let mut rng = fresh_rng("a_request_with_nan_logits_fails_alone");
+    let config = ModelConfig::tiny();
+    let mut weights = random_weights(&config, rng.random()).unwrap();
+    let healthy = prompt(&mut rng, &config, 4);
+    let want = oracle_greedy(&config, &weights, &healthy, 6);
+    // A NaN embedding row of a token the healthy request never sees.
+    let poisoned = (0..config.vocab_size as u32)
+        .find(|t| !healthy.contains(t) && !want.contains(t))
+        .unwrap();
+    let mut table = weights.embed_tokens.value().to_vec::<f32>().unwrap();
+    let hidden = config.hidden_size;
+    table[poisoned as usize * hidden..(poisoned as usize + 1) * hidden].fill(f32::NAN);
+    let dims = [config.vocab_size, hidden];
+    weights.embed_tokens = Var::constant(kiln_runtime::Tensor::from_vec(table, dims).unwrap());
+    for greedy in [true, false] {
+        let sampling = match greedy {
+            true => SamplingParams::greedy(),
+            false => SamplingParams {
+                seed: 3,
+                ..SamplingParams::default()
+            },
+        };
+        let mut scheduler =
+            ContinuousBatchScheduler::new(engine(&config, &weights, 2, RunMode::Graph), None);
+        let bad = scheduler
+            .submit(request(vec![1, poisoned, 2], 6, &[], sampling.clone()))
+            .unwrap();
+        let good = scheduler
+            .submit(request(healthy.clone(), 6, &[], SamplingParams::greedy()))
+            .unwrap();
+        while !scheduler.is_idle() {
+            scheduler.step().unwrap();
+        }
+        let failed = scheduler.outcome(bad).unwrap();
+        assert_eq!(
+            failed.finish_reason,
+            Some(FinishReason::Error),
+            "greedy {greedy}"
+        );
+        assert!(failed.error.unwrap().contains("NaN"));
+        assert_eq!(
+            scheduler.outcome(good).unwrap().tokens,
+            want,
+            "greedy {greedy}"
+        );
+    }
+}

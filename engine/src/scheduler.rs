@@ -3,7 +3,9 @@
 //! A request moves queued → prefilling → decoding → finished (length | stop | cancelled).
 //! Every scheduler takes requests at any time ([`Scheduler::submit`]), acts only at step
 //! boundaries ([`Scheduler::step`]: cancellations, admissions, one token for each running
-//! request) and reports each token as an [`Event`]. Each request carries its own sampler (its
+//! request) and reports each token as an [`Event`]. A request whose next token cannot be chosen
+//! (NaN logits, say) finishes with [`FinishReason::Error`] alone; an error of the engine itself
+//! ends the step with `Err`. Each request carries its own sampler (its
 //! seed decides its draws whatever else runs) and stop checker, so the tokens a request gets
 //! do not depend on the scheduler — the [`ReferenceScheduler`](reference::ReferenceScheduler)
 //! (serial, one request at a time) is the oracle of the
@@ -71,6 +73,8 @@ pub struct Outcome {
     /// was from a tie; infinite with a single finite logit) when the token was chosen on the
     /// host, `None` when the device chose it.
     pub margins: Vec<Option<f32>>,
+    /// Why the request failed, when it finished with [`FinishReason::Error`].
+    pub error: Option<String>,
 }
 
 /// The contract every scheduler keeps (see the module doc).
@@ -104,6 +108,7 @@ pub(crate) struct Sequence<'t> {
     stream: Option<TextStream<'t>>,
     text: Option<String>,
     cause: Option<StopCause>,
+    error: Option<String>,
     submitted: Instant,
     first_token: Option<Instant>,
     finished: Option<Instant>,
@@ -127,6 +132,7 @@ impl<'t> Sequence<'t> {
             stream: tokenizer.map(|t| t.stream(false)),
             text: tokenizer.map(|_| String::new()),
             cause: None,
+            error: None,
             request,
             phase: Phase::Queued,
             cancel: false,
@@ -210,6 +216,19 @@ impl<'t> Sequence<'t> {
         self.phase
     }
 
+    /// Ends the request for `error`, its own failure (a choice that cannot be made from its
+    /// logits, a token its text stream cannot take); returns the event.
+    pub fn failed(&mut self, error: &crate::Error) -> Event {
+        self.error = Some(error.to_string());
+        self.finish(FinishReason::Error);
+        Event {
+            id: self.id,
+            token: None,
+            text: None,
+            finished: Some(FinishReason::Error),
+        }
+    }
+
     /// The cancellation event, after [`finish`](Self::finish).
     pub fn cancelled(&mut self) -> Event {
         self.finish(FinishReason::Cancelled);
@@ -238,6 +257,7 @@ impl<'t> Sequence<'t> {
             first_token_s: seconds(self.first_token),
             total_s: seconds(self.finished),
             margins: self.margins.clone(),
+            error: self.error.clone(),
         }
     }
 

@@ -69,15 +69,19 @@ pub enum FinishReason {
     Stop,
     /// The request was cancelled before it finished.
     Cancelled,
+    /// The request failed on its own (its logits held NaN, say); the others went on.
+    Error,
 }
 
 impl FinishReason {
-    /// The OpenAI name (`"length"`, `"stop"`; kiln's `"cancelled"`), as it is serialized.
+    /// The OpenAI name (`"length"`, `"stop"`; kiln's `"cancelled"` and `"error"`), as it is
+    /// serialized.
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Length => "length",
             FinishReason::Stop => "stop",
             FinishReason::Cancelled => "cancelled",
+            FinishReason::Error => "error",
         }
     }
 }

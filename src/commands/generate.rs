@@ -286,6 +286,12 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
             text: outcome.text,
         });
     }
+    let failed: Vec<String> = (ids.iter().enumerate())
+        .filter_map(|(index, &id)| {
+            let error = scheduler.outcome(id)?.error?;
+            Some(format!("prompt {index}: {error}"))
+        })
+        .collect();
     let report = Report::new(records, started.elapsed().as_secs_f64() * 1e3);
     let s = &report.summary;
     eprintln!(
@@ -303,6 +309,14 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     if let Some(json) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
         write_file_atomically(json, text.as_bytes())?;
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} request(s) failed (the others finished):\n  {}",
+            failed.len(),
+            ids.len(),
+            failed.join("\n  ")
+        );
     }
     Ok(())
 }

@@ -168,10 +168,11 @@ impl<'t> ContinuousBatchScheduler<'t> {
         events: &mut Vec<Event>,
     ) -> Result<()> {
         let sequence = &mut self.sequences[id.0];
-        let event = match step.logits(row) {
-            Some(logits) => sequence.accept(logits)?,
-            None => sequence.accept_greedy(step.tokens[row])?,
+        let taken = match step.logits(row) {
+            Some(logits) => sequence.accept(logits),
+            None => sequence.accept_greedy(step.tokens[row]),
         };
+        let event = taken.unwrap_or_else(|error| sequence.failed(&error));
         if event.finished.is_some() {
             self.release(id);
         }

@@ -32,13 +32,15 @@ impl<'t> ReferenceScheduler<'t> {
         }
     }
 
-    /// Samples request `id`'s next token from `logits`; a finished request releases the cache.
-    fn take(&mut self, id: RequestId, logits: &[f32]) -> Result<Event> {
-        let event = self.sequences[id.0].accept(logits)?;
+    /// Samples request `id`'s next token from `logits` (a request whose token cannot be chosen
+    /// finishes alone); a finished request releases the cache.
+    fn take(&mut self, id: RequestId, logits: &[f32]) -> Event {
+        let sequence = &mut self.sequences[id.0];
+        let event = (sequence.accept(logits)).unwrap_or_else(|error| sequence.failed(&error));
         if event.finished.is_some() {
             self.running = None;
         }
-        Ok(event)
+        event
     }
 }
 
@@ -72,7 +74,7 @@ impl Scheduler for ReferenceScheduler<'_> {
                 let sequence = &self.sequences[id.0];
                 let (token, position) = (sequence.last_token(), sequence.position());
                 let logits = self.generator.decode_token(token, position)?;
-                events.push(self.take(id, &logits)?);
+                events.push(self.take(id, &logits));
             }
             None => {
                 if let Some(id) = self.queue.pop_front() {
@@ -80,7 +82,7 @@ impl Scheduler for ReferenceScheduler<'_> {
                     self.sequences[id.0].phase = Phase::Prefilling;
                     let prompt = self.sequences[id.0].request.prompt.clone();
                     let logits = self.generator.prefill_prompt(&prompt)?;
-                    events.push(self.take(id, &logits)?);
+                    events.push(self.take(id, &logits));
                 }
             }
         }
