@@ -17,6 +17,7 @@ pub mod continuous;
 pub mod metrics;
 pub mod reference;
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::error::Result;
@@ -269,24 +270,83 @@ impl<'t> Sequence<'t> {
     }
 }
 
-/// Asks request `id` of `sequences` to be cancelled at the next step boundary; false when it
-/// is unknown or finished.
-pub(crate) fn ask_cancel(sequences: &mut [Sequence<'_>], id: RequestId) -> bool {
-    match sequences.get_mut(id.0) {
-        Some(sequence) if !matches!(sequence.phase, Phase::Finished(_)) => {
-            sequence.cancel = true;
-            true
+/// The requests a scheduler holds: every one by id, and the queue of those not admitted yet.
+pub(crate) struct Book<'t> {
+    tokenizer: Option<&'t Tokenizer>,
+    sequences: Vec<Sequence<'t>>,
+    pub queue: VecDeque<RequestId>,
+}
+
+impl<'t> Book<'t> {
+    pub fn new(tokenizer: Option<&'t Tokenizer>) -> Self {
+        Book {
+            tokenizer,
+            sequences: Vec::new(),
+            queue: VecDeque::new(),
         }
-        _ => false,
+    }
+
+    /// The next request's state, refused as [`Sequence::new`] refuses; not queued yet.
+    pub fn draft(&self, request: Request) -> Result<Sequence<'t>> {
+        Sequence::new(RequestId(self.sequences.len()), request, self.tokenizer)
+    }
+
+    /// Queues a [`draft`](Self::draft); returns its id.
+    pub fn enqueue(&mut self, sequence: Sequence<'t>) -> RequestId {
+        let id = sequence.id;
+        self.sequences.push(sequence);
+        self.queue.push_back(id);
+        id
+    }
+
+    /// Asks request `id` to be cancelled at the next step boundary; false when it is unknown
+    /// or finished.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        match self.sequences.get_mut(id.0) {
+            Some(sequence) if !matches!(sequence.phase, Phase::Finished(_)) => {
+                sequence.cancel = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Ends every request asked to be cancelled (dropping it from the queue) and returns their
+    /// events; `release` frees what a running one holds.
+    pub fn cancellations(&mut self, mut release: impl FnMut(RequestId)) -> Vec<Event> {
+        let asked: Vec<RequestId> = (self.sequences.iter())
+            .filter(|s| s.cancel && !matches!(s.phase, Phase::Finished(_)))
+            .map(|s| s.id)
+            .collect();
+        (asked.into_iter())
+            .map(|id| {
+                self.queue.retain(|&queued| queued != id);
+                release(id);
+                self.sequences[id.0].cancelled()
+            })
+            .collect()
+    }
+
+    pub fn phase(&self, id: RequestId) -> Option<Phase> {
+        self.sequences.get(id.0).map(|s| s.phase)
+    }
+
+    pub fn outcome(&self, id: RequestId) -> Option<Outcome> {
+        self.sequences.get(id.0).map(Sequence::outcome)
     }
 }
 
-/// The requests asked to be cancelled and not finished yet.
-pub(crate) fn cancelling(sequences: &[Sequence<'_>]) -> Vec<RequestId> {
-    (sequences.iter())
-        .filter(|s| s.cancel && !matches!(s.phase, Phase::Finished(_)))
-        .map(|s| s.id)
-        .collect()
+impl<'t> std::ops::Index<RequestId> for Book<'t> {
+    type Output = Sequence<'t>;
+    fn index(&self, id: RequestId) -> &Sequence<'t> {
+        &self.sequences[id.0]
+    }
+}
+
+impl std::ops::IndexMut<RequestId> for Book<'_> {
+    fn index_mut(&mut self, id: RequestId) -> &mut Self::Output {
+        &mut self.sequences[id.0]
+    }
 }
 
 /// The largest value of `logits` minus the second largest (infinite when the second is -inf,

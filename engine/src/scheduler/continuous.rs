@@ -14,11 +14,9 @@
 //! position). A request that could never fit a slot is refused at submission, naming both
 //! numbers.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
-use super::{
-    ask_cancel, cancelling, Event, Outcome, Phase, Request, RequestId, Scheduler, Sequence,
-};
+use super::{Book, Event, Outcome, Phase, Request, RequestId, Scheduler};
 use crate::engine::{DecodeRow, Engine, Fetch, PrefillRow, Step};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -26,10 +24,7 @@ use crate::tokenizer::Tokenizer;
 /// The continuous batching scheduler (see the module doc).
 pub struct ContinuousBatchScheduler<'t> {
     engine: Engine,
-    tokenizer: Option<&'t Tokenizer>,
-    /// Every request, indexed by its id.
-    sequences: Vec<Sequence<'t>>,
-    queue: VecDeque<RequestId>,
+    book: Book<'t>,
     /// Which request holds each slot.
     slots: Vec<Option<RequestId>>,
 }
@@ -41,9 +36,7 @@ impl<'t> ContinuousBatchScheduler<'t> {
         let slots = vec![None; engine.options().slots];
         ContinuousBatchScheduler {
             engine,
-            tokenizer,
-            sequences: Vec::new(),
-            queue: VecDeque::new(),
+            book: Book::new(tokenizer),
             slots,
         }
     }
@@ -54,7 +47,7 @@ impl<'t> ContinuousBatchScheduler<'t> {
 
     /// Requests submitted and not admitted yet.
     pub fn queued(&self) -> usize {
-        self.queue.len()
+        self.book.queue.len()
     }
 
     /// The requests holding slots now, by slot.
@@ -70,29 +63,24 @@ impl<'t> ContinuousBatchScheduler<'t> {
 
     /// Frees request `id`'s slot, if it holds one.
     fn release(&mut self, id: RequestId) {
-        if let Some(slot) = self.slot_of(id) {
-            self.slots[slot] = None;
-        }
+        free_slot(&mut self.slots, id);
     }
 
     /// Step 1: cancellations.
     fn cancellations(&mut self, events: &mut Vec<Event>) {
-        for id in cancelling(&self.sequences) {
-            self.release(id);
-            self.queue.retain(|&queued| queued != id);
-            events.push(self.sequences[id.0].cancelled());
-        }
+        let slots = &mut self.slots;
+        events.extend(self.book.cancellations(|id| free_slot(slots, id)));
     }
 
     /// Step 2: admissions into the lowest free slots.
     fn admit(&mut self) -> Vec<RequestId> {
         let mut admitted = Vec::new();
         while let Some(slot) = self.slots.iter().position(Option::is_none) {
-            let Some(id) = self.queue.pop_front() else {
+            let Some(id) = self.book.queue.pop_front() else {
                 break;
             };
             self.slots[slot] = Some(id);
-            self.sequences[id.0].phase = Phase::Prefilling;
+            self.book[id].phase = Phase::Prefilling;
             admitted.push(id);
         }
         admitted
@@ -102,7 +90,7 @@ impl<'t> ContinuousBatchScheduler<'t> {
     fn prefill(&mut self, admitted: &[RequestId], events: &mut Vec<Event>) -> Result<()> {
         let mut groups: BTreeMap<usize, Vec<RequestId>> = BTreeMap::new();
         for &id in admitted {
-            let length = self.sequences[id.0].request.prompt.len();
+            let length = self.book[id].request.prompt.len();
             groups.entry(length).or_default().push(id);
         }
         for ids in groups.values() {
@@ -114,7 +102,7 @@ impl<'t> ContinuousBatchScheduler<'t> {
             let rows: Vec<PrefillRow<'_>> = (ids.iter().zip(&slots))
                 .map(|(&id, &slot)| PrefillRow {
                     slot,
-                    prompt: &self.sequences[id.0].request.prompt,
+                    prompt: &self.book[id].request.prompt,
                 })
                 .collect();
             let step = self.engine.prefill(&rows, self.fetch(ids))?;
@@ -129,14 +117,14 @@ impl<'t> ContinuousBatchScheduler<'t> {
     fn decode(&mut self, admitted: &[RequestId], events: &mut Vec<Event>) -> Result<()> {
         let running: Vec<(usize, RequestId)> = (self.running().into_iter())
             .filter(|(_, id)| !admitted.contains(id))
-            .filter(|(_, id)| self.sequences[id.0].phase == Phase::Decoding)
+            .filter(|&(_, id)| self.book[id].phase == Phase::Decoding)
             .collect();
         if running.is_empty() {
             return Ok(());
         }
         let rows: Vec<DecodeRow> = (running.iter())
             .map(|&(slot, id)| {
-                let sequence = &self.sequences[id.0];
+                let sequence = &self.book[id];
                 DecodeRow {
                     slot,
                     token: sequence.last_token(),
@@ -154,7 +142,7 @@ impl<'t> ContinuousBatchScheduler<'t> {
 
     /// The logits only when some of `ids` samples on the host.
     fn fetch(&self, ids: &[RequestId]) -> Fetch {
-        match ids.iter().all(|id| self.sequences[id.0].greedy_on_device()) {
+        match ids.iter().all(|&id| self.book[id].greedy_on_device()) {
             true => Fetch::Tokens,
             false => Fetch::Logits,
         }
@@ -167,7 +155,7 @@ impl<'t> ContinuousBatchScheduler<'t> {
         (step, row): (&Step, usize),
         events: &mut Vec<Event>,
     ) -> Result<()> {
-        let sequence = &mut self.sequences[id.0];
+        let sequence = &mut self.book[id];
         let taken = match step.logits(row) {
             Some(logits) => sequence.accept(logits),
             None => sequence.accept_greedy(step.tokens[row]),
@@ -181,6 +169,13 @@ impl<'t> ContinuousBatchScheduler<'t> {
     }
 }
 
+/// Frees the slot request `id` holds, if any.
+fn free_slot(slots: &mut [Option<RequestId>], id: RequestId) {
+    if let Some(slot) = slots.iter().position(|&held| held == Some(id)) {
+        slots[slot] = None;
+    }
+}
+
 fn lost(reason: &str) -> Error {
     Error::Generate {
         reason: format!("continuous scheduler: {reason}"),
@@ -189,8 +184,7 @@ fn lost(reason: &str) -> Error {
 
 impl Scheduler for ContinuousBatchScheduler<'_> {
     fn submit(&mut self, request: Request) -> Result<RequestId> {
-        let id = RequestId(self.sequences.len());
-        let sequence = Sequence::new(id, request, self.tokenizer)?;
+        let sequence = self.book.draft(request)?;
         let options = self.engine.options();
         let prompt = &sequence.request.prompt;
         let vocab = self.engine.config().vocab_size;
@@ -218,13 +212,11 @@ impl Scheduler for ContinuousBatchScheduler<'_> {
                 options.max_seq
             ));
         }
-        self.sequences.push(sequence);
-        self.queue.push_back(id);
-        Ok(id)
+        Ok(self.book.enqueue(sequence))
     }
 
     fn cancel(&mut self, id: RequestId) -> bool {
-        ask_cancel(&mut self.sequences, id)
+        self.book.cancel(id)
     }
 
     fn step(&mut self) -> Result<Vec<Event>> {
@@ -238,14 +230,14 @@ impl Scheduler for ContinuousBatchScheduler<'_> {
     }
 
     fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.slots.iter().all(Option::is_none)
+        self.book.queue.is_empty() && self.slots.iter().all(Option::is_none)
     }
 
     fn phase(&self, id: RequestId) -> Option<Phase> {
-        self.sequences.get(id.0).map(|s| s.phase)
+        self.book.phase(id)
     }
 
     fn outcome(&self, id: RequestId) -> Option<Outcome> {
-        self.sequences.get(id.0).map(Sequence::outcome)
+        self.book.outcome(id)
     }
 }
