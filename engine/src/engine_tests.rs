@@ -315,3 +315,76 @@ fn a_request_with_nan_logits_fails_alone() {
         );
     }
 }
+
+/// A program whose next run fails while `armed` is set (it disarms itself), standing in for a
+/// device that faults.
+struct Faulty {
+    inner: Box<dyn Executable>,
+    armed: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl Executable for Faulty {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn set(&mut self, name: &str, tensor: &Tensor) -> kiln_runtime::Result<()> {
+        self.inner.set(name, tensor)
+    }
+    fn run(&mut self, mode: RunMode) -> kiln_runtime::Result<()> {
+        match self.armed.replace(false) {
+            true => Err(kiln_runtime::Error::Device {
+                backend: "test",
+                what: "run".to_string(),
+                reason: "injected fault".to_string(),
+            }),
+            false => self.inner.run(mode),
+        }
+    }
+    fn get(&self, name: &str) -> kiln_runtime::Result<Tensor> {
+        self.inner.get(name)
+    }
+}
+
+#[test]
+fn a_failed_program_run_fails_its_requests_alone() {
+    let mut rng = fresh_rng("a_failed_program_run_fails_its_requests_alone");
+    let config = ModelConfig::tiny();
+    let weights = random_weights(&config, rng.random()).unwrap();
+    let mut engine = engine(&config, &weights, 2, RunMode::Graph);
+    let armed = std::rc::Rc::new(std::cell::Cell::new(false));
+    engine.executables = (std::mem::take(&mut engine.executables).into_iter())
+        .map(|inner| {
+            let armed = armed.clone();
+            Box::new(Faulty { inner, armed }) as Box<dyn Executable>
+        })
+        .collect();
+    let mut scheduler = ContinuousBatchScheduler::new(engine, None);
+    let greedy = |prompt: &[u32]| request(prompt.to_vec(), 6, &[], SamplingParams::greedy());
+    let prompts: Vec<Vec<u32>> = [3, 5, 4].map(|n| prompt(&mut rng, &config, n)).into();
+    let first = scheduler.submit(greedy(&prompts[0])).unwrap();
+    scheduler.step().unwrap();
+    // This step prefills the second request (the run that fails) and decodes the first.
+    let second = scheduler.submit(greedy(&prompts[1])).unwrap();
+    armed.set(true);
+    let events = scheduler.step().unwrap();
+    let failed = scheduler.outcome(second).unwrap();
+    assert_eq!(failed.finish_reason, Some(FinishReason::Error));
+    let message = failed.error.unwrap();
+    assert!(message.contains("injected fault"), "{message}");
+    assert!(events.iter().any(|e| e.id == first && e.token.is_some()));
+    // A decode run that fails ends the first request; the third takes a freed slot.
+    armed.set(true);
+    scheduler.step().unwrap();
+    let failed = scheduler.outcome(first).unwrap();
+    assert_eq!(failed.finish_reason, Some(FinishReason::Error));
+    assert_eq!(failed.tokens.len(), 2);
+    assert!(scheduler.running().is_empty());
+    let third = scheduler.submit(greedy(&prompts[2])).unwrap();
+    while !scheduler.is_idle() {
+        scheduler.step().unwrap();
+    }
+    assert_eq!(
+        scheduler.outcome(third).unwrap().tokens,
+        oracle_greedy(&config, &weights, &prompts[2], 6)
+    );
+}

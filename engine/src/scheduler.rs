@@ -4,8 +4,9 @@
 //! Every scheduler takes requests at any time ([`Scheduler::submit`]), acts only at step
 //! boundaries ([`Scheduler::step`]: cancellations, admissions, one token for each running
 //! request) and reports each token as an [`Event`]. A request whose next token cannot be chosen
-//! (NaN logits, say) finishes with [`FinishReason::Error`] alone; an error of the engine itself
-//! ends the step with `Err`. Each request carries its own sampler (its
+//! (NaN logits, say) finishes with [`FinishReason::Error`] alone, and so do the requests of a
+//! program run that fails (the device, say), with the engine's message; the others go on.
+//! Each request carries its own sampler (its
 //! seed decides its draws whatever else runs) and stop checker, so the tokens a request gets
 //! do not depend on the scheduler — the [`ReferenceScheduler`](reference::ReferenceScheduler)
 //! (serial, one request at a time) is the oracle of the

@@ -9,10 +9,12 @@
 //! 4. decodes one token for every request that was running before the step, each on its own
 //!    slot id, and samples it.
 //!
-//! A request that finishes (length or stop) frees its slot at once; the slot is reused by the
-//! next admission without being cleared (the engine never reads a slot past its sequence's
+//! A request that finishes (length, stop or error) frees its slot at once; the slot is reused
+//! by the next admission without being cleared (the engine never reads a slot past its sequence's
 //! position). A request that could never fit a slot is refused at submission, naming both
-//! numbers.
+//! numbers. When a program run fails (the device, say), the requests of that run finish with
+//! [`FinishReason::Error`](crate::stop::FinishReason::Error) and the engine's message; the other
+//! groups of the step and later steps go on.
 
 use std::collections::BTreeMap;
 
@@ -105,22 +107,24 @@ impl<'t> ContinuousBatchScheduler<'t> {
                     prompt: &self.book[id].request.prompt,
                 })
                 .collect();
-            let step = self.engine.prefill(&rows, self.fetch(ids))?;
-            for (row, &id) in ids.iter().enumerate() {
-                self.take(id, (&step, row), events)?;
+            let fetch = self.fetch(ids);
+            match self.engine.prefill(&rows, fetch) {
+                Ok(step) => (ids.iter().enumerate())
+                    .for_each(|(row, &id)| self.take(id, (&step, row), events)),
+                Err(error) => self.fail(ids, &error, events),
             }
         }
         Ok(())
     }
 
     /// Step 4: one decode step of the requests running before this step.
-    fn decode(&mut self, admitted: &[RequestId], events: &mut Vec<Event>) -> Result<()> {
+    fn decode(&mut self, admitted: &[RequestId], events: &mut Vec<Event>) {
         let running: Vec<(usize, RequestId)> = (self.running().into_iter())
             .filter(|(_, id)| !admitted.contains(id))
             .filter(|&(_, id)| self.book[id].phase == Phase::Decoding)
             .collect();
         if running.is_empty() {
-            return Ok(());
+            return;
         }
         let rows: Vec<DecodeRow> = (running.iter())
             .map(|&(slot, id)| {
@@ -133,11 +137,12 @@ impl<'t> ContinuousBatchScheduler<'t> {
             })
             .collect();
         let ids: Vec<RequestId> = running.iter().map(|&(_, id)| id).collect();
-        let step = self.engine.decode(&rows, self.fetch(&ids))?;
-        for (row, &id) in ids.iter().enumerate() {
-            self.take(id, (&step, row), events)?;
+        match self.engine.decode(&rows, self.fetch(&ids)) {
+            Ok(step) => {
+                (ids.iter().enumerate()).for_each(|(row, &id)| self.take(id, (&step, row), events))
+            }
+            Err(error) => self.fail(&ids, &error, events),
         }
-        Ok(())
     }
 
     /// The logits only when some of `ids` samples on the host.
@@ -149,12 +154,7 @@ impl<'t> ContinuousBatchScheduler<'t> {
     }
 
     /// Request `id`'s next token from row `row` of `step`; a finished request frees its slot.
-    fn take(
-        &mut self,
-        id: RequestId,
-        (step, row): (&Step, usize),
-        events: &mut Vec<Event>,
-    ) -> Result<()> {
+    fn take(&mut self, id: RequestId, (step, row): (&Step, usize), events: &mut Vec<Event>) {
         let sequence = &mut self.book[id];
         let taken = match step.logits(row) {
             Some(logits) => sequence.accept(logits),
@@ -165,7 +165,17 @@ impl<'t> ContinuousBatchScheduler<'t> {
             self.release(id);
         }
         events.push(event);
-        Ok(())
+    }
+
+    /// Ends requests `ids`, whose program run failed with `error`, and frees their slots.
+    fn fail(&mut self, ids: &[RequestId], error: &Error, events: &mut Vec<Event>) {
+        let error = Error::Generate {
+            reason: format!("the engine's step failed: {error}"),
+        };
+        for &id in ids {
+            events.push(self.book[id].failed(&error));
+            self.release(id);
+        }
     }
 }
 
@@ -224,7 +234,7 @@ impl Scheduler for ContinuousBatchScheduler<'_> {
         self.cancellations(&mut events);
         let admitted = self.admit();
         self.prefill(&admitted, &mut events)?;
-        self.decode(&admitted, &mut events)?;
+        self.decode(&admitted, &mut events);
         events.sort_by_key(|event| event.id);
         Ok(events)
     }

@@ -24,11 +24,16 @@ impl<'t> ReferenceScheduler<'t> {
         }
     }
 
-    /// Samples request `id`'s next token from `logits` (a request whose token cannot be chosen
-    /// finishes alone); a finished request releases the cache.
-    fn take(&mut self, id: RequestId, logits: &[f32]) -> Event {
+    /// Samples request `id`'s next token from `logits`, the result of its program run (a
+    /// request whose run failed or whose token cannot be chosen finishes alone); a finished
+    /// request releases the cache.
+    fn take(&mut self, id: RequestId, logits: Result<Vec<f32>>) -> Event {
         let sequence = &mut self.book[id];
-        let event = (sequence.accept(logits)).unwrap_or_else(|error| sequence.failed(&error));
+        let logits = logits.map_err(|error| crate::Error::Generate {
+            reason: format!("the engine's step failed: {error}"),
+        });
+        let taken = logits.and_then(|logits| sequence.accept(&logits));
+        let event = taken.unwrap_or_else(|error| sequence.failed(&error));
         if event.finished.is_some() {
             self.running = None;
         }
@@ -60,16 +65,16 @@ impl Scheduler for ReferenceScheduler<'_> {
             Some(id) => {
                 let sequence = &self.book[id];
                 let (token, position) = (sequence.last_token(), sequence.position());
-                let logits = self.generator.decode_token(token, position)?;
-                events.push(self.take(id, &logits));
+                let logits = self.generator.decode_token(token, position);
+                events.push(self.take(id, logits));
             }
             None => {
                 if let Some(id) = self.book.queue.pop_front() {
                     self.running = Some(id);
                     self.book[id].phase = Phase::Prefilling;
                     let prompt = self.book[id].request.prompt.clone();
-                    let logits = self.generator.prefill_prompt(&prompt)?;
-                    events.push(self.take(id, &logits));
+                    let logits = self.generator.prefill_prompt(&prompt);
+                    events.push(self.take(id, logits));
                 }
             }
         }
