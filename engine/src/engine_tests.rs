@@ -230,6 +230,19 @@ fn the_engine_reports_one_arena_and_the_pool_by_its_formula() {
 }
 
 #[test]
+fn default_buckets_are_doublings_up_to_the_limit() {
+    let options =
+        |slots, max_seq| EngineOptions::new(slots, max_seq, Precision::F32, RunMode::Graph);
+    let wide = options(32, 100);
+    assert_eq!(wide.decode_batches, [1, 2, 4, 8, 16, 32]);
+    assert_eq!(wide.prefill_batches, [1, 2, 4, 8]);
+    assert_eq!(wide.prefill_lengths, [16, 32, 64, 100]);
+    assert_eq!(options(20, 16).decode_batches, [1, 2, 4, 8, 16, 20]);
+    assert_eq!(options(3, 16).decode_batches, [1, 2, 3]);
+    assert_eq!(options(3, 16).prefill_lengths, [16]);
+}
+
+#[test]
 fn bad_requests_are_refused_and_the_others_go_on() {
     let config = ModelConfig::tiny();
     let weights = random_weights(&config, 3).unwrap();

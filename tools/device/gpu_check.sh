@@ -12,6 +12,8 @@
 #           decode peer (BIN_DIR/fast_decode.py)
 #   serve:  the schedulers on the GPU: the tiny preset's continuous batching (eager and graph)
 #           against the CPU reference, then `kiln bench --program serve` rows of BENCHMARKS.md
+#   rows:   bf16 decode of Qwen2.5-0.5B at every batch of 1..32 that a bucket rounds up (the
+#           cost of a padding row: exact-size programs against the engine's doublings)
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -140,6 +142,15 @@ PY
           --seq 64 --new-tokens 64 --slots 32 $args --json >>"$out/serve.jsonl" 2>>"$out/serve.log" \
           || echo "FAILED (see serve.log)"
         tail -n 1 "$out/serve.jsonl"
+      done
+      ;;
+    rows)
+      for batch in 1 2 3 4 5 6 8 9 12 16 17 20 24 28 32; do
+        "$bin/kiln" bench --model qwen2.5-0.5b --program decode --precision bf16 --batch $batch \
+          --json >>"$out/rows.jsonl" 2>>"$out/rows.log" || echo "FAILED: batch $batch (see rows.log)"
+        python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+          print('decode bf16 batch', sys.argv[2], {k: v for k, v in r.items() if k in ('median_ms', 'p95_ms', 'launches_per_step', 'hbm_floor_ms')})" \
+          "$out/rows.jsonl" $batch
       done
       ;;
     anchor)
