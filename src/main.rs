@@ -9,10 +9,12 @@ use kiln::commands;
 
 mod bench_cli;
 mod generate_cli;
+mod serve_cli;
 use bench_cli::BenchCli;
 use generate_cli::GenerateCli;
 use kiln_frontend::model::Precision;
 use kiln_frontend::programs::{ProgramKind, ProgramOptions};
+use serve_cli::ServeCli;
 
 #[derive(Parser)]
 #[command(
@@ -99,6 +101,9 @@ enum Command {
     /// Continue a prompt: text streamed to standard output as it is generated (compiled
     /// prefill and decode programs, replayed per token).
     Generate(GenerateCli),
+    /// Serve a model over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions
+    /// (streamed as server-sent events with "stream": true), /v1/models, /health, /metrics.
+    Serve(ServeCli),
     /// Trace a model into a program graph and verify it; print a summary or the IR.
     Compile {
         #[command(flatten)]
@@ -278,6 +283,10 @@ impl From<Program> for ProgramKind {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Command::Serve(args) = cli.command {
+        // The server handles SIGINT and SIGTERM itself (it drains), and writes no files.
+        return commands::serve(args.into_args()?);
+    }
     kiln::signals::install()?;
     match cli.command {
         Command::Demo { seed, batch, seq } => {
@@ -325,6 +334,7 @@ fn main() -> Result<()> {
             commands::eval(&model, seed, &tokens, &out, grads, engine)?
         }
         Command::Generate(args) => commands::generate(args.into_args()?)?,
+        Command::Serve(_) => unreachable!("served above"),
         Command::Compile { program, print_ir } => {
             let (kind, options) = program.program();
             print!(

@@ -102,31 +102,18 @@ impl Model {
     }
 }
 
-/// Runs the generation (see the module doc); a summary goes to standard error.
-pub fn generate(args: GenerateArgs) -> Result<()> {
-    if let Some(json) = &args.json {
-        check_absent(json).map_err(|e| anyhow::anyhow!("{e} (choose another --json)"))?;
-    }
-    let source = ModelSource::resolve(&args.model)?;
-    let dir = match &source {
-        ModelSource::Dir(dir) => Some(dir.clone()),
+/// The tokenizer of a model directory that has one, and the ids a request stops on: the
+/// generation config's `eos_token_id`, then the tokenizer's eos token.
+pub(crate) fn text_side(source: &ModelSource) -> Result<(Option<Tokenizer>, Vec<u32>)> {
+    let dir = match source {
+        ModelSource::Dir(dir) => Some(dir.as_path()),
         ModelSource::Preset(_) => None,
     };
-    let tokenizer = dir
-        .as_deref()
-        .map(Tokenizer::from_dir)
-        .transpose()?
-        .flatten();
-    let generation = match &dir {
+    let tokenizer = dir.map(Tokenizer::from_dir).transpose()?.flatten();
+    let generation = match dir {
         Some(dir) => GenerationConfig::load(dir)?,
         None => GenerationConfig::default(),
     };
-    if !args.stop.is_empty() && tokenizer.is_none() {
-        bail!(
-            "--stop needs a tokenizer to see text; {} has none",
-            args.model
-        );
-    }
     let mut eos = generation.eos_token_ids.clone();
     eos.extend(
         tokenizer
@@ -134,6 +121,22 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
             .and_then(Tokenizer::eos_token_id)
             .filter(|id| !eos.contains(id)),
     );
+    Ok((tokenizer, eos))
+}
+
+/// Runs the generation (see the module doc); a summary goes to standard error.
+pub fn generate(args: GenerateArgs) -> Result<()> {
+    if let Some(json) = &args.json {
+        check_absent(json).map_err(|e| anyhow::anyhow!("{e} (choose another --json)"))?;
+    }
+    let source = ModelSource::resolve(&args.model)?;
+    let (tokenizer, eos) = text_side(&source)?;
+    if !args.stop.is_empty() && tokenizer.is_none() {
+        bail!(
+            "--stop needs a tokenizer to see text; {} has none",
+            args.model
+        );
+    }
     let model = Model { tokenizer, eos };
     let (streamed, prompts) = match &args.input {
         Input::One(prompt) => (true, vec![model.ids(prompt, args.chat, &args.model)?]),

@@ -8,6 +8,7 @@ mod generate;
 mod init_model;
 mod plan;
 mod planner_report;
+mod serve;
 
 pub use bench::{bench, table as bench_table, BenchArgs};
 pub use bench_serve::{bench_serve, serve_table, ServeArgs};
@@ -17,3 +18,4 @@ pub use generate::{generate, GenerateArgs, Input, Prompt, SchedulerKind};
 pub use init_model::init_model;
 pub use plan::{plan, PlanFormat};
 pub use planner_report::planner_report;
+pub use serve::{serve, HttpArgs};

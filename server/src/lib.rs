@@ -1,0 +1,140 @@
+//! `kiln serve`: an OpenAI-compatible HTTP server over kiln's continuous batching scheduler.
+//!
+//! The engine runs on a thread of its own ([`worker`]); the HTTP side (axum on tokio) reads
+//! requests ([`protocol`]), submits them, and answers with whole responses or server-sent
+//! events ([`routes`]). A bounded waiting queue answers 503 with `Retry-After` when full; a
+//! client that disconnects cancels its request, whose slot is freed at the next step. On
+//! SIGINT or SIGTERM the server stops admitting, lets the requests in flight finish until a
+//! deadline, cancels the rest and returns.
+
+pub mod error;
+pub mod metrics;
+pub mod protocol;
+pub mod routes;
+pub mod worker;
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use kiln_engine::tokenizer::Tokenizer;
+
+pub use worker::{EngineBuilder, EngineInfo};
+
+/// How to serve.
+pub struct ServeOptions {
+    pub host: String,
+    /// 0 picks a free port (printed once listening).
+    pub port: u16,
+    /// The model's id in requests and `/v1/models`.
+    pub model: String,
+    pub tokenizer: Option<Tokenizer>,
+    /// End-of-sequence ids every request stops on (unless it asks `ignore_eos`).
+    pub eos: Vec<u32>,
+    /// Requests that may wait for a slot; one more is answered 503.
+    pub max_waiting: usize,
+    /// After a shutdown signal, how long requests in flight may run before they are cancelled.
+    pub drain: Duration,
+}
+
+/// Builds the engine (on its own thread), listens, prints `kiln serve: listening on
+/// http://ADDRESS` on standard output, and serves until SIGINT or SIGTERM (then drains as the
+/// module doc says).
+pub fn serve(options: ServeOptions, build: EngineBuilder) -> Result<()> {
+    let metrics = Arc::new(metrics::Metrics::new());
+    let health = Arc::new(worker::Health::default());
+    let tokenizer = options.tokenizer.map(Arc::new);
+    let (commands, info, engine) = worker::spawn(
+        build,
+        tokenizer.clone(),
+        options.max_waiting,
+        metrics.clone(),
+        health.clone(),
+    )?;
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let app = Arc::new(routes::App {
+        model: options.model.clone(),
+        tokenizer,
+        eos: options.eos,
+        info: info.clone(),
+        commands: commands.clone(),
+        metrics,
+        health,
+        draining: AtomicBool::new(false),
+        counter: AtomicU64::new(0),
+        started,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    runtime.block_on(async {
+        let address = (options.host.as_str(), options.port);
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("listening on {}:{}", options.host, options.port))?;
+        let local = listener.local_addr()?;
+        println!(
+            "kiln serve: listening on http://{local} (model `{}`, {} slots × {} positions, \
+             {} programs, arena {} bytes, KV pool {} bytes)",
+            options.model,
+            info.slots,
+            info.max_seq,
+            info.programs,
+            info.arena_bytes,
+            info.pool_bytes
+        );
+        std::io::stdout().flush()?;
+        let shutdown = {
+            let app = app.clone();
+            async move {
+                let signal = shutdown_signal().await;
+                eprintln!(
+                    "kiln serve: {signal}: admitting nothing more; requests in flight have {:.0} s",
+                    options.drain.as_secs_f64()
+                );
+                app.draining.store(true, Ordering::SeqCst);
+                let deadline = Instant::now() + options.drain;
+                let _ = app.commands.send(worker::Command::Drain { deadline });
+            }
+        };
+        axum::serve(listener, routes::router(app.clone()))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .context("serving HTTP")
+    })?;
+    drop(app);
+    drop(commands);
+    engine
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+    eprintln!("kiln serve: stopped");
+    Ok(())
+}
+
+/// Waits for SIGINT or SIGTERM; returns its name.
+async fn shutdown_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut interrupt), Ok(mut terminate)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
+}

@@ -1,0 +1,275 @@
+//! The engine thread: it owns the compiled engine and its continuous scheduler, takes
+//! submissions and cancellations between steps, steps while any request is queued or running,
+//! and sends each request's tokens to the HTTP task that waits for them. The HTTP side never
+//! blocks it: commands and updates go through unbounded channels, and a request whose client
+//! is gone (its update channel closed) is cancelled at the next step boundary.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use kiln_engine::engine::Engine;
+use kiln_engine::scheduler::continuous::ContinuousBatchScheduler;
+use kiln_engine::scheduler::{Event, Outcome, Request, RequestId, Scheduler};
+use kiln_engine::tokenizer::Tokenizer;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::Metrics;
+
+/// Builds the engine on the engine thread (an engine's programs stay on the thread that made
+/// them).
+pub type EngineBuilder = Box<dyn FnOnce() -> anyhow::Result<Engine> + Send>;
+
+/// What the HTTP side asks of the engine thread.
+pub enum Command {
+    Submit {
+        request: Request,
+        updates: mpsc::UnboundedSender<Update>,
+        reply: oneshot::Sender<Result<RequestId, Refusal>>,
+    },
+    Cancel(RequestId),
+    /// Admit nothing more; cancel whatever still runs at `deadline`; stop when idle.
+    Drain {
+        deadline: Instant,
+    },
+}
+
+/// What one request gets, in order: tokens, then its end.
+#[derive(Debug)]
+pub enum Update {
+    Token {
+        id: u32,
+        text: Option<String>,
+    },
+    /// The last event: its token, if it generated one, and the request's outcome.
+    Finished {
+        token: Option<u32>,
+        outcome: Outcome,
+    },
+}
+
+/// Why a submission was not queued.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// The request is wrong for this engine (the scheduler's message names the numbers).
+    Invalid(String),
+    QueueFull {
+        waiting: usize,
+    },
+    ShuttingDown,
+}
+
+/// The engine's shape, reported once it is built.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    pub slots: usize,
+    pub max_seq: usize,
+    pub max_prompt: usize,
+    pub vocab: usize,
+    pub programs: usize,
+    pub arena_bytes: u64,
+    pub pool_bytes: u64,
+}
+
+/// Set when the engine thread stops on an error of its own: every request fails after it.
+#[derive(Default)]
+pub struct Health {
+    pub fatal: Mutex<Option<String>>,
+}
+
+/// Starts the engine thread and waits until its engine is built.
+pub fn spawn(
+    build: EngineBuilder,
+    tokenizer: Option<Arc<Tokenizer>>,
+    max_waiting: usize,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> anyhow::Result<(
+    mpsc::UnboundedSender<Command>,
+    EngineInfo,
+    std::thread::JoinHandle<()>,
+)> {
+    let (commands, inbox) = mpsc::unbounded_channel();
+    let (ready, built) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || {
+            let engine = match build() {
+                Ok(engine) => engine,
+                Err(error) => {
+                    let _ = ready.send(Err(error));
+                    return;
+                }
+            };
+            let options = engine.options();
+            let memory = engine.memory();
+            let info = EngineInfo {
+                slots: options.slots,
+                max_seq: options.max_seq,
+                max_prompt: options.max_prompt(),
+                vocab: engine.config().vocab_size,
+                programs: memory.programs,
+                arena_bytes: memory.group.arena_bytes,
+                pool_bytes: memory.pool_bytes,
+            };
+            let _ = ready.send(Ok(info));
+            let worker = Worker {
+                scheduler: ContinuousBatchScheduler::new(engine, tokenizer.as_deref()),
+                clients: HashMap::new(),
+                max_waiting,
+                metrics,
+                draining: None,
+            };
+            if let Err(error) = worker.run(inbox) {
+                *health.fatal.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(format!("the engine stopped: {error}"));
+            }
+        })?;
+    let info = built
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the engine thread ended before its engine was built"))??;
+    Ok((commands, info, thread))
+}
+
+/// A request's client: where its updates go, and its timings.
+struct Client {
+    updates: mpsc::UnboundedSender<Update>,
+    submitted: Instant,
+    last_token: Option<Instant>,
+    /// Its client went away and a cancellation was asked.
+    gone: bool,
+}
+
+struct Worker<'t> {
+    scheduler: ContinuousBatchScheduler<'t>,
+    clients: HashMap<RequestId, Client>,
+    max_waiting: usize,
+    metrics: Arc<Metrics>,
+    draining: Option<Instant>,
+}
+
+impl Worker<'_> {
+    /// Steps until drained (or until every sender is gone and nothing runs); `Err` when the
+    /// scheduler itself fails.
+    fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Command>) -> kiln_engine::Result<()> {
+        loop {
+            if self.scheduler.is_idle() {
+                if self.draining.is_some() {
+                    return Ok(());
+                }
+                match inbox.blocking_recv() {
+                    Some(command) => self.handle(command),
+                    None => return Ok(()),
+                }
+            }
+            while let Ok(command) = inbox.try_recv() {
+                self.handle(command);
+            }
+            if self
+                .draining
+                .is_some_and(|deadline| Instant::now() >= deadline)
+            {
+                let ids: Vec<RequestId> = self.clients.keys().copied().collect();
+                for id in ids {
+                    self.scheduler.cancel(id);
+                }
+            }
+            if !self.scheduler.is_idle() {
+                let events = self.scheduler.step()?;
+                self.route(events);
+            }
+            let running = self.scheduler.running().len();
+            self.metrics.load(running, self.scheduler.queued());
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit {
+                request,
+                updates,
+                reply,
+            } => {
+                let prompt = request.prompt.len();
+                let answer = self.submit(request);
+                match &answer {
+                    Ok(id) => {
+                        self.metrics.admitted(prompt);
+                        self.clients.insert(
+                            *id,
+                            Client {
+                                updates,
+                                submitted: Instant::now(),
+                                last_token: None,
+                                gone: false,
+                            },
+                        );
+                    }
+                    Err(refusal) => self.metrics.refused(match refusal {
+                        Refusal::Invalid(_) => "invalid",
+                        Refusal::QueueFull { .. } => "queue_full",
+                        Refusal::ShuttingDown => "shutting_down",
+                    }),
+                }
+                if reply.send(answer.clone()).is_err() {
+                    // The client left while waiting for the answer.
+                    if let Ok(id) = answer {
+                        self.scheduler.cancel(id);
+                    }
+                }
+            }
+            Command::Cancel(id) => {
+                self.scheduler.cancel(id);
+            }
+            Command::Drain { deadline } => self.draining = Some(deadline),
+        }
+    }
+
+    fn submit(&mut self, request: Request) -> Result<RequestId, Refusal> {
+        if self.draining.is_some() {
+            return Err(Refusal::ShuttingDown);
+        }
+        let waiting = self.scheduler.queued();
+        if waiting >= self.max_waiting {
+            return Err(Refusal::QueueFull { waiting });
+        }
+        (self.scheduler.submit(request)).map_err(|e| Refusal::Invalid(e.to_string()))
+    }
+
+    /// Sends each event to its client; a client that is gone has its request cancelled.
+    fn route(&mut self, events: Vec<Event>) {
+        let now = Instant::now();
+        for event in events {
+            let Some(client) = self.clients.get_mut(&event.id) else {
+                continue;
+            };
+            if event.token.is_some() {
+                self.metrics.generated();
+                match client.last_token {
+                    None => self.metrics.first_token(now - client.submitted),
+                    Some(last) => self.metrics.next_token(now - last),
+                }
+                client.last_token = Some(now);
+            }
+            let Some(reason) = event.finished else {
+                let update = Update::Token {
+                    id: event.token.unwrap_or_default(),
+                    text: event.text,
+                };
+                if event.token.is_some() && client.updates.send(update).is_err() && !client.gone {
+                    client.gone = self.scheduler.cancel(event.id);
+                }
+                continue;
+            };
+            self.metrics
+                .finished(reason.as_str(), now - client.submitted);
+            if let Some(outcome) = self.scheduler.outcome(event.id) {
+                let _ = client.updates.send(Update::Finished {
+                    token: event.token,
+                    outcome,
+                });
+            }
+            self.clients.remove(&event.id);
+        }
+    }
+}
