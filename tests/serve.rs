@@ -2,7 +2,14 @@
 //! called with `reqwest`. Completions, whole and streamed, give the greedy tokens of `kiln
 //! generate`; 64 concurrent streams with 16 clients leaving mid-stream leave the others their
 //! exact tokens and no slot behind; a full queue answers 503 with Retry-After; bad requests
-//! get OpenAI error bodies; SIGTERM drains and exits 0.
+//! get OpenAI error bodies; SIGTERM drains and exits 0. On a model with a tokenizer, chat and
+//! text completions give `kiln generate`'s text, streamed as whole, stop strings cut alike; the
+//! official `openai` Python client talks to it (`tests/python/openai_client.py`; skipped with
+//! a printed reason where the package is missing, failed instead with `KILN_REQUIRE_OPENAI=1`,
+//! as CI sets).
+
+#[path = "support/tokenized_model.rs"]
+mod tokenized_model;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
@@ -20,8 +27,13 @@ struct Server {
 impl Server {
     /// Starts `kiln serve --model tiny --port 0` with `args` and waits until it listens.
     fn start(args: &[&str]) -> Server {
+        Server::serving("tiny", args)
+    }
+
+    /// Starts `kiln serve --model MODEL --port 0` with `args` and waits until it listens.
+    fn serving(model: &str, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["serve", "--model", "tiny", "--port", "0"])
+            .args(["serve", "--model", model, "--port", "0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -49,7 +61,12 @@ impl Server {
 
     /// `/metrics` value of `name` (a gauge or counter without labels).
     fn metric(&self, name: &str) -> f64 {
-        let text = client().get(self.url("/metrics")).send().unwrap().text().unwrap();
+        let text = client()
+            .get(self.url("/metrics"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
         (text.lines())
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
@@ -59,7 +76,10 @@ impl Server {
     fn wait_idle(&self) {
         let start = Instant::now();
         while self.metric("kiln_requests_running") + self.metric("kiln_requests_waiting") > 0.0 {
-            assert!(start.elapsed() < Duration::from_secs(30), "requests stay in flight");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "requests stay in flight"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -161,7 +181,10 @@ fn completions_give_kiln_generates_tokens_whole_and_streamed() {
     let prompts = [vec![5, 17, 42, 8], vec![3; 11], vec![90]];
     let want = generate_greedy(&prompts, 9);
     for (prompt, want) in prompts.iter().zip(&want) {
-        let body: Value = server.post("/v1/completions", &completion(prompt, 9, false)).json().unwrap();
+        let body: Value = server
+            .post("/v1/completions", &completion(prompt, 9, false))
+            .json()
+            .unwrap();
         assert_eq!(body["object"], "text_completion");
         let choice = &body["choices"][0];
         assert_eq!(&ids(&choice["token_ids"]), want);
@@ -171,14 +194,25 @@ fn completions_give_kiln_generates_tokens_whole_and_streamed() {
         assert_eq!(usage["completion_tokens"], 9);
         assert_eq!(usage["total_tokens"], prompt.len() + 9);
 
-        let events = sse(server.post("/v1/completions", &completion(prompt, 9, true)), None);
+        let events = sse(
+            server.post("/v1/completions", &completion(prompt, 9, true)),
+            None,
+        );
         assert_eq!(events.last().unwrap(), "[DONE]");
         let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
         assert_eq!(usage["usage"]["completion_tokens"], 9);
         assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
-        assert_eq!(streamed(&events), (want.clone(), Some("length".to_string())));
+        assert_eq!(
+            streamed(&events),
+            (want.clone(), Some("length".to_string()))
+        );
     }
-    let models: Value = client().get(server.url("/v1/models")).send().unwrap().json().unwrap();
+    let models: Value = client()
+        .get(server.url("/v1/models"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
     assert_eq!(models["data"][0]["id"], "tiny");
     let health = client().get(server.url("/health")).send().unwrap();
     assert_eq!(health.status(), 200);
@@ -200,12 +234,42 @@ fn bad_requests_get_openai_errors_and_the_server_goes_on() {
     };
     let cases: [(&str, &str, u16, &str); 8] = [
         ("/v1/completions", "{not json", 400, "the request body"),
-        ("/v1/completions", r#"{"prompt": [1], "colour": 3}"#, 400, "unknown field `colour`"),
-        ("/v1/completions", r#"{"prompt": [1], "top_p": 2}"#, 400, "top_p"),
-        ("/v1/completions", r#"{"prompt": []}"#, 400, "prompt is empty"),
-        ("/v1/completions", r#"{"prompt": [1, 97]}"#, 400, "outside the vocabulary of 97"),
-        ("/v1/completions", r#"{"prompt": [1, 2], "max_tokens": 200}"#, 400, "the 128 of a slot"),
-        ("/v1/completions", r#"{"model": "other", "prompt": [1]}"#, 404, "`other` does not exist"),
+        (
+            "/v1/completions",
+            r#"{"prompt": [1], "colour": 3}"#,
+            400,
+            "unknown field `colour`",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": [1], "top_p": 2}"#,
+            400,
+            "top_p",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": []}"#,
+            400,
+            "prompt is empty",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": [1, 97]}"#,
+            400,
+            "outside the vocabulary of 97",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": [1, 2], "max_tokens": 200}"#,
+            400,
+            "the 128 of a slot",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model": "other", "prompt": [1]}"#,
+            404,
+            "`other` does not exist",
+        ),
         ("/v1/nothing", "{}", 404, "no such endpoint"),
     ];
     for (path, body, status, message) in cases {
@@ -214,13 +278,28 @@ fn bad_requests_get_openai_errors_and_the_server_goes_on() {
         let error = &answer["error"];
         let text = error["message"].as_str().unwrap();
         assert!(text.contains(message), "{body}: {text}");
-        assert!(error["type"].is_string() && error.get("param").is_some() && error.get("code").is_some());
+        assert!(
+            error["type"].is_string()
+                && error.get("param").is_some()
+                && error.get("code").is_some()
+        );
     }
     // The server still answers, and counted what it refused.
-    let body: Value = server.post("/v1/completions", &completion(&[1, 2], 3, false)).json().unwrap();
+    let body: Value = server
+        .post("/v1/completions", &completion(&[1, 2], 3, false))
+        .json()
+        .unwrap();
     assert_eq!(ids(&body["choices"][0]["token_ids"]).len(), 3);
-    let metrics = client().get(server.url("/metrics")).send().unwrap().text().unwrap();
-    assert!(metrics.contains(r#"kiln_requests_refused_total{reason="invalid"} 6"#), "{metrics}");
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for (reason, count) in [("invalid", 6), ("model_not_found", 1)] {
+        let line = format!("kiln_requests_refused_total{{reason=\"{reason}\"}} {count}\n");
+        assert!(metrics.contains(&line), "{metrics}");
+    }
 }
 
 #[test]
@@ -228,7 +307,11 @@ fn sixty_four_streams_with_sixteen_leaving_mid_stream_leave_the_rest_their_token
     let server = Server::start(&["--slots", "8"]);
     let new_tokens = 12;
     let prompts: Vec<Vec<u32>> = (0..64u32)
-        .map(|i| (0..1 + (i * 7) % 23).map(|t| (i * 31 + t * 13) % 97).collect())
+        .map(|i| {
+            (0..1 + (i * 7) % 23)
+                .map(|t| (i * 31 + t * 13) % 97)
+                .collect()
+        })
         .collect();
     let want = generate_greedy(&prompts, new_tokens);
     let results: Vec<(Vec<u32>, Option<String>)> = std::thread::scope(|scope| {
@@ -236,7 +319,8 @@ fn sixty_four_streams_with_sixteen_leaving_mid_stream_leave_the_rest_their_token
             .map(|(i, prompt)| {
                 let server = &server;
                 scope.spawn(move || {
-                    let response = server.post("/v1/completions", &completion(prompt, new_tokens, true));
+                    let response =
+                        server.post("/v1/completions", &completion(prompt, new_tokens, true));
                     // Every fourth client reads two chunks and hangs up.
                     let leave = (i % 4 == 3).then_some(2);
                     streamed(&sse(response, leave))
@@ -255,9 +339,20 @@ fn sixty_four_streams_with_sixteen_leaving_mid_stream_leave_the_rest_their_token
         }
     }
     server.wait_idle();
-    let metrics = client().get(server.url("/metrics")).send().unwrap().text().unwrap();
-    assert!(metrics.contains(r#"kiln_requests_finished_total{finish_reason="length"} 48"#), "{metrics}");
-    assert!(metrics.contains(r#"kiln_requests_finished_total{finish_reason="cancelled"} 16"#), "{metrics}");
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains(r#"kiln_requests_finished_total{finish_reason="length"} 48"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"kiln_requests_finished_total{finish_reason="cancelled"} 16"#),
+        "{metrics}"
+    );
 }
 
 #[test]
@@ -273,8 +368,16 @@ fn a_full_queue_answers_503_with_retry_after() {
     assert_eq!(body["error"]["code"], "queue_full");
     assert_eq!(streamed(&sse(running, None)).0.len(), 120);
     assert_eq!(streamed(&sse(waiting, None)).0.len(), 4);
-    let metrics = client().get(server.url("/metrics")).send().unwrap().text().unwrap();
-    assert!(metrics.contains(r#"kiln_requests_refused_total{reason="queue_full"} 1"#), "{metrics}");
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains(r#"kiln_requests_refused_total{reason="queue_full"} 1"#),
+        "{metrics}"
+    );
 }
 
 /// Sends SIGTERM to `server` and waits for it to exit; returns whether it exited 0.
@@ -313,7 +416,10 @@ fn sigterm_finishes_requests_in_flight_then_exits_0() {
         .collect();
     let (tokens, finish) = streamed(&events);
     assert_eq!((tokens.len(), finish.as_deref()), (100, Some("length")));
-    assert!(client().get(format!("{base}/health")).send().is_err(), "still listening");
+    assert!(
+        client().get(format!("{base}/health")).send().is_err(),
+        "still listening"
+    );
 }
 
 #[test]
@@ -323,13 +429,169 @@ fn past_the_drain_deadline_requests_are_cancelled() {
     let mut reader = BufReader::new(response);
     let mut first = String::new();
     reader.read_line(&mut first).unwrap();
-    assert!(terminate(&mut server), "kiln serve did not exit 0 after SIGTERM");
+    assert!(
+        terminate(&mut server),
+        "kiln serve did not exit 0 after SIGTERM"
+    );
     let mut rest = String::new();
     reader.read_to_string(&mut rest).unwrap();
     let events: Vec<String> = (rest.lines())
         .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
         .collect();
     let (tokens, finish) = streamed(&events);
-    assert!(tokens.len() < 119, "{} tokens after the deadline", tokens.len());
+    assert!(
+        tokens.len() < 119,
+        "{} tokens after the deadline",
+        tokens.len()
+    );
     assert_eq!(finish.as_deref(), Some("cancelled"));
+}
+
+/// `kiln generate --model DIR --temperature 0` text for `prompt` (`--chat` with `chat`).
+fn generate_text(dir: &std::path::Path, prompt: &str, chat: bool, extra: &[&str]) -> String {
+    let out = dir.join(format!("generated-{}.json", rand_name()));
+    let status = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "generate",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "12",
+            "--prompt",
+            prompt,
+        ])
+        .arg("--model")
+        .arg(dir)
+        .args(chat.then_some("--chat"))
+        .args(extra)
+        .arg("--json")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    std::fs::remove_file(out).unwrap();
+    report["requests"][0]["text"].as_str().unwrap().to_string()
+}
+
+fn rand_name() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// The text of a stream's chunks: completions' `text`, chat's `delta.content`.
+fn streamed_text(events: &[String]) -> String {
+    let mut text = String::new();
+    for data in events.iter().filter(|d| *d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        for choice in chunk["choices"].as_array().unwrap() {
+            let piece = choice
+                .get("text")
+                .or_else(|| choice["delta"].get("content"));
+            text.push_str(piece.and_then(Value::as_str).unwrap_or_default());
+        }
+    }
+    text
+}
+
+#[test]
+fn chat_and_text_on_a_tokenized_model_give_kiln_generates_text() {
+    let dir = tempfile::tempdir().unwrap();
+    tokenized_model::tokenized_tiny_model(dir.path(), 3);
+    let model = dir.path().to_str().unwrap();
+    let server = Server::serving(model, &["--served-model-name", "kiln-tiny", "--slots", "2"]);
+    let prompt = "the kiln fires clay";
+    let chat = |stream: bool, extra: Value| {
+        let mut body = json!({
+            "model": "kiln-tiny",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 12,
+            "temperature": 0,
+            "stream": stream,
+        });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        server.post("/v1/chat/completions", &body)
+    };
+    let whole: Value = chat(false, json!({})).json().unwrap();
+    assert_eq!(whole["object"], "chat.completion");
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["role"], "assistant");
+    let content = message["content"].as_str().unwrap();
+    assert_eq!(content, generate_text(dir.path(), prompt, true, &[]));
+    let events = sse(chat(true, json!({})), None);
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(streamed_text(&events), content);
+
+    let text = |stream: bool, extra: Value| {
+        let mut body =
+            json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "stream": stream});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        server.post("/v1/completions", &body)
+    };
+    let whole: Value = text(false, json!({})).json().unwrap();
+    let completion = whole["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(completion, generate_text(dir.path(), prompt, false, &[]));
+    assert_eq!(streamed_text(&sse(text(true, json!({})), None)), completion);
+    // A stop string from the middle of the text: the text ends before it, streamed alike.
+    let middle = completion.len() / 2;
+    let stop: String = completion[middle..].chars().take(3).collect();
+    assert!(
+        stop.len() == 3,
+        "{completion:?} is too short for a stop string"
+    );
+    let cut = &completion[..completion.find(&stop).unwrap()];
+    let whole: Value = text(false, json!({"stop": [stop.clone()]})).json().unwrap();
+    assert_eq!(whole["choices"][0]["text"], cut);
+    assert_eq!(whole["choices"][0]["finish_reason"], "stop");
+    let events = sse(text(true, json!({"stop": stop.clone()})), None);
+    assert_eq!(streamed_text(&events), cut);
+    assert_eq!(
+        cut,
+        generate_text(dir.path(), prompt, false, &["--stop", &stop])
+    );
+}
+
+#[test]
+fn the_openai_python_client_gets_what_it_expects() {
+    let probe = Command::new("python3")
+        .args(["-c", "import openai"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        let why = "the `openai` Python package cannot be imported (pip install openai)";
+        assert!(
+            std::env::var("KILN_REQUIRE_OPENAI").as_deref() != Ok("1"),
+            "{why}"
+        );
+        println!("SKIPPED: the openai client check: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    tokenized_model::tokenized_tiny_model(dir.path(), 5);
+    let model = dir.path().to_str().unwrap();
+    let server = Server::serving(model, &["--served-model-name", "kiln-tiny", "--slots", "2"]);
+    let out = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/openai_client.py"
+        ))
+        .arg(server.url("/v1"))
+        .arg("kiln-tiny")
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    println!("{report}");
+    assert!(
+        out.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

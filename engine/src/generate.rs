@@ -102,7 +102,7 @@ impl ReferenceGenerator {
         let mut logits = self.prefill_prompt(prompt)?;
         let mut context: Vec<u32> = prompt.to_vec();
         let mut tokens = Vec::new();
-        let mut stream = tokenizer.map(|t| t.stream(false));
+        let mut stream = tokenizer.map(|t| t.stream(true));
         let mut text = String::new();
         loop {
             let token = sampler.sample(&logits, &context)?;

@@ -131,7 +131,7 @@ impl<'t> Sequence<'t> {
             context: request.prompt.clone(),
             tokens: Vec::new(),
             margins: Vec::new(),
-            stream: tokenizer.map(|t| t.stream(false)),
+            stream: tokenizer.map(|t| t.stream(true)),
             text: tokenizer.map(|_| String::new()),
             cause: None,
             error: None,

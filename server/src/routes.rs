@@ -146,8 +146,8 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(number),
     };
-    let generation = protocol::parse(endpoint, body, &context).inspect_err(|_| {
-        app.metrics.refused("invalid");
+    let generation = protocol::parse(endpoint, body, &context).inspect_err(|error| {
+        app.metrics.refused(error.code.unwrap_or("invalid"));
     })?;
     let (updates, received) = mpsc::unbounded_channel();
     let (reply, answer) = oneshot::channel();
