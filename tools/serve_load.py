@@ -21,8 +21,8 @@ request is `POST /v1/completions` with `{"model", "prompt": [ids], "max_tokens":
 so a request may end before M tokens: tokens are counted as they arrive, from the
 `token_ids` of each chunk's choice, never assumed to be M.
 
-How. For each level C (--concurrency, a comma-separated list, run in order) C threads take
-the N requests from one shared queue (fewer threads when N < C), each request on its own
+How. For each level C (--concurrency, a comma-separated list, run in order) C client
+processes take the N requests in turn (fewer when N < C), each request on its own
 connection, reading the server-sent events incrementally with `http.client` as they arrive.
 A level ends when its last request has finished; the next starts then.
 
@@ -53,9 +53,15 @@ the same figures with these names, plus the run's parameters and the errors by k
                 line, `error_kinds` in JSON), never dropped silently; a failed request's
                 tokens and latencies are left out of the figures above.
 
-Timestamps are time.perf_counter() in the client; with many threads the client's own
-parsing (one interpreter lock) adds to the latencies it measures, so a high level's figures
-are upper bounds. Exit status: 0 when every request of every level succeeded, 1 when any
+Before and after each level the server's /metrics is read, when it is kiln's: the mean
+time to first token and inter-token latency the server itself measured over the level
+(its histograms' sum / count) are printed under the table line and go into JSON as
+server_ttft_mean_ms and server_itl_mean_ms (null for another server).
+
+Timestamps are time.perf_counter() in each client process (one interpreter per client, so
+clients do not wait for each other's parsing; a machine with fewer cores than clients still
+shares its cores among them, and the figures are the client's view, upper bounds of the
+server's). Exit status: 0 when every request of every level succeeded, 1 when any
 failed (after every level has run and been reported), 2 for bad arguments or an unreachable
 server (`GET /health` is asked first).
 """
@@ -63,10 +69,9 @@ import argparse
 import http.client
 import json
 import math
-import queue
+import multiprocessing
 import random
 import sys
-import threading
 import time
 import urllib.parse
 
@@ -219,36 +224,82 @@ def run_request(target, body, timeout):
         conn.close()
 
 
+def _client(target, bodies, timeout, counter, out, barrier):
+    """One client process: takes the next request index until none is left."""
+    barrier.wait()
+    while True:
+        with counter.get_lock():
+            i = counter.value
+            counter.value += 1
+        if i >= len(bodies):
+            return
+        try:
+            result = run_request(target, bodies[i], timeout)
+        except Exception as e:  # a bug here must still count the request
+            result = Result()
+            result.error = f"client {type(e).__name__}: {e}"
+        out.put((i, result))
+
+
 def run_level(target, bodies, concurrency, timeout):
-    work = queue.SimpleQueue()
-    for i in range(len(bodies)):
-        work.put(i)
-    results = [None] * len(bodies)
-    threads_n = min(concurrency, len(bodies))
-    barrier = threading.Barrier(threads_n + 1)
-
-    def worker():
-        barrier.wait()
-        while True:
-            try:
-                i = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                results[i] = run_request(target, bodies[i], timeout)
-            except Exception as e:  # a bug here must still count the request
-                results[i] = Result()
-                results[i].error = f"client {type(e).__name__}: {e}"
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(threads_n)]
-    for t in threads:
-        t.start()
+    """The level's requests from min(C, N) client processes (one interpreter each, so the
+    clients' own parsing does not queue behind one lock); (results, wall seconds)."""
+    context = multiprocessing.get_context("fork")
+    counter = context.Value("i", 0)
+    out = context.Queue()
+    clients_n = min(concurrency, len(bodies))
+    barrier = context.Barrier(clients_n + 1)
+    clients = [context.Process(target=_client, args=(target, bodies, timeout, counter, out, barrier),
+                               daemon=True) for _ in range(clients_n)]
+    for c in clients:
+        c.start()
     barrier.wait()
     start = time.perf_counter()
-    for t in threads:
-        t.join()
+    results = [None] * len(bodies)
+    for _ in bodies:
+        i, result = out.get()
+        results[i] = result
     wall = time.perf_counter() - start
+    for c in clients:
+        c.join()
     return results, wall
+
+
+# The server's own latency histograms (kiln's /metrics): short name -> metric name.
+SERVER_HISTOGRAMS = {"ttft": "kiln_time_to_first_token_seconds",
+                     "itl": "kiln_inter_token_latency_seconds"}
+
+
+def server_latencies(target, timeout):
+    """{short name: (sum, count)} of the server's latency histograms, or None when /metrics
+    cannot be read or lacks them (another server)."""
+    scheme, host, port, path = target
+    connection_class = (http.client.HTTPSConnection if scheme == "https"
+                        else http.client.HTTPConnection)
+    conn = connection_class(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        text = response.read().decode("utf-8", "replace")
+        if response.status != 200:
+            return None
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        try:
+            values[name] = float(value)
+        except ValueError:
+            continue
+    found = {}
+    for short, metric in SERVER_HISTOGRAMS.items():
+        if f"{metric}_sum" not in values or f"{metric}_count" not in values:
+            return None
+        found[short] = (values[f"{metric}_sum"], values[f"{metric}_count"])
+    return found
 
 
 def summarize(results, wall, concurrency):
@@ -393,10 +444,22 @@ def main():
     failed = 0
     try:
         for concurrency in args.concurrency:
+            before = server_latencies((scheme, host, port, base + "/metrics"), args.timeout)
             results, wall = run_level(request_target, bodies, concurrency, args.timeout)
+            after = server_latencies((scheme, host, port, base + "/metrics"), args.timeout)
             row = summarize(results, wall, concurrency)
+            for name in SERVER_HISTOGRAMS:
+                mean = None
+                if before and after and after[name][1] > before[name][1]:
+                    total, count = (a - b for a, b in zip(after[name], before[name]))
+                    mean = total / count * 1000.0
+                row[f"server_{name}_mean_ms"] = mean
             failed += row["errors"]
             print(table_line(row), flush=True)
+            if row["server_ttft_mean_ms"] is not None:
+                print(f"{'':>5} server's view (/metrics, this level): TTFT mean "
+                      f"{row['server_ttft_mean_ms']:.1f} ms, ITL mean "
+                      f"{row['server_itl_mean_ms']:.2f} ms", flush=True)
             for kind, count in sorted(row["error_kinds"].items()):
                 print(f"{'':>5} error: {count} x {kind}", flush=True)
             if out:
