@@ -232,7 +232,9 @@ fn bad_requests_get_openai_errors_and_the_server_goes_on() {
         let body: Value = response.json().unwrap();
         (status, body)
     };
-    let cases: [(&str, &str, u16, &str); 8] = [
+    let huge = format!("{{\"prompt\": \"{}\"}}", "a".repeat(3 << 20));
+    let cases: [(&str, &str, u16, &str); 9] = [
+        ("/v1/completions", &huge, 413, "length limit"),
         ("/v1/completions", "{not json", 400, "the request body"),
         (
             "/v1/completions",
@@ -296,7 +298,7 @@ fn bad_requests_get_openai_errors_and_the_server_goes_on() {
         .unwrap()
         .text()
         .unwrap();
-    for (reason, count) in [("invalid", 6), ("model_not_found", 1)] {
+    for (reason, count) in [("invalid", 7), ("model_not_found", 1)] {
         let line = format!("kiln_requests_refused_total{{reason=\"{reason}\"}} {count}\n");
         assert!(metrics.contains(&line), "{metrics}");
     }

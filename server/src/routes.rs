@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -101,14 +102,32 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     ([(header::CONTENT_TYPE, content_type)], app.metrics.render()).into_response()
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    generate(app, Endpoint::Completions, &body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(app, Endpoint::Completions, body).await
 }
 
-async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    generate(app, Endpoint::Chat, &body)
+async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(app, Endpoint::Chat, body).await
+}
+
+/// A body that cannot be read (too large, say) gets the OpenAI error body too.
+async fn answer(
+    app: Arc<App>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            app.metrics.refused("invalid");
+            let error = ApiError {
+                status: rejection.status(),
+                ..ApiError::invalid(None, rejection.body_text())
+            };
+            return error.into_response();
+        }
+    };
+    generate(app, endpoint, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -130,23 +149,30 @@ impl Drop for CancelOnDrop {
 }
 
 /// Reads, submits and answers one request.
-async fn generate(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Response, ApiError> {
+async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Result<Response, ApiError> {
     if app.draining.load(Ordering::SeqCst) {
         app.metrics.refused("shutting_down");
         return Err(shutting_down());
     }
     let number = app.counter.fetch_add(1, Ordering::SeqCst);
-    let context = Context {
-        model: &app.model,
-        tokenizer: app.tokenizer.as_deref(),
-        eos: &app.eos,
-        max_seq: app.info.max_seq,
-        seed: app
-            .started
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .wrapping_add(number),
-    };
-    let generation = protocol::parse(endpoint, body, &context).inspect_err(|error| {
+    // Tokenizing and rendering a chat template take time in proportion to the body: off the
+    // threads that serve the other connections.
+    let reader = app.clone();
+    let parsed = tokio::task::spawn_blocking(move || {
+        let context = Context {
+            model: &reader.model,
+            tokenizer: reader.tokenizer.as_deref(),
+            eos: &reader.eos,
+            max_seq: reader.info.max_seq,
+            seed: (reader.started)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add(number),
+        };
+        protocol::parse(endpoint, &body, &context)
+    });
+    let parsed =
+        (parsed.await).map_err(|e| ApiError::internal(format!("reading the request: {e}")))?;
+    let generation = parsed.inspect_err(|error| {
         app.metrics.refused(error.code.unwrap_or("invalid"));
     })?;
     let (updates, received) = mpsc::unbounded_channel();
