@@ -104,6 +104,12 @@ enum Command {
     /// Serve a model over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions
     /// (streamed as server-sent events with "stream": true), /v1/models, /health, /metrics.
     Serve(ServeCli),
+    /// The on-disk cache of compiled kernel modules ($KILN_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/kiln, else ~/.cache/kiln; in its kernels/ directory).
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
     /// Trace a model into a program graph and verify it; print a summary or the IR.
     Compile {
         #[command(flatten)]
@@ -231,6 +237,14 @@ enum Mode {
     Graph,
 }
 
+#[derive(Subcommand)]
+enum CacheAction {
+    /// Where the cache is, its entries and their bytes.
+    Info,
+    /// Remove every entry (nothing else in the directory).
+    Clear,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum EvalDeviceArg {
     Cpu,
@@ -335,6 +349,24 @@ fn main() -> Result<()> {
         }
         Command::Generate(args) => commands::generate(args.into_args()?)?,
         Command::Serve(_) => unreachable!("served above"),
+        Command::Cache { action } => {
+            let cache = kiln_runtime::kernel_cache::KernelCache::from_env();
+            let Some(dir) = cache.dir().map(|d| d.display().to_string()) else {
+                anyhow::bail!("no cache directory: set KILN_CACHE_DIR, XDG_CACHE_HOME or HOME");
+            };
+            match action {
+                CacheAction::Info => {
+                    let info = cache.info()?;
+                    println!(
+                        "kernel cache {dir}: {} entries, {} bytes",
+                        info.entries, info.bytes
+                    );
+                }
+                CacheAction::Clear => {
+                    println!("kernel cache {dir}: removed {} entries", cache.clear()?);
+                }
+            }
+        }
         Command::Compile { program, print_ir } => {
             let (kind, options) = program.program();
             print!(

@@ -54,3 +54,36 @@ fn demo_rejects_bad_arguments() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("beyond the model's 128 positions"));
 }
+
+/// `kiln cache info|clear` on the cache `KILN_CACHE_DIR` names: entries are counted and removed,
+/// and nothing else in the directory is touched.
+#[test]
+fn cache_info_counts_entries_and_clear_removes_only_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let kernels = dir.path().join("kernels");
+    std::fs::create_dir_all(&kernels).unwrap();
+    std::fs::write(kernels.join("copy-00.kcubin"), [7u8; 100]).unwrap();
+    std::fs::write(kernels.join("norm-01.kcubin"), [7u8; 28]).unwrap();
+    std::fs::write(kernels.join("notes.txt"), "not an entry").unwrap();
+    let cache = |action: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["cache", action])
+            .env("KILN_CACHE_DIR", dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(
+        cache("info").contains("2 entries, 128 bytes"),
+        "{}",
+        cache("info")
+    );
+    assert!(cache("clear").contains("removed 2 entries"));
+    assert!(cache("info").contains("0 entries, 0 bytes"));
+    assert!(kernels.join("notes.txt").exists());
+}

@@ -2,8 +2,10 @@
 //! NVRTC and cuBLASLt are loaded when a device is opened, and their absence is an error that
 //! says so (never a panic).
 //!
-//! A [`CudaDevice`] owns the context, the kernel modules (compiled by NVRTC for the device's
-//! architecture on first use, cached per device) and a cuBLASLt handle. cudarc's automatic
+//! A [`CudaDevice`] owns the context, the kernel modules and a cuBLASLt handle. The modules are
+//! loaded all at once on first use: each one's cubin for the device's architecture from the
+//! on-disk [`KernelCache`](crate::kernel_cache::KernelCache), the missing ones compiled by
+//! NVRTC in parallel (and stored); [`CudaDevice::kernel_report`] says what that took. cudarc's automatic
 //! event tracking is disabled: streams and events come from the plan. A [`CudaExecutable`]
 //! runs one planned program, with a GEMM workspace per stream (preallocated, so GEMMs can be
 //! captured; never shared by GEMMs that may run at once).
@@ -21,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 
 use crate::error::{Error, Result};
+use crate::kernel_cache::{KernelCache, Origin};
 
 pub use executable::CudaExecutable;
 
@@ -152,7 +155,8 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     name: String,
     arch: &'static str,
-    modules: Mutex<BTreeMap<&'static str, Arc<CudaModule>>>,
+    modules: Mutex<Option<Modules>>,
+    cache: KernelCache,
     lt: gemm::LtHandle,
     release_errors: Arc<ReleaseErrors>,
 }
@@ -182,7 +186,8 @@ impl CudaDevice {
             ctx,
             name,
             arch,
-            modules: Mutex::new(BTreeMap::new()),
+            modules: Mutex::new(None),
+            cache: KernelCache::from_env(),
             lt,
             release_errors,
         }))
@@ -225,32 +230,90 @@ impl CudaDevice {
         }
     }
 
-    /// Kernel `function` of module `module`, compiling the module on first use.
+    /// Kernel `function` of module `module`; the first call loads every module.
     pub(crate) fn function(&self, module: &'static str, function: &str) -> Result<CudaFunction> {
         let mut modules = self
             .modules
             .lock()
             .map_err(|_| error("module cache", "poisoned"))?;
-        if !modules.contains_key(module) {
-            let source = (kiln_kernels::gpu::SOURCES.iter())
-                .find(|(name, _)| *name == module)
-                .map(|(_, source)| *source)
-                .ok_or_else(|| error(format!("kernel module `{module}`"), "no such source"))?;
-            let options = cudarc::nvrtc::CompileOptions {
-                arch: Some(self.arch),
-                name: Some(format!("{module}.cu")),
-                ..Default::default()
-            };
-            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, options)
-                .map_err(|e| error(format!("NVRTC compile of `{module}.cu`"), e))?;
-            let loaded = self
-                .ctx
-                .load_module(ptx)
-                .map_err(|e| error(format!("load module `{module}`"), e))?;
-            modules.insert(module, loaded);
+        if modules.is_none() {
+            *modules = Some(self.load_modules()?);
         }
-        modules[module]
+        let loaded = (modules.as_ref().and_then(|m| m.loaded.get(module)))
+            .ok_or_else(|| error(format!("kernel module `{module}`"), "no such source"))?;
+        loaded
             .load_function(function)
             .map_err(|e| error(format!("kernel `{module}::{function}`"), e))
     }
+
+    /// What loading the kernel modules took (all zero before the first kernel is asked for).
+    pub fn kernel_report(&self) -> KernelReport {
+        let modules = self.modules.lock().ok();
+        (modules.as_deref().and_then(Option::as_ref))
+            .map_or_else(KernelReport::default, |m| m.report.clone())
+    }
+
+    /// Every module's cubin, from the cache or compiled in parallel, loaded into the context.
+    fn load_modules(&self) -> Result<Modules> {
+        let start = std::time::Instant::now();
+        let sources = kiln_kernels::gpu::SOURCES;
+        let compiled: Vec<Result<crate::kernel_cache::Compiled>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (sources.iter())
+                .map(|(name, source)| scope.spawn(|| self.cache.module(name, source, self.arch)))
+                .collect();
+            (handles.into_iter())
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(error("kernel compile", "a thread panicked")))
+                })
+                .collect()
+        });
+        let mut report = KernelReport {
+            modules: sources.len(),
+            ..KernelReport::default()
+        };
+        let mut loaded = BTreeMap::new();
+        for ((name, _), compiled) in sources.iter().zip(compiled) {
+            let compiled = compiled?;
+            match &compiled.origin {
+                Origin::Hit => report.hits += 1,
+                Origin::Compiled => report.compiled += 1,
+                Origin::Rebuilt(reason) => {
+                    eprintln!("warning: kernel cache: {reason}; rebuilt it");
+                    report.compiled += 1;
+                }
+            }
+            if let Some(reason) = &compiled.write_error {
+                eprintln!("warning: kernel cache: could not store `{name}`: {reason}");
+            }
+            report.compile_seconds += compiled.seconds;
+            let module = self
+                .ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))
+                .map_err(|e| error(format!("load module `{name}`"), e))?;
+            loaded.insert(*name, module);
+        }
+        report.seconds = start.elapsed().as_secs_f64();
+        Ok(Modules { loaded, report })
+    }
+}
+
+/// The loaded kernel modules and what loading them took.
+struct Modules {
+    loaded: BTreeMap<&'static str, Arc<CudaModule>>,
+    report: KernelReport,
+}
+
+/// How the kernel modules were obtained.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KernelReport {
+    pub modules: usize,
+    /// Read from the on-disk cache.
+    pub hits: usize,
+    /// Compiled by NVRTC (no entry, or an entry rebuilt).
+    pub compiled: usize,
+    /// Wall seconds from the first kernel asked for to every module loaded.
+    pub seconds: f64,
+    /// Seconds of reading or compiling, summed over modules (they run in parallel).
+    pub compile_seconds: f64,
 }

@@ -26,6 +26,7 @@ mod error;
 mod group;
 mod index_inputs;
 mod interpret;
+pub mod kernel_cache;
 mod launch;
 mod lower;
 mod placed;

@@ -1,0 +1,303 @@
+//! Compiled kernel modules on disk: NVRTC's cubin for one module, architecture and set of
+//! options, kept under the user's cache directory so that a later process loads it instead of
+//! compiling again.
+//!
+//! Where: `$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`, and within it
+//! `kernels/`. An entry is named by a SHA-256 key over the module's name and source, the compile
+//! options, the architecture and the NVRTC version, so any change to any of them misses. Each
+//! file holds a header (magic, the key again, the payload's length and SHA-256) before the
+//! cubin; an entry whose header, length or checksum does not match — truncated, garbage, or a
+//! file of another key under this name — is reported and rebuilt, never loaded. Entries are
+//! written to a temporary file in the same directory, synced, then renamed over the name, so
+//! a reader (another process filling the cache at the same time, say) sees a whole entry or
+//! none. NVRTC runs without a GPU, so all of this is tested on the CPU machine.
+
+use std::ffi::{CStr, CString};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use cudarc::nvrtc::{result, sys};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+const MAGIC: &[u8; 10] = b"KILNCUBIN\x01";
+const HEADER: usize = MAGIC.len() + 32 + 8 + 32;
+const EXTENSION: &str = "kcubin";
+
+/// Where compiled modules are kept, or nowhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelCache {
+    dir: Option<PathBuf>,
+}
+
+/// How a module was obtained.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Read from the cache.
+    Hit,
+    /// Compiled: no entry, or no cache.
+    Compiled,
+    /// Compiled again because the entry could not be trusted (the reason).
+    Rebuilt(String),
+}
+
+/// One module's cubin and where it came from.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    pub cubin: Vec<u8>,
+    pub origin: Origin,
+    /// Wall seconds spent reading or compiling it.
+    pub seconds: f64,
+    /// Why the entry could not be written (the module is still good), if it could not.
+    pub write_error: Option<String>,
+}
+
+/// What the cache holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheInfo {
+    pub dir: Option<PathBuf>,
+    pub entries: usize,
+    pub bytes: u64,
+}
+
+impl KernelCache {
+    /// The cache the environment names (see the module doc); none when no directory can be
+    /// named (no `HOME`).
+    pub fn from_env() -> Self {
+        let var = |name| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let root = var("KILN_CACHE_DIR")
+            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("kiln")))
+            .or_else(|| var("HOME").map(|d| d.join(".cache").join("kiln")));
+        KernelCache {
+            dir: root.map(|root| root.join("kernels")),
+        }
+    }
+
+    /// A cache in `dir` itself.
+    pub fn at(dir: impl Into<PathBuf>) -> Self {
+        KernelCache {
+            dir: Some(dir.into()),
+        }
+    }
+
+    /// No cache: every module is compiled.
+    pub fn disabled() -> Self {
+        KernelCache { dir: None }
+    }
+
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// Module `name`'s cubin for `arch` (`sm_90`): from the cache when a valid entry exists,
+    /// else compiled by NVRTC and stored.
+    pub fn module(&self, name: &str, source: &str, arch: &str) -> Result<Compiled> {
+        let start = Instant::now();
+        let options = [format!("--gpu-architecture={arch}")];
+        let key = key(name, source, &options, arch)?;
+        let path = self.dir.as_ref().map(|dir| dir.join(file_name(name, &key)));
+        let mut origin = Origin::Compiled;
+        if let Some(path) = &path {
+            match read_entry(path, &key) {
+                Ok(Some(cubin)) => {
+                    return Ok(Compiled {
+                        cubin,
+                        origin: Origin::Hit,
+                        seconds: start.elapsed().as_secs_f64(),
+                        write_error: None,
+                    })
+                }
+                Ok(None) => {}
+                Err(reason) => origin = Origin::Rebuilt(format!("{}: {reason}", path.display())),
+            }
+        }
+        let cubin = compile_cubin(name, source, &options)?;
+        let write_error = match &path {
+            Some(path) => write_entry(path, &key, &cubin)
+                .err()
+                .map(|e| format!("{}: {e}", path.display())),
+            None => None,
+        };
+        Ok(Compiled {
+            cubin,
+            origin,
+            seconds: start.elapsed().as_secs_f64(),
+            write_error,
+        })
+    }
+
+    /// The entries and their bytes.
+    pub fn info(&self) -> Result<CacheInfo> {
+        let (mut entries, mut bytes) = (0, 0);
+        for path in self.entries()? {
+            entries += 1;
+            bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+        }
+        Ok(CacheInfo {
+            dir: self.dir.clone(),
+            entries,
+            bytes,
+        })
+    }
+
+    /// Removes every entry (nothing else in the directory); returns how many.
+    pub fn clear(&self) -> Result<usize> {
+        let entries = self.entries()?;
+        for path in &entries {
+            std::fs::remove_file(path).map_err(|e| io_error(path, "remove", &e))?;
+        }
+        Ok(entries.len())
+    }
+
+    fn entries(&self) -> Result<Vec<PathBuf>> {
+        let Some(dir) = &self.dir else {
+            return Ok(Vec::new());
+        };
+        let listing = match std::fs::read_dir(dir) {
+            Ok(listing) => listing,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_error(dir, "list", &e)),
+        };
+        let mut paths: Vec<PathBuf> = (listing.filter_map(|entry| entry.ok()))
+            .map(|entry| entry.path())
+            .filter(|path| path.extension().is_some_and(|e| e == EXTENSION))
+            .collect();
+        paths.sort();
+        Ok(paths)
+    }
+}
+
+fn io_error(path: &Path, what: &str, e: &std::io::Error) -> Error {
+    Error::Device {
+        backend: "cuda",
+        what: format!("kernel cache: {what} {}", path.display()),
+        reason: e.to_string(),
+    }
+}
+
+fn nvrtc_error(what: String, reason: impl std::fmt::Display) -> Error {
+    Error::Device {
+        backend: "cuda",
+        what,
+        reason: reason.to_string(),
+    }
+}
+
+/// NVRTC's version, `major.minor`.
+fn nvrtc_version() -> Result<String> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: both pointers are valid for writes.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| nvrtc_error("NVRTC version".to_string(), format!("{e:?}")))?;
+    Ok(format!("{major}.{minor}"))
+}
+
+/// The entry's key: SHA-256 over every input of the compile.
+fn key(name: &str, source: &str, options: &[String], arch: &str) -> Result<[u8; 32]> {
+    let mut hash = Sha256::new();
+    let version = nvrtc_version()?;
+    for part in [MAGIC.as_slice(), name.as_bytes(), source.as_bytes()] {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part);
+    }
+    for part in options
+        .iter()
+        .map(String::as_str)
+        .chain([arch, version.as_str()])
+    {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    Ok(hash.finalize().into())
+}
+
+fn file_name(name: &str, key: &[u8; 32]) -> String {
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{name}-{hex}.{EXTENSION}")
+}
+
+/// The entry's cubin; `None` when there is no entry; `Err(reason)` when there is one that
+/// cannot be trusted.
+fn read_entry(path: &Path, key: &[u8; 32]) -> std::result::Result<Option<Vec<u8>>, String> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot be read: {e}")),
+    };
+    if bytes.len() < HEADER || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(format!("{} bytes without the entry header", bytes.len()));
+    }
+    let (stored_key, rest) = bytes[MAGIC.len()..].split_at(32);
+    if stored_key != key {
+        return Err("the entry of another compile".to_string());
+    }
+    let (length, rest) = rest.split_at(8);
+    let (checksum, payload) = rest.split_at(32);
+    let length = u64::from_le_bytes(length.try_into().expect("8 bytes"));
+    if length != payload.len() as u64 {
+        return Err(format!(
+            "truncated: {} of {length} payload bytes",
+            payload.len()
+        ));
+    }
+    if Sha256::digest(payload).as_slice() != checksum {
+        return Err("its checksum does not match its contents".to_string());
+    }
+    Ok(Some(payload.to_vec()))
+}
+
+/// Writes the entry through a synced temporary file renamed over `path`.
+fn write_entry(path: &Path, key: &[u8; 32], cubin: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut file = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .suffix(".part")
+        .tempfile_in(dir)?;
+    file.write_all(MAGIC)?;
+    file.write_all(key)?;
+    file.write_all(&(cubin.len() as u64).to_le_bytes())?;
+    file.write_all(&Sha256::digest(cubin))?;
+    file.write_all(cubin)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// NVRTC's cubin of one module; the compile log is the error when it fails.
+fn compile_cubin(name: &str, source: &str, options: &[String]) -> Result<Vec<u8>> {
+    let what = || format!("NVRTC compile of `{name}.cu`");
+    let source = CString::new(source).map_err(|e| nvrtc_error(what(), e))?;
+    let file = CString::new(format!("{name}.cu")).map_err(|e| nvrtc_error(what(), e))?;
+    let program = result::create_program(&source, Some(&file))
+        .map_err(|e| nvrtc_error(what(), format!("{e:?}")))?;
+    // SAFETY: `program` was created above and is destroyed once, below; every pointer passed
+    // stays valid across its call, and the cubin buffer has the size NVRTC reported.
+    unsafe {
+        let compiled = result::compile_program(program, options);
+        let log = result::get_program_log(program)
+            .map(|raw| {
+                CStr::from_ptr(raw.as_ptr())
+                    .to_string_lossy()
+                    .trim()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let cubin = compiled.and_then(|()| {
+            let mut size = 0usize;
+            sys::nvrtcGetCUBINSize(program, &mut size).result()?;
+            let mut cubin = vec![0u8; size];
+            sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast()).result()?;
+            Ok(cubin)
+        });
+        let _ = result::destroy_program(program);
+        cubin.map_err(|e| nvrtc_error(what(), format!("{e:?}\n{log}")))
+    }
+}
