@@ -82,21 +82,34 @@ impl LoadedWeights {
 
 /// (NaNs, infinities) among the elements of a loaded parameter (f32 or f64).
 fn count_non_finite(tensor: &Tensor) -> Result<(usize, usize)> {
-    fn count<T: Copy + Into<f64>>(values: &[T]) -> (usize, usize) {
-        values.iter().fold((0, 0), |(nans, infinities), &v| {
-            let v: f64 = v.into();
-            (
-                nans + usize::from(v.is_nan()),
-                infinities + usize::from(v.is_infinite()),
-            )
-        })
+    /// (NaNs, infinities) among values whose bits have `exponent` all ones where a value is
+    /// not finite, and `mantissa` nonzero where it is a NaN.
+    fn count<T: Copy + Into<u64>>(bits: &[T], exponent: u64, mantissa: u64) -> (usize, usize) {
+        let special = |b: u64| b & exponent == exponent;
+        // One pass that vectorizes; the split into NaNs and infinities only when needed.
+        let specials: usize = bits.iter().map(|&b| usize::from(special(b.into()))).sum();
+        if specials == 0 {
+            return (0, 0);
+        }
+        let nans = (bits.iter().map(|&b| b.into()))
+            .filter(|&b| special(b) && b & mantissa != 0)
+            .count();
+        (nans, specials - nans)
     }
     let counted = tensor.read_with(|view| match view.dtype() {
-        DType::F32 => view.slice::<f32>("load_weights", "weight").map(count),
-        DType::BF16 => view
-            .slice::<half::bf16>("load_weights", "weight")
-            .map(|values| count(&values.iter().map(|v| v.to_f32()).collect::<Vec<_>>())),
-        _ => view.slice::<f64>("load_weights", "weight").map(count),
+        DType::F32 => (view.slice::<f32>("load_weights", "weight")).map(|v| {
+            count(
+                bytemuck::cast_slice::<f32, u32>(v),
+                0x7f80_0000,
+                0x007f_ffff,
+            )
+        }),
+        DType::BF16 => (view.slice::<half::bf16>("load_weights", "weight"))
+            .map(|v| count(bytemuck::cast_slice::<half::bf16, u16>(v), 0x7f80, 0x007f)),
+        _ => (view.slice::<f64>("load_weights", "weight")).map(|v| {
+            let bits = bytemuck::cast_slice::<f64, u64>(v);
+            count(bits, 0x7ff0_0000_0000_0000, 0x000f_ffff_ffff_ffff)
+        }),
     })?;
     Ok(counted?)
 }
@@ -115,21 +128,20 @@ pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<Lo
     }
     let sources = Sources::open(dir)?;
     let ignored = sources.check(config)?;
-    let weights = ModelWeights::build(config, |name, dims| {
-        let file = sources.file_of(name).ok_or_else(|| Error::MissingTensor {
-            path: sources.listing.clone(),
-            name: name.to_string(),
-            expected: shape_text(dims),
-        })?;
-        Var::leaf(file.tensor(name, dtype)?)
-    })?;
+    let mut decoded = sources.decode_all(&parameter_shapes(config), dtype)?;
     let mut non_finite = Vec::new();
-    for (name, var) in weights.named() {
-        let (nans, infinities) = count_non_finite(var.value())?;
+    let weights = ModelWeights::build(config, |name, dims| {
+        let (tensor, (nans, infinities)) =
+            decoded.remove(name).ok_or_else(|| Error::MissingTensor {
+                path: sources.listing.clone(),
+                name: name.to_string(),
+                expected: shape_text(dims),
+            })?;
         if nans + infinities > 0 {
-            non_finite.push((name, nans, infinities));
+            non_finite.push((name.to_string(), nans, infinities));
         }
-    }
+        Var::leaf(tensor)
+    })?;
     Ok(LoadedWeights {
         weights,
         ignored,
@@ -266,6 +278,67 @@ impl Sources {
 
     fn file_of(&self, name: &str) -> Option<&SafetensorsFile> {
         self.owner.get(name).map(|&i| &self.files[i])
+    }
+
+    /// Every tensor of `shapes` the files hold, read as `dtype`, with its (NaN, infinity)
+    /// counts. One thread per core takes the tensors largest first: the copies out of the
+    /// memory map, and the page faults of the memory they fill, are most of a load. The first
+    /// error in `shapes` order is returned.
+    fn decode_all(
+        &self,
+        shapes: &[(String, Vec<usize>)],
+        dtype: DType,
+    ) -> Result<BTreeMap<String, (Tensor, (usize, usize))>> {
+        let mut order: Vec<(usize, &str)> = (shapes.iter().enumerate())
+            .filter(|(_, (name, _))| self.file_of(name).is_some())
+            .map(|(index, (name, _))| (index, name.as_str()))
+            .collect();
+        let elements = |index: usize| shapes[index].1.iter().product::<usize>();
+        order.sort_by_key(|&(index, _)| std::cmp::Reverse(elements(index)));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        type Decoded = (usize, String, Result<(Tensor, (usize, usize))>);
+        let decoded: Vec<Decoded> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads.min(order.len()))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(&(index, name)) = order.get(at) else {
+                                return out;
+                            };
+                            let file = self.file_of(name).expect("filtered above");
+                            let read = file.tensor(name, dtype).and_then(|tensor| {
+                                let counts = count_non_finite(&tensor)?;
+                                Ok((tensor, counts))
+                            });
+                            out.push((index, name.to_string(), read));
+                        }
+                    })
+                })
+                .collect();
+            (workers.into_iter())
+                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        let mut all = BTreeMap::new();
+        let mut first_error: Option<(usize, Error)> = None;
+        for (index, name, read) in decoded {
+            match read {
+                Ok(value) => {
+                    all.insert(name, value);
+                }
+                Err(e) if first_error.as_ref().is_none_or(|(at, _)| index < *at) => {
+                    first_error = Some((index, e));
+                }
+                Err(_) => {}
+            }
+        }
+        match first_error {
+            Some((_, e)) => Err(e),
+            None => Ok(all),
+        }
     }
 
     /// Every parameter present with its shape and a float dtype (in parameter order), then no

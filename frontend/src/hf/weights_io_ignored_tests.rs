@@ -143,17 +143,20 @@ fn non_finite_weights_are_counted_and_named_in_a_warning() {
         }
     }
     write_single(dir.path(), &tensors);
-    let loaded = load_weights(dir.path(), &config, DType::F32).unwrap();
-    let flagged: Vec<&str> = loaded.non_finite.iter().map(|(n, ..)| n.as_str()).collect();
-    assert_eq!(flagged, ["model.norm.weight", "lm_head.weight"]);
-    let warning = loaded.warning().unwrap();
-    assert_contains(
-        &warning,
-        &[
-            "lm_head.weight (1 NaN, 0 infinite)",
-            "model.norm.weight (0 NaN, 1 infinite)",
-        ],
-    );
+    // Read as f32 and as bf16 (the bits are counted in each dtype's own layout).
+    for dtype in [DType::F32, DType::BF16] {
+        let loaded = load_weights(dir.path(), &config, dtype).unwrap();
+        let flagged: Vec<&str> = loaded.non_finite.iter().map(|(n, ..)| n.as_str()).collect();
+        assert_eq!(flagged, ["model.norm.weight", "lm_head.weight"], "{dtype}");
+        let warning = loaded.warning().unwrap();
+        assert_contains(
+            &warning,
+            &[
+                "lm_head.weight (1 NaN, 0 infinite)",
+                "model.norm.weight (0 NaN, 1 infinite)",
+            ],
+        );
+    }
     // Finite weights give no warning.
     let clean = tempfile::tempdir().unwrap();
     write_single(clean.path(), &named_tensors(&weights));

@@ -40,10 +40,38 @@ macro_rules! little_endian {
 little_endian!(f32 => 4, f64 => 8, bf16 => 2, f16 => 2, i32 => 4, i64 => 8);
 
 /// Every element of `bytes` (stored as `S`) converted to `T`. A dtype read as itself keeps
-/// every bit (going through f64 would quiet signalling NaNs).
-fn floats_from<S: LittleEndian + Element, T: LittleEndian + Element>(bytes: &[u8]) -> Vec<T> {
+/// every bit (going through f64 would quiet signalling NaNs): on a little-endian machine the
+/// bytes are copied whole. bf16 and f16 widen to f32 exactly by `to_f32` (what the f64 route
+/// gives, without it).
+fn floats_from<
+    S: LittleEndian + Element + bytemuck::Pod,
+    T: LittleEndian + Element + bytemuck::Pod,
+>(
+    bytes: &[u8],
+) -> Vec<T> {
+    let whole = bytes.len() / T::WIDTH * T::WIDTH;
     if S::DTYPE == T::DTYPE {
+        if cfg!(target_endian = "little") {
+            let mut out = vec![T::zeroed(); whole / T::WIDTH];
+            bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes[..whole]);
+            return out;
+        }
         return bytes.chunks_exact(T::WIDTH).map(T::read).collect();
+    }
+    if T::DTYPE == DType::F32 && matches!(S::DTYPE, DType::BF16 | DType::F16) {
+        let widen = |chunk: &[u8]| -> f32 {
+            let bits = u16::from_le_bytes([chunk[0], chunk[1]]);
+            match S::DTYPE {
+                DType::BF16 => bf16::from_bits(bits).to_f32(),
+                _ => f16::from_bits(bits).to_f32(),
+            }
+        };
+        let mut out = vec![T::zeroed(); bytes.len() / 2];
+        let widened = bytemuck::cast_slice_mut::<T, f32>(&mut out);
+        for (to, chunk) in widened.iter_mut().zip(bytes.chunks_exact(2)) {
+            *to = widen(chunk);
+        }
+        return out;
     }
     bytes
         .chunks_exact(S::WIDTH)
@@ -60,7 +88,10 @@ pub(super) enum StoredFloat {
     F16,
 }
 
-fn floats_as<T: LittleEndian + Element>(bytes: &[u8], stored: StoredFloat) -> Vec<T> {
+fn floats_as<T: LittleEndian + Element + bytemuck::Pod>(
+    bytes: &[u8],
+    stored: StoredFloat,
+) -> Vec<T> {
     match stored {
         StoredFloat::F32 => floats_from::<f32, T>(bytes),
         StoredFloat::F64 => floats_from::<f64, T>(bytes),
