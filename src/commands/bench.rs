@@ -82,6 +82,33 @@ pub struct BenchResult {
     /// Train: the loss of the last step; prefill/decode: max |logit| (a sanity check that the
     /// numbers are finite and not all zero).
     pub check: f64,
+    pub startup: Startup,
+}
+
+/// Where the time from the command's start to its first step went, milliseconds.
+#[derive(Serialize, Default, Clone, Debug)]
+pub struct Startup {
+    /// Tracing the program (the fusion pass included).
+    pub trace_ms: f64,
+    pub plan_ms: f64,
+    /// Opening the device: context, cuBLASLt handle.
+    pub device_ms: f64,
+    /// Reading the weights (and converting them to the program's dtype).
+    pub weights_ms: f64,
+    /// Binding the plan: lowering, kernel modules, cuBLASLt heuristics, allocation.
+    pub bind_ms: f64,
+    /// Of `bind_ms`: getting every kernel module (`kernels_cached` of `kernels` from the
+    /// on-disk cache, the rest compiled by NVRTC in parallel).
+    pub kernels_ms: f64,
+    pub kernels: usize,
+    pub kernels_cached: usize,
+    /// Copying the weights and inputs to the device.
+    pub upload_ms: f64,
+    /// The first run: in graph mode, capture, instantiate and the first replay.
+    pub first_step_ms: f64,
+    /// From the command's start to the end of its first step (checking the options and
+    /// reading config.json, too).
+    pub total_ms: f64,
 }
 
 /// Bytes one decode step must read at least: every weight once (the embedding table only for
@@ -112,6 +139,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
+    let mut startup = Startup::default();
+    let clock = Instant::now();
+    let mut lap = {
+        let mut last = Instant::now();
+        move || {
+            let ms = last.elapsed().as_secs_f64() * 1e3;
+            last = Instant::now();
+            ms
+        }
+    };
     // Every option is checked against the model before anything touches the device.
     if args.steps == 0 {
         bail!("--steps 0: must be at least 1");
@@ -130,9 +167,13 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     if let Some(reason) = kiln_runtime::cuda::unavailable() {
         bail!("--device cuda: no CUDA device can be used here: {reason}");
     }
+    lap();
     let graph = build(args.kind, &config, &args.options)?;
+    startup.trace_ms = lap();
     let planned = plan(&graph, &plan_options, &kiln_runtime::Workspaces::Cuda)?;
+    startup.plan_ms = lap();
     let device = CudaDevice::open(0)?;
+    startup.device_ms = lap();
     let (_, total) = device.memory()?;
     let what = format!("{} {}", args.model, args.kind.name());
     let memory = format!("the device ({})", device.describe());
@@ -142,9 +183,11 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         total as u64,
         &memory,
     )?;
+    lap();
     let (config, loaded) = source
         .load(args.seed, args.options.precision.weight_dtype())
         .with_context(|| format!("loading model {}", args.model))?;
+    startup.weights_ms = lap();
     if let Some(note) = loaded.note() {
         eprintln!("note: {}: {note}", args.model);
     }
@@ -164,6 +207,11 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         Some(rows) => CudaExecutable::with_linear_rows(&device, &graph, &planned, rows)?,
         None => CudaExecutable::new(&device, &graph, &planned)?,
     };
+    startup.bind_ms = lap();
+    let kernels = device.kernel_report();
+    startup.kernels_ms = kernels.seconds * 1e3;
+    startup.kernels = kernels.modules;
+    startup.kernels_cached = kernels.hits;
     for (name, var) in weights.named() {
         exe.set(&name, var.value())?;
     }
@@ -179,6 +227,8 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     for (name, tensor) in &inputs {
         exe.set(name, tensor)?;
     }
+    exe.synchronize()?;
+    startup.upload_ms = lap();
 
     let ctx = device.clone();
     let timing = || {
@@ -186,7 +236,12 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
             .context("creating a timing event on the device")
     };
     let (start, end) = (timing()?, timing()?);
-    for _ in 0..args.warmup.max(1) {
+    exe.run(args.mode)?;
+    exe.synchronize()?;
+    startup.first_step_ms = lap();
+    startup.total_ms = clock.elapsed().as_secs_f64() * 1e3;
+    eprintln!("kiln bench: start-up {}", startup.line());
+    for _ in 1..args.warmup {
         exe.run(args.mode)?;
     }
     exe.synchronize()?;
@@ -294,7 +349,29 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         hbm_floor_ms: floor,
         floor_fraction: floor.map(|f| f / median),
         check,
+        startup,
     })
+}
+
+impl Startup {
+    /// `1234 ms to the first step: trace 12, plan 3, ...`.
+    pub fn line(&self) -> String {
+        format!(
+            "{:.0} ms to the first step: trace {:.0}, plan {:.0}, device {:.0}, weights {:.0}, \
+             bind {:.0} (kernels {:.0}: {} of {} cached), upload {:.0}, first step {:.0} ms",
+            self.total_ms,
+            self.trace_ms,
+            self.plan_ms,
+            self.device_ms,
+            self.weights_ms,
+            self.bind_ms,
+            self.kernels_ms,
+            self.kernels_cached,
+            self.kernels,
+            self.upload_ms,
+            self.first_step_ms
+        )
+    }
 }
 
 /// The result as a table for people.
