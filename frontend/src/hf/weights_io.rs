@@ -174,6 +174,9 @@ pub fn save_weights(dir: &Path, weights: &ModelWeights<Var>, dtype: DType) -> Re
     write_safetensors_as(&dir.join(WEIGHTS_FILE), &tensors, dtype, Some(metadata))
 }
 
+/// A tensor and its (NaN, infinity) counts.
+type Counted = (Tensor, (usize, usize));
+
 /// The opened weight files and which one holds each tensor.
 struct Sources {
     files: Vec<SafetensorsFile>,
@@ -288,7 +291,7 @@ impl Sources {
         &self,
         shapes: &[(String, Vec<usize>)],
         dtype: DType,
-    ) -> Result<BTreeMap<String, (Tensor, (usize, usize))>> {
+    ) -> Result<BTreeMap<String, Counted>> {
         let mut order: Vec<(usize, &str)> = (shapes.iter().enumerate())
             .filter(|(_, (name, _))| self.file_of(name).is_some())
             .map(|(index, (name, _))| (index, name.as_str()))
@@ -297,7 +300,7 @@ impl Sources {
         order.sort_by_key(|&(index, _)| std::cmp::Reverse(elements(index)));
         let next = std::sync::atomic::AtomicUsize::new(0);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        type Decoded = (usize, String, Result<(Tensor, (usize, usize))>);
+        type Decoded = (usize, String, Result<Counted>);
         let decoded: Vec<Decoded> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads.min(order.len()))
                 .map(|_| {
