@@ -401,3 +401,43 @@ fn a_failed_program_run_fails_its_requests_alone() {
         oracle_greedy(&config, &weights, &prompts[2], 6)
     );
 }
+
+#[test]
+fn a_finished_request_is_forgotten_once_its_outcome_is_taken() {
+    let mut rng = fresh_rng("a_finished_request_is_forgotten");
+    let config = ModelConfig::tiny();
+    let weights = random_weights(&config, rng.random()).unwrap();
+    let mut scheduler =
+        ContinuousBatchScheduler::new(engine(&config, &weights, 2, RunMode::Graph), None);
+    let mut greedy = |n| {
+        request(
+            prompt(&mut rng, &config, 3),
+            n,
+            &[],
+            SamplingParams::greedy(),
+        )
+    };
+    let (short, long) = (greedy(2), greedy(6));
+    let want = oracle_greedy(&config, &weights, &long.prompt, 6);
+    let short = scheduler.submit(short).unwrap();
+    let long = scheduler.submit(long).unwrap();
+    scheduler.step().unwrap();
+    assert_eq!(scheduler.forget(long), None, "a running request is kept");
+    while scheduler.phase(short) != Some(Phase::Finished(FinishReason::Length)) {
+        scheduler.step().unwrap();
+    }
+    let taken = scheduler.forget(short).unwrap();
+    assert_eq!(taken.tokens.len(), 2);
+    assert_eq!(
+        (scheduler.outcome(short), scheduler.phase(short)),
+        (None, None)
+    );
+    assert!(!scheduler.cancel(short));
+    assert_eq!(scheduler.forget(short), None);
+    let next = scheduler.submit(greedy(3)).unwrap();
+    assert!(next > long, "ids are never reused");
+    while !scheduler.is_idle() {
+        scheduler.step().unwrap();
+    }
+    assert_eq!(scheduler.forget(long).unwrap().tokens, want);
+}

@@ -18,7 +18,7 @@ pub mod continuous;
 pub mod metrics;
 pub mod reference;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use crate::error::Result;
@@ -93,6 +93,9 @@ pub trait Scheduler {
     fn phase(&self, id: RequestId) -> Option<Phase>;
     /// What request `id` got so far.
     fn outcome(&self, id: RequestId) -> Option<Outcome>;
+    /// The outcome of finished request `id`, after which the scheduler keeps nothing of it
+    /// (a server forgets each request it has answered); `None` while it runs.
+    fn forget(&mut self, id: RequestId) -> Option<Outcome>;
 }
 
 /// One request's state while it runs: its sampler, stop checker, context and text.
@@ -271,41 +274,49 @@ impl<'t> Sequence<'t> {
     }
 }
 
-/// The requests a scheduler holds: every one by id, and the queue of those not admitted yet.
+/// The requests a scheduler holds: every one by id until it is forgotten, the queue of those
+/// not admitted yet, and the cancellations asked since the last step.
 pub(crate) struct Book<'t> {
     tokenizer: Option<&'t Tokenizer>,
-    sequences: Vec<Sequence<'t>>,
+    sequences: BTreeMap<RequestId, Sequence<'t>>,
+    next: usize,
     pub queue: VecDeque<RequestId>,
+    asked: Vec<RequestId>,
 }
 
 impl<'t> Book<'t> {
     pub fn new(tokenizer: Option<&'t Tokenizer>) -> Self {
         Book {
             tokenizer,
-            sequences: Vec::new(),
+            sequences: BTreeMap::new(),
+            next: 0,
             queue: VecDeque::new(),
+            asked: Vec::new(),
         }
     }
 
     /// The next request's state, refused as [`Sequence::new`] refuses; not queued yet.
     pub fn draft(&self, request: Request) -> Result<Sequence<'t>> {
-        Sequence::new(RequestId(self.sequences.len()), request, self.tokenizer)
+        Sequence::new(RequestId(self.next), request, self.tokenizer)
     }
 
     /// Queues a [`draft`](Self::draft); returns its id.
     pub fn enqueue(&mut self, sequence: Sequence<'t>) -> RequestId {
         let id = sequence.id;
-        self.sequences.push(sequence);
+        self.next = id.0 + 1;
+        self.sequences.insert(id, sequence);
         self.queue.push_back(id);
         id
     }
 
-    /// Asks request `id` to be cancelled at the next step boundary; false when it is unknown
-    /// or finished.
+    /// Asks request `id` to be cancelled at the next step boundary; false when it is unknown,
+    /// finished or forgotten.
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        match self.sequences.get_mut(id.0) {
+        match self.sequences.get_mut(&id) {
             Some(sequence) if !matches!(sequence.phase, Phase::Finished(_)) => {
-                sequence.cancel = true;
+                if !std::mem::replace(&mut sequence.cancel, true) {
+                    self.asked.push(id);
+                }
                 true
             }
             _ => false,
@@ -313,40 +324,55 @@ impl<'t> Book<'t> {
     }
 
     /// Ends every request asked to be cancelled (dropping it from the queue) and returns their
-    /// events; `release` frees what a running one holds.
+    /// events, in request order; `release` frees what a running one holds.
     pub fn cancellations(&mut self, mut release: impl FnMut(RequestId)) -> Vec<Event> {
-        let asked: Vec<RequestId> = (self.sequences.iter())
-            .filter(|s| s.cancel && !matches!(s.phase, Phase::Finished(_)))
-            .map(|s| s.id)
-            .collect();
-        (asked.into_iter())
-            .map(|id| {
-                self.queue.retain(|&queued| queued != id);
-                release(id);
-                self.sequences[id.0].cancelled()
-            })
-            .collect()
+        let mut asked = std::mem::take(&mut self.asked);
+        asked.sort();
+        let mut events = Vec::new();
+        for id in asked {
+            let Some(sequence) = self.sequences.get_mut(&id) else {
+                continue;
+            };
+            if matches!(sequence.phase, Phase::Finished(_)) {
+                continue;
+            }
+            self.queue.retain(|&queued| queued != id);
+            release(id);
+            events.push(sequence.cancelled());
+        }
+        events
     }
 
     pub fn phase(&self, id: RequestId) -> Option<Phase> {
-        self.sequences.get(id.0).map(|s| s.phase)
+        self.sequences.get(&id).map(|s| s.phase)
     }
 
     pub fn outcome(&self, id: RequestId) -> Option<Outcome> {
-        self.sequences.get(id.0).map(Sequence::outcome)
+        self.sequences.get(&id).map(Sequence::outcome)
+    }
+
+    /// The outcome of finished request `id`, which is forgotten; `None` (and nothing
+    /// forgotten) while it runs or when it is unknown.
+    pub fn forget(&mut self, id: RequestId) -> Option<Outcome> {
+        match self.sequences.get(&id)?.phase {
+            Phase::Finished(_) => self.sequences.remove(&id).map(|s| s.outcome()),
+            _ => None,
+        }
     }
 }
 
 impl<'t> std::ops::Index<RequestId> for Book<'t> {
     type Output = Sequence<'t>;
     fn index(&self, id: RequestId) -> &Sequence<'t> {
-        &self.sequences[id.0]
+        &self.sequences[&id]
     }
 }
 
 impl std::ops::IndexMut<RequestId> for Book<'_> {
     fn index_mut(&mut self, id: RequestId) -> &mut Self::Output {
-        &mut self.sequences[id.0]
+        self.sequences
+            .get_mut(&id)
+            .expect("a request the book holds")
     }
 }
 

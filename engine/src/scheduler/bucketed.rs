@@ -140,6 +140,12 @@ impl Scheduler for LengthBucketedBatchScheduler<'_> {
         let &(bucket, local) = self.routes.get(id.0)?;
         self.buckets[bucket].outcome(local)
     }
+
+    /// Forgets the request in its bucket (the route, two ids, stays).
+    fn forget(&mut self, id: RequestId) -> Option<Outcome> {
+        let &(bucket, local) = self.routes.get(id.0)?;
+        self.buckets[bucket].forget(local)
+    }
 }
 
 #[cfg(test)]

@@ -250,4 +250,8 @@ impl Scheduler for ContinuousBatchScheduler<'_> {
     fn outcome(&self, id: RequestId) -> Option<Outcome> {
         self.book.outcome(id)
     }
+
+    fn forget(&mut self, id: RequestId) -> Option<Outcome> {
+        self.book.forget(id)
+    }
 }

@@ -93,4 +93,8 @@ impl Scheduler for ReferenceScheduler<'_> {
     fn outcome(&self, id: RequestId) -> Option<Outcome> {
         self.book.outcome(id)
     }
+
+    fn forget(&mut self, id: RequestId) -> Option<Outcome> {
+        self.book.forget(id)
+    }
 }
