@@ -153,7 +153,8 @@ fn streamed(events: &[String]) -> (Vec<u32>, Option<String>) {
     let (mut tokens, mut finish) = (Vec::new(), None);
     for data in events.iter().filter(|d| *d != "[DONE]") {
         let chunk: Value = serde_json::from_str(data).unwrap();
-        for choice in chunk["choices"].as_array().unwrap() {
+        // An error event (the stream's end) carries no choices.
+        for choice in chunk["choices"].as_array().into_iter().flatten() {
             tokens.extend(ids(&choice["token_ids"]));
             if let Some(reason) = choice["finish_reason"].as_str() {
                 finish = Some(reason.to_string());
@@ -321,10 +322,12 @@ fn sixty_four_streams_with_sixteen_leaving_mid_stream_leave_the_rest_their_token
             .map(|(i, prompt)| {
                 let server = &server;
                 scope.spawn(move || {
-                    let response =
-                        server.post("/v1/completions", &completion(prompt, new_tokens, true));
-                    // Every fourth client reads two chunks and hangs up.
+                    // Every fourth client reads two chunks and hangs up; its request asks
+                    // for many tokens, so it cannot finish before the server notices.
                     let leave = (i % 4 == 3).then_some(2);
+                    let tokens = if leave.is_some() { 100 } else { new_tokens };
+                    let response =
+                        server.post("/v1/completions", &completion(prompt, tokens, true));
                     streamed(&sse(response, leave))
                 })
             })
@@ -368,6 +371,13 @@ fn a_full_queue_answers_503_with_retry_after() {
     assert!(refused.headers().get("retry-after").is_some());
     let body: Value = refused.json().unwrap();
     assert_eq!(body["error"]["code"], "queue_full");
+    // With no waiting room at all, an idle server still takes what its free slots hold.
+    let strict = Server::start(&["--slots", "2", "--max-waiting", "0"]);
+    let taken: Value = strict
+        .post("/v1/completions", &completion(&[1], 2, false))
+        .json()
+        .unwrap();
+    assert_eq!(ids(&taken["choices"][0]["token_ids"]).len(), 2, "{taken}");
     assert_eq!(streamed(&sse(running, None)).0.len(), 120);
     assert_eq!(streamed(&sse(waiting, None)).0.len(), 4);
     let metrics = client()
@@ -389,7 +399,17 @@ fn terminate(server: &mut Server) -> bool {
         .status()
         .unwrap();
     assert!(status.success());
-    server.child.wait().unwrap().success()
+    let start = Instant::now();
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return status.success();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "kiln serve still runs 60 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -446,7 +466,30 @@ fn past_the_drain_deadline_requests_are_cancelled() {
         "{} tokens after the deadline",
         tokens.len()
     );
-    assert_eq!(finish.as_deref(), Some("cancelled"));
+    // Cut off by the deadline: no finish reason, an OpenAI error event, then [DONE].
+    assert_eq!(finish, None);
+    let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "shutting_down", "{error}");
+    assert_eq!(events.last().unwrap(), "[DONE]");
+}
+
+#[test]
+fn a_client_that_never_finishes_its_request_does_not_hold_the_shutdown() {
+    let mut server = Server::start(&["--slots", "1", "--drain-seconds", "0"]);
+    let address = server.base.trim_start_matches("http://").to_string();
+    let mut stalled = std::net::TcpStream::connect(address).unwrap();
+    std::io::Write::write_all(&mut stalled, b"POST /v1/completions HTTP/1.1\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
+    assert!(
+        terminate(&mut server),
+        "kiln serve did not exit 0 after SIGTERM"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 /// `kiln generate --model DIR --temperature 0` text for `prompt` (`--chat` with `chat`).

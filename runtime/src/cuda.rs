@@ -241,6 +241,8 @@ impl CudaDevice {
         }
         let loaded = (modules.as_ref().and_then(|m| m.loaded.get(module)))
             .ok_or_else(|| error(format!("kernel module `{module}`"), "no such source"))?;
+        // A module that failed fails only the kernels asked of it.
+        let loaded = loaded.as_ref().map_err(|e| e.clone())?;
         loaded
             .load_function(function)
             .map_err(|e| error(format!("kernel `{module}::{function}`"), e))
@@ -253,7 +255,9 @@ impl CudaDevice {
             .map_or_else(KernelReport::default, |m| m.report.clone())
     }
 
-    /// Every module's cubin, from the cache or compiled in parallel, loaded into the context.
+    /// Every module's cubin, from the cache or compiled in parallel, loaded into the context;
+    /// a module that cannot be compiled or loaded keeps its error (an architecture without
+    /// an instruction one module uses still runs the others).
     fn load_modules(&self) -> Result<Modules> {
         let start = std::time::Instant::now();
         let sources = kiln_kernels::gpu::SOURCES;
@@ -274,7 +278,13 @@ impl CudaDevice {
         };
         let mut loaded = BTreeMap::new();
         for ((name, _), compiled) in sources.iter().zip(compiled) {
-            let compiled = compiled?;
+            let compiled = match compiled {
+                Ok(compiled) => compiled,
+                Err(e) => {
+                    loaded.insert(*name, Err(e));
+                    continue;
+                }
+            };
             match &compiled.origin {
                 Origin::Hit => report.hits += 1,
                 Origin::Compiled => report.compiled += 1,
@@ -290,7 +300,7 @@ impl CudaDevice {
             let module = self
                 .ctx
                 .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))
-                .map_err(|e| error(format!("load module `{name}`"), e))?;
+                .map_err(|e| error(format!("load module `{name}`"), e));
             loaded.insert(*name, module);
         }
         report.seconds = start.elapsed().as_secs_f64();
@@ -300,7 +310,7 @@ impl CudaDevice {
 
 /// The loaded kernel modules and what loading them took.
 struct Modules {
-    loaded: BTreeMap<&'static str, Arc<CudaModule>>,
+    loaded: BTreeMap<&'static str, Result<Arc<CudaModule>>>,
     report: KernelReport,
 }
 

@@ -266,6 +266,13 @@ fn write_entry(path: &Path, key: &[u8; 32], cubin: &[u8]) -> std::io::Result<()>
     file.write_all(&(cubin.len() as u64).to_le_bytes())?;
     file.write_all(&Sha256::digest(cubin))?;
     file.write_all(cubin)?;
+    // Readable by every user who shares the cache (a temporary file starts private).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
     file.as_file().sync_all()?;
     file.persist(path).map_err(|e| e.error)?;
     Ok(())

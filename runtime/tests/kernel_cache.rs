@@ -119,7 +119,12 @@ fn a_truncated_garbage_or_foreign_entry_is_rebuilt() {
 #[test]
 #[ignore = "a child process of two_processes_filling_one_cache_leave_valid_entries"]
 fn fill_the_cache_named_by_the_environment() {
-    let dir = std::env::var("KILN_CACHE_TEST_DIR").expect("KILN_CACHE_TEST_DIR");
+    let Ok(dir) = std::env::var("KILN_CACHE_TEST_DIR") else {
+        println!(
+            "not a child of two_processes_filling_one_cache_leave_valid_entries: nothing to do"
+        );
+        return;
+    };
     let cache = KernelCache::at(dir);
     for name in SMALL {
         cache.module(name, source(name), "sm_90").unwrap();

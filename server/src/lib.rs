@@ -39,10 +39,20 @@ pub struct ServeOptions {
     pub drain: Duration,
 }
 
-/// Builds the engine (on its own thread), listens, prints `kiln serve: listening on
+/// Binds the port, builds the engine (on its own thread), prints `kiln serve: listening on
 /// http://ADDRESS` on standard output, and serves until SIGINT or SIGTERM (then drains as the
-/// module doc says).
+/// module doc says; a second signal, or the deadline passed by 2 s, closes what is left).
+/// Returns an error when the engine stopped on an error of its own.
 pub fn serve(options: ServeOptions, build: EngineBuilder) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    // The port first: a busy one is reported before the engine is built.
+    let address = (options.host.as_str(), options.port);
+    let listener = (runtime.block_on(tokio::net::TcpListener::bind(address)))
+        .with_context(|| format!("listening on {}:{}", options.host, options.port))?;
+    let local = listener.local_addr()?;
     let metrics = Arc::new(metrics::Metrics::new());
     let health = Arc::new(worker::Health::default());
     let tokenizer = options.tokenizer.map(Arc::new);
@@ -63,21 +73,13 @@ pub fn serve(options: ServeOptions, build: EngineBuilder) -> Result<()> {
         info: info.clone(),
         commands: commands.clone(),
         metrics,
-        health,
+        health: health.clone(),
         draining: AtomicBool::new(false),
         counter: AtomicU64::new(0),
         started,
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the HTTP runtime")?;
+    let drain = options.drain.min(MAX_DRAIN);
     runtime.block_on(async {
-        let address = (options.host.as_str(), options.port);
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .with_context(|| format!("listening on {}:{}", options.host, options.port))?;
-        let local = listener.local_addr()?;
         println!(
             "kiln serve: listening on http://{local} (model `{}`, {} slots × {} positions, \
              {} programs, arena {} bytes, KV pool {} bytes)",
@@ -89,32 +91,61 @@ pub fn serve(options: ServeOptions, build: EngineBuilder) -> Result<()> {
             info.pool_bytes
         );
         std::io::stdout().flush()?;
+        let (signalled, on_signal) = tokio::sync::oneshot::channel();
         let shutdown = {
             let app = app.clone();
             async move {
                 let signal = shutdown_signal().await;
                 eprintln!(
-                    "kiln serve: {signal}: admitting nothing more; requests in flight have {:.0} s",
-                    options.drain.as_secs_f64()
+                    "kiln serve: {signal}: admitting nothing more; requests in flight have \
+                     {:.0} s",
+                    drain.as_secs_f64()
                 );
                 app.draining.store(true, Ordering::SeqCst);
-                let deadline = Instant::now() + options.drain;
+                let deadline = Instant::now() + drain;
                 let _ = app.commands.send(worker::Command::Drain { deadline });
+                let _ = signalled.send(());
             }
         };
-        axum::serve(listener, routes::router(app.clone()))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .context("serving HTTP")
+        // Connections that outlive the drain (a client that stops reading, or never finishes
+        // sending its request) are closed a little after its deadline, or at a second signal.
+        let hard_stop = async move {
+            if on_signal.await.is_err() {
+                return std::future::pending().await;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(drain + GRACE) => "the drain deadline passed",
+                signal = shutdown_signal() => signal,
+            }
+        };
+        let server =
+            axum::serve(listener, routes::router(app.clone())).with_graceful_shutdown(shutdown);
+        tokio::select! {
+            served = server => served.context("serving HTTP"),
+            why = hard_stop => {
+                eprintln!("kiln serve: {why}: closing the connections still open");
+                Ok(())
+            }
+        }
     })?;
+    runtime.shutdown_timeout(GRACE);
     drop(app);
     drop(commands);
     engine
         .join()
         .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+    let fatal = health.fatal.lock().ok().and_then(|f| f.clone());
+    if let Some(error) = fatal {
+        anyhow::bail!("kiln serve: {error}");
+    }
     eprintln!("kiln serve: stopped");
     Ok(())
 }
+
+/// How long connections may stay open past the drain deadline.
+const GRACE: Duration = Duration::from_secs(2);
+/// The longest drain honoured (a larger `--drain-seconds` is cut to it).
+const MAX_DRAIN: Duration = Duration::from_secs(24 * 3600);
 
 /// Waits for SIGINT or SIGTERM; returns its name.
 async fn shutdown_signal() -> &'static str {

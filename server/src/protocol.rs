@@ -360,18 +360,39 @@ fn sampling(common: &CommonFields, seed: u64) -> Result<SamplingParams, ApiError
     Ok(params)
 }
 
-/// `stop`: absent, a string or an array of strings.
+/// Stop strings a request may give, and the bytes of each: they are searched at every token
+/// on the engine's thread, and a stream holds back as much text as the longest.
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// `stop`: absent, a string or an array of strings (at most [`MAX_STOP_STRINGS`] of at most
+/// [`MAX_STOP_BYTES`] bytes).
 fn stop_strings(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
     let bad = || ApiError::invalid(Some("stop"), "stop must be a string or an array of strings");
-    match stop {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
-        Some(Value::Array(items)) => items
-            .iter()
+    let strings: Vec<String> = match stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => (items.iter())
             .map(|item| item.as_str().map(str::to_string).ok_or_else(bad))
-            .collect(),
-        Some(_) => Err(bad()),
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad()),
+    };
+    if strings.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(
+            Some("stop"),
+            format!("{} stop strings: at most {MAX_STOP_STRINGS}", strings.len()),
+        ));
     }
+    if let Some(long) = strings.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            Some("stop"),
+            format!(
+                "a stop string of {} bytes: at most {MAX_STOP_BYTES}",
+                long.len()
+            ),
+        ));
+    }
+    Ok(strings)
 }
 
 #[cfg(test)]

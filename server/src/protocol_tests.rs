@@ -75,7 +75,21 @@ fn every_sampling_field_reaches_the_request() {
 
 #[test]
 fn bad_bodies_are_refused_naming_the_field() {
-    let cases: [(Endpoint, &str, Option<&str>, &str); 19] = [
+    let many = format!(r#"{{"prompt": [1], "stop": {:?}}}"#, vec!["x"; 17]);
+    let long = format!(r#"{{"prompt": [1], "stop": "{}"}}"#, "x".repeat(257));
+    let cases: [(Endpoint, &str, Option<&str>, &str); 21] = [
+        (
+            Endpoint::Completions,
+            &many,
+            Some("stop"),
+            "17 stop strings: at most 16",
+        ),
+        (
+            Endpoint::Completions,
+            &long,
+            Some("stop"),
+            "257 bytes: at most 256",
+        ),
         (Endpoint::Completions, "{", None, "EOF"),
         (
             Endpoint::Completions,

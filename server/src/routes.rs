@@ -220,10 +220,14 @@ fn shutting_down() -> ApiError {
     ApiError::unavailable("shutting_down", 5, "the server is shutting down")
 }
 
-/// The engine thread is gone: its error if it failed.
+/// The engine thread is gone: its error if it failed, else the shutdown that ended it.
 fn engine_gone(app: &App) -> ApiError {
     let fatal = app.health.fatal.lock().ok().and_then(|f| f.clone());
-    ApiError::internal(fatal.unwrap_or_else(|| "the engine has stopped".to_string()))
+    match (fatal, app.draining.load(Ordering::SeqCst)) {
+        (Some(error), _) => ApiError::internal(error),
+        (None, true) => shutting_down(),
+        (None, false) => ApiError::internal("the engine has stopped"),
+    }
 }
 
 /// How to shape the answer to one request.
@@ -288,7 +292,8 @@ impl Answer {
     }
 }
 
-/// The finish reason a client sees; a failed request is answered with an error instead.
+/// The finish reason a client sees; a failed request is answered with an error instead, and
+/// so is one cancelled by the shutdown's deadline (a client that left sees nothing).
 fn finish_name(outcome: &Outcome) -> Result<&'static str, ApiError> {
     match outcome.finish_reason {
         Some(FinishReason::Error) => Err(ApiError::internal(
@@ -296,6 +301,11 @@ fn finish_name(outcome: &Outcome) -> Result<&'static str, ApiError> {
                 .error
                 .clone()
                 .unwrap_or_else(|| "the request failed".to_string()),
+        )),
+        Some(FinishReason::Cancelled) => Err(ApiError::unavailable(
+            "shutting_down",
+            5,
+            "the server shut down before the request finished",
         )),
         Some(reason) => Ok(reason.as_str()),
         None => Err(ApiError::internal(

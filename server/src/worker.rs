@@ -112,11 +112,14 @@ pub fn spawn(
                 arena_bytes: memory.group.arena_bytes,
                 pool_bytes: memory.pool_bytes,
             };
-            let _ = ready.send(Ok(info));
+            let _ = ready.send(Ok(info.clone()));
+            // A panic on this thread still marks the engine as stopped (for /health).
+            let _guard = FatalOnPanic(health.clone());
             let worker = Worker {
                 scheduler: ContinuousBatchScheduler::new(engine, tokenizer.as_deref()),
                 clients: HashMap::new(),
                 max_waiting,
+                slots: info.slots,
                 metrics,
                 draining: None,
             };
@@ -129,6 +132,18 @@ pub fn spawn(
         .recv()
         .map_err(|_| anyhow::anyhow!("the engine thread ended before its engine was built"))??;
     Ok((commands, info, thread))
+}
+
+/// Records a panic of the engine thread in [`Health`] as it unwinds.
+struct FatalOnPanic(Arc<Health>);
+
+impl Drop for FatalOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            *self.0.fatal.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some("the engine thread panicked".to_string());
+        }
+    }
 }
 
 /// A request's client: where its updates go, and its timings.
@@ -144,6 +159,7 @@ struct Worker<'t> {
     scheduler: ContinuousBatchScheduler<'t>,
     clients: HashMap<RequestId, Client>,
     max_waiting: usize,
+    slots: usize,
     metrics: Arc<Metrics>,
     draining: Option<Instant>,
 }
@@ -164,6 +180,12 @@ impl Worker<'_> {
             }
             while let Ok(command) = inbox.try_recv() {
                 self.handle(command);
+            }
+            // A client gone before its first token (whatever the path it left by).
+            for (&id, client) in &mut self.clients {
+                if client.updates.is_closed() && !client.gone {
+                    client.gone = self.scheduler.cancel(id);
+                }
             }
             if self
                 .draining
@@ -229,8 +251,12 @@ impl Worker<'_> {
         if self.draining.is_some() {
             return Err(Refusal::ShuttingDown);
         }
-        let waiting = self.scheduler.queued();
-        if waiting >= self.max_waiting {
+        // Queued requests that the next step admits into free slots are not waiting: this one
+        // would wait only behind the queue's others once the free slots are taken.
+        let free = self.slots.saturating_sub(self.scheduler.running().len());
+        let queued = self.scheduler.queued();
+        if (queued + 1).saturating_sub(free) > self.max_waiting {
+            let waiting = queued.saturating_sub(free);
             return Err(Refusal::QueueFull { waiting });
         }
         (self.scheduler.submit(request)).map_err(|e| Refusal::Invalid(e.to_string()))
@@ -263,7 +289,7 @@ impl Worker<'_> {
             };
             self.metrics
                 .finished(reason.as_str(), now - client.submitted);
-            if let Some(outcome) = self.scheduler.outcome(event.id) {
+            if let Some(outcome) = self.scheduler.forget(event.id) {
                 let _ = client.updates.send(Update::Finished {
                     token: event.token,
                     outcome,
