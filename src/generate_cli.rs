@@ -50,15 +50,8 @@ pub struct GenerateCli {
     /// Stop when this text appears (repeatable); it is not printed.
     #[arg(long)]
     stop: Vec<String>,
-    #[arg(long, value_enum, default_value_t = EvalDeviceArg::Cpu)]
-    device: EvalDeviceArg,
-    /// eager: every launch issued each step; graph: captured once and replayed.
-    #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
-    mode: BenchMode,
-    /// f32, or bf16: bf16 weights and KV caches, f32 activations (bf16-gemm: bf16 GEMM
-    /// inputs over f32 weights).
-    #[arg(long, value_enum, default_value_t = Numerics::F32)]
-    precision: Numerics,
+    #[command(flatten)]
+    run: RunCli,
     /// Rows of the KV cache (default: the prompt and --max-new-tokens).
     #[arg(long)]
     max_seq: Option<usize>,
@@ -77,6 +70,35 @@ pub struct GenerateCli {
     /// Bucketed: a request whose bucket is full may take the first larger one with room.
     #[arg(long)]
     spill: bool,
+}
+
+/// Where and how the engine's programs run (`kiln generate`, `kiln serve`).
+#[derive(clap::Args)]
+pub(crate) struct RunCli {
+    #[arg(long, value_enum, default_value_t = EvalDeviceArg::Cpu)]
+    device: EvalDeviceArg,
+    /// eager: every launch issued each step; graph: captured once and replayed.
+    #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
+    mode: BenchMode,
+    /// f32, or bf16: bf16 weights and KV caches, f32 activations (bf16-gemm: bf16 GEMM
+    /// inputs over f32 weights).
+    #[arg(long, value_enum, default_value_t = Numerics::F32)]
+    precision: Numerics,
+}
+
+impl RunCli {
+    /// Whether `--device cuda` was asked for.
+    pub fn cuda(&self) -> bool {
+        matches!(self.device, EvalDeviceArg::Cuda)
+    }
+
+    pub fn mode(&self) -> kiln_runtime::RunMode {
+        self.mode.into()
+    }
+
+    pub fn precision(&self) -> kiln_frontend::model::Precision {
+        self.precision.into()
+    }
 }
 
 /// `SLOTSxPOSITIONS`.
@@ -117,9 +139,7 @@ impl GenerateCli {
             repetition_penalty,
             seed,
             stop,
-            device,
-            mode,
-            precision,
+            run,
             max_seq,
             scheduler,
             slots,
@@ -134,9 +154,9 @@ impl GenerateCli {
                 anyhow::bail!("give --prompt TEXT, --prompt-ids 1,2,3 or --prompts FILE")
             }
         };
-        let backend = match device {
-            EvalDeviceArg::Cpu => kiln_runtime::Backend::Cpu,
-            EvalDeviceArg::Cuda => kiln_runtime::Backend::cuda()?,
+        let backend = match run.cuda() {
+            false => kiln_runtime::Backend::Cpu,
+            true => kiln_runtime::Backend::cuda()?,
         };
         Ok(commands::GenerateArgs {
             model,
@@ -154,8 +174,8 @@ impl GenerateCli {
             },
             stop,
             backend,
-            mode: mode.into(),
-            precision: precision.into(),
+            mode: run.mode(),
+            precision: run.precision(),
             max_seq,
             scheduler: match scheduler {
                 SchedulerArg::Reference => commands::SchedulerKind::Reference,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Result;
 use kiln::commands;
 
-use crate::{BenchMode, EvalDeviceArg, Numerics};
+use crate::generate_cli::RunCli;
 
 /// Serve a model over HTTP with the OpenAI API (see `kiln::commands::serve`).
 #[derive(clap::Args)]
@@ -37,13 +37,8 @@ pub struct ServeCli {
     /// Seconds requests in flight may still run after SIGINT or SIGTERM.
     #[arg(long, default_value_t = 30.0)]
     drain_seconds: f64,
-    #[arg(long, value_enum, default_value_t = EvalDeviceArg::Cpu)]
-    device: EvalDeviceArg,
-    /// eager: every launch issued each step; graph: captured once and replayed.
-    #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
-    mode: BenchMode,
-    #[arg(long, value_enum, default_value_t = Numerics::F32)]
-    precision: Numerics,
+    #[command(flatten)]
+    run: RunCli,
 }
 
 impl ServeCli {
@@ -61,9 +56,9 @@ impl ServeCli {
             max_seq: self.max_seq,
             max_waiting: self.max_waiting,
             drain,
-            cuda: matches!(self.device, EvalDeviceArg::Cuda),
-            mode: self.mode.into(),
-            precision: self.precision.into(),
+            cuda: self.run.cuda(),
+            mode: self.run.mode(),
+            precision: self.run.precision(),
         })
     }
 }

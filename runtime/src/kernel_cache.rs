@@ -117,7 +117,7 @@ impl KernelCache {
                 Err(reason) => origin = Origin::Rebuilt(format!("{}: {reason}", path.display())),
             }
         }
-        let cubin = compile_cubin(name, source, &options)?;
+        let (cubin, _log) = compile_cubin(name, source, &options)?;
         let write_error = match &path {
             Some(path) => write_entry(path, &key, &cubin)
                 .err()
@@ -278,8 +278,14 @@ fn write_entry(path: &Path, key: &[u8; 32], cubin: &[u8]) -> std::io::Result<()>
     Ok(())
 }
 
-/// NVRTC's cubin of one module; the compile log is the error when it fails.
-fn compile_cubin(name: &str, source: &str, options: &[String]) -> Result<Vec<u8>> {
+/// Module `name`'s cubin for `arch`, compiled by NVRTC with the options the cache uses, and
+/// the compile log (its warnings; empty when there are none). No cache is read or written.
+pub fn compile_logged(name: &str, source: &str, arch: &str) -> Result<(Vec<u8>, String)> {
+    compile_cubin(name, source, &[format!("--gpu-architecture={arch}")])
+}
+
+/// NVRTC's cubin of one module and its log; the log is in the error when it fails.
+fn compile_cubin(name: &str, source: &str, options: &[String]) -> Result<(Vec<u8>, String)> {
     let what = || format!("NVRTC compile of `{name}.cu`");
     let source = CString::new(source).map_err(|e| nvrtc_error(what(), e))?;
     let file = CString::new(format!("{name}.cu")).map_err(|e| nvrtc_error(what(), e))?;
@@ -305,6 +311,9 @@ fn compile_cubin(name: &str, source: &str, options: &[String]) -> Result<Vec<u8>
             Ok(cubin)
         });
         let _ = result::destroy_program(program);
-        cubin.map_err(|e| nvrtc_error(what(), format!("{e:?}\n{log}")))
+        match cubin {
+            Ok(cubin) => Ok((cubin, log)),
+            Err(e) => Err(nvrtc_error(what(), format!("{e:?}\n{log}"))),
+        }
     }
 }
