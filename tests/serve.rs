@@ -203,6 +203,8 @@ fn completions_give_kiln_generates_tokens_whole_and_streamed() {
         let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
         assert_eq!(usage["usage"]["completion_tokens"], 9);
         assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+        let first: Value = serde_json::from_str(&events[0]).unwrap();
+        assert_eq!(first.get("usage"), Some(&Value::Null), "{first}");
         assert_eq!(
             streamed(&events),
             (want.clone(), Some("length".to_string()))

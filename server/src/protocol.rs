@@ -64,12 +64,12 @@ struct CommonFields {
     repetition_penalty: Option<f32>,
     seed: Option<i64>,
     stop: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     stream: bool,
     stream_options: Option<StreamOptions>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     ignore_eos: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     return_token_ids: bool,
     n: Option<i64>,
     presence_penalty: Option<f32>,
@@ -83,7 +83,7 @@ struct CommonFields {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StreamOptions {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     include_usage: bool,
 }
 
@@ -91,7 +91,7 @@ struct StreamOptions {
 struct CompletionBody {
     prompt: Value,
     max_tokens: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     echo: bool,
     logprobs: Option<Value>,
     best_of: Option<i64>,
@@ -119,7 +119,23 @@ struct ChatBody {
 #[serde(deny_unknown_fields)]
 struct ChatMessage {
     role: String,
+    /// A string, text parts, or null (an assistant turn without text): empty.
+    #[serde(default)]
     content: Value,
+    /// The participant's name: accepted, not used (templates take role and content).
+    #[serde(rename = "name")]
+    _name: Option<String>,
+}
+
+/// A flag that may also be given as `null` (as clients send an unset field): false.
+fn null_is_false<'de, D: serde::Deserializer<'de>>(flag: D) -> Result<bool, D::Error> {
+    Option::<bool>::deserialize(flag).map(Option::unwrap_or_default)
+}
+
+/// The prompt as the request gives it, read once the model is known to be this one.
+enum PromptInput {
+    Completion(Value),
+    Chat(Vec<ChatMessage>),
 }
 
 /// Reads a request body for `endpoint`.
@@ -129,7 +145,7 @@ pub fn parse(
     context: &Context<'_>,
 ) -> Result<Generation, ApiError> {
     let json = |e: serde_json::Error| ApiError::invalid(None, format!("the request body: {e}"));
-    let (prompt, max_tokens, common) = match endpoint {
+    let (input, max_tokens, common) = match endpoint {
         Endpoint::Completions => {
             let body: CompletionBody = serde_json::from_slice(body).map_err(json)?;
             neutral("echo", !body.echo, "only false is supported")?;
@@ -146,7 +162,7 @@ pub fn parse(
             neutral("suffix", body.suffix.is_none(), "not supported")?;
             let common = common(body.common)?;
             (
-                completion_prompt(&body.prompt, context)?,
+                PromptInput::Completion(body.prompt),
                 body.max_tokens,
                 common,
             )
@@ -157,7 +173,7 @@ pub fn parse(
             neutral("top_logprobs", body.top_logprobs.is_none(), "not supported")?;
             let common = common(body.common)?;
             let max = body.max_completion_tokens.or(body.max_tokens);
-            (chat_prompt(&body.messages, context)?, max, common)
+            (PromptInput::Chat(body.messages), max, common)
         }
     };
     if let Some(model) = &common.model {
@@ -171,6 +187,10 @@ pub fn parse(
             ));
         }
     }
+    let prompt = match &input {
+        PromptInput::Completion(prompt) => completion_prompt(prompt, context)?,
+        PromptInput::Chat(messages) => chat_prompt(messages, context)?,
+    };
     neutral("n", common.n.is_none_or(|n| n == 1), "only 1 is supported")?;
     for (field, value) in [
         ("presence_penalty", common.presence_penalty),
@@ -304,6 +324,7 @@ fn chat_prompt(messages: &[ChatMessage], context: &Context<'_>) -> Result<Vec<u3
 /// A message's text: a string, or the concatenated text of `[{"type": "text", "text": …}]`.
 fn message_text(content: &Value) -> Option<String> {
     match content {
+        Value::Null => Some(String::new()),
         Value::String(text) => Some(text.clone()),
         Value::Array(parts) => parts
             .iter()

@@ -195,9 +195,9 @@ fn bad_bodies_are_refused_naming_the_field() {
         ),
         (
             Endpoint::Chat,
-            r#"{"messages": [{"role": "user"}]}"#,
+            r#"{"messages": [{"role": "user", "content": "hi", "colour": 1}]}"#,
             None,
-            "missing field `content`",
+            "unknown field `colour`",
         ),
     ];
     for (endpoint, body, param, message) in cases {
@@ -220,4 +220,19 @@ fn another_models_name_is_not_found() {
     assert!(error.message.contains("`gpt-4`") && error.message.contains("`tiny`"));
     let body = error.body();
     assert_eq!(body["error"]["type"], "not_found_error");
+}
+
+#[test]
+fn null_flags_are_false_and_the_model_is_checked_before_the_prompt() {
+    let body = r#"{"prompt": [1], "stream": null, "echo": null, "ignore_eos": null,
+        "return_token_ids": null, "stream_options": {"include_usage": null}}"#;
+    let generation = read(Endpoint::Completions, body).unwrap();
+    assert!(!generation.stream && !generation.include_usage && !generation.return_token_ids);
+    assert_eq!(generation.request.stop.eos_token_ids, EOS);
+    // Another model's name wins over a prompt this server could not read anyway.
+    let error = refused(
+        Endpoint::Completions,
+        r#"{"model": "other", "prompt": "text"}"#,
+    );
+    assert_eq!(error.code, Some("model_not_found"));
 }

@@ -285,8 +285,11 @@ impl Answer {
             "model": self.model,
             "choices": choices,
         });
-        if let Some(usage) = usage {
-            body["usage"] = usage;
+        match usage {
+            Some(usage) => body["usage"] = usage,
+            // As OpenAI streams with `include_usage`: every chunk names it, null but the last.
+            None if chunk && self.generation.include_usage => body["usage"] = Value::Null,
+            None => {}
         }
         body
     }
