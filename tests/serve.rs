@@ -59,14 +59,19 @@ impl Server {
         client().post(self.url(path)).json(body).send().unwrap()
     }
 
-    /// `/metrics` value of `name` (a gauge or counter without labels).
-    fn metric(&self, name: &str) -> f64 {
-        let text = client()
+    /// The text of `/metrics`.
+    fn metrics_text(&self) -> String {
+        client()
             .get(self.url("/metrics"))
             .send()
             .unwrap()
             .text()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// `/metrics` value of `name` (a gauge or counter without labels).
+    fn metric(&self, name: &str) -> f64 {
+        let text = self.metrics_text();
         (text.lines())
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
@@ -295,12 +300,7 @@ fn bad_requests_get_openai_errors_and_the_server_goes_on() {
         .json()
         .unwrap();
     assert_eq!(ids(&body["choices"][0]["token_ids"]).len(), 3);
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = server.metrics_text();
     for (reason, count) in [("invalid", 7), ("model_not_found", 1)] {
         let line = format!("kiln_requests_refused_total{{reason=\"{reason}\"}} {count}\n");
         assert!(metrics.contains(&line), "{metrics}");
@@ -346,12 +346,7 @@ fn sixty_four_streams_with_sixteen_leaving_mid_stream_leave_the_rest_their_token
         }
     }
     server.wait_idle();
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = server.metrics_text();
     assert!(
         metrics.contains(r#"kiln_requests_finished_total{finish_reason="length"} 48"#),
         "{metrics}"
@@ -382,12 +377,7 @@ fn a_full_queue_answers_503_with_retry_after() {
     assert_eq!(ids(&taken["choices"][0]["token_ids"]).len(), 2, "{taken}");
     assert_eq!(streamed(&sse(running, None)).0.len(), 120);
     assert_eq!(streamed(&sse(waiting, None)).0.len(), 4);
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = server.metrics_text();
     assert!(
         metrics.contains(r#"kiln_requests_refused_total{reason="queue_full"} 1"#),
         "{metrics}"

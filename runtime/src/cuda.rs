@@ -296,7 +296,6 @@ impl CudaDevice {
             if let Some(reason) = &compiled.write_error {
                 eprintln!("warning: kernel cache: could not store `{name}`: {reason}");
             }
-            report.compile_seconds += compiled.seconds;
             let module = self
                 .ctx
                 .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))
@@ -324,6 +323,4 @@ pub struct KernelReport {
     pub compiled: usize,
     /// Wall seconds from the first kernel asked for to every module loaded.
     pub seconds: f64,
-    /// Seconds of reading or compiling, summed over modules (they run in parallel).
-    pub compile_seconds: f64,
 }

@@ -15,7 +15,6 @@
 use std::ffi::{CStr, CString};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use cudarc::nvrtc::{result, sys};
 use sha2::{Digest, Sha256};
@@ -48,8 +47,6 @@ pub enum Origin {
 pub struct Compiled {
     pub cubin: Vec<u8>,
     pub origin: Origin,
-    /// Wall seconds spent reading or compiling it.
-    pub seconds: f64,
     /// Why the entry could not be written (the module is still good), if it could not.
     pub write_error: Option<String>,
 }
@@ -98,7 +95,6 @@ impl KernelCache {
     /// Module `name`'s cubin for `arch` (`sm_90`): from the cache when a valid entry exists,
     /// else compiled by NVRTC and stored.
     pub fn module(&self, name: &str, source: &str, arch: &str) -> Result<Compiled> {
-        let start = Instant::now();
         let options = [format!("--gpu-architecture={arch}")];
         let key = key(name, source, &options, arch)?;
         let path = self.dir.as_ref().map(|dir| dir.join(file_name(name, &key)));
@@ -109,7 +105,6 @@ impl KernelCache {
                     return Ok(Compiled {
                         cubin,
                         origin: Origin::Hit,
-                        seconds: start.elapsed().as_secs_f64(),
                         write_error: None,
                     })
                 }
@@ -127,7 +122,6 @@ impl KernelCache {
         Ok(Compiled {
             cubin,
             origin,
-            seconds: start.elapsed().as_secs_f64(),
             write_error,
         })
     }

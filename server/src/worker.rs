@@ -64,8 +64,6 @@ pub enum Refusal {
 pub struct EngineInfo {
     pub slots: usize,
     pub max_seq: usize,
-    pub max_prompt: usize,
-    pub vocab: usize,
     pub programs: usize,
     pub arena_bytes: u64,
     pub pool_bytes: u64,
@@ -106,8 +104,6 @@ pub fn spawn(
             let info = EngineInfo {
                 slots: options.slots,
                 max_seq: options.max_seq,
-                max_prompt: options.max_prompt(),
-                vocab: engine.config().vocab_size,
                 programs: memory.programs,
                 arena_bytes: memory.group.arena_bytes,
                 pool_bytes: memory.pool_bytes,
