@@ -284,6 +284,7 @@ fn compiled_programs(
         "step".into(),
         Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar())?,
     );
+    values.insert("lr".into(), Tensor::scalar(1e-3, DType::F64));
     for (name, tensor) in &params {
         for moment in ["m", "v"] {
             values.insert(

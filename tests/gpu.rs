@@ -79,6 +79,8 @@ pub(crate) enum In {
     /// `[B]` distinct slot ids of a pool of this many, the first a padding row when B > 1.
     Slots(usize, usize),
     Step,
+    /// A scalar of this dtype and value (a learning rate, a gradient scale).
+    Scalar(DType, f64),
 }
 
 pub(crate) fn f(dims: &[usize]) -> In {
@@ -186,6 +188,10 @@ fn check_op(
                     Tensor::from_vec(vec![3i64], kiln_ir::Shape::scalar()).unwrap(),
                 )
             }
+            In::Scalar(dtype, value) => (
+                TensorType::new(*dtype, kiln_ir::Shape::scalar()).unwrap(),
+                Tensor::scalar(*value, *dtype),
+            ),
         };
         operands.push(graph.input(&input_name, InputKind::Input, ty).unwrap());
         values.insert(input_name, tensor);

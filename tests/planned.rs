@@ -61,6 +61,7 @@ fn bindings(
             "positions" => Tensor::from_vec(vec![3i64; batch], [batch]).unwrap(),
             "cache_positions" => Tensor::from_vec(vec![0i64; batch], [batch]).unwrap(),
             "step" => Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar()).unwrap(),
+            "lr" => Tensor::scalar(1e-3, DType::F64),
             "loss_seed" => Tensor::scalar(1.0, DType::F32),
             _ if input_kind == kiln_ir::InputKind::State && name.starts_with("cache.") => {
                 let values = testing::signed(rng, ty.shape.numel());

@@ -253,6 +253,7 @@ fn train_values(
         values.insert(name.into(), tensor.clone());
     }
     values.insert("loss_seed".into(), Tensor::scalar(1.0, DType::F32));
+    values.insert("lr".into(), Tensor::scalar(1e-3, DType::F64));
     values
 }
 
@@ -263,15 +264,15 @@ fn train_steps_reduce_the_loss() {
     let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
     let (batch, seq) = (2, 8);
     let ids = tokens(&mut rng, &config, batch, seq);
-    let mut options = ProgramOptions {
+    let options = ProgramOptions {
         batch,
         seq,
         ..Default::default()
     };
-    options.adamw.lr = 5e-3;
     let graph = build(ProgramKind::Train, &config, &options).unwrap();
     kiln_ir::verify(&graph).unwrap();
     let mut values = train_values(&config, &weights, &ids, batch, seq);
+    values.insert("lr".into(), Tensor::scalar(5e-3, DType::F64));
     let mut losses = Vec::new();
     for step in 1..=6i64 {
         values.insert(
@@ -292,21 +293,26 @@ fn train_steps_reduce_the_loss() {
 }
 
 /// One interpreted train step updates every parameter exactly as the oracle's gradients run
-/// through the AdamW kernel would.
+/// through the AdamW kernel would: at the `lr` input's rate, and with clipping (the kernel's
+/// global norm and factor) and the decay exemption of vectors when asked for.
 #[test]
 fn train_step_equals_oracle_gradients_and_adamw() {
     let mut rng = testing::rng("train_step_equals_oracle");
-    for config in configs() {
+    for (config, clip) in configs().into_iter().zip([None, Some(0.5)]) {
         let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
         let (batch, seq) = (2, 6);
         let ids = tokens(&mut rng, &config, batch, seq);
         let options = ProgramOptions {
             batch,
             seq,
+            clip_grad_norm: clip,
+            decay_exempt_vectors: clip.is_some(),
             ..Default::default()
         };
+        let lr = 3e-3;
         let graph = build(ProgramKind::Train, &config, &options).unwrap();
         let mut values = train_values(&config, &weights, &ids, batch, seq);
+        values.insert("lr".into(), Tensor::scalar(lr, DType::F64));
         values.insert(
             "step".into(),
             Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar()).unwrap(),
@@ -325,26 +331,47 @@ fn train_step_equals_oracle_gradients_and_adamw() {
             bits(&outputs["loss"].reshape([1]).unwrap()),
             bits(&oracle.loss)
         );
+        let grads: Vec<Vec<f32>> = (oracle.grads.iter())
+            .map(|(_, g)| g.to_vec::<f32>().unwrap())
+            .collect();
+        let grad_scale = clip.map(|max_norm| {
+            let views: Vec<_> = (grads.iter().zip(&oracle.grads))
+                .map(|(g, (_, t))| kiln_kernels::TensorView::contiguous(g, t.dims()).unwrap())
+                .collect();
+            let (norm, scale) = kiln_kernels::optim::clip_grad_norm(&views, max_norm).unwrap();
+            assert_eq!(
+                bits(&outputs["grad_norm"].reshape([1]).unwrap()),
+                vec![f64::from(norm).to_bits()]
+            );
+            assert!(
+                scale < 1.0,
+                "the tiny model's gradients are clipped at {max_norm}: {scale}"
+            );
+            scale
+        });
+        assert_eq!(outputs.contains_key("grad_norm"), clip.is_some());
         let a = options.adamw;
-        let adamw = kiln_kernels::optim::AdamW {
-            lr: a.lr,
-            beta1: a.beta1,
-            beta2: a.beta2,
-            eps: a.eps,
-            weight_decay: a.weight_decay,
-        };
-        for ((name, param), (_, grad)) in weights.named().into_iter().zip(&oracle.grads) {
+        for (((name, param), g), (_, grad)) in
+            (weights.named().into_iter()).zip(&grads).zip(&oracle.grads)
+        {
+            let exempt = clip.is_some() && grad.dims().len() < 2;
+            let adamw = kiln_kernels::optim::AdamW {
+                lr,
+                beta1: a.beta1,
+                beta2: a.beta2,
+                eps: a.eps,
+                weight_decay: if exempt { 0.0 } else { a.weight_decay },
+            };
             let mut p = param.value().to_vec::<f32>().unwrap();
             let mut m = vec![0f32; p.len()];
             let mut v = vec![0f32; p.len()];
-            let g = grad.to_vec::<f32>().unwrap();
             let dims = param.dims().to_vec();
             kiln_kernels::optim::adamw(
                 &mut kiln_kernels::TensorViewMut::contiguous(&mut p, dims.as_slice()).unwrap(),
-                &kiln_kernels::TensorView::contiguous(&g, dims.as_slice()).unwrap(),
+                &kiln_kernels::TensorView::contiguous(g, dims.as_slice()).unwrap(),
                 &mut kiln_kernels::TensorViewMut::contiguous(&mut m, dims.as_slice()).unwrap(),
                 &mut kiln_kernels::TensorViewMut::contiguous(&mut v, dims.as_slice()).unwrap(),
-                1,
+                (1, grad_scale),
                 &adamw,
             )
             .unwrap();

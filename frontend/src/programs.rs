@@ -211,15 +211,32 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
                 return Ok(graph);
             }
             let step = graph.input("step", InputKind::Input, TensorType::new(DType::I64, [])?)?;
-            for ((name, param), grad) in named.iter().zip(grads) {
-                let Some(grad) = grad else { continue };
+            let lr = graph.input("lr", InputKind::Input, TensorType::new(DType::F64, [])?)?;
+            let updates: Vec<_> = named
+                .iter()
+                .zip(grads)
+                .filter_map(|(named, grad)| grad.map(|grad| (named, grad)))
+                .collect();
+            let grad_scale = match options.clip_grad_norm {
+                Some(max_norm) => {
+                    let grads: Vec<ValueId> = updates.iter().map(|(_, grad)| *grad).collect();
+                    let clipped = graph.op(kiln_ir::Op::ClipGradNorm { max_norm }, &grads)?;
+                    graph.output("grad_norm", clipped[0])?;
+                    Some(clipped[1])
+                }
+                None => None,
+            };
+            for ((name, param), grad) in updates {
                 let ty = graph.value_type(**param)?.clone();
                 let m = graph.input(&format!("adamw.m.{name}"), InputKind::State, ty.clone())?;
-                let v = graph.input(&format!("adamw.v.{name}"), InputKind::State, ty)?;
-                let updated = graph.op(
-                    kiln_ir::Op::AdamW(options.adamw),
-                    &[**param, grad, m, v, step],
-                )?;
+                let v = graph.input(&format!("adamw.v.{name}"), InputKind::State, ty.clone())?;
+                let mut config = options.adamw;
+                if options.decay_exempt_vectors && ty.dims().len() < 2 {
+                    config.weight_decay = 0.0;
+                }
+                let mut operands = vec![**param, grad, m, v, step, lr];
+                operands.extend(grad_scale);
+                let updated = graph.op(kiln_ir::Op::AdamW(config), &operands)?;
                 graph.write(name, updated[0])?;
                 graph.write(&format!("adamw.m.{name}"), updated[1])?;
                 graph.write(&format!("adamw.v.{name}"), updated[2])?;
@@ -237,10 +254,13 @@ pub fn parameter_count(config: &ModelConfig) -> usize {
         .sum()
 }
 
+/// The learning rate [`example_inputs`] gives a train step: torch.optim.AdamW's default.
+pub const DEFAULT_LR: f64 = 1e-3;
+
 /// Per-run inputs and zeroed state for a program `graph` built by [`build`]`(kind, config,
 /// options)`, for benchmarks and device checks: token ids drawn from `seed`, positions and
 /// targets as `kiln eval` makes them (prefill from cache row 0), decode at `position` for every
-/// row, optimizer step 1, loss seed 1, caches and moments zero. Parameters are not included.
+/// row, optimizer step 1 at [`DEFAULT_LR`], loss seed 1, caches and moments zero. Parameters are not included.
 pub fn example_inputs(
     graph: &Graph,
     config: &ModelConfig,
@@ -289,6 +309,7 @@ pub fn example_inputs(
                 Tensor::from_vec(rows, [batch])?
             }
             ("step", _) => Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar())?,
+            ("lr", _) => Tensor::scalar(DEFAULT_LR, DType::F64),
             ("loss_seed", _) => Tensor::scalar(1.0, DType::F32),
             _ if input_kind == InputKind::Param => continue,
             _ => Tensor::zeros(ty.shape.clone(), ty.dtype, Device::Cpu),

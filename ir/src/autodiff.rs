@@ -358,6 +358,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::Argmax
         | Op::CrossEntropyBackward { .. }
         | Op::AdamW(_)
+        | Op::ClipGradNorm { .. }
         | Op::Linear { .. }
         | Op::Slice { .. } => {
             return Err(site.error("has no gradient rule but is on the path to the loss"))

@@ -19,10 +19,11 @@ use std::fmt;
 
 use crate::{DType, Shape};
 
-/// AdamW hyper-parameters (decoupled weight decay, bias correction; torch.optim.AdamW).
+/// AdamW hyper-parameters (decoupled weight decay, bias correction; torch.optim.AdamW). The
+/// learning rate is not one of them: it is a device input of every step (a schedule changes it
+/// without rebuilding the program).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWConfig {
-    pub lr: f64,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
@@ -97,8 +98,13 @@ pub enum Op {
     CrossEntropy { ignore_index: i64 },
     /// `(logits, targets, grad_loss []) -> grad_logits`.
     CrossEntropyBackward { ignore_index: i64 },
-    /// `(param, grad, m, v, step [] i64) -> (param, m, v)` updated.
+    /// `(param, grad, m, v, step [] i64, lr [] f64[, grad_scale [] f32]) -> (param, m, v)`
+    /// updated, from `grad · grad_scale` when the scale is given (gradient clipping).
     AdamW(AdamWConfig),
+    /// `(grad_0, …, grad_n) -> (norm [] f32, scale [] f32)`: the global 2-norm of every
+    /// gradient, and `min(1, max_norm / (norm + 1e-6))`, the factor
+    /// `torch.nn.utils.clip_grad_norm_` multiplies them by.
+    ClipGradNorm { max_norm: f64 },
     /// `(a) -> a` viewed as `shape` (same element count, contiguous input).
     Reshape { shape: Shape },
     /// `(a) -> a` with two dims swapped (a strided view).
@@ -162,6 +168,7 @@ impl Op {
             Op::CrossEntropy { .. } => "cross_entropy",
             Op::CrossEntropyBackward { .. } => "cross_entropy_backward",
             Op::AdamW(_) => "adamw",
+            Op::ClipGradNorm { .. } => "clip_grad_norm",
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
             Op::Slice { .. } => "slice",
@@ -200,8 +207,8 @@ impl Op {
             Op::CrossEntropy { ignore_index } | Op::CrossEntropyBackward { ignore_index } => {
                 vec![("ignore_index", ignore_index.to_string())]
             }
+            Op::ClipGradNorm { max_norm } => vec![("max_norm", f(max_norm))],
             Op::AdamW(c) => vec![
-                ("lr", f(&c.lr)),
                 ("beta1", f(&c.beta1)),
                 ("beta2", f(&c.beta2)),
                 ("eps", f(&c.eps)),

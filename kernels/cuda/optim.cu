@@ -2,9 +2,11 @@
 // in place with exactly the CPU's arithmetic: every float operation is written as an explicitly
 // rounded intrinsic so that no multiply-add is contracted into an FMA.
 //
-// The step is read from a device i64 scalar (a captured graph serves every step); the bias
-// corrections are computed from it in f64, as the CPU does, then rounded to f32 - once per
-// thread: the grid is capped (a grid-stride loop), so each thread updates many elements.
+// The step (i64) and the learning rate (f64) are read from device scalars (a captured graph
+// serves every step of a schedule); the bias corrections and the lr-dependent scalars are
+// computed from them in f64, as the CPU does, then rounded to f32 - once per thread: the grid
+// is capped (a grid-stride loop), so each thread updates many elements. An optional f32
+// gradient scale (gradient clipping) multiplies each gradient element first, rounded.
 // The `_vec4` variant moves four floats per access; the builder uses it only when the count is
 // a multiple of 4 and every pointer is 16-byte aligned.
 
@@ -16,22 +18,24 @@ __device__ __forceinline__ float kiln_torch_lerp(float start, float end, float w
     return __fsub_rn(end, __fmul_rn(__fsub_rn(end, start), __fsub_rn(1.0f, weight)));
 }
 
-// The f32 scalars of one step: those rounded on the host (decay = f32(1 - lr*wd),
-// m_weight = f32(1 - beta1), beta2 = f32(beta2), v_weight = f32(1 - beta2), eps = f32(eps))
-// and those of the step (step_size = f32(lr / bc1), bc2_sqrt = f32(sqrt(bc2))).
+// The f32 scalars of one step: those rounded on the host (m_weight = f32(1 - beta1),
+// beta2 = f32(beta2), v_weight = f32(1 - beta2), eps = f32(eps)) and those of the step and
+// rate (decay = f32(1 - lr*wd), step_size = f32(lr / bc1), bc2_sqrt = f32(sqrt(bc2))).
 struct KilnAdamW {
     float decay, m_weight, beta2, v_weight, eps, step_size, bc2_sqrt;
 };
 
-__device__ __forceinline__ KilnAdamW kiln_adamw_scalars(const i64* step, double lr, double beta1,
-                                                        double beta2, float decay,
-                                                        float m_weight, float beta2_f32,
-                                                        float v_weight, float eps) {
+__device__ __forceinline__ KilnAdamW kiln_adamw_scalars(const i64* step, const double* rate,
+                                                        double weight_decay, double beta1,
+                                                        double beta2, float m_weight,
+                                                        float beta2_f32, float v_weight,
+                                                        float eps) {
     const double steps = (double)step[0];
+    const double lr = rate[0];
     const double bias_correction1 = 1.0 - pow(beta1, steps);
     const double bias_correction2 = 1.0 - pow(beta2, steps);
     KilnAdamW h;
-    h.decay = decay;
+    h.decay = (float)(1.0 - lr * weight_decay);
     h.m_weight = m_weight;
     h.beta2 = beta2_f32;
     h.v_weight = v_weight;
@@ -54,15 +58,21 @@ __device__ __forceinline__ void kiln_adamw_one(float& param, float& m, float& v,
     param = p;
 }
 
+// The gradient element, times the clipping scale when there is one.
+__device__ __forceinline__ float kiln_scaled(float g, const float* scale) {
+    return scale == nullptr ? g : __fmul_rn(g, scale[0]);
+}
+
 extern "C" __global__ void adamw_f32(float* param, float* m, float* v, const float* grad,
-                                     const i64* step, i64 n, double lr, double beta1,
-                                     double beta2, float decay, float m_weight, float beta2_f32,
-                                     float v_weight, float eps) {
-    const KilnAdamW h =
-        kiln_adamw_scalars(step, lr, beta1, beta2, decay, m_weight, beta2_f32, v_weight, eps);
+                                     const i64* step, const double* rate, const float* scale,
+                                     i64 n, double weight_decay, double beta1, double beta2,
+                                     float m_weight, float beta2_f32, float v_weight,
+                                     float eps) {
+    const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
+                                           beta2_f32, v_weight, eps);
     KILN_FOR_EACH(i, n) {
         float p = param[i], mi = m[i], vi = v[i];
-        kiln_adamw_one(p, mi, vi, grad[i], h);
+        kiln_adamw_one(p, mi, vi, kiln_scaled(grad[i], scale), h);
         param[i] = p;
         m[i] = mi;
         v[i] = vi;
@@ -71,21 +81,72 @@ extern "C" __global__ void adamw_f32(float* param, float* m, float* v, const flo
 
 // n4 = n / 4 vectors of four floats.
 extern "C" __global__ void adamw_f32_vec4(float4* param, float4* m, float4* v,
-                                          const float4* grad, const i64* step, i64 n4,
-                                          double lr, double beta1, double beta2, float decay,
+                                          const float4* grad, const i64* step,
+                                          const double* rate, const float* scale, i64 n4,
+                                          double weight_decay, double beta1, double beta2,
                                           float m_weight, float beta2_f32, float v_weight,
                                           float eps) {
-    const KilnAdamW h =
-        kiln_adamw_scalars(step, lr, beta1, beta2, decay, m_weight, beta2_f32, v_weight, eps);
+    const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
+                                           beta2_f32, v_weight, eps);
     KILN_FOR_EACH(i, n4) {
         float4 p = param[i], mi = m[i], vi = v[i];
         const float4 g = grad[i];
-        kiln_adamw_one(p.x, mi.x, vi.x, g.x, h);
-        kiln_adamw_one(p.y, mi.y, vi.y, g.y, h);
-        kiln_adamw_one(p.z, mi.z, vi.z, g.z, h);
-        kiln_adamw_one(p.w, mi.w, vi.w, g.w, h);
+        kiln_adamw_one(p.x, mi.x, vi.x, kiln_scaled(g.x, scale), h);
+        kiln_adamw_one(p.y, mi.y, vi.y, kiln_scaled(g.y, scale), h);
+        kiln_adamw_one(p.z, mi.z, vi.z, kiln_scaled(g.z, scale), h);
+        kiln_adamw_one(p.w, mi.w, vi.w, kiln_scaled(g.w, scale), h);
         param[i] = p;
         m[i] = mi;
         v[i] = vi;
+    }
+}
+
+// Gradient clipping (torch.nn.utils.clip_grad_norm_), deterministic: each gradient's squares
+// are summed in f64 by a grid fixed by its size (block b takes elements b*256+t, stepping by
+// the grid), each block's sum written to its own partial; one block then sums every partial
+// in a fixed order. No atomics, so a replay gives the same bits.
+#define KILN_CLIP_THREADS 256
+
+__device__ double kiln_block_sum_f64(double value, double* scratch) {
+    scratch[threadIdx.x] = value;
+    __syncthreads();
+    for (int half = KILN_CLIP_THREADS / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) {
+            scratch[threadIdx.x] = scratch[threadIdx.x] + scratch[threadIdx.x + half];
+        }
+        __syncthreads();
+    }
+    return scratch[0];
+}
+
+extern "C" __global__ void clip_grad_norm_partial(const float* grad, i64 n, double* partials) {
+    __shared__ double scratch[KILN_CLIP_THREADS];
+    double sum = 0.0;
+    for (i64 i = (i64)blockIdx.x * KILN_CLIP_THREADS + threadIdx.x; i < n;
+         i += (i64)gridDim.x * KILN_CLIP_THREADS) {
+        const double g = (double)grad[i];
+        sum = __dadd_rn(sum, __dmul_rn(g, g));
+    }
+    const double total = kiln_block_sum_f64(sum, scratch);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = total;
+    }
+}
+
+// norm = f32(sqrt(sum)), scale = f32(min(1, max_norm / (norm + 1e-6))) computed in f64; a NaN
+// norm gives a NaN scale (fmin would drop it).
+extern "C" __global__ void clip_grad_norm_finish(const double* partials, i64 count,
+                                                 double max_norm, float* norm, float* scale) {
+    __shared__ double scratch[KILN_CLIP_THREADS];
+    double sum = 0.0;
+    for (i64 i = threadIdx.x; i < count; i += KILN_CLIP_THREADS) {
+        sum = __dadd_rn(sum, partials[i]);
+    }
+    const double total = kiln_block_sum_f64(sum, scratch);
+    if (threadIdx.x == 0) {
+        const double root = sqrt(total);
+        const double coefficient = max_norm / (root + 1e-6);
+        norm[0] = (float)root;
+        scale[0] = (float)(coefficient >= 1.0 ? 1.0 : coefficient);
     }
 }

@@ -2,7 +2,7 @@
 //! `torch.optim.AdamW(foreach=False)` computes it.
 //!
 //! One call is one optimizer step for one parameter tensor. With `step` counted from 1 and
-//! `g = grad`, every element is updated in torch's order:
+//! `g = grad` (or `grad · grad_scale`, rounded, when clipping gives a scale), every element is updated in torch's order:
 //!
 //! ```text
 //! param  *= 1 − lr·weight_decay                     (decoupled decay, before the moments)
@@ -102,11 +102,12 @@ fn adamw_typed<T: Real>(
     grad: &TensorView<'_>,
     m: &mut TensorViewMut<'_>,
     v: &mut TensorViewMut<'_>,
-    step: u64,
+    (step, grad_scale): (u64, Option<f32>),
     config: &AdamW,
 ) -> Result<()> {
     const OP: &str = "adamw";
     let grad = grad.slice::<T>(OP, "grad")?;
+    let scale = grad_scale.map(|s| T::of(f64::from(s)));
     let param = param.slice_mut::<T>(OP, "param")?;
     let m = m.slice_mut::<T>(OP, "m")?;
     let v = v.slice_mut::<T>(OP, "v")?;
@@ -129,6 +130,7 @@ fn adamw_typed<T: Real>(
         .zip(m.iter_mut())
         .zip(v.iter_mut())
     {
+        let g = scale.map_or(g, |s| g * s);
         *p *= decay;
         *m = torch_lerp(*m, g, m_weight);
         *v = *v * beta2 + v_weight * g * g;
@@ -139,13 +141,14 @@ fn adamw_typed<T: Real>(
 }
 
 /// One AdamW step (`step` counted from 1) for `param`, updating the moments `m` and `v` in
-/// place; `param`, `grad`, `m`, `v` share one shape and one dtype.
+/// place; `param`, `grad`, `m`, `v` share one shape and one dtype. `grad_scale` multiplies
+/// every gradient element first (the factor of [`clip_grad_norm`]).
 pub fn adamw(
     param: &mut TensorViewMut<'_>,
     grad: &TensorView<'_>,
     m: &mut TensorViewMut<'_>,
     v: &mut TensorViewMut<'_>,
-    step: u64,
+    (step, grad_scale): (u64, Option<f32>),
     config: &AdamW,
 ) -> Result<()> {
     const OP: &str = "adamw";
@@ -161,8 +164,43 @@ pub fn adamw(
     dispatch_real!(
         OP,
         param.dtype(),
-        adamw_typed(param, grad, m, v, step, config)
+        adamw_typed(param, grad, m, v, (step, grad_scale), config)
     )
+}
+
+/// `torch.nn.utils.clip_grad_norm_`'s two numbers for f32 gradients: their global 2-norm and
+/// the factor `min(1, max_norm / (norm + 1e-6))` that scales them to at most `max_norm`
+/// (NaN when the norm is). Squares are summed in f64, each tensor in element order and the
+/// tensors in the order given, so the result does not depend on how a device splits the sum.
+pub fn clip_grad_norm(grads: &[TensorView<'_>], max_norm: f64) -> Result<(f32, f32)> {
+    const OP: &str = "clip_grad_norm";
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(invalid(
+            OP,
+            "max_norm",
+            format!("must be finite and > 0, got {max_norm}"),
+        ));
+    }
+    let mut squares = 0f64;
+    for grad in grads {
+        let values = grad.slice::<f32>(OP, "grad")?;
+        squares += values
+            .iter()
+            .map(|&g| f64::from(g) * f64::from(g))
+            .sum::<f64>();
+    }
+    let norm = squares.sqrt();
+    Ok((norm as f32, clip_scale(norm, max_norm) as f32))
+}
+
+/// `min(1, max_norm / (norm + 1e-6))`, NaN for a NaN norm (`f64::min` would drop it).
+pub fn clip_scale(norm: f64, max_norm: f64) -> f64 {
+    let coefficient = max_norm / (norm + 1e-6);
+    if coefficient >= 1.0 {
+        1.0
+    } else {
+        coefficient
+    }
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ impl<T: Real> State<T> {
             &TensorView::contiguous(&grad, dims).unwrap(),
             &mut TensorViewMut::contiguous(&mut self.m, dims).unwrap(),
             &mut TensorViewMut::contiguous(&mut self.v, dims).unwrap(),
-            step,
+            (step, None),
             config,
         )
         .unwrap();
@@ -223,7 +223,7 @@ fn step_f32(step: u64, config: &AdamW) -> Result<()> {
         &TensorView::contiguous(&grad[..], [2, 3]).unwrap(),
         &mut TensorViewMut::contiguous(&mut m[..], [2, 3]).unwrap(),
         &mut TensorViewMut::contiguous(&mut v[..], [2, 3]).unwrap(),
-        step,
+        (step, None),
         config,
     )
 }
@@ -266,7 +266,7 @@ fn rejects_wrong_shapes_dtypes_and_layouts() {
             grad,
             &mut TensorViewMut::contiguous(&mut m[..], m_dims).unwrap(),
             &mut TensorViewMut::contiguous(&mut v[..], v_dims).unwrap(),
-            1,
+            (1, None),
             &config,
         )
         .unwrap_err()
@@ -294,7 +294,7 @@ fn rejects_wrong_shapes_dtypes_and_layouts() {
         &g64,
         &mut TensorViewMut::contiguous(&mut m64[..], [2, 3]).unwrap(),
         &mut TensorViewMut::contiguous(&mut v64[..], [2, 3]).unwrap(),
-        1,
+        (1, None),
         &config,
     )
     .unwrap_err();
@@ -302,4 +302,80 @@ fn rejects_wrong_shapes_dtypes_and_layouts() {
         matches!(err, Error::UnsupportedDType { op: "adamw", .. }),
         "{err}"
     );
+}
+
+/// A gradient scale gives exactly the step of the pre-scaled gradient (`g · s` rounded to f32,
+/// as torch's `clip_grad_norm_` leaves it in `.grad`).
+#[test]
+fn a_grad_scale_steps_like_the_scaled_gradient() {
+    let mut rng = rng("a_grad_scale_steps_like_the_scaled_gradient");
+    let n = 37;
+    let param = signed(&mut rng, n);
+    let grad: Vec<f32> = signed(&mut rng, n)
+        .iter()
+        .map(|&g| 2.0 * g as f32)
+        .collect();
+    let moment: Vec<f32> = uniform(&mut rng, n, 0.0, 0.5)
+        .iter()
+        .map(|&x| x as f32)
+        .collect();
+    let scale = 0.3137f32;
+    let scaled: Vec<f32> = grad.iter().map(|&g| g * scale).collect();
+    let run = |grad: &[f32], grad_scale: Option<f32>| {
+        let mut p: Vec<f32> = param.iter().map(|&x| x as f32).collect();
+        let (mut m, mut v) = (moment.clone(), moment.clone());
+        adamw(
+            &mut TensorViewMut::contiguous(&mut p[..], [n]).unwrap(),
+            &TensorView::contiguous(grad, [n]).unwrap(),
+            &mut TensorViewMut::contiguous(&mut m[..], [n]).unwrap(),
+            &mut TensorViewMut::contiguous(&mut v[..], [n]).unwrap(),
+            (3, grad_scale),
+            &AdamW::default(),
+        )
+        .unwrap();
+        [p, m, v].map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+    };
+    assert_eq!(run(&grad, Some(scale)), run(&scaled, None));
+    assert_ne!(run(&grad, Some(scale)), run(&grad, None));
+}
+
+#[test]
+fn clip_grad_norm_is_the_global_norm_and_torchs_factor() {
+    let mut rng = rng("clip_grad_norm_is_the_global_norm_and_torchs_factor");
+    let a: Vec<f32> = signed(&mut rng, 60).iter().map(|&g| g as f32).collect();
+    let b: Vec<f32> = signed(&mut rng, 7)
+        .iter()
+        .map(|&g| 3.0 * g as f32)
+        .collect();
+    let views = [
+        TensorView::contiguous(&a[..], [6, 10]).unwrap(),
+        TensorView::contiguous(&b[..], [7]).unwrap(),
+    ];
+    let want = a
+        .iter()
+        .chain(&b)
+        .map(|&g| f64::from(g).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let (norm, scale) = clip_grad_norm(&views, 1.0).unwrap();
+    assert_close("norm", &[f64::from(norm)], &[want], 1e-7, 0.0);
+    assert!(want > 1.0, "{want}");
+    assert_close(
+        "scale",
+        &[f64::from(scale)],
+        &[1.0 / (want + 1e-6)],
+        1e-7,
+        0.0,
+    );
+    // Under the limit the gradients are left as they are.
+    let (_, scale) = clip_grad_norm(&views, 2.0 * want).unwrap();
+    assert_eq!(scale, 1.0);
+    // A NaN anywhere makes the norm and the factor NaN, as torch's (no silent scale of 1).
+    let mut poisoned = b.clone();
+    poisoned[3] = f32::NAN;
+    let views = [TensorView::contiguous(&poisoned[..], [7]).unwrap()];
+    let (norm, scale) = clip_grad_norm(&views, 1.0).unwrap();
+    assert!(norm.is_nan() && scale.is_nan(), "{norm} {scale}");
+    let err = clip_grad_norm(&views, 0.0).unwrap_err();
+    assert!(err.to_string().contains("`max_norm`"), "{err}");
 }

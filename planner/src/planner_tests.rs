@@ -70,8 +70,8 @@ fn the_lowest_peak_schedule_wins() {
     assert_eq!(plan.schedule_strategy, ADAMW_EARLY);
     assert_eq!(plan.lower_bound_bytes, 16384 + 1024);
     let nodes: Vec<usize> = plan.schedule.iter().map(|s| s.node).collect();
-    // x, w, m, v, step are nodes 0-4; the update (node 10) runs right after its gradient.
-    assert_eq!(nodes, [5, 6, 10, 7, 8, 9, 11, 12]);
+    // x, w, m, v, step, lr are nodes 0-5; the update (node 11) runs right after its gradient.
+    assert_eq!(nodes, [6, 7, 11, 8, 9, 10, 12, 13]);
     check_arena(&plan);
 }
 
@@ -83,9 +83,9 @@ fn plan_fields_follow_the_graph() {
     for (id, b) in plan.buffers.iter().enumerate() {
         assert_eq!(b.id, id);
     }
-    // Inputs first, in node order: x, step, then w/m/v per layer.
-    let names: Vec<&str> = plan.buffers[..5].iter().map(|b| b.name.as_str()).collect();
-    assert_eq!(names, ["x", "step", "w0", "adamw.m.w0", "adamw.v.w0"]);
+    // Inputs first, in node order: x, step, lr, then w/m/v per layer.
+    let names: Vec<&str> = plan.buffers[..6].iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["x", "step", "lr", "w0", "adamw.m.w0", "adamw.v.w0"]);
     // Every value once, sorted numerically by node then port.
     let values: Vec<(usize, usize)> = plan
         .value_buffers

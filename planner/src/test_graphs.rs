@@ -46,7 +46,6 @@ pub fn matmul(g: &mut Graph, a: ValueId, b: ValueId, transpose_a: bool) -> Value
 
 pub fn adamw_config() -> AdamWConfig {
     AdamWConfig {
-        lr: 1e-3,
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
@@ -63,24 +62,25 @@ pub fn param_with_moments(g: &mut Graph, name: &str, dims: &[usize]) -> [ValueId
     ]
 }
 
-/// `adamw(param, grad, m, v, step)`, writing all three results back.
-pub fn update(g: &mut Graph, name: &str, pmv: [ValueId; 3], grad: ValueId, step: ValueId) {
+/// `adamw(param, grad, m, v, step, lr)`, writing all three results back.
+pub fn update(g: &mut Graph, name: &str, pmv: [ValueId; 3], grad: ValueId, step: [ValueId; 2]) {
     let [p, m, v] = pmv;
+    let [step, lr] = step;
     let out = g
-        .op(Op::AdamW(adamw_config()), &[p, grad, m, v, step])
+        .op(Op::AdamW(adamw_config()), &[p, grad, m, v, step, lr])
         .unwrap();
     g.write(name, out[0]).unwrap();
     g.write(&format!("adamw.m.{name}"), out[1]).unwrap();
     g.write(&format!("adamw.v.{name}"), out[2]).unwrap();
 }
 
-pub fn step_input(g: &mut Graph) -> ValueId {
-    g.input(
-        "step",
-        InputKind::Input,
-        TensorType::new(DType::I64, Shape::scalar()).unwrap(),
-    )
-    .unwrap()
+/// The optimizer's `step` and `lr` inputs.
+pub fn step_input(g: &mut Graph) -> [ValueId; 2] {
+    let scalar = |g: &mut Graph, name: &str, dtype| {
+        let ty = TensorType::new(dtype, Shape::scalar()).unwrap();
+        g.input(name, InputKind::Input, ty).unwrap()
+    };
+    [scalar(g, "step", DType::I64), scalar(g, "lr", DType::F64)]
 }
 
 /// A chain of `len` softmaxes of `[rows, cols]` over an input; the last is output `y`.

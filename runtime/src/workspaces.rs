@@ -7,7 +7,9 @@
 //! - CUDA: the GEMM attention backward's dS, masked probs and transposed `grad_out`
 //!   ([`AttentionDims::backward_workspace_bytes`]); decode attention's per-chunk partials
 //!   ([`decode::partials_bytes`]); one rstd per row for the norm backwards; one loss per row
-//!   for cross-entropy. Only f32 activations run there.
+//!   for cross-entropy; f64 partial sums of gradient clipping
+//!   ([`clip_workspace_bytes`](kiln_kernels::gpu::optim::clip_workspace_bytes)). Only f32
+//!   activations run there.
 //! - Any: the larger of the two, so one plan runs on either backend.
 
 use kiln_ir::{DType, Op, TensorType};
@@ -113,6 +115,9 @@ fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
         Op::RmsNormBackward { .. } | Op::AddRmsNormBackward { .. } | Op::CrossEntropy { .. } => {
             rows(0).saturating_mul(4)
         }
+        Op::ClipGradNorm { .. } => kiln_kernels::gpu::optim::clip_workspace_bytes(
+            operands.iter().map(|t| product(t.dims())),
+        ),
         _ => 0,
     }
 }

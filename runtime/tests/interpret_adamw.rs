@@ -13,19 +13,20 @@ use kiln_runtime::{interpret, Error, Tensor};
 /// One AdamW step as a training graph does it: param and moments written back.
 fn adamw_graph(
     values: &mut BTreeMap<String, Tensor>,
-    tensors: [&Tensor; 5],
+    tensors: [&Tensor; 6],
     config: AdamWConfig,
 ) -> Graph {
     let mut graph = Graph::new("adamw");
-    let names = ["w", "grad", "m", "v", "step"];
+    let names = ["w", "grad", "m", "v", "step", "lr"];
     let kinds = [
         InputKind::Param,
         InputKind::Input,
         InputKind::State,
         InputKind::State,
         InputKind::Input,
+        InputKind::Input,
     ];
-    let ids: Vec<_> = (0..5)
+    let ids: Vec<_> = (0..6)
         .map(|i| bind(&mut graph, values, names[i], kinds[i], tensors[i]))
         .collect();
     let updated = graph.op(Op::AdamW(config), &ids).unwrap();
@@ -46,21 +47,21 @@ fn adamw_matches_the_kernel_and_replaces_param_and_moments() {
     let v_v: Vec<f32> = testing::to_f32(&testing::uniform(&mut rng, 21, 0.0, 0.1));
     let v = Tensor::from_vec(v_v.clone(), dims).unwrap();
     let step = Tensor::from_vec(vec![3i64], Shape::scalar()).unwrap();
+    let lr = Tensor::scalar(1e-2, kiln_ir::DType::F64);
     let config = AdamWConfig {
-        lr: 1e-2,
         beta1: 0.9,
         beta2: 0.99,
         eps: 1e-8,
         weight_decay: 0.1,
     };
     let mut values = BTreeMap::new();
-    let graph = adamw_graph(&mut values, [&w, &grad, &m, &v, &step], config);
+    let graph = adamw_graph(&mut values, [&w, &grad, &m, &v, &step, &lr], config);
     let outputs = interpret(&graph, &mut values).unwrap();
     assert!(outputs.is_empty());
 
     let (mut w_want, mut m_want, mut v_want) = (w_v.clone(), m_v.clone(), v_v.clone());
     let kernel_config = kiln_kernels::optim::AdamW {
-        lr: config.lr,
+        lr: 1e-2,
         beta1: config.beta1,
         beta2: config.beta2,
         eps: config.eps,
@@ -71,7 +72,7 @@ fn adamw_matches_the_kernel_and_replaces_param_and_moments() {
         &view(&grad_v, &dims),
         &mut view_mut(&mut m_want, &dims),
         &mut view_mut(&mut v_want, &dims),
-        3,
+        (3, None),
         &kernel_config,
     )
     .unwrap();
@@ -91,15 +92,22 @@ fn adamw_refuses_a_step_below_one_naming_the_node() {
     let mut rng = testing::rng("adamw_refuses_a_step_below_one_naming_the_node");
     let dims = [2, 3];
     let tensors: Vec<Tensor> = (0..4).map(|_| random_f32(&mut rng, &dims).0).collect();
+    let lr = Tensor::scalar(1e-3, kiln_ir::DType::F64);
     for step in [0i64, -2] {
         let step = Tensor::from_vec(vec![step], Shape::scalar()).unwrap();
         let mut values = BTreeMap::new();
-        let all = [&tensors[0], &tensors[1], &tensors[2], &tensors[3], &step];
+        let all = [
+            &tensors[0],
+            &tensors[1],
+            &tensors[2],
+            &tensors[3],
+            &step,
+            &lr,
+        ];
         let graph = adamw_graph(
             &mut values,
             all,
             AdamWConfig {
-                lr: 1e-3,
                 beta1: 0.9,
                 beta2: 0.999,
                 eps: 1e-8,
@@ -108,9 +116,9 @@ fn adamw_refuses_a_step_below_one_naming_the_node() {
         );
         let before = values.clone();
         let err = interpret(&graph, &mut values).unwrap_err();
-        assert!(matches!(err, Error::Node { node: 5, .. }), "{err}");
+        assert!(matches!(err, Error::Node { node: 6, .. }), "{err}");
         let message = err.to_string();
-        assert!(message.contains("node %5 (adamw"), "{message}");
+        assert!(message.contains("node %6 (adamw"), "{message}");
         assert!(message.contains("`step`"), "{message}");
         // A failed run writes nothing.
         for (name, tensor) in &before {

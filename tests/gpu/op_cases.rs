@@ -8,7 +8,6 @@ use super::{f, In};
 /// (name, op, operands) of every case.
 pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     let adamw = AdamWConfig {
-        lr: 1e-2,
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
@@ -178,9 +177,42 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                     f(&[t, h]),
                     In::Pos(vec![t, h]),
                     In::Step,
+                    In::Scalar(DType::F64, 1e-2),
+                ],
+            ),
+            (
+                format!("adamw clipped {s}"),
+                Op::AdamW(adamw),
+                vec![
+                    f(&[t, h]),
+                    f(&[t, h]),
+                    f(&[t, h]),
+                    In::Pos(vec![t, h]),
+                    In::Step,
+                    In::Scalar(DType::F64, 3e-3),
+                    In::Scalar(DType::F32, 0.37),
                 ],
             ),
         ]);
+    }
+    // Gradient clipping: one gradient, several of odd sizes, and one split into many partials.
+    for grads in [
+        vec![f(&[5])],
+        vec![f(&[7]), f(&[33, 65]), f(&[2049])],
+        vec![f(&[3, 300_001])],
+    ] {
+        let sizes: Vec<String> = grads
+            .iter()
+            .map(|g| match g {
+                In::F(_, dims) => format!("{dims:?}"),
+                _ => unreachable!("gradients are f32"),
+            })
+            .collect();
+        cases.push((
+            format!("clip_grad_norm {}", sizes.join(" ")),
+            Op::ClipGradNorm { max_norm: 1.0 },
+            grads,
+        ));
     }
     // Odd element counts: the scalar cast kernels (the cases above take the vector ones).
     cases.extend([

@@ -32,7 +32,14 @@ pub struct ProgramOptions {
     /// Run the fusion pass (`kiln_ir::fuse`) on the traced program; off keeps the unfused
     /// program, the reference (`--fusion off`).
     pub fusion: bool,
+    /// Train: AdamW's hyper-parameters (its learning rate is the program's `lr` input).
     pub adamw: AdamWConfig,
+    /// Train: weight decay 0 for parameters of fewer than two dims (norm weights and biases),
+    /// the usual recipe (nanoGPT's; what Hugging Face's Trainer exempts in these models).
+    pub decay_exempt_vectors: bool,
+    /// Train: clip the global gradient norm to this (`torch.nn.utils.clip_grad_norm_`) before
+    /// the updates, and output it as `grad_norm`; every gradient then exists at once.
+    pub clip_grad_norm: Option<f64>,
 }
 
 impl Default for ProgramOptions {
@@ -47,12 +54,13 @@ impl Default for ProgramOptions {
             precision: Precision::F32,
             fusion: true,
             adamw: AdamWConfig {
-                lr: 1e-3,
                 beta1: 0.9,
                 beta2: 0.999,
                 eps: 1e-8,
                 weight_decay: 1e-2,
             },
+            decay_exempt_vectors: false,
+            clip_grad_norm: None,
         }
     }
 }

@@ -397,13 +397,44 @@ impl Op {
                 }
             }
             Op::AdamW(_) => {
-                rule.arity(5)?;
+                if !(6..=7).contains(&operands.len()) {
+                    return Err(Error::Arity {
+                        op: self.to_string(),
+                        expected: "6 or 7".into(),
+                        got: operands.len(),
+                    });
+                }
                 let param = rule.float(0)?.clone();
                 for port in 1..4 {
                     rule.same(port, &param)?;
                 }
                 rule.shaped(4, DType::I64, &[])?;
+                rule.shaped(5, DType::F64, &[])?;
+                if operands.len() == 7 {
+                    rule.shaped(6, DType::F32, &[])?;
+                }
                 Ok(vec![param.clone(), param.clone(), param])
+            }
+            Op::ClipGradNorm { max_norm } => {
+                if operands.is_empty() {
+                    return Err(Error::Arity {
+                        op: self.to_string(),
+                        expected: "at least 1".into(),
+                        got: 0,
+                    });
+                }
+                if !(max_norm.is_finite() && *max_norm > 0.0) {
+                    return Err(
+                        rule.attribute(format!("max_norm must be finite and > 0, got {max_norm}"))
+                    );
+                }
+                for port in 0..operands.len() {
+                    if rule.operands[port].dtype != DType::F32 {
+                        return Err(rule.type_error(port, "f32"));
+                    }
+                }
+                let scalar = TensorType::new(DType::F32, Shape::scalar())?;
+                Ok(vec![scalar.clone(), scalar])
             }
             Op::Linear { biases, swiglu } => linear_types(&rule, biases, *swiglu),
             Op::Reshape { shape } => {

@@ -385,10 +385,9 @@ fn cross_entropy_targets_are_one_per_row() {
 }
 
 #[test]
-fn adamw_step_is_an_i64_scalar() {
+fn adamw_takes_an_i64_step_an_f64_rate_and_an_optional_f32_grad_scale() {
     let op = || {
         Op::AdamW(AdamWConfig {
-            lr: 1e-3,
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
@@ -396,15 +395,37 @@ fn adamw_step_is_an_i64_scalar() {
         })
     };
     let p = f32t(&[3, 4]);
-    let with = |m: TensorType, step: TensorType| vec![p.clone(), p.clone(), m, p.clone(), step];
-    accepts(
-        op(),
-        &with(p.clone(), i64t(&[])),
-        &[p.clone(), p.clone(), p.clone()],
-    );
+    let lr = || ty(DType::F64, &[]);
+    let with =
+        |m: TensorType, step: TensorType| vec![p.clone(), p.clone(), m, p.clone(), step, lr()];
+    let updated = [p.clone(), p.clone(), p.clone()];
+    accepts(op(), &with(p.clone(), i64t(&[])), &updated);
+    let mut scaled = with(p.clone(), i64t(&[]));
+    scaled.push(f32t(&[]));
+    accepts(op(), &scaled, &updated);
     rejects_operand(op(), &with(p.clone(), ty(DType::I32, &[])), 4);
     rejects_operand(op(), &with(p.clone(), i64t(&[1])), 4);
     rejects_operand(op(), &with(f32t(&[4, 3]), i64t(&[])), 2);
+    let mut f32_rate = with(p.clone(), i64t(&[]));
+    f32_rate[5] = f32t(&[]);
+    rejects_operand(op(), &f32_rate, 5);
+    let mut wide_scale = scaled.clone();
+    wide_scale[6] = f32t(&[1]);
+    rejects_operand(op(), &wide_scale, 6);
+    rejects_arity(op(), &with(p.clone(), i64t(&[]))[..5], "6 or 7");
+}
+
+#[test]
+fn clip_grad_norm_takes_f32_gradients_of_any_shape_and_gives_two_scalars() {
+    let op = || Op::ClipGradNorm { max_norm: 1.0 };
+    let scalars = [f32t(&[]), f32t(&[])];
+    accepts(op(), &[f32t(&[3, 4]), f32t(&[7])], &scalars);
+    accepts(op(), &[f32t(&[])], &scalars);
+    rejects_operand(op(), &[f32t(&[3]), ty(DType::F64, &[3])], 1);
+    rejects_arity(op(), &[], "at least 1");
+    for max_norm in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        rejects_attribute(Op::ClipGradNorm { max_norm }, &[f32t(&[2])], "max_norm");
+    }
 }
 
 #[test]

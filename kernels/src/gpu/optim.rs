@@ -1,12 +1,12 @@
-//! Builder of `optim.cu`: one AdamW step in place, the step read on the device.
+//! Builder of `optim.cu`: one AdamW step in place (step and learning rate read on the
+//! device), and the two launches of gradient clipping.
 
 use super::launch::{all_aligned, size_arg};
 use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
 
-/// AdamW hyper-parameters as the IR holds them (f64).
+/// AdamW hyper-parameters as the IR holds them (f64); the learning rate is a device scalar.
 #[derive(Clone, Copy, Debug)]
 pub struct AdamWHyper {
-    pub lr: f64,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
@@ -18,11 +18,16 @@ pub struct AdamWHyper {
 /// per thread, not once per element (the element count alone decides the grid).
 const MAX_BLOCKS: u64 = 8 * 132;
 
-/// Updates `param`, `m`, `v` (f32, `n > 0` elements) in place from `grad` and the i64 scalar
-/// `step`. The scalars the CPU rounds once on the host are rounded here the same way. Four
-/// floats per access when `n` is a multiple of 4 and every pointer but `step` is 16-byte
-/// aligned.
-pub fn adamw_f32([param, m, v, grad, step]: [Addr; 5], n: u64, hyper: AdamWHyper) -> Launch {
+/// Updates `param`, `m`, `v` (f32, `n > 0` elements) in place from `grad` (times the f32
+/// scalar `scale` when given), the i64 scalar `step` and the f64 scalar `lr`. The scalars the
+/// CPU rounds once on the host are rounded here the same way. Four floats per access when `n`
+/// is a multiple of 4 and every tensor pointer is 16-byte aligned.
+pub fn adamw_f32(
+    [param, m, v, grad, step, lr]: [Addr; 6],
+    scale: Option<Addr>,
+    n: u64,
+    hyper: AdamWHyper,
+) -> Launch {
     let vector = n.is_multiple_of(4) && all_aligned(&[param, m, v, grad], 16);
     let (function, items) = if vector {
         ("adamw_f32_vec4", n / 4)
@@ -35,11 +40,12 @@ pub fn adamw_f32([param, m, v, grad, step]: [Addr; 5], n: u64, hyper: AdamWHyper
         Arg::Ptr(v),
         Arg::Ptr(grad),
         Arg::Ptr(step),
+        Arg::Ptr(lr),
+        scale.map_or(Arg::Null, Arg::Ptr),
         size_arg(items),
-        Arg::F64(hyper.lr),
+        Arg::F64(hyper.weight_decay),
         Arg::F64(hyper.beta1),
         Arg::F64(hyper.beta2),
-        Arg::F32((1.0 - hyper.lr * hyper.weight_decay) as f32),
         Arg::F32((1.0 - hyper.beta1) as f32),
         Arg::F32(hyper.beta2 as f32),
         Arg::F32((1.0 - hyper.beta2) as f32),
@@ -55,5 +61,60 @@ pub fn adamw_f32([param, m, v, grad, step]: [Addr; 5], n: u64, hyper: AdamWHyper
         (BLOCK_THREADS, 1, 1),
         0,
         args,
+    )
+}
+
+/// Threads of the clipping kernels (`KILN_CLIP_THREADS`).
+const CLIP_THREADS: u32 = 256;
+/// The most partial sums one gradient's squares are split into.
+const CLIP_MAX_PARTIALS: u64 = 256;
+
+/// The partial sums (f64 each) a gradient of `n` elements is split into: one per 8 elements of
+/// each thread, at most [`CLIP_MAX_PARTIALS`]; fixed by `n` alone, so the sum's order is.
+pub fn clip_partials(n: u64) -> u64 {
+    n.div_ceil(u64::from(CLIP_THREADS) * 8)
+        .clamp(1, CLIP_MAX_PARTIALS)
+}
+
+/// Workspace bytes of clipping gradients of these element counts.
+pub fn clip_workspace_bytes(counts: impl IntoIterator<Item = u64>) -> u64 {
+    counts
+        .into_iter()
+        .fold(0u64, |sum, n| sum.saturating_add(clip_partials(n) * 8))
+}
+
+/// Sums the squares of `grad` (f32, `n` elements) into its [`clip_partials`]`(n)` f64
+/// partials at `partials`.
+pub fn clip_grad_norm_partial(grad: Addr, n: u64, partials: Addr) -> Launch {
+    Kernel::launch(
+        "optim",
+        "clip_grad_norm_partial",
+        (clip_partials(n) as u32, 1, 1),
+        (CLIP_THREADS, 1, 1),
+        0,
+        vec![Arg::Ptr(grad), size_arg(n), Arg::Ptr(partials)],
+    )
+}
+
+/// Sums `count` partials into the f32 scalars `norm` and `scale` (clip_grad_norm_'s factor).
+pub fn clip_grad_norm_finish(
+    partials: Addr,
+    count: u64,
+    max_norm: f64,
+    [norm, scale]: [Addr; 2],
+) -> Launch {
+    Kernel::launch(
+        "optim",
+        "clip_grad_norm_finish",
+        (1, 1, 1),
+        (CLIP_THREADS, 1, 1),
+        0,
+        vec![
+            Arg::Ptr(partials),
+            size_arg(count),
+            Arg::F64(max_norm),
+            Arg::Ptr(norm),
+            Arg::Ptr(scale),
+        ],
     )
 }

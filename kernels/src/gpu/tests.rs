@@ -112,7 +112,6 @@ fn every_launch() -> Vec<Launch> {
         grad_sum: Some(addr(5)),
     };
     let hyper = AdamWHyper {
-        lr: 1e-3,
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
@@ -172,8 +171,20 @@ fn every_launch() -> Vec<Launch> {
         .unwrap(),
         norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
         norm::rmsnorm_backward_weight_f32(addr(0), addr(1), addr(2), addr(3), 3, 8).unwrap(),
-        optim::adamw_f32([addr(0), addr(1), addr(2), addr(3), addr(4)], 9, hyper),
-        optim::adamw_f32([addr(0), addr(1), addr(2), addr(3), addr(4)], 12, hyper),
+        optim::adamw_f32(
+            [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
+            None,
+            9,
+            hyper,
+        ),
+        optim::adamw_f32(
+            [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
+            Some(addr(6)),
+            12,
+            hyper,
+        ),
+        optim::clip_grad_norm_partial(addr(0), 1000, addr(1)),
+        optim::clip_grad_norm_finish(addr(0), 7, 1.0, [addr(1), addr(2)]),
         rope::rope_f32(
             addr(0),
             [addr(1), addr(2)],
@@ -312,14 +323,14 @@ fn vector_variants_need_alignment_and_whole_vectors() {
 #[test]
 fn adamw_moves_four_floats_only_when_aligned_and_whole() {
     let hyper = AdamWHyper {
-        lr: 1e-3,
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
         weight_decay: 0.01,
     };
     let launch = |grad: Addr, n: u64| match optim::adamw_f32(
-        [addr(0), addr(1), addr(2), grad, unaligned(4)],
+        [addr(0), addr(1), addr(2), grad, unaligned(4), unaligned(5)],
+        None,
         n,
         hyper,
     ) {
@@ -331,4 +342,20 @@ fn adamw_moves_four_floats_only_when_aligned_and_whole() {
     assert_eq!(launch(unaligned(3), 12), ("adamw_f32", 1));
     // The grid is capped: each thread loops over many elements.
     assert_eq!(launch(addr(3), 1 << 30).1, 8 * 132);
+}
+
+#[test]
+fn clipping_splits_each_gradient_by_its_size_alone() {
+    assert_eq!(optim::clip_partials(1), 1);
+    assert_eq!(optim::clip_partials(2048), 1);
+    assert_eq!(optim::clip_partials(2049), 2);
+    assert_eq!(optim::clip_partials(1 << 30), 256);
+    assert_eq!(
+        optim::clip_workspace_bytes([1, 2049, 1 << 30]),
+        (1 + 2 + 256) * 8
+    );
+    match optim::clip_grad_norm_partial(addr(0), 5000, addr(1)) {
+        Launch::Kernel(kernel) => assert_eq!(kernel.grid.0, 3),
+        other => panic!("{other:?}"),
+    }
 }

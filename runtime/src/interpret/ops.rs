@@ -193,8 +193,13 @@ fn run_kernels(
         Op::AdamW(config) => {
             // param, m and v are copied into the results, which are then updated there.
             let step = adamw_step(&i[4])?;
+            let lr = scalar::<f64>(&i[5], "lr")?;
+            let grad_scale = i
+                .get(6)
+                .map(|s| scalar::<f32>(s, "grad_scale"))
+                .transpose()?;
             let config = AdamW {
-                lr: config.lr,
+                lr,
                 beta1: config.beta1,
                 beta2: config.beta2,
                 eps: config.eps,
@@ -206,7 +211,14 @@ fn run_kernels(
             copy::copy(&i[2], &mut new_m[0])?;
             copy::copy(&i[3], &mut new_v[0])?;
             let (p, grad, m, v) = (&mut new_param[0], &i[1], &mut new_m[0], &mut new_v[0]);
-            kiln_kernels::optim::adamw(p, grad, m, v, step, &config)
+            kiln_kernels::optim::adamw(p, grad, m, v, (step, grad_scale), &config)
+        }
+        Op::ClipGradNorm { max_norm } => {
+            let (norm, scale) = kiln_kernels::optim::clip_grad_norm(i, max_norm)?;
+            for (out, value) in o.iter_mut().zip([norm, scale]) {
+                out.slice_mut::<f32>("clip_grad_norm", "out")?[0] = value;
+            }
+            Ok(())
         }
         Op::Contiguous => copy::copy(&i[0], &mut o[0]),
         Op::Linear { biases, swiglu } => super::linear::linear(i, o, (&biases, swiglu), workspace),
@@ -263,6 +275,16 @@ fn misaligned(op: &'static str) -> Error {
 }
 
 /// The optimizer step held by the i64 scalar operand; steps count from 1.
+/// The one element of a scalar operand of AdamW.
+fn scalar<T: kiln_kernels::Element>(value: &TensorView<'_>, operand: &'static str) -> Result<T> {
+    let element = value.slice::<T>("adamw", operand)?.first().copied();
+    element.ok_or(Error::Argument {
+        op: "adamw",
+        argument: operand,
+        reason: "is empty".into(),
+    })
+}
+
 fn adamw_step(step: &TensorView<'_>) -> Result<u64> {
     let step = step
         .slice::<i64>("adamw", "step")?

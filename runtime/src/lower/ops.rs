@@ -307,6 +307,11 @@ impl Lowering<'_> {
                 let m = self.operand(2, "m", F32)?;
                 let v = self.operand(3, "v", F32)?;
                 let step = self.operand(4, "step", I64)?;
+                let lr = self.operand(5, "lr", DType::F64)?;
+                let scale = match self.i.len() {
+                    7 => Some(self.operand(6, "grad_scale", F32)?.addr()),
+                    _ => None,
+                };
                 let new_param = self.result(0, "param", F32)?;
                 let new_m = self.result(1, "m", F32)?;
                 let new_v = self.result(2, "v", F32)?;
@@ -316,7 +321,6 @@ impl Lowering<'_> {
                     launches.extend(copy_unless_same(to.addr(), from.addr(), byte_len(from)));
                 }
                 let hyper = AdamWHyper {
-                    lr: config.lr,
                     beta1: config.beta1,
                     beta2: config.beta2,
                     eps: config.eps,
@@ -328,9 +332,34 @@ impl Lowering<'_> {
                     new_v.addr(),
                     grad.addr(),
                     step.addr(),
+                    lr.addr(),
                 ];
                 let n = size(param.numel());
-                launches.push(gpu::optim::adamw_f32(addresses, n, hyper));
+                launches.push(gpu::optim::adamw_f32(addresses, scale, n, hyper));
+                Ok(launches)
+            }
+            Op::ClipGradNorm { max_norm } => {
+                let norm = self.result(0, "norm", F32)?.addr();
+                let scale = self.result(1, "scale", F32)?.addr();
+                let grads = (0..self.i.len())
+                    .map(|port| self.operand(port, "grad", F32))
+                    .collect::<Result<Vec<_>>>()?;
+                let counts: Vec<u64> = grads.iter().map(|g| size(g.numel())).collect();
+                let bytes = gpu::optim::clip_workspace_bytes(counts.iter().copied());
+                let partials = self.workspace(bytes, norm)?;
+                let mut launches = Vec::new();
+                let mut at = 0;
+                for (grad, &n) in grads.iter().zip(&counts) {
+                    let partial = partials.add(at * 8);
+                    launches.push(gpu::optim::clip_grad_norm_partial(grad.addr(), n, partial));
+                    at += gpu::optim::clip_partials(n);
+                }
+                launches.push(gpu::optim::clip_grad_norm_finish(
+                    partials,
+                    at,
+                    *max_norm,
+                    [norm, scale],
+                ));
                 Ok(launches)
             }
             Op::MatMul { .. }

@@ -139,7 +139,6 @@ const I64: DType = DType::I64;
 
 fn adamw() -> Op {
     Op::AdamW(AdamWConfig {
-        lr: 1e-3,
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
@@ -259,7 +258,30 @@ fn every_op_lowers_inside_its_buffers() {
             ),
             (
                 adamw(),
-                vec![x.clone(), x.clone(), x.clone(), x.clone(), ty(I64, &[])],
+                vec![
+                    x.clone(),
+                    x.clone(),
+                    x.clone(),
+                    x.clone(),
+                    ty(I64, &[]),
+                    ty(DType::F64, &[]),
+                ],
+            ),
+            (
+                adamw(),
+                vec![
+                    x.clone(),
+                    x.clone(),
+                    x.clone(),
+                    x.clone(),
+                    ty(I64, &[]),
+                    ty(DType::F64, &[]),
+                    ty(F32, &[]),
+                ],
+            ),
+            (
+                Op::ClipGradNorm { max_norm: 1.0 },
+                vec![x.clone(), w.clone(), ty(F32, &[vocab, 3000])],
             ),
             (Op::Contiguous, vec![x.clone()]),
             (
@@ -365,7 +387,14 @@ fn in_place_results_skip_their_copies() {
     assert!(matches!(in_place[0], Launch::Kernel(_)));
 
     let p = ty(F32, &[3, 5]);
-    let operands = [p.clone(), p.clone(), p.clone(), p.clone(), ty(I64, &[])];
+    let operands = [
+        p.clone(),
+        p.clone(),
+        p.clone(),
+        p.clone(),
+        ty(I64, &[]),
+        ty(DType::F64, &[]),
+    ];
     let i: Vec<DeviceTensor> = operands
         .iter()
         .enumerate()

@@ -211,20 +211,28 @@ fn adamw_updating_param_and_moments_in_place_matches_the_interpreter() {
         InputKind::Input,
         &step_tensor,
     );
-    // A gradient computed in the arena.
+    let lr_tensor = Tensor::scalar(1e-2, kiln_ir::DType::F64);
+    let lr = bind(&mut graph, &mut values, "lr", InputKind::Input, &lr_tensor);
+    // A gradient computed in the arena, clipped there.
     let grad = graph.op1(Op::Mul, &[x, w]).unwrap();
+    let clipped = graph
+        .op(Op::ClipGradNorm { max_norm: 0.5 }, &[grad])
+        .unwrap();
     let config = AdamWConfig {
-        lr: 1e-2,
         beta1: 0.9,
         beta2: 0.99,
         eps: 1e-8,
         weight_decay: 0.1,
     };
-    let updated = graph.op(Op::AdamW(config), &[w, grad, m, v, step]).unwrap();
+    let updated = graph
+        .op(Op::AdamW(config), &[w, grad, m, v, step, lr, clipped[1]])
+        .unwrap();
     for (name, value) in ["w", "m", "v"].into_iter().zip(&updated) {
         graph.write(name, *value).unwrap();
     }
     graph.output("grad", grad).unwrap();
+    graph.output("norm", clipped[0]).unwrap();
+    graph.output("scale", clipped[1]).unwrap();
     let plan = make_plan(
         &graph,
         &[
@@ -233,7 +241,11 @@ fn adamw_updating_param_and_moments_in_place_matches_the_interpreter() {
             bound(&[m, updated[1]]),
             bound(&[v, updated[2]]),
             bound(&[step]),
+            bound(&[lr]),
             output(&[grad]),
+            output(&[clipped[0]]),
+            output(&[clipped[1]]),
+            workspace(0, clipped[0]),
         ],
     );
     assert_matches_interpret(&graph, &plan, &values);
