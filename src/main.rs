@@ -97,6 +97,11 @@ enum Command {
         /// (inference).
         #[arg(long, value_enum, default_value_t = Numerics::F32)]
         precision: Numerics,
+        /// Also write these intermediate values as trace.<name>: value names or globs (`*`,
+        /// `?`), e.g. `layers.*.attn.out`; repeat the flag or give a comma list. `--trace
+        /// list` prints the names there are and computes nothing.
+        #[arg(long, value_name = "PATTERN")]
+        trace: Vec<String>,
     },
     /// Continue a prompt: text streamed to standard output as it is generated (compiled
     /// prefill and decode programs, replayed per token).
@@ -329,7 +334,9 @@ fn main() -> Result<()> {
             mode,
             device,
             precision,
+            trace,
         } => {
+            let trace = commands::Trace::parse(&trace)?;
             let mode = match mode {
                 Mode::Oracle => commands::EvalMode::Oracle,
                 Mode::Interpret => commands::EvalMode::Interpret,
@@ -345,7 +352,7 @@ fn main() -> Result<()> {
                 device,
                 precision: precision.into(),
             };
-            commands::eval(&model, seed, &tokens, &out, grads, engine)?
+            commands::eval(&model, seed, &tokens, (&out, &trace), grads, engine)?
         }
         Command::Generate(args) => commands::generate(args.into_args()?)?,
         Command::Serve(_) => unreachable!("served above"),

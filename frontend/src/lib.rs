@@ -14,6 +14,7 @@ pub mod model;
 pub mod ops;
 pub mod programs;
 pub mod trace;
+pub mod value_trace;
 
 pub use autograd::Var;
 pub use error::{Error, Result};

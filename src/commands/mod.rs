@@ -13,7 +13,7 @@ mod serve;
 pub use bench::{bench, table as bench_table, BenchArgs};
 pub use bench_serve::{bench_serve, serve_table, ServeArgs};
 pub use compile::compile;
-pub use eval::{eval, EvalDevice, EvalEngine, EvalMode};
+pub use eval::{eval, EvalDevice, EvalEngine, EvalMode, Trace};
 pub use generate::{generate, GenerateArgs, Input, Prompt, SchedulerKind};
 pub use init_model::init_model;
 pub use plan::{plan, PlanFormat};
