@@ -142,6 +142,11 @@ enum Command {
         /// bench` plans for), or any (the larger need: the plan runs on either).
         #[arg(long, value_enum, default_value_t = PlanBackend::Any)]
         backend: PlanBackend,
+        /// source: instead of the plan, the arena bytes live at the peak and over the
+        /// schedule by layer and category (saved activation, gradient, optimizer update,
+        /// logits/loss, workspace); text, json or svg (stacked over the schedule).
+        #[arg(long, value_enum)]
+        by: Option<PlanBy>,
     },
     /// Time one program on a device: median and p95 per step (device events), tokens/s,
     /// arena vs lower bound, device memory, capture time, launches per step.
@@ -254,6 +259,11 @@ enum CacheAction {
 enum EvalDeviceArg {
     Cpu,
     Cuda,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PlanBy {
+    Source,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -392,6 +402,7 @@ fn main() -> Result<()> {
             out,
             verify,
             backend,
+            by,
         } => {
             let (kind, options) = program.program();
             let workspaces = match backend {
@@ -405,6 +416,10 @@ fn main() -> Result<()> {
                 Format::Csv => commands::PlanFormat::Csv,
                 Format::Svg => commands::PlanFormat::Svg,
             };
+            let view = match by {
+                None => commands::PlanView::Plan,
+                Some(PlanBy::Source) => commands::PlanView::BySource,
+            };
             let plan_options = kiln_planner::PlanOptions {
                 streams,
                 ..kiln_planner::PlanOptions::default()
@@ -414,7 +429,7 @@ fn main() -> Result<()> {
                 kind,
                 &options,
                 (&plan_options, workspaces),
-                format,
+                (view, format),
                 out.as_deref(),
                 verify,
             )? {

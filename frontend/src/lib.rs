@@ -10,6 +10,7 @@ mod error;
 pub mod eval;
 pub mod hf;
 mod launch;
+pub mod memory_sources;
 pub mod model;
 pub mod ops;
 pub mod programs;

@@ -16,6 +16,6 @@ pub use compile::compile;
 pub use eval::{eval, EvalDevice, EvalEngine, EvalMode, Trace};
 pub use generate::{generate, GenerateArgs, Input, Prompt, SchedulerKind};
 pub use init_model::init_model;
-pub use plan::{plan, PlanFormat};
+pub use plan::{plan, PlanFormat, PlanView};
 pub use planner_report::planner_report;
 pub use serve::{serve, HttpArgs};
