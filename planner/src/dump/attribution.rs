@@ -129,7 +129,7 @@ pub fn attribute(plan: &Plan, mut source: impl FnMut(&Buffer) -> Source) -> Attr
             placed.push((group, category, start, end, size));
         }
     }
-    let totals: Vec<u64> = per_step.iter().map(|s| total(s)).collect();
+    let totals: Vec<u64> = per_step.iter().map(total).collect();
     let peak_bytes = totals.iter().copied().max().unwrap_or(0);
     let peak_step = totals.iter().position(|&t| t == peak_bytes);
     let mut at_peak: Vec<GroupBytes> = (groups.into_iter())
