@@ -97,6 +97,11 @@ enum Command {
         /// (inference).
         #[arg(long, value_enum, default_value_t = Numerics::F32)]
         precision: Numerics,
+        /// Also write these intermediate values as trace.<name>: value names or globs (`*`,
+        /// `?`), e.g. `layers.*.attn.out`; repeat the flag or give a comma list. `--trace
+        /// list` prints the names there are and computes nothing.
+        #[arg(long, value_name = "PATTERN")]
+        trace: Vec<String>,
     },
     /// Continue a prompt: text streamed to standard output as it is generated (compiled
     /// prefill and decode programs, replayed per token).
@@ -137,6 +142,11 @@ enum Command {
         /// bench` plans for), or any (the larger need: the plan runs on either).
         #[arg(long, value_enum, default_value_t = PlanBackend::Any)]
         backend: PlanBackend,
+        /// source: instead of the plan, the arena bytes live at the peak and over the
+        /// schedule by layer and category (saved activation, gradient, optimizer update,
+        /// logits/loss, workspace); text, json or svg (stacked over the schedule).
+        #[arg(long, value_enum)]
+        by: Option<PlanBy>,
     },
     /// Time one program on a device: median and p95 per step (device events), tokens/s,
     /// arena vs lower bound, device memory, capture time, launches per step.
@@ -252,6 +262,11 @@ enum EvalDeviceArg {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
+enum PlanBy {
+    Source,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
 enum PlanBackend {
     Any,
     Cpu,
@@ -329,7 +344,9 @@ fn main() -> Result<()> {
             mode,
             device,
             precision,
+            trace,
         } => {
+            let trace = commands::Trace::parse(&trace)?;
             let mode = match mode {
                 Mode::Oracle => commands::EvalMode::Oracle,
                 Mode::Interpret => commands::EvalMode::Interpret,
@@ -345,7 +362,7 @@ fn main() -> Result<()> {
                 device,
                 precision: precision.into(),
             };
-            commands::eval(&model, seed, &tokens, &out, grads, engine)?
+            commands::eval(&model, seed, &tokens, (&out, &trace), grads, engine)?
         }
         Command::Generate(args) => commands::generate(args.into_args()?)?,
         Command::Serve(_) => unreachable!("served above"),
@@ -385,6 +402,7 @@ fn main() -> Result<()> {
             out,
             verify,
             backend,
+            by,
         } => {
             let (kind, options) = program.program();
             let workspaces = match backend {
@@ -398,6 +416,10 @@ fn main() -> Result<()> {
                 Format::Csv => commands::PlanFormat::Csv,
                 Format::Svg => commands::PlanFormat::Svg,
             };
+            let view = match by {
+                None => commands::PlanView::Plan,
+                Some(PlanBy::Source) => commands::PlanView::BySource,
+            };
             let plan_options = kiln_planner::PlanOptions {
                 streams,
                 ..kiln_planner::PlanOptions::default()
@@ -407,7 +429,7 @@ fn main() -> Result<()> {
                 kind,
                 &options,
                 (&plan_options, workspaces),
-                format,
+                (view, format),
                 out.as_deref(),
                 verify,
             )? {

@@ -145,6 +145,10 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// A `--trace` pattern that is malformed or names no value of the program.
+    #[error("--trace {pattern}: {reason}")]
+    Trace { pattern: String, reason: String },
+
     // --- below ---
     /// An IR error while tracing a program (boxed: it carries op text).
     #[error(transparent)]

@@ -13,6 +13,7 @@ use crate::model::{
 };
 use crate::ops;
 use crate::programs::{build, ProgramKind, ProgramOptions};
+use crate::value_trace::{add_trace_outputs, Probe, TracePatterns, TRACE_PREFIX};
 
 /// What one evaluation produced, every tensor f32.
 pub struct Evaluation {
@@ -22,6 +23,9 @@ pub struct Evaluation {
     pub loss: Tensor,
     /// Gradient of the loss per parameter, Hugging Face names (tied models: the embedding only).
     pub grads: Vec<(String, Tensor)>,
+    /// The traced values (`crate::value_trace`) by value name, in the order the model named
+    /// them; empty unless asked for.
+    pub traces: Vec<(String, Tensor)>,
 }
 
 /// Checks `tokens` (integer `[B,T]`, `B >= 1`, `T >= 2`, ids inside the vocabulary) and returns
@@ -153,12 +157,28 @@ pub fn evaluate(
     with_grads: bool,
     precision: Precision,
 ) -> Result<Evaluation> {
+    let untraced = TracePatterns::default();
+    evaluate_traced(config, weights, tokens, (with_grads, precision), &untraced)
+}
+
+/// Like [`evaluate`], also returning the values `trace` selects.
+pub fn evaluate_traced(
+    config: &ModelConfig,
+    weights: &ModelWeights<Var>,
+    tokens: &Tensor,
+    (with_grads, precision): (bool, Precision),
+    trace: &TracePatterns,
+) -> Result<Evaluation> {
     let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
     eval_options(config, &inputs, with_grads, precision)?;
     let [ids, positions, targets] = inputs.named().map(|(_, t)| Var::constant(t.clone()));
     let eager = Eager { precision };
-    let logits = forward(&eager, config, weights, &ids, &positions)?;
-    let loss = causal_lm_loss(&eager, &logits, &targets)?;
+    let probe = Probe::new(&eager, trace);
+    let logits = forward(&probe, config, weights, &ids, &positions)?;
+    let loss = causal_lm_loss(&probe, &logits, &targets)?;
+    let traces = (probe.into_values()?.into_iter())
+        .map(|(name, value)| Ok((name, to_f32(value.value())?)))
+        .collect::<Result<Vec<_>>>()?;
     let mut grads = Vec::new();
     if with_grads {
         for (_, param) in weights.named() {
@@ -178,6 +198,7 @@ pub fn evaluate(
         logits: to_f32(logits.value())?,
         loss: to_f32(loss.value())?.reshape([1])?,
         grads,
+        traces,
     })
 }
 
@@ -200,6 +221,24 @@ pub fn evaluate_interpreted(
     )
 }
 
+/// The values `kiln eval --trace` can pick for `tokens`, in the order the model names them:
+/// each name with its type (`f32 [2,8,64]`).
+pub fn traceable_values(
+    config: &ModelConfig,
+    tokens: &Tensor,
+    precision: Precision,
+) -> Result<Vec<(String, String)>> {
+    let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
+    let options = eval_options(config, &inputs, false, precision)?;
+    let graph = build(ProgramKind::Eval, config, &options)?;
+    (graph.value_names().iter())
+        .map(|(name, value)| {
+            let ty = graph.value_type(*value)?;
+            Ok((name.clone(), crate::error::type_name(ty.dtype, &ty.shape)))
+        })
+        .collect()
+}
+
 /// What runs the traced eval program.
 pub enum Engine<'b> {
     /// The reference interpreter (one allocation per value).
@@ -220,9 +259,34 @@ pub fn evaluate_program(
     precision: Precision,
     engine: Engine<'_>,
 ) -> Result<Evaluation> {
+    let untraced = TracePatterns::default();
+    evaluate_program_traced(
+        config,
+        weights,
+        tokens,
+        (with_grads, precision),
+        engine,
+        &untraced,
+    )
+}
+
+/// Like [`evaluate_program`], also returning the values `trace` selects: the eval program
+/// with their `trace.<name>` outputs added.
+pub fn evaluate_program_traced(
+    config: &ModelConfig,
+    weights: &ModelWeights<Var>,
+    tokens: &Tensor,
+    (with_grads, precision): (bool, Precision),
+    engine: Engine<'_>,
+    trace: &TracePatterns,
+) -> Result<Evaluation> {
     let inputs = CausalLmInputs::new(tokens, config.vocab_size)?;
     let options = eval_options(config, &inputs, with_grads, precision)?;
-    let graph = build(ProgramKind::Eval, config, &options)?;
+    let mut graph = build(ProgramKind::Eval, config, &options)?;
+    let traced = match trace.is_empty() {
+        true => Vec::new(),
+        false => add_trace_outputs(&mut graph, trace)?,
+    };
     let mut values: BTreeMap<String, Tensor> = weights
         .named()
         .into_iter()
@@ -263,9 +327,16 @@ pub fn evaluate_program(
             grads.push((name, grad));
         }
     }
+    let traces = (traced.iter())
+        .map(|output| {
+            let name = output.strip_prefix(TRACE_PREFIX).unwrap_or(output);
+            Ok((name.to_string(), to_f32(&take(output)?)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(Evaluation {
         logits: to_f32(&logits)?,
         loss: to_f32(&loss)?,
         grads,
+        traces,
     })
 }

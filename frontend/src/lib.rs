@@ -10,10 +10,12 @@ mod error;
 pub mod eval;
 pub mod hf;
 mod launch;
+pub mod memory_sources;
 pub mod model;
 pub mod ops;
 pub mod programs;
 pub mod trace;
+pub mod value_trace;
 
 pub use autograd::Var;
 pub use error::{Error, Result};

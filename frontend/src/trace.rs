@@ -254,4 +254,8 @@ impl Ops for Tracer {
     ) -> Result<ValueId> {
         self.op1(Op::CrossEntropy { ignore_index }, &[*logits, *targets])
     }
+
+    fn name_value(&self, name: &str, x: &ValueId) -> Result<()> {
+        Ok(self.graph.borrow_mut().name_value(name, *x)?)
+    }
 }

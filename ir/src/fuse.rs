@@ -379,6 +379,13 @@ fn rebuild(
     for (name, value) in graph.writes() {
         new.write(name, mapped(&map, value)?)?;
     }
+    // A name moves with its value; a value fused away (a product inside a linear, an op no
+    // output needs) loses its name.
+    for (name, value) in graph.value_names() {
+        if let Some(&value) = map.get(value) {
+            new.name_value(name, value)?;
+        }
+    }
     Ok(new)
 }
 

@@ -10,6 +10,9 @@
 //!    runs). Names of inputs, of outputs and of writes are unique.
 //! 4. A write gives a persistent input (Param or State) its new value at the end of a run; each
 //!    is written at most once, with its own type.
+//! 5. Value names (`layers.0.attn.out`) are unique labels on values the model code marks for
+//!    people and tools (tracing, memory attribution). They are metadata: no op reads them, the
+//!    printer does not show them, and a program computes the same with or without them.
 
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
@@ -85,6 +88,8 @@ pub struct Graph {
     graph: StableDiGraph<Node, Edge>,
     outputs: Vec<(String, ValueId)>,
     writes: Vec<(String, ValueId)>,
+    /// Value names (invariant 5), in the order they were given.
+    value_names: Vec<(String, ValueId)>,
 }
 
 impl Graph {
@@ -195,6 +200,24 @@ impl Graph {
         }
         self.writes.push((name.to_string(), value));
         Ok(())
+    }
+
+    /// Gives `value` the name `name` (invariant 5); a value may have several names.
+    pub fn name_value(&mut self, name: &str, value: ValueId) -> Result<()> {
+        self.value_type(value)?;
+        if self.value_names.iter().any(|(n, _)| n == name) {
+            return Err(Error::DuplicateName {
+                what: "value name",
+                name: name.to_string(),
+            });
+        }
+        self.value_names.push((name.to_string(), value));
+        Ok(())
+    }
+
+    /// Named values, in the order they were named (the order the model code ran).
+    pub fn value_names(&self) -> &[(String, ValueId)] {
+        &self.value_names
     }
 
     /// The type of a value, or an error if the graph has no such value.

@@ -3,10 +3,11 @@
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use kiln_frontend::eval::{evaluate, evaluate_interpreted, evaluate_program, Engine};
+use kiln_frontend::eval::{evaluate_program_traced, evaluate_traced, traceable_values, Engine};
 use kiln_frontend::hf::safetensors_io::{check_absent, write_safetensors, SafetensorsFile};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::model::Precision;
+use kiln_frontend::value_trace::{TracePatterns, TRACE_PREFIX};
 use kiln_ir::DType;
 use kiln_runtime::{Backend, RunMode, Tensor};
 use safetensors::Dtype;
@@ -39,13 +40,33 @@ pub struct EvalEngine {
     pub precision: Precision,
 }
 
-/// Evaluates `model` on the `tokens` tensor of `tokens_path` and writes `logits`, `loss` and,
-/// with `grads`, `grad.<name>` to `out` (which must not exist).
+/// What `--trace` asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Trace {
+    /// Write the values these patterns select as `trace.<name>` (none when empty).
+    Values(TracePatterns),
+    /// Print the names there are, compute nothing.
+    List,
+}
+
+impl Trace {
+    /// `--trace` as given (each flag a pattern or a comma list; `list` alone lists).
+    pub fn parse(flags: &[String]) -> Result<Trace> {
+        if flags.len() == 1 && flags[0].trim() == "list" {
+            return Ok(Trace::List);
+        }
+        Ok(Trace::Values(TracePatterns::parse(flags)?))
+    }
+}
+
+/// Evaluates `model` on the `tokens` tensor of `tokens_path` and writes `logits`, `loss`,
+/// with `grads` `grad.<name>`, and the values `trace` selects as `trace.<name>` to `out`
+/// (which must not exist).
 pub fn eval(
     model: &str,
     seed: u64,
     tokens_path: &Path,
-    out: &Path,
+    (out, trace): (&Path, &Trace),
     grads: bool,
     engine: EvalEngine,
 ) -> Result<()> {
@@ -57,9 +78,13 @@ pub fn eval(
     if device == EvalDevice::Cuda && matches!(mode, EvalMode::Oracle | EvalMode::Interpret) {
         bail!("--device cuda runs the planned program: use --mode planned or --mode graph");
     }
+    let source = ModelSource::resolve(model)?;
+    let patterns = match trace {
+        Trace::List => return list_traceable(&source, model, tokens_path, precision),
+        Trace::Values(patterns) => patterns,
+    };
     // Checked again when the file is published: this only answers before the work.
     check_absent(out).map_err(|e| anyhow!("{e} (choose another --out)"))?;
-    let source = ModelSource::resolve(model)?;
     let tokens = read_tokens(tokens_path)?;
     let (config, loaded) = source
         .load(seed, precision.weight_dtype())
@@ -79,17 +104,14 @@ pub fn eval(
         backend: &backend,
         mode,
     };
+    let how = (grads, precision);
+    let program =
+        |engine| evaluate_program_traced(&config, &weights, &tokens, how, engine, patterns);
     let result = match mode {
-        EvalMode::Oracle => evaluate(&config, &weights, &tokens, grads, precision)?,
-        EvalMode::Interpret => evaluate_interpreted(&config, &weights, &tokens, grads, precision)?,
-        EvalMode::Planned => {
-            let engine = planned(RunMode::Eager);
-            evaluate_program(&config, &weights, &tokens, grads, precision, engine)?
-        }
-        EvalMode::Graph => {
-            let engine = planned(RunMode::Graph);
-            evaluate_program(&config, &weights, &tokens, grads, precision, engine)?
-        }
+        EvalMode::Oracle => evaluate_traced(&config, &weights, &tokens, how, patterns)?,
+        EvalMode::Interpret => program(Engine::Interpret)?,
+        EvalMode::Planned => program(planned(RunMode::Eager))?,
+        EvalMode::Graph => program(planned(RunMode::Graph))?,
     };
     let mut tensors = vec![
         ("logits".to_string(), result.logits),
@@ -100,6 +122,12 @@ pub fn eval(
             .grads
             .into_iter()
             .map(|(name, grad)| (format!("grad.{name}"), grad)),
+    );
+    tensors.extend(
+        result
+            .traces
+            .into_iter()
+            .map(|(name, value)| (format!("{TRACE_PREFIX}{name}"), value)),
     );
     write_safetensors(out, &tensors, None)?;
     let loss = result.loss.to_f64_vec()?[0];
@@ -116,6 +144,23 @@ pub fn eval(
         tensors.len(),
         out.display()
     );
+    Ok(())
+}
+
+/// Prints every value `--trace` can pick (name and type for these tokens), one per line.
+fn list_traceable(
+    source: &ModelSource,
+    model: &str,
+    tokens_path: &Path,
+    precision: Precision,
+) -> Result<()> {
+    let tokens = read_tokens(tokens_path)?;
+    let (config, _) = source
+        .config()
+        .with_context(|| format!("reading model {model}"))?;
+    for (name, ty) in traceable_values(&config, &tokens, precision)? {
+        println!("{name}  {ty}");
+    }
     Ok(())
 }
 

@@ -107,4 +107,10 @@ pub trait Ops {
         targets: &Self::Value,
         ignore_index: i64,
     ) -> Result<Self::Value>;
+    /// Marks `x` as the value called `name` (`layers.0.attn.out`): a point a user may trace.
+    /// Computes nothing; the tracer records the name in the graph, the eager engine ignores it
+    /// unless it is probed (`crate::value_trace`).
+    fn name_value(&self, _name: &str, _x: &Self::Value) -> Result<()> {
+        Ok(())
+    }
 }

@@ -5,6 +5,13 @@
 //! `h = h + down_proj(silu(gate_proj(norm(h))) · up_proj(norm(h)))`,
 //! with each residual add fused into the RMSNorm that follows it. q/k biases are fused into
 //! RoPE (they are added before the rotation, as in Hugging Face's projection).
+//!
+//! The points a user may trace are named ([`Ops::name_value`]): `embed`; per layer `i`
+//! `layers.i.attn.norm` (the attention's input norm), `layers.i.attn.q`, `.k` (after RoPE,
+//! `[B,H,T,D]`), `.v` (`[B,Hkv,T,D]`), `layers.i.attn.out` (after o_proj),
+//! `layers.i.attn.residual` (the residual stream after the attention block),
+//! `layers.i.mlp.norm`, `layers.i.mlp.out` (after down_proj), `layers.i.residual` (the
+//! residual stream after the layer); `norm` (the final norm) and `logits`.
 
 use crate::error::Result;
 use crate::model::config::ModelConfig;
@@ -49,7 +56,9 @@ pub fn output_head<O: Ops>(
     hidden: &O::Value,
 ) -> Result<O::Value> {
     let head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
-    ops.linear(hidden, head, None)
+    let logits = ops.linear(hidden, head, None)?;
+    ops.name_value("logits", &logits)?;
+    Ok(logits)
 }
 
 /// The final normalized hidden states `[B,T,H]`.
@@ -61,42 +70,58 @@ pub fn hidden_states<O: Ops>(
     positions: &O::Value,
 ) -> Result<O::Value> {
     let mut hidden = ops.embedding(&weights.embed_tokens, tokens)?;
+    ops.name_value("embed", &hidden)?;
     // `residual` is the running sum; `hidden` the output of the last block not yet added to it.
     let mut residual: Option<O::Value> = None;
+    // The residual stream after the previous layer (before layer 0 there is no sum to name).
+    let after_layer = |index: usize| format!("layers.{}.residual", index.saturating_sub(1));
     for (index, layer) in weights.layers.iter().enumerate() {
-        let normed = pre_norm(ops, config, &hidden, &mut residual, &layer.input_layernorm)?;
-        hidden = attention_block(ops, config, index, layer, &normed, positions)?;
+        let names = (after_layer(index), format!("layers.{index}.attn.norm"));
         let normed = pre_norm(
             ops,
             config,
-            &hidden,
-            &mut residual,
-            &layer.post_attention_layernorm,
+            (&hidden, &mut residual),
+            &layer.input_layernorm,
+            names,
         )?;
+        hidden = attention_block(ops, config, index, layer, &normed, positions)?;
+        ops.name_value(&format!("layers.{index}.attn.out"), &hidden)?;
+        let names = (
+            format!("layers.{index}.attn.residual"),
+            format!("layers.{index}.mlp.norm"),
+        );
+        let weight = &layer.post_attention_layernorm;
+        let normed = pre_norm(ops, config, (&hidden, &mut residual), weight, names)?;
         hidden = mlp_block(ops, layer, &normed)?;
+        ops.name_value(&format!("layers.{index}.mlp.out"), &hidden)?;
     }
-    pre_norm(ops, config, &hidden, &mut residual, &weights.norm)
+    let names = (after_layer(weights.layers.len()), "norm".to_string());
+    pre_norm(ops, config, (&hidden, &mut residual), &weights.norm, names)
 }
 
 /// `rmsnorm(hidden + residual)`, updating `residual`; the first call starts the residual.
+/// Names the new residual `sum_name` (when there is a sum) and the result `norm_name`.
 fn pre_norm<O: Ops>(
     ops: &O,
     config: &ModelConfig,
-    hidden: &O::Value,
-    residual: &mut Option<O::Value>,
+    (hidden, residual): (&O::Value, &mut Option<O::Value>),
     weight: &O::Value,
+    (sum_name, norm_name): (String, String),
 ) -> Result<O::Value> {
-    match residual {
+    let normed = match residual {
         None => {
             *residual = Some(hidden.clone());
-            ops.rmsnorm(hidden, weight, config.rms_norm_eps)
+            ops.rmsnorm(hidden, weight, config.rms_norm_eps)?
         }
         Some(previous) => {
             let (sum, normed) = ops.add_rmsnorm(hidden, previous, weight, config.rms_norm_eps)?;
+            ops.name_value(&sum_name, &sum)?;
             *residual = Some(sum);
-            Ok(normed)
+            normed
         }
-    }
+    };
+    ops.name_value(&norm_name, &normed)?;
+    Ok(normed)
 }
 
 fn attention_block<O: Ops>(
@@ -123,6 +148,9 @@ fn attention_block<O: Ops>(
     let v = ops.linear(x, &layer.v_proj, layer.v_bias.as_ref())?;
     let v = ops.reshape(&v, &[batch, seq, kv_heads, head_dim])?;
     let v = ops.heads_first(&v)?;
+    for (name, value) in [("q", &q), ("k", &k), ("v", &v)] {
+        ops.name_value(&format!("layers.{index}.attn.{name}"), value)?;
+    }
     let scale = 1.0 / (head_dim as f64).sqrt();
     let attended = ops.attention(index, &q, &k, &v, scale)?;
     let attended = ops.reshape(&attended, &[batch, seq, heads * head_dim])?;

@@ -14,6 +14,8 @@
 //!    arena buffers whose lifetime contains it, and the peak step is the FIRST step where they
 //!    are maximal.
 
+mod attribution;
+mod attribution_svg;
 mod csv;
 mod svg;
 mod text;
@@ -23,6 +25,9 @@ mod fixture;
 #[cfg(test)]
 mod tests;
 
+pub use attribution::{
+    attribute, Attribution, ByCategory, Category, GroupBytes, Source, CATEGORIES,
+};
 pub use csv::to_csv;
 pub use svg::to_svg;
 pub use text::to_text;

@@ -18,15 +18,15 @@ use super::{
 };
 use crate::{BufferClass, Plan};
 
-const WIDTH: f64 = 1200.0;
-const HEIGHT: f64 = 700.0;
-const PLOT_LEFT: f64 = 110.0;
-const PLOT_RIGHT: f64 = 1170.0;
-const PLOT_TOP: f64 = 80.0;
-const PLOT_BOTTOM: f64 = 630.0;
+pub(super) const WIDTH: f64 = 1200.0;
+pub(super) const HEIGHT: f64 = 700.0;
+pub(super) const PLOT_LEFT: f64 = 110.0;
+pub(super) const PLOT_RIGHT: f64 = 1170.0;
+pub(super) const PLOT_TOP: f64 = 80.0;
+pub(super) const PLOT_BOTTOM: f64 = 630.0;
 const ACTIVATION_COLOR: &str = "#0072B2";
 const WORKSPACE_COLOR: &str = "#E69F00";
-const GRID_COLOR: &str = "#e0e0e0";
+pub(super) const GRID_COLOR: &str = "#e0e0e0";
 /// Rectangles narrower or lower than this (pixels) get no edge.
 const MIN_EDGED: f64 = 3.0;
 
@@ -203,12 +203,12 @@ fn legend(svg: &mut Vec<String>, peak: Option<usize>) {
 }
 
 /// A coordinate with two decimals.
-fn num(value: f64) -> String {
+pub(super) fn num(value: f64) -> String {
     format!("{value:.2}")
 }
 
 /// The smallest power of two that cuts `0..=extent` into at most `ticks` steps (at least 1).
-fn tick_power_of_two(extent: u64, ticks: u64) -> u64 {
+pub(super) fn tick_power_of_two(extent: u64, ticks: u64) -> u64 {
     extent
         .div_ceil(ticks)
         .max(1)
@@ -217,7 +217,7 @@ fn tick_power_of_two(extent: u64, ticks: u64) -> u64 {
 }
 
 /// The smallest 1, 2 or 5 × 10^k that cuts `0..count` into at most `ticks` steps (at least 1).
-fn tick_1_2_5(count: usize, ticks: usize) -> usize {
+pub(super) fn tick_1_2_5(count: usize, ticks: usize) -> usize {
     let wanted = count.div_ceil(ticks).max(1);
     let mut decade = 1usize;
     loop {
@@ -238,7 +238,7 @@ fn tick_1_2_5(count: usize, ticks: usize) -> usize {
 /// `text` as XML character data or attribute value: markup characters escaped, characters
 /// XML 1.0 forbids (control characters other than tab and line breaks, U+FFFE, U+FFFF)
 /// replaced by U+FFFD.
-fn escape(text: &str) -> String {
+pub(super) fn escape(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -257,4 +257,4 @@ fn escape(text: &str) -> String {
 
 #[cfg(test)]
 #[path = "svg_tests.rs"]
-mod tests;
+pub(super) mod tests;

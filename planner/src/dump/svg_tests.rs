@@ -6,20 +6,20 @@ use crate::dump::fixture::tiny_plan;
 
 /// A start tag: its name and attributes (values as written, entities not expanded).
 #[derive(Debug)]
-struct Element {
-    name: String,
+pub(crate) struct Element {
+    pub(crate) name: String,
     attributes: Vec<(String, String)>,
 }
 
 impl Element {
-    fn attribute(&self, key: &str) -> Option<&str> {
+    pub(crate) fn attribute(&self, key: &str) -> Option<&str> {
         let (_, value) = self.attributes.iter().find(|(k, _)| k == key)?;
         Some(value)
     }
 }
 
 /// The start tags of `document` in order, or the first reason it is not well-formed XML.
-fn parse_xml(document: &str) -> Result<Vec<Element>, String> {
+pub(crate) fn parse_xml(document: &str) -> Result<Vec<Element>, String> {
     let mut rest = match document.strip_prefix("<?xml") {
         Some(after) => &after[after.find("?>").ok_or("unclosed XML declaration")? + 2..],
         None => document,
