@@ -10,11 +10,13 @@ use kiln::commands;
 mod bench_cli;
 mod generate_cli;
 mod serve_cli;
+mod train_cli;
 use bench_cli::BenchCli;
 use generate_cli::GenerateCli;
 use kiln_frontend::model::Precision;
 use kiln_frontend::programs::{ProgramKind, ProgramOptions};
 use serve_cli::ServeCli;
+use train_cli::{TokenizeCli, TrainCli};
 
 #[derive(Parser)]
 #[command(
@@ -109,6 +111,13 @@ enum Command {
     /// Serve a model over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions
     /// (streamed as server-sent events with "stream": true), /v1/models, /health, /metrics.
     Serve(ServeCli),
+    /// Train a model on a token file: AdamW on the compiled train step, a learning-rate
+    /// schedule, validation, checkpoints (Hugging Face model directories with the optimizer
+    /// state) that resume bit for bit, metrics.jsonl and loss.svg. Ctrl-C stops at the next
+    /// step and saves.
+    Train(Box<TrainCli>),
+    /// Encode a text file with a tokenizer into the token file `kiln train` reads.
+    Tokenize(TokenizeCli),
     /// The on-disk cache of compiled kernel modules ($KILN_CACHE_DIR, else
     /// $XDG_CACHE_HOME/kiln, else ~/.cache/kiln; in its kernels/ directory).
     Cache {
@@ -316,6 +325,10 @@ fn main() -> Result<()> {
         // The server handles SIGINT and SIGTERM itself (it drains), and writes no files.
         return commands::serve(args.into_args()?);
     }
+    if let Command::Train(args) = cli.command {
+        let stop = kiln::signals::install_graceful()?;
+        return commands::train(args.into_args()?, stop);
+    }
     kiln::signals::install()?;
     match cli.command {
         Command::Demo { seed, batch, seq } => {
@@ -366,6 +379,8 @@ fn main() -> Result<()> {
         }
         Command::Generate(args) => commands::generate(args.into_args()?)?,
         Command::Serve(_) => unreachable!("served above"),
+        Command::Train(_) => unreachable!("trained above"),
+        Command::Tokenize(args) => args.run()?,
         Command::Cache { action } => {
             let cache = kiln_runtime::kernel_cache::KernelCache::from_env();
             let Some(dir) = cache.dir().map(|d| d.display().to_string()) else {

@@ -9,6 +9,8 @@ mod init_model;
 mod plan;
 mod planner_report;
 mod serve;
+mod tokenize;
+mod train;
 
 pub use bench::{bench, table as bench_table, BenchArgs};
 pub use bench_serve::{bench_serve, serve_table, ServeArgs};
@@ -19,3 +21,5 @@ pub use init_model::init_model;
 pub use plan::{plan, PlanFormat, PlanView};
 pub use planner_report::planner_report;
 pub use serve::{serve, HttpArgs};
+pub use tokenize::tokenize;
+pub use train::{train, FreshRun, TrainArgs};

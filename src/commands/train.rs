@@ -1,0 +1,278 @@
+//! `kiln train`: a training run of the compiled train step over a token file, with a progress
+//! bar, validation, checkpoints every `--save-every` steps that resume bit for bit, a metrics
+//! file and loss curves (see `kiln_trainer`). Ctrl-C stops at the next step boundary and
+//! writes a checkpoint; a second Ctrl-C stops at once (no partial file is left).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_frontend::hf::source::ModelSource;
+use kiln_ir::DType;
+use kiln_runtime::{Backend, RunMode, Tensor};
+use kiln_trainer::checkpoint::{self, TrainerState};
+use kiln_trainer::metrics::{CURVES_FILE, METRICS_FILE};
+use kiln_trainer::run::Start;
+use kiln_trainer::{Observer, RunOptions, Session, StepRecord, TokenDType, TokenData};
+
+/// A run to start, or to resume.
+pub struct TrainArgs {
+    /// A new run's options (`None` fields take the checkpoint's on a resume).
+    pub fresh: Option<FreshRun>,
+    pub resume: Option<PathBuf>,
+    pub data: Option<PathBuf>,
+    pub data_dtype: Option<TokenDType>,
+    pub out: Option<PathBuf>,
+    pub cuda: bool,
+    pub mode: RunMode,
+}
+
+/// The model and options of a run that starts from weights.
+pub struct FreshRun {
+    pub options: RunOptions,
+}
+
+/// Runs `args`.
+pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
+    let (options, start, source, run_dir, checkpoint) = match (&args.fresh, &args.resume) {
+        (Some(fresh), None) => {
+            let out = args
+                .out
+                .clone()
+                .ok_or_else(|| anyhow!("--out is required"))?;
+            claim_new_dir(&out)?;
+            let model = ModelSource::resolve(&fresh.options.model)?;
+            let (_, loaded) = model
+                .load(fresh.options.seed, DType::F32)
+                .with_context(|| format!("loading model {}", fresh.options.model))?;
+            let params = tensors(&loaded.weights);
+            let source = match model {
+                ModelSource::Dir(dir) => Some(dir),
+                ModelSource::Preset(_) => None,
+            };
+            let start = Start {
+                params,
+                moments: None,
+                step: 0,
+            };
+            (fresh.options.clone(), start, source, out, None)
+        }
+        (None, Some(resume)) => {
+            let dir = resolve_checkpoint(resume)?;
+            let state = checkpoint::read_state(&dir)?;
+            let (_, loaded) = ModelSource::Dir(dir.clone())
+                .load(state.options.seed, DType::F32)
+                .with_context(|| format!("loading the weights of checkpoint {}", dir.display()))?;
+            let params = tensors(&loaded.weights);
+            let shapes: Vec<(String, Vec<usize>)> = (params.iter())
+                .map(|(n, t)| (n.clone(), t.dims().to_vec()))
+                .collect();
+            let moments = checkpoint::read_moments(&dir, &shapes)?;
+            let run_dir = match &args.out {
+                Some(out) if Some(out.as_path()) != dir.parent() => {
+                    claim_new_dir(out)?;
+                    out.clone()
+                }
+                _ => dir.parent().map(Path::to_path_buf).unwrap_or_default(),
+            };
+            let start = Start {
+                params,
+                moments: Some(moments),
+                step: state.step,
+            };
+            (
+                state.options.clone(),
+                start,
+                Some(dir.clone()),
+                run_dir,
+                Some(state),
+            )
+        }
+        _ => bail!("give either a new run's --model, --data and --steps, or --resume DIR"),
+    };
+    let source_for_config = source.clone();
+    let (config, _) = match &source_for_config {
+        Some(dir) => ModelSource::Dir(dir.clone()).config()?,
+        None => ModelSource::resolve(&options.model)?.config()?,
+    };
+    let data_path = match (&args.data, &checkpoint) {
+        (Some(path), _) => path.clone(),
+        (None, Some(state)) => state.data.path.clone(),
+        (None, None) => bail!("--data is required"),
+    };
+    let dtype = args
+        .data_dtype
+        .or(checkpoint.as_ref().map(|s| s.data.dtype));
+    let data_path = std::fs::canonicalize(&data_path)
+        .with_context(|| format!("--data {}", data_path.display()))?;
+    let data = TokenData::open(&data_path, dtype, config.vocab_size)?;
+    let tokens = data.len();
+    if let Some(state) = &checkpoint {
+        check_same_data(state, &data)?;
+    }
+    let backend = match args.cuda {
+        true => Backend::cuda().context("--device cuda")?,
+        false => Backend::Cpu,
+    };
+    let compiling = Instant::now();
+    let total = options.schedule.steps;
+    let mut session = Session::new(
+        &backend,
+        args.mode,
+        (config, options),
+        data,
+        start,
+        run_dir.clone(),
+        source,
+    )?;
+    eprintln!(
+        "kiln train: {} on {}, {tokens} tokens of {}, into {}; step {} of {total}; compiled in \
+         {:.1} s",
+        session.options().model,
+        describe(&backend),
+        data_path.display(),
+        run_dir.display(),
+        session.step(),
+        compiling.elapsed().as_secs_f64()
+    );
+    let mut progress = Progress::new(session.step(), total, stop);
+    let outcome = session.run(&mut progress)?;
+    progress.bar.finish_and_clear();
+    let last = progress
+        .last
+        .map_or(String::new(), |r| format!(", last loss {:.4}", r.loss));
+    let saved = outcome.checkpoint.map_or("no checkpoint".into(), |c| {
+        format!("checkpoint {}", c.display())
+    });
+    println!(
+        "{} at step {} of {total}{last}; {saved}; metrics in {}, curves in {}",
+        if outcome.stopped { "stopped" } else { "done" },
+        outcome.step,
+        run_dir.join(METRICS_FILE).display(),
+        run_dir.join(CURVES_FILE).display(),
+    );
+    Ok(())
+}
+
+fn describe(backend: &Backend) -> &'static str {
+    match backend {
+        Backend::Cpu => "cpu",
+        Backend::Cuda(_) => "cuda",
+    }
+}
+
+fn tensors(
+    weights: &kiln_frontend::model::ModelWeights<kiln_frontend::Var>,
+) -> Vec<(String, Tensor)> {
+    (weights.named().into_iter())
+        .map(|(name, var)| (name, var.value().clone()))
+        .collect()
+}
+
+/// `out` for a new run: created, or an existing empty directory; anything else is refused
+/// (a run never writes into a directory that holds files).
+fn claim_new_dir(out: &Path) -> Result<()> {
+    match std::fs::read_dir(out) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                bail!(
+                    "--out {}: the directory is not empty; choose a new one, or pass --resume \
+                     {} to continue its run",
+                    out.display(),
+                    out.display()
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(out)
+            .with_context(|| format!("creating --out {}", out.display())),
+        Err(e) => Err(anyhow!("--out {}: {e}", out.display())),
+    }
+}
+
+/// A checkpoint directory, or the newest checkpoint of a run directory.
+fn resolve_checkpoint(path: &Path) -> Result<PathBuf> {
+    if path.join(checkpoint::STATE_FILE).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    checkpoint::latest(path)?.ok_or_else(|| {
+        anyhow!(
+            "--resume {}: neither a checkpoint (no {}) nor a run directory with one",
+            path.display(),
+            checkpoint::STATE_FILE
+        )
+    })
+}
+
+fn check_same_data(state: &TrainerState, data: &TokenData) -> Result<()> {
+    if data.len() != state.data.tokens || data.fingerprint() != state.data.fingerprint {
+        bail!(
+            "data file {}: {} tokens that are not the {} tokens the checkpoint trained on ({}); \
+             a resumed run takes the same data",
+            data.path().display(),
+            data.len(),
+            state.data.tokens,
+            state.data.path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The progress bar (step, loss, rate, tokens/s, ETA) and the stop flag.
+struct Progress {
+    bar: ProgressBar,
+    stop: Arc<AtomicBool>,
+    last: Option<StepRecord>,
+    tokens: usize,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(done: u64, total: u64, stop: Arc<AtomicBool>) -> Progress {
+        let bar = ProgressBar::new(total).with_style(
+            ProgressStyle::with_template("step {pos}/{len} [{bar:30}] {msg} eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar.set_position(done);
+        Progress {
+            bar,
+            stop,
+            last: None,
+            tokens: 0,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Observer for Progress {
+    fn on_step(&mut self, record: &StepRecord) {
+        self.tokens += record.tokens;
+        let rate = self.tokens as f64 / self.started.elapsed().as_secs_f64().max(1e-9);
+        let norm = record
+            .grad_norm
+            .map_or(String::new(), |n| format!(" norm {n:.3}"));
+        self.bar.set_message(format!(
+            "loss {:.4} lr {:.2e}{norm} {rate:.0} tok/s",
+            record.loss, record.lr
+        ));
+        self.bar.set_position(record.step);
+        self.last = Some(record.clone());
+    }
+
+    fn on_validation(&mut self, step: u64, loss: f64) {
+        self.bar
+            .println(format!("step {step}: validation loss {loss:.4}"));
+    }
+
+    fn on_save(&mut self, dir: &Path) {
+        self.bar.println(format!("saved {}", dir.display()));
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,221 @@
+//! The arguments of `kiln train` and `kiln tokenize`.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use kiln::commands::{self, FreshRun, TrainArgs};
+use kiln_trainer::{Decay, RunOptions, Sampling, Schedule, TokenDType};
+
+use crate::{BenchMode, EvalDeviceArg};
+
+/// Train a model on a token file: the compiled train step with AdamW, a learning-rate
+/// schedule, optional clipping, validation, checkpoints that resume bit for bit.
+#[derive(clap::Args)]
+pub struct TrainCli {
+    /// A Hugging Face model directory or a preset name (a new run).
+    #[arg(long, required_unless_present = "resume")]
+    model: Option<String>,
+    /// Token ids: a flat little-endian file (see --data-dtype) or a safetensors file with an
+    /// integer `tokens` tensor; `kiln tokenize` makes one. On a resume: the checkpoint's.
+    #[arg(long, required_unless_present = "resume")]
+    data: Option<PathBuf>,
+    /// Ids of a flat data file: u16 or u32 (default: u16 when the vocabulary fits, else u32,
+    /// as `kiln tokenize` writes them).
+    #[arg(long, value_enum)]
+    data_dtype: Option<DataDType>,
+    /// Optimizer steps of the run.
+    #[arg(long, required_unless_present = "resume", conflicts_with = "resume")]
+    steps: Option<u64>,
+    #[arg(long, default_value_t = 8, conflicts_with = "resume")]
+    batch: usize,
+    /// Tokens per row (each window holds --seq + 1: every position predicts the next).
+    #[arg(long, default_value_t = 256, conflicts_with = "resume")]
+    seq: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-4, conflicts_with = "resume")]
+    lr: f64,
+    /// Steps of linear warmup from 0 (transformers' schedules: the first step's rate is 0).
+    #[arg(long, default_value_t = 0, conflicts_with = "resume")]
+    warmup: u64,
+    #[arg(long, value_enum, default_value_t = ScheduleArg::Cosine, conflicts_with = "resume")]
+    schedule: ScheduleArg,
+    /// Clip the global gradient norm to this (Hugging Face's Trainer uses 1.0); off when left
+    /// out. Every gradient then exists at once before the first update.
+    #[arg(long, value_parser = positive, conflicts_with = "resume")]
+    clip_grad_norm: Option<f64>,
+    /// AdamW's decoupled weight decay (norm weights and biases exempt unless
+    /// --decay-vectors).
+    #[arg(long, default_value_t = 0.01, conflicts_with = "resume")]
+    weight_decay: f64,
+    /// Decay norm weights and biases too.
+    #[arg(long, conflicts_with = "resume")]
+    decay_vectors: bool,
+    #[arg(long, default_value_t = 0.9, conflicts_with = "resume")]
+    beta1: f64,
+    #[arg(long, default_value_t = 0.999, conflicts_with = "resume")]
+    beta2: f64,
+    #[arg(long, default_value_t = 1e-8, conflicts_with = "resume")]
+    eps: f64,
+    /// f32, or bf16-gemm: bf16 GEMM inputs over f32 master weights.
+    #[arg(long, value_enum, default_value_t = TrainPrecision::F32, conflicts_with = "resume")]
+    precision: TrainPrecision,
+    /// The fraction of the data (its end) held out for validation; 0 for none.
+    #[arg(long, default_value_t = 0.05, conflicts_with = "resume")]
+    val_fraction: f64,
+    /// Validation loss every this many steps (and at the end); 0 for never.
+    #[arg(long, default_value_t = 100, conflicts_with = "resume")]
+    val_every: u64,
+    /// Batches of the validation loss (the same windows every time).
+    #[arg(long, default_value_t = 4, conflicts_with = "resume")]
+    val_batches: u64,
+    /// A checkpoint every this many steps (and at the end; 0: only at the end).
+    #[arg(long, default_value_t = 0, conflicts_with = "resume")]
+    save_every: u64,
+    /// Checkpoints kept (the oldest go).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "resume")]
+    keep: u64,
+    /// Seed of random windows (and of a preset's weights).
+    #[arg(long, default_value_t = 0, conflicts_with = "resume")]
+    seed: u64,
+    /// random: each row a window drawn by --seed; sequential: the data in order, B·T ids a
+    /// batch (llm.c's loader), wrapping around.
+    #[arg(long, value_enum, default_value_t = SamplingArg::Random, conflicts_with = "resume")]
+    sampling: SamplingArg,
+    /// The run directory (new or empty): checkpoints step-NNNNNN/, metrics.jsonl, loss.svg.
+    /// On a resume: the checkpoint's run directory unless given.
+    #[arg(long, required_unless_present = "resume")]
+    out: Option<PathBuf>,
+    /// Continue a run from a checkpoint directory, or from the newest checkpoint of a run
+    /// directory, with the options it was started with.
+    #[arg(long, conflicts_with = "model")]
+    resume: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = EvalDeviceArg::Cpu)]
+    device: EvalDeviceArg,
+    /// eager: every launch issued each step; graph: captured once and replayed.
+    #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
+    mode: BenchMode,
+}
+
+fn positive(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{text}` is not a finite number > 0")),
+    }
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum DataDType {
+    U16,
+    U32,
+}
+
+impl From<DataDType> for TokenDType {
+    fn from(d: DataDType) -> Self {
+        match d {
+            DataDType::U16 => TokenDType::U16,
+            DataDType::U32 => TokenDType::U32,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ScheduleArg {
+    Cosine,
+    Linear,
+    Constant,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum SamplingArg {
+    Random,
+    Sequential,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum TrainPrecision {
+    F32,
+    Bf16Gemm,
+}
+
+impl TrainCli {
+    pub fn into_args(self) -> Result<TrainArgs> {
+        let fresh = match (&self.model, self.steps) {
+            (Some(model), Some(steps)) => Some(FreshRun {
+                options: RunOptions {
+                    model: model.clone(),
+                    batch: self.batch,
+                    seq: self.seq,
+                    seed: self.seed,
+                    sampling: match self.sampling {
+                        SamplingArg::Random => Sampling::Random,
+                        SamplingArg::Sequential => Sampling::Sequential,
+                    },
+                    schedule: Schedule {
+                        lr: self.lr,
+                        warmup: self.warmup,
+                        steps,
+                        decay: match self.schedule {
+                            ScheduleArg::Cosine => Decay::Cosine,
+                            ScheduleArg::Linear => Decay::Linear,
+                            ScheduleArg::Constant => Decay::Constant,
+                        },
+                    },
+                    clip_grad_norm: self.clip_grad_norm,
+                    weight_decay: self.weight_decay,
+                    beta1: self.beta1,
+                    beta2: self.beta2,
+                    eps: self.eps,
+                    decay_vectors: self.decay_vectors,
+                    precision: match self.precision {
+                        TrainPrecision::F32 => "f32".into(),
+                        TrainPrecision::Bf16Gemm => "bf16-gemm".into(),
+                    },
+                    val_fraction: self.val_fraction,
+                    val_every: self.val_every,
+                    val_batches: self.val_batches,
+                    save_every: self.save_every,
+                    keep: self.keep as usize,
+                },
+            }),
+            _ => None,
+        };
+        Ok(TrainArgs {
+            fresh,
+            resume: self.resume,
+            data: self.data,
+            data_dtype: self.data_dtype.map(Into::into),
+            out: self.out,
+            cuda: matches!(self.device, EvalDeviceArg::Cuda),
+            mode: self.mode.into(),
+        })
+    }
+}
+
+/// Tokenize a text file into token ids for `kiln train`.
+#[derive(clap::Args)]
+pub struct TokenizeCli {
+    /// A tokenizer.json, or a model directory holding one.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// The text to tokenize (UTF-8).
+    #[arg(long = "in")]
+    input: PathBuf,
+    /// The token file to write (must not exist): flat ids, or a safetensors file with a
+    /// `tokens` tensor when the name ends in .safetensors.
+    #[arg(long)]
+    out: PathBuf,
+    /// Ids of a flat file (default: u16 when the vocabulary fits, else u32).
+    #[arg(long, value_enum)]
+    dtype: Option<DataDType>,
+}
+
+impl TokenizeCli {
+    pub fn run(self) -> Result<()> {
+        commands::tokenize(
+            &self.tokenizer,
+            &self.input,
+            &self.out,
+            self.dtype.map(Into::into),
+        )
+    }
+}

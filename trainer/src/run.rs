@@ -1,0 +1,383 @@
+//! A training run: the compiled train step (and, for validation, the eval program sharing its
+//! parameters) bound once to a backend, fed a window batch, the step number and the
+//! schedule's learning rate at every step, with validation, checkpoints and metrics on the way.
+//!
+//! Everything a step computes depends on the parameters, the moments, the step number and the
+//! seed (the windows and the rate follow from them), so a run resumed from the checkpoint of
+//! step `k` computes the same bits at every later step as the run that went on.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln_frontend::model::{ModelConfig, Precision};
+use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
+use kiln_ir::{AdamWConfig, DType};
+use kiln_planner::{plan, PlanOptions};
+use kiln_runtime::{Backend, ExecutableGroup, RunMode, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{self, Contents, DataState, TrainerState, FORMAT};
+use crate::data::{Sampling, Split, Stream, TokenData};
+use crate::error::{Error, Result};
+use crate::metrics::{Metrics, Record};
+use crate::schedule::Schedule;
+
+/// Everything that defines a run; kept in every checkpoint and taken from it on a resume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunOptions {
+    /// The `--model` the run started from.
+    pub model: String,
+    pub batch: usize,
+    pub seq: usize,
+    /// Seed of random windows (and of a preset's initial weights).
+    pub seed: u64,
+    pub sampling: Sampling,
+    pub schedule: Schedule,
+    pub clip_grad_norm: Option<f64>,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Decay norm weights and biases too (the usual recipe exempts them).
+    pub decay_vectors: bool,
+    /// `f32` or `bf16-gemm`.
+    pub precision: String,
+    pub val_fraction: f64,
+    /// Validation every this many steps (0: never).
+    pub val_every: u64,
+    pub val_batches: u64,
+    /// A checkpoint every this many steps (0: only at the end).
+    pub save_every: u64,
+    /// Checkpoints kept.
+    pub keep: usize,
+}
+
+impl RunOptions {
+    fn precision(&self) -> Result<Precision> {
+        match self.precision.as_str() {
+            "f32" => Ok(Precision::F32),
+            "bf16-gemm" => Ok(Precision::Bf16Gemm),
+            other => Err(Error::Option {
+                flag: "--precision",
+                reason: format!("training runs in f32 or bf16-gemm, not {other}"),
+            }),
+        }
+    }
+
+    fn program_options(&self, kind: ProgramKind) -> Result<ProgramOptions> {
+        Ok(ProgramOptions {
+            batch: self.batch,
+            seq: self.seq,
+            precision: self.precision()?,
+            adamw: AdamWConfig {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+            },
+            decay_exempt_vectors: !self.decay_vectors,
+            clip_grad_norm: if kind == ProgramKind::Train {
+                self.clip_grad_norm
+            } else {
+                None
+            },
+            ..ProgramOptions::default()
+        })
+    }
+}
+
+/// One finished step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepRecord {
+    pub step: u64,
+    pub loss: f64,
+    pub lr: f64,
+    /// The global gradient norm before clipping (with `--clip-grad-norm`).
+    pub grad_norm: Option<f64>,
+    pub seconds: f64,
+    pub tokens: usize,
+}
+
+/// What a run reports while it goes; every method has a do-nothing default.
+pub trait Observer {
+    fn on_step(&mut self, _record: &StepRecord) {}
+    fn on_validation(&mut self, _step: u64, _loss: f64) {}
+    fn on_save(&mut self, _dir: &Path) {}
+    /// Asked after every step: stop now (a checkpoint is written first).
+    fn stop_requested(&self) -> bool {
+        false
+    }
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// Steps taken in all, resumed ones included.
+    pub step: u64,
+    pub stopped: bool,
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// A run bound to its backend.
+pub struct Session {
+    options: RunOptions,
+    config: ModelConfig,
+    data: TokenData,
+    split: Split,
+    group: ExecutableGroup,
+    mode: RunMode,
+    params: Vec<(String, Vec<usize>)>,
+    /// Steps taken.
+    step: u64,
+    run_dir: PathBuf,
+    source: Option<PathBuf>,
+    metrics: Metrics,
+}
+
+/// Where a session starts: fresh weights, or a checkpoint's weights and moments at its step.
+pub struct Start {
+    pub params: Vec<(String, Tensor)>,
+    pub moments: Option<Vec<(String, Tensor)>>,
+    pub step: u64,
+}
+
+impl Session {
+    /// Plans the train step (and the eval program when validating), binds them to `backend`
+    /// as one group and uploads `start`. `run_dir` must exist; its metrics file is cut back
+    /// to `start.step`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        backend: &Backend,
+        mode: RunMode,
+        (config, options): (ModelConfig, RunOptions),
+        data: TokenData,
+        start: Start,
+        run_dir: PathBuf,
+        source: Option<PathBuf>,
+    ) -> Result<Session> {
+        let split = data.split(options.seq, options.val_fraction)?;
+        (options.sampling).check(&data, &split, (options.batch, options.seq))?;
+        let validates = options.val_every > 0 && options.val_batches > 0 && !split.val.is_empty();
+        let mut kinds = vec![ProgramKind::Train];
+        if validates {
+            kinds.push(ProgramKind::Eval);
+        }
+        let mut programs = Vec::new();
+        for kind in kinds {
+            let program_options = options.program_options(kind)?;
+            let graph = build(kind, &config, &program_options)?;
+            let planned = plan(&graph, &PlanOptions::default(), &backend.workspaces())?;
+            programs.push((graph, planned));
+        }
+        let pairs: Vec<_> = programs.iter().map(|(g, p)| (g, p)).collect();
+        let mut group = backend.compile_group(&pairs)?;
+        let train = &mut group.executables[0];
+        let mut shapes = Vec::with_capacity(start.params.len());
+        for (name, tensor) in &start.params {
+            train.set(name, tensor)?;
+            shapes.push((name.clone(), tensor.dims().to_vec()));
+        }
+        match &start.moments {
+            Some(moments) => {
+                for (name, tensor) in moments {
+                    train.set(name, tensor)?;
+                }
+            }
+            None => {
+                for (name, dims) in &shapes {
+                    let zeros =
+                        Tensor::zeros(dims.as_slice(), DType::F32, kiln_runtime::Device::Cpu);
+                    train.set(&format!("adamw.m.{name}"), &zeros)?;
+                    train.set(&format!("adamw.v.{name}"), &zeros)?;
+                }
+            }
+        }
+        train.set("loss_seed", &Tensor::scalar(1.0, DType::F32))?;
+        let metrics = Metrics::open(&run_dir, start.step)?;
+        Ok(Session {
+            options,
+            config,
+            data,
+            split,
+            group,
+            mode,
+            params: shapes,
+            step: start.step,
+            run_dir,
+            source,
+            metrics,
+        })
+    }
+
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    pub fn options(&self) -> &RunOptions {
+        &self.options
+    }
+
+    /// The `tokens`, `positions` and `targets` of a `[B, T+1]` window batch: each row's first
+    /// `T` ids, `0..T`, and its last `T` ids (every position predicts the next id).
+    fn batch_inputs(&self, ids: &[i64]) -> Result<[(&'static str, Tensor); 3]> {
+        let (batch, seq) = (self.options.batch, self.options.seq);
+        let mut tokens = Vec::with_capacity(batch * seq);
+        let mut targets = Vec::with_capacity(batch * seq);
+        for row in ids.chunks(seq + 1) {
+            tokens.extend_from_slice(&row[..seq]);
+            targets.extend_from_slice(&row[1..]);
+        }
+        let positions = (0..batch * seq).map(|i| (i % seq) as i64).collect();
+        Ok([
+            ("tokens", Tensor::from_vec(tokens, [batch, seq])?),
+            ("positions", Tensor::from_vec(positions, [batch, seq])?),
+            ("targets", Tensor::from_vec(targets, [batch * seq])?),
+        ])
+    }
+
+    fn scalar(exe: &dyn kiln_runtime::Executable, name: &str) -> Result<f64> {
+        Ok(exe.get(name)?.to_f64_vec()?[0])
+    }
+
+    /// Takes step `step() + 1`.
+    pub fn train_step(&mut self) -> Result<StepRecord> {
+        let step = self.step + 1;
+        let started = Instant::now();
+        let windows = self.data.windows(
+            &self.split.train,
+            (self.options.batch, self.options.seq),
+            (self.options.sampling, self.options.seed),
+            Stream::Train { step },
+        );
+        let lr = self.options.schedule.lr_at(step);
+        let inputs = self.batch_inputs(&windows)?;
+        let train = &mut self.group.executables[0];
+        for (name, tensor) in &inputs {
+            train.set(name, tensor)?;
+        }
+        train.set(
+            "step",
+            &Tensor::from_vec(vec![step as i64], kiln_ir::Shape::scalar())?,
+        )?;
+        train.set("lr", &Tensor::scalar(lr, DType::F64))?;
+        train.run(self.mode)?;
+        let loss = Self::scalar(train.as_ref(), "loss")?;
+        let grad_norm = match self.options.clip_grad_norm {
+            Some(_) => Some(Self::scalar(train.as_ref(), "grad_norm")?),
+            None => None,
+        };
+        self.step = step;
+        let record = StepRecord {
+            step,
+            loss,
+            lr,
+            grad_norm,
+            seconds: started.elapsed().as_secs_f64(),
+            tokens: self.options.batch * self.options.seq,
+        };
+        self.metrics.append(&Record::step(&record))?;
+        Ok(record)
+    }
+
+    /// The mean loss over the validation batches (the same windows every time), or `None`
+    /// when the run does not validate.
+    pub fn validate(&mut self) -> Result<Option<f64>> {
+        if self.group.executables.len() < 2 {
+            return Ok(None);
+        }
+        let mut sum = 0.0;
+        for batch in 0..self.options.val_batches {
+            let windows = self.data.windows(
+                &self.split.val,
+                (self.options.batch, self.options.seq),
+                (self.options.sampling, self.options.seed),
+                Stream::Validation { batch },
+            );
+            let inputs = self.batch_inputs(&windows)?;
+            let eval = &mut self.group.executables[1];
+            for (name, tensor) in &inputs {
+                eval.set(name, tensor)?;
+            }
+            eval.run(self.mode)?;
+            sum += Self::scalar(eval.as_ref(), "loss")?;
+        }
+        let loss = sum / self.options.val_batches as f64;
+        self.metrics.append(&Record::validation(self.step, loss))?;
+        Ok(Some(loss))
+    }
+
+    /// Parameters and moments as they are now on the device.
+    pub fn state(&self) -> Result<(Vec<(String, Tensor)>, Vec<(String, Tensor)>)> {
+        let train = &self.group.executables[0];
+        let mut params = Vec::with_capacity(self.params.len());
+        let mut moments = Vec::with_capacity(2 * self.params.len());
+        for (name, _) in &self.params {
+            params.push((name.clone(), train.get(name)?));
+            for moment in ["m", "v"] {
+                let key = format!("adamw.{moment}.{name}");
+                moments.push((key.clone(), train.get(&key)?));
+            }
+        }
+        Ok((params, moments))
+    }
+
+    /// Writes the checkpoint of the current step and prunes older ones.
+    pub fn save(&mut self) -> Result<PathBuf> {
+        let (params, moments) = self.state()?;
+        let state = TrainerState {
+            format: FORMAT,
+            step: self.step,
+            options: self.options.clone(),
+            data: DataState {
+                path: self.data.path().to_path_buf(),
+                tokens: self.data.len(),
+                dtype: self.data.dtype(),
+                fingerprint: self.data.fingerprint(),
+            },
+        };
+        let contents = Contents {
+            config: &self.config,
+            params: &params,
+            moments: &moments,
+            state: &state,
+            source: self.source.as_deref(),
+        };
+        let dir = checkpoint::save(&self.run_dir, &contents)?;
+        checkpoint::prune(&self.run_dir, self.options.keep)?;
+        Ok(dir)
+    }
+
+    /// Runs steps up to `schedule.steps`, validating and saving as the options say, until the
+    /// observer asks to stop (then saves at once). The last step is always saved.
+    pub fn run(&mut self, observer: &mut dyn Observer) -> Result<Outcome> {
+        let total = self.options.schedule.steps;
+        let mut checkpoint = None;
+        let mut stopped = false;
+        while self.step < total {
+            let record = self.train_step()?;
+            observer.on_step(&record);
+            let step = self.step;
+            let every = |n: u64| n > 0 && step.is_multiple_of(n);
+            if every(self.options.val_every) || (step == total && self.options.val_every > 0) {
+                if let Some(loss) = self.validate()? {
+                    observer.on_validation(self.step, loss);
+                }
+            }
+            stopped = observer.stop_requested();
+            if every(self.options.save_every) || step == total || stopped {
+                let dir = self.save()?;
+                observer.on_save(&dir);
+                checkpoint = Some(dir);
+            }
+            if stopped {
+                break;
+            }
+        }
+        self.metrics.write_curves()?;
+        Ok(Outcome {
+            step: self.step,
+            stopped,
+            checkpoint,
+        })
+    }
+}
