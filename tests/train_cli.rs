@@ -1,0 +1,487 @@
+//! `kiln train` and `kiln tokenize` from the command line: a run lowers the loss; a run
+//! resumed from a checkpoint continues bit for bit; a run killed at any moment (`kill -9`,
+//! saves included) resumes from its newest complete checkpoint and ends where an uninterrupted
+//! run ends; bad input is refused before training, naming the problem; text to a trained
+//! model in two commands.
+
+#[path = "support/tokenized_model.rs"]
+mod tokenized_model;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use kiln_frontend::hf::source::ModelSource;
+use kiln_ir::DType;
+use kiln_trainer::checkpoint;
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run kiln")
+}
+
+#[track_caller]
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "kiln failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[track_caller]
+fn refused(out: &Output, fragments: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "kiln succeeded: {stderr}");
+    for fragment in fragments {
+        assert!(stderr.contains(fragment), "`{fragment}` not in: {stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A flat u16 file of `n` ids below 97 (the tiny preset's vocabulary) with a pattern a model
+/// can learn: each id follows from the one before it, with a slow drift.
+fn pattern_data(dir: &Path, n: usize) -> PathBuf {
+    let path = dir.join("data.bin");
+    let ids = (0..n).map(|i| ((i * 7 + i / 13) % 97) as u16);
+    std::fs::write(&path, ids.flat_map(u16::to_le_bytes).collect::<Vec<u8>>()).unwrap();
+    path
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// The metrics file's lines of steps after `after`, without their wall-clock seconds.
+fn steps_after(run: &Path, after: u64) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    (text.lines())
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|v| v["step"].as_u64().unwrap() > after)
+        .map(|mut v| {
+            v.as_object_mut().unwrap().remove("seconds");
+            v
+        })
+        .collect()
+}
+
+/// Options of a small run: clipped, warmed up, validated every 4 steps.
+fn run_args<'a>(
+    data: &'a Path,
+    out: &'a Path,
+    steps: &'a str,
+    save_every: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        s(data),
+        "--steps",
+        steps,
+        "--batch",
+        "2",
+        "--seq",
+        "12",
+        "--lr",
+        "3e-3",
+        "--warmup",
+        "3",
+        "--clip-grad-norm",
+        "1.0",
+        "--val-every",
+        "4",
+        "--save-every",
+        save_every,
+        "--keep",
+        "100",
+        "--out",
+        s(out),
+    ]
+}
+
+#[test]
+fn a_run_lowers_the_loss_and_writes_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern_data(dir.path(), 4000);
+    let run = dir.path().join("run");
+    ok(&kiln(&run_args(&data, &run, "40", "20")));
+    let steps = steps_after(&run, 0);
+    let losses: Vec<f64> = (steps.iter())
+        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
+        .collect();
+    assert_eq!(losses.len(), 40);
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    assert!(mean(&losses[35..]) < 0.8 * mean(&losses[..5]), "{losses:?}");
+    // The first step runs at rate 0 (warmup from 0, as transformers' schedules), the fourth at
+    // the peak; every clipped step reports its norm.
+    assert_eq!(steps[0]["lr"].as_f64(), Some(0.0));
+    assert_eq!(
+        steps.iter().find(|v| v["step"] == 4).unwrap()["lr"].as_f64(),
+        Some(3e-3)
+    );
+    assert!(steps
+        .iter()
+        .filter(|v| v.get("loss").is_some())
+        .all(|v| v["grad_norm"].is_f64()));
+    let validations = steps.iter().filter(|v| v.get("val_loss").is_some()).count();
+    assert_eq!(validations, 10);
+    let names: Vec<String> = (checkpoint::list(&run).unwrap().into_iter())
+        .map(|(step, _)| checkpoint::dir_name(step))
+        .collect();
+    assert_eq!(names, ["step-000020", "step-000040"]);
+    let svg = std::fs::read_to_string(run.join("loss.svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("validation loss") && svg.contains("<polyline")
+    );
+    // A checkpoint is a model directory kiln loads, its weights those the run ended with.
+    let last = run.join("step-000040");
+    let (config, loaded) = ModelSource::Dir(last.clone()).load(0, DType::F32).unwrap();
+    assert_eq!(config.vocab_size, 97);
+    let state = checkpoint::read_state(&last).unwrap();
+    assert_eq!(state.step, 40);
+    let (_, initial) = ModelSource::Preset("tiny".into())
+        .load(0, DType::F32)
+        .unwrap();
+    let first = |w: &kiln_frontend::model::ModelWeights<kiln_frontend::Var>| {
+        w.named()[0].1.value().to_vec::<f32>().unwrap()
+    };
+    assert_ne!(first(&loaded.weights), first(&initial.weights));
+}
+
+#[test]
+fn a_resumed_run_continues_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern_data(dir.path(), 3000);
+    let (whole, resumed) = (dir.path().join("whole"), dir.path().join("resumed"));
+    ok(&kiln(&run_args(&data, &whole, "16", "6")));
+    // Resumed from step 6 into a new directory, and from step 12 in place (a copy).
+    let checkpoint6 = whole.join("step-000006");
+    ok(&kiln(&[
+        "train",
+        "--resume",
+        s(&checkpoint6),
+        "--out",
+        s(&resumed),
+    ]));
+    assert_eq!(steps_after(&resumed, 0), steps_after(&whole, 6));
+    let in_place = dir.path().join("in-place");
+    std::fs::create_dir(&in_place).unwrap();
+    std::fs::rename(whole.join("step-000012"), in_place.join("step-000012")).unwrap();
+    std::fs::copy(whole.join("metrics.jsonl"), in_place.join("metrics.jsonl")).unwrap();
+    ok(&kiln(&["train", "--resume", s(&in_place)]));
+    assert_eq!(steps_after(&in_place, 0), steps_after(&whole, 0));
+    for run in [&resumed, &in_place] {
+        for file in ["model.safetensors", "optimizer.safetensors"] {
+            let read = |r: &Path| std::fs::read(r.join("step-000016").join(file)).unwrap();
+            assert!(read(run) == read(&whole), "{file} of {}", run.display());
+        }
+    }
+}
+
+/// Every checkpoint directory of `run` is whole: its state, weights and moments load.
+fn assert_checkpoints_whole(run: &Path) -> u64 {
+    let all = checkpoint::list(run).unwrap();
+    for (step, dir) in &all {
+        let state = checkpoint::read_state(dir).unwrap();
+        assert_eq!(state.step, *step);
+        let (_, loaded) = ModelSource::Dir(dir.clone()).load(0, DType::F32).unwrap();
+        let shapes: Vec<(String, Vec<usize>)> = (loaded.weights.named().into_iter())
+            .map(|(n, v)| (n, v.dims().to_vec()))
+            .collect();
+        checkpoint::read_moments(dir, &shapes).unwrap();
+    }
+    all.last().map_or(0, |(step, _)| *step)
+}
+
+#[test]
+fn a_run_killed_at_any_moment_resumes_from_its_newest_whole_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern_data(dir.path(), 3000);
+    let whole = dir.path().join("whole");
+    ok(&kiln(&run_args(&data, &whole, "60", "1")));
+    for (k, delay_ms) in [40u64, 110, 230].into_iter().enumerate() {
+        let run = dir.path().join(format!("killed-{k}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(run_args(&data, &run, "60", "1"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let newest = assert_checkpoints_whole(&run);
+        eprintln!("killed after {delay_ms} ms: newest whole checkpoint at step {newest}");
+        if newest == 0 {
+            continue; // killed before its first save: nothing to resume
+        }
+        ok(&kiln(&["train", "--resume", s(&run)]));
+        assert_checkpoints_whole(&run);
+        assert_eq!(
+            steps_after(&run, 0),
+            steps_after(&whole, 0),
+            "killed after {delay_ms} ms"
+        );
+        let leftovers: Vec<_> = (std::fs::read_dir(&run).unwrap())
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+}
+
+#[test]
+fn bad_input_is_refused_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern_data(dir.path(), 400);
+    let run = dir.path().join("run");
+    // A file shorter than one window.
+    let short = pattern_data(&dir.path().join("short").tap_dir(), 10);
+    let out = kiln(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        s(&short),
+        "--steps",
+        "2",
+        "--seq",
+        "16",
+        "--out",
+        s(&run),
+        "--val-fraction",
+        "0",
+    ]);
+    refused(
+        &out,
+        &["data file", "fewer than one window of --seq 16 + 1 = 17"],
+    );
+    // An id outside the vocabulary.
+    let wide = dir.path().join("wide.bin");
+    std::fs::write(&wide, [1u8, 0, 200, 0, 3, 0]).unwrap();
+    let out = kiln(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        s(&wide),
+        "--steps",
+        "2",
+        "--out",
+        s(&run),
+    ]);
+    refused(&out, &["token 1 is 200", "vocabulary of 97"]);
+    // A directory that holds files is never written into.
+    let taken = dir.path().join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("notes.txt"), "mine").unwrap();
+    let out = kiln(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        s(&data),
+        "--steps",
+        "2",
+        "--out",
+        s(&taken),
+    ]);
+    refused(&out, &["not empty", "--resume"]);
+    assert_eq!(
+        std::fs::read_to_string(taken.join("notes.txt")).unwrap(),
+        "mine"
+    );
+    // A resume refuses a missing optimizer file, moments of another model, other data, and
+    // changed options.
+    let good = dir.path().join("good");
+    ok(&kiln(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        s(&data),
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--seq",
+        "8",
+        "--val-every",
+        "0",
+        "--out",
+        s(&good),
+    ]));
+    let checkpoint = good.join("step-000002");
+    let broken = dir.path().join("broken");
+    copy_dir(&checkpoint, &broken);
+    std::fs::remove_file(broken.join("optimizer.safetensors")).unwrap();
+    refused(
+        &kiln(&[
+            "train",
+            "--resume",
+            s(&broken),
+            "--out",
+            s(&dir.path().join("o1")),
+        ]),
+        &["optimizer.safetensors", "no optimizer state"],
+    );
+    let other_model = dir.path().join("other-model");
+    let golden_model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen2_gqa_bias");
+    let other_data = dir.path().join("other.bin");
+    std::fs::write(
+        &other_data,
+        (0..400u16)
+            .map(|i| i % 61)
+            .flat_map(u16::to_le_bytes)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    ok(&kiln(&[
+        "train",
+        "--model",
+        s(&golden_model),
+        "--data",
+        s(&other_data),
+        "--steps",
+        "1",
+        "--batch",
+        "1",
+        "--seq",
+        "8",
+        "--val-every",
+        "0",
+        "--out",
+        s(&other_model),
+    ]));
+    copy_dir(&checkpoint, &broken.tap_clear());
+    std::fs::copy(
+        other_model.join("step-000001/optimizer.safetensors"),
+        broken.join("optimizer.safetensors"),
+    )
+    .unwrap();
+    refused(
+        &kiln(&[
+            "train",
+            "--resume",
+            s(&broken),
+            "--out",
+            s(&dir.path().join("o2")),
+        ]),
+        &["optimizer.safetensors", "adamw.m.model.embed_tokens.weight"],
+    );
+    refused(
+        &kiln(&[
+            "train",
+            "--resume",
+            s(&checkpoint),
+            "--data",
+            s(&other_data),
+            "--out",
+            s(&dir.path().join("o3")),
+        ]),
+        &["not the 400 tokens the checkpoint trained on"],
+    );
+    refused(
+        &kiln(&["train", "--resume", s(&checkpoint), "--lr", "1"]),
+        &["--lr", "--resume"],
+    );
+    refused(
+        &kiln(&["train", "--resume", s(&dir.path().join("nothing"))]),
+        &["--resume", "neither a checkpoint"],
+    );
+}
+
+#[test]
+fn text_to_a_trained_model_in_two_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    tokenized_model::tokenized_tiny_model(&model, 3);
+    let corpus = dir.path().join("corpus.txt");
+    let text = "the potter fires the glazed pots in the kiln\n".repeat(200);
+    std::fs::write(&corpus, &text).unwrap();
+    let data = dir.path().join("data.bin");
+    let said = ok(&kiln(&[
+        "tokenize",
+        "--tokenizer",
+        s(&model),
+        "--in",
+        s(&corpus),
+        "--out",
+        s(&data),
+    ]));
+    assert!(said.contains("u16"), "{said}");
+    let ids = std::fs::metadata(&data).unwrap().len() / 2;
+    assert!(ids > 200, "{ids} tokens for 200 lines");
+    refused(
+        &kiln(&[
+            "tokenize",
+            "--tokenizer",
+            s(&model),
+            "--in",
+            s(&corpus),
+            "--out",
+            s(&data),
+        ]),
+        &["already exists"],
+    );
+    let run = dir.path().join("run");
+    ok(&kiln(&[
+        "train",
+        "--model",
+        s(&model),
+        "--data",
+        s(&data),
+        "--steps",
+        "30",
+        "--batch",
+        "2",
+        "--seq",
+        "16",
+        "--lr",
+        "3e-3",
+        "--val-every",
+        "10",
+        "--out",
+        s(&run),
+    ]));
+    let losses: Vec<f64> = (steps_after(&run, 0).iter())
+        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
+        .collect();
+    assert!(losses[29] < 0.5 * losses[0], "{losses:?}");
+    // The checkpoint carries the tokenizer along: it is a model directory to generate from.
+    assert!(run.join("step-000030/tokenizer.json").is_file());
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// Small path helpers for the tests above.
+trait PathTap {
+    /// Creates the directory and returns it.
+    fn tap_dir(&self) -> PathBuf;
+    /// Removes the directory if it exists and returns it.
+    fn tap_clear(&self) -> PathBuf;
+}
+
+impl PathTap for PathBuf {
+    fn tap_dir(&self) -> PathBuf {
+        std::fs::create_dir_all(self).unwrap();
+        self.clone()
+    }
+
+    fn tap_clear(&self) -> PathBuf {
+        let _ = std::fs::remove_dir_all(self);
+        self.clone()
+    }
+}
