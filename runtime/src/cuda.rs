@@ -16,6 +16,7 @@
 
 mod executable;
 mod gemm;
+mod staging;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -157,6 +158,7 @@ pub struct CudaDevice {
     arch: &'static str,
     modules: Mutex<Option<Modules>>,
     cache: KernelCache,
+    staging: Mutex<Option<staging::Staging>>,
     lt: gemm::LtHandle,
     release_errors: Arc<ReleaseErrors>,
 }
@@ -188,6 +190,7 @@ impl CudaDevice {
             arch,
             modules: Mutex::new(None),
             cache: KernelCache::from_env(),
+            staging: Mutex::new(None),
             lt,
             release_errors,
         }))
@@ -246,6 +249,29 @@ impl CudaDevice {
         loaded
             .load_function(function)
             .map_err(|e| error(format!("kernel `{module}::{function}`"), e))
+    }
+
+    /// Copies `host` into device memory at `dst` on `stream` and waits; large copies go
+    /// through pinned staging buffers (made on first use).
+    pub(crate) fn upload(
+        &self,
+        dst: cudarc::driver::sys::CUdeviceptr,
+        host: &[u8],
+        stream: &cudarc::driver::CudaStream,
+    ) -> Result<()> {
+        if host.len() < staging::STAGED_FROM {
+            // SAFETY: the caller's range; `memcpy_htod_sync` waits for the copy.
+            return unsafe { cudarc::driver::result::memcpy_htod_sync(dst, host) }
+                .map_err(|e| error("copy to the device", e));
+        }
+        let mut staging = (self.staging.lock()).map_err(|_| error("staging", "poisoned"))?;
+        if staging.is_none() {
+            *staging = Some(staging::Staging::new(&self.ctx, &self.release_errors)?);
+        }
+        staging
+            .as_mut()
+            .expect("made above")
+            .upload(dst, host, stream)
     }
 
     /// What loading the kernel modules took (all zero before the first kernel is asked for).

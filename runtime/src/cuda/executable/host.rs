@@ -126,8 +126,8 @@ impl CudaExecutable {
         let _issuing = super::issuing(&self.issue)?;
         self.synchronize()?;
         let dst = self.slots[slot as usize].ptr;
-        // SAFETY: the slot holds exactly the input's bytes; the streams are idle.
-        unsafe { cudarc::driver::result::memcpy_htod_sync(dst, host) }
+        // The slot holds exactly the input's bytes; the streams are idle.
+        (self.device.upload(dst, host, &self.streams[0]))
             .map_err(|e| error(format!("copy input `{name}` to the device"), e))
     }
 

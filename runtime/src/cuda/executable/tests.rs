@@ -193,3 +193,47 @@ fn a_group_shares_its_arena_params_state_and_stream() {
     let faults = |exe: &CudaExecutable| exe.slots[exe.program.fault_slot as usize].ptr;
     assert_ne!(faults(first), faults(second));
 }
+
+/// Inputs large enough to go through the pinned staging buffers (two 32 MiB buffers in turn)
+/// arrive bit for bit, at sizes that end mid-buffer and on a buffer's edge, and the sum of two
+/// of them equals the host's.
+#[test]
+fn large_inputs_go_through_pinned_staging_bit_for_bit() {
+    let Some(device) = device() else { return };
+    let mut rng = kiln_kernels::testing::rng("pinned staging");
+    let buffer = (32 << 20) / 4;
+    for elements in [buffer * 3 + 12_345, buffer * 2, (4 << 20) / 4 - 1] {
+        let mut graph = Graph::new("add");
+        let ty = TensorType::new(DType::F32, [elements]).unwrap();
+        let a = graph.input("a", InputKind::Param, ty.clone()).unwrap();
+        let b = graph.input("b", InputKind::Input, ty).unwrap();
+        let sum = graph.op1(Op::Add, &[a, b]).unwrap();
+        graph.output("out", sum).unwrap();
+        let planned = plan(&graph, &PlanOptions::default(), &Workspaces::Cuda).unwrap();
+        let mut exe = CudaExecutable::new(&device, &graph, &planned).unwrap();
+        let values = |rng: &mut rand::rngs::StdRng| -> Vec<f32> {
+            (0..elements)
+                .map(|_| rand::Rng::random_range(rng, -4.0..4.0))
+                .collect()
+        };
+        let (a, b) = (values(&mut rng), values(&mut rng));
+        exe.set("a", &Tensor::from_vec(a.clone(), [elements]).unwrap())
+            .unwrap();
+        exe.set("b", &Tensor::from_vec(b.clone(), [elements]).unwrap())
+            .unwrap();
+        let back = exe.get("a").unwrap().to_vec::<f32>().unwrap();
+        assert!(
+            back.iter().zip(&a).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{elements}"
+        );
+        exe.run(RunMode::Eager).unwrap();
+        let out = exe.get("out").unwrap().to_vec::<f32>().unwrap();
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert!(
+            out.iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{elements}"
+        );
+    }
+}
