@@ -32,6 +32,9 @@ pub trait Executable {
     fn describe(&self) -> String;
     /// Copies `tensor` into the slot of graph input `name` (param, per-run input or state).
     fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()>;
+    /// Fills graph input `name` with zeros where it lives, with no host tensor to copy (fresh
+    /// optimizer moments, empty KV caches: gigabytes on a large model).
+    fn zero(&mut self, name: &str) -> Result<()>;
     /// Runs the program once; the graph's writes update their input slots.
     fn run(&mut self, mode: RunMode) -> Result<()>;
     /// A fresh CPU tensor holding output `name`, or the current contents of input `name`.
@@ -128,6 +131,10 @@ impl Executable for CpuExecutable {
         CpuExecutable::set(self, name, tensor)
     }
 
+    fn zero(&mut self, name: &str) -> Result<()> {
+        CpuExecutable::zero(self, name)
+    }
+
     fn run(&mut self, mode: RunMode) -> Result<()> {
         match mode {
             RunMode::Eager => CpuExecutable::run(self),
@@ -152,6 +159,10 @@ impl Executable for CudaExecutable {
 
     fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
         CudaExecutable::set(self, name, tensor)
+    }
+
+    fn zero(&mut self, name: &str) -> Result<()> {
+        CudaExecutable::zero(self, name)
     }
 
     fn run(&mut self, mode: RunMode) -> Result<()> {

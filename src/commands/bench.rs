@@ -224,8 +224,16 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         args.context,
         args.seed,
     )?;
+    // State (KV caches, optimizer moments) starts as zeros: filled on the device.
+    let states: Vec<&str> = (graph.inputs().into_iter())
+        .filter(|(_, _, kind, _)| *kind == kiln_ir::InputKind::State)
+        .map(|(_, name, _, _)| name)
+        .collect();
     for (name, tensor) in &inputs {
-        exe.set(name, tensor)?;
+        match states.contains(&name.as_str()) {
+            true => exe.zero(name)?,
+            false => exe.set(name, tensor)?,
+        }
     }
     exe.synchronize()?;
     startup.upload_ms = lap();

@@ -62,6 +62,18 @@ impl Staging {
         self.ctx
             .bind_to_thread()
             .map_err(|e| error("bind the context", e))?;
+        let copied = self.copy_chunks(dst, host, stream);
+        // Waited for even after a failed chunk, so no copy out of a buffer is left in flight.
+        let synced = stream.synchronize().map_err(|e| error("synchronize", e));
+        copied.and(synced)
+    }
+
+    fn copy_chunks(
+        &mut self,
+        dst: sys::CUdeviceptr,
+        host: &[u8],
+        stream: &CudaStream,
+    ) -> Result<()> {
         for (index, chunk) in host.chunks(CHUNK).enumerate() {
             let which = index % 2;
             // SAFETY: the event was recorded after the last copy out of this buffer (or never,
@@ -79,7 +91,7 @@ impl Staging {
                     .map_err(|e| error("record a staging event", e))?;
             }
         }
-        stream.synchronize().map_err(|e| error("synchronize", e))
+        Ok(())
     }
 }
 

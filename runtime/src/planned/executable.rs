@@ -123,6 +123,17 @@ impl CpuExecutable {
         Ok(())
     }
 
+    /// Fills graph input `name` with zeros (see [`CpuExecutable::set`]).
+    pub fn zero(&mut self, name: &str) -> Result<()> {
+        let ty = (self.inputs.iter().find(|i| i.name == name))
+            .map(|input| input.ty.clone())
+            .ok_or_else(|| Error::Graph {
+                what: format!("zero `{name}`"),
+                reason: format!("graph `{}` has no input of that name", self.graph.name()),
+            })?;
+        self.set(name, &Tensor::zeros(ty.shape, ty.dtype, crate::Device::Cpu))
+    }
+
     /// One eager run: each step is resolved and run at once; then the outputs are copied into
     /// their slots and the writes into their inputs' slots.
     pub fn run(&mut self) -> Result<()> {

@@ -131,6 +131,18 @@ impl CudaExecutable {
             .map_err(|e| error(format!("copy input `{name}` to the device"), e))
     }
 
+    /// Fills the slot of graph input `name` with zero bytes on the device (after the work in
+    /// flight).
+    pub fn zero(&mut self, name: &str) -> Result<()> {
+        let (slot, _) = self.input(name)?;
+        let _issuing = super::issuing(&self.issue)?;
+        self.synchronize()?;
+        let slot = &self.slots[slot as usize];
+        // SAFETY: the slot's own range; the streams are idle.
+        unsafe { cudarc::driver::result::memset_d8_sync(slot.ptr, 0, slot.bytes) }
+            .map_err(|e| error(format!("zero input `{name}` on the device"), e))
+    }
+
     /// A fresh CPU tensor with output `name` (or input slot `name`: a param or state after
     /// the runs so far), after the work in flight.
     pub fn get(&self, name: &str) -> Result<Tensor> {
