@@ -26,8 +26,13 @@ pub struct TrainCli {
     /// Optimizer steps of the run.
     #[arg(long, required_unless_present = "resume", conflicts_with = "resume")]
     steps: Option<u64>,
+    /// Rows of each micro-batch.
     #[arg(long, default_value_t = 8, conflicts_with = "resume")]
     batch: usize,
+    /// Micro-batches per step whose gradients are summed before the update (gradient
+    /// accumulation: a step sees --accumulate × --batch rows).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "resume")]
+    accumulate: u64,
     /// Tokens per row (each window holds --seq + 1: every position predicts the next).
     #[arg(long, default_value_t = 256, conflicts_with = "resume")]
     seq: usize,
@@ -160,6 +165,7 @@ impl TrainCli {
                             ScheduleArg::Constant => Decay::Constant,
                         },
                     },
+                    accumulate: self.accumulate,
                     clip_grad_norm: self.clip_grad_norm,
                     weight_decay: self.weight_decay,
                     beta1: self.beta1,

@@ -108,6 +108,11 @@ fn inject(rng: &mut StdRng, values: &mut BTreeMap<String, Tensor>, value: f64) -
             v[at] = half::bf16::from_f64(value);
             Tensor::from_vec(v, shape).unwrap()
         }
+        DType::F64 => {
+            let mut v = tensor.to_vec::<f64>().unwrap();
+            v[at] = value;
+            Tensor::from_vec(v, shape).unwrap()
+        }
         other => panic!("no special values in {other}"),
     };
     values.insert(name.clone(), replaced);

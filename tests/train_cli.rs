@@ -154,6 +154,109 @@ fn a_run_lowers_the_loss_and_writes_its_files() {
     assert_ne!(first(&loaded.weights), first(&initial.weights));
 }
 
+/// `tools/golden/train_golden.py`: 20 steps of transformers' Qwen2 with torch.optim.AdamW,
+/// clipping, decay exemptions and a cosine schedule with warmup, in float64. kiln's f32 run
+/// (CPU) matches its loss at every step within 1e-4 relative, its rates exactly, its gradient
+/// norms within 1e-4 and its final weights within 1e-3 (relative to weights above 1).
+#[test]
+fn losses_and_weights_match_transformers_and_torch_adamw_in_float64() {
+    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/train_qwen2");
+    let options: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(golden_dir.join("train.json")).unwrap())
+            .unwrap();
+    let get = |key: &str| options[key].to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let data = golden_dir.join("data.bin");
+    let steps = get("steps");
+    ok(&kiln(&[
+        "train",
+        "--model",
+        s(&golden_dir),
+        "--data",
+        s(&data),
+        "--steps",
+        &steps,
+        "--batch",
+        &get("batch"),
+        "--seq",
+        &get("seq"),
+        "--lr",
+        &get("lr"),
+        "--warmup",
+        &get("warmup"),
+        "--clip-grad-norm",
+        &get("clip_grad_norm"),
+        "--weight-decay",
+        &get("weight_decay"),
+        "--beta1",
+        &get("beta1"),
+        "--beta2",
+        &get("beta2"),
+        "--eps",
+        &get("eps"),
+        "--sampling",
+        "sequential",
+        "--val-fraction",
+        "0",
+        "--val-every",
+        "0",
+        "--out",
+        s(&run),
+    ]));
+    let golden = kiln_frontend::hf::safetensors_io::SafetensorsFile::open(
+        &golden_dir.join("golden.safetensors"),
+    )
+    .unwrap();
+    let column = |name: &str| {
+        golden
+            .tensor(name, DType::F64)
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap()
+    };
+    let (losses, rates, norms) = (column("loss"), column("lr"), column("grad_norm"));
+    let rows = steps_after(&run, 0);
+    assert_eq!(rows.len(), losses.len());
+    for (k, row) in rows.iter().enumerate() {
+        let rel = |key: &str, want: f64| (row[key].as_f64().unwrap() - want).abs() / want.abs();
+        assert!(
+            rel("loss", losses[k]) < 1e-4,
+            "step {}: {row} vs loss {}",
+            k + 1,
+            losses[k]
+        );
+        assert!(
+            rel("grad_norm", norms[k]) < 1e-4,
+            "step {}: {row} vs norm {}",
+            k + 1,
+            norms[k]
+        );
+        assert!(
+            (row["lr"].as_f64().unwrap() - rates[k]).abs() <= 1e-18,
+            "step {}: {row}",
+            k + 1
+        );
+    }
+    let last = run.join(checkpoint::dir_name(losses.len() as u64));
+    let (_, loaded) = ModelSource::Dir(last).load(0, DType::F32).unwrap();
+    let mut checked = 0;
+    for (name, var) in loaded.weights.named() {
+        let got = var.value().to_f64_vec().unwrap();
+        let want = column(&format!("final.{name}"));
+        let worst = (got.iter().zip(&want))
+            .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-3, "{name}: {worst:e}");
+        checked += 1;
+    }
+    assert_eq!(
+        checked,
+        golden.names().len() - 3,
+        "every parameter compared"
+    );
+}
+
 #[test]
 fn a_resumed_run_continues_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
@@ -181,6 +284,60 @@ fn a_resumed_run_continues_bit_for_bit() {
             let read = |r: &Path| std::fs::read(r.join("step-000016").join(file)).unwrap();
             assert!(read(run) == read(&whole), "{file} of {}", run.display());
         }
+    }
+}
+
+/// Gradient accumulation over micro-batches equals one batch of all their rows, to f32
+/// rounding (the sums run in another order): sequential windows make the rows the same.
+#[test]
+fn accumulated_micro_batches_equal_one_batch_of_their_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern_data(dir.path(), 3000);
+    for micro in ["2", "3"] {
+        let run = |batch: &str, accumulate: &str| {
+            let out = dir.path().join(format!("b{batch}-a{accumulate}"));
+            ok(&kiln(&[
+                "train",
+                "--model",
+                "tiny",
+                "--data",
+                s(&data),
+                "--steps",
+                "6",
+                "--batch",
+                batch,
+                "--accumulate",
+                accumulate,
+                "--seq",
+                "12",
+                "--lr",
+                "3e-3",
+                "--clip-grad-norm",
+                "0.5",
+                "--sampling",
+                "sequential",
+                "--val-every",
+                "0",
+                "--out",
+                s(&out),
+            ]));
+            steps_after(&out, 0)
+        };
+        let (accumulated, whole) = (run("1", micro), run(micro, "1"));
+        for (a, w) in accumulated.iter().zip(&whole) {
+            for key in ["loss", "grad_norm"] {
+                let (a, w) = (a[key].as_f64().unwrap(), w[key].as_f64().unwrap());
+                assert!(
+                    (a - w).abs() <= 2e-5 * w.abs(),
+                    "{micro} micro-batches, {key}: {a} vs {w}"
+                );
+            }
+            assert_eq!(a["tokens"], w["tokens"]);
+        }
+        assert_ne!(
+            accumulated, whole,
+            "the sums differ in rounding at least once"
+        );
     }
 }
 

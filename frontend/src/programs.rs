@@ -15,8 +15,10 @@ use crate::model::{
 use crate::trace::{AttentionMode, Caches, LayerCache, Tracer};
 
 mod options;
+mod train;
 
 pub use options::{ProgramOptions, DECODE_CACHE_ROWS};
+pub use train::Accumulation;
 
 /// Which program to build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,37 +212,10 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
                 }
                 return Ok(graph);
             }
-            let step = graph.input("step", InputKind::Input, TensorType::new(DType::I64, [])?)?;
-            let lr = graph.input("lr", InputKind::Input, TensorType::new(DType::F64, [])?)?;
-            let updates: Vec<_> = named
-                .iter()
-                .zip(grads)
-                .filter_map(|(named, grad)| grad.map(|grad| (named, grad)))
+            let grads: Vec<(String, ValueId, ValueId)> = (named.iter().zip(grads))
+                .filter_map(|((name, param), grad)| grad.map(|g| (name.clone(), **param, g)))
                 .collect();
-            let grad_scale = match options.clip_grad_norm {
-                Some(max_norm) => {
-                    let grads: Vec<ValueId> = updates.iter().map(|(_, grad)| *grad).collect();
-                    let clipped = graph.op(kiln_ir::Op::ClipGradNorm { max_norm }, &grads)?;
-                    graph.output("grad_norm", clipped[0])?;
-                    Some(clipped[1])
-                }
-                None => None,
-            };
-            for ((name, param), grad) in updates {
-                let ty = graph.value_type(**param)?.clone();
-                let m = graph.input(&format!("adamw.m.{name}"), InputKind::State, ty.clone())?;
-                let v = graph.input(&format!("adamw.v.{name}"), InputKind::State, ty.clone())?;
-                let mut config = options.adamw;
-                if options.decay_exempt_vectors && ty.dims().len() < 2 {
-                    config.weight_decay = 0.0;
-                }
-                let mut operands = vec![**param, grad, m, v, step, lr];
-                operands.extend(grad_scale);
-                let updated = graph.op(kiln_ir::Op::AdamW(config), &operands)?;
-                graph.write(name, updated[0])?;
-                graph.write(&format!("adamw.m.{name}"), updated[1])?;
-                graph.write(&format!("adamw.v.{name}"), updated[2])?;
-            }
+            train::append_update(&mut graph, options, &grads)?;
             Ok(graph)
         }
     }

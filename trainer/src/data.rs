@@ -285,27 +285,26 @@ impl Sampling {
     }
 }
 
-/// Which windows: those of a training step, or validation batch `k` (the same at every
-/// evaluation, so validation losses compare).
+/// Which windows: training batch `k` (from 0: step `s` of `a` micro-batches reads batches
+/// `(s−1)·a ..`), or validation batch `k` (the same at every evaluation, so validation losses
+/// compare).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stream {
-    Train { step: u64 },
+    Train { batch: u64 },
     Validation { batch: u64 },
 }
 
 impl Stream {
     fn id(self) -> u64 {
         match self {
-            Stream::Train { step } => step << 1,
+            Stream::Train { batch } => (batch + 1) << 1,
             Stream::Validation { batch } => (batch << 1) | 1,
         }
     }
 
-    /// The batch's index from 0 (a step's is `step − 1`).
     fn index(self) -> u64 {
         match self {
-            Stream::Train { step } => step.saturating_sub(1),
-            Stream::Validation { batch } => batch,
+            Stream::Train { batch } | Stream::Validation { batch } => batch,
         }
     }
 }

@@ -133,15 +133,15 @@ fn random_windows_are_a_function_of_seed_and_step_inside_their_range() {
     let data = TokenData::open(&flat_u16(dir.path(), "a.bin", &ids), None, 97).unwrap();
     let range = 100..4000;
     let draw = |seed, stream| data.windows(&range, (4, 16), (Sampling::Random, seed), stream);
-    let first = draw(3, Stream::Train { step: 7 });
-    assert_eq!(first, draw(3, Stream::Train { step: 7 }));
-    assert_ne!(first, draw(3, Stream::Train { step: 8 }));
-    assert_ne!(first, draw(4, Stream::Train { step: 7 }));
+    let first = draw(3, Stream::Train { batch: 6 });
+    assert_eq!(first, draw(3, Stream::Train { batch: 6 }));
+    assert_ne!(first, draw(3, Stream::Train { batch: 7 }));
+    assert_ne!(first, draw(4, Stream::Train { batch: 6 }));
     assert_ne!(first, draw(3, Stream::Validation { batch: 7 }));
     // Every row is a run of consecutive ids of the file inside the range.
     let mut starts = BTreeMap::new();
     for step in 1..200 {
-        for row in draw(3, Stream::Train { step }).chunks(17) {
+        for row in draw(3, Stream::Train { batch: step }).chunks(17) {
             let start = (range.start..=range.end - 17)
                 .find(|&s| (0..17).all(|k| i64::from(ids[s + k]) == row[k]))
                 .expect("a window of the range");
@@ -158,13 +158,9 @@ fn sequential_windows_follow_llm_c_and_wrap() {
     let ids: Vec<u16> = (0..50).collect();
     let data = TokenData::open(&flat_u16(dir.path(), "a.bin", &ids), None, 97).unwrap();
     let range = 0..50;
-    let batch = |step| {
-        data.windows(
-            &range,
-            (2, 5),
-            (Sampling::Sequential, 0),
-            Stream::Train { step },
-        )
+    let batch = |step: u64| {
+        let stream = Stream::Train { batch: step - 1 };
+        data.windows(&range, (2, 5), (Sampling::Sequential, 0), stream)
     };
     let rows =
         |first: i64| -> Vec<i64> { (first..first + 6).chain(first + 5..first + 11).collect() };

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_frontend::model::{ModelConfig, Precision};
-use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
+use kiln_frontend::programs::{build, Accumulation, ProgramKind, ProgramOptions};
 use kiln_ir::{AdamWConfig, DType};
 use kiln_planner::{plan, PlanOptions};
 use kiln_runtime::{Backend, ExecutableGroup, RunMode, Tensor};
@@ -33,6 +33,9 @@ pub struct RunOptions {
     pub seed: u64,
     pub sampling: Sampling,
     pub schedule: Schedule,
+    /// Micro-batches of `batch` rows whose gradients each step sums (their mean: each loss is
+    /// seeded with `1/accumulate`).
+    pub accumulate: u64,
     pub clip_grad_norm: Option<f64>,
     pub weight_decay: f64,
     pub beta1: f64,
@@ -64,7 +67,11 @@ impl RunOptions {
         }
     }
 
-    fn program_options(&self, kind: ProgramKind) -> Result<ProgramOptions> {
+    fn program_options(
+        &self,
+        kind: ProgramKind,
+        accumulation: Accumulation,
+    ) -> Result<ProgramOptions> {
         Ok(ProgramOptions {
             batch: self.batch,
             seq: self.seq,
@@ -81,6 +88,7 @@ impl RunOptions {
             } else {
                 None
             },
+            accumulation,
             ..ProgramOptions::default()
         })
     }
@@ -124,7 +132,9 @@ pub struct Session {
     config: ModelConfig,
     data: TokenData,
     split: Split,
+    /// The train programs (one, or first/between/last of accumulation), then eval if any.
     group: ExecutableGroup,
+    trains: usize,
     mode: RunMode,
     params: Vec<(String, Vec<usize>)>,
     /// Steps taken.
@@ -157,42 +167,62 @@ impl Session {
     ) -> Result<Session> {
         let split = data.split(options.seq, options.val_fraction)?;
         (options.sampling).check(&data, &split, (options.batch, options.seq))?;
+        if options.accumulate == 0 {
+            return Err(Error::Option {
+                flag: "--accumulate",
+                reason: "must be at least 1".into(),
+            });
+        }
         let validates = options.val_every > 0 && options.val_batches > 0 && !split.val.is_empty();
-        let mut kinds = vec![ProgramKind::Train];
+        let mut roles = match options.accumulate {
+            1 => vec![Accumulation::None],
+            2 => vec![Accumulation::First, Accumulation::Last],
+            _ => vec![Accumulation::First, Accumulation::Add, Accumulation::Last],
+        }
+        .into_iter()
+        .map(|role| (ProgramKind::Train, role))
+        .collect::<Vec<_>>();
+        let trains = roles.len();
         if validates {
-            kinds.push(ProgramKind::Eval);
+            roles.push((ProgramKind::Eval, Accumulation::None));
         }
         let mut programs = Vec::new();
-        for kind in kinds {
-            let program_options = options.program_options(kind)?;
-            let graph = build(kind, &config, &program_options)?;
+        for (kind, role) in roles {
+            let graph = build(kind, &config, &options.program_options(kind, role)?)?;
             let planned = plan(&graph, &PlanOptions::default(), &backend.workspaces())?;
             programs.push((graph, planned));
         }
         let pairs: Vec<_> = programs.iter().map(|(g, p)| (g, p)).collect();
         let mut group = backend.compile_group(&pairs)?;
-        let train = &mut group.executables[0];
+        let seed = Tensor::scalar(1.0 / options.accumulate as f64, DType::F32);
+        for train in &mut group.executables[..trains] {
+            train.set("loss_seed", &seed)?;
+        }
+        let update = &mut group.executables[trains - 1];
         let mut shapes = Vec::with_capacity(start.params.len());
         for (name, tensor) in &start.params {
-            train.set(name, tensor)?;
+            update.set(name, tensor)?;
             shapes.push((name.clone(), tensor.dims().to_vec()));
         }
         match &start.moments {
             Some(moments) => {
                 for (name, tensor) in moments {
-                    train.set(name, tensor)?;
+                    update.set(name, tensor)?;
                 }
             }
             None => {
-                for (name, dims) in &shapes {
-                    let zeros =
-                        Tensor::zeros(dims.as_slice(), DType::F32, kiln_runtime::Device::Cpu);
-                    train.set(&format!("adamw.m.{name}"), &zeros)?;
-                    train.set(&format!("adamw.v.{name}"), &zeros)?;
+                for (name, _) in &shapes {
+                    update.zero(&format!("adamw.m.{name}"))?;
+                    update.zero(&format!("adamw.v.{name}"))?;
                 }
             }
         }
-        train.set("loss_seed", &Tensor::scalar(1.0, DType::F32))?;
+        if trains > 1 {
+            // Overwritten by every step's first micro-batch before anything reads them.
+            for (name, _) in &shapes {
+                update.zero(&format!("grad_acc.{name}"))?;
+            }
+        }
         let metrics = Metrics::open(&run_dir, start.step)?;
         Ok(Session {
             options,
@@ -200,6 +230,7 @@ impl Session {
             data,
             split,
             group,
+            trains,
             mode,
             params: shapes,
             step: start.step,
@@ -239,41 +270,57 @@ impl Session {
         Ok(exe.get(name)?.to_f64_vec()?[0])
     }
 
-    /// Takes step `step() + 1`.
+    /// Takes step `step() + 1`: its micro-batches through the train programs, the last one
+    /// updating.
     pub fn train_step(&mut self) -> Result<StepRecord> {
         let step = self.step + 1;
         let started = Instant::now();
-        let windows = self.data.windows(
-            &self.split.train,
-            (self.options.batch, self.options.seq),
-            (self.options.sampling, self.options.seed),
-            Stream::Train { step },
-        );
+        let micro = self.options.accumulate;
         let lr = self.options.schedule.lr_at(step);
-        let inputs = self.batch_inputs(&windows)?;
-        let train = &mut self.group.executables[0];
-        for (name, tensor) in &inputs {
-            train.set(name, tensor)?;
+        let mut loss = 0.0;
+        for k in 0..micro {
+            let windows = self.data.windows(
+                &self.split.train,
+                (self.options.batch, self.options.seq),
+                (self.options.sampling, self.options.seed),
+                Stream::Train {
+                    batch: (step - 1) * micro + k,
+                },
+            );
+            let inputs = self.batch_inputs(&windows)?;
+            let last = k + 1 == micro;
+            let program = match (k, last) {
+                (_, true) => self.trains - 1,
+                (0, false) => 0,
+                _ => 1,
+            };
+            let train = &mut self.group.executables[program];
+            for (name, tensor) in &inputs {
+                train.set(name, tensor)?;
+            }
+            if last {
+                train.set(
+                    "step",
+                    &Tensor::from_vec(vec![step as i64], kiln_ir::Shape::scalar())?,
+                )?;
+                train.set("lr", &Tensor::scalar(lr, DType::F64))?;
+            }
+            train.run(self.mode)?;
+            loss += Self::scalar(train.as_ref(), "loss")?;
         }
-        train.set(
-            "step",
-            &Tensor::from_vec(vec![step as i64], kiln_ir::Shape::scalar())?,
-        )?;
-        train.set("lr", &Tensor::scalar(lr, DType::F64))?;
-        train.run(self.mode)?;
-        let loss = Self::scalar(train.as_ref(), "loss")?;
+        let update = self.group.executables[self.trains - 1].as_ref();
         let grad_norm = match self.options.clip_grad_norm {
-            Some(_) => Some(Self::scalar(train.as_ref(), "grad_norm")?),
+            Some(_) => Some(Self::scalar(update, "grad_norm")?),
             None => None,
         };
         self.step = step;
         let record = StepRecord {
             step,
-            loss,
+            loss: loss / micro as f64,
             lr,
             grad_norm,
             seconds: started.elapsed().as_secs_f64(),
-            tokens: self.options.batch * self.options.seq,
+            tokens: micro as usize * self.options.batch * self.options.seq,
         };
         self.metrics.append(&Record::step(&record))?;
         Ok(record)
@@ -282,7 +329,7 @@ impl Session {
     /// The mean loss over the validation batches (the same windows every time), or `None`
     /// when the run does not validate.
     pub fn validate(&mut self) -> Result<Option<f64>> {
-        if self.group.executables.len() < 2 {
+        if self.group.executables.len() == self.trains {
             return Ok(None);
         }
         let mut sum = 0.0;
@@ -294,7 +341,7 @@ impl Session {
                 Stream::Validation { batch },
             );
             let inputs = self.batch_inputs(&windows)?;
-            let eval = &mut self.group.executables[1];
+            let eval = &mut self.group.executables[self.trains];
             for (name, tensor) in &inputs {
                 eval.set(name, tensor)?;
             }
@@ -308,7 +355,7 @@ impl Session {
 
     /// Parameters and moments as they are now on the device.
     pub fn state(&self) -> Result<(Vec<(String, Tensor)>, Vec<(String, Tensor)>)> {
-        let train = &self.group.executables[0];
+        let train = &self.group.executables[self.trains - 1];
         let mut params = Vec::with_capacity(self.params.len());
         let mut moments = Vec::with_capacity(2 * self.params.len());
         for (name, _) in &self.params {

@@ -40,6 +40,8 @@ pub struct ProgramOptions {
     /// Train: clip the global gradient norm to this (`torch.nn.utils.clip_grad_norm_`) before
     /// the updates, and output it as `grad_norm`; every gradient then exists at once.
     pub clip_grad_norm: Option<f64>,
+    /// Train: the program's part in a step of gradient accumulation (none: the whole step).
+    pub accumulation: super::Accumulation,
 }
 
 impl Default for ProgramOptions {
@@ -61,6 +63,7 @@ impl Default for ProgramOptions {
             },
             decay_exempt_vectors: false,
             clip_grad_norm: None,
+            accumulation: super::Accumulation::None,
         }
     }
 }

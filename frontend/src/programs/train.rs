@@ -1,0 +1,92 @@
+//! The end of a train program, after the backward: the AdamW updates (with optional
+//! clipping), or, under gradient accumulation, the micro-batch's part in them.
+//!
+//! Accumulating over `k` micro-batches takes three programs of one executable group sharing
+//! the parameters and the f32 accumulators `grad_acc.<name>` (state): the first micro-batch
+//! writes its gradients into the accumulators, each one between adds its own to them (an add
+//! made in the accumulator's storage), and the last adds its own to them and updates — so the
+//! update sees the sum, and with a loss seed of `1/k` the mean, as torch's
+//! `loss / accumulation_steps` gives. The accumulators are left as they are: the next step's
+//! first micro-batch overwrites them.
+
+use kiln_ir::{DType, Graph, InputKind, Op, TensorType, ValueId};
+
+use super::ProgramOptions;
+use crate::error::Result;
+
+/// A train program's part in a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Accumulation {
+    /// The whole step: forward, backward, update.
+    #[default]
+    None,
+    /// The first micro-batch: its gradients written into the accumulators.
+    First,
+    /// A micro-batch between the first and the last: its gradients added to them.
+    Add,
+    /// The last micro-batch: its gradients and the accumulators' sum updates the parameters.
+    Last,
+}
+
+/// Appends the end of the train program to `graph`: `grads` are (parameter name, parameter,
+/// gradient) of every parameter the loss depends on.
+pub(super) fn append_update(
+    graph: &mut Graph,
+    options: &ProgramOptions,
+    grads: &[(String, ValueId, ValueId)],
+) -> Result<()> {
+    let accumulated = |graph: &mut Graph, name: &str, param: ValueId| -> Result<ValueId> {
+        let ty = graph.value_type(param)?.clone();
+        Ok(graph.input(&format!("grad_acc.{name}"), InputKind::State, ty)?)
+    };
+    let mut totals = Vec::with_capacity(grads.len());
+    for (name, param, grad) in grads {
+        let total = match options.accumulation {
+            Accumulation::None => *grad,
+            Accumulation::First => {
+                accumulated(graph, name, *param)?;
+                graph.write(&format!("grad_acc.{name}"), *grad)?;
+                continue;
+            }
+            Accumulation::Add | Accumulation::Last => {
+                let acc = accumulated(graph, name, *param)?;
+                graph.op1(Op::Add, &[acc, *grad])?
+            }
+        };
+        if options.accumulation == Accumulation::Add {
+            graph.write(&format!("grad_acc.{name}"), total)?;
+            continue;
+        }
+        totals.push((name.as_str(), *param, total));
+    }
+    if totals.is_empty() {
+        return Ok(());
+    }
+    let step = graph.input("step", InputKind::Input, TensorType::new(DType::I64, [])?)?;
+    let lr = graph.input("lr", InputKind::Input, TensorType::new(DType::F64, [])?)?;
+    let grad_scale = match options.clip_grad_norm {
+        Some(max_norm) => {
+            let all: Vec<ValueId> = totals.iter().map(|(_, _, grad)| *grad).collect();
+            let clipped = graph.op(Op::ClipGradNorm { max_norm }, &all)?;
+            graph.output("grad_norm", clipped[0])?;
+            Some(clipped[1])
+        }
+        None => None,
+    };
+    for (name, param, grad) in totals {
+        let ty = graph.value_type(param)?.clone();
+        let m = graph.input(&format!("adamw.m.{name}"), InputKind::State, ty.clone())?;
+        let v = graph.input(&format!("adamw.v.{name}"), InputKind::State, ty.clone())?;
+        let mut config = options.adamw;
+        if options.decay_exempt_vectors && ty.dims().len() < 2 {
+            config.weight_decay = 0.0;
+        }
+        let mut operands = vec![param, grad, m, v, step, lr];
+        operands.extend(grad_scale);
+        let updated = graph.op(Op::AdamW(config), &operands)?;
+        graph.write(name, updated[0])?;
+        graph.write(&format!("adamw.m.{name}"), updated[1])?;
+        graph.write(&format!("adamw.v.{name}"), updated[2])?;
+    }
+    Ok(())
+}
