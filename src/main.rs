@@ -197,6 +197,10 @@ struct ProgramArgs {
     /// The fusion pass: on, or off for the unfused reference program.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     fusion: Switch,
+    /// Train: clip the global gradient norm in the graph (as `kiln train --clip-grad-norm`;
+    /// every gradient then lives until the updates, which the plan shows).
+    #[arg(long)]
+    clip_grad_norm: Option<f64>,
 }
 
 impl ProgramArgs {
@@ -208,6 +212,7 @@ impl ProgramArgs {
             max_seq: self.max_seq,
             precision: self.precision.into(),
             fusion: self.fusion == Switch::On,
+            clip_grad_norm: self.clip_grad_norm,
             ..ProgramOptions::default()
         };
         (self.program.into(), options)
