@@ -37,7 +37,7 @@ pub struct TrainCli {
     #[arg(long, default_value_t = 256, conflicts_with = "resume")]
     seq: usize,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-4, conflicts_with = "resume")]
+    #[arg(long, default_value_t = 3e-4, value_parser = positive, conflicts_with = "resume")]
     lr: f64,
     /// Steps of linear warmup from 0 (transformers' schedules: the first step's rate is 0).
     #[arg(long, default_value_t = 0, conflicts_with = "resume")]

@@ -21,8 +21,10 @@
 //!
 //! Layouts and invariants: `param`, `grad`, `m` (first moment, `exp_avg`) and `v` (second
 //! moment, `exp_avg_sq`) are contiguous, of one shape and one dtype (f32 or f64); `m` and `v`
-//! start as zeros at step 1 and are owned by the caller between steps. `step >= 1`; `lr`, `eps`
-//! and `weight_decay` are finite and >= 0; `beta1`, `beta2` lie in `[0, 1)`.
+//! start as zeros at step 1 and are owned by the caller between steps. `step >= 1`; `eps` and
+//! `weight_decay` are finite and >= 0; `beta1`, `beta2` lie in `[0, 1)`. The rate is data (a
+//! device input of the train program): a NaN or infinite rate gives non-finite parameters, on
+//! the CPU as on the GPU, and callers check theirs (`kiln train --lr`).
 
 use crate::dispatch_real;
 use crate::element::Real;
@@ -63,11 +65,7 @@ fn invalid(op: &'static str, argument: &'static str, reason: String) -> Error {
 impl AdamW {
     /// Rejects hyperparameters torch rejects, and non-finite ones.
     fn validate(&self, op: &'static str) -> Result<()> {
-        let non_negative = [
-            ("lr", self.lr),
-            ("eps", self.eps),
-            ("weight_decay", self.weight_decay),
-        ];
+        let non_negative = [("eps", self.eps), ("weight_decay", self.weight_decay)];
         for (argument, value) in non_negative {
             if !(value.is_finite() && value >= 0.0) {
                 let reason = format!("must be finite and >= 0, got {value}");

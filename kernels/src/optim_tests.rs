@@ -238,8 +238,20 @@ fn rejects_bad_step_and_config() {
         edit(&mut config);
         step_f32(1, &config)
     };
-    assert_argument(bad(|c| c.lr = -1e-3), "lr");
-    assert_argument(bad(|c| c.lr = f64::NAN), "lr");
+    // The rate is data: a NaN one runs, and gives NaN parameters (as the GPU kernel does).
+    let mut param = [0.5f32; 6];
+    let (mut m, mut v) = ([0f32; 6], [0f32; 6]);
+    let nan_rate = AdamW { lr: f64::NAN, ..ok };
+    adamw(
+        &mut TensorViewMut::contiguous(&mut param[..], [6]).unwrap(),
+        &TensorView::contiguous(&[0.1f32; 6][..], [6]).unwrap(),
+        &mut TensorViewMut::contiguous(&mut m[..], [6]).unwrap(),
+        &mut TensorViewMut::contiguous(&mut v[..], [6]).unwrap(),
+        (1, None),
+        &nan_rate,
+    )
+    .unwrap();
+    assert!(param.iter().all(|p| p.is_nan()), "{param:?}");
     assert_argument(bad(|c| c.eps = -1e-8), "eps");
     assert_argument(bad(|c| c.eps = f64::INFINITY), "eps");
     assert_argument(bad(|c| c.weight_decay = -0.1), "weight_decay");

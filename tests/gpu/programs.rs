@@ -1,6 +1,8 @@
 //! 2 and 3 of the module doc: the tiny programs against the interpreter, decode at many
 //! positions against the full forward, and a NaN weight's NaNs where the CPU has them.
 
+use std::path::Path;
+
 use super::*;
 
 /// Inputs for the tiny programs: random weights, then `example_inputs`.
@@ -270,5 +272,80 @@ fn a_nan_weight_gives_the_cpus_nans_on_the_gpu() {
             "{}: NaN in lm_head.weight[{at}] gives the CPU's NaNs",
             kind.name()
         );
+    }
+}
+
+/// A program's results depend on its inputs, params and state alone, never on what earlier
+/// runs left in the arena: the eval and train programs of both tiny families (odd vocabulary
+/// sizes, so vector loads meet row ends), run once on a fresh executable, equal bit for bit
+/// the same run made after two runs on other tokens and params. (A kernel reading a byte
+/// outside what it was given, where a NaN of the first run's poison would not show — a max
+/// skips NaN — reads a finite leftover instead; this is what a resumed training run exposes.)
+#[test]
+fn results_do_not_depend_on_what_earlier_runs_left_in_the_arena() {
+    let Some(device) = device() else { return };
+    let backend = Backend::Cuda(device.clone());
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/train_qwen2");
+    let (trained, _) = kiln_frontend::hf::source::ModelSource::Dir(golden)
+        .config()
+        .unwrap();
+    for (config, seq) in [
+        (ModelConfig::tiny(), 7),
+        (ModelConfig::tiny_llama(), 7),
+        (trained, 8),
+    ] {
+        for kind in [ProgramKind::Eval, ProgramKind::Train] {
+            let options = ProgramOptions {
+                batch: 2,
+                seq,
+                clip_grad_norm: (kind == ProgramKind::Train).then_some(1.0),
+                ..Default::default()
+            };
+            let graph = build(kind, &config, &options).unwrap();
+            let planned = plan(
+                &graph,
+                &PlanOptions::default(),
+                &kiln_runtime::Workspaces::Cuda,
+            )
+            .unwrap();
+            let values = program_inputs(&graph, &config, kind, &options, 21);
+            let others = program_inputs(&graph, &config, kind, &options, 22);
+            let names: Vec<String> = (graph.outputs().iter().chain(graph.writes()))
+                .map(|(n, _)| n.clone())
+                .collect();
+            for mode in [RunMode::Eager, RunMode::Graph] {
+                let run = |exe: &mut Box<dyn kiln_runtime::Executable>,
+                           values: &BTreeMap<String, Tensor>| {
+                    for (name, tensor) in values {
+                        exe.set(name, tensor).unwrap();
+                    }
+                    exe.run(mode).unwrap();
+                    (names.iter())
+                        .map(|n| (n.clone(), exe.get(n).unwrap()))
+                        .collect::<BTreeMap<_, _>>()
+                };
+                let mut fresh = backend.compile(&graph, &planned).unwrap();
+                let want = run(&mut fresh, &values);
+                let mut used = backend.compile(&graph, &planned).unwrap();
+                run(&mut used, &others);
+                run(&mut used, &others);
+                let got = run(&mut used, &values);
+                for name in &names {
+                    let (g, w) = (bits(&got[name]), bits(&want[name]));
+                    let first = g.iter().zip(&w).position(|(a, b)| a != b);
+                    assert!(
+                        first.is_none(),
+                        "{:?} {} {mode:?}: `{name}` differs after earlier runs, first at element \
+                         {} of {} ({} vs {})",
+                        config.family,
+                        kind.name(),
+                        first.unwrap_or(0),
+                        g.len(),
+                        got[name].to_f64_vec().unwrap()[first.unwrap_or(0)],
+                        want[name].to_f64_vec().unwrap()[first.unwrap_or(0)],
+                    );
+                }
+            }
+        }
     }
 }
