@@ -91,18 +91,9 @@ pub fn eval(
             evaluate_program(&config, &weights, &tokens, grads, precision, engine)?
         }
     };
-    let mut tensors = vec![
-        ("logits".to_string(), result.logits),
-        ("loss".to_string(), result.loss.clone()),
-    ];
-    tensors.extend(
-        result
-            .grads
-            .into_iter()
-            .map(|(name, grad)| (format!("grad.{name}"), grad)),
-    );
-    write_safetensors(out, &tensors, None)?;
     let loss = result.loss.to_f64_vec()?[0];
+    let tensors = result.named();
+    write_safetensors(out, &tensors, None)?;
     // The causal-LM loss averages over the targets: every token but each row's first.
     let (rows, columns) = match tokens.dims() {
         [rows, columns] => (*rows, *columns),
