@@ -28,8 +28,8 @@ fn element_offsets(layout: &Layout, size: usize) -> impl Iterator<Item = usize> 
             return None;
         }
         remaining -= 1;
-        let element: usize = layout.offset()
-            + index.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>();
+        let element: usize =
+            layout.offset() + index.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>();
         // Advance the row-major index (the last dimension fastest).
         for axis in (0..dims.len()).rev() {
             index[axis] += 1;
@@ -104,7 +104,10 @@ impl Tensor {
         let size = dtype.size_bytes();
         let mut buffer = Buffer::zeros(dtype, layout.numel());
         let dense = bytes_mut(buffer.data_mut());
-        for (element, at) in dense.chunks_exact_mut(size).zip(element_offsets(layout, size)) {
+        for (element, at) in dense
+            .chunks_exact_mut(size)
+            .zip(element_offsets(layout, size))
+        {
             element.copy_from_slice(&bytes[at..at + size]);
         }
         Tensor::from_buffer(buffer, layout.shape().clone())
@@ -176,7 +179,10 @@ mod tests {
         let tensor = Tensor::from_vec(vec![1i64, 2, 3], [3]).unwrap();
         let mut bytes = vec![0u8; 64];
         let broadcast = tensor.copy_to_host_bytes(&layout(&[3], &[0], 0), &mut bytes);
-        assert!(matches!(broadcast, Err(Error::HostBytes { .. })), "{broadcast:?}");
+        assert!(
+            matches!(broadcast, Err(Error::HostBytes { .. })),
+            "{broadcast:?}"
+        );
         let other = tensor.copy_to_host_bytes(&layout(&[2], &[1], 0), &mut bytes);
         assert!(matches!(other, Err(Error::HostBytes { .. })), "{other:?}");
         assert!(bytes.iter().all(|&b| b == 0), "nothing written on refusal");
