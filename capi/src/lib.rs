@@ -9,6 +9,7 @@
 
 pub mod abi;
 mod error;
+pub mod generation;
 pub mod session;
 
 pub use error::{Error, Result};
