@@ -83,6 +83,9 @@ impl Error {
                 | Error::Frontend(kiln_frontend::Error::ProgramOption { .. })
                 | Error::Frontend(kiln_frontend::Error::ProgramPrecision { .. })
                 | Error::Frontend(kiln_frontend::Error::ModelSource { .. })
+                | Error::Engine(kiln_engine::Error::Request { .. })
+                | Error::Engine(kiln_engine::Error::SamplingParameter { .. })
+                | Error::Engine(kiln_engine::Error::StopCriteria { .. })
         )
     }
 }
