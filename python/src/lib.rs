@@ -7,6 +7,7 @@ mod errors;
 mod model;
 mod program;
 mod tensor;
+mod thread_bound;
 
 use pyo3::prelude::*;
 

@@ -15,6 +15,7 @@ use pyo3::types::PyDict;
 use crate::errors::to_py;
 use crate::program::PyProgram;
 use crate::tensor::{input_tensor, to_numpy};
+use crate::thread_bound::ThreadBound;
 
 /// Loads a model: a Hugging Face directory (config.json + safetensors) or a preset name
 /// ("tiny", "qwen2.5-0.5b", ...; random weights from `seed`), for `device` "cpu" or "cuda",
@@ -35,13 +36,15 @@ pub fn load(
     for note in &model.notes {
         warnings.call_method1("warn", (note.as_str(),))?;
     }
-    Ok(PyModel { model })
+    Ok(PyModel {
+        model: ThreadBound::new(model, "kiln.Model"),
+    })
 }
 
-/// A loaded model (`kiln.load`), bound to the thread that loaded it.
-#[pyclass(module = "kiln", name = "Model", unsendable)]
+/// A loaded model (`kiln.load`), used on the thread that loaded it.
+#[pyclass(module = "kiln", name = "Model")]
 pub struct PyModel {
-    model: Model,
+    model: ThreadBound<Model>,
 }
 
 /// A plan (`Model.plan`): its numbers, its dict and its dumps.
@@ -98,26 +101,26 @@ impl PyPlan {
 impl PyModel {
     /// The path or preset name it was loaded from.
     #[getter]
-    fn name(&self) -> &str {
-        self.model.name()
+    fn name(&self) -> PyResult<String> {
+        Ok(self.model.get()?.name().to_string())
     }
 
     /// "cpu" or "cuda".
     #[getter]
-    fn device(&self) -> &'static str {
-        self.model.device().name()
+    fn device(&self) -> PyResult<&'static str> {
+        Ok(self.model.get()?.device().name())
     }
 
     /// "f32", "bf16-gemm" or "bf16".
     #[getter]
-    fn precision(&self) -> &'static str {
-        self.model.precision().name()
+    fn precision(&self) -> PyResult<&'static str> {
+        Ok(self.model.get()?.precision().name())
     }
 
     /// The model's shape: vocabulary, layers, heads and sizes.
     #[getter]
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let c = self.model.config();
+        let c = self.model.get()?.config();
         let dict = PyDict::new(py);
         for (key, value) in [
             ("vocab_size", c.vocab_size),
@@ -150,12 +153,13 @@ impl PyModel {
     ) -> PyResult<PyProgram> {
         let kind = parse_program(program).map_err(to_py)?;
         let mode = parse_run_mode(mode).map_err(to_py)?;
-        let options = (self
-            .model
-            .program_options(kind, (batch, seq, max_seq), fusion))
-        .map_err(to_py)?;
-        let program = self.model.compile(kind, &options, mode).map_err(to_py)?;
-        Ok(PyProgram { program })
+        let model = self.model.get()?;
+        let options =
+            (model.program_options(kind, (batch, seq, max_seq), fusion)).map_err(to_py)?;
+        let program = model.compile(kind, &options, mode).map_err(to_py)?;
+        Ok(PyProgram {
+            program: ThreadBound::new(program, "kiln.Program"),
+        })
     }
 
     /// `logits`, `loss` and with `grads` every `grad.<parameter>` for integer `tokens` [B,T],
@@ -170,7 +174,11 @@ impl PyModel {
     ) -> PyResult<Bound<'py, PyDict>> {
         let mode = EvalMode::parse(mode).map_err(to_py)?;
         let tokens = input_tensor(tokens, "tokens")?;
-        let named = self.model.eval(&tokens, grads, mode).map_err(to_py)?;
+        let named = self
+            .model
+            .get()?
+            .eval(&tokens, grads, mode)
+            .map_err(to_py)?;
         let dict = PyDict::new(py);
         for (name, tensor) in named {
             dict.set_item(name, to_numpy(py, &tensor)?)?;
@@ -203,11 +211,10 @@ impl PyModel {
                 )))
             }
         };
-        let options = (self
-            .model
-            .program_options(kind, (batch, seq, max_seq), fusion))
-        .map_err(to_py)?;
-        let plan = (self.model.plan(kind, &options, streams, workspaces)).map_err(to_py)?;
+        let model = self.model.get()?;
+        let options =
+            (model.program_options(kind, (batch, seq, max_seq), fusion)).map_err(to_py)?;
+        let plan = (model.plan(kind, &options, streams, workspaces)).map_err(to_py)?;
         Ok(PyPlan { plan })
     }
 
@@ -251,7 +258,7 @@ impl PyModel {
             stop: stop.unwrap_or_default(),
             mode: parse_run_mode(mode).map_err(to_py)?,
         };
-        let generated = self.model.generate(prompt, options).map_err(to_py)?;
+        let generated = self.model.get()?.generate(prompt, options).map_err(to_py)?;
         let dict = PyDict::new(py);
         dict.set_item("prompt", generated.prompt)?;
         dict.set_item("tokens", generated.tokens)?;
@@ -260,12 +267,13 @@ impl PyModel {
         Ok(dict)
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(&self) -> PyResult<String> {
+        let model = self.model.get()?;
+        Ok(format!(
             "kiln.Model({:?}, device={}, precision={})",
-            self.model.name(),
-            self.model.device().name(),
-            self.model.precision().name()
-        )
+            model.name(),
+            model.device().name(),
+            model.precision().name()
+        ))
     }
 }

@@ -8,11 +8,12 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::to_py;
 use crate::tensor::{dtype_name, input_tensor, to_numpy, PyTensor};
+use crate::thread_bound::ThreadBound;
 
-/// A compiled program of a model (`Model.compile`), bound to the thread that made it.
-#[pyclass(module = "kiln", name = "Program", unsendable)]
+/// A compiled program of a model (`Model.compile`), used on the thread that made it.
+#[pyclass(module = "kiln", name = "Program")]
 pub struct PyProgram {
-    pub(crate) program: Program,
+    pub(crate) program: ThreadBound<Program>,
 }
 
 /// `(shape, dtype)` of a type.
@@ -29,17 +30,19 @@ fn described<'py>(py: Python<'py>, ty: &kiln_ir::TensorType) -> PyResult<Bound<'
 
 impl PyProgram {
     /// Sets every keyword input, then runs once.
-    fn set_and_run(&mut self, inputs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    fn set_and_run(&mut self, inputs: Option<&Bound<'_, PyDict>>) -> PyResult<&Program> {
+        let program = self.program.get_mut()?;
         if let Some(inputs) = inputs {
             for (name, value) in inputs.iter() {
                 let name: String = name.extract()?;
                 // Unknown names are refused before any value is read.
-                self.program.input(&name).map_err(to_py)?;
+                program.input(&name).map_err(to_py)?;
                 let tensor = input_tensor(&value, &format!("input `{name}`"))?;
-                self.program.set(&name, &tensor).map_err(to_py)?;
+                program.set(&name, &tensor).map_err(to_py)?;
             }
         }
-        self.program.run().map_err(to_py)
+        program.run().map_err(to_py)?;
+        Ok(program)
     }
 }
 
@@ -47,20 +50,20 @@ impl PyProgram {
 impl PyProgram {
     /// "prefill", "decode", "train" or "eval".
     #[getter]
-    fn name(&self) -> &'static str {
-        self.program.name()
+    fn name(&self) -> PyResult<&'static str> {
+        Ok(self.program.get()?.name())
     }
 
     /// The backend and device it runs on.
     #[getter]
-    fn device(&self) -> String {
-        self.program.describe()
+    fn device(&self) -> PyResult<String> {
+        Ok(self.program.get()?.describe())
     }
 
     /// Bytes of its activation arena.
     #[getter]
-    fn arena_bytes(&self) -> u64 {
-        self.program.arena_bytes()
+    fn arena_bytes(&self) -> PyResult<u64> {
+        Ok(self.program.get()?.arena_bytes())
     }
 
     /// `{name: (shape, dtype, kind)}` of its per-run inputs ("input") and states ("state",
@@ -68,7 +71,7 @@ impl PyProgram {
     #[getter]
     fn inputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
-        for input in self.program.inputs() {
+        for input in self.program.get()?.inputs() {
             let kind = match input.kind {
                 InputKind::State => "state",
                 _ => "input",
@@ -83,7 +86,7 @@ impl PyProgram {
     #[getter]
     fn outputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
-        for (name, ty) in self.program.outputs() {
+        for (name, ty) in self.program.get()?.outputs() {
             dict.set_item(name, described(py, ty)?)?;
         }
         Ok(dict)
@@ -98,10 +101,10 @@ impl PyProgram {
         py: Python<'py>,
         inputs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        self.set_and_run(inputs)?;
+        let program = self.set_and_run(inputs)?;
         let dict = PyDict::new(py);
-        for (name, _) in self.program.outputs() {
-            let tensor = self.program.get(name).map_err(to_py)?;
+        for (name, _) in program.outputs() {
+            let tensor = program.get(name).map_err(to_py)?;
             dict.set_item(name, to_numpy(py, &tensor)?)?;
         }
         Ok(dict)
@@ -115,24 +118,25 @@ impl PyProgram {
         py: Python<'py>,
         inputs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        self.set_and_run(inputs)?;
+        let program = self.set_and_run(inputs)?;
         let dict = PyDict::new(py);
-        for (name, _) in self.program.outputs() {
-            let tensor = self.program.get(name).map_err(to_py)?;
+        for (name, _) in program.outputs() {
+            let tensor = program.get(name).map_err(to_py)?;
             dict.set_item(name, PyTensor::from_kiln(tensor))?;
         }
         Ok(dict)
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(&self) -> PyResult<String> {
+        let program = self.program.get()?;
+        Ok(format!(
             "kiln.Program({}, {}, inputs: {})",
-            self.program.name(),
-            self.program.describe(),
-            (self.program.inputs().iter())
+            program.name(),
+            program.describe(),
+            (program.inputs().iter())
                 .map(|i| i.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
-        )
+        ))
     }
 }

@@ -106,3 +106,23 @@ def test_bad_sampling_parameters(tiny):
         tiny.generate([1, 2], max_new_tokens=2, temperature=1.0, top_p=2.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         tiny.generate([1, 2], max_new_tokens=0)
+
+
+def test_a_model_and_its_programs_serve_the_thread_that_made_them(tiny):
+    import threading
+
+    program = tiny.compile("prefill", batch=1, seq=4)
+    raised = []
+
+    def elsewhere():
+        for call in (lambda: program.run(), lambda: tiny.compile("prefill"), lambda: tiny.name):
+            try:
+                call()
+            except kiln.KilnError as error:
+                raised.append(str(error))
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert len(raised) == 3 and all("belongs to the thread" in m for m in raised), raised
+    assert tiny.name == "tiny"  # still usable on its own thread
