@@ -126,3 +126,8 @@ def test_a_model_and_its_programs_serve_the_thread_that_made_them(tiny):
     thread.join()
     assert len(raised) == 3 and all("belongs to the thread" in m for m in raised), raised
     assert tiny.name == "tiny"  # still usable on its own thread
+
+
+def test_none_is_not_a_tensor(prefill):
+    with pytest.raises(TypeError, match="NoneType"):
+        prefill.run(tokens=None)
