@@ -36,6 +36,11 @@ pub enum Error {
     /// A handle that was freed, or never made by kiln.
     #[error("the {kind} handle {id} is not live (freed, or never made by kiln)")]
     Handle { kind: &'static str, id: u64 },
+    /// A live handle used on another thread than the one that made it.
+    #[error(
+        "the {kind} handle {id} belongs to another thread: a handle serves the thread that made it"
+    )]
+    ForeignThread { kind: &'static str, id: u64 },
 
     // --- below ---
     #[error(transparent)]
@@ -76,6 +81,7 @@ impl Error {
                 | Error::Device { .. }
                 | Error::NotFound { .. }
                 | Error::Handle { .. }
+                | Error::ForeignThread { .. }
                 | Error::Runtime(kiln_runtime::Error::InputType { .. })
                 | Error::Runtime(kiln_runtime::Error::InputIndex { .. })
                 | Error::Frontend(kiln_frontend::Error::Tokens { .. })

@@ -9,12 +9,12 @@ use kiln_capi::session::{DeviceKind, Model};
 use kiln_frontend::programs::ProgramKind;
 use kiln_runtime::{RunMode, Tensor};
 
-/// The directory cargo put this crate's libraries in: the test binary lives in its `deps/`.
+/// The directory cargo built this crate's libraries into for this test: `deps/`, beside the
+/// test binary (the copies in the profile directory above it only `cargo build` refreshes).
 fn library_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
-    let deps = exe.parent().expect("the test binary is in deps/");
-    deps.parent()
-        .expect("deps/ is in the profile directory")
+    exe.parent()
+        .expect("the test binary is in deps/")
         .to_path_buf()
 }
 
@@ -66,7 +66,7 @@ fn the_c_program_runs_the_tiny_prefill_and_every_bad_call_returns_an_error() {
             .arg(crate_dir.join("include"))
             .arg(crate_dir.join("tests/c/abi_test.c"))
             .arg(&library)
-            .args(["-lpthread", "-ldl", "-lm", "-o"])
+            .args(["-pthread", "-ldl", "-lm", "-o"])
             .arg(&exe),
         "compiling tests/c/abi_test.c",
     );

@@ -29,7 +29,7 @@ pub(crate) fn status_of(error: &Error) -> KilnStatus {
         Error::NotFound { .. } | Error::Frontend(kiln_frontend::Error::ModelSource { .. }) => {
             KILN_STATUS_NOT_FOUND
         }
-        Error::Handle { .. } => KILN_STATUS_INVALID_HANDLE,
+        Error::Handle { .. } | Error::ForeignThread { .. } => KILN_STATUS_INVALID_HANDLE,
         Error::Panic(_) => KILN_STATUS_INTERNAL,
         other if other.is_argument() => KILN_STATUS_INVALID_ARGUMENT,
         _ => KILN_STATUS_FAILED,

@@ -38,10 +38,7 @@ fn issue() -> u64 {
 /// The error for a handle `id` of `kind` that this thread does not hold.
 fn not_live(kind: &'static str, id: u64) -> Error {
     match owners().get(&id) {
-        Some(owner) if *owner != std::thread::current().id() => Error::argument(
-            format!("{kind} handle {id}"),
-            "belongs to another thread: a handle serves the thread that made it",
-        ),
+        Some(owner) if *owner != std::thread::current().id() => Error::ForeignThread { kind, id },
         _ => Error::Handle { kind, id },
     }
 }

@@ -7,6 +7,7 @@
  * failure. */
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -42,6 +43,18 @@ static KilnTensor host(void *data, uint64_t bytes, uint32_t rank, const int64_t 
     tensor.device.device_type = KILN_DEVICE_CPU;
     tensor.device.index = 0;
     return tensor;
+}
+
+/* A handle serves the thread that made it: another thread gets KILN_STATUS_INVALID_HANDLE,
+ * and the message is that thread's own. */
+static KilnStatus foreign_status = KILN_STATUS_OK;
+static int foreign_message = 0;
+
+static void *run_elsewhere(void *program) {
+    KilnStream sync = {{KILN_DEVICE_CPU, 0}, NULL};
+    foreign_status = kiln_program_run(*(KilnProgram *)program, sync);
+    foreign_message = kiln_last_error()[0] != '\0';
+    return NULL;
 }
 
 #define SEQ 8
@@ -213,6 +226,15 @@ int main(int argc, char **argv) {
     }
 
     /* Handles. */
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, run_elsewhere, &prefill) != 0 ||
+        pthread_join(thread, NULL) != 0) {
+        fprintf(stderr, "cannot run a thread\n");
+        return 2;
+    }
+    expect("program on another thread", foreign_status == KILN_STATUS_INVALID_HANDLE ? 0 : 1,
+           KILN_STATUS_OK);
+    expect("message on the other thread", foreign_message ? 0 : 1, KILN_STATUS_OK);
     KilnProgram forged = {123456789};
     expect("forged program", kiln_program_run(forged, sync), KILN_STATUS_INVALID_HANDLE);
     KilnProgram zero = {0};
