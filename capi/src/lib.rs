@@ -10,6 +10,7 @@
 pub mod abi;
 mod error;
 pub mod generation;
+mod program;
 pub mod session;
 
 pub use error::{Error, Result};

@@ -141,6 +141,8 @@ impl PyModel {
     /// Compiles `program` ("prefill", "decode", "train" or "eval") for `batch` rows of `seq`
     /// tokens (a KV cache of `max_seq` rows for prefill and decode), run per `mode` ("eager",
     /// or "graph": recorded once and replayed). The weights are set and every state is zero.
+    /// `eval` is compiled with gradients: it takes `targets` and `loss_seed` besides the
+    /// tokens and positions, and outputs `grad.<parameter>` too (see `Program.inputs`).
     #[pyo3(signature = (program, batch=1, seq=16, max_seq=None, mode="eager", fusion=true))]
     fn compile(
         &self,
