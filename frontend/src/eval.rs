@@ -28,6 +28,24 @@ pub struct Evaluation {
     pub traces: Vec<(String, Tensor)>,
 }
 
+impl Evaluation {
+    /// The tensors by the names of `kiln eval`'s output file: `logits`, `loss`, then
+    /// `grad.<parameter>` in the parameters' order, then `trace.<value>` of `--trace`. Every
+    /// door to an evaluation (the CLI, the Python and C bindings) names its results through
+    /// this one function.
+    pub fn named(self) -> Vec<(String, Tensor)> {
+        let mut tensors = vec![
+            ("logits".to_string(), self.logits),
+            ("loss".to_string(), self.loss),
+        ];
+        tensors.extend((self.grads.into_iter()).map(|(name, grad)| (format!("grad.{name}"), grad)));
+        tensors.extend(
+            (self.traces.into_iter()).map(|(name, value)| (format!("{TRACE_PREFIX}{name}"), value)),
+        );
+        tensors
+    }
+}
+
 /// Checks `tokens` (integer `[B,T]`, `B >= 1`, `T >= 2`, ids inside the vocabulary) and returns
 /// them as i64 values.
 pub fn check_tokens(tokens: &Tensor, vocab: usize) -> Result<(usize, usize, Vec<i64>)> {

@@ -36,6 +36,11 @@ pub enum Error {
     #[error("storage is already borrowed {held}; an output may not alias an input")]
     Busy { held: &'static str },
 
+    // --- host bytes ---
+    /// Foreign host memory cannot be read or written as described (see `host_bytes`).
+    #[error("host bytes: {reason}")]
+    HostBytes { reason: String },
+
     // --- interpreter ---
     /// A graph input has no value bound to its name.
     #[error("graph input `{name}` ({expected}) has no value bound to it")]

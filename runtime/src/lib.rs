@@ -24,6 +24,7 @@ pub mod cuda;
 mod device;
 mod error;
 mod group;
+mod host_bytes;
 mod index_inputs;
 mod interpret;
 pub mod kernel_cache;

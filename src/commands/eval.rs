@@ -7,7 +7,7 @@ use kiln_frontend::eval::{evaluate_program_traced, evaluate_traced, traceable_va
 use kiln_frontend::hf::safetensors_io::{check_absent, write_safetensors, SafetensorsFile};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::model::Precision;
-use kiln_frontend::value_trace::{TracePatterns, TRACE_PREFIX};
+use kiln_frontend::value_trace::TracePatterns;
 use kiln_ir::DType;
 use kiln_runtime::{Backend, RunMode, Tensor};
 use safetensors::Dtype;
@@ -113,24 +113,9 @@ pub fn eval(
         EvalMode::Planned => program(planned(RunMode::Eager))?,
         EvalMode::Graph => program(planned(RunMode::Graph))?,
     };
-    let mut tensors = vec![
-        ("logits".to_string(), result.logits),
-        ("loss".to_string(), result.loss.clone()),
-    ];
-    tensors.extend(
-        result
-            .grads
-            .into_iter()
-            .map(|(name, grad)| (format!("grad.{name}"), grad)),
-    );
-    tensors.extend(
-        result
-            .traces
-            .into_iter()
-            .map(|(name, value)| (format!("{TRACE_PREFIX}{name}"), value)),
-    );
-    write_safetensors(out, &tensors, None)?;
     let loss = result.loss.to_f64_vec()?[0];
+    let tensors = result.named();
+    write_safetensors(out, &tensors, None)?;
     // The causal-LM loss averages over the targets: every token but each row's first.
     let (rows, columns) = match tokens.dims() {
         [rows, columns] => (*rows, *columns),

@@ -1,0 +1,142 @@
+//! `kiln.Program`: a compiled program. `run(**inputs)` copies each input into its slot, runs
+//! once and returns every output and written state by name.
+
+use kiln_capi::session::Program;
+use kiln_ir::InputKind;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::errors::to_py;
+use crate::tensor::{dtype_name, input_tensor, to_numpy, PyTensor};
+use crate::thread_bound::ThreadBound;
+
+/// A compiled program of a model (`Model.compile`), used on the thread that made it.
+#[pyclass(module = "kiln", name = "Program")]
+pub struct PyProgram {
+    pub(crate) program: ThreadBound<Program>,
+}
+
+/// `(shape, dtype)` of a type.
+fn described<'py>(py: Python<'py>, ty: &kiln_ir::TensorType) -> PyResult<Bound<'py, PyTuple>> {
+    let shape = PyTuple::new(py, ty.dims())?;
+    PyTuple::new(
+        py,
+        [
+            shape.into_any(),
+            dtype_name(ty.dtype).into_pyobject(py)?.into_any(),
+        ],
+    )
+}
+
+impl PyProgram {
+    /// Sets every keyword input, then runs once.
+    fn set_and_run(&mut self, inputs: Option<&Bound<'_, PyDict>>) -> PyResult<&Program> {
+        let program = self.program.get_mut()?;
+        if let Some(inputs) = inputs {
+            for (name, value) in inputs.iter() {
+                let name: String = name.extract()?;
+                // Unknown names are refused before any value is read.
+                program.input(&name).map_err(to_py)?;
+                let tensor = input_tensor(&value, &format!("input `{name}`"))?;
+                program.set(&name, &tensor).map_err(to_py)?;
+            }
+        }
+        program.run().map_err(to_py)?;
+        Ok(program)
+    }
+}
+
+#[pymethods]
+impl PyProgram {
+    /// "prefill", "decode", "train" or "eval".
+    #[getter]
+    fn name(&self) -> PyResult<&'static str> {
+        Ok(self.program.get()?.name())
+    }
+
+    /// The backend and device it runs on.
+    #[getter]
+    fn device(&self) -> PyResult<String> {
+        Ok(self.program.get()?.describe())
+    }
+
+    /// Bytes of its activation arena.
+    #[getter]
+    fn arena_bytes(&self) -> PyResult<u64> {
+        Ok(self.program.get()?.arena_bytes())
+    }
+
+    /// `{name: (shape, dtype, kind)}` of its per-run inputs ("input") and states ("state",
+    /// zero after compiling and carried between runs). Parameters are set at compile time.
+    #[getter]
+    fn inputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for input in self.program.get()?.inputs() {
+            let kind = match input.kind {
+                InputKind::State => "state",
+                _ => "input",
+            };
+            let (shape, dtype) = described(py, &input.ty)?.extract::<(Py<PyAny>, String)>()?;
+            dict.set_item(&input.name, (shape, dtype, kind))?;
+        }
+        Ok(dict)
+    }
+
+    /// `{name: (shape, dtype)}` of its outputs and written states.
+    #[getter]
+    fn outputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (name, ty) in self.program.get()?.outputs() {
+            dict.set_item(name, described(py, ty)?)?;
+        }
+        Ok(dict)
+    }
+
+    /// Runs once with the given inputs (NumPy arrays, kiln.Tensors or DLPack tensors, each
+    /// copied into its slot; inputs not given keep their last value) and returns every output
+    /// and written state as a NumPy array.
+    #[pyo3(signature = (**inputs))]
+    fn run<'py>(
+        &mut self,
+        py: Python<'py>,
+        inputs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let program = self.set_and_run(inputs)?;
+        let dict = PyDict::new(py);
+        for (name, _) in program.outputs() {
+            let tensor = program.get(name).map_err(to_py)?;
+            dict.set_item(name, to_numpy(py, &tensor)?)?;
+        }
+        Ok(dict)
+    }
+
+    /// As `run`, returning `kiln.Tensor`s: DLPack producers that `torch.from_dlpack` and
+    /// `numpy.from_dlpack` take without copying (bfloat16 included).
+    #[pyo3(signature = (**inputs))]
+    fn run_tensors<'py>(
+        &mut self,
+        py: Python<'py>,
+        inputs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let program = self.set_and_run(inputs)?;
+        let dict = PyDict::new(py);
+        for (name, _) in program.outputs() {
+            let tensor = program.get(name).map_err(to_py)?;
+            dict.set_item(name, PyTensor::from_kiln(tensor))?;
+        }
+        Ok(dict)
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let program = self.program.get()?;
+        Ok(format!(
+            "kiln.Program({}, {}, inputs: {})",
+            program.name(),
+            program.describe(),
+            (program.inputs().iter())
+                .map(|i| i.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+}
