@@ -343,6 +343,9 @@ impl Executable for Faulty {
     fn set(&mut self, name: &str, tensor: &Tensor) -> kiln_runtime::Result<()> {
         self.inner.set(name, tensor)
     }
+    fn zero(&mut self, name: &str) -> kiln_runtime::Result<()> {
+        self.inner.zero(name)
+    }
     fn run(&mut self, mode: RunMode) -> kiln_runtime::Result<()> {
         match self.armed.replace(false) {
             true => Err(kiln_runtime::Error::Device {

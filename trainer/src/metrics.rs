@@ -98,7 +98,7 @@ impl Metrics {
                 }
             }
         }
-        let kept: String = records.iter().map(|r| json_line(r)).collect();
+        let kept: String = records.iter().map(json_line).collect();
         replace(&path, kept.as_bytes())?;
         let file = OpenOptions::new()
             .append(true)

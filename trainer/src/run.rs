@@ -22,6 +22,9 @@ use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Record};
 use crate::schedule::Schedule;
 
+/// Tensors by name.
+pub type Named = Vec<(String, Tensor)>;
+
 /// Everything that defines a run; kept in every checkpoint and taken from it on a resume.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunOptions {
@@ -354,7 +357,7 @@ impl Session {
     }
 
     /// Parameters and moments as they are now on the device.
-    pub fn state(&self) -> Result<(Vec<(String, Tensor)>, Vec<(String, Tensor)>)> {
+    pub fn state(&self) -> Result<(Named, Named)> {
         let train = &self.group.executables[self.trains - 1];
         let mut params = Vec::with_capacity(self.params.len());
         let mut moments = Vec::with_capacity(2 * self.params.len());
