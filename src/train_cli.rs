@@ -94,8 +94,9 @@ pub struct TrainCli {
     /// directory, with the options it was started with.
     #[arg(long, conflicts_with = "model")]
     resume: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = EvalDeviceArg::Cpu)]
-    device: EvalDeviceArg,
+    /// cpu or cuda (default: cpu for a new run; a resumed run's own device).
+    #[arg(long, value_enum)]
+    device: Option<EvalDeviceArg>,
     /// eager: every launch issued each step; graph: captured once and replayed.
     #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
     mode: BenchMode,
@@ -176,6 +177,10 @@ impl TrainCli {
                         TrainPrecision::F32 => "f32".into(),
                         TrainPrecision::Bf16Gemm => "bf16-gemm".into(),
                     },
+                    device: match self.device {
+                        Some(EvalDeviceArg::Cuda) => "cuda".into(),
+                        _ => "cpu".into(),
+                    },
                     val_fraction: self.val_fraction,
                     val_every: self.val_every,
                     val_batches: self.val_batches,
@@ -191,7 +196,7 @@ impl TrainCli {
             data: self.data,
             data_dtype: self.data_dtype.map(Into::into),
             out: self.out,
-            cuda: matches!(self.device, EvalDeviceArg::Cuda),
+            cuda: self.device.map(|d| matches!(d, EvalDeviceArg::Cuda)),
             mode: self.mode.into(),
         })
     }

@@ -26,7 +26,8 @@ pub struct TrainArgs {
     pub data: Option<PathBuf>,
     pub data_dtype: Option<TokenDType>,
     pub out: Option<PathBuf>,
-    pub cuda: bool,
+    /// `None`: a new run's CPU, a resumed run's device.
+    pub cuda: Option<bool>,
     pub mode: RunMode,
 }
 
@@ -113,7 +114,14 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
     if let Some(state) = &checkpoint {
         check_same_data(state, &data)?;
     }
-    let backend = match args.cuda {
+    let cuda = (args.cuda).unwrap_or(
+        checkpoint
+            .as_ref()
+            .is_some_and(|s| s.options.device == "cuda"),
+    );
+    let mut options = options;
+    options.device = if cuda { "cuda" } else { "cpu" }.to_string();
+    let backend = match cuda {
         true => Backend::cuda().context("--device cuda")?,
         false => Backend::Cpu,
     };

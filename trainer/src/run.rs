@@ -48,6 +48,10 @@ pub struct RunOptions {
     pub decay_vectors: bool,
     /// `f32` or `bf16-gemm`.
     pub precision: String,
+    /// `cpu` or `cuda`: where the run steps (a resume takes it unless told otherwise; each
+    /// device's kernels round in their own way, so only a resume on the same device
+    /// continues bit for bit).
+    pub device: String,
     pub val_fraction: f64,
     /// Validation every this many steps (0: never).
     pub val_every: u64,
