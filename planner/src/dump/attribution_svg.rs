@@ -13,7 +13,7 @@ use super::attribution::{Attribution, ByCategory, CATEGORIES};
 use super::format_bytes;
 use super::format_bytes_short;
 use super::svg::{
-    escape, num, tick_1_2_5, tick_power_of_two, GRID_COLOR, HEIGHT, PLOT_BOTTOM, PLOT_LEFT,
+    escape, num, step_axes, tick_power_of_two, GRID_COLOR, HEIGHT, PLOT_BOTTOM, PLOT_LEFT,
     PLOT_RIGHT, PLOT_TOP, WIDTH,
 };
 
@@ -97,31 +97,8 @@ impl Attribution {
             below = top;
         }
 
-        svg.push(format!(
-            r#"<line x1="{PLOT_LEFT}" y1="{PLOT_BOTTOM}" x2="{PLOT_RIGHT}" y2="{PLOT_BOTTOM}" stroke="black"/>"#
-        ));
-        svg.push(format!(
-            r#"<line x1="{PLOT_LEFT}" y1="{PLOT_TOP}" x2="{PLOT_LEFT}" y2="{PLOT_BOTTOM}" stroke="black"/>"#
-        ));
-        for step in (0..steps).step_by(tick_1_2_5(steps, 10)) {
-            let at = num(x(step) + step_width / 2.0);
-            svg.push(format!(
-                r#"<line x1="{at}" y1="{PLOT_BOTTOM}" x2="{at}" y2="{}" stroke="black"/>"#,
-                PLOT_BOTTOM + 5.0
-            ));
-            svg.push(format!(
-                r#"<text x="{at}" y="{}" text-anchor="middle">{step}</text>"#,
-                PLOT_BOTTOM + 20.0
-            ));
-        }
-        svg.push(format!(
-            r#"<text x="{}" y="675" text-anchor="middle">schedule step</text>"#,
-            num((PLOT_LEFT + PLOT_RIGHT) / 2.0)
-        ));
+        step_axes(&mut svg, steps, (&x, step_width), "live arena bytes");
         let middle = num((PLOT_TOP + PLOT_BOTTOM) / 2.0);
-        svg.push(format!(
-            r#"<text x="24" y="{middle}" text-anchor="middle" transform="rotate(-90 24 {middle})">live arena bytes</text>"#
-        ));
         match self.peak_step {
             Some(peak) => {
                 let at = num(x(peak) + step_width / 2.0);

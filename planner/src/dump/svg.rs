@@ -117,32 +117,8 @@ pub fn to_svg(plan: &Plan) -> String {
     }
 
     // Axes over the rectangles, x ticks at step centers.
-    svg.push(format!(
-        r#"<line x1="{PLOT_LEFT}" y1="{PLOT_BOTTOM}" x2="{PLOT_RIGHT}" y2="{PLOT_BOTTOM}" stroke="black"/>"#
-    ));
-    svg.push(format!(
-        r#"<line x1="{PLOT_LEFT}" y1="{PLOT_TOP}" x2="{PLOT_LEFT}" y2="{PLOT_BOTTOM}" stroke="black"/>"#
-    ));
-    let step_tick = tick_1_2_5(steps, 10);
-    for step in (0..steps).step_by(step_tick) {
-        let at = num(x(step) + step_width / 2.0);
-        svg.push(format!(
-            r#"<line x1="{at}" y1="{PLOT_BOTTOM}" x2="{at}" y2="{}" stroke="black"/>"#,
-            PLOT_BOTTOM + 5.0
-        ));
-        svg.push(format!(
-            r#"<text x="{at}" y="{}" text-anchor="middle">{step}</text>"#,
-            PLOT_BOTTOM + 20.0
-        ));
-    }
-    svg.push(format!(
-        r#"<text x="{}" y="675" text-anchor="middle">schedule step</text>"#,
-        num((PLOT_LEFT + PLOT_RIGHT) / 2.0)
-    ));
+    step_axes(&mut svg, steps, (&x, step_width), "arena offset (bytes)");
     let middle = num((PLOT_TOP + PLOT_BOTTOM) / 2.0);
-    svg.push(format!(
-        r#"<text x="24" y="{middle}" text-anchor="middle" transform="rotate(-90 24 {middle})">arena offset (bytes)</text>"#
-    ));
 
     if let Some(peak) = peak {
         let at = num(x(peak) + step_width / 2.0);
@@ -203,6 +179,43 @@ fn legend(svg: &mut Vec<String>, peak: Option<usize>) {
 }
 
 /// A coordinate with two decimals.
+/// The plot's two axes, a tick and label at the center of every few schedule steps (`x` maps a
+/// step to its left edge, each `step_width` wide), "schedule step" under them and `y_label`
+/// up the left side.
+pub(super) fn step_axes(
+    svg: &mut Vec<String>,
+    steps: usize,
+    (x, step_width): (&dyn Fn(usize) -> f64, f64),
+    y_label: &str,
+) {
+    svg.push(format!(
+        r#"<line x1="{PLOT_LEFT}" y1="{PLOT_BOTTOM}" x2="{PLOT_RIGHT}" y2="{PLOT_BOTTOM}" stroke="black"/>"#
+    ));
+    svg.push(format!(
+        r#"<line x1="{PLOT_LEFT}" y1="{PLOT_TOP}" x2="{PLOT_LEFT}" y2="{PLOT_BOTTOM}" stroke="black"/>"#
+    ));
+    for step in (0..steps).step_by(tick_1_2_5(steps, 10)) {
+        let at = num(x(step) + step_width / 2.0);
+        svg.push(format!(
+            r#"<line x1="{at}" y1="{PLOT_BOTTOM}" x2="{at}" y2="{}" stroke="black"/>"#,
+            PLOT_BOTTOM + 5.0
+        ));
+        svg.push(format!(
+            r#"<text x="{at}" y="{}" text-anchor="middle">{step}</text>"#,
+            PLOT_BOTTOM + 20.0
+        ));
+    }
+    svg.push(format!(
+        r#"<text x="{}" y="675" text-anchor="middle">schedule step</text>"#,
+        num((PLOT_LEFT + PLOT_RIGHT) / 2.0)
+    ));
+    let middle = num((PLOT_TOP + PLOT_BOTTOM) / 2.0);
+    svg.push(format!(
+        r#"<text x="24" y="{middle}" text-anchor="middle" transform="rotate(-90 24 {middle})">{}</text>"#,
+        escape(y_label)
+    ));
+}
+
 pub(super) fn num(value: f64) -> String {
     format!("{value:.2}")
 }
