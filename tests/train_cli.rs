@@ -393,6 +393,51 @@ fn a_run_killed_at_any_moment_resumes_from_its_newest_whole_checkpoint() {
     }
 }
 
+/// Ctrl-C (SIGINT) stops a run at the next step boundary with a checkpoint of that step; the
+/// exit is a success that says where it stopped, and the run resumes from there.
+#[test]
+fn ctrl_c_stops_at_a_step_and_saves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern_data(dir.path(), 3000);
+    let run = dir.path().join("run");
+    let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(run_args(&data, &run, "100000", "0"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for the first steps, then interrupt.
+    let metrics = run.join("metrics.jsonl");
+    for _ in 0..200 {
+        if std::fs::read_to_string(&metrics).is_ok_and(|m| m.lines().count() > 3) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let pid = child.id().to_string();
+    let signalled = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(signalled.success());
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.starts_with("stopped at step"),
+        "{said}"
+    );
+    let newest = assert_checkpoints_whole(&run);
+    assert!(newest > 0 && newest < 100000, "{newest}");
+    assert!(said.contains(&checkpoint::dir_name(newest)), "{said}");
+    let steps = steps_after(&run, 0);
+    let last = steps
+        .iter()
+        .filter_map(|v| v.get("loss").map(|_| v["step"].as_u64().unwrap()))
+        .max();
+    assert_eq!(
+        last,
+        Some(newest),
+        "the last step recorded is the one saved"
+    );
+}
+
 #[test]
 fn bad_input_is_refused_before_training() {
     let dir = tempfile::tempdir().unwrap();
