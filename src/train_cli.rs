@@ -27,15 +27,15 @@ pub struct TrainCli {
     #[arg(long, required_unless_present = "resume", conflicts_with = "resume")]
     steps: Option<u64>,
     /// Rows of each micro-batch.
-    #[arg(long, default_value_t = 8, conflicts_with = "resume")]
-    batch: usize,
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "resume")]
+    batch: u32,
     /// Micro-batches per step whose gradients are summed before the update (gradient
     /// accumulation: a step sees --accumulate × --batch rows).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "resume")]
     accumulate: u64,
     /// Tokens per row (each window holds --seq + 1: every position predicts the next).
-    #[arg(long, default_value_t = 256, conflicts_with = "resume")]
-    seq: usize,
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "resume")]
+    seq: u32,
     /// Peak learning rate.
     #[arg(long, default_value_t = 3e-4, value_parser = positive, conflicts_with = "resume")]
     lr: f64,
@@ -50,16 +50,16 @@ pub struct TrainCli {
     clip_grad_norm: Option<f64>,
     /// AdamW's decoupled weight decay (norm weights and biases exempt unless
     /// --decay-vectors).
-    #[arg(long, default_value_t = 0.01, conflicts_with = "resume")]
+    #[arg(long, default_value_t = 0.01, value_parser = non_negative, conflicts_with = "resume")]
     weight_decay: f64,
     /// Decay norm weights and biases too.
     #[arg(long, conflicts_with = "resume")]
     decay_vectors: bool,
-    #[arg(long, default_value_t = 0.9, conflicts_with = "resume")]
+    #[arg(long, default_value_t = 0.9, value_parser = beta, conflicts_with = "resume")]
     beta1: f64,
-    #[arg(long, default_value_t = 0.999, conflicts_with = "resume")]
+    #[arg(long, default_value_t = 0.999, value_parser = beta, conflicts_with = "resume")]
     beta2: f64,
-    #[arg(long, default_value_t = 1e-8, conflicts_with = "resume")]
+    #[arg(long, default_value_t = 1e-8, value_parser = non_negative, conflicts_with = "resume")]
     eps: f64,
     /// f32, or bf16-gemm: bf16 GEMM inputs over f32 master weights.
     #[arg(long, value_enum, default_value_t = TrainPrecision::F32, conflicts_with = "resume")]
@@ -100,6 +100,20 @@ pub struct TrainCli {
     /// eager: every launch issued each step; graph: captured once and replayed.
     #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
     mode: BenchMode,
+}
+
+fn non_negative(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{text}` is not a finite number >= 0")),
+    }
+}
+
+fn beta(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if (0.0..1.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{text}` is not in [0, 1)")),
+    }
 }
 
 fn positive(text: &str) -> std::result::Result<f64, String> {
@@ -149,8 +163,8 @@ impl TrainCli {
             (Some(model), Some(steps)) => Some(FreshRun {
                 options: RunOptions {
                     model: model.clone(),
-                    batch: self.batch,
-                    seq: self.seq,
+                    batch: self.batch as usize,
+                    seq: self.seq as usize,
                     seed: self.seed,
                     sampling: match self.sampling {
                         SamplingArg::Random => Sampling::Random,

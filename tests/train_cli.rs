@@ -277,7 +277,17 @@ fn a_resumed_run_continues_bit_for_bit() {
     std::fs::create_dir(&in_place).unwrap();
     std::fs::rename(whole.join("step-000012"), in_place.join("step-000012")).unwrap();
     std::fs::copy(whole.join("metrics.jsonl"), in_place.join("metrics.jsonl")).unwrap();
+    // A run directory is one kiln train made: without its marker, a resume in place is refused.
+    let refused_here = kiln(&["train", "--resume", s(&in_place)]);
+    refused(&refused_here, &["was not made by kiln train", "--out"]);
+    std::fs::copy(whole.join("kiln-run.json"), in_place.join("kiln-run.json")).unwrap();
     ok(&kiln(&["train", "--resume", s(&in_place)]));
+    // In place from an older checkpoint, the later ones would clash: refused.
+    let older = whole.join("step-000006");
+    refused(
+        &kiln(&["train", "--resume", s(&older)]),
+        &["later checkpoints", "[16]"],
+    );
     assert_eq!(steps_after(&in_place, 0), steps_after(&whole, 0));
     for run in [&resumed, &in_place] {
         for file in ["model.safetensors", "optimizer.safetensors"] {
@@ -595,7 +605,7 @@ fn bad_input_is_refused_before_training() {
     );
     refused(
         &kiln(&["train", "--resume", s(&dir.path().join("nothing"))]),
-        &["--resume", "neither a checkpoint"],
+        &["--resume", "No such file"],
     );
 }
 

@@ -35,7 +35,8 @@ __device__ __forceinline__ KilnAdamW kiln_adamw_scalars(const i64* step, const d
     const double bias_correction1 = 1.0 - pow(beta1, steps);
     const double bias_correction2 = 1.0 - pow(beta2, steps);
     KilnAdamW h;
-    h.decay = (float)(1.0 - lr * weight_decay);
+    // Rounded apart, as the CPU computes it (no fused multiply-add).
+    h.decay = (float)__dsub_rn(1.0, __dmul_rn(lr, weight_decay));
     h.m_weight = m_weight;
     h.beta2 = beta2_f32;
     h.v_weight = v_weight;

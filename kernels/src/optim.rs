@@ -169,7 +169,9 @@ pub fn adamw(
 /// `torch.nn.utils.clip_grad_norm_`'s two numbers for f32 gradients: their global 2-norm and
 /// the factor `min(1, max_norm / (norm + 1e-6))` that scales them to at most `max_norm`
 /// (NaN when the norm is). Squares are summed in f64, each tensor in element order and the
-/// tensors in the order given, so the result does not depend on how a device splits the sum.
+/// tensors in the order given; the GPU sums them in f64 in another fixed order, so the two can
+/// differ in the last bits of the f32 results (torch computes in f32, a norm of per-tensor
+/// norms: kiln agrees with it to rounding).
 pub fn clip_grad_norm(grads: &[TensorView<'_>], max_norm: f64) -> Result<(f32, f32)> {
     const OP: &str = "clip_grad_norm";
     if !(max_norm.is_finite() && max_norm > 0.0) {

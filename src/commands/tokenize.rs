@@ -3,7 +3,10 @@
 //! file with a `tokens` tensor — with a progress bar over the bytes read.
 //!
 //! The text is encoded in pieces of about 1 MiB cut after a newline (no special tokens added),
-//! so memory stays bounded by the ids, not by the tokenizer's view of the whole text.
+//! so the tokenizer never holds the whole text; the ids are held, then written. A piece
+//! boundary is a line boundary: a tokenizer that merges across newlines (runs of blank lines)
+//! or prefixes each call (SentencePiece's "▁") can give a token more or less there than one
+//! call over the whole text would.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -34,6 +37,9 @@ pub fn tokenize(
     .with_context(|| format!("loading tokenizer {}", tokenizer.display()))?;
     let vocab = tokenizer.vocab_size();
     let safetensors = out.extension().is_some_and(|e| e == "safetensors");
+    if safetensors && dtype.is_some() {
+        bail!("--dtype is for flat files; a .safetensors output holds i64 ids");
+    }
     let dtype = dtype.unwrap_or(TokenDType::for_vocab(vocab));
     if !safetensors && dtype == TokenDType::U16 && vocab > 1 << 16 {
         bail!("--dtype u16 cannot hold the ids of a vocabulary of {vocab}; use u32");

@@ -16,7 +16,7 @@ use kiln_runtime::{Backend, RunMode, Tensor};
 use kiln_trainer::checkpoint::{self, TrainerState};
 use kiln_trainer::metrics::{CURVES_FILE, METRICS_FILE};
 use kiln_trainer::run::Start;
-use kiln_trainer::{Observer, RunOptions, Session, StepRecord, TokenDType, TokenData};
+use kiln_trainer::{Observer, RunDir, RunOptions, Session, StepRecord, TokenDType, TokenData};
 
 /// A run to start, or to resume.
 pub struct TrainArgs {
@@ -44,7 +44,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
                 .out
                 .clone()
                 .ok_or_else(|| anyhow!("--out is required"))?;
-            claim_new_dir(&out)?;
+            let out = Claim::New(out);
             let model = ModelSource::resolve(&fresh.options.model)?;
             let (_, loaded) = model
                 .load(fresh.options.seed, DType::F32)
@@ -72,12 +72,16 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
                 .map(|(n, t)| (n.clone(), t.dims().to_vec()))
                 .collect();
             let moments = checkpoint::read_moments(&dir, &shapes)?;
+            let parent = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+            let in_place = (args.out.as_ref())
+                .is_none_or(|out| std::fs::canonicalize(out).ok().as_ref() == Some(&parent));
             let run_dir = match &args.out {
-                Some(out) if Some(out.as_path()) != dir.parent() => {
-                    claim_new_dir(out)?;
-                    out.clone()
-                }
-                _ => dir.parent().map(Path::to_path_buf).unwrap_or_default(),
+                Some(out) if !in_place => Claim::New(out.clone()),
+                _ => Claim::InPlace {
+                    dir: parent,
+                    checkpoint: dir.clone(),
+                    step: state.step,
+                },
             };
             let start = Start {
                 params,
@@ -111,6 +115,8 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         .with_context(|| format!("--data {}", data_path.display()))?;
     let data = TokenData::open(&data_path, dtype, config.vocab_size)?;
     let tokens = data.len();
+    // Made or locked only once the model and the data are known to be good.
+    let run_dir = run_dir.take()?;
     if let Some(state) = &checkpoint {
         check_same_data(state, &data)?;
     }
@@ -133,7 +139,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         (config, options),
         data,
         start,
-        run_dir.clone(),
+        run_dir.path().to_path_buf(),
         source,
     )?;
     eprintln!(
@@ -142,7 +148,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         session.options().model,
         describe(&backend),
         data_path.display(),
-        run_dir.display(),
+        run_dir.path().display(),
         session.step(),
         compiling.elapsed().as_secs_f64()
     );
@@ -159,8 +165,8 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         "{} at step {} of {total}{last}; {saved}; metrics in {}, curves in {}",
         if outcome.stopped { "stopped" } else { "done" },
         outcome.step,
-        run_dir.join(METRICS_FILE).display(),
-        run_dir.join(CURVES_FILE).display(),
+        run_dir.path().join(METRICS_FILE).display(),
+        run_dir.path().join(CURVES_FILE).display(),
     );
     Ok(())
 }
@@ -180,29 +186,50 @@ fn tensors(
         .collect()
 }
 
-/// `out` for a new run: created, or an existing empty directory; anything else is refused
-/// (a run never writes into a directory that holds files).
-fn claim_new_dir(out: &Path) -> Result<()> {
-    match std::fs::read_dir(out) {
-        Ok(mut entries) => {
-            if entries.next().is_some() {
-                bail!(
-                    "--out {}: the directory is not empty; choose a new one, or pass --resume \
-                     {} to continue its run",
-                    out.display(),
-                    out.display()
-                );
+/// Where a run writes, decided before anything is written.
+enum Claim {
+    /// A new or empty directory, to be made a run directory.
+    New(PathBuf),
+    /// The run directory of the checkpoint `step`, continued in place.
+    InPlace {
+        dir: PathBuf,
+        checkpoint: PathBuf,
+        step: u64,
+    },
+}
+
+impl Claim {
+    fn take(self) -> Result<RunDir> {
+        match self {
+            Claim::New(path) => Ok(RunDir::create(&path)?),
+            Claim::InPlace {
+                dir,
+                checkpoint,
+                step,
+            } => {
+                let run_dir = RunDir::open(&dir)?;
+                let later: Vec<u64> = (checkpoint::list(run_dir.path())?.into_iter())
+                    .map(|(s, _)| s)
+                    .filter(|&s| s > step)
+                    .collect();
+                if !later.is_empty() {
+                    bail!(
+                        "--resume {}: its run directory holds later checkpoints (steps \
+                         {later:?}) that continuing in place would clash with; pass --out with \
+                         a new directory",
+                        checkpoint.display()
+                    );
+                }
+                Ok(run_dir)
             }
-            Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(out)
-            .with_context(|| format!("creating --out {}", out.display())),
-        Err(e) => Err(anyhow!("--out {}: {e}", out.display())),
     }
 }
 
 /// A checkpoint directory, or the newest checkpoint of a run directory.
 fn resolve_checkpoint(path: &Path) -> Result<PathBuf> {
+    let path =
+        &std::fs::canonicalize(path).with_context(|| format!("--resume {}", path.display()))?;
     if path.join(checkpoint::STATE_FILE).is_file() {
         return Ok(path.to_path_buf());
     }

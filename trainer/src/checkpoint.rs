@@ -183,7 +183,12 @@ fn sweep_temporaries(run: &Path) -> Result<()> {
             pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists()
         });
         if !alive {
-            fs::remove_dir_all(entry.path()).map_err(|e| io(&entry.path(), e))?;
+            let path = entry.path();
+            let removed = match path.is_dir() {
+                true => fs::remove_dir_all(&path),
+                false => fs::remove_file(&path),
+            };
+            removed.map_err(|e| io(&path, e))?;
         }
     }
     Ok(())

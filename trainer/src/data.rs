@@ -186,7 +186,7 @@ impl TokenData {
             train: 0..self.len - val,
             val: self.len - val..self.len,
         };
-        let window = seq + 1;
+        let window = seq.saturating_add(1);
         let short = |part: &str, have: usize| Error::Data {
             path: self.path.clone(),
             reason: format!(

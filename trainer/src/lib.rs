@@ -8,9 +8,11 @@ pub mod data;
 mod error;
 pub mod metrics;
 pub mod run;
+pub mod run_dir;
 pub mod schedule;
 
 pub use data::{Sampling, Split, Stream, TokenDType, TokenData};
 pub use error::{Error, Result};
 pub use run::{Observer, Outcome, RunOptions, Session, StepRecord};
+pub use run_dir::RunDir;
 pub use schedule::{Decay, Schedule};

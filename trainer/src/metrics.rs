@@ -77,7 +77,10 @@ fn io(path: &Path, e: impl std::fmt::Display) -> Error {
 /// Writes `bytes` to `path` through a temporary file and a rename.
 fn replace(path: &Path, bytes: &[u8]) -> Result<()> {
     let temp = path.with_extension(format!("tmp-{}", std::process::id()));
-    fs::write(&temp, bytes).map_err(|e| io(&temp, e))?;
+    let mut file = File::create(&temp).map_err(|e| io(&temp, e))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| io(&temp, e))?;
     fs::rename(&temp, path).map_err(|e| io(path, e))
 }
 

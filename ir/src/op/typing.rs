@@ -396,7 +396,21 @@ impl Op {
                     one(TensorType::new(logits.dtype, Shape::scalar())?)
                 }
             }
-            Op::AdamW(_) => {
+            Op::AdamW(c) => {
+                for (name, value) in [("beta1", c.beta1), ("beta2", c.beta2)] {
+                    if !(0.0..1.0).contains(&value) {
+                        return Err(
+                            rule.attribute(format!("{name} must be in [0, 1), got {value}"))
+                        );
+                    }
+                }
+                for (name, value) in [("eps", c.eps), ("weight_decay", c.weight_decay)] {
+                    if !(value.is_finite() && value >= 0.0) {
+                        return Err(
+                            rule.attribute(format!("{name} must be finite and >= 0, got {value}"))
+                        );
+                    }
+                }
                 if !(6..=7).contains(&operands.len()) {
                     return Err(Error::Arity {
                         op: self.to_string(),
