@@ -13,8 +13,8 @@ use super::attribution::{Attribution, ByCategory, CATEGORIES};
 use super::format_bytes;
 use super::format_bytes_short;
 use super::svg::{
-    escape, num, step_axes, tick_power_of_two, GRID_COLOR, HEIGHT, PLOT_BOTTOM, PLOT_LEFT,
-    PLOT_RIGHT, PLOT_TOP, WIDTH,
+    escape, header, num, step_axes, tick_power_of_two, GRID_COLOR, PLOT_BOTTOM, PLOT_LEFT,
+    PLOT_RIGHT, PLOT_TOP,
 };
 
 /// One color per category, in [`CATEGORIES`] order.
@@ -41,17 +41,7 @@ impl Attribution {
             format_bytes(self.peak_bytes),
             format_bytes(self.arena_bytes)
         );
-        let mut svg = vec![
-            r#"<?xml version="1.0" encoding="UTF-8"?>"#.to_string(),
-            format!(
-                r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12" style="background-color:white">"#
-            ),
-            format!("<title>{}</title>", escape(&title)),
-            format!(
-                r#"<text x="{PLOT_LEFT}" y="28" font-size="16" font-weight="bold">{}</text>"#,
-                escape(&title)
-            ),
-        ];
+        let mut svg = header(&title);
         self.legend(&mut svg);
 
         let byte_tick = tick_power_of_two(extent, 8);

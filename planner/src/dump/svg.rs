@@ -49,17 +49,7 @@ pub fn to_svg(plan: &Plan) -> String {
         format_bytes(plan.lower_bound_bytes),
         ratio_text(plan)
     );
-    let mut svg = vec![
-        r#"<?xml version="1.0" encoding="UTF-8"?>"#.to_string(),
-        format!(
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12" style="background-color:white">"#
-        ),
-        format!("<title>{}</title>", escape(&title)),
-        format!(
-            r#"<text x="{PLOT_LEFT}" y="28" font-size="16" font-weight="bold">{}</text>"#,
-            escape(&title)
-        ),
-    ];
+    let mut svg = header(&title);
     legend(&mut svg, peak);
 
     // Grid and y ticks (bytes, at multiples of a power of two so labels come out round).
@@ -179,6 +169,22 @@ fn legend(svg: &mut Vec<String>, peak: Option<usize>) {
 }
 
 /// A coordinate with two decimals.
+/// The opening lines of a picture: the XML declaration, the `<svg>` element at the plot's size,
+/// `title` as its tooltip and as the heading.
+pub(super) fn header(title: &str) -> Vec<String> {
+    vec![
+        r#"<?xml version="1.0" encoding="UTF-8"?>"#.to_string(),
+        format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12" style="background-color:white">"#
+        ),
+        format!("<title>{}</title>", escape(title)),
+        format!(
+            r#"<text x="{PLOT_LEFT}" y="28" font-size="16" font-weight="bold">{}</text>"#,
+            escape(title)
+        ),
+    ]
+}
+
 /// The plot's two axes, a tick and label at the center of every few schedule steps (`x` maps a
 /// step to its left edge, each `step_width` wide), "schedule step" under them and `y_label`
 /// up the left side.
