@@ -14,6 +14,7 @@
 //!    parameters, moments) on the device.
 //! 3. Decode replayed at many positions after a prefill equals the full forward.
 //! 4. The schedulers (`gpu/engine.rs`).
+//! 5. The C ABI with device descriptors and a caller's stream (`gpu/c_abi.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,6 +30,8 @@ use kiln_runtime::{interpret, Tensor};
 use kiln_runtime::{Backend, RunMode};
 use rand::rngs::StdRng;
 
+#[path = "gpu/c_abi.rs"]
+mod c_abi;
 #[path = "gpu/engine.rs"]
 mod engine;
 #[path = "gpu/op_cases.rs"]

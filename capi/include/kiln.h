@@ -59,6 +59,10 @@ typedef int32_t KilnDType;
 // and strides reach must lie inside them. `shape` and `strides` point at `rank` numbers each;
 // strides count elements, not bytes, and are never negative; `strides` null means row-major.
 // `data` may be null only when `accessible_bytes` is 0 (an empty tensor).
+//
+// `device` CPU: host memory, copied through the host. `device` CUDA: device memory of the
+// program's device, copied on the device (it must be row-major; kiln checks the range with
+// the driver before touching it), ordered by the call's [`KilnStream`].
 typedef struct KilnTensor {
   void *data;
   uint64_t accessible_bytes;
@@ -69,10 +73,16 @@ typedef struct KilnTensor {
   struct KilnDevice device;
 } KilnTensor;
 
-// The stream a call is ordered on. `handle` null: the call is synchronous (it returns once
-// its work and its copies are complete), the only mode this ABI version offers; a non-null
-// handle (a `CUstream`) is refused with [`KILN_STATUS_DEVICE`] until kiln can order its work
-// after a caller's stream.
+// The stream a call is ordered on.
+//
+// `handle` null: the call is synchronous; it returns once its work and its copies are
+// complete. A non-null `handle` is a `CUstream` of `device` (a CUDA device, in the device's
+// primary context, as the CUDA runtime's and PyTorch's streams are; DLPack's 1 and 2 name the
+// legacy and per-thread default streams): the call's work on the device runs after the work
+// issued on that stream before the call, the work issued there after the call runs after
+// it, and the call returns without waiting. A caller's device memory must then stay valid
+// until its stream reaches that point. Host descriptors are always copied before the call
+// returns.
 typedef struct KilnStream {
   struct KilnDevice device;
   void *handle;
@@ -163,16 +173,19 @@ KilnStatus kiln_program_compile(struct KilnModel model,
 KilnStatus kiln_program_free(struct KilnProgram program);
 
 // Copies the caller's `tensor` into input (or state) `name` of `program`; its dtype and shape
-// must be the input's. kiln keeps no reference to the caller's memory.
+// must be the input's. Host memory is copied before the call returns; device memory is
+// copied on the device, ordered by `stream`. kiln keeps no reference to the caller's memory.
 //
 // # Safety
-// `name` is a NUL-terminated string; `tensor` points at a descriptor valid for the call.
+// `name` is a NUL-terminated string; `tensor` points at a descriptor valid for the call (its
+// device memory until `stream` reaches the call's work).
 KilnStatus kiln_program_set_input(struct KilnProgram program,
                                   const char *name,
                                   const struct KilnTensor *tensor,
                                   struct KilnStream stream);
 
-// Runs `program` once: every per-run input must have been set; states carry over.
+// Runs `program` once, ordered by `stream`: every per-run input must have been set; states
+// carry over.
 KilnStatus kiln_program_run(struct KilnProgram program, struct KilnStream stream);
 
 // The dtype and shape of output (or written state) `name`: `*rank` gets its rank and
@@ -190,10 +203,12 @@ KilnStatus kiln_program_output_type(struct KilnProgram program,
                                     uint32_t *rank);
 
 // Copies output (or written state) `name` of the last run into the caller's memory `out`,
-// whose dtype and shape must be the output's; nothing is written on failure.
+// whose dtype and shape must be the output's; nothing is written on failure. Host memory is
+// written before the call returns; device memory on the device, ordered by `stream`.
 //
 // # Safety
-// `name` is a NUL-terminated string; `out` points at a descriptor of writable memory.
+// `name` is a NUL-terminated string; `out` points at a descriptor of writable memory (its
+// device memory until `stream` reaches the call's work).
 KilnStatus kiln_program_get_output(struct KilnProgram program,
                                    const char *name,
                                    const struct KilnTensor *out,

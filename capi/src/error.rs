@@ -84,6 +84,7 @@ impl Error {
                 | Error::ForeignThread { .. }
                 | Error::Runtime(kiln_runtime::Error::InputType { .. })
                 | Error::Runtime(kiln_runtime::Error::InputIndex { .. })
+                | Error::Runtime(kiln_runtime::Error::DeviceMemory { .. })
                 | Error::Frontend(kiln_frontend::Error::Tokens { .. })
                 | Error::Frontend(kiln_frontend::Error::TokenOutOfRange { .. })
                 | Error::Frontend(kiln_frontend::Error::ProgramOption { .. })

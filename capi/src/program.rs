@@ -2,8 +2,8 @@
 //! per-run inputs and states, and its outputs, each checked by name, dtype and shape before
 //! the executable sees it.
 
-use kiln_ir::{InputKind, TensorType};
-use kiln_runtime::{Executable, RunMode, Tensor};
+use kiln_ir::{DType, InputKind, Shape, TensorType};
+use kiln_runtime::{DeviceBuffer, DeviceIo, DeviceSpan, Executable, RunMode, Tensor};
 
 use crate::error::{Error, Result};
 
@@ -106,22 +106,34 @@ impl Program {
         })
     }
 
+    /// Fails unless `(dtype, shape)`, given for `what` (`input` or `output`) `name`, is
+    /// `expected`.
+    fn check_type(
+        &self,
+        (what, name): (&str, &str),
+        expected: &TensorType,
+        (dtype, shape): (DType, &Shape),
+    ) -> Result<()> {
+        if dtype != expected.dtype {
+            return Err(Error::DType {
+                what: format!("{what} `{name}` of {}", self.name),
+                expected: expected.dtype.to_string(),
+                got: dtype.to_string(),
+            });
+        }
+        if shape != &expected.shape {
+            return Err(Error::Shape {
+                what: format!("{what} `{name}` of {}", self.name),
+                reason: format!("expected shape {}, got {shape}", expected.shape),
+            });
+        }
+        Ok(())
+    }
+
     /// Copies `tensor` into input `name`'s slot, after checking its dtype and shape.
     pub fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
-        let input = self.input(name)?;
-        if tensor.dtype() != input.ty.dtype {
-            return Err(Error::DType {
-                what: format!("input `{name}` of {}", self.name),
-                expected: input.ty.dtype.to_string(),
-                got: tensor.dtype().to_string(),
-            });
-        }
-        if tensor.shape() != &input.ty.shape {
-            return Err(Error::Shape {
-                what: format!("input `{name}` of {}", self.name),
-                reason: format!("expected shape {}, got {}", input.ty.shape, tensor.shape()),
-            });
-        }
+        let ty = self.input(name)?.ty.clone();
+        self.check_type(("input", name), &ty, (tensor.dtype(), tensor.shape()))?;
         Ok(self.exe.set(name, tensor)?)
     }
 
@@ -135,4 +147,78 @@ impl Program {
         self.output(name)?;
         Ok(self.exe.get(name)?)
     }
+
+    /// The device ordinal and kiln's stream (a `CUstream` as a number) where the program runs
+    /// on a device; `None` on the CPU.
+    pub fn device_stream(&mut self) -> Option<(usize, u64)> {
+        (self.exe.device_io()).map(|io| (io.ordinal(), io.stream_handle()))
+    }
+
+    /// The executable's device half, or an error naming `what` that needs it.
+    fn device_io(&mut self, what: &str) -> Result<&mut dyn DeviceIo> {
+        let name = self.name;
+        self.exe.device_io().ok_or_else(|| Error::Device {
+            what: what.to_string(),
+            reason: format!("the {name} program runs on the CPU; it takes host memory"),
+        })
+    }
+
+    /// Orders the program's next work (copies, runs) after the work issued so far on the
+    /// caller's stream; nothing for [`Order::Synchronous`].
+    pub fn begin(&mut self, order: Order) -> Result<()> {
+        if let Order::Stream(stream) = order {
+            self.device_io("a stream")?.wait_for(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Orders the caller's later work on its stream after the program's work issued so far,
+    /// or, for [`Order::Synchronous`], waits for that work (nothing is pending on the CPU).
+    pub fn end(&mut self, order: Order) -> Result<()> {
+        match (order, self.exe.device_io()) {
+            (Order::Stream(stream), _) => self.device_io("a stream")?.signal(stream)?,
+            (Order::Synchronous, Some(io)) => io.synchronize()?,
+            (Order::Synchronous, None) => {}
+        }
+        Ok(())
+    }
+
+    /// Copies device memory `src`, the dense row-major elements of a `(dtype, shape)` tensor,
+    /// into input `name`'s slot on kiln's stream (see [`begin`](Self::begin)).
+    pub fn set_device(&mut self, name: &str, ty: (DType, &Shape), src: DeviceSpan) -> Result<()> {
+        let expected = self.input(name)?.ty.clone();
+        self.check_type(("input", name), &expected, ty)?;
+        let io = self.device_io(&format!("input `{name}`"))?;
+        Ok(io.set_from_device(name, src)?)
+    }
+
+    /// Copies output (or write) `name` into device memory `dst`, described as a dense
+    /// row-major `(dtype, shape)` tensor, on kiln's stream (see [`end`](Self::end)).
+    pub fn get_device(&mut self, name: &str, ty: (DType, &Shape), dst: DeviceSpan) -> Result<()> {
+        let expected = self.output(name)?.clone();
+        self.check_type(("output", name), &expected, ty)?;
+        let io = self.device_io(&format!("output `{name}`"))?;
+        Ok(io.get_to_device(name, dst)?)
+    }
+
+    /// Output (or write) `name` in a fresh device buffer kiln owns, complete when this returns.
+    pub fn get_buffer(&mut self, name: &str) -> Result<(DeviceBuffer, TensorType)> {
+        let ty = self.output(name)?.clone();
+        let io = self.device_io(&format!("output `{name}`"))?;
+        let buffer = io.alloc(ty.size_bytes())?;
+        io.get_to_device(name, buffer.span())?;
+        io.synchronize()?;
+        Ok((buffer, ty))
+    }
+}
+
+/// How a call that touches device memory is ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// The call returns once its work is complete.
+    Synchronous,
+    /// The call's work runs after the work issued so far on the caller's stream (a `CUstream`
+    /// as a number), and the work the caller issues there afterwards runs after it; the call
+    /// returns without waiting.
+    Stream(u64),
 }

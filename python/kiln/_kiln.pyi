@@ -34,7 +34,7 @@ class Tensor:
     def data_ptr(self) -> int:
         """Address of the first element."""
     def numpy(self) -> np.ndarray:
-        """A copy of the elements (host tensors only)."""
+        """A copy of the elements (host tensors and kiln's CUDA outputs)."""
     def __dlpack__(
         self,
         *,
@@ -64,9 +64,11 @@ class Program:
     @property
     def outputs(self) -> Dict[str, Tuple[Shape, str]]: ...
     def run(self, **inputs: InputValue) -> Dict[str, np.ndarray]:
-        """Sets the given inputs (copied), runs once, returns every output as NumPy."""
+        """Sets the given inputs (copied; on the device from CUDA tensors of the program's
+        device), runs once, returns every output as NumPy."""
     def run_tensors(self, **inputs: InputValue) -> Dict[str, Tensor]:
-        """As run, returning kiln.Tensors for torch.from_dlpack / numpy.from_dlpack."""
+        """As run, returning kiln.Tensors for torch.from_dlpack / numpy.from_dlpack: CUDA
+        memory of the program's device on a GPU (complete on return), host memory on the CPU."""
 
 class Plan:
     """A program's plan: arena, buffers, streams."""

@@ -15,7 +15,7 @@ use std::ffi::{c_void, CStr};
 use std::sync::Arc;
 
 use kiln_ir::DType;
-use kiln_runtime::Tensor;
+use kiln_runtime::{DeviceBuffer, Tensor};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -120,6 +120,8 @@ fn kiln_dtype(dtype: DLDataType) -> PyResult<DType> {
 pub enum Owner {
     /// A kiln host tensor (its storage).
     Kiln(Tensor),
+    /// Device memory kiln allocated for a program's output (freed with the last share).
+    Device(DeviceBuffer),
     /// A tensor another library exported to kiln (held for its drop, which releases it).
     #[allow(dead_code)]
     Imported(Imported),

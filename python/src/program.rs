@@ -1,13 +1,16 @@
 //! `kiln.Program`: a compiled program. `run(**inputs)` copies each input into its slot, runs
 //! once and returns every output and written state by name.
 
-use kiln_capi::session::Program;
+use std::sync::Arc;
+
+use kiln_capi::session::{Order, Program};
 use kiln_ir::InputKind;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
+use crate::dlpack::Owner;
 use crate::errors::to_py;
-use crate::tensor::{dtype_name, input_tensor, to_numpy, PyTensor};
+use crate::tensor::{dtype_name, input_value, to_numpy, Input, PyTensor};
 use crate::thread_bound::ThreadBound;
 
 /// A compiled program of a model (`Model.compile`), used on the thread that made it.
@@ -29,22 +32,43 @@ fn described<'py>(py: Python<'py>, ty: &kiln_ir::TensorType) -> PyResult<Bound<'
 }
 
 impl PyProgram {
-    /// Sets every keyword input, then runs once.
-    fn set_and_run(&mut self, inputs: Option<&Bound<'_, PyDict>>) -> PyResult<&Program> {
+    /// Sets every keyword input, then runs once. The returned guard keeps the memory of device
+    /// inputs alive: it must live until the outputs are copied out (which synchronizes).
+    fn set_and_run(
+        &mut self,
+        inputs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<(&mut Program, Vec<Arc<Owner>>)> {
         let program = self.program.get_mut()?;
+        let device = program.device_stream();
+        let mut held = Vec::new();
         if let Some(inputs) = inputs {
             for (name, value) in inputs.iter() {
                 let name: String = name.extract()?;
                 // Unknown names are refused before any value is read.
                 program.input(&name).map_err(to_py)?;
-                let tensor = input_tensor(&value, &format!("input `{name}`"))?;
-                program.set(&name, &tensor).map_err(to_py)?;
+                match input_value(&value, &format!("input `{name}`"), device)? {
+                    Input::Host(tensor) => program.set(&name, &tensor).map_err(to_py)?,
+                    Input::Device {
+                        input,
+                        after_default,
+                    } => {
+                        if after_default {
+                            program.begin(Order::Stream(LEGACY_STREAM)).map_err(to_py)?;
+                        }
+                        let ty = (input.dtype, &input.shape);
+                        program.set_device(&name, ty, input.span).map_err(to_py)?;
+                        held.push(input.owner);
+                    }
+                }
             }
         }
         program.run().map_err(to_py)?;
-        Ok(program)
+        Ok((program, held))
     }
 }
+
+/// CUDA's legacy default stream, as DLPack and the driver number it.
+const LEGACY_STREAM: u64 = 1;
 
 #[pymethods]
 impl PyProgram {
@@ -93,15 +117,16 @@ impl PyProgram {
     }
 
     /// Runs once with the given inputs (NumPy arrays, kiln.Tensors or DLPack tensors, each
-    /// copied into its slot; inputs not given keep their last value) and returns every output
-    /// and written state as a NumPy array.
+    /// copied into its slot — on the device from CUDA tensors of the program's device; inputs
+    /// not given keep their last value) and returns every output and written state as a NumPy
+    /// array.
     #[pyo3(signature = (**inputs))]
     fn run<'py>(
         &mut self,
         py: Python<'py>,
         inputs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let program = self.set_and_run(inputs)?;
+        let (program, _held) = self.set_and_run(inputs)?;
         let dict = PyDict::new(py);
         for (name, _) in program.outputs() {
             let tensor = program.get(name).map_err(to_py)?;
@@ -111,18 +136,28 @@ impl PyProgram {
     }
 
     /// As `run`, returning `kiln.Tensor`s: DLPack producers that `torch.from_dlpack` and
-    /// `numpy.from_dlpack` take without copying (bfloat16 included).
+    /// `numpy.from_dlpack` take without copying (bfloat16 included). On a GPU they are CUDA
+    /// memory of the program's device (its outputs copied there on the device, complete when
+    /// this returns); on the CPU, host memory.
     #[pyo3(signature = (**inputs))]
     fn run_tensors<'py>(
         &mut self,
         py: Python<'py>,
         inputs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let program = self.set_and_run(inputs)?;
+        let (program, _held) = self.set_and_run(inputs)?;
+        let device = program.device_stream();
+        let names: Vec<String> = program.outputs().iter().map(|(n, _)| n.clone()).collect();
         let dict = PyDict::new(py);
-        for (name, _) in program.outputs() {
-            let tensor = program.get(name).map_err(to_py)?;
-            dict.set_item(name, PyTensor::from_kiln(tensor))?;
+        for name in names {
+            let tensor = match device {
+                Some((ordinal, _)) => {
+                    let (buffer, ty) = program.get_buffer(&name).map_err(to_py)?;
+                    PyTensor::from_device(buffer, &ty, ordinal)
+                }
+                None => PyTensor::from_kiln(program.get(&name).map_err(to_py)?),
+            };
+            dict.set_item(name, tensor)?;
         }
         Ok(dict)
     }

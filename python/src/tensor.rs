@@ -3,14 +3,16 @@
 //! Python values and kiln host tensors.
 //!
 //! Zero-copy where DLPack allows it: exporting a `kiln.Tensor` or importing one never copies.
-//! A program's inputs are always copied into its slots, and NumPy results are copies of
-//! fresh outputs (kiln owns its arenas; nothing outside holds an address into them).
+//! A program's inputs are copied into its slots — on the device, from a CUDA tensor, when
+//! the program runs there — and its outputs are copied out of its arena: into NumPy arrays,
+//! or into memory kiln allocates for a `kiln.Tensor` (on the program's device), which
+//! `torch.from_dlpack` then shares. Nothing outside holds an address into kiln's arenas.
 
 use std::sync::Arc;
 
 use half::f16;
-use kiln_ir::{DType, Layout, Shape};
-use kiln_runtime::Tensor;
+use kiln_ir::{DType, Layout, Shape, TensorType};
+use kiln_runtime::{DeviceBuffer, DeviceSpan, Tensor};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -60,6 +62,71 @@ impl PyTensor {
         }
     }
 
+    /// Shares `buffer`, kiln device memory of CUDA device `ordinal` holding a dense `ty`.
+    pub fn from_device(buffer: DeviceBuffer, ty: &TensorType, ordinal: usize) -> Self {
+        let described = Described {
+            data: buffer.ptr() as usize,
+            device: dlpack::DLDevice {
+                device_type: DEVICE_CUDA,
+                device_id: ordinal as i32,
+            },
+            dtype: ty.dtype,
+            shape: ty.dims().iter().map(|&d| d as i64).collect(),
+            strides: (ty.shape.contiguous_strides().iter())
+                .map(|&s| s as i64)
+                .collect(),
+            read_only: false,
+        };
+        PyTensor {
+            owner: Arc::new(Owner::Device(buffer)),
+            described,
+        }
+    }
+
+    /// As a program input on CUDA device `ordinal`: its device range when it is CUDA memory
+    /// of that device (row-major), else `None` (host memory); other devices are refused.
+    fn device_input(&self, what: &str, ordinal: usize) -> PyResult<Option<DeviceInput>> {
+        let described = &self.described;
+        if self.is_host() {
+            return Ok(None);
+        }
+        if described.device
+            != (dlpack::DLDevice {
+                device_type: DEVICE_CUDA,
+                device_id: ordinal as i32,
+            })
+        {
+            return Err(PyValueError::new_err(format!(
+                "{what} is on {}; the program runs on cuda:{ordinal}",
+                self.device()
+            )));
+        }
+        let shape = Shape::from(
+            described
+                .shape
+                .iter()
+                .map(|&d| d as usize)
+                .collect::<Vec<_>>(),
+        );
+        let strides: Vec<usize> = described.strides.iter().map(|&s| s as usize).collect();
+        if described.strides.iter().any(|&s| s < 0) || !shape.is_contiguous(&strides) {
+            return Err(PyValueError::new_err(format!(
+                "{what} is a strided CUDA tensor (strides {:?}); kiln copies device tensors \
+                 whole, so pass a contiguous one (tensor.contiguous())",
+                described.strides
+            )));
+        }
+        Ok(Some(DeviceInput {
+            dtype: described.dtype,
+            shape,
+            span: DeviceSpan {
+                ptr: described.data as u64,
+                bytes: described.extent_bytes()?,
+            },
+            owner: self.owner.clone(),
+        }))
+    }
+
     fn is_host(&self) -> bool {
         matches!(
             self.described.device.device_type,
@@ -70,13 +137,23 @@ impl PyTensor {
     /// A kiln host tensor with these elements: the tensor itself when kiln owns it, else a
     /// checked copy of the host memory (device memory is refused, naming `what`).
     pub fn to_kiln(&self, what: &str) -> PyResult<Tensor> {
-        if let Owner::Kiln(tensor) = &*self.owner {
-            return Ok(tensor.clone());
+        match &*self.owner {
+            Owner::Kiln(tensor) => return Ok(tensor.clone()),
+            Owner::Device(buffer) => {
+                // kiln's own device memory: complete (its program synchronized), so a plain
+                // copy reads it.
+                let bytes = buffer.to_host().map_err(|e| to_py(e.into()))?;
+                let dims: Vec<usize> = self.described.shape.iter().map(|&d| d as usize).collect();
+                let layout = Layout::contiguous(Shape::from(dims));
+                return Tensor::from_host_bytes(self.described.dtype, &layout, &bytes)
+                    .map_err(|e| PyValueError::new_err(format!("{what}: {e}")));
+            }
+            Owner::Imported(_) => {}
         }
         if !self.is_host() {
             return Err(PyValueError::new_err(format!(
-                "{what} is on {}; kiln programs take host inputs (copy it to the CPU first, \
-                 e.g. tensor.cpu())",
+                "{what} is on {}; this program runs on the CPU and takes host inputs (copy \
+                 it there first, e.g. tensor.cpu())",
                 self.device()
             )));
         }
@@ -135,7 +212,7 @@ impl PyTensor {
         self.described.data
     }
 
-    /// A NumPy array holding a copy of the elements (host tensors only).
+    /// A NumPy array holding a copy of the elements (host tensors and kiln's CUDA outputs).
     fn numpy(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         to_numpy(py, &self.to_kiln("the tensor")?)
     }
@@ -193,6 +270,12 @@ impl PyTensor {
 /// tensor, a NumPy array, a kiln.Tensor) without copying.
 #[pyfunction]
 pub fn from_dlpack(object: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+    take(object, None)
+}
+
+/// The tensor `object` exports; for CUDA memory, `stream` (a `CUstream` as a number) is the
+/// consumer's stream, which the producer orders after its pending work (DLPack's protocol).
+fn take(object: &Bound<'_, PyAny>, stream: Option<u64>) -> PyResult<PyTensor> {
     let py = object.py();
     if !object.hasattr("__dlpack__")? {
         return Err(PyTypeError::new_err(format!(
@@ -201,12 +284,16 @@ pub fn from_dlpack(object: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
         )));
     }
     let kwargs = PyDict::new(py);
+    if let Some(stream) = stream {
+        kwargs.set_item("stream", stream)?;
+    }
     kwargs.set_item("max_version", (1u32, 1u32))?;
     let capsule = match object.call_method("__dlpack__", (), Some(&kwargs)) {
         Ok(capsule) => capsule,
         // A producer older than DLPack 1.0 takes no max_version.
         Err(error) if error.is_instance_of::<PyTypeError>(py) => {
-            object.call_method0("__dlpack__")?
+            let _ = kwargs.del_item("max_version");
+            object.call_method("__dlpack__", (), Some(&kwargs))?
         }
         Err(error) => return Err(error),
     };
@@ -215,6 +302,25 @@ pub fn from_dlpack(object: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
         owner: Arc::new(Owner::Imported(imported)),
         described,
     })
+}
+
+/// A program input in device memory: its type and range, and what keeps the range alive.
+pub struct DeviceInput {
+    pub dtype: DType,
+    pub shape: Shape,
+    pub span: DeviceSpan,
+    pub owner: Arc<Owner>,
+}
+
+/// A program input: host elements, or device memory of the program's device.
+pub enum Input {
+    Host(Tensor),
+    /// `after_default`: the memory was exported without a stream, so kiln orders its copy
+    /// after the legacy default stream (where PyTorch's work runs unless told otherwise).
+    Device {
+        input: DeviceInput,
+        after_default: bool,
+    },
 }
 
 /// A typed NumPy array's elements as a kiln host tensor (one copy, any strides).
@@ -226,8 +332,45 @@ fn typed<T: numpy::Element + kiln_kernels::Element>(array: &Bound<'_, PyAny>) ->
     Tensor::from_vec(values, view.shape()).ok()
 }
 
-/// The value of a program input: a NumPy array, a `kiln.Tensor` or any DLPack producer, as a
-/// kiln host tensor; `what` names it in errors.
+/// The value of a program input: a NumPy array, a `kiln.Tensor` or any DLPack producer.
+/// For a program on CUDA device `ordinal` whose stream is `stream`, CUDA memory of that
+/// device stays there (a producer orders its pending work before `stream`); everything else
+/// becomes a kiln host tensor. `what` names the value in errors.
+pub fn input_value(
+    value: &Bound<'_, PyAny>,
+    what: &str,
+    device: Option<(usize, u64)>,
+) -> PyResult<Input> {
+    let on_device = |tensor: &PyTensor, after_default: bool| -> PyResult<Input> {
+        match device {
+            Some((ordinal, _)) => match tensor.device_input(what, ordinal)? {
+                Some(input) => Ok(Input::Device {
+                    input,
+                    after_default,
+                }),
+                None => Ok(Input::Host(tensor.to_kiln(what)?)),
+            },
+            None => Ok(Input::Host(tensor.to_kiln(what)?)),
+        }
+    };
+    if let Ok(tensor) = value.cast::<PyTensor>() {
+        let after_default = matches!(*tensor.get().owner, Owner::Imported(_));
+        return on_device(tensor.get(), after_default);
+    }
+    let exported_on_cuda = value.cast::<PyUntypedArray>().is_err()
+        && value.hasattr("__dlpack_device__")?
+        && value
+            .call_method0("__dlpack_device__")?
+            .extract::<(i32, i32)>()?
+            .0
+            == DEVICE_CUDA;
+    if let (true, Some((_, stream))) = (exported_on_cuda, device) {
+        return on_device(&take(value, Some(stream))?, false);
+    }
+    input_tensor(value, what).map(Input::Host)
+}
+
+/// The value of a program input as a kiln host tensor (see [`input_value`]).
 pub fn input_tensor(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
     if let Ok(tensor) = value.cast::<PyTensor>() {
         return tensor.get().to_kiln(what);

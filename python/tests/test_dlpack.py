@@ -100,7 +100,43 @@ def test_torch_round_trip_shares_memory_on_cuda():
     source[5] = -1.0
     torch.cuda.synchronize()
     assert back[5].item() == -1.0
-    # Programs take host inputs: a CUDA tensor is refused with a message, not a crash.
+    # A program on the CPU takes host inputs: a CUDA tensor is refused with a message.
     program = kiln.load("tiny").compile("prefill", batch=1, seq=4)
     with pytest.raises(ValueError, match="host inputs"):
         program.run(tokens=torch.zeros((1, 4), dtype=torch.int64, device="cuda"))
+
+
+def test_a_cuda_program_takes_and_gives_cuda_tensors(tokens):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device for PyTorch on this machine")
+    program = kiln.load("tiny", device="cuda").compile("prefill", batch=2, seq=6)
+    inputs = {
+        "tokens": tokens,
+        "positions": np.tile(np.arange(6, dtype=np.int64), (2, 1)),
+        "cache_positions": np.zeros(2, dtype=np.int64),
+    }
+    want = program.run(**inputs)["logits"]
+    on_gpu = {name: torch.from_numpy(value).cuda() for name, value in inputs.items()}
+    # Written on a side stream: DLPack's stream handshake orders kiln's copies after it.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        on_gpu["positions"] = torch.arange(6, device="cuda").repeat(2, 1)
+        outputs = program.run_tensors(**on_gpu)
+    logits = outputs["logits"]
+    assert logits.device == "cuda:0"
+    shared = torch.from_dlpack(logits)
+    assert shared.is_cuda and shared.data_ptr() == logits.data_ptr
+    assert shared.cpu().numpy().tobytes() == want.tobytes()
+    assert logits.numpy().tobytes() == want.tobytes()
+    # CUDA inputs into host results, and kiln's own CUDA outputs fed back as inputs.
+    assert program.run(**on_gpu)["logits"].tobytes() == want.tobytes()
+    again = program.run_tensors(tokens=kiln.from_dlpack(on_gpu["tokens"]))
+    assert again["logits"].numpy().tobytes() == want.tobytes()
+    # Bad device inputs are refused with their reason.
+    with pytest.raises(ValueError, match="contiguous"):
+        program.run(tokens=on_gpu["tokens"].t().contiguous().t())
+    with pytest.raises(ValueError, match="outside"):
+        program.run(tokens=torch.full((2, 6), 10**6, dtype=torch.int64, device="cuda"))
+    with pytest.raises(TypeError, match="dtype"):
+        program.run(tokens=on_gpu["tokens"].to(torch.int32))

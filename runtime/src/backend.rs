@@ -11,6 +11,7 @@ use kiln_ir::Graph;
 use kiln_planner::Plan;
 
 use crate::cuda::{CudaDevice, CudaExecutable};
+use crate::device_io::DeviceIo;
 use crate::error::Result;
 use crate::group::{ExecutableGroup, GroupMemory};
 use crate::planned::CpuExecutable;
@@ -39,6 +40,10 @@ pub trait Executable {
     fn run(&mut self, mode: RunMode) -> Result<()>;
     /// A fresh CPU tensor holding output `name`, or the current contents of input `name`.
     fn get(&self, name: &str) -> Result<Tensor>;
+    /// Device copies and stream ordering, where the program runs on a device (not the CPU).
+    fn device_io(&mut self) -> Option<&mut dyn DeviceIo> {
+        None
+    }
 }
 
 /// Where programs run.
@@ -171,5 +176,9 @@ impl Executable for CudaExecutable {
 
     fn get(&self, name: &str) -> Result<Tensor> {
         CudaExecutable::get(self, name)
+    }
+
+    fn device_io(&mut self) -> Option<&mut dyn DeviceIo> {
+        Some(self)
     }
 }

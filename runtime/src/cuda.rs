@@ -140,6 +140,20 @@ impl DeviceAlloc {
     }
 }
 
+impl DeviceAlloc {
+    /// Its bytes, copied to the host (synchronously, after nothing).
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| error("bind context", e))?;
+        let mut host = vec![0u8; self.bytes];
+        // SAFETY: the allocation's own range.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, self.ptr) }
+            .map_err(|e| error("copy to the host", e))?;
+        Ok(host)
+    }
+}
+
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
         // A failure is kept in the context (cudarc's `record_err`) for `check_released`.

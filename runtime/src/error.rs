@@ -107,6 +107,10 @@ pub enum Error {
         what: String,
         reason: String,
     },
+    /// Device memory a caller described (a DLPack tensor, a C descriptor) cannot be used as
+    /// described: not device memory, another device's, too small, or of the wrong size.
+    #[error("{what}: {reason}")]
+    DeviceMemory { what: String, reason: String },
     /// A kernel met an invalid index (a token id, target or position outside its range) that
     /// reached the device without passing the host's check.
     #[error(

@@ -84,6 +84,11 @@ fn readers(graph: &Graph, value: ValueId, found: &mut Vec<(String, IndexRange)>)
 }
 
 impl IndexRules {
+    /// Whether input `name` has rules (its values are indices some op reads).
+    pub fn covers(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
     /// Checks every element of `tensor`, bound to input `name`, against the input's rules:
     /// the first element outside one of them is [`Error::InputIndex`].
     pub fn check(&self, name: &str, tensor: &Tensor) -> Result<()> {

@@ -22,6 +22,7 @@
 mod backend;
 pub mod cuda;
 mod device;
+mod device_io;
 mod error;
 mod group;
 mod host_bytes;
@@ -39,6 +40,7 @@ mod workspaces;
 
 pub use backend::{Backend, Executable, RunMode};
 pub use device::Device;
+pub use device_io::{DeviceBuffer, DeviceIo, DeviceSpan};
 pub use error::{Error, Result};
 pub use group::{ExecutableGroup, GroupMemory, SharedInput};
 pub use interpret::interpret;

@@ -5,10 +5,12 @@ use std::ffi::c_char;
 
 use super::guard::{guard, string_argument};
 use super::handles;
-use super::tensor::{check_host, code_of, read_tensor, write_tensor};
+use super::tensor::{
+    code_of, descriptor, device_span, memory_of, read_tensor, write_tensor, Memory,
+};
 use super::*;
 use crate::error::Error;
-use crate::session::{parse_precision, parse_program, DeviceKind, Model};
+use crate::session::{parse_precision, parse_program, DeviceKind, Model, Order, Program};
 
 /// The ABI version this library implements ([`KILN_ABI_VERSION`]); a caller compiled against
 /// another major header should refuse to run.
@@ -36,21 +38,48 @@ fn store<T>(out: *mut T, value: T, argument: &'static str) -> crate::Result<()> 
     }
 }
 
-/// Refuses a stream this ABI version cannot order work on (see [`KilnStream`]).
-fn check_stream(stream: KilnStream) -> crate::Result<()> {
-    check_host(stream.device, "stream").or_else(|error| match stream.device.device_type {
-        KILN_DEVICE_CUDA => Ok(()),
-        _ => Err(error),
-    })?;
-    if !stream.handle.is_null() {
-        return Err(Error::Device {
-            what: "stream".to_string(),
-            reason: "a non-null stream handle: this ABI version runs every call synchronously; \
-                     pass a null handle"
-                .to_string(),
-        });
+/// How a call on `program` is ordered by `stream` (see [`KilnStream`]): a null handle is
+/// synchronous; a handle must be a stream of the program's CUDA device.
+fn order_of(program: &mut Program, stream: KilnStream) -> crate::Result<Order> {
+    let memory = memory_of(stream.device, "stream")?;
+    if stream.handle.is_null() {
+        return Ok(Order::Synchronous);
     }
-    Ok(())
+    let ordinal = program.device_stream().map(|(ordinal, _)| ordinal);
+    match (memory, ordinal) {
+        (Memory::Cuda(index), Some(ordinal)) if index == ordinal => {
+            Ok(Order::Stream(stream.handle as u64))
+        }
+        (_, None) => Err(Error::Device {
+            what: "stream".to_string(),
+            reason: "a stream handle for a program that runs on the CPU; pass a null handle"
+                .to_string(),
+        }),
+        (_, Some(ordinal)) => Err(Error::Device {
+            what: "stream".to_string(),
+            reason: format!(
+                "a stream handle must name CUDA device {ordinal}, the program's (it names {:?})",
+                memory
+            ),
+        }),
+    }
+}
+
+/// Fails unless device memory of CUDA device `index` is the program's device's.
+fn check_device(program: &mut Program, index: usize, what: &str) -> crate::Result<()> {
+    match program.device_stream() {
+        Some((ordinal, _)) if ordinal == index => Ok(()),
+        Some((ordinal, _)) => Err(Error::Device {
+            what: what.to_string(),
+            reason: format!("is memory of CUDA device {index}; the program runs on {ordinal}"),
+        }),
+        None => Err(Error::Device {
+            what: what.to_string(),
+            reason: "is CUDA memory; the program runs on the CPU and takes host memory (describe \
+                     a host buffer with KILN_DEVICE_CPU)"
+                .to_string(),
+        }),
+    }
 }
 
 /// Loads `model` (a Hugging Face directory or a preset name) on `device` in `precision`
@@ -160,10 +189,12 @@ pub extern "C" fn kiln_program_free(program: KilnProgram) -> KilnStatus {
 }
 
 /// Copies the caller's `tensor` into input (or state) `name` of `program`; its dtype and shape
-/// must be the input's. kiln keeps no reference to the caller's memory.
+/// must be the input's. Host memory is copied before the call returns; device memory is
+/// copied on the device, ordered by `stream`. kiln keeps no reference to the caller's memory.
 ///
 /// # Safety
-/// `name` is a NUL-terminated string; `tensor` points at a descriptor valid for the call.
+/// `name` is a NUL-terminated string; `tensor` points at a descriptor valid for the call (its
+/// device memory until `stream` reaches the call's work).
 #[no_mangle]
 pub unsafe extern "C" fn kiln_program_set_input(
     program: KilnProgram,
@@ -172,24 +203,42 @@ pub unsafe extern "C" fn kiln_program_set_input(
     stream: KilnStream,
 ) -> KilnStatus {
     guard(|| {
-        check_stream(stream)?;
         // SAFETY: the caller's contract.
         let name = unsafe { string_argument(name, "name")? };
         handles::with_program(program.id, |program| {
+            let order = order_of(program, stream)?;
             let what = format!("input `{name}`");
             // SAFETY: the caller's contract.
-            let value = unsafe { read_tensor(tensor, &what)? };
-            program.set(name, &value)
+            let (tensor, memory) = unsafe { descriptor(tensor, "tensor", &what)? };
+            if let Memory::Cuda(index) = memory {
+                check_device(program, index, &what)?;
+            }
+            program.begin(order)?;
+            match memory {
+                // SAFETY: the caller's contract.
+                Memory::Host => program.set(name, &unsafe { read_tensor(tensor, &what)? })?,
+                Memory::Cuda(_) => {
+                    // SAFETY: the caller's contract; the runtime checks the range.
+                    let (dtype, shape, span) = unsafe { device_span(tensor, &what)? };
+                    program.set_device(name, (dtype, &shape), span)?;
+                }
+            }
+            program.end(order)
         })
     })
 }
 
-/// Runs `program` once: every per-run input must have been set; states carry over.
+/// Runs `program` once, ordered by `stream`: every per-run input must have been set; states
+/// carry over.
 #[no_mangle]
 pub extern "C" fn kiln_program_run(program: KilnProgram, stream: KilnStream) -> KilnStatus {
     guard(|| {
-        check_stream(stream)?;
-        handles::with_program(program.id, |program| program.run())
+        handles::with_program(program.id, |program| {
+            let order = order_of(program, stream)?;
+            program.begin(order)?;
+            program.run()?;
+            program.end(order)
+        })
     })
 }
 
@@ -237,10 +286,12 @@ pub unsafe extern "C" fn kiln_program_output_type(
 }
 
 /// Copies output (or written state) `name` of the last run into the caller's memory `out`,
-/// whose dtype and shape must be the output's; nothing is written on failure.
+/// whose dtype and shape must be the output's; nothing is written on failure. Host memory is
+/// written before the call returns; device memory on the device, ordered by `stream`.
 ///
 /// # Safety
-/// `name` is a NUL-terminated string; `out` points at a descriptor of writable memory.
+/// `name` is a NUL-terminated string; `out` points at a descriptor of writable memory (its
+/// device memory until `stream` reaches the call's work).
 #[no_mangle]
 pub unsafe extern "C" fn kiln_program_get_output(
     program: KilnProgram,
@@ -249,11 +300,30 @@ pub unsafe extern "C" fn kiln_program_get_output(
     stream: KilnStream,
 ) -> KilnStatus {
     guard(|| {
-        check_stream(stream)?;
         // SAFETY: the caller's contract.
         let name = unsafe { string_argument(name, "name")? };
-        let value = handles::with_program(program.id, |program| program.get(name))?;
-        // SAFETY: the caller's contract.
-        unsafe { write_tensor(&value, out, &format!("output `{name}`")) }
+        handles::with_program(program.id, |program| {
+            let order = order_of(program, stream)?;
+            let what = format!("output `{name}`");
+            // SAFETY: the caller's contract.
+            let (out, memory) = unsafe { descriptor(out, "out", &what)? };
+            if let Memory::Cuda(index) = memory {
+                check_device(program, index, &what)?;
+            }
+            program.begin(order)?;
+            match memory {
+                Memory::Host => {
+                    let value = program.get(name)?;
+                    // SAFETY: the caller's contract.
+                    unsafe { write_tensor(&value, out, &what)? }
+                }
+                Memory::Cuda(_) => {
+                    // SAFETY: the caller's contract; the runtime checks the range.
+                    let (dtype, shape, span) = unsafe { device_span(out, &what)? };
+                    program.get_device(name, (dtype, &shape), span)?;
+                }
+            }
+            program.end(order)
+        })
     })
 }

@@ -25,7 +25,9 @@ pub(crate) fn status_of(error: &Error) -> KilnStatus {
         Error::Runtime(kiln_runtime::Error::Layout(_) | kiln_runtime::Error::HostBytes { .. }) => {
             KILN_STATUS_SHAPE
         }
-        Error::Device { .. } => KILN_STATUS_DEVICE,
+        Error::Device { .. } | Error::Runtime(kiln_runtime::Error::DeviceMemory { .. }) => {
+            KILN_STATUS_DEVICE
+        }
         Error::NotFound { .. } | Error::Frontend(kiln_frontend::Error::ModelSource { .. }) => {
             KILN_STATUS_NOT_FOUND
         }

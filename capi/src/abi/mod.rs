@@ -5,8 +5,9 @@
 //! 2. Handles ([`KilnModel`], [`KilnProgram`]) are numbers, never pointers: a freed, forged or
 //!    zero handle is an error, not a crash. A handle serves the thread that made it (models and
 //!    programs hold thread-bound state: the oracle's tape, CUDA graphs).
-//! 3. A [`KilnTensor`] describes memory the caller owns: kiln reads or writes it only during
-//!    the call, only inside its `accessible_bytes`, and never frees it or keeps its address.
+//! 3. A [`KilnTensor`] describes memory the caller owns: kiln reads or writes it only in the
+//!    call's work (during the call, or on the call's stream), only inside its
+//!    `accessible_bytes`, and never frees it or keeps its address.
 //! 4. Enumerations cross as plain integers, checked on entry: a C caller cannot hand Rust an
 //!    invalid enum value.
 //! 5. No panic unwinds into C: each function runs under `catch_unwind` and a panic becomes
@@ -18,6 +19,7 @@ mod handles;
 mod tensor;
 
 pub use functions::*;
+pub use guard::kiln_last_error;
 
 use std::ffi::c_void;
 
@@ -72,10 +74,16 @@ pub struct KilnDevice {
     pub index: i32,
 }
 
-/// The stream a call is ordered on. `handle` null: the call is synchronous (it returns once
-/// its work and its copies are complete), the only mode this ABI version offers; a non-null
-/// handle (a `CUstream`) is refused with [`KILN_STATUS_DEVICE`] until kiln can order its work
-/// after a caller's stream.
+/// The stream a call is ordered on.
+///
+/// `handle` null: the call is synchronous; it returns once its work and its copies are
+/// complete. A non-null `handle` is a `CUstream` of `device` (a CUDA device, in the device's
+/// primary context, as the CUDA runtime's and PyTorch's streams are; DLPack's 1 and 2 name the
+/// legacy and per-thread default streams): the call's work on the device runs after the work
+/// issued on that stream before the call, the work issued there after the call runs after
+/// it, and the call returns without waiting. A caller's device memory must then stay valid
+/// until its stream reaches that point. Host descriptors are always copied before the call
+/// returns.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct KilnStream {
@@ -90,6 +98,10 @@ pub struct KilnStream {
 /// and strides reach must lie inside them. `shape` and `strides` point at `rank` numbers each;
 /// strides count elements, not bytes, and are never negative; `strides` null means row-major.
 /// `data` may be null only when `accessible_bytes` is 0 (an empty tensor).
+///
+/// `device` CPU: host memory, copied through the host. `device` CUDA: device memory of the
+/// program's device, copied on the device (it must be row-major; kiln checks the range with
+/// the driver before touching it), ordered by the call's [`KilnStream`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct KilnTensor {

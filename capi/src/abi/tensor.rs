@@ -1,8 +1,10 @@
 //! Tensor descriptors in and out (rule 3 of the module doc): each field checked before the
-//! memory is touched, then one checked copy through `kiln_runtime`'s host-bytes seam.
+//! memory is touched, then one checked copy: host memory through `kiln_runtime`'s host-bytes
+//! seam, device memory as a range the runtime checks with the driver and copies on the
+//! device.
 
 use kiln_ir::{DType, Layout, Shape};
-use kiln_runtime::Tensor;
+use kiln_runtime::{DeviceSpan, Tensor};
 
 use super::*;
 use crate::error::{Error, Result};
@@ -38,20 +40,25 @@ pub(crate) fn code_of(dtype: DType) -> KilnDType {
     }
 }
 
-/// Refuses a device the host copy cannot reach (every descriptor of this ABI version is host
-/// memory: executables take and give host tensors).
-pub(crate) fn check_host(device: KilnDevice, what: &str) -> Result<()> {
-    match (device.device_type, device.index) {
-        (KILN_DEVICE_CPU, 0) => Ok(()),
-        (KILN_DEVICE_CUDA, _) => Err(Error::Device {
+/// Where a descriptor's memory is: the host, or CUDA device `index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Memory {
+    Host,
+    Cuda(usize),
+}
+
+/// The memory `device` names, or an error naming `what`.
+pub(crate) fn memory_of(device: KilnDevice, what: &str) -> Result<Memory> {
+    match (device.device_type, usize::try_from(device.index)) {
+        (KILN_DEVICE_CPU, Ok(0)) => Ok(Memory::Host),
+        (KILN_DEVICE_CUDA, Ok(index)) => Ok(Memory::Cuda(index)),
+        (device_type, _) => Err(Error::Device {
             what: what.to_string(),
-            reason: "is CUDA memory; this ABI version copies through host memory only \
-                     (describe a host buffer with KILN_DEVICE_CPU)"
-                .to_string(),
-        }),
-        (device_type, index) => Err(Error::Device {
-            what: what.to_string(),
-            reason: format!("device type {device_type} index {index} is not KILN_DEVICE_CPU 0"),
+            reason: format!(
+                "device type {device_type} index {}: expected KILN_DEVICE_CPU 0 or \
+                 KILN_DEVICE_CUDA with an ordinal",
+                device.index
+            ),
         }),
     }
 }
@@ -62,7 +69,6 @@ pub(crate) fn check_host(device: KilnDevice, what: &str) -> Result<()> {
 /// `tensor.shape` and a non-null `tensor.strides` point at `tensor.rank` numbers, and
 /// `tensor.data` at `tensor.accessible_bytes` bytes valid for the call.
 unsafe fn described(tensor: &KilnTensor, what: &str) -> Result<(DType, Layout)> {
-    check_host(tensor.device, what)?;
     let dtype = dtype_of(tensor.dtype, what)?;
     if tensor.rank > KILN_MAX_RANK {
         return Err(Error::Shape {
@@ -123,13 +129,63 @@ unsafe fn described(tensor: &KilnTensor, what: &str) -> Result<(DType, Layout)> 
     Ok((dtype, layout))
 }
 
-/// A kiln tensor holding a copy of what `tensor` describes.
+/// The descriptor `tensor` points at, and where its memory is.
+///
+/// # Safety
+/// A non-null `tensor` points at a descriptor valid for the call.
+pub(crate) unsafe fn descriptor<'t>(
+    tensor: *const KilnTensor,
+    argument: &'static str,
+    what: &str,
+) -> Result<(&'t KilnTensor, Memory)> {
+    // SAFETY: checked for null; valid for the call by the caller's contract.
+    let tensor = unsafe { tensor.as_ref() }.ok_or(Error::NullPointer { argument })?;
+    Ok((tensor, memory_of(tensor.device, what)?))
+}
+
+/// The dtype, shape and range of a device descriptor: row-major (device copies move whole
+/// ranges), `accessible_bytes` holding every element.
+///
+/// # Safety
+/// As [`described`]; the range is checked with the driver before it is used.
+pub(crate) unsafe fn device_span(
+    tensor: &KilnTensor,
+    what: &str,
+) -> Result<(DType, Shape, DeviceSpan)> {
+    // SAFETY: as this function's contract.
+    let (dtype, layout) = unsafe { described(tensor, what) }?;
+    if !layout.is_contiguous() {
+        return Err(Error::Shape {
+            what: what.to_string(),
+            reason: format!(
+                "device memory with strides {:?}: kiln copies device tensors whole, so they \
+                 must be row-major (make it contiguous first)",
+                layout.strides()
+            ),
+        });
+    }
+    let bytes = layout.numel() * dtype.size_bytes();
+    if (tensor.accessible_bytes as usize) < bytes {
+        return Err(Error::Shape {
+            what: what.to_string(),
+            reason: format!(
+                "its elements take {bytes} bytes; accessible_bytes is {}",
+                tensor.accessible_bytes
+            ),
+        });
+    }
+    let span = DeviceSpan {
+        ptr: tensor.data as u64,
+        bytes,
+    };
+    Ok((dtype, layout.shape().clone(), span))
+}
+
+/// A kiln tensor holding a copy of the host memory `tensor` describes.
 ///
 /// # Safety
 /// As [`described`].
-pub(crate) unsafe fn read_tensor(tensor: *const KilnTensor, what: &str) -> Result<Tensor> {
-    // SAFETY: checked for null; valid for the call by the caller's contract.
-    let tensor = unsafe { tensor.as_ref() }.ok_or(Error::NullPointer { argument: "tensor" })?;
+pub(crate) unsafe fn read_tensor(tensor: &KilnTensor, what: &str) -> Result<Tensor> {
     // SAFETY: as this function's contract.
     let (dtype, layout) = unsafe { described(tensor, what) }?;
     let bytes: &[u8] = match tensor.accessible_bytes {
@@ -148,13 +204,7 @@ pub(crate) unsafe fn read_tensor(tensor: *const KilnTensor, what: &str) -> Resul
 ///
 /// # Safety
 /// As [`described`], with the bytes writable.
-pub(crate) unsafe fn write_tensor(
-    source: &Tensor,
-    tensor: *const KilnTensor,
-    what: &str,
-) -> Result<()> {
-    // SAFETY: checked for null; valid for the call by the caller's contract.
-    let tensor = unsafe { tensor.as_ref() }.ok_or(Error::NullPointer { argument: "out" })?;
+pub(crate) unsafe fn write_tensor(source: &Tensor, tensor: &KilnTensor, what: &str) -> Result<()> {
     // SAFETY: as this function's contract.
     let (dtype, layout) = unsafe { described(tensor, what) }?;
     if dtype != source.dtype() {

@@ -372,6 +372,7 @@ fn issuing(issue: &Mutex<()>) -> Result<MutexGuard<'_, ()>> {
         .map_err(|_| error("issue lock", "a thread of the group panicked while issuing"))
 }
 
+mod device_io;
 mod group;
 mod host;
 #[cfg(test)]

@@ -106,6 +106,17 @@ impl CudaExecutable {
             })
     }
 
+    /// Where output `name` (or input slot `name`) lies, and its layout there.
+    pub(super) fn output_place(&self, name: &str) -> Result<(Addr, ValueLayout)> {
+        Ok(match self.program.outputs.get(name) {
+            Some(t) => (t.base, t.layout.clone()),
+            None => {
+                let (slot, ty) = self.input(name)?;
+                (Addr { slot, offset: 0 }, ValueLayout::contiguous(ty))
+            }
+        })
+    }
+
     /// Copies `tensor` into the slot of graph input `name` (after the work in flight; in a
     /// group, a shared slot is every member's).
     pub fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
@@ -146,13 +157,7 @@ impl CudaExecutable {
     /// A fresh CPU tensor with output `name` (or input slot `name`: a param or state after
     /// the runs so far), after the work in flight.
     pub fn get(&self, name: &str) -> Result<Tensor> {
-        let (addr, layout) = match self.program.outputs.get(name) {
-            Some(t) => (t.base, t.layout.clone()),
-            None => {
-                let (slot, ty) = self.input(name)?;
-                (Addr { slot, offset: 0 }, ValueLayout::contiguous(ty))
-            }
-        };
+        let (addr, layout) = self.output_place(name)?;
         let _issuing = super::issuing(&self.issue)?;
         self.synchronize()?;
         let slot = &self.slots[addr.slot as usize];

@@ -13,7 +13,7 @@ use crate::group::tests::{members_equal_standalone_executables, plans};
 use crate::tensor::Tensor;
 use crate::Workspaces;
 
-fn device() -> Option<Arc<CudaDevice>> {
+pub(super) fn device() -> Option<Arc<CudaDevice>> {
     match super::super::unavailable() {
         Some(reason) => {
             kiln_kernels::testing::skip_without_gpu("the CUDA executable tests", &reason);
@@ -24,7 +24,7 @@ fn device() -> Option<Arc<CudaDevice>> {
 }
 
 /// `out = a + b` over [4, 8] f32.
-fn add_program(device: &Arc<CudaDevice>) -> CudaExecutable {
+pub(super) fn add_program(device: &Arc<CudaDevice>) -> CudaExecutable {
     let mut graph = Graph::new("add");
     let ty = TensorType::new(DType::F32, [4, 8]).unwrap();
     let a = graph.input("a", InputKind::Input, ty.clone()).unwrap();
@@ -40,7 +40,7 @@ fn add_program(device: &Arc<CudaDevice>) -> CudaExecutable {
     exe
 }
 
-fn want() -> Vec<f32> {
+pub(super) fn want() -> Vec<f32> {
     (0..32)
         .map(|i| (i as f32 * 0.5 - 3.0) + (7.0 - i as f32 * 0.25))
         .collect()
@@ -63,7 +63,7 @@ fn an_allocation_inside_a_capture_is_refused_and_the_stream_recovers() {
 }
 
 /// `out = embedding(weight [10,4], ids [2,3])`, with the weights set.
-fn embedding_program(device: &Arc<CudaDevice>, streams: usize) -> CudaExecutable {
+pub(super) fn embedding_program(device: &Arc<CudaDevice>, streams: usize) -> CudaExecutable {
     let mut graph = Graph::new("embedding");
     let weight = (graph.input(
         "w",
