@@ -139,11 +139,14 @@ impl Model {
     /// `seed`) in `precision` for `device`, exactly as `kiln eval --model --seed --precision`.
     pub fn load(model: &str, device: DeviceKind, precision: Precision, seed: u64) -> Result<Self> {
         let source = ModelSource::resolve(model)?;
-        let backend = match device {
-            DeviceKind::Cpu => Backend::Cpu,
-            DeviceKind::Cuda => Backend::cuda()?,
-        };
+        // The device opens (and loads its kernels) while the weights are read.
+        let opening = (device == DeviceKind::Cuda)
+            .then(|| kiln_runtime::cuda::CudaDevice::open_in_background(0));
         let (config, loaded) = source.load(seed, precision.weight_dtype())?;
+        let backend = match opening {
+            Some(opening) => Backend::Cuda(opening.wait()?),
+            None => Backend::Cpu,
+        };
         let notes = [loaded.note(), loaded.warning()]
             .into_iter()
             .flatten()

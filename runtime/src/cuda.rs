@@ -165,6 +165,16 @@ impl Drop for DeviceAlloc {
     }
 }
 
+/// A device being opened on another thread ([`CudaDevice::open_in_background`]).
+pub struct Opening(std::thread::JoinHandle<Result<Arc<CudaDevice>>>);
+
+impl Opening {
+    /// The opened device, once its thread is done.
+    pub fn wait(self) -> Result<Arc<CudaDevice>> {
+        (self.0.join()).unwrap_or_else(|_| Err(error("open the device", "its thread panicked")))
+    }
+}
+
 /// An open CUDA device (see the module doc).
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
@@ -210,6 +220,27 @@ impl CudaDevice {
         }))
     }
 
+    /// Opens device `ordinal` and loads its kernel modules on another thread, so the caller
+    /// can do other start-up work (reading weights, tracing) meanwhile; [`Opening::wait`]
+    /// gives the device.
+    pub fn open_in_background(ordinal: usize) -> Opening {
+        Opening(std::thread::spawn(move || {
+            let device = Self::open(ordinal)?;
+            device.load_kernels()?;
+            Ok(device)
+        }))
+    }
+
+    /// Loads every kernel module now (from the cache, or compiled), as the first kernel asked
+    /// for would.
+    pub fn load_kernels(&self) -> Result<()> {
+        let mut modules = (self.modules.lock()).map_err(|_| error("module cache", "poisoned"))?;
+        if modules.is_none() {
+            *modules = Some(self.load_modules()?);
+        }
+        Ok(())
+    }
+
     /// The device's name and architecture, e.g. `NVIDIA H200 (sm_90)`.
     pub fn describe(&self) -> String {
         format!("{} ({})", self.name, self.arch)
@@ -249,13 +280,8 @@ impl CudaDevice {
 
     /// Kernel `function` of module `module`; the first call loads every module.
     pub(crate) fn function(&self, module: &'static str, function: &str) -> Result<CudaFunction> {
-        let mut modules = self
-            .modules
-            .lock()
-            .map_err(|_| error("module cache", "poisoned"))?;
-        if modules.is_none() {
-            *modules = Some(self.load_modules()?);
-        }
+        self.load_kernels()?;
+        let modules = (self.modules.lock()).map_err(|_| error("module cache", "poisoned"))?;
         let loaded = (modules.as_ref().and_then(|m| m.loaded.get(module)))
             .ok_or_else(|| error(format!("kernel module `{module}`"), "no such source"))?;
         // A module that failed fails only the kernels asked of it.

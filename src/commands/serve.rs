@@ -56,12 +56,14 @@ pub fn serve(args: HttpArgs) -> Result<()> {
     let options = EngineOptions::new(args.slots, max_seq, args.precision, args.mode);
     let (seed, label, cuda) = (args.seed, args.model.clone(), args.cuda);
     let build = Box::new(move || -> Result<Engine> {
-        let backend = match cuda {
-            true => Backend::cuda()?,
-            false => Backend::Cpu,
-        };
+        // The device opens (and loads its kernels) while the weights are read.
+        let opening = cuda.then(|| kiln_runtime::cuda::CudaDevice::open_in_background(0));
         let (config, loaded) = (source.load(seed, options.precision.weight_dtype()))
             .with_context(|| format!("loading model {label}"))?;
+        let backend = match opening {
+            Some(opening) => Backend::Cuda(opening.wait()?),
+            None => Backend::Cpu,
+        };
         if let Some(warning) = loaded.warning() {
             eprintln!("warning: {label}: {warning}");
         }

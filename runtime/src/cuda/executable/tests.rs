@@ -237,3 +237,27 @@ fn large_inputs_go_through_pinned_staging_bit_for_bit() {
         );
     }
 }
+
+/// A device opened on another thread comes back with every kernel module loaded; where no
+/// device can be used, waiting for it gives the error that says why (no panic).
+#[test]
+fn a_device_opened_in_the_background_has_its_kernels_or_says_why_not() {
+    let opened = CudaDevice::open_in_background(0).wait();
+    match super::super::unavailable() {
+        Some(reason) => {
+            let error = opened
+                .err()
+                .expect("no device can be used, so opening fails");
+            assert!(error.to_string().contains("no usable device"), "{error}");
+            kiln_kernels::testing::skip_without_gpu("opening a device in the background", &reason);
+        }
+        None => {
+            let report = opened.expect("the device opens").kernel_report();
+            assert_eq!(
+                report.modules,
+                kiln_kernels::gpu::SOURCES.len(),
+                "{report:?}"
+            );
+        }
+    }
+}
