@@ -12,3 +12,11 @@ pub mod commands;
 pub mod demo;
 pub mod memory;
 pub mod signals;
+
+/// When the process began kiln's work: the `kiln` binary marks it first thing in `main`, so
+/// start-up times count from there (a library caller that never marks it counts from the first
+/// call).
+pub fn started() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
+}

@@ -325,6 +325,7 @@ impl From<Program> for ProgramKind {
 }
 
 fn main() -> Result<()> {
+    kiln::started();
     let cli = Cli::parse();
     if let Command::Serve(args) = cli.command {
         // The server handles SIGINT and SIGTERM itself (it drains), and writes no files.

@@ -195,7 +195,7 @@ fn device_descriptors_on_a_callers_stream_equal_the_host_path() {
     // Bad device descriptors and streams, each with its status.
     let input = CString::new("tokens").unwrap();
     let mut short = descriptor(buffers[0], 8 * 4, &row, KILN_DTYPE_I64, true);
-    let strides = [1i64, 1];
+    let strides = [16i64, 2];
     let mut strided = descriptor(buffers[0], 8 * 8, &row, KILN_DTYPE_I64, true);
     strided.strides = strides.as_ptr();
     let host_as_cuda = descriptor(tokens.as_ptr() as u64, 8 * 8, &row, KILN_DTYPE_I64, true);
