@@ -63,6 +63,9 @@ pub struct BenchCli {
     /// The fusion pass: on, or off for the unfused reference program.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     fusion: Switch,
+    /// Programmatic dependent launch (sm_90 and later): on, or off for plain stream order.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pdl: Switch,
     /// Also time each step alone once and list the costliest ops (one stream).
     #[arg(long)]
     profile: bool,
@@ -108,6 +111,7 @@ impl BenchCli {
             steps,
             linear_rows,
             fusion,
+            pdl,
             profile,
             seed,
             json,
@@ -161,6 +165,7 @@ impl BenchCli {
             warmup,
             steps,
             linear_rows,
+            pdl: pdl == Switch::On,
             profile,
         };
         let result = commands::bench(&args)?;

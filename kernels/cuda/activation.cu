@@ -2,6 +2,7 @@
 
 // out[r, :] = softmax(x[r, :]), max-subtracted as the CPU.
 extern "C" __global__ void softmax_f32(float* out, const float* x, i64 rows, i64 cols) {
+    kiln_grid_dependency_wait();
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
     if (row >= rows) return;
@@ -23,6 +24,7 @@ extern "C" __global__ void softmax_f32(float* out, const float* x, i64 rows, i64
 // grad_x = y * (grad_out - sum(grad_out * y)) per row.
 extern "C" __global__ void softmax_backward_f32(float* grad_x, const float* y,
                                                 const float* grad_out, i64 rows, i64 cols) {
+    kiln_grid_dependency_wait();
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
     if (row >= rows) return;
@@ -58,6 +60,7 @@ __device__ void kiln_warp_better(float& value, i64& index) {
 // KILN_WARP, at most 1024 (the builder launches BLOCK_THREADS). Each thread keeps its stride's first largest element (index
 // `cols` stands for none yet), then warps and the block reduce the pairs in a fixed order.
 extern "C" __global__ void argmax_f32(i64* out, const float* x, i64 rows, i64 cols) {
+    kiln_grid_dependency_wait();
     __shared__ float values[KILN_WARP];
     __shared__ i64 indices[KILN_WARP];
     const i64 row = blockIdx.x;

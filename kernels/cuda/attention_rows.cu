@@ -26,6 +26,7 @@ __device__ __forceinline__ i64 kiln_visible(i64 row, i64 q_len, i64 kv_len) {
 // before the max is subtracted, as the CPU computes it (no contraction into an FMA).
 extern "C" __global__ void attention_softmax_f32(float* probs, i64 rows, i64 q_len, i64 kv_len,
                                                  float scale) {
+    kiln_grid_dependency_wait();
     const i64 row = kiln_warp_row(rows);
     if (row < 0) return;
     const int lane = threadIdx.x % KILN_WARP;
@@ -52,6 +53,7 @@ extern "C" __global__ void attention_softmax_f32(float* probs, i64 rows, i64 q_l
 extern "C" __global__ void attention_softmax_backward_f32(float* ds, float* masked_probs,
                                                           const float* probs, i64 rows,
                                                           i64 q_len, i64 kv_len, float scale) {
+    kiln_grid_dependency_wait();
     const i64 row = kiln_warp_row(rows);
     if (row < 0) return;
     const int lane = threadIdx.x % KILN_WARP;

@@ -33,6 +33,7 @@ extern "C" __global__ void kv_cache_write_f32(float* cache, const float* fresh,
                                               const i64* positions, const i64* rows, i64 slots,
                                               i64 batch, i64 heads, i64 capacity, i64 block,
                                               i64 head_dim, int* fault) {
+    kiln_grid_dependency_wait();
     kiln_kv_cache_write(cache, fresh, positions, rows, slots, batch, heads, capacity, block,
                         head_dim, fault);
 }
@@ -42,6 +43,7 @@ extern "C" __global__ void kv_cache_write_f32_bf16(bf16_bits* cache, const float
                                                    i64 slots, i64 batch, i64 heads,
                                                    i64 capacity, i64 block, i64 head_dim,
                                                    int* fault) {
+    kiln_grid_dependency_wait();
     kiln_kv_cache_write(cache, fresh, positions, rows, slots, batch, heads, capacity, block,
                         head_dim, fault);
 }

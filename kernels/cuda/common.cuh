@@ -10,6 +10,22 @@ typedef unsigned short bf16_bits;
 #define KILN_WARP 32
 #define KILN_FULL_MASK 0xffffffffu
 
+// Programmatic dependent launch (sm_90 and later): kiln may launch each kernel with
+// programmatic stream serialization, so that it is scheduled while the kernel before it on
+// its stream still runs. Every kiln kernel therefore begins here: it waits until the grids it
+// depends on have completed and their writes are visible (griddepcontrol.wait), then lets the
+// next kernel launch (griddepcontrol.launch_dependents), whose own wait keeps it from reading
+// anything early. As no kernel can finish before its wait returns, completion stays in stream
+// order, so a kernel also sees the writes of every kernel before its predecessor. Launched
+// without the attribute, the wait returns at once. Elsewhere (older architectures, hipRTC)
+// both are empty, and kiln launches without the attribute.
+__device__ __forceinline__ void kiln_grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // bf16 bits -> f32: exact (bf16 is the upper half of an f32; NaN payloads are kept).
 __device__ __forceinline__ float kiln_bf16_to_f32(bf16_bits bits) {
     return __uint_as_float(((unsigned int)bits) << 16);

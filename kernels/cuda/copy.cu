@@ -27,12 +27,14 @@ extern "C" __global__ void strided_copy_b16(unsigned short* dst, const unsigned 
                                             i64 n, i64 d0, i64 d1, i64 d2, i64 d3, i64 d4,
                                             i64 d5, i64 s0, i64 s1, i64 s2, i64 s3, i64 s4,
                                             i64 s5) {
+    kiln_grid_dependency_wait();
     KILN_STRIDED_CALL(dst, src);
 }
 
 extern "C" __global__ void strided_copy_b32(unsigned int* dst, const unsigned int* src, i64 n,
                                             i64 d0, i64 d1, i64 d2, i64 d3, i64 d4, i64 d5,
                                             i64 s0, i64 s1, i64 s2, i64 s3, i64 s4, i64 s5) {
+    kiln_grid_dependency_wait();
     KILN_STRIDED_CALL(dst, src);
 }
 
@@ -40,20 +42,24 @@ extern "C" __global__ void strided_copy_b64(unsigned long long* dst,
                                             const unsigned long long* src, i64 n, i64 d0,
                                             i64 d1, i64 d2, i64 d3, i64 d4, i64 d5, i64 s0,
                                             i64 s1, i64 s2, i64 s3, i64 s4, i64 s5) {
+    kiln_grid_dependency_wait();
     KILN_STRIDED_CALL(dst, src);
 }
 
 extern "C" __global__ void cast_f32_to_bf16(bf16_bits* dst, const float* src, i64 n) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n) { dst[i] = kiln_f32_to_bf16(src[i]); }
 }
 
 extern "C" __global__ void cast_bf16_to_f32(float* dst, const bf16_bits* src, i64 n) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n) { dst[i] = kiln_bf16_to_f32(src[i]); }
 }
 
 // Four elements per thread (n4 = n / 4): 16-byte f32 and 8-byte bf16 accesses, element 0 in
 // the low bits (little endian), the same rounding as the scalar kernels.
 extern "C" __global__ void cast_f32_to_bf16_vec4(uint2* dst, const float4* src, i64 n4) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n4) {
         const float4 v = src[i];
         uint2 packed;
@@ -64,6 +70,7 @@ extern "C" __global__ void cast_f32_to_bf16_vec4(uint2* dst, const float4* src, 
 }
 
 extern "C" __global__ void cast_bf16_to_f32_vec4(float4* dst, const uint2* src, i64 n4) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n4) {
         const uint2 v = src[i];
         dst[i] = make_float4(kiln_bf16_to_f32((bf16_bits)(v.x & 0xffffu)),

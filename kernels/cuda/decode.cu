@@ -131,6 +131,7 @@ extern "C" __global__ void cached_attention_split_f32(float* partials, const flo
                                                       i64 slots, i64 q_heads, i64 kv_heads,
                                                       i64 q_len, i64 capacity, i64 head_dim,
                                                       i64 chunk, float scale, int* fault) {
+    kiln_grid_dependency_wait();
     kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
                                 kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
@@ -139,6 +140,7 @@ extern "C" __global__ void cached_attention_split_f32_bf16(
     float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
+    kiln_grid_dependency_wait();
     kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
                                 kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
@@ -152,6 +154,7 @@ extern "C" __global__ void cached_attention_split_f32_bf16(
 extern "C" __global__ void cached_attention_combine_f32(float* out, const float* partials,
                                                         i64 q_heads, i64 q_len, i64 head_dim,
                                                         i64 splits) {
+    kiln_grid_dependency_wait();
     __shared__ float scratch[KILN_WARP];
     const i64 h = blockIdx.y, row = blockIdx.z;
     const i64 b = row / q_len, t = row % q_len;

@@ -32,36 +32,43 @@ __device__ void kiln_binary_vec4(float4* out, const float4* a, const float4* b, 
 
 extern "C" __global__ void add_f32(float* out, const float* a, const float* b, i64 n,
                                    i64 b_len) {
+    kiln_grid_dependency_wait();
     kiln_binary(out, a, b, n, b_len, KilnAdd());
 }
 
 // out = a + b[i % b_len] with a bf16 b (a bias stored in bf16).
 extern "C" __global__ void add_f32_bf16(float* out, const float* a, const bf16_bits* b, i64 n,
                                         i64 b_len) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n) { out[i] = a[i] + kiln_load(b, i % b_len); }
 }
 
 extern "C" __global__ void add_f32_vec4(float4* out, const float4* a, const float4* b, i64 n4,
                                         i64 b_len4) {
+    kiln_grid_dependency_wait();
     kiln_binary_vec4(out, a, b, n4, b_len4, KilnAdd());
 }
 
 extern "C" __global__ void mul_f32(float* out, const float* a, const float* b, i64 n,
                                    i64 b_len) {
+    kiln_grid_dependency_wait();
     kiln_binary(out, a, b, n, b_len, KilnMul());
 }
 
 extern "C" __global__ void mul_f32_vec4(float4* out, const float4* a, const float4* b, i64 n4,
                                         i64 b_len4) {
+    kiln_grid_dependency_wait();
     kiln_binary_vec4(out, a, b, n4, b_len4, KilnMul());
 }
 
 // out = alpha * a; alpha is the f64 attribute rounded once to f32 (as the CPU's `T::of`).
 extern "C" __global__ void scale_f32(float* out, const float* a, float alpha, i64 n) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n) { out[i] = alpha * a[i]; }
 }
 
 extern "C" __global__ void scale_f32_vec4(float4* out, const float4* a, float alpha, i64 n4) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n4) {
         float4 x = a[i];
         out[i] = make_float4(alpha * x.x, alpha * x.y, alpha * x.z, alpha * x.w);
@@ -73,6 +80,7 @@ extern "C" __global__ void scale_f32_vec4(float4* out, const float4* a, float al
 // residue class of rows; the ROW_LANES partial sums are then added in increasing y.
 #define KILN_SUM_ROW_LANES 16
 extern "C" __global__ void sum_to_shape_f32(float* out, const float* src, i64 rows, i64 cols) {
+    kiln_grid_dependency_wait();
     __shared__ float partial[KILN_SUM_ROW_LANES][KILN_WARP];
     const i64 col = (i64)blockIdx.x * KILN_WARP + threadIdx.x;
     float sum = 0.0f;
@@ -92,11 +100,13 @@ extern "C" __global__ void sum_to_shape_f32(float* out, const float* src, i64 ro
 
 // out[i] = src[i % src_len], n elements of 4 bytes.
 extern "C" __global__ void broadcast_to_f32(float* out, const float* src, i64 n, i64 src_len) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n) { out[i] = src[i % src_len]; }
 }
 
 // out = silu(gate) * up, as the CPU: gate / (1 + exp(-gate)) * up. In place over gate is fine.
 extern "C" __global__ void swiglu_f32(float* out, const float* gate, const float* up, i64 n) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -105,6 +115,7 @@ extern "C" __global__ void swiglu_f32(float* out, const float* gate, const float
 
 extern "C" __global__ void swiglu_f32_vec4(float4* out, const float4* gate, const float4* up,
                                            i64 n4) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n4) {
         float4 g = gate[i];
         float4 u = up[i];
@@ -121,6 +132,7 @@ extern "C" __global__ void swiglu_f32_vec4(float4* out, const float4* gate, cons
 extern "C" __global__ void swiglu_backward_f32(float* grad_gate, float* grad_up,
                                                const float* gate, const float* up,
                                                const float* grad_out, i64 n) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n) {
         float g = gate[i];
         float u = up[i];

@@ -17,16 +17,19 @@ __device__ void kiln_embedding(float* out, const W* weight, const i64* ids, i64 
 
 extern "C" __global__ void embedding_f32(float* out, const float* weight, const i64* ids,
                                          i64 tokens, i64 hidden, i64 vocab, int* fault) {
+    kiln_grid_dependency_wait();
     kiln_embedding(out, weight, ids, tokens, hidden, vocab, fault);
 }
 
 extern "C" __global__ void embedding_bf16(float* out, const bf16_bits* weight, const i64* ids,
                                           i64 tokens, i64 hidden, i64 vocab, int* fault) {
+    kiln_grid_dependency_wait();
     kiln_embedding(out, weight, ids, tokens, hidden, vocab, fault);
 }
 
 // grad_weight [V,H] = 0 everywhere (the first of the backward's two launches).
 extern "C" __global__ void zero_f32(float* out, i64 n) {
+    kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n) { out[i] = 0.0f; }
 }
 
@@ -37,6 +40,7 @@ extern "C" __global__ void zero_f32(float* out, i64 n) {
 extern "C" __global__ void embedding_backward_f32(float* grad_weight, const i64* ids,
                                                   const float* grad_out, i64 tokens, i64 hidden,
                                                   i64 vocab, int* fault) {
+    kiln_grid_dependency_wait();
     __shared__ int earlier;
     const i64 n = blockIdx.x;
     if (n >= tokens) return;

@@ -249,6 +249,7 @@ extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* par
                                      int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
                                      i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
                                      i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    kiln_grid_dependency_wait();
     KILN_LINEAR_OUT;
     kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                 split_k, stage_k, swiglu);
@@ -280,6 +281,7 @@ extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const 
                                          const bf16_bits* b2, int has_b0, int has_b1,
                                          int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1,
                                          i64 ldo2, i64 m, i64 splits, int swiglu) {
+    kiln_grid_dependency_wait();
     KILN_LINEAR_OUT;
     const i64 n_virtual = swiglu ? 2 * n0 : n0 + n1 + n2;
     const i64 n_out = swiglu ? n0 : n_virtual;

@@ -242,6 +242,7 @@ extern "C" __global__ void linear_mma_r8(
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
     int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    kiln_grid_dependency_wait();
     KILN_LINEAR_OUT;
     kiln_mma_body<1, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                       split_k, stage_k, swiglu);
@@ -252,6 +253,7 @@ extern "C" __global__ void linear_mma_r16(
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
     int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    kiln_grid_dependency_wait();
     KILN_LINEAR_OUT;
     kiln_mma_body<2, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                       split_k, stage_k, swiglu);
@@ -262,6 +264,7 @@ extern "C" __global__ void linear_mma_r24(
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
     int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    kiln_grid_dependency_wait();
     KILN_LINEAR_OUT;
     kiln_mma_body<3, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                       split_k, stage_k, swiglu);
@@ -272,6 +275,7 @@ extern "C" __global__ void linear_mma_r32(
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
     int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
+    kiln_grid_dependency_wait();
     KILN_LINEAR_OUT;
     kiln_mma_body<4, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                       split_k, stage_k, swiglu);

@@ -59,6 +59,7 @@ __device__ KilnMaxSum kiln_row_max_sum(const float* row, i64 vocab) {
 extern "C" __global__ void cross_entropy_rows_f32(float* row_loss, const float* logits,
                                                   const i64* targets, i64 rows, i64 vocab,
                                                   i64 ignore_index, int* fault) {
+    kiln_grid_dependency_wait();
     const i64 r = blockIdx.x;
     if (r >= rows) return;
     const i64 target = targets[r];
@@ -79,6 +80,7 @@ extern "C" __global__ void cross_entropy_rows_f32(float* row_loss, const float* 
 extern "C" __global__ void cross_entropy_mean_f32(float* loss, const float* row_loss,
                                                   const i64* targets, i64 rows,
                                                   i64 ignore_index) {
+    kiln_grid_dependency_wait();
     __shared__ float scratch[KILN_WARP];
     float total = 0.0f;
     float counted = 0.0f;
@@ -100,6 +102,7 @@ extern "C" __global__ void cross_entropy_backward_f32(float* grad, const float* 
                                                       const i64* targets, const float* grad_loss,
                                                       i64 rows, i64 vocab, i64 ignore_index,
                                                       int* fault) {
+    kiln_grid_dependency_wait();
     __shared__ float scratch[KILN_WARP];
     const i64 r = blockIdx.x;
     if (r >= rows) return;

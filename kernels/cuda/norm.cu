@@ -24,11 +24,13 @@ __device__ void kiln_rmsnorm(float* out, const float* x, const W* weight, i64 ro
 
 extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* weight, i64 rows,
                                        i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
     kiln_rmsnorm(out, x, weight, rows, hidden, eps);
 }
 
 extern "C" __global__ void rmsnorm_f32_bf16(float* out, const float* x, const bf16_bits* weight,
                                             i64 rows, i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
     kiln_rmsnorm(out, x, weight, rows, hidden, eps);
 }
 
@@ -55,12 +57,14 @@ __device__ void kiln_add_rmsnorm(float* sum_out, float* out, const float* x,
 extern "C" __global__ void add_rmsnorm_f32(float* sum_out, float* out, const float* x,
                                            const float* residual, const float* weight, i64 rows,
                                            i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
     kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
 }
 
 extern "C" __global__ void add_rmsnorm_f32_bf16(float* sum_out, float* out, const float* x,
                                                 const float* residual, const bf16_bits* weight,
                                                 i64 rows, i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
     kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
 }
 
@@ -72,6 +76,7 @@ extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, float* rstd_
                                                      const float* grad_out,
                                                      const float* grad_sum, int has_grad_sum,
                                                      i64 rows, i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
     if (row >= rows) return;
@@ -101,6 +106,7 @@ extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, float* rstd_
 extern "C" __global__ void rmsnorm_backward_weight_f32(float* grad_weight, const float* x,
                                                        const float* grad_out, const float* rstd,
                                                        i64 rows, i64 hidden) {
+    kiln_grid_dependency_wait();
     __shared__ float partial[KILN_NORM_ROW_LANES][KILN_WARP];
     const i64 col = (i64)blockIdx.x * KILN_WARP + threadIdx.x;
     float sum = 0.0f;

@@ -69,6 +69,7 @@ extern "C" __global__ void adamw_f32(float* param, float* m, float* v, const flo
                                      i64 n, double weight_decay, double beta1, double beta2,
                                      float m_weight, float beta2_f32, float v_weight,
                                      float eps) {
+    kiln_grid_dependency_wait();
     const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
                                            beta2_f32, v_weight, eps);
     KILN_FOR_EACH(i, n) {
@@ -87,6 +88,7 @@ extern "C" __global__ void adamw_f32_vec4(float4* param, float4* m, float4* v,
                                           double weight_decay, double beta1, double beta2,
                                           float m_weight, float beta2_f32, float v_weight,
                                           float eps) {
+    kiln_grid_dependency_wait();
     const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
                                            beta2_f32, v_weight, eps);
     KILN_FOR_EACH(i, n4) {
@@ -121,6 +123,7 @@ __device__ double kiln_block_sum_f64(double value, double* scratch) {
 }
 
 extern "C" __global__ void clip_grad_norm_partial(const float* grad, i64 n, double* partials) {
+    kiln_grid_dependency_wait();
     __shared__ double scratch[KILN_CLIP_THREADS];
     double sum = 0.0;
     for (i64 i = (i64)blockIdx.x * KILN_CLIP_THREADS + threadIdx.x; i < n;
@@ -138,6 +141,7 @@ extern "C" __global__ void clip_grad_norm_partial(const float* grad, i64 n, doub
 // norm gives a NaN scale (fmin would drop it).
 extern "C" __global__ void clip_grad_norm_finish(const double* partials, i64 count,
                                                  double max_norm, float* norm, float* scale) {
+    kiln_grid_dependency_wait();
     __shared__ double scratch[KILN_CLIP_THREADS];
     double sum = 0.0;
     for (i64 i = threadIdx.x; i < count; i += KILN_CLIP_THREADS) {

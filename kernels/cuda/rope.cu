@@ -44,12 +44,14 @@ __device__ void kiln_rope(float* out, const float* x, const i64* positions, cons
 extern "C" __global__ void rope_f32(float* out, const float* x, const i64* positions,
                                     const float* bias, int has_bias, i64 batch, i64 seq,
                                     i64 heads, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
     kiln_rope(out, x, positions, bias, has_bias, batch, seq, heads, head_dim, theta, fault);
 }
 
 extern "C" __global__ void rope_f32_bf16(float* out, const float* x, const i64* positions,
                                          const bf16_bits* bias, int has_bias, i64 batch, i64 seq,
                                          i64 heads, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
     kiln_rope(out, x, positions, bias, has_bias, batch, seq, heads, head_dim, theta, fault);
 }
 
@@ -57,6 +59,7 @@ extern "C" __global__ void rope_f32_bf16(float* out, const float* x, const i64* 
 extern "C" __global__ void rope_backward_f32(float* grad_x, const float* grad_out,
                                              const i64* positions, i64 batch, i64 seq,
                                              i64 heads, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
     const i64 half = head_dim / 2;
     const i64 pairs = batch * seq * heads * half;
     KILN_FOR_EACH(index, pairs) {

@@ -180,6 +180,9 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     name: String,
     arch: &'static str,
+    /// Compute capability 9.0 or later: kernels may be launched with programmatic stream
+    /// serialization (their `griddepcontrol` instructions exist there).
+    programmatic_launch: bool,
     modules: Mutex<Option<Modules>>,
     cache: KernelCache,
     staging: Mutex<Option<staging::Staging>>,
@@ -212,6 +215,7 @@ impl CudaDevice {
             ctx,
             name,
             arch,
+            programmatic_launch: major >= 9,
             modules: Mutex::new(None),
             cache: KernelCache::from_env(),
             staging: Mutex::new(None),
@@ -239,6 +243,11 @@ impl CudaDevice {
             *modules = Some(self.load_modules()?);
         }
         Ok(())
+    }
+
+    /// Whether kernels can be launched with programmatic dependent launch (sm_90 and later).
+    pub fn supports_programmatic_launch(&self) -> bool {
+        self.programmatic_launch
     }
 
     /// The device's name and architecture, e.g. `NVIDIA H200 (sm_90)`.

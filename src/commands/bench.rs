@@ -38,6 +38,8 @@ pub struct BenchArgs {
     pub steps: usize,
     /// Fused linears of at most this many rows on the skinny kernel (None: the default).
     pub linear_rows: Option<u64>,
+    /// Programmatic dependent launch where the device supports it.
+    pub pdl: bool,
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
@@ -60,6 +62,8 @@ pub struct BenchResult {
     /// `--linear-rows` when given: fused linears of at most this many rows on the skinny
     /// kernel, larger ones on cuBLASLt.
     pub linear_rows: Option<u64>,
+    /// Whether kernels were launched with programmatic dependent launch.
+    pub pdl: bool,
     pub steps: usize,
     pub median_ms: f64,
     pub p95_ms: f64,
@@ -212,6 +216,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         Some(rows) => CudaExecutable::with_linear_rows(&device, &graph, &planned, rows)?,
         None => CudaExecutable::new(&device, &graph, &planned)?,
     };
+    let pdl = exe.set_programmatic_launch(args.pdl);
     startup.bind_ms = lap();
     let kernels = device.kernel_report();
     startup.kernels_ms = kernels.seconds * 1e3;
@@ -340,6 +345,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         streams: args.streams,
         fusion: args.options.fusion,
         linear_rows: args.linear_rows,
+        pdl,
         steps: args.steps,
         median_ms: median,
         p95_ms: percentile(&times, 0.95),

@@ -14,6 +14,8 @@
 #           against the CPU reference, then `kiln bench --program serve` rows of BENCHMARKS.md
 #   rows:   bf16 decode of Qwen2.5-0.5B at every batch of 1..32 that a bucket rounds up (the
 #           cost of a padding row: exact-size programs against the engine's doublings)
+#   pdl:    bf16 decode (B=1, 8, 32) and prefill rows with programmatic dependent launch on
+#           and off, alternating, then the compiled PyTorch decode peer (BIN_DIR/fast_decode.py)
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -152,6 +154,22 @@ PY
           print('decode bf16 batch', sys.argv[2], {k: v for k, v in r.items() if k in ('median_ms', 'p95_ms', 'launches_per_step', 'hbm_floor_ms')})" \
           "$out/rows.jsonl" $batch
       done
+      ;;
+    pdl)
+      for model in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
+        for args in "--program decode --batch 1" "--program decode --batch 8" \
+                    "--program decode --batch 32" "--program prefill"; do
+          for pdl in on off; do
+            "$bin/kiln" bench --model $model --precision bf16 $args --pdl $pdl \
+              --json >>"$out/pdl.jsonl" 2>>"$out/pdl.log" || echo "FAILED: $model $args (see pdl.log)"
+            python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+              print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'hbm_floor_ms', 'pdl') if k in r})" \
+              "$out/pdl.jsonl" "$model $args --pdl $pdl"
+          done
+        done
+      done
+      PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" qwen2.5-0.5b 1 8 32 2>&1 | tee "$out/peer.log"
+      PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" ds-r1-qwen-1.5b 1 2>&1 | tee -a "$out/peer.log"
       ;;
     anchor)
       PYTHONUNBUFFERED=1 python3 "$bin/torch_anchor.py" qwen2.5-0.5b ds-r1-qwen-1.5b 2>&1 | tee "$out/anchor.log"

@@ -359,3 +359,23 @@ fn clipping_splits_each_gradient_by_its_size_alone() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Every kernel begins with `kiln_grid_dependency_wait()`: kiln launches kernels with
+/// programmatic stream serialization, so a kernel without the wait could read its producer's
+/// output before it is written, and finish before its predecessor (common.cuh says why).
+#[test]
+fn every_kernel_waits_for_its_producers_first() {
+    let mut kernels = 0;
+    for (module, source) in SOURCES {
+        for (at, _) in source.match_indices("extern \"C\" __global__") {
+            let body = &source[at + source[at..].find('{').expect("a kernel has a body") + 1..];
+            let first = body.trim_start();
+            assert!(
+                first.starts_with("kiln_grid_dependency_wait();"),
+                "module {module}: the kernel at byte {at} does not begin with the wait"
+            );
+            kernels += 1;
+        }
+    }
+    assert!(kernels >= SOURCES.len(), "found {kernels} kernels");
+}

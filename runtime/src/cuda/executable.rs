@@ -10,6 +10,12 @@
 //! its launches there and records its events. Each stream has its own GEMM workspace: GEMMs on
 //! one stream run in order, so no two that may overlap share scratch memory.
 //!
+//! Kernels are launched with programmatic stream serialization where the device supports it
+//! (sm_90 and later; [`CudaExecutable::set_programmatic_launch`]): a kernel is scheduled while
+//! the one before it on its stream finishes, and waits at its first instruction for the
+//! grids it depends on (kernels/cuda/common.cuh), so the launch gap is hidden; the edges
+//! survive stream capture into the graph.
+//!
 //! Invalid indices: [`set`](CudaExecutable::set) checks every index input against the ranges
 //! its readers accept (the CPU reference's rules, so both backends refuse the same inputs); a
 //! kernel that still meets one raises its step's fault word, and the next synchronization
@@ -28,7 +34,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream};
 use kiln_ir::Graph;
 use kiln_kernels::gpu::{Addr, Arg, Launch};
@@ -88,6 +94,9 @@ pub struct CudaExecutable {
     write_backs: Vec<Resolved>,
     graph: Option<CudaGraph>,
     capture_seconds: Option<f64>,
+    /// Kernels launched with programmatic stream serialization (see
+    /// [`set_programmatic_launch`](Self::set_programmatic_launch)).
+    programmatic: bool,
 }
 
 /// Ends an open capture when dropped before `finish` (a launch failed inside it).
@@ -211,18 +220,37 @@ impl CudaExecutable {
                 let mut params: Vec<*mut std::ffi::c_void> = (args.iter())
                     .map(|cell| cell as *const u64 as *mut std::ffi::c_void)
                     .collect();
+                let mut attribute = sys::CUlaunchAttribute {
+                    id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                    pad: [0; 4],
+                    // SAFETY: a plain-data union; zero is a valid value of every field.
+                    value: unsafe { std::mem::zeroed() },
+                };
+                attribute.value.programmaticStreamSerializationAllowed = 1;
+                let config = sys::CUlaunchConfig {
+                    gridDimX: grid.0,
+                    gridDimY: grid.1,
+                    gridDimZ: grid.2,
+                    blockDimX: block.0,
+                    blockDimY: block.1,
+                    blockDimZ: block.2,
+                    sharedMemBytes: *shared,
+                    hStream: stream.cu_stream(),
+                    attrs: &mut attribute,
+                    numAttrs: u32::from(self.programmatic),
+                };
                 // SAFETY: each parameter points at a cell holding its value's bits; the
-                // builders match the kernels' signatures (checked against the sources in CI).
+                // builders match the kernels' signatures (checked against the sources in CI);
+                // the config and its attribute live through the call.
                 unsafe {
-                    cudarc::driver::result::launch_kernel(
+                    sys::cuLaunchKernelEx(
+                        &config,
                         function.cu_function(),
-                        *grid,
-                        *block,
-                        *shared,
-                        stream.cu_stream(),
-                        &mut params,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
                     )
                 }
+                .result()
                 .map_err(|e| error("kernel launch", e))
             }
             Resolved::Gemm(g) => {
@@ -357,6 +385,16 @@ impl CudaExecutable {
         self.graph = Some(graph);
         self.capture_seconds = Some(start.elapsed().as_secs_f64());
         Ok(())
+    }
+
+    /// Launches kernels with programmatic dependent launch (`on`, the default where the
+    /// device supports it) or in plain stream order; returns whether it is on. Each kernel
+    /// starts with `griddepcontrol.wait` (kernels/cuda/common.cuh), so results are the same
+    /// either way; a recorded graph is dropped and captured again on the next replay.
+    pub fn set_programmatic_launch(&mut self, on: bool) -> bool {
+        self.programmatic = on && self.device.supports_programmatic_launch();
+        self.graph = None;
+        self.programmatic
     }
 
     /// Seconds the last capture + instantiate + upload took.

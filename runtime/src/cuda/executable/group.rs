@@ -137,6 +137,7 @@ impl CudaExecutable {
             write_backs: Vec::new(),
             graph: None,
             capture_seconds: None,
+            programmatic: device.supports_programmatic_launch(),
         };
         executable.resolve_launches()?;
         Ok(executable)
