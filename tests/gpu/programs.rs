@@ -23,6 +23,15 @@ fn program_inputs(
     values
 }
 
+/// `graph` planned for the GPU on `streams` streams.
+fn gpu_plan(graph: &Graph, streams: usize) -> kiln_planner::Plan {
+    let options = PlanOptions {
+        streams,
+        ..Default::default()
+    };
+    plan(graph, &options, &kiln_runtime::Workspaces::Cuda).unwrap()
+}
+
 fn gpu_run(
     device: &Arc<CudaDevice>,
     graph: &Graph,
@@ -31,11 +40,7 @@ fn gpu_run(
     mode: RunMode,
     runs: usize,
 ) -> BTreeMap<String, Tensor> {
-    let options = PlanOptions {
-        streams,
-        ..Default::default()
-    };
-    let planned = plan(graph, &options, &kiln_runtime::Workspaces::Cuda).unwrap();
+    let planned = gpu_plan(graph, streams);
     let backend = Backend::Cuda(device.clone());
     backend.run(graph, &planned, values, mode, runs).unwrap()
 }
@@ -378,15 +383,7 @@ fn programmatic_launch_gives_the_bits_of_plain_stream_order() {
         let graph = build(kind, &config, &options).unwrap();
         let values = program_inputs(&graph, &config, kind, &options, 41);
         for streams in [1, 2] {
-            let planned = plan(
-                &graph,
-                &PlanOptions {
-                    streams,
-                    ..Default::default()
-                },
-                &kiln_runtime::Workspaces::Cuda,
-            )
-            .unwrap();
+            let planned = gpu_plan(&graph, streams);
             let run = |programmatic: bool| {
                 let mut exe = CudaExecutable::new(&device, &graph, &planned).unwrap();
                 assert_eq!(exe.set_programmatic_launch(programmatic), programmatic);

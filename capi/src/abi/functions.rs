@@ -188,6 +188,28 @@ pub extern "C" fn kiln_program_free(program: KilnProgram) -> KilnStatus {
     guard(|| handles::free_program(program.id))
 }
 
+/// The descriptor `tensor` (the argument named `argument`) of `what`, where its memory is and
+/// how `stream` orders the call, every field checked; the program's work is then ordered
+/// after the stream's (see [`Program::begin`]).
+///
+/// # Safety
+/// A non-null `tensor` points at a descriptor valid for the call.
+unsafe fn begin<'t>(
+    program: &mut Program,
+    (tensor, argument): (*const KilnTensor, &'static str),
+    what: &str,
+    stream: KilnStream,
+) -> crate::Result<(&'t KilnTensor, Memory, Order)> {
+    let order = order_of(program, stream)?;
+    // SAFETY: the caller's contract.
+    let (tensor, memory) = unsafe { descriptor(tensor, argument, what)? };
+    if let Memory::Cuda(index) = memory {
+        check_device(program, index, what)?;
+    }
+    program.begin(order)?;
+    Ok((tensor, memory, order))
+}
+
 /// Copies the caller's `tensor` into input (or state) `name` of `program`; its dtype and shape
 /// must be the input's. Host memory is copied before the call returns; device memory is
 /// copied on the device, ordered by `stream`. kiln keeps no reference to the caller's memory.
@@ -206,14 +228,10 @@ pub unsafe extern "C" fn kiln_program_set_input(
         // SAFETY: the caller's contract.
         let name = unsafe { string_argument(name, "name")? };
         handles::with_program(program.id, |program| {
-            let order = order_of(program, stream)?;
             let what = format!("input `{name}`");
             // SAFETY: the caller's contract.
-            let (tensor, memory) = unsafe { descriptor(tensor, "tensor", &what)? };
-            if let Memory::Cuda(index) = memory {
-                check_device(program, index, &what)?;
-            }
-            program.begin(order)?;
+            let (tensor, memory, order) =
+                unsafe { begin(program, (tensor, "tensor"), &what, stream)? };
             match memory {
                 // SAFETY: the caller's contract.
                 Memory::Host => program.set(name, &unsafe { read_tensor(tensor, &what)? })?,
@@ -303,14 +321,9 @@ pub unsafe extern "C" fn kiln_program_get_output(
         // SAFETY: the caller's contract.
         let name = unsafe { string_argument(name, "name")? };
         handles::with_program(program.id, |program| {
-            let order = order_of(program, stream)?;
             let what = format!("output `{name}`");
             // SAFETY: the caller's contract.
-            let (out, memory) = unsafe { descriptor(out, "out", &what)? };
-            if let Memory::Cuda(index) = memory {
-                check_device(program, index, &what)?;
-            }
-            program.begin(order)?;
+            let (out, memory, order) = unsafe { begin(program, (out, "out"), &what, stream)? };
             match memory {
                 Memory::Host => {
                     let value = program.get(name)?;
