@@ -14,6 +14,9 @@
 // The most dimensions a descriptor may have (checked before its shape is read).
 #define KILN_MAX_RANK 16
 
+// CUDA's legacy default stream, as DLPack and the driver number it.
+#define LEGACY_STREAM 1
+
 // What a call returned: [`KILN_STATUS_OK`] or why it failed.
 typedef int32_t KilnStatus;
 
@@ -75,14 +78,17 @@ typedef struct KilnTensor {
 
 // The stream a call is ordered on.
 //
-// `handle` null: the call is synchronous; it returns once its work and its copies are
-// complete. A non-null `handle` is a `CUstream` of `device` (a CUDA device, in the device's
-// primary context, as the CUDA runtime's and PyTorch's streams are; DLPack's 1 and 2 name the
-// legacy and per-thread default streams): the call's work on the device runs after the work
-// issued on that stream before the call, the work issued there after the call runs after
-// it, and the call returns without waiting. A caller's device memory must then stay valid
-// until its stream reaches that point. Host descriptors are always copied before the call
-// returns.
+// `handle` null: the call is synchronous; on a CUDA program its work runs after the work
+// already on the legacy default stream (CUDA's stream 0), and the call returns once its work
+// and copies are complete. A non-null `handle` is a live `CUstream` of `device` (a CUDA
+// device, in the device's primary context, as the CUDA runtime's and PyTorch's streams are;
+// DLPack's 1 and 2 name the legacy and per-thread default streams): the call's work on the
+// device runs after the work issued on that stream before the call, the work issued there
+// after the call runs after it, and the call returns without waiting for its device work —
+// except a copy of an index input (token ids, positions, slots), which goes through the host
+// to have its values checked and so waits for the stream. A caller's device memory must stay
+// valid until its stream reaches the call's work. Host descriptors are always copied before
+// the call returns.
 typedef struct KilnStream {
   struct KilnDevice device;
   void *handle;

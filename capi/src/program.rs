@@ -26,8 +26,9 @@ impl ProgramInput {
 }
 
 /// A compiled program: an executable with the model's weights set. Inputs are copied into its
-/// slots; a run updates its states in place (a decode step appends to the KV cache); outputs
-/// are copied out as fresh host tensors.
+/// slots (from host or, on a device, device memory); a run updates its states in place (a
+/// decode step appends to the KV cache); outputs are copied out into fresh host tensors,
+/// caller's device memory or fresh device buffers.
 pub struct Program {
     name: &'static str,
     exe: Box<dyn Executable>,
@@ -164,10 +165,13 @@ impl Program {
     }
 
     /// Orders the program's next work (copies, runs) after the work issued so far on the
-    /// caller's stream; nothing for [`Order::Synchronous`].
+    /// caller's stream; for [`Order::Synchronous`], on a device, after the legacy default
+    /// stream (CUDA's stream 0, where a caller without streams works).
     pub fn begin(&mut self, order: Order) -> Result<()> {
-        if let Order::Stream(stream) = order {
-            self.device_io("a stream")?.wait_for(stream)?;
+        match (order, self.exe.device_io()) {
+            (Order::Stream(stream), _) => self.device_io("a stream")?.wait_for(stream)?,
+            (Order::Synchronous, Some(io)) => io.wait_for(LEGACY_STREAM)?,
+            (Order::Synchronous, None) => {}
         }
         Ok(())
     }
@@ -211,6 +215,9 @@ impl Program {
         Ok((buffer, ty))
     }
 }
+
+/// CUDA's legacy default stream, as DLPack and the driver number it.
+pub const LEGACY_STREAM: u64 = 1;
 
 /// How a call that touches device memory is ordered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

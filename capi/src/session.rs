@@ -18,7 +18,7 @@ use kiln_planner::{Plan, PlanOptions};
 use kiln_runtime::{Backend, RunMode, Tensor, Workspaces};
 
 use crate::error::{Error, Result};
-pub use crate::program::{Order, Program, ProgramInput};
+pub use crate::program::{Order, Program, ProgramInput, LEGACY_STREAM};
 
 /// Where a model's programs run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kiln_capi::session::{Order, Program};
+use kiln_capi::session::{Order, Program, LEGACY_STREAM};
 use kiln_ir::InputKind;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -32,43 +32,58 @@ fn described<'py>(py: Python<'py>, ty: &kiln_ir::TensorType) -> PyResult<Bound<'
 }
 
 impl PyProgram {
-    /// Sets every keyword input, then runs once. The returned guard keeps the memory of device
-    /// inputs alive: it must live until the outputs are copied out (which synchronizes).
-    fn set_and_run(
+    /// Sets every keyword input, runs once, then reads the outputs with `outputs`. The memory
+    /// of device inputs (DLPack producers' tensors) is held until kiln's copies out of it are
+    /// done — also when a later input, the run or the outputs fail.
+    fn run_with<R>(
         &mut self,
         inputs: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<(&mut Program, Vec<Arc<Owner>>)> {
+        outputs: impl FnOnce(&mut Program) -> PyResult<R>,
+    ) -> PyResult<R> {
         let program = self.program.get_mut()?;
-        let device = program.device_stream();
-        let mut held = Vec::new();
-        if let Some(inputs) = inputs {
-            for (name, value) in inputs.iter() {
-                let name: String = name.extract()?;
-                // Unknown names are refused before any value is read.
-                program.input(&name).map_err(to_py)?;
-                match input_value(&value, &format!("input `{name}`"), device)? {
-                    Input::Host(tensor) => program.set(&name, &tensor).map_err(to_py)?,
-                    Input::Device {
-                        input,
-                        after_default,
-                    } => {
-                        if after_default {
-                            program.begin(Order::Stream(LEGACY_STREAM)).map_err(to_py)?;
-                        }
-                        let ty = (input.dtype, &input.shape);
-                        program.set_device(&name, ty, input.span).map_err(to_py)?;
-                        held.push(input.owner);
-                    }
-                }
-            }
+        let mut held: Vec<Arc<Owner>> = Vec::new();
+        let result = set_and_run(program, inputs, &mut held).and_then(|()| outputs(program));
+        if !held.is_empty() {
+            // Copies out of the held memory may still be queued on kiln's stream.
+            let synchronized = program.end(Order::Synchronous).map_err(to_py);
+            drop(held);
+            return result.and_then(|r| synchronized.map(|()| r));
         }
-        program.run().map_err(to_py)?;
-        Ok((program, held))
+        result
     }
 }
 
-/// CUDA's legacy default stream, as DLPack and the driver number it.
-const LEGACY_STREAM: u64 = 1;
+/// Sets every keyword input of `program` (device inputs' owners pushed to `held`), then runs
+/// once.
+fn set_and_run(
+    program: &mut Program,
+    inputs: Option<&Bound<'_, PyDict>>,
+    held: &mut Vec<Arc<Owner>>,
+) -> PyResult<()> {
+    let device = program.device_stream();
+    if let Some(inputs) = inputs {
+        for (name, value) in inputs.iter() {
+            let name: String = name.extract()?;
+            // Unknown names are refused before any value is read.
+            program.input(&name).map_err(to_py)?;
+            match input_value(&value, &format!("input `{name}`"), device)? {
+                Input::Host(tensor) => program.set(&name, &tensor).map_err(to_py)?,
+                Input::Device {
+                    input,
+                    after_default,
+                } => {
+                    held.push(input.owner.clone());
+                    if after_default {
+                        program.begin(Order::Stream(LEGACY_STREAM)).map_err(to_py)?;
+                    }
+                    let ty = (input.dtype, &input.shape);
+                    program.set_device(&name, ty, input.span).map_err(to_py)?;
+                }
+            }
+        }
+    }
+    program.run().map_err(to_py)
+}
 
 #[pymethods]
 impl PyProgram {
@@ -126,13 +141,14 @@ impl PyProgram {
         py: Python<'py>,
         inputs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let (program, _held) = self.set_and_run(inputs)?;
-        let dict = PyDict::new(py);
-        for (name, _) in program.outputs() {
-            let tensor = program.get(name).map_err(to_py)?;
-            dict.set_item(name, to_numpy(py, &tensor)?)?;
-        }
-        Ok(dict)
+        self.run_with(inputs, |program| {
+            let dict = PyDict::new(py);
+            for (name, _) in program.outputs() {
+                let tensor = program.get(name).map_err(to_py)?;
+                dict.set_item(name, to_numpy(py, &tensor)?)?;
+            }
+            Ok(dict)
+        })
     }
 
     /// As `run`, returning `kiln.Tensor`s: DLPack producers that `torch.from_dlpack` and
@@ -145,21 +161,22 @@ impl PyProgram {
         py: Python<'py>,
         inputs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let (program, _held) = self.set_and_run(inputs)?;
-        let device = program.device_stream();
-        let names: Vec<String> = program.outputs().iter().map(|(n, _)| n.clone()).collect();
-        let dict = PyDict::new(py);
-        for name in names {
-            let tensor = match device {
-                Some((ordinal, _)) => {
-                    let (buffer, ty) = program.get_buffer(&name).map_err(to_py)?;
-                    PyTensor::from_device(buffer, &ty, ordinal)
-                }
-                None => PyTensor::from_kiln(program.get(&name).map_err(to_py)?),
-            };
-            dict.set_item(name, tensor)?;
-        }
-        Ok(dict)
+        self.run_with(inputs, |program| {
+            let device = program.device_stream();
+            let names: Vec<String> = program.outputs().iter().map(|(n, _)| n.clone()).collect();
+            let dict = PyDict::new(py);
+            for name in names {
+                let tensor = match device {
+                    Some((ordinal, _)) => {
+                        let (buffer, ty) = program.get_buffer(&name).map_err(to_py)?;
+                        PyTensor::from_device(buffer, &ty, ordinal)
+                    }
+                    None => PyTensor::from_kiln(program.get(&name).map_err(to_py)?),
+                };
+                dict.set_item(name, tensor)?;
+            }
+            Ok(dict)
+        })
     }
 
     fn __repr__(&self) -> PyResult<String> {

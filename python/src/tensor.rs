@@ -1,6 +1,6 @@
-//! `kiln.Tensor`: memory kiln shares through DLPack — a kiln host tensor (a program's output)
-//! or a tensor another library exported (`kiln.from_dlpack`) — and the conversions between
-//! Python values and kiln host tensors.
+//! `kiln.Tensor`: memory kiln shares through DLPack — a kiln host tensor or device buffer (a
+//! program's output) or a tensor another library exported (`kiln.from_dlpack`) — and the
+//! conversions between Python values and program inputs.
 //!
 //! Zero-copy where DLPack allows it: exporting a `kiln.Tensor` or importing one never copies.
 //! A program's inputs are copied into its slots — on the device, from a CUDA tensor, when
@@ -90,6 +90,8 @@ impl PyTensor {
         if self.is_host() {
             return Ok(None);
         }
+        // Checks the shape and strides (no negative or overflowing numbers) first.
+        let bytes = described.extent_bytes()?;
         if described.device
             != (dlpack::DLDevice {
                 device_type: DEVICE_CUDA,
@@ -121,7 +123,7 @@ impl PyTensor {
             shape,
             span: DeviceSpan {
                 ptr: described.data as u64,
-                bytes: described.extent_bytes()?,
+                bytes,
             },
             owner: self.owner.clone(),
         }))
@@ -152,8 +154,8 @@ impl PyTensor {
         }
         if !self.is_host() {
             return Err(PyValueError::new_err(format!(
-                "{what} is on {}; this program runs on the CPU and takes host inputs (copy \
-                 it there first, e.g. tensor.cpu())",
+                "{what} is on {}; only host inputs can be read here (a program on the CPU, \
+                 numpy()): copy it to the CPU first, e.g. tensor.cpu()",
                 self.device()
             )));
         }
@@ -194,7 +196,7 @@ impl PyTensor {
         dtype_name(self.described.dtype)
     }
 
-    /// "cpu" or "cuda:N".
+    /// "cpu", "cuda:N", or the DLPack device of other memory ("dlpack device type T:N").
     #[getter]
     fn device(&self) -> String {
         match self.described.device {
@@ -202,7 +204,14 @@ impl PyTensor {
                 device_type: DEVICE_CUDA,
                 device_id,
             } => format!("cuda:{device_id}"),
-            _ => "cpu".to_string(),
+            dlpack::DLDevice {
+                device_type: DEVICE_CPU | DEVICE_CUDA_HOST,
+                ..
+            } => "cpu".to_string(),
+            dlpack::DLDevice {
+                device_type,
+                device_id,
+            } => format!("dlpack device type {device_type}:{device_id}"),
         }
     }
 
@@ -315,8 +324,9 @@ pub struct DeviceInput {
 /// A program input: host elements, or device memory of the program's device.
 pub enum Input {
     Host(Tensor),
-    /// `after_default`: the memory was exported without a stream, so kiln orders its copy
-    /// after the legacy default stream (where PyTorch's work runs unless told otherwise).
+    /// `after_default`: a `kiln.Tensor`, whose memory was shared without a stream handshake,
+    /// so kiln orders its copy after the legacy default stream (where PyTorch works unless
+    /// told otherwise); work on another stream must be synchronized by the caller.
     Device {
         input: DeviceInput,
         after_default: bool,
@@ -354,8 +364,9 @@ pub fn input_value(
         }
     };
     if let Ok(tensor) = value.cast::<PyTensor>() {
-        let after_default = matches!(*tensor.get().owner, Owner::Imported(_));
-        return on_device(tensor.get(), after_default);
+        // Its memory may have been written through another export since: order kiln's copy
+        // after the legacy default stream, where PyTorch works unless told otherwise.
+        return on_device(tensor.get(), true);
     }
     let exported_on_cuda = value.cast::<PyUntypedArray>().is_err()
         && value.hasattr("__dlpack_device__")?

@@ -114,6 +114,29 @@ impl TimingEvent {
     }
 }
 
+/// The driver version (12.3) from which programmatic launches are captured into graphs.
+const PROGRAMMATIC_LAUNCH_DRIVER: i32 = 12030;
+
+/// CUDA's legacy default stream, as the driver numbers it.
+pub(crate) const LEGACY_STREAM: cudarc::driver::sys::CUstream = 1 as cudarc::driver::sys::CUstream;
+
+/// Fills `bytes` bytes at `ptr` with `value` on `stream` and waits for it. (`cuMemsetD8`
+/// alone runs on the legacy stream and may return before the fill is done, and kiln's streams
+/// do not wait for the legacy stream: a later copy or kernel on them could race the fill.)
+pub(crate) fn fill_and_wait(
+    ptr: u64,
+    value: u8,
+    bytes: usize,
+    stream: cudarc::driver::sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's range; the stream is waited for before this returns.
+    unsafe {
+        cudarc::driver::result::memset_d8_async(ptr, value, bytes, stream)
+            .and_then(|()| cudarc::driver::result::stream::synchronize(stream))
+    }
+    .map_err(|e| error("fill device memory", e))
+}
+
 /// One device allocation, freed on drop.
 pub(crate) struct DeviceAlloc {
     ctx: Arc<CudaContext>,
@@ -122,21 +145,25 @@ pub(crate) struct DeviceAlloc {
 }
 
 impl DeviceAlloc {
-    /// `bytes` bytes (at least 1), filled with `fill`.
+    /// `bytes` bytes (at least 1), filled with `fill` before this returns.
     pub fn new(ctx: &Arc<CudaContext>, bytes: usize, fill: u8) -> Result<Self> {
+        let alloc = Self::unfilled(ctx, bytes)?;
+        fill_and_wait(alloc.ptr, fill, bytes.max(1), LEGACY_STREAM)?;
+        Ok(alloc)
+    }
+
+    /// `bytes` bytes (at least 1) of whatever the device left there: for memory written whole
+    /// before it is read.
+    pub fn unfilled(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
         ctx.bind_to_thread().map_err(|e| error("bind context", e))?;
         // SAFETY: a plain device allocation, freed in Drop.
         let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }
             .map_err(|e| error(format!("allocate {bytes} bytes"), e))?;
-        let alloc = DeviceAlloc {
+        Ok(DeviceAlloc {
             ctx: ctx.clone(),
             ptr,
             bytes,
-        };
-        // SAFETY: the range was just allocated.
-        unsafe { cudarc::driver::result::memset_d8_sync(ptr, fill, bytes.max(1)) }
-            .map_err(|e| error("fill", e))?;
-        Ok(alloc)
+        })
     }
 }
 
@@ -180,8 +207,9 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     name: String,
     arch: &'static str,
-    /// Compute capability 9.0 or later: kernels may be launched with programmatic stream
-    /// serialization (their `griddepcontrol` instructions exist there).
+    /// Compute capability 9.0 or later and a 12.3 driver or later: kernels may be launched
+    /// with programmatic stream serialization (their `griddepcontrol` instructions exist
+    /// there, and graphs capture the launches).
     programmatic_launch: bool,
     modules: Mutex<Option<Modules>>,
     cache: KernelCache,
@@ -209,13 +237,18 @@ impl CudaDevice {
             .compute_capability()
             .map_err(|e| error("compute capability", e))?;
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        let mut driver_version = 0;
+        // SAFETY: writes one int.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(|e| error("driver version", e))?;
         let release_errors = Arc::new(ReleaseErrors::default());
         let lt = gemm::LtHandle::new(&release_errors)?;
         Ok(Arc::new(CudaDevice {
             ctx,
             name,
             arch,
-            programmatic_launch: major >= 9,
+            programmatic_launch: major >= 9 && driver_version >= PROGRAMMATIC_LAUNCH_DRIVER,
             modules: Mutex::new(None),
             cache: KernelCache::from_env(),
             staging: Mutex::new(None),
@@ -245,7 +278,8 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// Whether kernels can be launched with programmatic dependent launch (sm_90 and later).
+    /// Whether kernels can be launched with programmatic dependent launch (sm_90 and later,
+    /// driver 12.3 and later).
     pub fn supports_programmatic_launch(&self) -> bool {
         self.programmatic_launch
     }
@@ -309,9 +343,14 @@ impl CudaDevice {
         stream: &cudarc::driver::CudaStream,
     ) -> Result<()> {
         if host.len() < staging::STAGED_FROM {
-            // SAFETY: the caller's range; `memcpy_htod_sync` waits for the copy.
-            return unsafe { cudarc::driver::result::memcpy_htod_sync(dst, host) }
-                .map_err(|e| error("copy to the device", e));
+            // On `stream`, then waited for: `cuMemcpyHtoD` from pageable memory may return
+            // before the data lands, on the legacy stream, which kiln's streams do not wait for.
+            // SAFETY: the caller's range; `host` outlives the copy (the stream is waited for).
+            return unsafe {
+                cudarc::driver::result::memcpy_htod_async(dst, host, stream.cu_stream())
+                    .and_then(|()| stream.synchronize())
+            }
+            .map_err(|e| error("copy to the device", e));
         }
         let mut staging = (self.staging.lock()).map_err(|_| error("staging", "poisoned"))?;
         if staging.is_none() {

@@ -1,8 +1,9 @@
 //! Device memory and streams the caller owns (a PyTorch tensor through DLPack, a C ABI
 //! descriptor): a program bound to a device copies into its input slots from such memory and
 //! out of its outputs into it on the device, and orders its work after and before the
-//! caller's stream with events — no host round trip, and no synchronization the caller did not
-//! ask for.
+//! caller's stream with events. Data copies stay on the device; an index input (token ids,
+//! positions, slots) is the exception: it is read back to the host, where its values are
+//! checked as a host input's are, which waits for the stream.
 //!
 //! Ownership (the rule of DESIGN.md): a [`DeviceSpan`] is described by its owner for one call;
 //! kiln touches it only in work the caller orders its own stream after ([`DeviceIo::signal`])

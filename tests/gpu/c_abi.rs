@@ -45,8 +45,8 @@ fn descriptor(data: u64, bytes: usize, shape: &[i64], dtype: KilnDType, cuda: bo
 
 /// A caller's device buffer holding `bytes`, written on `stream` (the caller's).
 fn caller_buffer(bytes: &[u8], stream: cudarc::driver::sys::CUstream) -> u64 {
-    // SAFETY: a plain allocation freed at the end of the test; the copy is ordered on the
-    // caller's stream, which is synchronized before `bytes` goes.
+    // SAFETY: a plain allocation freed at the end of the test; a copy from pageable memory
+    // has read `bytes` when it returns, and it is ordered on the caller's stream.
     unsafe {
         let ptr = cudarc::driver::result::malloc_sync(bytes.len()).unwrap();
         cudarc::driver::result::memcpy_htod_async(ptr, bytes, stream).unwrap();

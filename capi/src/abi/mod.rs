@@ -76,14 +76,17 @@ pub struct KilnDevice {
 
 /// The stream a call is ordered on.
 ///
-/// `handle` null: the call is synchronous; it returns once its work and its copies are
-/// complete. A non-null `handle` is a `CUstream` of `device` (a CUDA device, in the device's
-/// primary context, as the CUDA runtime's and PyTorch's streams are; DLPack's 1 and 2 name the
-/// legacy and per-thread default streams): the call's work on the device runs after the work
-/// issued on that stream before the call, the work issued there after the call runs after
-/// it, and the call returns without waiting. A caller's device memory must then stay valid
-/// until its stream reaches that point. Host descriptors are always copied before the call
-/// returns.
+/// `handle` null: the call is synchronous; on a CUDA program its work runs after the work
+/// already on the legacy default stream (CUDA's stream 0), and the call returns once its work
+/// and copies are complete. A non-null `handle` is a live `CUstream` of `device` (a CUDA
+/// device, in the device's primary context, as the CUDA runtime's and PyTorch's streams are;
+/// DLPack's 1 and 2 name the legacy and per-thread default streams): the call's work on the
+/// device runs after the work issued on that stream before the call, the work issued there
+/// after the call runs after it, and the call returns without waiting for its device work —
+/// except a copy of an index input (token ids, positions, slots), which goes through the host
+/// to have its values checked and so waits for the stream. A caller's device memory must stay
+/// valid until its stream reaches the call's work. Host descriptors are always copied before
+/// the call returns.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct KilnStream {

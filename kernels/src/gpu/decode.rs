@@ -44,12 +44,7 @@ const MAX_SHARED_BYTES: u64 = 48 * 1024;
 
 /// Bytes of the partial results, `[B,Hq,T,splits,D+2]` f32.
 pub fn partials_bytes(dims: &AttentionDims) -> u64 {
-    dims.batch
-        * dims.q_heads
-        * dims.q_len
-        * splits(dims)
-        * (dims.head_dim + 2)
-        * 4
+    dims.batch * dims.q_heads * dims.q_len * splits(dims) * (dims.head_dim + 2) * 4
 }
 
 /// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`

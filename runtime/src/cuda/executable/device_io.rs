@@ -61,6 +61,36 @@ impl CudaExecutable {
                 span.bytes, span.ptr
             )));
         }
+        // A virtual-memory reservation (PyTorch's expandable segments) reports its whole
+        // range, mapped or not: both ends must be mapped memory of this device.
+        let last = span.ptr + (span.bytes as u64).saturating_sub(1);
+        for address in [span.ptr, last] {
+            let (mut mapped, mut on) = (0i32, -1i32);
+            // SAFETY: each out-parameter is an int, as the two attributes write.
+            let known = unsafe {
+                sys::cuPointerGetAttribute(
+                    (&mut mapped as *mut i32).cast(),
+                    CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPED,
+                    address,
+                )
+                .result()
+                .and_then(|()| {
+                    sys::cuPointerGetAttribute(
+                        (&mut on as *mut i32).cast(),
+                        CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                        address,
+                    )
+                    .result()
+                })
+            };
+            if known.is_err() || mapped == 0 || on != ordinal {
+                return Err(refuse(format!(
+                    "address {address:#x} of {} bytes from {:#x} is not mapped memory of \
+                     device {ordinal}",
+                    span.bytes, span.ptr
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -75,12 +105,13 @@ impl CudaExecutable {
         }
     }
 
-    /// A fresh event recorded on `stream` (a raw handle: the caller's, or one of kiln's).
+    /// A fresh event recorded on `stream` (a raw handle: the caller's, or one of kiln's; a
+    /// caller's handle must be a live stream of this context, the contract of [`DeviceIo`]).
     fn record_on(&self, stream: sys::CUstream) -> Result<cudarc::driver::CudaEvent> {
         let flags = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let event =
             (self.device.context().new_event(flags)).map_err(|e| error("create event", e))?;
-        // SAFETY: a live event; the driver checks the stream handle.
+        // SAFETY: a live event; the stream is live by the caller's contract.
         unsafe { cudarc::driver::result::event::record(event.cu_event(), stream) }
             .map_err(|e| error("record event on the stream", e))?;
         Ok(event)
@@ -89,7 +120,7 @@ impl CudaExecutable {
     /// Makes `stream` wait for `event`.
     fn stream_waits(stream: sys::CUstream, event: &cudarc::driver::CudaEvent) -> Result<()> {
         let flags = sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
-        // SAFETY: a live event; the driver checks the stream handle.
+        // SAFETY: a live event; the stream is live by the caller's contract.
         unsafe { cudarc::driver::result::stream::wait_event(stream, event.cu_event(), flags) }
             .map_err(|e| error("wait for an event", e))
     }
@@ -193,7 +224,7 @@ impl DeviceIo for CudaExecutable {
     }
 
     fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
-        let alloc = DeviceAlloc::new(self.device.context(), bytes, 0xFF)?;
+        let alloc = DeviceAlloc::unfilled(self.device.context(), bytes)?;
         Ok(DeviceBuffer(std::sync::Arc::new(alloc)))
     }
 }

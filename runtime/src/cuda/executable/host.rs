@@ -40,8 +40,8 @@ impl CudaExecutable {
         let Some(step) = words.iter().position(|&word| word != 0) else {
             return Ok(());
         };
-        // SAFETY: the slot's own range; the streams are idle.
-        unsafe { cudarc::driver::result::memset_d8_sync(slot.ptr, 0, slot.bytes) }
+        // The slot's own range; the streams are idle.
+        super::super::fill_and_wait(slot.ptr, 0, slot.bytes, self.streams[0].cu_stream())
             .map_err(|e| error("clear the fault words", e))?;
         let op = (self.program.steps.get(step)).map_or("?", |s| s.op.as_str());
         Err(Error::DeviceFault {
@@ -149,8 +149,8 @@ impl CudaExecutable {
         let _issuing = super::issuing(&self.issue)?;
         self.synchronize()?;
         let slot = &self.slots[slot as usize];
-        // SAFETY: the slot's own range; the streams are idle.
-        unsafe { cudarc::driver::result::memset_d8_sync(slot.ptr, 0, slot.bytes) }
+        // The slot's own range; the streams are idle.
+        super::super::fill_and_wait(slot.ptr, 0, slot.bytes, self.streams[0].cu_stream())
             .map_err(|e| error(format!("zero input `{name}` on the device"), e))
     }
 

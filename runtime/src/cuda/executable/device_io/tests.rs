@@ -13,7 +13,7 @@ fn bytes_of(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// `values` in a fresh device buffer, written on `stream` (not waited for).
+/// `values` in a fresh device buffer, written on `stream` and waited for.
 fn on_device(exe: &CudaExecutable, values: &[f32], stream: &CudaStream) -> DeviceBuffer {
     let buffer = exe.alloc(values.len() * 4).unwrap();
     let host = bytes_of(values);
