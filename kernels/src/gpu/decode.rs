@@ -10,32 +10,21 @@ use crate::Result;
 
 const MODULE: &str = "decode";
 
-/// Blocks the split kernel aims for at least: two per SM of an H200 (132 SMs).
-const TARGET_BLOCKS: u64 = 264;
-
-/// Cache rows per block of the split kernel: at most 64, and 4096 / D for wider heads (the
-/// chunk's keys and values sit in shared memory); halved, down to 16, while the grid would
-/// have fewer than [`TARGET_BLOCKS`] blocks. Decode at a small batch has few (query row, KV
-/// head) pairs: at B=1 Qwen2.5-0.5B's two KV heads over 1024 cache rows make 32 blocks of 64
-/// rows, most of the GPU idle and each block a long chain of loads; 16-row chunks make 128.
-pub fn key_chunk(dims: &AttentionDims) -> u64 {
-    let mut chunk = (4096 / dims.head_dim.max(1)).clamp(16, 64);
-    let pairs = dims.batch * dims.q_len * dims.kv_heads;
-    while chunk > 16 && pairs.saturating_mul(dims.kv_len.div_ceil(chunk)) < TARGET_BLOCKS {
-        chunk /= 2;
-    }
-    chunk
+/// Cache rows per block of the split kernel: 64 for heads of up to 64 dims, fewer for wider
+/// ones (the chunk's keys and values sit in shared memory), at least 16.
+pub fn key_chunk(head_dim: u64) -> u64 {
+    (4096 / head_dim.max(1)).clamp(16, 64)
 }
 
-/// Chunks of the cache (`dims.kv_len` rows) per (query row, KV head).
-pub fn splits(dims: &AttentionDims) -> u64 {
-    dims.kv_len.div_ceil(key_chunk(dims)).max(1)
+/// Chunks of a cache of `capacity` rows.
+pub fn splits(capacity: u64, head_dim: u64) -> u64 {
+    capacity.div_ceil(key_chunk(head_dim)).max(1)
 }
 
 /// Dynamic shared memory of one split block, bytes (see `decode.cu`).
 fn split_shared_bytes(dims: &AttentionDims) -> u64 {
     let group = dims.q_heads / dims.kv_heads.max(1);
-    let (d, chunk) = (dims.head_dim, key_chunk(dims));
+    let (d, chunk) = (dims.head_dim, key_chunk(dims.head_dim));
     (group * d + chunk * (d + 1) + chunk * d + group * chunk) * 4
 }
 
@@ -44,7 +33,12 @@ const MAX_SHARED_BYTES: u64 = 48 * 1024;
 
 /// Bytes of the partial results, `[B,Hq,T,splits,D+2]` f32.
 pub fn partials_bytes(dims: &AttentionDims) -> u64 {
-    dims.batch * dims.q_heads * dims.q_len * splits(dims) * (dims.head_dim + 2) * 4
+    dims.batch
+        * dims.q_heads
+        * dims.q_len
+        * splits(dims.kv_len, dims.head_dim)
+        * (dims.head_dim + 2)
+        * 4
 }
 
 /// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
@@ -78,7 +72,7 @@ pub fn cached_attention_f32(
             ),
         });
     }
-    let splits = splits(&dims);
+    let splits = splits(dims.kv_len, dims.head_dim);
     let rows = grid_dim(SPLIT, "B·T", dims.batch * dims.q_len, MAX_GRID_YZ)?;
     let heads = grid_dim(SPLIT, "Hq", dims.q_heads, MAX_GRID_YZ)?;
     let kv_heads = grid_dim(SPLIT, "Hkv", dims.kv_heads, MAX_GRID_YZ)?;
@@ -96,7 +90,7 @@ pub fn cached_attention_f32(
         size_arg(dims.q_len),
         size_arg(dims.kv_len),
         size_arg(dims.head_dim),
-        size_arg(key_chunk(&dims)),
+        size_arg(key_chunk(dims.head_dim)),
         Arg::F32(scale),
         Arg::Ptr(fault),
     ];

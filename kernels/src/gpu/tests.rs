@@ -379,29 +379,3 @@ fn every_kernel_waits_for_its_producers_first() {
     }
     assert!(kernels >= SOURCES.len(), "found {kernels} kernels");
 }
-
-/// Decode attention's chunks shrink only while the grid is small (few query rows), never
-/// below 16 rows, and never above what shared memory takes for wide heads.
-#[test]
-fn decode_chunks_shrink_to_fill_the_gpu_at_small_batches() {
-    let dims = |batch, kv_len, head_dim| AttentionDims {
-        batch,
-        q_heads: 14,
-        kv_heads: 2,
-        q_len: 1,
-        kv_len,
-        head_dim,
-    };
-    // Qwen2.5-0.5B, 1024 cache rows: B=1 → 16 rows a block (128 blocks); B=8 → 32 (512);
-    // B=32 → 64 (1024 blocks already).
-    assert_eq!(decode::key_chunk(&dims(1, 1024, 64)), 16);
-    assert_eq!(decode::key_chunk(&dims(8, 1024, 64)), 32);
-    assert_eq!(decode::key_chunk(&dims(32, 1024, 64)), 64);
-    assert_eq!(decode::splits(&dims(1, 1024, 64)), 64);
-    // Wide heads start at 4096 / D; a long cache keeps its chunk (and the combine's splits
-    // within its shared memory).
-    assert_eq!(decode::key_chunk(&dims(32, 1024, 128)), 32);
-    assert_eq!(decode::key_chunk(&dims(1, 131_072, 64)), 64);
-    // Never below 16, even for one short row.
-    assert_eq!(decode::key_chunk(&dims(1, 8, 64)), 16);
-}
