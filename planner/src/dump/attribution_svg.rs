@@ -11,10 +11,8 @@
 
 use super::attribution::{Attribution, ByCategory, CATEGORIES};
 use super::format_bytes;
-use super::format_bytes_short;
 use super::svg::{
-    escape, header, num, step_axes, tick_power_of_two, GRID_COLOR, PLOT_BOTTOM, PLOT_LEFT,
-    PLOT_RIGHT, PLOT_TOP,
+    byte_grid, escape, header, num, step_axes, PLOT_BOTTOM, PLOT_LEFT, PLOT_RIGHT, PLOT_TOP,
 };
 
 /// One color per category, in [`CATEGORIES`] order.
@@ -44,23 +42,7 @@ impl Attribution {
         let mut svg = header(&title);
         self.legend(&mut svg);
 
-        let byte_tick = tick_power_of_two(extent, 8);
-        let mut bytes = 0u64;
-        while bytes <= extent {
-            let at = num(y(bytes));
-            svg.push(format!(
-                r#"<line x1="{PLOT_LEFT}" y1="{at}" x2="{PLOT_RIGHT}" y2="{at}" stroke="{GRID_COLOR}"/>"#
-            ));
-            svg.push(format!(
-                r#"<text x="{}" y="{at}" dy="0.35em" text-anchor="end">{}</text>"#,
-                PLOT_LEFT - 8.0,
-                escape(&format_bytes_short(bytes))
-            ));
-            bytes = match bytes.checked_add(byte_tick) {
-                Some(next) => next,
-                None => break,
-            };
-        }
+        byte_grid(&mut svg, extent, &y);
 
         // Running sums: `below[s]` is the top of the bands drawn so far at step `s`.
         let mut below = vec![0u64; steps];

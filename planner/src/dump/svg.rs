@@ -52,28 +52,7 @@ pub fn to_svg(plan: &Plan) -> String {
     let mut svg = header(&title);
     legend(&mut svg, peak);
 
-    // Grid and y ticks (bytes, at multiples of a power of two so labels come out round).
-    let byte_tick = tick_power_of_two(extent, 8);
-    let mut bytes = 0u64;
-    while bytes <= extent {
-        let at = num(y(bytes));
-        svg.push(format!(
-            r#"<line x1="{PLOT_LEFT}" y1="{at}" x2="{PLOT_RIGHT}" y2="{at}" stroke="{GRID_COLOR}"/>"#
-        ));
-        svg.push(format!(
-            r#"<line x1="{}" y1="{at}" x2="{PLOT_LEFT}" y2="{at}" stroke="black"/>"#,
-            PLOT_LEFT - 5.0
-        ));
-        svg.push(format!(
-            r#"<text x="{}" y="{at}" dy="0.35em" text-anchor="end">{}</text>"#,
-            PLOT_LEFT - 8.0,
-            escape(&format_bytes_short(bytes))
-        ));
-        bytes = match bytes.checked_add(byte_tick) {
-            Some(next) => next,
-            None => break,
-        };
-    }
+    byte_grid(&mut svg, extent, &y);
 
     for p in &placed {
         let color = match p.buffer.class {
@@ -183,6 +162,32 @@ pub(super) fn header(title: &str) -> Vec<String> {
             escape(title)
         ),
     ]
+}
+
+/// The byte axis: a grid line, a tick and a label at every multiple of a power of two (so
+/// labels come out round) from 0 to `extent`; `y` maps bytes to the plot's height.
+pub(super) fn byte_grid(svg: &mut Vec<String>, extent: u64, y: &dyn Fn(u64) -> f64) {
+    let byte_tick = tick_power_of_two(extent, 8);
+    let mut bytes = 0u64;
+    while bytes <= extent {
+        let at = num(y(bytes));
+        svg.push(format!(
+            r#"<line x1="{PLOT_LEFT}" y1="{at}" x2="{PLOT_RIGHT}" y2="{at}" stroke="{GRID_COLOR}"/>"#
+        ));
+        svg.push(format!(
+            r#"<line x1="{}" y1="{at}" x2="{PLOT_LEFT}" y2="{at}" stroke="black"/>"#,
+            PLOT_LEFT - 5.0
+        ));
+        svg.push(format!(
+            r#"<text x="{}" y="{at}" dy="0.35em" text-anchor="end">{}</text>"#,
+            PLOT_LEFT - 8.0,
+            escape(&format_bytes_short(bytes))
+        ));
+        bytes = match bytes.checked_add(byte_tick) {
+            Some(next) => next,
+            None => break,
+        };
+    }
 }
 
 /// The plot's two axes, a tick and label at the center of every few schedule steps (`x` maps a
