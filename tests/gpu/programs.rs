@@ -156,12 +156,7 @@ fn decode_at_many_positions(
     };
     let compile = |kind| {
         let graph = build(kind, &config, &options).unwrap();
-        let planned = plan(
-            &graph,
-            &PlanOptions::default(),
-            &kiln_runtime::Workspaces::Cuda,
-        )
-        .unwrap();
+        let planned = gpu_plan(&graph, 1);
         let mut exe = CudaExecutable::new(device, &graph, &planned).unwrap();
         for (name, var) in weights.named() {
             exe.set(&name, var.value()).unwrap();
@@ -307,12 +302,7 @@ fn results_do_not_depend_on_what_earlier_runs_left_in_the_arena() {
                 ..Default::default()
             };
             let graph = build(kind, &config, &options).unwrap();
-            let planned = plan(
-                &graph,
-                &PlanOptions::default(),
-                &kiln_runtime::Workspaces::Cuda,
-            )
-            .unwrap();
+            let planned = gpu_plan(&graph, 1);
             let values = program_inputs(&graph, &config, kind, &options, 21);
             let others = program_inputs(&graph, &config, kind, &options, 22);
             let names: Vec<String> = (graph.outputs().iter().chain(graph.writes()))

@@ -12,7 +12,7 @@
 use super::attribution::{Attribution, ByCategory, CATEGORIES};
 use super::format_bytes;
 use super::svg::{
-    byte_grid, escape, header, num, step_axes, PLOT_BOTTOM, PLOT_LEFT, PLOT_RIGHT, PLOT_TOP,
+    byte_grid, escape, finish, header, num, step_axes, PLOT_BOTTOM, PLOT_LEFT, PLOT_RIGHT, PLOT_TOP,
 };
 
 /// One color per category, in [`CATEGORIES`] order.
@@ -87,10 +87,7 @@ impl Attribution {
                 num((PLOT_LEFT + PLOT_RIGHT) / 2.0)
             )),
         }
-        svg.push("</svg>".to_string());
-        let mut text = svg.join("\n");
-        text.push('\n');
-        text
+        finish(svg)
     }
 
     /// One swatch (`<rect class="legend">`) and name per category, in two rows of three.

@@ -105,10 +105,7 @@ pub fn to_svg(plan: &Plan) -> String {
             num((PLOT_LEFT + PLOT_RIGHT) / 2.0)
         ));
     }
-    svg.push("</svg>".to_string());
-    let mut text = svg.join("\n");
-    text.push('\n');
-    text
+    finish(svg)
 }
 
 /// The color swatches (one `<rect class="legend">` per class) and the peak line's key.
@@ -162,6 +159,14 @@ pub(super) fn header(title: &str) -> Vec<String> {
             escape(title)
         ),
     ]
+}
+
+/// The picture's lines closed and joined, one element a line.
+pub(super) fn finish(mut svg: Vec<String>) -> String {
+    svg.push("</svg>".to_string());
+    let mut text = svg.join("\n");
+    text.push('\n');
+    text
 }
 
 /// The byte axis: a grid line, a tick and a label at every multiple of a power of two (so
