@@ -205,11 +205,12 @@ fn check_op(
         values.insert(input_name, tensor);
     }
     let injected = special.map(|value| inject(rng, &mut values, value));
-    // Through the GEMM attention, a special v (forward), q, k or grad_out (backward) reaches
-    // masked rows (kernels/src/gpu/attention.rs).
+    // Through the GEMM and the flash attention, a special v (forward), q, k or grad_out
+    // (backward) reaches masked rows (kernels/src/gpu/attention.rs, kernels/cuda/flash.cu).
     let spreading: &[&str] = match op {
-        Op::Attention { .. } => &["in2["],
+        Op::Attention { .. } | Op::FlashAttention { .. } => &["in2["],
         Op::AttentionBackward { .. } => &["in0[", "in1[", "in4["],
+        Op::FlashAttentionBackward { .. } => &["in0[", "in1[", "in5["],
         _ => &[],
     };
     let may_spread = (injected.as_deref())
@@ -261,8 +262,16 @@ fn check_op(
             );
             testing::rel_l2(&g, &w)
         };
+        // FlashAttention rounds P and dS to bf16 for its second products, which the CPU
+        // reference (exact f32 there) does not: bf16's 2^-8 relative step bounds the error.
+        let flash = matches!(
+            op,
+            Op::FlashAttention { .. } | Op::FlashAttentionBackward { .. }
+        );
         let limit = if got.dtype() == DType::BF16 {
             1e-2
+        } else if flash {
+            4e-3
         } else {
             1e-5
         };

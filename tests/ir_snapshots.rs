@@ -49,3 +49,10 @@ fn tiny_train() {
 fn tiny_decode_bf16_fused() {
     snapshot_as(ProgramKind::Decode, Precision::Bf16, "ir_tiny_decode_bf16");
 }
+
+/// The mixed-precision train program: bf16 GEMM inputs, and FlashAttention forward (`out`,
+/// `lse`) and backward (from `out` and `lse`, no probabilities) in every layer.
+#[test]
+fn tiny_train_bf16_gemm() {
+    snapshot_as(ProgramKind::Train, Precision::Bf16Gemm, "ir_tiny_train_bf16_gemm");
+}

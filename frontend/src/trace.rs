@@ -210,11 +210,15 @@ impl Ops for Tracer {
         v: &ValueId,
         scale: f64,
     ) -> Result<ValueId> {
+        let own_keys = match self.precision.flash_attention() {
+            true => Op::FlashAttention { scale },
+            false => Op::Attention { scale },
+        };
         match &self.mode {
-            AttentionMode::Plain => Ok(self.op(Op::Attention { scale }, &[*q, *k, *v])?[0]),
+            AttentionMode::Plain => Ok(self.op(own_keys, &[*q, *k, *v])?[0]),
             AttentionMode::FillCache(caches) => {
                 self.write_cache(caches, layer, k, v)?;
-                Ok(self.op(Op::Attention { scale }, &[*q, *k, *v])?[0])
+                Ok(self.op(own_keys, &[*q, *k, *v])?[0])
             }
             AttentionMode::ReadCache(caches) => {
                 let (k_cache, v_cache) = self.write_cache(caches, layer, k, v)?;

@@ -325,6 +325,14 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
             let r = graph.op(Op::AttentionBackward { scale }, &operands)?;
             vec![Some(r[0]), Some(r[1]), Some(r[2])]
         }
+        &Op::FlashAttention { scale } => {
+            if out[1].is_some() {
+                return Err(site.error("has a gradient on `lse`, which is not differentiable"));
+            }
+            let operands = [x[0], x[1], x[2], site.result(0), site.result(1), g0()?];
+            let r = graph.op(Op::FlashAttentionBackward { scale }, &operands)?;
+            vec![Some(r[0]), Some(r[1]), Some(r[2])]
+        }
         Op::SwiGlu => {
             let r = graph.op(Op::SwiGluBackward, &[x[0], x[1], g0()?])?;
             vec![Some(r[0]), Some(r[1])]
@@ -351,6 +359,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::AddRmsNormBackward { .. }
         | Op::RopeBackward { .. }
         | Op::AttentionBackward { .. }
+        | Op::FlashAttentionBackward { .. }
         | Op::CachedAttention { .. }
         | Op::KvCacheWrite
         | Op::SwiGluBackward

@@ -71,6 +71,16 @@ pub enum Op {
     Attention { scale: f64 },
     /// `(q, k, v, probs, grad_out) -> (grad_q, grad_k, grad_v)`.
     AttentionBackward { scale: f64 },
+    /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v [B,Hkv,S,D]) f32 -> (out [B,T,Hq,D], lse [B,Hq,T])`:
+    /// `Attention`'s math with `q`, `k` and `v` entering their products as their bf16
+    /// roundings (f32 accumulation), and no probabilities kept: `lse` is each query row's
+    /// log-sum-exp of its scaled scores, all the backward needs to rebuild them (the
+    /// FlashAttention contract; mixed-precision training and prefill).
+    FlashAttention { scale: f64 },
+    /// `(q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)`, `grad_out` entering its
+    /// products as its bf16 rounding; the gradient of `FlashAttention` with each rounding taken
+    /// as the identity (as `Cast`'s is).
+    FlashAttentionBackward { scale: f64 },
     /// `(q [B,Hq,T,D], k_cache [S,Hkv,Smax,D], v_cache, positions [B] int[, rows [B] int]) ->
     /// [B,T,Hq,D]`: query `t` of batch row `b` sits at `positions[b] + t` and attends its
     /// cache row's positions up to it. Batch row `b`'s cache row is `b` (`S = B`), or
@@ -158,6 +168,8 @@ impl Op {
             Op::RopeBackward { .. } => "rope_backward",
             Op::Attention { .. } => "attention",
             Op::AttentionBackward { .. } => "attention_backward",
+            Op::FlashAttention { .. } => "flash_attention",
+            Op::FlashAttentionBackward { .. } => "flash_attention_backward",
             Op::CachedAttention { .. } => "cached_attention",
             Op::KvCacheWrite => "kv_cache_write",
             Op::SwiGlu => "swiglu",
@@ -203,6 +215,8 @@ impl Op {
             Op::RopeBackward { theta } => vec![("theta", f(theta))],
             Op::Attention { scale }
             | Op::AttentionBackward { scale }
+            | Op::FlashAttention { scale }
+            | Op::FlashAttentionBackward { scale }
             | Op::CachedAttention { scale } => vec![("scale", f(scale))],
             Op::CrossEntropy { ignore_index } | Op::CrossEntropyBackward { ignore_index } => {
                 vec![("ignore_index", ignore_index.to_string())]

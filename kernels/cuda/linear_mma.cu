@@ -68,22 +68,6 @@
 #define KILN_MMA_UNROLL 4   // chunks per step: 8 weight loads of 16 bytes in flight per thread
 #define KILN_MMA_PAD 32     // bf16 elements after each staged row of x (64 bytes)
 
-// d += A * B for one m16n8k16 (bf16 in, f32 accumulate), A and B as their fragment registers.
-__device__ __forceinline__ void kiln_mma_bf16(float (&d)[4], unsigned int a0, unsigned int a1,
-                                              unsigned int a2, unsigned int a3, unsigned int b0,
-                                              unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Two f32 rounded to bf16, packed as one word (the lower k in the low half).
-__device__ __forceinline__ unsigned int kiln_mma_pack(float low, float high) {
-    return (unsigned int)kiln_f32_to_bf16(low) | ((unsigned int)kiln_f32_to_bf16(high) << 16);
-}
-
 // Stages x[0..m, k0..k0 + len) (len a multiple of 8) as bf16 into `xs`, rows `stride` elements
 // apart; rows m..ROWS are zeros.
 template <int ROWS>

@@ -381,6 +381,7 @@ fn attention_backward_typed<T: Real>(
     Ok(())
 }
 
+pub mod flash;
 #[cfg(test)]
 mod rejection_tests;
 #[cfg(test)]

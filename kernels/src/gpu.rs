@@ -21,6 +21,7 @@ pub mod copy;
 pub mod decode;
 pub mod elementwise;
 pub mod embedding;
+pub mod flash;
 pub mod linear;
 pub mod loss;
 pub mod norm;
@@ -52,8 +53,12 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("decode", module!("decode.cu")),
     ("elementwise", module!("elementwise.cu")),
     ("embedding", module!("embedding.cu")),
+    ("flash", module!("mma.cuh", "flash.cu")),
     ("linear", module!("linear_common.cuh", "linear.cu")),
-    ("linear_mma", module!("linear_common.cuh", "linear_mma.cu")),
+    (
+        "linear_mma",
+        module!("linear_common.cuh", "mma.cuh", "linear_mma.cu"),
+    ),
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cu")),
     ("optim", module!("optim.cu")),

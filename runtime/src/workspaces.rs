@@ -15,6 +15,7 @@
 use kiln_ir::{DType, Op, TensorType};
 use kiln_kernels::gpu::attention::AttentionDims;
 use kiln_kernels::gpu::decode;
+use kiln_kernels::gpu::flash;
 use kiln_planner::WorkspaceNeeds;
 
 /// Whose kernels a plan is made for.
@@ -111,6 +112,10 @@ fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
     };
     match op {
         Op::AttentionBackward { .. } => attention().map_or(0, |d| d.backward_workspace_bytes()),
+        Op::FlashAttention { .. } => attention().map_or(0, |d| flash::forward_workspace_bytes(&d)),
+        Op::FlashAttentionBackward { .. } => {
+            attention().map_or(0, |d| flash::backward_workspace_bytes(&d))
+        }
         Op::CachedAttention { .. } => attention().map_or(0, |d| decode::partials_bytes(&d)),
         Op::RmsNormBackward { .. } | Op::AddRmsNormBackward { .. } | Op::CrossEntropy { .. } => {
             rows(0).saturating_mul(4)

@@ -81,8 +81,11 @@ pub struct BenchResult {
     pub copied_writes: usize,
     pub hbm_floor_ms: Option<f64>,
     pub floor_fraction: Option<f64>,
-    /// With `--profile`: (op name, launches, total ms) of the costliest ops, summed over steps.
+    /// With `--profile`: (op name, steps, total ms) of the costliest ops, summed over steps.
     pub profile: Vec<(String, usize, f64)>,
+    /// With `--profile`: the same by op text and first result type (`cast{to=bf16} ->
+    /// bf16[2048,896]`).
+    pub profile_shapes: Vec<(String, usize, f64)>,
     /// Train: the loss of the last step; prefill/decode: max |logit| (a sanity check that the
     /// numbers are finite and not all zero).
     pub check: f64,
@@ -285,17 +288,22 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         wall.elapsed().as_secs_f64()
     );
     times.sort_by(f64::total_cmp);
-    let mut profile: Vec<(String, usize, f64)> = Vec::new();
+    let (mut profile, mut profile_shapes) = (Vec::new(), Vec::new());
     if args.profile {
-        let mut by_op: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
-        for (op, ms) in exe.profile()? {
-            let name = op.split('{').next().unwrap_or(&op).to_string();
-            let entry = by_op.entry(name).or_default();
-            entry.0 += 1;
-            entry.1 += ms as f64;
-        }
-        profile = by_op.into_iter().map(|(op, (n, ms))| (op, n, ms)).collect();
-        profile.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let steps = exe.profile()?;
+        // By op name, and by op text and first result's type (which cast, which matmul).
+        profile = summed(
+            steps
+                .iter()
+                .map(|(_, op, ms)| (op.split('{').next().unwrap_or(op).to_string(), *ms)),
+        );
+        let results: std::collections::HashMap<usize, _> = (graph.node_indices())
+            .filter_map(|n| Some((n.index(), graph.node(n)?.outputs.first()?)))
+            .collect();
+        profile_shapes = summed(steps.iter().map(|(node, op, ms)| {
+            let result = results.get(node);
+            (result.map_or(op.clone(), |ty| format!("{op} -> {ty}")), *ms)
+        }));
     }
     let median = percentile(&times, 0.5);
 
@@ -365,6 +373,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         in_place_writes: in_place.len(),
         copied_writes: copied.len(),
         profile,
+        profile_shapes,
         hbm_floor_ms: floor,
         floor_fraction: floor.map(|f| f / median),
         check,
@@ -463,6 +472,12 @@ pub fn table(r: &BenchResult) -> String {
     for (op, steps, ms) in r.profile.iter().take(12) {
         rows.push(("profile", format!("{op:<24} {steps:>5} steps {ms:>9.3} ms")));
     }
+    for (op, steps, ms) in r.profile_shapes.iter().take(16) {
+        rows.push((
+            "by shape",
+            format!("{op:<56} {steps:>5} steps {ms:>9.3} ms"),
+        ));
+    }
     let check = if r.program == "train" {
         "loss"
     } else {
@@ -473,4 +488,17 @@ pub fn table(r: &BenchResult) -> String {
     rows.iter()
         .map(|(k, v)| format!("{k:>width$}  {v}\n"))
         .collect()
+}
+
+/// (key, count, total ms) of `steps`' (key, ms), costliest first.
+fn summed(steps: impl Iterator<Item = (String, f32)>) -> Vec<(String, usize, f64)> {
+    let mut by_key: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
+    for (key, ms) in steps {
+        let entry = by_key.entry(key).or_default();
+        entry.0 += 1;
+        entry.1 += f64::from(ms);
+    }
+    let mut summed: Vec<_> = by_key.into_iter().map(|(k, (n, ms))| (k, n, ms)).collect();
+    summed.sort_by(|a, b| b.2.total_cmp(&a.2));
+    summed
 }

@@ -348,6 +348,43 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             ),
         ]);
     }
+    // FlashAttention: one and several tiles of 64 rows, T not a multiple of the tile, keys
+    // after a prefix (T < S), GQA ratios 1 and > 1, head dims padded (5, 24) and exact (16,
+    // 64, 128). The backward takes random out and lse: its kernels compute the same function
+    // of any operands.
+    for &(b, hq, hkv, t, keys, d) in &[
+        (1, 2, 2, 1, 1, 64),
+        (1, 3, 1, 2, 9, 5),
+        (2, 4, 2, 37, 37, 16),
+        (1, 14, 2, 100, 100, 64),
+        (1, 6, 6, 70, 133, 24),
+        (2, 4, 1, 65, 65, 128),
+        (1, 12, 2, 130, 130, 128),
+    ] {
+        let s = format!("B={b} Hq={hq} Hkv={hkv} T={t} S={keys} D={d}");
+        let scale = 1.0 / (d as f64).sqrt();
+        let qkv = || {
+            vec![
+                f(&[b, hq, t, d]),
+                f(&[b, hkv, keys, d]),
+                f(&[b, hkv, keys, d]),
+            ]
+        };
+        let mut backward = qkv();
+        backward.extend([f(&[b, t, hq, d]), f(&[b, hq, t]), f(&[b, t, hq, d])]);
+        cases.extend([
+            (
+                format!("flash_attention {s}"),
+                Op::FlashAttention { scale },
+                qkv(),
+            ),
+            (
+                format!("flash_attention_backward {s}"),
+                Op::FlashAttentionBackward { scale },
+                backward,
+            ),
+        ]);
+    }
     // The fused linear: the skinny kernels' row buckets (1 row on CUDA cores, 2 to 32 on
     // tensor cores), split k, k not a multiple of 16, groups, biases, SwiGLU, a bf16 input,
     // and shapes the kernels refuse (33 rows, k not a multiple of 8), which take cuBLASLt.

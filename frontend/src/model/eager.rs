@@ -46,7 +46,10 @@ impl Ops for Eager {
         ops::contiguous(&ops::transpose(x, 1, 2)?)
     }
     fn attention(&self, _layer: usize, q: &Var, k: &Var, v: &Var, scale: f64) -> Result<Var> {
-        ops::attention(q, k, v, scale)
+        match self.precision.flash_attention() {
+            true => ops::flash_attention(q, k, v, scale),
+            false => ops::attention(q, k, v, scale),
+        }
     }
     fn swiglu(&self, gate: &Var, up: &Var) -> Result<Var> {
         ops::swiglu(gate, up)

@@ -29,6 +29,14 @@ impl Precision {
         }
     }
 
+    /// Whether attention over a call's own keys runs under the FlashAttention contract (q, k,
+    /// v rounded to bf16 inside, the log-sum-exp kept instead of the probabilities): mixed
+    /// precision, whose GEMM inputs are bf16 roundings anyway. Attention over a KV cache, and
+    /// bf16 inference, keep f32 attention.
+    pub fn flash_attention(self) -> bool {
+        self == Precision::Bf16Gemm
+    }
+
     /// The dtype parameters and KV caches are stored in.
     pub fn weight_dtype(self) -> DType {
         match self {

@@ -13,7 +13,7 @@ mod rope;
 mod views;
 
 pub use activation::{softmax, swiglu};
-pub use attention::attention;
+pub use attention::{attention, flash_attention};
 pub use elementwise::{add, as_dtype, cast, mul, scale, sum};
 pub use embedding::embedding;
 pub use kiln_kernels::matmul::Transpose;

@@ -333,29 +333,39 @@ impl Op {
                 }
                 one(TensorType::new(g.dtype, [b, t, h, d])?)
             }
-            Op::Attention { .. } => attention_types(&rule),
+            Op::Attention { .. } => attention_types(&rule, false),
+            Op::FlashAttention { .. } => attention_types(&rule, true),
             Op::CachedAttention { .. } => cached_attention_types(&rule),
-            Op::AttentionBackward { scale } => {
-                rule.arity(5)?;
+            Op::AttentionBackward { scale } | Op::FlashAttentionBackward { scale } => {
+                let flash = matches!(self, Op::FlashAttentionBackward { .. });
+                rule.arity(if flash { 6 } else { 5 })?;
                 // The forward rule checks q, k, v; its errors are renamed to this op.
-                let forward = Op::Attention { scale: *scale }
-                    .infer(&operands[..3])
-                    .map_err(|error| match error {
-                        Error::Type {
-                            port,
-                            expected,
-                            got,
-                            ..
-                        } => Error::Type {
-                            op: self.to_string(),
-                            port,
-                            expected,
-                            got,
-                        },
-                        other => other,
-                    })?;
-                rule.same(3, &forward[1])?;
-                rule.same(4, &forward[0])?;
+                let forward = match flash {
+                    true => Op::FlashAttention { scale: *scale },
+                    false => Op::Attention { scale: *scale },
+                };
+                let forward = forward.infer(&operands[..3]).map_err(|error| match error {
+                    Error::Type {
+                        port,
+                        expected,
+                        got,
+                        ..
+                    } => Error::Type {
+                        op: self.to_string(),
+                        port,
+                        expected,
+                        got,
+                    },
+                    other => other,
+                })?;
+                // (probs, grad_out), or (out, lse, grad_out).
+                let saved: &[&TensorType] = match flash {
+                    true => &[&forward[0], &forward[1], &forward[0]],
+                    false => &[&forward[1], &forward[0]],
+                };
+                for (port, ty) in (3..).zip(saved) {
+                    rule.same(port, ty)?;
+                }
                 Ok(operands[..3].to_vec())
             }
             Op::KvCacheWrite => kv_cache_write_types(&rule),

@@ -294,6 +294,40 @@ fn attention_backward() {
 }
 
 #[test]
+fn flash_attention_keeps_the_log_sum_exp_not_the_probabilities() {
+    let op = || Op::FlashAttention { scale: 0.5 };
+    let (q, kv) = (f32t(&[1, 4, 3, 8]), f32t(&[1, 2, 5, 8]));
+    let forward = [q.clone(), kv.clone(), kv.clone()];
+    let (out, lse) = (f32t(&[1, 3, 4, 8]), f32t(&[1, 4, 3]));
+    accepts(op(), &forward, &[out.clone(), lse.clone()]);
+    let short = f32t(&[1, 2, 2, 8]);
+    rejects_operand(op(), &[q.clone(), short.clone(), short], 1);
+    // The contract is f32 activations rounded inside: f64 operands are refused.
+    let wide = |dims: &[usize]| ty(DType::F64, dims);
+    rejects_operand(
+        op(),
+        &[
+            wide(&[1, 4, 3, 8]),
+            wide(&[1, 2, 5, 8]),
+            wide(&[1, 2, 5, 8]),
+        ],
+        0,
+    );
+
+    let backward = || Op::FlashAttentionBackward { scale: 0.5 };
+    let with = |saved: [&TensorType; 3]| {
+        let mut operands = forward.to_vec();
+        operands.extend(saved.into_iter().cloned());
+        operands
+    };
+    accepts(backward(), &with([&out, &lse, &out]), &forward);
+    rejects_operand(backward(), &with([&lse, &lse, &out]), 3);
+    rejects_operand(backward(), &with([&out, &f32t(&[1, 4, 3, 5]), &out]), 4);
+    rejects_operand(backward(), &with([&out, &lse, &f32t(&[1, 4, 3, 8])]), 5);
+    assert!(backward().infer(&with([&out, &lse, &out])[..5]).is_err());
+}
+
+#[test]
 fn cached_attention_positions_are_one_per_row() {
     let op = || Op::CachedAttention { scale: 0.5 };
     let (q, cache) = (f32t(&[2, 4, 1, 8]), f32t(&[2, 2, 16, 8]));

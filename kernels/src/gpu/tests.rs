@@ -97,6 +97,26 @@ fn every_launch() -> Vec<Launch> {
         grad_v: addr(7),
         workspace: addr(8),
     };
+    let flash_forward = flash::FlashForward {
+        q: addr(0),
+        k: addr(1),
+        v: addr(2),
+        out: addr(3),
+        lse: addr(4),
+        workspace: addr(5),
+    };
+    let flash_backward = flash::FlashBackward {
+        q: addr(0),
+        k: addr(1),
+        v: addr(2),
+        out: addr(3),
+        lse: addr(4),
+        grad_out: addr(5),
+        grad_q: addr(6),
+        grad_k: addr(7),
+        grad_v: addr(8),
+        workspace: addr(9),
+    };
     let rope_dims = RopeDims {
         batch: 1,
         seq: 2,
@@ -231,6 +251,12 @@ fn every_launch() -> Vec<Launch> {
         attention::attention_f32(forward, dims, 0.5).unwrap(),
         attention::attention_backward_f32(backward, dims, 0.5).unwrap(),
     ];
+    // Every head-dim instance of the flash kernels.
+    for head_dim in [8, 32, 64, 128] {
+        let dims = AttentionDims { head_dim, ..dims };
+        launches.extend(flash::flash_attention_f32(flash_forward, dims, 0.5).unwrap());
+        launches.extend(flash::flash_attention_backward_f32(flash_backward, dims, 0.5).unwrap());
+    }
     // Every main kernel of the skinny linear layer (one row on CUDA cores, 8 to 32 padded rows
     // on tensor cores), k split (so with its reduce kernel).
     let group = |slot, n| LinearGroup {

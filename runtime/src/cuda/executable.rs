@@ -328,9 +328,10 @@ impl CudaExecutable {
     }
 
     /// Runs the program once eagerly with a timing event around every step (on one stream,
-    /// so the events measure each step alone); returns each step's op text and milliseconds.
-    /// For finding where a step's time goes, not for step timings (the events add gaps).
-    pub fn profile(&self) -> Result<Vec<(String, f32)>> {
+    /// so the events measure each step alone); returns each step's IR node index, op text and
+    /// milliseconds. For finding where a step's time goes, not for step timings (the events
+    /// add gaps).
+    pub fn profile(&self) -> Result<Vec<(usize, String, f32)>> {
         if self.streams.len() != 1 {
             let reason = "profiling times steps on one stream; plan with --streams 1";
             return Err(error("profile", reason));
@@ -348,7 +349,10 @@ impl CudaExecutable {
             marks[index + 1].record(stream)?;
         }
         (self.program.steps.iter().enumerate())
-            .map(|(index, step)| Ok((step.op.clone(), marks[index].elapsed_ms(&marks[index + 1])?)))
+            .map(|(index, step)| {
+                let ms = marks[index].elapsed_ms(&marks[index + 1])?;
+                Ok((step.node, step.op.clone(), ms))
+            })
             .collect()
     }
 

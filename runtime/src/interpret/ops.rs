@@ -10,6 +10,7 @@
 //! and result count its rule fixes (indexing `i[..]` and `o[..]` below relies on it).
 
 use kiln_ir::{DType, Op, Shape, TensorType};
+use kiln_kernels::attention::flash;
 use kiln_kernels::matmul::Transpose;
 use kiln_kernels::optim::AdamW;
 use kiln_kernels::{activation, copy, elementwise, embedding, loss, norm, rope};
@@ -162,6 +163,16 @@ fn run_kernels(
                 &i[0], &i[1], &i[2], &i[3], &i[4], scale, &mut gq[0], &mut gk[0], &mut gv[0],
                 &mut row,
             )
+        }
+        Op::FlashAttention { scale } => {
+            let (out, lse) = o.split_at_mut(1);
+            flash::flash_attention(&i[0], &i[1], &i[2], scale, &mut out[0], &mut lse[0])
+        }
+        Op::FlashAttentionBackward { scale } => {
+            let (gq, rest) = o.split_at_mut(1);
+            let (gk, gv) = rest.split_at_mut(1);
+            let grads = [&mut gq[0], &mut gk[0], &mut gv[0]];
+            flash::flash_attention_backward(&i[0], &i[1], &i[2], &i[3], &i[4], &i[5], scale, grads)
         }
         Op::CachedAttention { scale } => {
             // The probabilities [B,Hq,T,Smax], in q's dtype.

@@ -297,6 +297,8 @@ impl Lowering<'_> {
             Op::Rope { .. } | Op::RopeBackward { .. } => norm::lower_rope(self),
             Op::Attention { .. }
             | Op::AttentionBackward { .. }
+            | Op::FlashAttention { .. }
+            | Op::FlashAttentionBackward { .. }
             | Op::CachedAttention { .. }
             | Op::KvCacheWrite => attention::lower_attention(self),
             Op::Embedding | Op::EmbeddingBackward { .. } => self.embedding(),

@@ -6,15 +6,19 @@
 //! slots serves decode programs of every batch size.
 
 use super::Rule;
-use crate::{stores, Result, TensorType};
+use crate::{stores, DType, Result, TensorType};
 
-/// `(q [B,Hq,T,D], k [B,Hkv,S,D], v) -> (out [B,T,Hq,D], probs [B,Hq,T,S])`, `S >= T`.
-pub(super) fn attention_types(rule: &Rule<'_>) -> Result<Vec<TensorType>> {
+/// `(q [B,Hq,T,D], k [B,Hkv,S,D], v) -> (out [B,T,Hq,D], probs [B,Hq,T,S])`, `S >= T`; with
+/// `flash`, f32 only and `(out, lse [B,Hq,T])`.
+pub(super) fn attention_types(rule: &Rule<'_>, flash: bool) -> Result<Vec<TensorType>> {
     rule.arity(3)?;
     let q = rule.float(0)?;
     let &[b, hq, t, d] = rule.rank(0, 4, "[B,Hq,T,D]")? else {
         unreachable!("rank checked")
     };
+    if flash && q.dtype != DType::F32 {
+        return Err(rule.type_error(0, "f32 [B,Hq,T,D]"));
+    }
     let k = &rule.operands[1];
     let &[kb, hkv, s, kd] = rule.rank(1, 4, "[B,Hkv,S,D]")? else {
         unreachable!("rank checked")
@@ -27,9 +31,14 @@ pub(super) fn attention_types(rule: &Rule<'_>) -> Result<Vec<TensorType>> {
         return Err(rule.type_error(1, expected));
     }
     rule.same(2, k)?;
+    let kept = if flash {
+        vec![b, hq, t]
+    } else {
+        vec![b, hq, t, s]
+    };
     Ok(vec![
         TensorType::new(q.dtype, [b, t, hq, d])?,
-        TensorType::new(q.dtype, [b, hq, t, s])?,
+        TensorType::new(q.dtype, kept)?,
     ])
 }
 

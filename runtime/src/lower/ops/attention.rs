@@ -1,7 +1,9 @@
-//! Attention (forward with probs, over a KV cache, backward) and the KV cache write.
+//! Attention (forward with probs, over a KV cache, backward; FlashAttention forward and
+//! backward) and the KV cache write.
 
 use kiln_ir::Op;
 use kiln_kernels::gpu::attention::{self, AttentionBackward, AttentionDims, AttentionForward};
+use kiln_kernels::gpu::flash::{self, FlashBackward, FlashForward};
 use kiln_kernels::gpu::Launch;
 use kiln_kernels::gpu::{cache, decode};
 
@@ -117,6 +119,46 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             };
             let scale = Lowering::f32_attribute(*scale);
             Ok(attention::attention_backward_f32(addresses, dims, scale)?)
+        }
+        Op::FlashAttention { scale } => {
+            let q = at.operand(0, "q", F32)?;
+            let k = at.operand(1, "k", F32)?;
+            let dims = attention_dims(at, q.dims(), k.dims())?;
+            let out = at.result(0, "out", F32)?;
+            // q, k, v staged as bf16 rows (see the builder).
+            let workspace = at.workspace(flash::forward_workspace_bytes(&dims), out.addr())?;
+            let addresses = FlashForward {
+                q: q.addr(),
+                k: k.addr(),
+                v: at.operand(2, "v", F32)?.addr(),
+                out: out.addr(),
+                lse: at.result(1, "lse", F32)?.addr(),
+                workspace,
+            };
+            let scale = Lowering::f32_attribute(*scale);
+            Ok(flash::flash_attention_f32(addresses, dims, scale)?)
+        }
+        Op::FlashAttentionBackward { scale } => {
+            let q = at.operand(0, "q", F32)?;
+            let k = at.operand(1, "k", F32)?;
+            let dims = attention_dims(at, q.dims(), k.dims())?;
+            let grad_q = at.result(0, "grad_q", F32)?;
+            // The staged operands, Δ and the per-head dK, dV (see the builder).
+            let workspace = at.workspace(flash::backward_workspace_bytes(&dims), grad_q.addr())?;
+            let addresses = FlashBackward {
+                q: q.addr(),
+                k: k.addr(),
+                v: at.operand(2, "v", F32)?.addr(),
+                out: at.operand(3, "out", F32)?.addr(),
+                lse: at.operand(4, "lse", F32)?.addr(),
+                grad_out: at.operand(5, "grad_out", F32)?.addr(),
+                grad_q: grad_q.addr(),
+                grad_k: at.result(1, "grad_k", F32)?.addr(),
+                grad_v: at.result(2, "grad_v", F32)?.addr(),
+                workspace,
+            };
+            let scale = Lowering::f32_attribute(*scale);
+            Ok(flash::flash_attention_backward_f32(addresses, dims, scale)?)
         }
         Op::KvCacheWrite => {
             let (cache, stored) = at.stored(0, "cache")?;

@@ -1,0 +1,607 @@
+// FlashAttention (the FlashAttention-2 algorithm) on tensor cores: causal GQA attention that
+// never writes its probabilities. The contract is kernels/src/attention/flash.rs's: q, k, v
+// and dO are f32 in the program, rounded to bf16 where they enter an mma, with f32
+// accumulation; the forward keeps each query row's log-sum-exp, the backward rebuilds the
+// probabilities block by block from it and rounds P and dS to bf16 where they enter products.
+//
+// Layouts: q [B,Hq,T,hd], k and v [B,Hkv,S,hd], out and dO [B,T,Hq,hd], lse and delta
+// [B,Hq,T] (f32), grad_q [B,Hq,T,hd], grad_k and grad_v [B,Hkv,S,hd]. Query t sits at
+// position S - T + t and sees keys 0..=that.
+//
+// Staging. flash_attention_stage first writes each operand as bf16 rows of D elements (D =
+// the template's head dim, 16, 32, 64 or 128, >= hd; zeros past hd), dO re-laid as
+// [B,Hq,T,D]. So every tile kernel reads whole, aligned 16-byte rows: tiles go to shared
+// memory by cp.async (double-buffered: the next tile's copy is issued before the current one
+// is multiplied), and a warp's own 16 rows go to registers as A fragments once.
+//
+// Work split. Every tile kernel has 4 warps; each warp owns 16 rows of the block's tile as the
+// A operand's rows, and the block walks the other axis in tiles:
+//   forward  (B·Hq, T/64): S = Q·Kᵀ, online softmax, O += P·V over key tiles of N;
+//   delta    Δ = rowsum(r(dO) ∘ out), one warp per row;
+//   dK, dV   (B·Hq, S/64): for each query tile of BR that sees the block's keys, Sᵀ = K·Qᵀ,
+//            Pᵀ = exp(Sᵀ·scale − lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ(dPᵀ − Δ)·scale, dV += Pᵀ·dO,
+//            dK += dSᵀ·Q — one query head per block, so a GQA group's heads write partial
+//            dK, dV that flash_attention_backward_reduce sums in head order;
+//   dQ       (B·Hq, T/64): over key tiles of BC, S, P, dP, dS again, dQ += dS·K.
+// dQ is its own pass (recomputing S and dP) so that no two blocks add into one row: no
+// atomics, a fixed order of every sum, the same bits on every run. A probability tile leaves
+// its accumulators as the next mma's A operand (the accumulator layout of two n8 tiles is the
+// A layout of one k16 step); the B operands that are row-major tiles read as K x N (V in P·V,
+// dO, Q and K in the backward) come through ldmatrix.trans.
+//
+// Non-finite inputs: masked pairs get P and dS exactly 0 (selected, never multiplied), but a
+// tile's next product still multiplies them, so a NaN or infinity in a masked key's v (the
+// forward's P·V), or in q, k or dO (the backward's dSᵀ·Q, dS·K and Pᵀ·dO) can reach rows that
+// must not see it, as in the GEMM attention (kernels/src/gpu/attention.rs).
+//
+// Shared memory rows are padded by 8 bf16 (16 bytes): a row of 64 + 8 elements is 36 words, so
+// the fragment reads (row g, word t) and ldmatrix's 8-row phases fall in distinct banks.
+
+#define KILN_FLASH_THREADS 128 // 4 warps
+#define KILN_FLASH_ROWS 64     // the block's own rows: 16 per warp
+#define KILN_FLASH_PAD 8
+
+__device__ __forceinline__ float kiln_flash_neg_inf() { return -__int_as_float(0x7f800000); }
+
+// A bf16 pair as one fragment word (index even: 4-byte aligned).
+__device__ __forceinline__ unsigned int kiln_flash_word(const bf16_bits* p) {
+    return *(const unsigned int*)p;
+}
+
+// 16 bytes global -> shared, asynchronously; zeros when !valid (nothing is read then).
+__device__ __forceinline__ void kiln_flash_copy16(bf16_bits* dst, const bf16_bits* src,
+                                                  bool valid) {
+    const unsigned int at = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void kiln_flash_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `pending` of this thread's committed copy groups are still in flight.
+template <int pending> __device__ __forceinline__ void kiln_flash_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+}
+
+// Rows [first, first + R) of a staged [count][D] bf16 matrix into a shared tile [R][D + pad]
+// (rows past count zero-filled), issued as cp.async by the whole block.
+template <int D, int R>
+__device__ __forceinline__ void kiln_flash_tile(bf16_bits* dst, const bf16_bits* src, i64 first,
+                                                i64 count) {
+    constexpr int CHUNKS = D / 8; // 16-byte chunks per row
+    for (int i = threadIdx.x; i < R * CHUNKS; i += KILN_FLASH_THREADS) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        const bool valid = first + r < count;
+        kiln_flash_copy16(dst + r * (D + KILN_FLASH_PAD) + 8 * c,
+                          src + (valid ? (first + r) * D + 8 * c : 0), valid);
+    }
+}
+
+// The A fragments of this warp's 16 rows (first..) of a staged [count][D] bf16 matrix, for
+// every k16 step: frag[kk][0..4] as the mma's a0..a3; missing rows are zeros.
+template <int D>
+__device__ __forceinline__ void kiln_flash_rows(unsigned int (&frag)[D / 16][4],
+                                                const bf16_bits* src, i64 first, i64 count) {
+    const int lane = threadIdx.x % KILN_WARP, g = lane / 4, t = lane % 4;
+    const i64 r0 = first + g, r1 = first + g + 8;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int d = 16 * kk + 2 * t;
+        frag[kk][0] = r0 < count ? kiln_flash_word(src + r0 * D + d) : 0u;
+        frag[kk][1] = r1 < count ? kiln_flash_word(src + r1 * D + d) : 0u;
+        frag[kk][2] = r0 < count ? kiln_flash_word(src + r0 * D + d + 8) : 0u;
+        frag[kk][3] = r1 < count ? kiln_flash_word(src + r1 * D + d + 8) : 0u;
+    }
+}
+
+// acc[j] = A (16 rows, frags over D) · Bᵀ for N / 8 tiles of 8 columns, column n of tile j
+// being row 8j + n of the shared tile `b` ([N][D + pad]): a product with k = D.
+template <int D, int N>
+__device__ __forceinline__ void kiln_flash_qk(float (&acc)[N / 8][4],
+                                              const unsigned int (&a)[D / 16][4],
+                                              const bf16_bits* b) {
+    const int lane = threadIdx.x % KILN_WARP, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const bf16_bits* row = b + (8 * j + g) * (D + KILN_FLASH_PAD) + 16 * kk + 2 * t;
+            kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3], kiln_flash_word(row),
+                          kiln_flash_word(row + 8));
+        }
+    }
+}
+
+// out[n] += P (16 rows x K, as K / 8 accumulator tiles, rounded to bf16) · B for D / 8 tiles
+// of 8 columns, B the shared tile `b` ([K][D + pad], row k = B's row k) read by ldmatrix.trans:
+// for each k16 step and pair of n8 tiles, matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7),
+// (rows 0-7, cols 8-15), (rows 8-15, cols 8-15) give b0, b1 of the first tile, then the second.
+template <int K, int D>
+__device__ __forceinline__ void kiln_flash_pv(float (&out)[D / 8][4], const float (&p)[K / 8][4],
+                                              const bf16_bits* b) {
+    const int lane = threadIdx.x % KILN_WARP;
+    const int row_in = (lane & 7) + ((lane >> 3) & 1) * 8, col_in = (lane >> 4) * 8;
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+        const unsigned int a0 = kiln_mma_pack(p[2 * kk][0], p[2 * kk][1]);
+        const unsigned int a1 = kiln_mma_pack(p[2 * kk][2], p[2 * kk][3]);
+        const unsigned int a2 = kiln_mma_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        const unsigned int a3 = kiln_mma_pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+        for (int n = 0; n < D / 16; ++n) {
+            const bf16_bits* at = b + (16 * kk + row_in) * (D + KILN_FLASH_PAD) + 16 * n + col_in;
+            const unsigned int s = (unsigned int)__cvta_generic_to_shared(at);
+            unsigned int b0, b1, b2, b3;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                         : "r"(s));
+            kiln_mma_bf16(out[2 * n], a0, a1, a2, a3, b0, b1);
+            kiln_mma_bf16(out[2 * n + 1], a0, a1, a2, a3, b2, b3);
+        }
+    }
+}
+
+// Sum and max over the 4 lanes of a quad (the lanes holding one accumulator row), fixed order.
+__device__ __forceinline__ float kiln_flash_quad_sum(float x) {
+    x += __shfl_xor_sync(KILN_FULL_MASK, x, 1);
+    return x + __shfl_xor_sync(KILN_FULL_MASK, x, 2);
+}
+__device__ __forceinline__ float kiln_flash_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(KILN_FULL_MASK, x, 1));
+    return fmaxf(x, __shfl_xor_sync(KILN_FULL_MASK, x, 2));
+}
+
+// ---- staging ----
+
+// dst [rows][D] bf16 = src rows of hd f32, zeros past hd. Row r of dst reads src row r, or,
+// with bthd (dO, out's layout [B,T,Hq,hd] to [B,Hq,T,D]), row (b·T + t)·Hq + h for r = (b·Hq
+// + h)·T + t. Each thread writes 8 elements (16 bytes).
+extern "C" __global__ void flash_attention_stage(bf16_bits* dst, const float* src, i64 rows,
+                                                 i64 hd, i64 padded, i64 q_heads, i64 q_len,
+                                                 int bthd) {
+    kiln_grid_dependency_wait();
+    const i64 chunks = rows * (padded / 8);
+    KILN_FOR_EACH(i, chunks) {
+        const i64 r = i / (padded / 8), d0 = 8 * (i % (padded / 8));
+        i64 from = r;
+        if (bthd) {
+            const i64 bh = r / q_len, t = r % q_len;
+            from = ((bh / q_heads) * q_len + t) * q_heads + bh % q_heads;
+        }
+        const float* row = src + from * hd;
+        unsigned int w[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const i64 d = d0 + 2 * u;
+            w[u] = kiln_mma_pack(d < hd ? row[d] : 0.0f, d + 1 < hd ? row[d + 1] : 0.0f);
+        }
+        *(uint4*)(dst + r * padded + d0) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+// ---- forward ----
+
+// Keys per tile of the forward and the dQ kernel, query rows per tile of the dK/dV kernel:
+// two tiles of each operand fit the 48 KB of static shared memory, and for D = 128 the dK/dV
+// accumulators fill the registers.
+template <int D> struct KilnFlashTiles {
+    static constexpr int N = D > 64 ? 32 : 64;
+    static constexpr int BR = D > 64 ? 16 : 64;
+};
+
+// Block (b·Hq + h, query tile): 64 query rows of head h, key tiles of N up to the tile's
+// causal limit. Each thread keeps, for its rows g and g + 8, the running max m (of the scaled
+// scores) and its own part of the running sum l (summed over the quad at the end).
+template <int D>
+__device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, const bf16_bits* k,
+                                   const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len,
+                                   i64 kv_len, i64 hd, float scale) {
+    constexpr int N = KilnFlashTiles<D>::N;
+    constexpr int TILE = N * (D + KILN_FLASH_PAD);
+    __shared__ __align__(16) bf16_bits ks[2 * TILE];
+    __shared__ __align__(16) bf16_bits vs[2 * TILE];
+    const i64 bh = blockIdx.x;
+    const i64 b = bh / q_heads, h = bh % q_heads;
+    const i64 kvh = b * kv_heads + h / (q_heads / kv_heads);
+    // Heaviest tiles (the last rows see the most keys) first.
+    const i64 q0 = (i64)(gridDim.y - 1 - blockIdx.y) * KILN_FLASH_ROWS;
+    const int warp = threadIdx.x / KILN_WARP, lane = threadIdx.x % KILN_WARP;
+    const int t = lane % 4;
+    const i64 row0 = q0 + 16 * warp + lane / 4, row1 = row0 + 8;
+    const i64 offset = kv_len - q_len; // query t sits at position offset + t
+
+    i64 limit = offset + q0 + KILN_FLASH_ROWS; // keys the tile's last row sees, exclusive
+    limit = limit < kv_len ? limit : kv_len;
+    const bf16_bits* k_head = k + kvh * kv_len * D;
+    const bf16_bits* v_head = v + kvh * kv_len * D;
+    kiln_flash_tile<D, N>(ks, k_head, 0, kv_len);
+    kiln_flash_tile<D, N>(vs, v_head, 0, kv_len);
+    kiln_flash_commit();
+
+    unsigned int qa[D / 16][4];
+    kiln_flash_rows<D>(qa, q + bh * q_len * D, q0 + 16 * warp, q_len);
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = kiln_flash_neg_inf(), m1 = kiln_flash_neg_inf(), l0 = 0.0f, l1 = 0.0f;
+
+    for (i64 n0 = 0, tile = 0; n0 < limit; n0 += N, ++tile) {
+        const int buffer = (int)(tile & 1);
+        if (n0 + N < limit) {
+            // The next tile's copy goes out before this one is used.
+            kiln_flash_tile<D, N>(ks + (buffer ^ 1) * TILE, k_head, n0 + N, kv_len);
+            kiln_flash_tile<D, N>(vs + (buffer ^ 1) * TILE, v_head, n0 + N, kv_len);
+        }
+        kiln_flash_commit();
+        kiln_flash_wait<1>();
+        __syncthreads();
+        float s[N / 8][4];
+        kiln_flash_qk<D, N>(s, qa, ks + buffer * TILE);
+        float top0 = kiln_flash_neg_inf(), top1 = kiln_flash_neg_inf();
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const i64 key = n0 + 8 * j + 2 * t + (c & 1);
+                const bool seen = key < kv_len && key <= offset + (c < 2 ? row0 : row1);
+                s[j][c] = seen ? s[j][c] * scale : kiln_flash_neg_inf();
+            }
+            top0 = fmaxf(top0, fmaxf(s[j][0], s[j][1]));
+            top1 = fmaxf(top1, fmaxf(s[j][2], s[j][3]));
+        }
+        const float new0 = fmaxf(m0, kiln_flash_quad_max(top0));
+        const float new1 = fmaxf(m1, kiln_flash_quad_max(top1));
+        // A row with no key seen yet keeps 0 as its reference (its exps are all 0).
+        const float ref0 = new0 == kiln_flash_neg_inf() ? 0.0f : new0;
+        const float ref1 = new1 == kiln_flash_neg_inf() ? 0.0f : new1;
+        const float alpha0 = __expf(m0 - ref0), alpha1 = __expf(m1 - ref1);
+        m0 = new0;
+        m1 = new1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j) {
+            s[j][0] = __expf(s[j][0] - ref0);
+            s[j][1] = __expf(s[j][1] - ref0);
+            s[j][2] = __expf(s[j][2] - ref1);
+            s[j][3] = __expf(s[j][3] - ref1);
+            sum0 += s[j][0] + s[j][1];
+            sum1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * alpha0 + sum0;
+        l1 = l1 * alpha1 + sum1;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            o[n][0] *= alpha0;
+            o[n][1] *= alpha0;
+            o[n][2] *= alpha1;
+            o[n][3] *= alpha1;
+        }
+        kiln_flash_pv<N, D>(o, s, vs + buffer * TILE);
+        __syncthreads(); // this buffer is refilled two tiles on
+    }
+    l0 = kiln_flash_quad_sum(l0);
+    l1 = kiln_flash_quad_sum(l1);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const i64 row = c < 2 ? row0 : row1;
+            const int d = 8 * n + 2 * t + (c & 1);
+            if (row < q_len && d < hd) {
+                out[((b * q_len + row) * q_heads + h) * hd + d] = o[n][c] * (c < 2 ? inv0 : inv1);
+            }
+        }
+    }
+    // A row whose every score is -inf has l = 0: its lse is NaN, as its output is.
+    if (t == 0) {
+        const float nan = __int_as_float(0x7fc00000);
+        if (row0 < q_len) lse[bh * q_len + row0] = l0 > 0.0f ? m0 + logf(l0) : nan;
+        if (row1 < q_len) lse[bh * q_len + row1] = l1 > 0.0f ? m1 + logf(l1) : nan;
+    }
+}
+
+// The entry points, one per head dim (the argument checks of kernels/src/gpu/tests.rs read
+// these signatures). q, k, v are the staged copies.
+extern "C" __global__ void flash_attention_forward_d16(float* out, float* lse, const bf16_bits* q,
+                                                       const bf16_bits* k, const bf16_bits* v,
+                                                       i64 q_heads, i64 kv_heads, i64 q_len,
+                                                       i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<16>(out, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_d32(float* out, float* lse, const bf16_bits* q,
+                                                       const bf16_bits* k, const bf16_bits* v,
+                                                       i64 q_heads, i64 kv_heads, i64 q_len,
+                                                       i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<32>(out, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_d64(float* out, float* lse, const bf16_bits* q,
+                                                       const bf16_bits* k, const bf16_bits* v,
+                                                       i64 q_heads, i64 kv_heads, i64 q_len,
+                                                       i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<64>(out, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_d128(float* out, float* lse,
+                                                        const bf16_bits* q, const bf16_bits* k,
+                                                        const bf16_bits* v, i64 q_heads,
+                                                        i64 kv_heads, i64 q_len, i64 kv_len,
+                                                        i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<128>(out, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd, scale);
+}
+
+// ---- backward ----
+
+// delta[b,h,t] = Σ_d r(dO[b,t,h,d]) · out[b,t,h,d]: one warp per row (B·Hq·T rows), lanes
+// over d, the warp's butterfly sum.
+extern "C" __global__ void flash_attention_backward_delta(float* delta, const float* grad_out,
+                                                          const float* out, i64 q_heads,
+                                                          i64 q_len, i64 hd, i64 rows) {
+    kiln_grid_dependency_wait();
+    const i64 row = (i64)blockIdx.x * (blockDim.x / KILN_WARP) + threadIdx.x / KILN_WARP;
+    if (row >= rows) return;
+    const i64 bh = row / q_len, t = row % q_len;
+    const i64 b = bh / q_heads, h = bh % q_heads;
+    const i64 at = ((b * q_len + t) * q_heads + h) * hd;
+    float sum = 0.0f;
+    for (i64 d = threadIdx.x % KILN_WARP; d < hd; d += KILN_WARP) {
+        sum += kiln_bf16_to_f32(kiln_f32_to_bf16(grad_out[at + d])) * out[at + d];
+    }
+    sum = kiln_warp_sum(sum);
+    if (threadIdx.x % KILN_WARP == 0) delta[row] = sum;
+}
+
+// Block (b·Hq + h, key tile): 64 keys of h's KV head, each warp 16 of them, against every
+// query tile of BR rows of head h that sees any of them, in order: the tile's q and dO
+// staged (double-buffered), then Sᵀ, Pᵀ, dPᵀ, dSᵀ in registers, dV += Pᵀ·dO and dK +=
+// dSᵀ·Q. Writes dK, dV of head h's view of the keys to grad_k, grad_v at (b·Hq + h)·S·hd.
+template <int D>
+__device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_bits* q,
+                                       const bf16_bits* k, const bf16_bits* v,
+                                       const bf16_bits* grad_out, const float* lse,
+                                       const float* delta, i64 q_heads, i64 kv_heads, i64 q_len,
+                                       i64 kv_len, i64 hd, float scale) {
+    constexpr int BR = KilnFlashTiles<D>::BR;
+    constexpr int TILE = BR * (D + KILN_FLASH_PAD);
+    __shared__ __align__(16) bf16_bits qs[2 * TILE];
+    __shared__ __align__(16) bf16_bits dos[2 * TILE];
+    const i64 bh = blockIdx.x;
+    const i64 b = bh / q_heads, h = bh % q_heads;
+    const i64 kvh = b * kv_heads + h / (q_heads / kv_heads);
+    const i64 k0 = (i64)blockIdx.y * KILN_FLASH_ROWS;
+    const int warp = threadIdx.x / KILN_WARP, lane = threadIdx.x % KILN_WARP;
+    const int t = lane % 4;
+    const i64 key0 = k0 + 16 * warp + lane / 4, key1 = key0 + 8;
+    const i64 offset = kv_len - q_len;
+
+    // The first query row that sees key k0 (t >= k0 - offset), rounded down to a tile.
+    const i64 first_row = k0 > offset ? k0 - offset : 0;
+    const i64 first = first_row / BR * BR;
+    const bf16_bits* q_head = q + bh * q_len * D;
+    const bf16_bits* do_head = grad_out + bh * q_len * D;
+    if (first < q_len) {
+        kiln_flash_tile<D, BR>(qs, q_head, first, q_len);
+        kiln_flash_tile<D, BR>(dos, do_head, first, q_len);
+    }
+    kiln_flash_commit();
+
+    unsigned int ka[D / 16][4], va[D / 16][4];
+    kiln_flash_rows<D>(ka, k + kvh * kv_len * D, k0 + 16 * warp, kv_len);
+    kiln_flash_rows<D>(va, v + kvh * kv_len * D, k0 + 16 * warp, kv_len);
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+        dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
+        dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+    }
+    for (i64 r0 = first, tile = 0; r0 < q_len; r0 += BR, ++tile) {
+        const int buffer = (int)(tile & 1);
+        if (r0 + BR < q_len) {
+            kiln_flash_tile<D, BR>(qs + (buffer ^ 1) * TILE, q_head, r0 + BR, q_len);
+            kiln_flash_tile<D, BR>(dos + (buffer ^ 1) * TILE, do_head, r0 + BR, q_len);
+        }
+        kiln_flash_commit();
+        kiln_flash_wait<1>();
+        __syncthreads();
+        float p[BR / 8][4], ds[BR / 8][4];
+        kiln_flash_qk<D, BR>(p, ka, qs + buffer * TILE);
+        kiln_flash_qk<D, BR>(ds, va, dos + buffer * TILE);
+#pragma unroll
+        for (int i = 0; i < BR / 8; ++i) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const i64 row = r0 + 8 * i + 2 * t + (c & 1), key = c < 2 ? key0 : key1;
+                const bool seen = row < q_len && key < kv_len && key <= offset + row;
+                const float l = seen ? lse[bh * q_len + row] : 0.0f;
+                const float dl = seen ? delta[bh * q_len + row] : 0.0f;
+                const float prob = seen ? __expf(p[i][c] * scale - l) : 0.0f;
+                p[i][c] = prob;
+                ds[i][c] = seen ? prob * (ds[i][c] - dl) * scale : 0.0f;
+            }
+        }
+        kiln_flash_pv<BR, D>(dv, p, dos + buffer * TILE);
+        kiln_flash_pv<BR, D>(dk, ds, qs + buffer * TILE);
+        __syncthreads();
+    }
+    float* gk = grad_k + bh * kv_len * hd;
+    float* gv = grad_v + bh * kv_len * hd;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const i64 key = c < 2 ? key0 : key1;
+            const int d = 8 * n + 2 * t + (c & 1);
+            if (key < kv_len && d < hd) {
+                gk[key * hd + d] = dk[n][c];
+                gv[key * hd + d] = dv[n][c];
+            }
+        }
+    }
+}
+
+// grad_k, grad_v [B,Hkv,S,hd] = the sums, in head order, of the `group` query heads' partial
+// dK, dV [B,Hq,S,hd] (head j·group + e of KV head j).
+extern "C" __global__ void flash_attention_backward_reduce(float* grad_k, float* grad_v,
+                                                           const float* partial_k,
+                                                           const float* partial_v, i64 group,
+                                                           i64 per_head, i64 n) {
+    kiln_grid_dependency_wait();
+    KILN_FOR_EACH(i, n) {
+        const i64 head = i / per_head, r = i % per_head;
+        const float* pk = partial_k + head * group * per_head + r;
+        const float* pv = partial_v + head * group * per_head + r;
+        float sk = 0.0f, sv = 0.0f;
+        for (i64 e = 0; e < group; ++e) {
+            sk += pk[e * per_head];
+            sv += pv[e * per_head];
+        }
+        grad_k[i] = sk;
+        grad_v[i] = sv;
+    }
+}
+
+// Block (b·Hq + h, query tile): 64 query rows, each warp 16; key tiles of N up to the causal
+// limit (double-buffered): S, P, dP, dS in registers, then dQ += dS·K.
+template <int D>
+__device__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q, const bf16_bits* k,
+                                      const bf16_bits* v, const bf16_bits* grad_out,
+                                      const float* lse, const float* delta, i64 q_heads,
+                                      i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    constexpr int N = KilnFlashTiles<D>::N;
+    constexpr int TILE = N * (D + KILN_FLASH_PAD);
+    __shared__ __align__(16) bf16_bits ks[2 * TILE];
+    __shared__ __align__(16) bf16_bits vs[2 * TILE];
+    const i64 bh = blockIdx.x;
+    const i64 b = bh / q_heads, h = bh % q_heads;
+    const i64 kvh = b * kv_heads + h / (q_heads / kv_heads);
+    const i64 q0 = (i64)(gridDim.y - 1 - blockIdx.y) * KILN_FLASH_ROWS;
+    const int warp = threadIdx.x / KILN_WARP, lane = threadIdx.x % KILN_WARP;
+    const int t = lane % 4;
+    const i64 row0 = q0 + 16 * warp + lane / 4, row1 = row0 + 8;
+    const i64 offset = kv_len - q_len;
+
+    i64 limit = offset + q0 + KILN_FLASH_ROWS;
+    limit = limit < kv_len ? limit : kv_len;
+    const bf16_bits* k_head = k + kvh * kv_len * D;
+    const bf16_bits* v_head = v + kvh * kv_len * D;
+    kiln_flash_tile<D, N>(ks, k_head, 0, kv_len);
+    kiln_flash_tile<D, N>(vs, v_head, 0, kv_len);
+    kiln_flash_commit();
+
+    unsigned int qa[D / 16][4], doa[D / 16][4];
+    kiln_flash_rows<D>(qa, q + bh * q_len * D, q0 + 16 * warp, q_len);
+    kiln_flash_rows<D>(doa, grad_out + bh * q_len * D, q0 + 16 * warp, q_len);
+    const float lse0 = row0 < q_len ? lse[bh * q_len + row0] : 0.0f;
+    const float lse1 = row1 < q_len ? lse[bh * q_len + row1] : 0.0f;
+    const float delta0 = row0 < q_len ? delta[bh * q_len + row0] : 0.0f;
+    const float delta1 = row1 < q_len ? delta[bh * q_len + row1] : 0.0f;
+    float dq[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+
+    for (i64 n0 = 0, tile = 0; n0 < limit; n0 += N, ++tile) {
+        const int buffer = (int)(tile & 1);
+        if (n0 + N < limit) {
+            kiln_flash_tile<D, N>(ks + (buffer ^ 1) * TILE, k_head, n0 + N, kv_len);
+            kiln_flash_tile<D, N>(vs + (buffer ^ 1) * TILE, v_head, n0 + N, kv_len);
+        }
+        kiln_flash_commit();
+        kiln_flash_wait<1>();
+        __syncthreads();
+        float p[N / 8][4], ds[N / 8][4];
+        kiln_flash_qk<D, N>(p, qa, ks + buffer * TILE);
+        kiln_flash_qk<D, N>(ds, doa, vs + buffer * TILE);
+#pragma unroll
+        for (int i = 0; i < N / 8; ++i) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const i64 key = n0 + 8 * i + 2 * t + (c & 1);
+                const i64 row = c < 2 ? row0 : row1;
+                const bool seen = row < q_len && key < kv_len && key <= offset + row;
+                const float l = c < 2 ? lse0 : lse1, dl = c < 2 ? delta0 : delta1;
+                const float prob = seen ? __expf(p[i][c] * scale - l) : 0.0f;
+                ds[i][c] = seen ? prob * (ds[i][c] - dl) * scale : 0.0f;
+            }
+        }
+        kiln_flash_pv<N, D>(dq, ds, ks + buffer * TILE);
+        __syncthreads();
+    }
+    float* gq = grad_q + bh * q_len * hd;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const i64 row = c < 2 ? row0 : row1;
+            const int d = 8 * n + 2 * t + (c & 1);
+            if (row < q_len && d < hd) gq[row * hd + d] = dq[n][c];
+        }
+    }
+}
+
+// The backward's entry points, one per head dim; q, k, v, grad_out are the staged copies.
+extern "C" __global__ void flash_attention_backward_kv_d16(
+    float* grad_k, float* grad_v, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
+    i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_backward_kv<16>(grad_k, grad_v, q, k, v, grad_out, lse, delta, q_heads, kv_heads,
+                               q_len, kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_backward_q_d16(
+    float* grad_q, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
+    i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_backward_q<16>(grad_q, q, k, v, grad_out, lse, delta, q_heads, kv_heads, q_len,
+                              kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_backward_kv_d32(
+    float* grad_k, float* grad_v, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
+    i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_backward_kv<32>(grad_k, grad_v, q, k, v, grad_out, lse, delta, q_heads, kv_heads,
+                               q_len, kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_backward_q_d32(
+    float* grad_q, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
+    i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_backward_q<32>(grad_q, q, k, v, grad_out, lse, delta, q_heads, kv_heads, q_len,
+                              kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_backward_kv_d64(
+    float* grad_k, float* grad_v, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
+    i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_backward_kv<64>(grad_k, grad_v, q, k, v, grad_out, lse, delta, q_heads, kv_heads,
+                               q_len, kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_backward_q_d64(
+    float* grad_q, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
+    i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_backward_q<64>(grad_q, q, k, v, grad_out, lse, delta, q_heads, kv_heads, q_len,
+                              kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_backward_kv_d128(
+    float* grad_k, float* grad_v, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
+    i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_backward_kv<128>(grad_k, grad_v, q, k, v, grad_out, lse, delta, q_heads, kv_heads,
+                               q_len, kv_len, hd, scale);
+}
+extern "C" __global__ void flash_attention_backward_q_d128(
+    float* grad_q, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
+    i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_backward_q<128>(grad_q, q, k, v, grad_out, lse, delta, q_heads, kv_heads, q_len,
+                              kv_len, hd, scale);
+}

@@ -1,0 +1,216 @@
+//! The FlashAttention contract against the probabilities-keeping kernels run on the bf16
+//! roundings of the same inputs, which differ only by the bf16 roundings of P (and dS) where
+//! they enter products: within bf16's step, 2^-8. The backward rebuilds P from `lse` and takes
+//! Δ from `out`.
+
+use half::bf16;
+
+use super::super::tests::{case, view, view_mut, Case};
+use super::super::{attention, attention_backward};
+use super::*;
+use crate::testing::{self, rel_l2};
+
+/// GQA ratios 1 and > 1, T == S and T < S, T = 1, odd sizes, head dims 64 and 128.
+/// Several key tiles (64 keys, 32 past head dim 64) in the last two.
+const CASES: [Case; 9] = [
+    case(2, 3, 3, 7, 7, 5),
+    case(2, 6, 2, 7, 7, 16),
+    case(1, 4, 1, 3, 9, 8),
+    case(1, 2, 2, 1, 1, 3),
+    case(1, 4, 2, 1, 6, 64),
+    case(1, 2, 1, 33, 33, 64),
+    case(1, 2, 2, 19, 21, 128),
+    case(1, 2, 1, 150, 150, 64),
+    case(1, 2, 2, 70, 100, 72),
+];
+
+fn round(values: &[f32]) -> Vec<f32> {
+    values.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()
+}
+
+fn draw(rng: &mut rand::rngs::StdRng, len: usize) -> Vec<f32> {
+    testing::to_f32(&testing::uniform(rng, len, -2.0, 2.0))
+}
+
+fn widen(values: &[f32]) -> Vec<f64> {
+    values.iter().map(|&x| x as f64).collect()
+}
+
+struct Problem {
+    c: Case,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    grad_out: Vec<f32>,
+}
+
+impl Problem {
+    fn new(rng: &mut rand::rngs::StdRng, c: Case) -> Problem {
+        Problem {
+            c,
+            q: draw(rng, c.q_len()),
+            k: draw(rng, c.kv_len()),
+            v: draw(rng, c.kv_len()),
+            grad_out: draw(rng, c.q_len()),
+        }
+    }
+    fn q_shape(&self) -> [usize; 4] {
+        [self.c.b, self.c.hq, self.c.t, self.c.d]
+    }
+    fn kv_shape(&self) -> [usize; 4] {
+        [self.c.b, self.c.hkv, self.c.s, self.c.d]
+    }
+    fn bthd(&self) -> [usize; 4] {
+        [self.c.b, self.c.t, self.c.hq, self.c.d]
+    }
+    fn scale(&self) -> f64 {
+        1.0 / (self.c.d as f64).sqrt()
+    }
+
+    /// `(out, lse)` of [`flash_attention`].
+    fn flash(&self) -> (Vec<f32>, Vec<f32>) {
+        let mut out = vec![f32::NAN; self.c.q_len()];
+        let mut lse = vec![f32::NAN; self.c.b * self.c.hq * self.c.t];
+        let lse_shape = [self.c.b, self.c.hq, self.c.t];
+        flash_attention(
+            &view(&self.q, &self.q_shape()),
+            &view(&self.k, &self.kv_shape()),
+            &view(&self.v, &self.kv_shape()),
+            self.scale(),
+            &mut view_mut(&mut out, &self.bthd()),
+            &mut view_mut(&mut lse, &lse_shape),
+        )
+        .unwrap();
+        (out, lse)
+    }
+
+    /// `(out, probs)` of [`attention`] on the rounded inputs.
+    fn reference(&self) -> (Vec<f32>, Vec<f32>) {
+        let mut out = vec![f32::NAN; self.c.q_len()];
+        let mut probs = vec![f32::NAN; self.c.probs_len()];
+        let probs_shape = [self.c.b, self.c.hq, self.c.t, self.c.s];
+        attention(
+            &view(&round(&self.q), &self.q_shape()),
+            &view(&round(&self.k), &self.kv_shape()),
+            &view(&round(&self.v), &self.kv_shape()),
+            self.scale(),
+            &mut view_mut(&mut probs, &probs_shape),
+            &mut view_mut(&mut out, &self.bthd()),
+        )
+        .unwrap();
+        (out, probs)
+    }
+}
+
+#[test]
+fn the_forward_is_attention_of_the_rounded_inputs_and_keeps_the_log_sum_exp() {
+    let mut rng = testing::rng("flash_forward");
+    for c in CASES {
+        let problem = Problem::new(&mut rng, c);
+        let (out, lse) = problem.flash();
+        let (want, probs) = problem.reference();
+        // Only the bf16 rounding of the probabilities in P·V differs.
+        let error = rel_l2(&widen(&out), &widen(&want));
+        assert!(error <= 4e-3, "{c:?}: relative error {error:e}");
+        // exp(score − lse) is the probability: rebuild row t's first key's from the scores.
+        let (q, k) = (round(&problem.q), round(&problem.k));
+        let d = c.d;
+        for (row, &row_lse) in lse.iter().enumerate() {
+            let (bh, t) = (row / c.t, row % c.t);
+            let (b, h) = (bh / c.hq, bh % c.hq);
+            let kv = (b * c.hkv + h / (c.hq / c.hkv)) * c.s;
+            let score: f32 = (0..d).map(|j| q[row * d + j] * k[kv * d + j]).sum::<f32>()
+                * problem.scale() as f32;
+            let p = (score - row_lse).exp();
+            let want = probs[row * c.s];
+            assert!(
+                (p - want).abs() <= 1e-5 * want.max(1e-3),
+                "{c:?} row {row} t {t}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_backward_equals_attention_backward_of_the_rounded_inputs() {
+    let mut rng = testing::rng("flash_backward");
+    for c in CASES {
+        let problem = Problem::new(&mut rng, c);
+        let (out, lse) = problem.flash();
+        let (_, probs) = problem.reference();
+        let lse_shape = [c.b, c.hq, c.t];
+        let mut got = [c.q_len(), c.kv_len(), c.kv_len()].map(|n| vec![f32::NAN; n]);
+        let [gq, gk, gv] = &mut got;
+        flash_attention_backward(
+            &view(&problem.q, &problem.q_shape()),
+            &view(&problem.k, &problem.kv_shape()),
+            &view(&problem.v, &problem.kv_shape()),
+            &view(&out, &problem.bthd()),
+            &view(&lse, &lse_shape),
+            &view(&problem.grad_out, &problem.bthd()),
+            problem.scale(),
+            [
+                &mut view_mut(gq, &problem.q_shape()),
+                &mut view_mut(gk, &problem.kv_shape()),
+                &mut view_mut(gv, &problem.kv_shape()),
+            ],
+        )
+        .unwrap();
+
+        let mut want = [c.q_len(), c.kv_len(), c.kv_len()].map(|n| vec![f32::NAN; n]);
+        let mut workspace = vec![f32::NAN; c.s];
+        let [wq, wk, wv] = &mut want;
+        attention_backward(
+            &view(&round(&problem.q), &problem.q_shape()),
+            &view(&round(&problem.k), &problem.kv_shape()),
+            &view(&round(&problem.v), &problem.kv_shape()),
+            &view(&probs, &[c.b, c.hq, c.t, c.s]),
+            &view(&round(&problem.grad_out), &problem.bthd()),
+            problem.scale(),
+            &mut view_mut(wq, &problem.q_shape()),
+            &mut view_mut(wk, &problem.kv_shape()),
+            &mut view_mut(wv, &problem.kv_shape()),
+            &mut view_mut(&mut workspace, &[c.s]),
+        )
+        .unwrap();
+        // Only the bf16 roundings of P and dS differ: bf16's step, 2^-8, bounds the error.
+        let names = ["grad_q", "grad_k", "grad_v"];
+        for (name, (got, want)) in names.iter().zip(got.iter().zip(&want)) {
+            let error = rel_l2(&widen(got), &widen(want));
+            assert!(error <= 4e-3, "{c:?} {name}: relative error {error:e}");
+        }
+    }
+}
+
+#[test]
+fn operands_other_than_f32_and_wrong_shapes_are_refused() {
+    let c = case(1, 2, 1, 3, 3, 4);
+    let q64 = vec![0.5f64; c.q_len()];
+    let kv64 = vec![0.5f64; c.kv_len()];
+    let mut out = vec![0.0f32; c.q_len()];
+    let mut lse = vec![0.0f32; 6];
+    let error = flash_attention(
+        &view(&q64, &[1, 2, 3, 4]),
+        &view(&kv64, &[1, 1, 3, 4]),
+        &view(&kv64, &[1, 1, 3, 4]),
+        0.5,
+        &mut view_mut(&mut out, &[1, 3, 2, 4]),
+        &mut view_mut(&mut lse, &[1, 2, 3]),
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("q"), "{error}");
+
+    let q = vec![0.5f32; c.q_len()];
+    let kv = vec![0.5f32; c.kv_len()];
+    let mut short = vec![0.0f32; 5];
+    let error = flash_attention(
+        &view(&q, &[1, 2, 3, 4]),
+        &view(&kv, &[1, 1, 3, 4]),
+        &view(&kv, &[1, 1, 3, 4]),
+        0.5,
+        &mut view_mut(&mut out, &[1, 3, 2, 4]),
+        &mut view_mut(&mut short, &[1, 5]),
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("lse"), "{error}");
+}

@@ -1,0 +1,377 @@
+//! Builders of `flash.cu`: FlashAttention forward (out and the per-row log-sum-exp) and
+//! backward (Δ, dK/dV per key tile, dQ per query tile), under the contract of
+//! `kiln_kernels::attention::flash`. Head dims up to 128: the operands are first staged in the
+//! workspace as bf16 rows of the smallest padded head dim (16, 32, 64, 128) that holds them,
+//! and each tile kernel is that dim's instance.
+
+use super::attention::AttentionDims;
+use super::launch::{grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X, MAX_GRID_YZ};
+use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS, SLOT_ALIGN};
+use crate::{Error, Result};
+
+const MODULE: &str = "flash";
+/// Threads per block of the tile kernels (4 warps).
+const TILE_THREADS: u32 = 128;
+/// Query (or key) rows per block of the tile kernels.
+const TILE_ROWS: u64 = 64;
+
+/// The padded head dim of the kernels for `head_dim`, or an error past 128.
+fn padded(function: &'static str, head_dim: u64) -> Result<u64> {
+    match [16, 32, 64, 128].into_iter().find(|&d| head_dim <= d) {
+        Some(d) => Ok(d),
+        None => Err(Error::Argument {
+            op: function,
+            argument: "head_dim",
+            reason: format!("{head_dim}: flash attention takes head dims up to 128"),
+        }),
+    }
+}
+
+/// The `(name, padded dim)` of `kernel`'s instance for `head_dim`.
+fn instance(kernel: &'static str, head_dim: u64) -> Result<&'static str> {
+    let names: [&'static str; 4] = match kernel {
+        "forward" => [
+            "flash_attention_forward_d16",
+            "flash_attention_forward_d32",
+            "flash_attention_forward_d64",
+            "flash_attention_forward_d128",
+        ],
+        "kv" => [
+            "flash_attention_backward_kv_d16",
+            "flash_attention_backward_kv_d32",
+            "flash_attention_backward_kv_d64",
+            "flash_attention_backward_kv_d128",
+        ],
+        _ => [
+            "flash_attention_backward_q_d16",
+            "flash_attention_backward_q_d32",
+            "flash_attention_backward_q_d64",
+            "flash_attention_backward_q_d128",
+        ],
+    };
+    let d = padded(names[3], head_dim)?;
+    Ok(names[d.trailing_zeros() as usize - 4])
+}
+
+fn check(function: &'static str, dims: &AttentionDims) -> Result<()> {
+    if dims.kv_heads == 0 || !dims.q_heads.is_multiple_of(dims.kv_heads) || dims.q_len > dims.kv_len
+    {
+        return Err(Error::Argument {
+            op: function,
+            argument: "dims",
+            reason: format!("{dims:?}: kv heads must divide query heads and T must not exceed S"),
+        });
+    }
+    padded(function, dims.head_dim).map(|_| ())
+}
+
+/// The size arguments every tile kernel takes after its pointers: `q_heads, kv_heads, q_len,
+/// kv_len, hd, scale`.
+fn size_args(dims: &AttentionDims, scale: f32) -> [Arg; 6] {
+    [
+        size_arg(dims.q_heads),
+        size_arg(dims.kv_heads),
+        size_arg(dims.q_len),
+        size_arg(dims.kv_len),
+        size_arg(dims.head_dim),
+        Arg::F32(scale),
+    ]
+}
+
+/// A tile kernel over `(x, tiles of 64 rows)`.
+fn tile_launch(
+    function: &'static str,
+    x: (u64, &'static str),
+    rows: u64,
+    args: Vec<Arg>,
+) -> Result<Launch> {
+    let grid = (
+        grid_dim(function, x.1, x.0, MAX_GRID_X)?,
+        grid_dim(function, "row tiles", rows.div_ceil(TILE_ROWS), MAX_GRID_YZ)?,
+        1,
+    );
+    Ok(Kernel::launch(
+        MODULE,
+        function,
+        grid,
+        (TILE_THREADS, 1, 1),
+        0,
+        args,
+    ))
+}
+
+/// Bytes of `rows` staged rows of a padded head dim `d` (bf16), rounded up to [`SLOT_ALIGN`].
+fn staged_bytes(rows: u64, d: u64) -> u64 {
+    (rows * d * 2).next_multiple_of(SLOT_ALIGN)
+}
+
+/// `flash_attention_stage`: `rows` rows of `hd` f32 at `src` as bf16 rows of `d` at `dst`;
+/// `bthd` re-lays `[B,T,Hq,hd]` (q_heads, q_len of `dims`) as `[B,Hq,T,d]`.
+fn stage(dst: Addr, src: Addr, rows: u64, d: u64, dims: &AttentionDims, bthd: bool) -> Launch {
+    const STAGE: &str = "flash_attention_stage";
+    let chunks = rows * (d / 8);
+    Kernel::launch(
+        MODULE,
+        STAGE,
+        (grid_stride_blocks(chunks), 1, 1),
+        (BLOCK_THREADS, 1, 1),
+        0,
+        vec![
+            Arg::Ptr(dst),
+            Arg::Ptr(src),
+            size_arg(rows),
+            size_arg(dims.head_dim),
+            size_arg(d),
+            size_arg(dims.q_heads),
+            size_arg(dims.q_len),
+            Arg::I32(i32::from(bthd)),
+        ],
+    )
+}
+
+/// Where the staged operands (and the backward's scratch) lie in a workspace, in this order.
+#[derive(Clone, Copy, Debug)]
+struct Regions {
+    q: Addr,
+    k: Addr,
+    v: Addr,
+    /// `grad_out` staged as `[B,Hq,T,d]` (backward).
+    grad_out: Addr,
+    /// Δ, `[B,Hq,T]` f32 (backward).
+    delta: Addr,
+    /// Per query head dK, dV `[B,Hq,S,hd]` f32 (backward, GQA groups of more than one head).
+    partial_k: Addr,
+    partial_v: Addr,
+    end: u64,
+}
+
+impl Regions {
+    fn new(base: Addr, dims: &AttentionDims, d: u64) -> Regions {
+        let q_rows = dims.batch * dims.q_heads * dims.q_len;
+        let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
+        let partial = match dims.q_heads > dims.kv_heads {
+            true => (dims.batch * dims.q_heads * dims.kv_len * dims.head_dim * 4)
+                .next_multiple_of(SLOT_ALIGN),
+            false => 0,
+        };
+        let sizes = [
+            staged_bytes(q_rows, d),
+            staged_bytes(kv_rows, d),
+            staged_bytes(kv_rows, d),
+            staged_bytes(q_rows, d),
+            (q_rows * 4).next_multiple_of(SLOT_ALIGN),
+            partial,
+            partial,
+        ];
+        let mut at = [base; 7];
+        let mut end = 0;
+        for (slot, size) in at.iter_mut().zip(sizes) {
+            *slot = base.add(end);
+            end += size;
+        }
+        let [q, k, v, grad_out, delta, partial_k, partial_v] = at;
+        Regions {
+            q,
+            k,
+            v,
+            grad_out,
+            delta,
+            partial_k,
+            partial_v,
+            end,
+        }
+    }
+
+    /// The forward's part: the staged q, k, v.
+    fn forward_bytes(&self) -> u64 {
+        self.grad_out.offset - self.q.offset
+    }
+}
+
+/// The padded head dim for `dims` (16 when it does not matter: no element to stage).
+fn padded_dim(function: &'static str, dims: &AttentionDims) -> Result<u64> {
+    padded(function, dims.head_dim)
+}
+
+/// Workspace of [`flash_attention_f32`]: q, k and v staged as bf16 rows of the padded head dim.
+pub fn forward_workspace_bytes(dims: &AttentionDims) -> u64 {
+    padded("flash_attention_f32", dims.head_dim).map_or(0, |d| {
+        Regions::new(Addr { slot: 0, offset: 0 }, dims, d).forward_bytes()
+    })
+}
+
+/// Workspace of [`flash_attention_backward_f32`]: q, k, v and grad_out staged, Δ, and the
+/// per-query-head dK, dV of GQA groups.
+pub fn backward_workspace_bytes(dims: &AttentionDims) -> u64 {
+    padded("flash_attention_backward_f32", dims.head_dim).map_or(0, |d| {
+        Regions::new(Addr { slot: 0, offset: 0 }, dims, d).end
+    })
+}
+
+/// The forward's operands, results and workspace: `q [B,Hq,T,D]`, `k`, `v [B,Hkv,S,D]`
+/// (f32), `out [B,T,Hq,D]`, `lse [B,Hq,T]`, `workspace` of [`forward_workspace_bytes`].
+#[derive(Clone, Copy, Debug)]
+pub struct FlashForward {
+    pub q: Addr,
+    pub k: Addr,
+    pub v: Addr,
+    pub out: Addr,
+    pub lse: Addr,
+    pub workspace: Addr,
+}
+
+/// q, k, v staged, then one launch: a block per (b·Hq + h, tile of 64 query rows). Nothing
+/// when there is no query row.
+pub fn flash_attention_f32(
+    at: FlashForward,
+    dims: AttentionDims,
+    scale: f32,
+) -> Result<Vec<Launch>> {
+    const FUNCTION: &str = "flash_attention_f32";
+    check(FUNCTION, &dims)?;
+    let q_rows = dims.batch * dims.q_heads * dims.q_len;
+    if q_rows == 0 {
+        return Ok(vec![]);
+    }
+    let d = padded_dim(FUNCTION, &dims)?;
+    let regions = Regions::new(at.workspace, &dims, d);
+    let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
+    let mut launches = vec![
+        stage(regions.q, at.q, q_rows, d, &dims, false),
+        stage(regions.k, at.k, kv_rows, d, &dims, false),
+        stage(regions.v, at.v, kv_rows, d, &dims, false),
+    ];
+    let mut args = vec![
+        Arg::Ptr(at.out),
+        Arg::Ptr(at.lse),
+        Arg::Ptr(regions.q),
+        Arg::Ptr(regions.k),
+        Arg::Ptr(regions.v),
+    ];
+    args.extend(size_args(&dims, scale));
+    let heads = (dims.batch * dims.q_heads, "B·Hq");
+    launches.push(tile_launch(
+        instance("forward", dims.head_dim)?,
+        heads,
+        dims.q_len,
+        args,
+    )?);
+    Ok(launches)
+}
+
+/// The backward's operands, results and workspace (of [`backward_workspace_bytes`]).
+#[derive(Clone, Copy, Debug)]
+pub struct FlashBackward {
+    pub q: Addr,
+    pub k: Addr,
+    pub v: Addr,
+    pub out: Addr,
+    pub lse: Addr,
+    pub grad_out: Addr,
+    pub grad_q: Addr,
+    pub grad_k: Addr,
+    pub grad_v: Addr,
+    pub workspace: Addr,
+}
+
+/// q, k, v and grad_out staged, Δ (a warp per query row), dK and dV (a block per (b·Hq + h,
+/// tile of 64 keys), every key written, zeros where no query sees it; per query head and then
+/// summed over each GQA group in head order), dQ (a block per query tile).
+pub fn flash_attention_backward_f32(
+    at: FlashBackward,
+    dims: AttentionDims,
+    scale: f32,
+) -> Result<Vec<Launch>> {
+    const FUNCTION: &str = "flash_attention_backward_f32";
+    const DELTA: &str = "flash_attention_backward_delta";
+    const REDUCE: &str = "flash_attention_backward_reduce";
+    check(FUNCTION, &dims)?;
+    let d = padded_dim(FUNCTION, &dims)?;
+    let regions = Regions::new(at.workspace, &dims, d);
+    let q_rows = dims.batch * dims.q_heads * dims.q_len;
+    let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
+    let mut launches = Vec::new();
+    if kv_rows == 0 {
+        // No key: T = 0 too, nothing to write.
+        return Ok(launches);
+    }
+    launches.push(stage(regions.k, at.k, kv_rows, d, &dims, false));
+    launches.push(stage(regions.v, at.v, kv_rows, d, &dims, false));
+    if q_rows > 0 {
+        launches.push(stage(regions.q, at.q, q_rows, d, &dims, false));
+        launches.push(stage(regions.grad_out, at.grad_out, q_rows, d, &dims, true));
+        let warps = u64::from(BLOCK_THREADS) / 32;
+        let blocks = grid_dim(DELTA, "B·Hq·T / 8", q_rows.div_ceil(warps), MAX_GRID_X)?;
+        launches.push(Kernel::launch(
+            MODULE,
+            DELTA,
+            (blocks, 1, 1),
+            (BLOCK_THREADS, 1, 1),
+            0,
+            vec![
+                Arg::Ptr(regions.delta),
+                Arg::Ptr(at.grad_out),
+                Arg::Ptr(at.out),
+                size_arg(dims.q_heads),
+                size_arg(dims.q_len),
+                size_arg(dims.head_dim),
+                size_arg(q_rows),
+            ],
+        ));
+    }
+    let staged = [regions.q, regions.k, regions.v, regions.grad_out].map(Arg::Ptr);
+    let saved = [at.lse, regions.delta].map(Arg::Ptr);
+    // One query head per block: a group's heads write partials, summed after.
+    let grouped = dims.q_heads > dims.kv_heads;
+    let (dk, dv) = match grouped {
+        true => (regions.partial_k, regions.partial_v),
+        false => (at.grad_k, at.grad_v),
+    };
+    let mut args = vec![Arg::Ptr(dk), Arg::Ptr(dv)];
+    args.extend(staged);
+    args.extend(saved);
+    args.extend(size_args(&dims, scale));
+    let heads = (dims.batch * dims.q_heads, "B·Hq");
+    launches.push(tile_launch(
+        instance("kv", dims.head_dim)?,
+        heads,
+        dims.kv_len,
+        args,
+    )?);
+    let per_head = dims.kv_len * dims.head_dim;
+    if grouped && per_head > 0 {
+        let n = dims.batch * dims.kv_heads * per_head;
+        launches.push(Kernel::launch(
+            MODULE,
+            REDUCE,
+            (grid_stride_blocks(n), 1, 1),
+            (BLOCK_THREADS, 1, 1),
+            0,
+            vec![
+                Arg::Ptr(at.grad_k),
+                Arg::Ptr(at.grad_v),
+                Arg::Ptr(regions.partial_k),
+                Arg::Ptr(regions.partial_v),
+                size_arg(dims.q_heads / dims.kv_heads),
+                size_arg(per_head),
+                size_arg(n),
+            ],
+        ));
+    }
+    if q_rows > 0 {
+        let mut args = vec![Arg::Ptr(at.grad_q)];
+        args.extend(staged);
+        args.extend(saved);
+        args.extend(size_args(&dims, scale));
+        launches.push(tile_launch(
+            instance("q", dims.head_dim)?,
+            heads,
+            dims.q_len,
+            args,
+        )?);
+    }
+    Ok(launches)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,186 @@
+//! The builders' choices: which instance runs which head dim, the launches of empty problems,
+//! and the refusals.
+
+use super::*;
+
+fn dims(q_len: u64, kv_len: u64, head_dim: u64) -> AttentionDims {
+    AttentionDims {
+        batch: 2,
+        q_heads: 6,
+        kv_heads: 2,
+        q_len,
+        kv_len,
+        head_dim,
+    }
+}
+
+fn addr(slot: u32) -> Addr {
+    Addr { slot, offset: 0 }
+}
+
+fn forward() -> FlashForward {
+    FlashForward {
+        q: addr(0),
+        k: addr(1),
+        v: addr(2),
+        out: addr(3),
+        lse: addr(4),
+        workspace: addr(5),
+    }
+}
+
+fn backward() -> FlashBackward {
+    FlashBackward {
+        q: addr(0),
+        k: addr(1),
+        v: addr(2),
+        out: addr(3),
+        lse: addr(4),
+        grad_out: addr(5),
+        grad_q: addr(6),
+        grad_k: addr(7),
+        grad_v: addr(8),
+        workspace: addr(9),
+    }
+}
+
+fn kernel(launch: &Launch) -> &Kernel {
+    match launch {
+        Launch::Kernel(kernel) => kernel,
+        other => panic!("not a kernel: {other:?}"),
+    }
+}
+
+fn names(launches: &[Launch]) -> Vec<&str> {
+    launches.iter().map(|l| kernel(l).function).collect()
+}
+
+#[test]
+fn each_head_dim_runs_the_smallest_instance_that_holds_it() {
+    let cases = [
+        (0, "d16"),
+        (1, "d16"),
+        (16, "d16"),
+        (17, "d32"),
+        (64, "d64"),
+        (65, "d128"),
+        (128, "d128"),
+    ];
+    for (head_dim, suffix) in cases {
+        let launches = flash_attention_f32(forward(), dims(70, 90, head_dim), 0.5).unwrap();
+        // q, k, v staged, then the tile kernel.
+        assert_eq!(names(&launches)[..3], ["flash_attention_stage"; 3]);
+        let main = kernel(&launches[3]);
+        assert!(
+            main.function.ends_with(suffix),
+            "{head_dim}: {}",
+            main.function
+        );
+        // B·Hq blocks across, ceil(70 / 64) query tiles down.
+        assert_eq!(main.grid, (12, 2, 1));
+    }
+}
+
+#[test]
+fn staged_operands_and_scratch_do_not_overlap() {
+    let (dims, d) = (dims(70, 130, 40), 64);
+    let regions = Regions::new(addr(9), &dims, d);
+    let starts = [
+        regions.q,
+        regions.k,
+        regions.v,
+        regions.grad_out,
+        regions.delta,
+        regions.partial_k,
+        regions.partial_v,
+    ];
+    let sizes = [
+        2 * 6 * 70 * d * 2,
+        2 * 2 * 130 * d * 2,
+        2 * 2 * 130 * d * 2,
+        2 * 6 * 70 * d * 2,
+        2 * 6 * 70 * 4,
+        2 * 6 * 130 * 40 * 4,
+        2 * 6 * 130 * 40 * 4,
+    ];
+    for i in 1..starts.len() {
+        assert!(
+            starts[i - 1].offset + sizes[i - 1] <= starts[i].offset,
+            "region {i}"
+        );
+        assert_eq!(starts[i].offset % SLOT_ALIGN, 0);
+    }
+    assert!(regions.partial_v.offset + sizes[6] <= regions.end);
+    assert_eq!(backward_workspace_bytes(&dims), regions.end);
+    assert_eq!(forward_workspace_bytes(&dims), regions.grad_out.offset);
+    // Without GQA there are no partials.
+    let mha = AttentionDims {
+        kv_heads: 6,
+        ..dims
+    };
+    let plain = Regions::new(addr(9), &mha, d);
+    assert_eq!(plain.end, plain.partial_k.offset);
+}
+
+#[test]
+fn the_backward_stages_then_runs_delta_key_tiles_reduce_and_query_tiles() {
+    let launches = flash_attention_backward_f32(backward(), dims(70, 130, 64), 0.5).unwrap();
+    assert_eq!(
+        names(&launches),
+        [
+            "flash_attention_stage",
+            "flash_attention_stage",
+            "flash_attention_stage",
+            "flash_attention_stage",
+            "flash_attention_backward_delta",
+            "flash_attention_backward_kv_d64",
+            "flash_attention_backward_reduce",
+            "flash_attention_backward_q_d64"
+        ]
+    );
+    // Δ: a warp per row, 8 rows a block; dK/dV: B·Hq × ceil(130 / 64); dQ: B·Hq × ceil(70 / 64).
+    assert_eq!(
+        kernel(&launches[4]).grid,
+        ((2 * 6 * 70u32).div_ceil(8), 1, 1)
+    );
+    assert_eq!(kernel(&launches[5]).grid, (12, 3, 1));
+    assert_eq!(kernel(&launches[7]).grid, (12, 2, 1));
+    // Without GQA the key tiles write the gradients themselves.
+    let mha = AttentionDims {
+        kv_heads: 6,
+        ..dims(70, 130, 64)
+    };
+    let launches = flash_attention_backward_f32(backward(), mha, 0.5).unwrap();
+    assert!(!names(&launches).contains(&"flash_attention_backward_reduce"));
+}
+
+#[test]
+fn empty_problems_launch_only_what_writes_something() {
+    assert!(flash_attention_f32(forward(), dims(0, 5, 8), 0.5)
+        .unwrap()
+        .is_empty());
+    // No query row, but keys: their gradients are still written (as zeros).
+    let launches = flash_attention_backward_f32(backward(), dims(0, 5, 8), 0.5).unwrap();
+    assert_eq!(
+        names(&launches),
+        [
+            "flash_attention_stage",
+            "flash_attention_stage",
+            "flash_attention_backward_kv_d16",
+            "flash_attention_backward_reduce"
+        ]
+    );
+    assert!(flash_attention_backward_f32(backward(), dims(0, 0, 8), 0.5)
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn wide_heads_and_bad_groupings_are_refused() {
+    let error = flash_attention_f32(forward(), dims(4, 4, 129), 0.5).unwrap_err();
+    assert!(error.to_string().contains("up to 128"), "{error}");
+    let mut three = dims(4, 4, 64);
+    three.kv_heads = 4;
+    assert!(flash_attention_f32(forward(), three, 0.5).is_err());
+    assert!(flash_attention_backward_f32(backward(), dims(5, 4, 64), 0.5).is_err());
+}
