@@ -140,6 +140,23 @@ __device__ __forceinline__ void kiln_flash_pv(float (&out)[D / 8][4], const floa
     }
 }
 
+// The last key index (within the tile at n0) that row `row` sees: keys up to offset + row and
+// below kv_len; -1 when none, clamped to the tile's N - 1 when all. Int arithmetic from here
+// on: only the tiles that cross the diagonal or an edge need it at all.
+__device__ __forceinline__ int kiln_flash_last_key(i64 row, i64 offset, i64 n0, i64 kv_len,
+                                                   int n) {
+    i64 last = offset + row < kv_len - 1 ? offset + row : kv_len - 1;
+    last -= n0;
+    return last < -1 ? -1 : (last > n - 1 ? n - 1 : (int)last);
+}
+
+// 4 bytes global -> shared, asynchronously; zero when !valid.
+__device__ __forceinline__ void kiln_flash_copy4(float* dst, const float* src, bool valid) {
+    const unsigned int at = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(at), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
 // Sum and max over the 4 lanes of a quad (the lanes holding one accumulator row), fixed order.
 __device__ __forceinline__ float kiln_flash_quad_sum(float x) {
     x += __shfl_xor_sync(KILN_FULL_MASK, x, 1);
@@ -236,13 +253,17 @@ __device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, c
         __syncthreads();
         float s[N / 8][4];
         kiln_flash_qk<D, N>(s, qa, ks + buffer * TILE);
+        // Every row of the block sees every key of the tile (warp-uniform): no masks.
+        const bool full = n0 + N <= kv_len && n0 + N - 1 <= offset + q0;
+        const int last0 = full ? N - 1 : kiln_flash_last_key(row0, offset, n0, kv_len, N);
+        const int last1 = full ? N - 1 : kiln_flash_last_key(row1, offset, n0, kv_len, N);
         float top0 = kiln_flash_neg_inf(), top1 = kiln_flash_neg_inf();
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                const i64 key = n0 + 8 * j + 2 * t + (c & 1);
-                const bool seen = key < kv_len && key <= offset + (c < 2 ? row0 : row1);
+                const int key = 8 * j + 2 * t + (c & 1);
+                const bool seen = key <= (c < 2 ? last0 : last1);
                 s[j][c] = seen ? s[j][c] * scale : kiln_flash_neg_inf();
             }
             top0 = fmaxf(top0, fmaxf(s[j][0], s[j][1]));
@@ -367,6 +388,8 @@ __device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_
     constexpr int TILE = BR * (D + KILN_FLASH_PAD);
     __shared__ __align__(16) bf16_bits qs[2 * TILE];
     __shared__ __align__(16) bf16_bits dos[2 * TILE];
+    __shared__ float lse_s[2 * BR];
+    __shared__ float delta_s[2 * BR];
     const i64 bh = blockIdx.x;
     const i64 b = bh / q_heads, h = bh % q_heads;
     const i64 kvh = b * kv_heads + h / (q_heads / kv_heads);
@@ -381,10 +404,19 @@ __device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_
     const i64 first = first_row / BR * BR;
     const bf16_bits* q_head = q + bh * q_len * D;
     const bf16_bits* do_head = grad_out + bh * q_len * D;
-    if (first < q_len) {
-        kiln_flash_tile<D, BR>(qs, q_head, first, q_len);
-        kiln_flash_tile<D, BR>(dos, do_head, first, q_len);
-    }
+    const float* lse_head = lse + bh * q_len;
+    const float* delta_head = delta + bh * q_len;
+    // A query tile's q, dO, lse and Δ (rows past q_len zeros), into buffer `buffer`.
+    auto stage = [&](i64 r0, int buffer) {
+        kiln_flash_tile<D, BR>(qs + buffer * TILE, q_head, r0, q_len);
+        kiln_flash_tile<D, BR>(dos + buffer * TILE, do_head, r0, q_len);
+        for (int r = threadIdx.x; r < BR; r += KILN_FLASH_THREADS) {
+            const bool valid = r0 + r < q_len;
+            kiln_flash_copy4(lse_s + buffer * BR + r, lse_head + (valid ? r0 + r : 0), valid);
+            kiln_flash_copy4(delta_s + buffer * BR + r, delta_head + (valid ? r0 + r : 0), valid);
+        }
+    };
+    if (first < q_len) stage(first, 0);
     kiln_flash_commit();
 
     unsigned int ka[D / 16][4], va[D / 16][4];
@@ -398,27 +430,36 @@ __device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_
     }
     for (i64 r0 = first, tile = 0; r0 < q_len; r0 += BR, ++tile) {
         const int buffer = (int)(tile & 1);
-        if (r0 + BR < q_len) {
-            kiln_flash_tile<D, BR>(qs + (buffer ^ 1) * TILE, q_head, r0 + BR, q_len);
-            kiln_flash_tile<D, BR>(dos + (buffer ^ 1) * TILE, do_head, r0 + BR, q_len);
-        }
+        if (r0 + BR < q_len) stage(r0 + BR, buffer ^ 1);
         kiln_flash_commit();
         kiln_flash_wait<1>();
         __syncthreads();
         float p[BR / 8][4], ds[BR / 8][4];
         kiln_flash_qk<D, BR>(p, ka, qs + buffer * TILE);
         kiln_flash_qk<D, BR>(ds, va, dos + buffer * TILE);
+        // Row r0 + r sees key iff r >= key - offset - r0 (and both exist). Every pair of the
+        // tile is seen (warp-uniform) when the block's last key is before the tile's first
+        // row's limit: no masks.
+        const bool full = k0 + KILN_FLASH_ROWS <= kv_len && r0 + BR <= q_len &&
+                          k0 + KILN_FLASH_ROWS - 1 <= offset + r0;
+        auto first_row = [&](i64 key) -> int {
+            if (key >= kv_len) return BR; // no row
+            const i64 r = key - offset - r0;
+            return r < 0 ? 0 : (r > BR ? BR : (int)r);
+        };
+        const int from0 = full ? 0 : first_row(key0), from1 = full ? 0 : first_row(key1);
+        const int rows = full ? BR : (q_len - r0 < BR ? (int)(q_len - r0) : BR);
+        const float* tile_lse = lse_s + buffer * BR;
+        const float* tile_delta = delta_s + buffer * BR;
 #pragma unroll
         for (int i = 0; i < BR / 8; ++i) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                const i64 row = r0 + 8 * i + 2 * t + (c & 1), key = c < 2 ? key0 : key1;
-                const bool seen = row < q_len && key < kv_len && key <= offset + row;
-                const float l = seen ? lse[bh * q_len + row] : 0.0f;
-                const float dl = seen ? delta[bh * q_len + row] : 0.0f;
-                const float prob = seen ? __expf(p[i][c] * scale - l) : 0.0f;
+                const int r = 8 * i + 2 * t + (c & 1);
+                const bool seen = r < rows && r >= (c < 2 ? from0 : from1);
+                const float prob = seen ? __expf(p[i][c] * scale - tile_lse[r]) : 0.0f;
                 p[i][c] = prob;
-                ds[i][c] = seen ? prob * (ds[i][c] - dl) * scale : 0.0f;
+                ds[i][c] = seen ? prob * (ds[i][c] - tile_delta[r]) * scale : 0.0f;
             }
         }
         kiln_flash_pv<BR, D>(dv, p, dos + buffer * TILE);
@@ -513,13 +554,17 @@ __device__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q, const b
         float p[N / 8][4], ds[N / 8][4];
         kiln_flash_qk<D, N>(p, qa, ks + buffer * TILE);
         kiln_flash_qk<D, N>(ds, doa, vs + buffer * TILE);
+        const bool full = n0 + N <= kv_len && n0 + N - 1 <= offset + q0;
+        const int last0 = full ? N - 1 : kiln_flash_last_key(row0, offset, n0, kv_len, N);
+        const int last1 = full ? N - 1 : kiln_flash_last_key(row1, offset, n0, kv_len, N);
 #pragma unroll
         for (int i = 0; i < N / 8; ++i) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                const i64 key = n0 + 8 * i + 2 * t + (c & 1);
-                const i64 row = c < 2 ? row0 : row1;
-                const bool seen = row < q_len && key < kv_len && key <= offset + row;
+                // Rows past q_len have zero q and dO, and lse = Δ = 0: their dS is 0 and they
+                // are never written.
+                const int key = 8 * i + 2 * t + (c & 1);
+                const bool seen = key <= (c < 2 ? last0 : last1);
                 const float l = c < 2 ? lse0 : lse1, dl = c < 2 ? delta0 : delta1;
                 const float prob = seen ? __expf(p[i][c] * scale - l) : 0.0f;
                 ds[i][c] = seen ? prob * (ds[i][c] - dl) * scale : 0.0f;
