@@ -54,5 +54,9 @@ fn tiny_decode_bf16_fused() {
 /// `lse`) and backward (from `out` and `lse`, no probabilities) in every layer.
 #[test]
 fn tiny_train_bf16_gemm() {
-    snapshot_as(ProgramKind::Train, Precision::Bf16Gemm, "ir_tiny_train_bf16_gemm");
+    snapshot_as(
+        ProgramKind::Train,
+        Precision::Bf16Gemm,
+        "ir_tiny_train_bf16_gemm",
+    );
 }
