@@ -210,7 +210,8 @@ impl Ops for Tracer {
         v: &ValueId,
         scale: f64,
     ) -> Result<ValueId> {
-        let own_keys = match self.precision.flash_attention() {
+        let head_dim = self.dims(q).last().copied().unwrap_or(0);
+        let own_keys = match self.precision.flash_attention(head_dim) {
             true => Op::FlashAttention { scale },
             false => Op::Attention { scale },
         };

@@ -40,6 +40,8 @@
 #define KILN_FLASH_THREADS 128 // 4 warps
 #define KILN_FLASH_ROWS 64     // the block's own rows: 16 per warp
 #define KILN_FLASH_PAD 8
+#define KILN_LOG2E 1.4426950408889634f
+#define KILN_LN2 0.6931471805599453f
 
 __device__ __forceinline__ float kiln_flash_neg_inf() { return -__int_as_float(0x7f800000); }
 
@@ -93,22 +95,49 @@ __device__ __forceinline__ void kiln_flash_rows(unsigned int (&frag)[D / 16][4],
 }
 
 // acc[j] = A (16 rows, frags over D) · Bᵀ for N / 8 tiles of 8 columns, column n of tile j
-// being row 8j + n of the shared tile `b` ([N][D + pad]): a product with k = D.
-template <int D, int N>
+// being row 8j + n of the shared tile `b` ([N][D + pad]): a product with k = D. B's fragments
+// by ldmatrix (not transposed), two k16 steps a load: matrices (rows 8j..8j+7) x (cols 16kk,
+// 16kk + 8, 16kk + 16, 16kk + 24) are b0, b1 of step kk, then of step kk + 1; with D = 16, or
+// !LDMATRIX (the backward kernels: the loaded fragments' registers would cost them a block per
+// SM), by two 4-byte loads a step.
+template <int D, int N, bool LDMATRIX = true>
 __device__ __forceinline__ void kiln_flash_qk(float (&acc)[N / 8][4],
                                               const unsigned int (&a)[D / 16][4],
                                               const bf16_bits* b) {
     const int lane = threadIdx.x % KILN_WARP, g = lane / 4, t = lane % 4;
+    constexpr int STRIDE = D + KILN_FLASH_PAD;
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        if (D == 16 || !LDMATRIX) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const bf16_bits* row = b + (8 * j + g) * (D + KILN_FLASH_PAD) + 16 * kk + 2 * t;
-            kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3], kiln_flash_word(row),
-                          kiln_flash_word(row + 8));
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const bf16_bits* row = b + (8 * j + g) * STRIDE + 16 * kk + 2 * t;
+                kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3],
+                              kiln_flash_word(row), kiln_flash_word(row + 8));
+            }
+            continue;
+        }
+#pragma unroll
+        for (int kk = 0; kk + 1 < D / 16; kk += 2) {
+            const bf16_bits* at = b + (8 * j + (lane & 7)) * STRIDE + 16 * kk + 8 * (lane >> 3);
+            const unsigned int s = (unsigned int)__cvta_generic_to_shared(at);
+            unsigned int b0, b1, b2, b3;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                         : "r"(s));
+            kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3], b0, b1);
+            kiln_mma_bf16(acc[j], a[kk + 1][0], a[kk + 1][1], a[kk + 1][2], a[kk + 1][3], b2, b3);
         }
     }
+}
+
+// Two f32 rounded to nearest even as one bf16x2 word (the lower k in the low half), by the
+// hardware conversion: the bits of kiln_f32_to_bf16 for every number (a NaN stays a NaN).
+__device__ __forceinline__ unsigned int kiln_flash_pack(float low, float high) {
+    unsigned int word;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(high), "f"(low));
+    return word;
 }
 
 // out[n] += P (16 rows x K, as K / 8 accumulator tiles, rounded to bf16) · B for D / 8 tiles
@@ -122,10 +151,10 @@ __device__ __forceinline__ void kiln_flash_pv(float (&out)[D / 8][4], const floa
     const int row_in = (lane & 7) + ((lane >> 3) & 1) * 8, col_in = (lane >> 4) * 8;
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk) {
-        const unsigned int a0 = kiln_mma_pack(p[2 * kk][0], p[2 * kk][1]);
-        const unsigned int a1 = kiln_mma_pack(p[2 * kk][2], p[2 * kk][3]);
-        const unsigned int a2 = kiln_mma_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-        const unsigned int a3 = kiln_mma_pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+        const unsigned int a0 = kiln_flash_pack(p[2 * kk][0], p[2 * kk][1]);
+        const unsigned int a1 = kiln_flash_pack(p[2 * kk][2], p[2 * kk][3]);
+        const unsigned int a2 = kiln_flash_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        const unsigned int a3 = kiln_flash_pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
         for (int n = 0; n < D / 16; ++n) {
             const bf16_bits* at = b + (16 * kk + row_in) * (D + KILN_FLASH_PAD) + 16 * n + col_in;
@@ -148,6 +177,14 @@ __device__ __forceinline__ int kiln_flash_last_key(i64 row, i64 offset, i64 n0, 
     i64 last = offset + row < kv_len - 1 ? offset + row : kv_len - 1;
     last -= n0;
     return last < -1 ? -1 : (last > n - 1 ? n - 1 : (int)last);
+}
+
+// 2^x by the special function unit alone (ex2.approx: 2 ulp; results below f32's normal range
+// flush to 0 — a probability under 1e-38 — where the reference keeps them subnormal).
+__device__ __forceinline__ float kiln_flash_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // 4 bytes global -> shared, asynchronously; zero when !valid.
@@ -239,6 +276,8 @@ __device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, c
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    // Scores in base-2 units (scaled by scale·log2 e), so each probability is one exp2.
+    const float scale2 = scale * KILN_LOG2E;
     float m0 = kiln_flash_neg_inf(), m1 = kiln_flash_neg_inf(), l0 = 0.0f, l1 = 0.0f;
 
     for (i64 n0 = 0, tile = 0; n0 < limit; n0 += N, ++tile) {
@@ -253,7 +292,7 @@ __device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, c
         __syncthreads();
         float s[N / 8][4];
         kiln_flash_qk<D, N>(s, qa, ks + buffer * TILE);
-        // Every row of the block sees every key of the tile (warp-uniform): no masks.
+        // Every row of the block sees every key of the tile (block-uniform): no masks.
         const bool full = n0 + N <= kv_len && n0 + N - 1 <= offset + q0;
         const int last0 = full ? N - 1 : kiln_flash_last_key(row0, offset, n0, kv_len, N);
         const int last1 = full ? N - 1 : kiln_flash_last_key(row1, offset, n0, kv_len, N);
@@ -264,7 +303,7 @@ __device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, c
             for (int c = 0; c < 4; ++c) {
                 const int key = 8 * j + 2 * t + (c & 1);
                 const bool seen = key <= (c < 2 ? last0 : last1);
-                s[j][c] = seen ? s[j][c] * scale : kiln_flash_neg_inf();
+                s[j][c] = seen ? s[j][c] * scale2 : kiln_flash_neg_inf();
             }
             top0 = fmaxf(top0, fmaxf(s[j][0], s[j][1]));
             top1 = fmaxf(top1, fmaxf(s[j][2], s[j][3]));
@@ -274,16 +313,16 @@ __device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, c
         // A row with no key seen yet keeps 0 as its reference (its exps are all 0).
         const float ref0 = new0 == kiln_flash_neg_inf() ? 0.0f : new0;
         const float ref1 = new1 == kiln_flash_neg_inf() ? 0.0f : new1;
-        const float alpha0 = __expf(m0 - ref0), alpha1 = __expf(m1 - ref1);
+        const float alpha0 = kiln_flash_exp2(m0 - ref0), alpha1 = kiln_flash_exp2(m1 - ref1);
         m0 = new0;
         m1 = new1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
-            s[j][0] = __expf(s[j][0] - ref0);
-            s[j][1] = __expf(s[j][1] - ref0);
-            s[j][2] = __expf(s[j][2] - ref1);
-            s[j][3] = __expf(s[j][3] - ref1);
+            s[j][0] = kiln_flash_exp2(s[j][0] - ref0);
+            s[j][1] = kiln_flash_exp2(s[j][1] - ref0);
+            s[j][2] = kiln_flash_exp2(s[j][2] - ref1);
+            s[j][3] = kiln_flash_exp2(s[j][3] - ref1);
             sum0 += s[j][0] + s[j][1];
             sum1 += s[j][2] + s[j][3];
         }
@@ -316,8 +355,8 @@ __device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, c
     // A row whose every score is -inf has l = 0: its lse is NaN, as its output is.
     if (t == 0) {
         const float nan = __int_as_float(0x7fc00000);
-        if (row0 < q_len) lse[bh * q_len + row0] = l0 > 0.0f ? m0 + logf(l0) : nan;
-        if (row1 < q_len) lse[bh * q_len + row1] = l1 > 0.0f ? m1 + logf(l1) : nan;
+        if (row0 < q_len) lse[bh * q_len + row0] = l0 > 0.0f ? m0 * KILN_LN2 + logf(l0) : nan;
+        if (row1 < q_len) lse[bh * q_len + row1] = l1 > 0.0f ? m1 * KILN_LN2 + logf(l1) : nan;
     }
 }
 
@@ -398,6 +437,7 @@ __device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_
     const int t = lane % 4;
     const i64 key0 = k0 + 16 * warp + lane / 4, key1 = key0 + 8;
     const i64 offset = kv_len - q_len;
+    const float scale2 = scale * KILN_LOG2E; // exp as exp2 (see the dQ kernel)
 
     // The first query row that sees key k0 (t >= k0 - offset), rounded down to a tile.
     const i64 first_row = k0 > offset ? k0 - offset : 0;
@@ -435,19 +475,19 @@ __device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_
         kiln_flash_wait<1>();
         __syncthreads();
         float p[BR / 8][4], ds[BR / 8][4];
-        kiln_flash_qk<D, BR>(p, ka, qs + buffer * TILE);
-        kiln_flash_qk<D, BR>(ds, va, dos + buffer * TILE);
+        kiln_flash_qk<D, BR, false>(p, ka, qs + buffer * TILE);
+        kiln_flash_qk<D, BR, false>(ds, va, dos + buffer * TILE);
         // Row r0 + r sees key iff r >= key - offset - r0 (and both exist). Every pair of the
-        // tile is seen (warp-uniform) when the block's last key is before the tile's first
+        // tile is seen (block-uniform) when the block's last key is before the tile's first
         // row's limit: no masks.
         const bool full = k0 + KILN_FLASH_ROWS <= kv_len && r0 + BR <= q_len &&
                           k0 + KILN_FLASH_ROWS - 1 <= offset + r0;
-        auto first_row = [&](i64 key) -> int {
+        auto first_seeing = [&](i64 key) -> int {
             if (key >= kv_len) return BR; // no row
             const i64 r = key - offset - r0;
             return r < 0 ? 0 : (r > BR ? BR : (int)r);
         };
-        const int from0 = full ? 0 : first_row(key0), from1 = full ? 0 : first_row(key1);
+        const int from0 = full ? 0 : first_seeing(key0), from1 = full ? 0 : first_seeing(key1);
         const int rows = full ? BR : (q_len - r0 < BR ? (int)(q_len - r0) : BR);
         const float* tile_lse = lse_s + buffer * BR;
         const float* tile_delta = delta_s + buffer * BR;
@@ -457,7 +497,8 @@ __device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_
             for (int c = 0; c < 4; ++c) {
                 const int r = 8 * i + 2 * t + (c & 1);
                 const bool seen = r < rows && r >= (c < 2 ? from0 : from1);
-                const float prob = seen ? __expf(p[i][c] * scale - tile_lse[r]) : 0.0f;
+                const float prob =
+                    seen ? kiln_flash_exp2(fmaf(p[i][c], scale2, -tile_lse[r] * KILN_LOG2E)) : 0.0f;
                 p[i][c] = prob;
                 ds[i][c] = seen ? prob * (ds[i][c] - tile_delta[r]) * scale : 0.0f;
             }
@@ -534,8 +575,10 @@ __device__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q, const b
     unsigned int qa[D / 16][4], doa[D / 16][4];
     kiln_flash_rows<D>(qa, q + bh * q_len * D, q0 + 16 * warp, q_len);
     kiln_flash_rows<D>(doa, grad_out + bh * q_len * D, q0 + 16 * warp, q_len);
-    const float lse0 = row0 < q_len ? lse[bh * q_len + row0] : 0.0f;
-    const float lse1 = row1 < q_len ? lse[bh * q_len + row1] : 0.0f;
+    // exp(score·scale − lse) as exp2(score·scale·log2 e − lse·log2 e).
+    const float scale2 = scale * KILN_LOG2E;
+    const float lse0 = row0 < q_len ? lse[bh * q_len + row0] * KILN_LOG2E : 0.0f;
+    const float lse1 = row1 < q_len ? lse[bh * q_len + row1] * KILN_LOG2E : 0.0f;
     const float delta0 = row0 < q_len ? delta[bh * q_len + row0] : 0.0f;
     const float delta1 = row1 < q_len ? delta[bh * q_len + row1] : 0.0f;
     float dq[D / 8][4];
@@ -552,8 +595,8 @@ __device__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q, const b
         kiln_flash_wait<1>();
         __syncthreads();
         float p[N / 8][4], ds[N / 8][4];
-        kiln_flash_qk<D, N>(p, qa, ks + buffer * TILE);
-        kiln_flash_qk<D, N>(ds, doa, vs + buffer * TILE);
+        kiln_flash_qk<D, N, false>(p, qa, ks + buffer * TILE);
+        kiln_flash_qk<D, N, false>(ds, doa, vs + buffer * TILE);
         const bool full = n0 + N <= kv_len && n0 + N - 1 <= offset + q0;
         const int last0 = full ? N - 1 : kiln_flash_last_key(row0, offset, n0, kv_len, N);
         const int last1 = full ? N - 1 : kiln_flash_last_key(row1, offset, n0, kv_len, N);
@@ -566,7 +609,7 @@ __device__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q, const b
                 const int key = 8 * i + 2 * t + (c & 1);
                 const bool seen = key <= (c < 2 ? last0 : last1);
                 const float l = c < 2 ? lse0 : lse1, dl = c < 2 ? delta0 : delta1;
-                const float prob = seen ? __expf(p[i][c] * scale - l) : 0.0f;
+                const float prob = seen ? kiln_flash_exp2(fmaf(p[i][c], scale2, -l)) : 0.0f;
                 ds[i][c] = seen ? prob * (ds[i][c] - dl) * scale : 0.0f;
             }
         }

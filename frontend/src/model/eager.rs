@@ -46,7 +46,8 @@ impl Ops for Eager {
         ops::contiguous(&ops::transpose(x, 1, 2)?)
     }
     fn attention(&self, _layer: usize, q: &Var, k: &Var, v: &Var, scale: f64) -> Result<Var> {
-        match self.precision.flash_attention() {
+        let head_dim = q.dims().last().copied().unwrap_or(0);
+        match self.precision.flash_attention(head_dim) {
             true => ops::flash_attention(q, k, v, scale),
             false => ops::attention(q, k, v, scale),
         }

@@ -29,12 +29,13 @@ impl Precision {
         }
     }
 
-    /// Whether attention over a call's own keys runs under the FlashAttention contract (q, k,
-    /// v rounded to bf16 inside, the log-sum-exp kept instead of the probabilities): mixed
-    /// precision, whose GEMM inputs are bf16 roundings anyway. Attention over a KV cache, and
-    /// bf16 inference, keep f32 attention.
-    pub fn flash_attention(self) -> bool {
-        self == Precision::Bf16Gemm
+    /// Whether attention over a call's own keys with heads of `head_dim` runs under the
+    /// FlashAttention contract (q, k, v rounded to bf16 inside, the log-sum-exp kept instead of
+    /// the probabilities): mixed precision, whose GEMM inputs are bf16 roundings anyway, for
+    /// heads the device kernels take. Attention over a KV cache, bf16 inference and wider
+    /// heads keep f32 attention.
+    pub fn flash_attention(self, head_dim: usize) -> bool {
+        self == Precision::Bf16Gemm && head_dim <= kiln_kernels::attention::flash::MAX_HEAD_DIM
     }
 
     /// The dtype parameters and KV caches are stored in.

@@ -57,6 +57,10 @@ fn round(x: f32) -> f32 {
     bf16::from_f32(x).to_f32()
 }
 
+/// The widest head the device kernels take (kernels/src/gpu/flash.rs); programs attend wider
+/// heads with `Attention`.
+pub const MAX_HEAD_DIM: usize = 128;
+
 /// Keys per tile of the forward: 64, or 32 for head dims above 64 (kernels/cuda/flash.cu's
 /// tiles).
 pub fn key_tile(head_dim: usize) -> usize {

@@ -62,7 +62,7 @@ impl AttentionDims {
     }
 
     /// The causal forward's rule: `Hkv` divides `Hq`, `T <= S`.
-    fn check(&self, function: &'static str) -> Result<()> {
+    pub(crate) fn check(&self, function: &'static str) -> Result<()> {
         if self.kv_heads == 0
             || !self.q_heads.is_multiple_of(self.kv_heads)
             || self.q_len > self.kv_len

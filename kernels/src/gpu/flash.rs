@@ -5,6 +5,7 @@
 //! and each tile kernel is that dim's instance.
 
 use super::attention::AttentionDims;
+use super::embedding::zero_f32;
 use super::launch::{grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X, MAX_GRID_YZ};
 use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS, SLOT_ALIGN};
 use crate::{Error, Result};
@@ -15,7 +16,8 @@ const TILE_THREADS: u32 = 128;
 /// Query (or key) rows per block of the tile kernels.
 const TILE_ROWS: u64 = 64;
 
-/// The padded head dim of the kernels for `head_dim`, or an error past 128.
+/// The padded head dim of the kernels for `head_dim`, or an error past
+/// [`MAX_HEAD_DIM`](crate::attention::flash::MAX_HEAD_DIM).
 fn padded(function: &'static str, head_dim: u64) -> Result<u64> {
     match [16, 32, 64, 128].into_iter().find(|&d| head_dim <= d) {
         Some(d) => Ok(d),
@@ -27,42 +29,43 @@ fn padded(function: &'static str, head_dim: u64) -> Result<u64> {
     }
 }
 
-/// The `(name, padded dim)` of `kernel`'s instance for `head_dim`.
-fn instance(kernel: &'static str, head_dim: u64) -> Result<&'static str> {
+/// The tile kernels of `flash.cu`, one instance per padded head dim.
+#[derive(Clone, Copy, Debug)]
+enum TileKernel {
+    Forward,
+    KeysValues,
+    Queries,
+}
+
+/// The name of `kernel`'s instance for the padded head dim `d` (16, 32, 64 or 128).
+fn instance(kernel: TileKernel, d: u64) -> &'static str {
     let names: [&'static str; 4] = match kernel {
-        "forward" => [
+        TileKernel::Forward => [
             "flash_attention_forward_d16",
             "flash_attention_forward_d32",
             "flash_attention_forward_d64",
             "flash_attention_forward_d128",
         ],
-        "kv" => [
+        TileKernel::KeysValues => [
             "flash_attention_backward_kv_d16",
             "flash_attention_backward_kv_d32",
             "flash_attention_backward_kv_d64",
             "flash_attention_backward_kv_d128",
         ],
-        _ => [
+        TileKernel::Queries => [
             "flash_attention_backward_q_d16",
             "flash_attention_backward_q_d32",
             "flash_attention_backward_q_d64",
             "flash_attention_backward_q_d128",
         ],
     };
-    let d = padded(names[3], head_dim)?;
-    Ok(names[d.trailing_zeros() as usize - 4])
+    names[d.trailing_zeros() as usize - 4]
 }
 
-fn check(function: &'static str, dims: &AttentionDims) -> Result<()> {
-    if dims.kv_heads == 0 || !dims.q_heads.is_multiple_of(dims.kv_heads) || dims.q_len > dims.kv_len
-    {
-        return Err(Error::Argument {
-            op: function,
-            argument: "dims",
-            reason: format!("{dims:?}: kv heads must divide query heads and T must not exceed S"),
-        });
-    }
-    padded(function, dims.head_dim).map(|_| ())
+/// The attention rule (`Hkv` divides `Hq`, `T <= S`) and the padded head dim.
+fn check(function: &'static str, dims: &AttentionDims) -> Result<u64> {
+    dims.check(function)?;
+    padded(function, dims.head_dim)
 }
 
 /// The size arguments every tile kernel takes after its pointers: `q_heads, kv_heads, q_len,
@@ -188,11 +191,6 @@ impl Regions {
     }
 }
 
-/// The padded head dim for `dims` (16 when it does not matter: no element to stage).
-fn padded_dim(function: &'static str, dims: &AttentionDims) -> Result<u64> {
-    padded(function, dims.head_dim)
-}
-
 /// Workspace of [`flash_attention_f32`]: q, k and v staged as bf16 rows of the padded head dim.
 pub fn forward_workspace_bytes(dims: &AttentionDims) -> u64 {
     padded("flash_attention_f32", dims.head_dim).map_or(0, |d| {
@@ -227,13 +225,11 @@ pub fn flash_attention_f32(
     dims: AttentionDims,
     scale: f32,
 ) -> Result<Vec<Launch>> {
-    const FUNCTION: &str = "flash_attention_f32";
-    check(FUNCTION, &dims)?;
+    let d = check("flash_attention_f32", &dims)?;
     let q_rows = dims.batch * dims.q_heads * dims.q_len;
     if q_rows == 0 {
         return Ok(vec![]);
     }
-    let d = padded_dim(FUNCTION, &dims)?;
     let regions = Regions::new(at.workspace, &dims, d);
     let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
     let mut launches = vec![
@@ -251,7 +247,7 @@ pub fn flash_attention_f32(
     args.extend(size_args(&dims, scale));
     let heads = (dims.batch * dims.q_heads, "B·Hq");
     launches.push(tile_launch(
-        instance("forward", dims.head_dim)?,
+        instance(TileKernel::Forward, d),
         heads,
         dims.q_len,
         args,
@@ -282,11 +278,9 @@ pub fn flash_attention_backward_f32(
     dims: AttentionDims,
     scale: f32,
 ) -> Result<Vec<Launch>> {
-    const FUNCTION: &str = "flash_attention_backward_f32";
     const DELTA: &str = "flash_attention_backward_delta";
     const REDUCE: &str = "flash_attention_backward_reduce";
-    check(FUNCTION, &dims)?;
-    let d = padded_dim(FUNCTION, &dims)?;
+    let d = check("flash_attention_backward_f32", &dims)?;
     let regions = Regions::new(at.workspace, &dims, d);
     let q_rows = dims.batch * dims.q_heads * dims.q_len;
     let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
@@ -295,13 +289,26 @@ pub fn flash_attention_backward_f32(
         // No key: T = 0 too, nothing to write.
         return Ok(launches);
     }
+    if dims.q_heads == 0 {
+        // No query head: the keys' gradients are zeros.
+        let n = kv_rows * dims.head_dim;
+        return Ok(match n {
+            0 => launches,
+            _ => vec![zero_f32(at.grad_k, n), zero_f32(at.grad_v, n)],
+        });
+    }
     launches.push(stage(regions.k, at.k, kv_rows, d, &dims, false));
     launches.push(stage(regions.v, at.v, kv_rows, d, &dims, false));
     if q_rows > 0 {
         launches.push(stage(regions.q, at.q, q_rows, d, &dims, false));
         launches.push(stage(regions.grad_out, at.grad_out, q_rows, d, &dims, true));
         let warps = u64::from(BLOCK_THREADS) / 32;
-        let blocks = grid_dim(DELTA, "B·Hq·T / 8", q_rows.div_ceil(warps), MAX_GRID_X)?;
+        let blocks = grid_dim(
+            DELTA,
+            "B·Hq·T rows / warps",
+            q_rows.div_ceil(warps),
+            MAX_GRID_X,
+        )?;
         launches.push(Kernel::launch(
             MODULE,
             DELTA,
@@ -333,7 +340,7 @@ pub fn flash_attention_backward_f32(
     args.extend(size_args(&dims, scale));
     let heads = (dims.batch * dims.q_heads, "B·Hq");
     launches.push(tile_launch(
-        instance("kv", dims.head_dim)?,
+        instance(TileKernel::KeysValues, d),
         heads,
         dims.kv_len,
         args,
@@ -364,7 +371,7 @@ pub fn flash_attention_backward_f32(
         args.extend(saved);
         args.extend(size_args(&dims, scale));
         launches.push(tile_launch(
-            instance("q", dims.head_dim)?,
+            instance(TileKernel::Queries, d),
             heads,
             dims.q_len,
             args,

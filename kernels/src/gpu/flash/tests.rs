@@ -179,8 +179,8 @@ fn empty_problems_launch_only_what_writes_something() {
 fn wide_heads_and_bad_groupings_are_refused() {
     let error = flash_attention_f32(forward(), dims(4, 4, 129), 0.5).unwrap_err();
     assert!(error.to_string().contains("up to 128"), "{error}");
-    let mut three = dims(4, 4, 64);
-    three.kv_heads = 4;
-    assert!(flash_attention_f32(forward(), three, 0.5).is_err());
+    let mut four = dims(4, 4, 64);
+    four.kv_heads = 4; // does not divide 6 query heads
+    assert!(flash_attention_f32(forward(), four, 0.5).is_err());
     assert!(flash_attention_backward_f32(backward(), dims(5, 4, 64), 0.5).is_err());
 }
