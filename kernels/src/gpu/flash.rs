@@ -381,4 +381,4 @@ pub fn flash_attention_backward_f32(
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -97,26 +97,7 @@ fn every_launch() -> Vec<Launch> {
         grad_v: addr(7),
         workspace: addr(8),
     };
-    let flash_forward = flash::FlashForward {
-        q: addr(0),
-        k: addr(1),
-        v: addr(2),
-        out: addr(3),
-        lse: addr(4),
-        workspace: addr(5),
-    };
-    let flash_backward = flash::FlashBackward {
-        q: addr(0),
-        k: addr(1),
-        v: addr(2),
-        out: addr(3),
-        lse: addr(4),
-        grad_out: addr(5),
-        grad_q: addr(6),
-        grad_k: addr(7),
-        grad_v: addr(8),
-        workspace: addr(9),
-    };
+    let (flash_forward, flash_backward) = (flash::tests::forward(), flash::tests::backward());
     let rope_dims = RopeDims {
         batch: 1,
         seq: 2,

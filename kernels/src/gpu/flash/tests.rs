@@ -18,7 +18,8 @@ fn addr(slot: u32) -> Addr {
     Addr { slot, offset: 0 }
 }
 
-fn forward() -> FlashForward {
+/// The forward's addresses, slots 0..=5 (also the launch-signature test's).
+pub(crate) fn forward() -> FlashForward {
     FlashForward {
         q: addr(0),
         k: addr(1),
@@ -29,7 +30,8 @@ fn forward() -> FlashForward {
     }
 }
 
-fn backward() -> FlashBackward {
+/// The backward's addresses, slots 0..=9 (also the launch-signature test's).
+pub(crate) fn backward() -> FlashBackward {
     FlashBackward {
         q: addr(0),
         k: addr(1),
