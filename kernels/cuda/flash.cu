@@ -22,7 +22,7 @@
 //            Pᵀ = exp(Sᵀ·scale − lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ(dPᵀ − Δ)·scale, dV += Pᵀ·dO,
 //            dK += dSᵀ·Q — one query head per block, so a GQA group's heads write partial
 //            dK, dV that flash_attention_backward_reduce sums in head order;
-//   dQ       (B·Hq, T/64): over key tiles of BC, S, P, dP, dS again, dQ += dS·K.
+//   dQ       (B·Hq, T/64): over key tiles of N, S, P, dP, dS again, dQ += dS·K.
 // dQ is its own pass (recomputing S and dP) so that no two blocks add into one row: no
 // atomics, a fixed order of every sum, the same bits on every run. A probability tile leaves
 // its accumulators as the next mma's A operand (the accumulator layout of two n8 tiles is the
@@ -109,31 +109,34 @@ __device__ __forceinline__ void kiln_flash_qk(float (&acc)[N / 8][4],
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-        if (D == 16 || !LDMATRIX) {
+        if constexpr (D == 16 || !LDMATRIX) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
                 const bf16_bits* row = b + (8 * j + g) * STRIDE + 16 * kk + 2 * t;
                 kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3],
                               kiln_flash_word(row), kiln_flash_word(row + 8));
             }
-            continue;
-        }
+        } else {
 #pragma unroll
-        for (int kk = 0; kk + 1 < D / 16; kk += 2) {
-            const bf16_bits* at = b + (8 * j + (lane & 7)) * STRIDE + 16 * kk + 8 * (lane >> 3);
-            const unsigned int s = (unsigned int)__cvta_generic_to_shared(at);
-            unsigned int b0, b1, b2, b3;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                         : "r"(s));
-            kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3], b0, b1);
-            kiln_mma_bf16(acc[j], a[kk + 1][0], a[kk + 1][1], a[kk + 1][2], a[kk + 1][3], b2, b3);
+            for (int kk = 0; kk + 1 < D / 16; kk += 2) {
+                const bf16_bits* at =
+                    b + (8 * j + (lane & 7)) * STRIDE + 16 * kk + 8 * (lane >> 3);
+                const unsigned int s = (unsigned int)__cvta_generic_to_shared(at);
+                unsigned int b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(s));
+                kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3], b0, b1);
+                kiln_mma_bf16(acc[j], a[kk + 1][0], a[kk + 1][1], a[kk + 1][2], a[kk + 1][3], b2,
+                              b3);
+            }
         }
     }
 }
 
 // Two f32 rounded to nearest even as one bf16x2 word (the lower k in the low half), by the
-// hardware conversion: the bits of kiln_f32_to_bf16 for every number (a NaN stays a NaN).
+// hardware conversion: kiln_f32_to_bf16's bits for every value but NaN, which stays a NaN
+// (the canonical one).
 __device__ __forceinline__ unsigned int kiln_flash_pack(float low, float high) {
     unsigned int word;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(high), "f"(low));
