@@ -302,11 +302,16 @@ fn train_steps_reduce_the_loss() {
 
 /// One interpreted train step updates every parameter exactly as the oracle's gradients run
 /// through the AdamW kernel would: at the `lr` input's rate, and with clipping (the kernel's
-/// global norm and factor) and the decay exemption of vectors when asked for.
+/// global norm and factor) and the decay exemption of vectors when asked for. In mixed
+/// precision the linears read persistent bf16 copies of their weights (derived states, one
+/// cast per update) where the oracle casts at each use: the same bits, and every copy written
+/// back as its updated weight's cast.
 #[test]
 fn train_step_equals_oracle_gradients_and_adamw() {
     let mut rng = testing::rng("train_step_equals_oracle");
-    for (config, clip) in configs().into_iter().zip([None, Some(0.5)]) {
+    let cases = (configs().into_iter().zip([None, Some(0.5)]))
+        .flat_map(|case| [(case.clone(), Precision::F32), (case, Precision::Bf16Gemm)]);
+    for ((config, clip), precision) in cases {
         let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
         let (batch, seq) = (2, 6);
         let ids = tokens(&mut rng, &config, batch, seq);
@@ -315,6 +320,7 @@ fn train_step_equals_oracle_gradients_and_adamw() {
             seq,
             clip_grad_norm: clip,
             decay_exempt_vectors: clip.is_some(),
+            precision,
             ..Default::default()
         };
         let lr = 3e-3;
@@ -332,9 +338,18 @@ fn train_step_equals_oracle_gradients_and_adamw() {
             &weights,
             &Tensor::from_vec(ids.clone(), [batch, seq]).unwrap(),
             true,
-            Precision::F32,
+            precision,
         )
         .unwrap();
+        // Mixed precision: a copy for every weight a linear reads, each written back as the
+        // updated weight's cast.
+        let copies = graph.derived();
+        assert_eq!(copies.is_empty(), precision == Precision::F32);
+        for (copy, from) in copies {
+            assert_eq!(copy, &format!("bf16.{from}"));
+            let want = values[from].cast_to(DType::BF16).unwrap();
+            assert_eq!(bits(&values[copy]), bits(&want), "{copy}");
+        }
         assert_eq!(
             bits(&outputs["loss"].reshape([1]).unwrap()),
             bits(&oracle.loss)
@@ -388,7 +403,7 @@ fn train_step_equals_oracle_gradients_and_adamw() {
                 p.iter()
                     .zip(&updated)
                     .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{:?} {name}",
+                "{:?} {precision:?} {name}",
                 config.family
             );
             assert_ne!(

@@ -5,7 +5,7 @@
 //! seed — are graph Inputs (device inputs), never constants baked into the graph, so one
 //! compiled program serves every step.
 
-use kiln_ir::{DType, Graph, InputKind, TensorType, ValueId};
+use kiln_ir::{DType, Graph, InputKind, Op, TensorType, ValueId};
 
 use crate::error::Result;
 use crate::model::{
@@ -185,9 +185,13 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
             let positions = i64_input(&mut graph, "positions", &[batch, seq])?;
             // `validate` has checked that `[batch, seq]` ids fit, so their count does.
             let targets = i64_input(&mut graph, "targets", &[batch * seq])?;
-            let tracer = Tracer::new(graph, AttentionMode::Plain, options.precision);
+            let mut tracer = Tracer::new(graph, AttentionMode::Plain, options.precision);
+            if kind == ProgramKind::Train {
+                tracer = tracer.with_weight_copies();
+            }
             let logits = forward(&tracer, config, &weights, &tokens, &positions)?;
             let loss = causal_lm_loss(&tracer, &logits, &targets)?;
+            let copies = tracer.weight_copies();
             let mut graph = tracer.finish();
             graph.output("loss", loss)?;
             if kind == ProgramKind::Eval {
@@ -202,8 +206,24 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
                 TensorType::new(DType::F32, [])?,
             )?;
             let named = weights.named();
-            let wrt: Vec<ValueId> = named.iter().map(|(_, v)| **v).collect();
-            let grads = kiln_ir::append_backward(&mut graph, loss, seed, &wrt)?;
+            let mut wrt: Vec<ValueId> = named.iter().map(|(_, v)| **v).collect();
+            wrt.extend(copies.iter().map(|&(_, copy)| copy));
+            let mut grads = kiln_ir::append_backward(&mut graph, loss, seed, &wrt)?;
+            // A copy's gradient is its param's, widened back as a cast's would be (and added
+            // to the param's own where it has uses of its own: a tied embedding).
+            let copy_grads = grads.split_off(named.len());
+            for (&(param, _), copy_grad) in copies.iter().zip(copy_grads) {
+                let Some(copy_grad) = copy_grad else { continue };
+                let at = wrt
+                    .iter()
+                    .position(|&v| v == param)
+                    .expect("copies are of params");
+                let widened = graph.op1(Op::Cast { to: DType::F32 }, &[copy_grad])?;
+                grads[at] = Some(match grads[at] {
+                    Some(own) => graph.op1(Op::Add, &[own, widened])?,
+                    None => widened,
+                });
+            }
             if kind == ProgramKind::Eval {
                 for ((name, _), grad) in named.iter().zip(&grads) {
                     if let Some(grad) = grad {
@@ -215,7 +235,7 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
             let grads: Vec<(String, ValueId, ValueId)> = (named.iter().zip(grads))
                 .filter_map(|((name, param), grad)| grad.map(|g| (name.clone(), **param, g)))
                 .collect();
-            train::append_update(&mut graph, options, &grads)?;
+            train::append_update(&mut graph, options, &grads, &copies)?;
             Ok(graph)
         }
     }
@@ -235,7 +255,8 @@ pub const DEFAULT_LR: f64 = 1e-3;
 /// Per-run inputs and zeroed state for a program `graph` built by [`build`]`(kind, config,
 /// options)`, for benchmarks and device checks: token ids drawn from `seed`, positions and
 /// targets as `kiln eval` makes them (prefill from cache row 0), decode at `position` for every
-/// row, optimizer step 1 at [`DEFAULT_LR`], loss seed 1, caches and moments zero. Parameters are not included.
+/// row, optimizer step 1 at [`DEFAULT_LR`], loss seed 1, caches and moments zero. Parameters
+/// (and the states derived from them) are not included.
 pub fn example_inputs(
     graph: &Graph,
     config: &ModelConfig,
@@ -286,7 +307,9 @@ pub fn example_inputs(
             ("step", _) => Tensor::from_vec(vec![1i64], kiln_ir::Shape::scalar())?,
             ("lr", _) => Tensor::scalar(DEFAULT_LR, DType::F64),
             ("loss_seed", _) => Tensor::scalar(1.0, DType::F32),
+            // Params, and the states derived from them, are the caller's to set.
             _ if input_kind == InputKind::Param => continue,
+            _ if graph.derived().iter().any(|(state, _)| state == name) => continue,
             _ => Tensor::zeros(ty.shape.clone(), ty.dtype, Device::Cpu),
         };
         values.insert(name.to_string(), tensor);

@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use kiln_ir::{Graph, Op, ValueId};
+use kiln_ir::{Graph, InputKind, Op, TensorType, ValueId};
 
 use crate::error::{Error, Result};
 use crate::model::{Ops, Precision};
@@ -53,6 +53,9 @@ pub struct Tracer {
     graph: RefCell<Graph>,
     mode: AttentionMode,
     precision: Precision,
+    /// With [`Tracer::with_weight_copies`]: the persistent copy each param weight of a linear
+    /// reads instead of a cast of its own, (param, copy state) by the param's first use.
+    copies: Option<RefCell<Vec<(ValueId, ValueId)>>>,
 }
 
 impl Tracer {
@@ -61,7 +64,51 @@ impl Tracer {
             graph: RefCell::new(graph),
             mode,
             precision,
+            copies: None,
         }
+    }
+
+    /// Linears read a persistent GEMM-dtype copy of each param weight (state `<dtype>.<name>`,
+    /// derived from the param) instead of casting it: for train programs, whose updates keep
+    /// the copies (frontend/src/programs/train.rs). Only with a GEMM dtype.
+    pub fn with_weight_copies(mut self) -> Self {
+        if self.precision.gemm_dtype().is_some() {
+            self.copies = Some(RefCell::new(Vec::new()));
+        }
+        self
+    }
+
+    /// The (param, copy) pairs the linears read, in first-use order.
+    pub fn weight_copies(&self) -> Vec<(ValueId, ValueId)> {
+        self.copies
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.borrow().clone())
+    }
+
+    /// `weight` as linears take it: its copy (made at its first use) when copies are on and it
+    /// is an f32 param, else its cast to the GEMM dtype.
+    fn gemm_weight(&self, weight: ValueId, gemm: kiln_ir::DType) -> Result<ValueId> {
+        let Some(copies) = &self.copies else {
+            return self.cast_to(weight, gemm);
+        };
+        if let Some(&(_, copy)) = copies.borrow().iter().find(|(p, _)| *p == weight) {
+            return Ok(copy);
+        }
+        let param = (self.graph.borrow().inputs().into_iter())
+            .find(|&(value, _, kind, ty)| {
+                value == weight && kind == InputKind::Param && ty.dtype == kiln_ir::DType::F32
+            })
+            .map(|(_, name, _, ty)| (name.to_string(), ty.clone()));
+        let Some((name, ty)) = param else {
+            return self.cast_to(weight, gemm);
+        };
+        let copy_name = format!("{gemm}.{name}");
+        let mut graph = self.graph.borrow_mut();
+        let copy_type = TensorType::new(gemm, ty.dims().to_vec())?;
+        let copy = graph.input(&copy_name, InputKind::State, copy_type)?;
+        graph.derive(&copy_name, &name)?;
+        copies.borrow_mut().push((weight, copy));
+        Ok(copy)
     }
 
     /// Access to the graph being built (to add inputs and outputs around the model).
@@ -148,7 +195,7 @@ impl Ops for Tracer {
         let outputs = self.dims(weight).first().copied().unwrap_or(0);
         let flat = self.reshape(x, &[rows, features])?;
         let (flat, weight) = match self.precision.gemm_dtype() {
-            Some(gemm) => (self.cast_to(flat, gemm)?, self.cast_to(*weight, gemm)?),
+            Some(gemm) => (self.cast_to(flat, gemm)?, self.gemm_weight(*weight, gemm)?),
             None => (flat, *weight),
         };
         let mut out = self.op1(

@@ -379,6 +379,9 @@ fn rebuild(
     for (name, value) in graph.writes() {
         new.write(name, mapped(&map, value)?)?;
     }
+    for (state, from) in graph.derived() {
+        new.derive(state, from)?;
+    }
     // A name moves with its value; a value fused away (a product inside a linear, an op no
     // output needs) loses its name.
     for (name, value) in graph.value_names() {

@@ -90,6 +90,9 @@ pub struct Graph {
     writes: Vec<(String, ValueId)>,
     /// Value names (invariant 5), in the order they were given.
     value_names: Vec<(String, ValueId)>,
+    /// (state, param): state inputs that hold their param cast to their dtype, kept so by
+    /// whoever sets the param (see [`Graph::derive`]).
+    derived: Vec<(String, String)>,
 }
 
 impl Graph {
@@ -200,6 +203,54 @@ impl Graph {
         }
         self.writes.push((name.to_string(), value));
         Ok(())
+    }
+
+    /// Declares that state input `state` holds param input `from` cast to the state's dtype:
+    /// executables and the interpreter set it whenever `from` is set (nobody sets it
+    /// directly), and the program keeps it so (the verifier checks that a write of `from`
+    /// comes with a write of `state` casting it). Persistent bf16 copies of f32 weights: one
+    /// cast per update instead of one per use.
+    pub fn derive(&mut self, state: &str, from: &str) -> Result<()> {
+        let invalid = |detail: String| Error::Invalid {
+            rule: "derived states",
+            detail,
+        };
+        let kind_and_type = |name: &str| {
+            let value = self
+                .input_named(name)
+                .ok_or_else(|| invalid(format!("no input named `{name}`")))?;
+            match &self.graph[value.node] {
+                Node {
+                    kind: NodeKind::Input { kind, .. },
+                    outputs,
+                } => Ok((*kind, outputs[0].clone())),
+                _ => unreachable!("input_named returns input nodes"),
+            }
+        };
+        let (state_kind, state_type) = kind_and_type(state)?;
+        let (from_kind, from_type) = kind_and_type(from)?;
+        if state_kind != InputKind::State || from_kind != InputKind::Param {
+            return Err(invalid(format!(
+                "`{state}` ({}) must be a state and `{from}` ({}) a param",
+                state_kind.name(),
+                from_kind.name()
+            )));
+        }
+        if state_type.dims() != from_type.dims() {
+            return Err(invalid(format!(
+                "`{state}` is {state_type}, its param `{from}` {from_type}"
+            )));
+        }
+        if self.derived.iter().any(|(s, _)| s == state) {
+            return Err(invalid(format!("`{state}` is derived twice")));
+        }
+        self.derived.push((state.to_string(), from.to_string()));
+        Ok(())
+    }
+
+    /// The derived states, (state, param), in the order they were declared.
+    pub fn derived(&self) -> &[(String, String)] {
+        &self.derived
     }
 
     /// Gives `value` the name `name` (invariant 5); a value may have several names.

@@ -71,6 +71,9 @@ pub enum Op {
     Attention { scale: f64 },
     /// `(q, k, v, probs, grad_out) -> (grad_q, grad_k, grad_v)`.
     AttentionBackward { scale: f64 },
+    /// `(into, a) -> a` cast to `into`'s type (same shape): `Cast` computed in `into`'s storage
+    /// when the planner can (a derived copy's update, written in its own slot).
+    CastInto,
     /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v [B,Hkv,S,D]) f32 -> (out [B,T,Hq,D], lse [B,Hq,T])`:
     /// `Attention`'s math with `q`, `k` and `v` entering their products as their bf16
     /// roundings (f32 accumulation), and no probabilities kept: `lse` is each query row's
@@ -160,6 +163,7 @@ impl Op {
             Op::SumToShape { .. } => "sum_to_shape",
             Op::BroadcastTo { .. } => "broadcast_to",
             Op::Cast { .. } => "cast",
+            Op::CastInto => "cast_into",
             Op::RmsNorm { .. } => "rmsnorm",
             Op::RmsNormBackward { .. } => "rmsnorm_backward",
             Op::AddRmsNorm { .. } => "add_rmsnorm",
@@ -247,6 +251,7 @@ impl Op {
             | Op::Add
             | Op::Mul
             | Op::KvCacheWrite
+            | Op::CastInto
             | Op::SwiGlu
             | Op::SwiGluBackward
             | Op::Softmax
@@ -262,7 +267,7 @@ impl Op {
             (Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. }, _) => Alias::ViewOf(0),
             // Elementwise results may take over their first operand's buffer.
             (Op::Add | Op::Mul | Op::Scale { .. } | Op::SwiGlu, _) => Alias::MayOverwrite(0),
-            (Op::KvCacheWrite, _) => Alias::MayOverwrite(0),
+            (Op::KvCacheWrite | Op::CastInto, _) => Alias::MayOverwrite(0),
             // param, m, v are updated where they are.
             (Op::AdamW(_), 0) => Alias::MayOverwrite(0),
             (Op::AdamW(_), 1) => Alias::MayOverwrite(2),

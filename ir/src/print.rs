@@ -73,6 +73,9 @@ pub fn print(graph: &Graph) -> String {
     for (name, v) in graph.writes() {
         lines.push(format!("  write {name} = {}", value(*v)));
     }
+    for (state, from) in graph.derived() {
+        lines.push(format!("  derive {state} = cast({from})"));
+    }
     let mut text = lines.join("\n");
     text.push('\n');
     text

@@ -26,7 +26,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 use crate::graph::{Edge, Node, NodeKind};
-use crate::{Error, Graph, InputKind, Result, TensorType};
+use crate::{Error, Graph, InputKind, Op, Result, TensorType, ValueId};
 
 /// Checks every rule of the module doc; the first violation found is the error.
 pub fn verify(graph: &Graph) -> Result<()> {
@@ -35,7 +35,8 @@ pub fn verify(graph: &Graph) -> Result<()> {
     check_acyclic(graph)?;
     check_order(graph)?;
     check_outputs(graph)?;
-    check_writes(graph)
+    check_writes(graph)?;
+    check_derived(graph)
 }
 
 fn invalid(rule: &'static str, detail: String) -> Error {
@@ -302,6 +303,45 @@ fn check_writes(graph: &Graph) -> Result<()> {
         if written.insert(name.as_str(), *value).is_some() {
             // Two new values for one input: which one wins would be arbitrary.
             return Err(invalid("writes", format!("`{name}` is written twice")));
+        }
+    }
+    Ok(())
+}
+
+/// A derived state (`Graph::derive`) holds its param cast: so a program that writes the param
+/// writes the state as that cast of the new value, and one that does not writes neither.
+fn check_derived(graph: &Graph) -> Result<()> {
+    let written: BTreeMap<&str, ValueId> = (graph.writes().iter())
+        .map(|(n, v)| (n.as_str(), *v))
+        .collect();
+    for (state, from) in graph.derived() {
+        let rule = |detail: String| invalid("derived states", detail);
+        match (written.get(from.as_str()), written.get(state.as_str())) {
+            (None, None) => {}
+            (Some(&param), Some(&copy)) => {
+                let operands = graph.operands(copy.node);
+                let casts_param = match graph.node(copy.node).map(|n| &n.kind) {
+                    Some(NodeKind::Op(Op::Cast { .. })) => operands == [param],
+                    Some(NodeKind::Op(Op::CastInto)) => operands.get(1) == Some(&param),
+                    _ => false,
+                };
+                if !casts_param {
+                    return Err(rule(format!(
+                        "`{state}` is derived from `{from}` but written with {copy}, not a \
+                         cast of `{from}`'s new value {param}"
+                    )));
+                }
+            }
+            (Some(_), None) => {
+                return Err(rule(format!(
+                    "`{from}` is written but its derived `{state}` is not"
+                )))
+            }
+            (None, Some(_)) => {
+                return Err(rule(format!(
+                    "`{state}` is derived from `{from}` and written, but `{from}` is not"
+                )))
+            }
         }
     }
     Ok(())

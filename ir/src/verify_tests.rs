@@ -356,3 +356,77 @@ fn outputs_rejects_a_duplicate_input_name() {
         ],
     );
 }
+
+/// A param `w` with a derived bf16 copy `bf16.w`, updated by `w + w`; the copy rewritten as
+/// `copy_of`'s cast when given.
+fn derived_sample(copy_of: Option<bool>) -> Graph {
+    let mut g = Graph::new("derived");
+    let w = g.input("w", InputKind::Param, f32t(&[3, 2])).unwrap();
+    let bf16 = TensorType::new(DType::BF16, [3, 2]).unwrap();
+    g.input("bf16.w", InputKind::State, bf16).unwrap();
+    g.derive("bf16.w", "w").unwrap();
+    let updated = g.op1(Op::Add, &[w, w]).unwrap();
+    g.write("w", updated).unwrap();
+    if let Some(of_update) = copy_of {
+        // The cast of the updated param, or (wrongly) of the old one.
+        let source = if of_update { updated } else { w };
+        let cast = g.op1(Op::Cast { to: DType::BF16 }, &[source]).unwrap();
+        g.write("bf16.w", cast).unwrap();
+    }
+    g
+}
+
+#[test]
+fn a_derived_copy_is_rewritten_as_the_cast_of_its_updated_param() {
+    verify(&derived_sample(Some(true))).unwrap();
+    for (graph, says) in [
+        (
+            derived_sample(None),
+            "is written but its derived `bf16.w` is not",
+        ),
+        (derived_sample(Some(false)), "not a cast of `w`'s new value"),
+    ] {
+        let error = verify(&graph).unwrap_err().to_string();
+        assert!(
+            error.contains("derived states") && error.contains(says),
+            "{error}"
+        );
+    }
+    // A written copy of a param that is not written.
+    let mut g = Graph::new("stale");
+    let w = g.input("w", InputKind::Param, f32t(&[2])).unwrap();
+    g.input(
+        "copy",
+        InputKind::State,
+        TensorType::new(DType::BF16, [2]).unwrap(),
+    )
+    .unwrap();
+    g.derive("copy", "w").unwrap();
+    let cast = g.op1(Op::Cast { to: DType::BF16 }, &[w]).unwrap();
+    g.write("copy", cast).unwrap();
+    assert!(verify(&g)
+        .unwrap_err()
+        .to_string()
+        .contains("but `w` is not"));
+}
+
+#[test]
+fn derive_refuses_what_is_not_a_state_of_a_params_shape() {
+    let mut g = Graph::new("bad");
+    g.input("w", InputKind::Param, f32t(&[3, 2])).unwrap();
+    g.input("x", InputKind::Input, f32t(&[3, 2])).unwrap();
+    g.input("short", InputKind::State, f32t(&[2])).unwrap();
+    g.input("copy", InputKind::State, f32t(&[3, 2])).unwrap();
+    for (state, from, says) in [
+        ("x", "w", "must be a state"),
+        ("copy", "x", "must be a state"),
+        ("short", "w", "its param `w`"),
+        ("nothing", "w", "no input named `nothing`"),
+    ] {
+        let error = g.derive(state, from).unwrap_err().to_string();
+        assert!(error.contains(says), "{state} from {from}: {error}");
+    }
+    g.derive("copy", "w").unwrap();
+    let twice = g.derive("copy", "w").unwrap_err().to_string();
+    assert!(twice.contains("derived twice"), "{twice}");
+}

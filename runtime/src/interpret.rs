@@ -83,10 +83,22 @@ pub(crate) fn bound_inputs(
 ) -> Result<Vec<(ValueId, Tensor)>> {
     let mut bound = Vec::new();
     for (value, name, _, expected) in graph.inputs() {
-        let tensor = values.get(name).ok_or_else(|| Error::MissingInput {
-            name: name.to_string(),
+        // A derived state is its param's cast, whatever `values` holds under its name (the
+        // param is an earlier input: a missing one is reported there).
+        let param = (graph.derived().iter()).find(|(state, _)| state == name);
+        let source = param.map_or(name, |(_, from)| from.as_str());
+        let tensor = values.get(source).ok_or_else(|| Error::MissingInput {
+            name: source.to_string(),
             expected: Box::new(expected.clone()),
         })?;
+        let cast;
+        let tensor = match param {
+            Some(_) => {
+                cast = tensor.cast_to(expected.dtype)?;
+                &cast
+            }
+            None => tensor,
+        };
         let found = type_of(tensor);
         if found != *expected {
             return Err(Error::InputType {

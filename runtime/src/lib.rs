@@ -21,6 +21,7 @@
 
 mod backend;
 pub mod cuda;
+mod derived;
 mod device;
 mod device_io;
 mod error;

@@ -31,7 +31,7 @@
 //! schedule order respects every event). Lifetimes are in schedule steps, so poisoning after a
 //! buffer's last step is right for multi-stream plans too.
 
-mod executable;
+pub(crate) mod executable;
 mod memory;
 mod placement;
 mod step;

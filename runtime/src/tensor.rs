@@ -159,6 +159,16 @@ impl Tensor {
     }
 
     /// A fresh contiguous copy that shares nothing with `self`.
+    /// A fresh contiguous CPU tensor of this one's values in `dtype` (rounded to nearest
+    /// even where it is narrower, as `Cast` does).
+    pub fn cast_to(&self, dtype: DType) -> Result<Tensor> {
+        let out = Tensor::zeros(self.shape().clone(), dtype, Device::Cpu);
+        self.read_with(|source| {
+            out.write_with(|mut target| kiln_kernels::copy::cast(&source, &mut target))
+        })???;
+        Ok(out)
+    }
+
     pub fn deep_clone(&self) -> Result<Tensor> {
         let out = Tensor::zeros(self.shape().clone(), self.dtype(), self.device());
         out.write_with(|mut dst| self.read_with(|src| kiln_kernels::copy::copy(&src, &mut dst)))???;

@@ -226,6 +226,11 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             Op::Cast { to: DType::F32 },
             vec![bf(&[3, 5])],
         ),
+        (
+            "cast_into bf16 [3,5]".to_string(),
+            Op::CastInto,
+            vec![bf(&[3, 5]), f(&[3, 5])],
+        ),
     ]);
     for &(b, t, hq, hkv, d) in &[
         (1, 1, 2, 1, 16),

@@ -12,7 +12,7 @@
 use kiln_ir::{DType, Graph, InputKind, Op, TensorType, ValueId};
 
 use super::ProgramOptions;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A train program's part in a step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,11 +29,13 @@ pub enum Accumulation {
 }
 
 /// Appends the end of the train program to `graph`: `grads` are (parameter name, parameter,
-/// gradient) of every parameter the loss depends on.
+/// gradient) of every parameter the loss depends on; `copies` (param, derived copy state) are
+/// rewritten as casts of their updated params, so they stay derived.
 pub(super) fn append_update(
     graph: &mut Graph,
     options: &ProgramOptions,
     grads: &[(String, ValueId, ValueId)],
+    copies: &[(ValueId, ValueId)],
 ) -> Result<()> {
     let accumulated = |graph: &mut Graph, name: &str, param: ValueId| -> Result<ValueId> {
         let ty = graph.value_type(param)?.clone();
@@ -85,8 +87,23 @@ pub(super) fn append_update(
         operands.extend(grad_scale);
         let updated = graph.op(Op::AdamW(config), &operands)?;
         graph.write(name, updated[0])?;
+        if let Some(&(_, copy)) = copies.iter().find(|(p, _)| *p == param) {
+            // In the copy's own slot, as AdamW updates the param in its own.
+            let cast = graph.op1(Op::CastInto, &[copy, updated[0]])?;
+            graph.write(&input_name(graph, copy)?, cast)?;
+        }
         graph.write(&format!("adamw.m.{name}"), updated[1])?;
         graph.write(&format!("adamw.v.{name}"), updated[2])?;
     }
     Ok(())
+}
+
+/// The name of graph input `value`.
+fn input_name(graph: &Graph, value: ValueId) -> Result<String> {
+    let input = (graph.inputs().into_iter()).find(|(v, ..)| *v == value);
+    let (_, name, ..) = input.ok_or_else(|| Error::Operand {
+        op: "adamw",
+        reason: format!("the weight copy {value} is not a graph input"),
+    })?;
+    Ok(name.to_string())
 }

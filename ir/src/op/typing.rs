@@ -247,6 +247,19 @@ impl Op {
                 }
                 one(TensorType::new(*to, a.shape.clone())?)
             }
+            Op::CastInto => {
+                rule.arity(2)?;
+                let (into, a) = (&operands[0], &operands[1]);
+                if !into.dtype.is_float() || !a.dtype.is_float() {
+                    return Err(rule.type_error(1, "a float (casts are float to float)"));
+                }
+                if a.shape != into.shape {
+                    return Err(
+                        rule.type_error(1, format!("a float of `into`'s shape {}", into.shape))
+                    );
+                }
+                one(into.clone())
+            }
             Op::RmsNorm { .. } => {
                 rule.arity(2)?;
                 let x = rule.float(0)?;

@@ -509,3 +509,12 @@ fn transpose_and_slice_bounds() {
     rejects_attribute(slice(2, 3, 1), &[x.clone()], "3..1 along axis 2");
     rejects_attribute(slice(3, 0, 1), &[x], "along axis 3");
 }
+
+#[test]
+fn cast_into_takes_its_destinations_type_and_a_float_of_its_shape() {
+    let (into, a) = (ty(DType::BF16, &[3, 2]), f32t(&[3, 2]));
+    accepts(Op::CastInto, &[into.clone(), a.clone()], &[into.clone()]);
+    rejects_operand(Op::CastInto, &[into.clone(), f32t(&[2, 3])], 1);
+    rejects_operand(Op::CastInto, &[into, i64t(&[3, 2])], 1);
+    assert!(Op::CastInto.infer(&[a]).is_err());
+}

@@ -43,6 +43,7 @@ use kiln_planner::Plan;
 use super::gemm::{self, PreparedGemm};
 use super::{error, CudaDevice, DeviceAlloc, GEMM_WORKSPACE_BYTES};
 use crate::backend::RunMode;
+use crate::derived::Derived;
 use crate::error::Result;
 use crate::index_inputs::IndexRules;
 use crate::lower::LowerOptions;
@@ -90,6 +91,8 @@ pub struct CudaExecutable {
     /// members never interleaves.
     issue: Arc<Mutex<()>>,
     index_rules: IndexRules,
+    /// Copies set with their params (`Graph::derive`).
+    derived: Derived,
     steps: Vec<ResolvedStep>,
     write_backs: Vec<Resolved>,
     graph: Option<CudaGraph>,

@@ -130,6 +130,7 @@ fn run_kernels(
         Op::SumToShape { .. } => elementwise::sum_to_shape(&i[0], &mut o[0]),
         Op::BroadcastTo { .. } => elementwise::broadcast_to(&i[0], &mut o[0]),
         Op::Cast { .. } => copy::cast(&i[0], &mut o[0]),
+        Op::CastInto => copy::cast(&i[1], &mut o[0]),
         Op::RmsNorm { eps } => norm::rmsnorm(&i[0], &i[1], eps, &mut o[0]),
         Op::RmsNormBackward { eps } => {
             let (gx, gw) = o.split_at_mut(1);

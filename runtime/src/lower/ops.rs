@@ -286,7 +286,11 @@ impl Lowering<'_> {
                     src_len,
                 )])
             }
-            Op::Cast { to } => self.cast(*to),
+            Op::Cast { to } => self.cast(0, *to),
+            Op::CastInto => {
+                let into = self.port(self.i, "operand", 0, "into")?;
+                self.cast(1, into.dtype)
+            }
             Op::SwiGlu | Op::SwiGluBackward | Op::Softmax | Op::SoftmaxBackward | Op::Argmax => {
                 activation::lower_activation(self)
             }
@@ -373,8 +377,9 @@ impl Lowering<'_> {
         }
     }
 
-    fn cast(&self, to: DType) -> Result<Vec<Launch>> {
-        let src = self.port(self.i, "operand", 0, "a")?;
+    /// Operand `port` cast into result 0 (of dtype `to`).
+    fn cast(&self, port: usize, to: DType) -> Result<Vec<Launch>> {
+        let src = self.port(self.i, "operand", port, "a")?;
         self.expect_dtype(src, "a", &[DType::F32, DType::BF16])?;
         self.expect_contiguous(src, "a")?;
         let out = self.result(0, "out", to)?;

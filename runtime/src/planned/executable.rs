@@ -44,6 +44,7 @@ use kiln_planner::Plan;
 
 use super::memory::Memory;
 use super::placement::Placement;
+use crate::derived::Derived;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::index_inputs::IndexRules;
@@ -98,7 +99,21 @@ impl CpuExecutable {
     /// checking its dtype and shape against the input's and its indices against the ranges
     /// of the ops that read them (as the CUDA backend does; in a group, those of every member
     /// that shares the slot).
+    ///
+    /// Setting a param also sets its derived copies ([`kiln_ir::Graph::derive`]); a copy is
+    /// not set directly.
     pub fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
+        let derived = Derived::of(&self.graph);
+        derived.refuse_direct(name, "set")?;
+        self.write_input(name, tensor)?;
+        for (copy, cast) in derived.casts(name, tensor)? {
+            self.write_input(&copy, &cast)?;
+        }
+        Ok(())
+    }
+
+    /// Copies `tensor` into input `name`'s slot (see [`CpuExecutable::set`]).
+    fn write_input(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
         let input = (self.inputs.iter().find(|i| i.name == name)).ok_or_else(|| Error::Graph {
             what: format!("set `{name}`"),
             reason: format!("graph `{}` has no input of that name", self.graph.name()),
@@ -123,7 +138,8 @@ impl CpuExecutable {
         Ok(())
     }
 
-    /// Fills graph input `name` with zeros (see [`CpuExecutable::set`]).
+    /// Fills graph input `name` (and a param's derived copies) with zeros (see
+    /// [`CpuExecutable::set`]).
     pub fn zero(&mut self, name: &str) -> Result<()> {
         let ty = (self.inputs.iter().find(|i| i.name == name))
             .map(|input| input.ty.clone())
@@ -256,4 +272,4 @@ fn slot_error(name: &str, reason: &str) -> Error {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

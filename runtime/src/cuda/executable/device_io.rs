@@ -151,6 +151,17 @@ impl DeviceIo for CudaExecutable {
 
     fn set_from_device(&mut self, name: &str, src: DeviceSpan) -> Result<()> {
         let what = format!("input `{name}`");
+        // A derived copy is never set; a param with copies is set from the host, which casts
+        // them.
+        self.derived.refuse_direct(name, "set")?;
+        if self.derived.copies(name).next().is_some() {
+            return Err(Error::Graph {
+                what: format!("set `{name}` from device memory"),
+                reason: "it has derived copies (bf16 weights of a train program); set it from \
+                         host memory"
+                    .into(),
+            });
+        }
         let (slot, ty) = self.input(name)?;
         let ty = ty.clone();
         Self::check_bytes(src, ty.size_bytes(), &what)?;

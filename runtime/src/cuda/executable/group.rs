@@ -13,6 +13,7 @@ use kiln_planner::Plan;
 
 use super::super::{error, CudaDevice, DeviceAlloc, GEMM_WORKSPACE_BYTES};
 use super::CudaExecutable;
+use crate::derived::Derived;
 use crate::error::Result;
 use crate::group::GroupMemory;
 use crate::index_inputs::{group_index_rules, IndexRules};
@@ -79,8 +80,11 @@ impl CudaExecutable {
         };
         let graphs: Vec<&Graph> = programs.iter().map(|(graph, _)| *graph).collect();
         let rules = group_index_rules(&graphs, &memory);
-        let executables = (lowered.into_iter().zip(rules))
-            .map(|(program, rules)| Self::member(device, program, &shared, &memory, rules))
+        let executables = (lowered.into_iter().zip(rules).zip(&graphs))
+            .map(|((program, rules), graph)| {
+                let checks = (rules, Derived::of(graph));
+                Self::member(device, program, &shared, &memory, checks)
+            })
             .collect::<Result<_>>()?;
         Ok((executables, memory))
     }
@@ -92,7 +96,7 @@ impl CudaExecutable {
         program: DeviceProgram,
         shared: &Shared,
         memory: &GroupMemory,
-        index_rules: IndexRules,
+        (index_rules, derived): (IndexRules, Derived),
     ) -> Result<Self> {
         let ctx = device.context();
         let event = || {
@@ -133,6 +137,7 @@ impl CudaExecutable {
             slots,
             issue: shared.issue.clone(),
             index_rules,
+            derived,
             steps: Vec::new(),
             write_backs: Vec::new(),
             graph: None,

@@ -118,8 +118,19 @@ impl CudaExecutable {
     }
 
     /// Copies `tensor` into the slot of graph input `name` (after the work in flight; in a
-    /// group, a shared slot is every member's).
+    /// group, a shared slot is every member's). Setting a param also sets its derived copies
+    /// (`Graph::derive`, cast on the host); a copy is not set directly.
     pub fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
+        self.derived.refuse_direct(name, "set")?;
+        self.upload_input(name, tensor)?;
+        for (copy, cast) in self.derived.casts(name, tensor)? {
+            self.upload_input(&copy, &cast)?;
+        }
+        Ok(())
+    }
+
+    /// Copies `tensor` into input `name`'s slot (see [`CudaExecutable::set`]).
+    fn upload_input(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
         let (slot, ty) = self.input(name)?;
         if tensor.dtype() != ty.dtype || tensor.shape() != &ty.shape {
             return Err(Error::InputType {
@@ -142,9 +153,18 @@ impl CudaExecutable {
             .map_err(|e| error(format!("copy input `{name}` to the device"), e))
     }
 
-    /// Fills the slot of graph input `name` with zero bytes on the device (after the work in
-    /// flight).
+    /// Fills the slot of graph input `name`, and a param's derived copies, with zero bytes on
+    /// the device (after the work in flight).
     pub fn zero(&mut self, name: &str) -> Result<()> {
+        self.derived.refuse_direct(name, "zero")?;
+        let copies: Vec<String> = self.derived.copies(name).map(|(c, _)| c.into()).collect();
+        for name in std::iter::once(name).chain(copies.iter().map(String::as_str)) {
+            self.zero_slot(name)?;
+        }
+        Ok(())
+    }
+
+    fn zero_slot(&mut self, name: &str) -> Result<()> {
         let (slot, _) = self.input(name)?;
         let _issuing = super::issuing(&self.issue)?;
         self.synchronize()?;

@@ -261,3 +261,34 @@ fn a_device_opened_in_the_background_has_its_kernels_or_says_why_not() {
         }
     }
 }
+
+/// On the device as on the CPU (runtime/src/planned/executable/tests.rs): setting a param sets
+/// its derived copy, the program keeps it derived, and the copy is not set directly.
+#[test]
+fn a_params_derived_copy_is_set_with_it_on_the_device() {
+    let Some(device) = device() else { return };
+    let graph = crate::planned::executable::tests::derived_copy_program();
+    let plan = plan(&graph, &PlanOptions::default(), &Workspaces::Cuda).unwrap();
+    let values: Vec<f32> = (0..12).map(|i| 0.1 + i as f32 / 7.0).collect();
+    let w = Tensor::from_vec(values, [3, 4]).unwrap();
+    let mut exe = CudaExecutable::new(&device, &graph, &plan).unwrap();
+    exe.set("w", &w).unwrap();
+    for mode in [RunMode::Eager, RunMode::Graph] {
+        let before = exe.get("w").unwrap();
+        Executable::run(&mut exe, mode).unwrap();
+        let seen = exe.get("seen").unwrap().to_vec::<f32>().unwrap();
+        let want = before
+            .cast_to(DType::BF16)
+            .unwrap()
+            .cast_to(DType::F32)
+            .unwrap();
+        assert_eq!(seen, want.to_vec::<f32>().unwrap(), "{mode:?}");
+        let copy = exe.get("bf16.w").unwrap().to_vec::<half::bf16>().unwrap();
+        let doubled = exe.get("w").unwrap().cast_to(DType::BF16).unwrap();
+        assert_eq!(copy, doubled.to_vec::<half::bf16>().unwrap(), "{mode:?}");
+    }
+    let error = exe
+        .set("bf16.w", &w.cast_to(DType::BF16).unwrap())
+        .unwrap_err();
+    assert!(error.to_string().contains("derived from `w`"), "{error}");
+}

@@ -229,3 +229,71 @@ fn inputs_written_in_place_start_each_run_from_their_slots() {
         assert_eq!(bits(&replayed.get("x").unwrap()), bits(&x));
     }
 }
+
+/// `w` (param) with its derived copy `bf16.w`; the program outputs the copy widened, and
+/// writes `w + w` and the copy as its cast (the CUDA executable's tests use it too).
+pub(crate) fn derived_copy_program() -> Graph {
+    let mut g = Graph::new("copies");
+    let w = g
+        .input(
+            "w",
+            InputKind::Param,
+            TensorType::new(DType::F32, [3, 4]).unwrap(),
+        )
+        .unwrap();
+    let bf16 = TensorType::new(DType::BF16, [3, 4]).unwrap();
+    let copy = g.input("bf16.w", InputKind::State, bf16).unwrap();
+    g.derive("bf16.w", "w").unwrap();
+    let widened = g.op1(Op::Cast { to: DType::F32 }, &[copy]).unwrap();
+    g.output("seen", widened).unwrap();
+    let updated = g.op1(Op::Add, &[w, w]).unwrap();
+    g.write("w", updated).unwrap();
+    let cast = g.op1(Op::Cast { to: DType::BF16 }, &[updated]).unwrap();
+    g.write("bf16.w", cast).unwrap();
+    g
+}
+
+#[test]
+fn setting_a_param_sets_its_derived_copy_and_the_copy_is_not_set_directly() {
+    let mut rng = testing::rng("derived_copies");
+    let graph = derived_copy_program();
+    let plan = plan(&graph, &PlanOptions::default(), &crate::Workspaces::Any).unwrap();
+    let w = random(&mut rng, &[3, 4]);
+    let rounded = w.cast_to(DType::BF16).unwrap().cast_to(DType::F32).unwrap();
+    let mut exe = CpuExecutable::new(&graph, &plan).unwrap();
+    exe.set("w", &w).unwrap();
+    exe.run().unwrap();
+    assert_eq!(bits(&exe.get("seen").unwrap()), bits(&rounded));
+    // The program kept the copy derived: the cast of the updated param.
+    let doubled = exe.get("w").unwrap();
+    assert_eq!(
+        bits(&exe.get("bf16.w").unwrap()),
+        bits(&doubled.cast_to(DType::BF16).unwrap())
+    );
+    // The interpreter derives the copy from the param, whatever is bound under its name.
+    let mut values = BTreeMap::from([
+        ("w".to_string(), w.clone()),
+        (
+            "bf16.w".to_string(),
+            Tensor::zeros([3, 4], DType::BF16, crate::Device::Cpu),
+        ),
+    ]);
+    let interpreted = crate::interpret(&graph, &mut values).unwrap();
+    assert_eq!(bits(&interpreted["seen"]), bits(&rounded));
+
+    let copy = w.cast_to(DType::BF16).unwrap();
+    for refused in [exe.set("bf16.w", &copy), exe.zero("bf16.w")] {
+        let error = refused.unwrap_err().to_string();
+        assert!(error.contains("derived from `w`"), "{error}");
+    }
+    // Zeroing the param zeroes its copy.
+    exe.zero("w").unwrap();
+    exe.run().unwrap();
+    assert!(exe
+        .get("seen")
+        .unwrap()
+        .to_f64_vec()
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0.0));
+}
