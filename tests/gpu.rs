@@ -211,6 +211,10 @@ fn check_op(
         Op::Attention { .. } | Op::FlashAttention { .. } => &["in2["],
         Op::AttentionBackward { .. } => &["in0[", "in1[", "in4["],
         Op::FlashAttentionBackward { .. } => &["in0[", "in1[", "in5["],
+        // Every logit of a row meets its x, every row meets each weight row.
+        Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
+            &["in0[", "in1[", "in3[", "in4["]
+        }
         _ => &[],
     };
     let may_spread = (injected.as_deref())

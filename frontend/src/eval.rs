@@ -9,7 +9,8 @@ use kiln_runtime::Tensor;
 use crate::autograd::Var;
 use crate::error::{Error, Result};
 use crate::model::{
-    causal_lm_loss, forward, shifted_targets, Eager, ModelConfig, ModelWeights, Precision,
+    hidden_states, lm_loss, output_head, shifted_targets, Eager, ModelConfig, ModelWeights,
+    Precision,
 };
 use crate::ops;
 use crate::programs::{build, ProgramKind, ProgramOptions};
@@ -192,8 +193,9 @@ pub fn evaluate_traced(
     let [ids, positions, targets] = inputs.named().map(|(_, t)| Var::constant(t.clone()));
     let eager = Eager { precision };
     let probe = Probe::new(&eager, trace);
-    let logits = forward(&probe, config, weights, &ids, &positions)?;
-    let loss = causal_lm_loss(&probe, &logits, &targets)?;
+    let hidden = hidden_states(&probe, config, weights, &ids, &positions)?;
+    let logits = output_head(&probe, weights, &hidden)?;
+    let loss = lm_loss(&probe, weights, &hidden, Some(&logits), &targets)?;
     let traces = (probe.into_values()?.into_iter())
         .map(|(name, value)| Ok((name, to_f32(value.value())?)))
         .collect::<Result<Vec<_>>>()?;

@@ -9,8 +9,8 @@ use kiln_ir::{DType, Graph, InputKind, Op, TensorType, ValueId};
 
 use crate::error::Result;
 use crate::model::{
-    causal_lm_loss, forward, hidden_states, last_logits, output_head, parameter_shapes,
-    ModelConfig, ModelWeights, Ops,
+    hidden_states, last_logits, lm_loss, output_head, parameter_shapes, ModelConfig, ModelWeights,
+    Ops,
 };
 use crate::trace::{AttentionMode, Caches, LayerCache, Tracer};
 
@@ -189,12 +189,15 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
             if kind == ProgramKind::Train {
                 tracer = tracer.with_weight_copies();
             }
-            let logits = forward(&tracer, config, &weights, &tokens, &positions)?;
-            let loss = causal_lm_loss(&tracer, &logits, &targets)?;
+            let hidden = hidden_states(&tracer, config, &weights, &tokens, &positions)?;
+            let logits = (kind == ProgramKind::Eval)
+                .then(|| output_head(&tracer, &weights, &hidden))
+                .transpose()?;
+            let loss = lm_loss(&tracer, &weights, &hidden, logits.as_ref(), &targets)?;
             let copies = tracer.weight_copies();
             let mut graph = tracer.finish();
             graph.output("loss", loss)?;
-            if kind == ProgramKind::Eval {
+            if let Some(logits) = logits {
                 graph.output("logits", logits)?;
             }
             if kind == ProgramKind::Eval && !options.grads {

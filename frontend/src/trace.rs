@@ -307,6 +307,32 @@ impl Ops for Tracer {
         self.op1(Op::CrossEntropy { ignore_index }, &[*logits, *targets])
     }
 
+    fn chunked_loss(
+        &self,
+        hidden: &ValueId,
+        head: &ValueId,
+        targets: &ValueId,
+        ignore_index: i64,
+    ) -> Result<Option<ValueId>> {
+        // As Eager::chunked_loss: view as rows, the GEMM dtype's casts, the one op.
+        if !self.precision.chunked_loss() {
+            return Ok(None);
+        }
+        let dims = self.dims(hidden);
+        let features = dims.last().copied().unwrap_or(0);
+        let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+        let flat = self.reshape(hidden, &[rows, features])?;
+        let (flat, head) = match self.precision.gemm_dtype() {
+            Some(gemm) => (self.cast_to(flat, gemm)?, self.gemm_weight(*head, gemm)?),
+            None => (flat, *head),
+        };
+        let results = self.op(
+            Op::LinearCrossEntropy { ignore_index },
+            &[flat, head, *targets],
+        )?;
+        Ok(Some(results[0]))
+    }
+
     fn name_value(&self, name: &str, x: &ValueId) -> Result<()> {
         Ok(self.graph.borrow_mut().name_value(name, *x)?)
     }

@@ -345,6 +345,17 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
             let backward = Op::CrossEntropyBackward { ignore_index };
             vec![Some(graph.op1(backward, &[x[0], x[1], g0()?])?), None]
         }
+        &Op::LinearCrossEntropy { ignore_index } => {
+            if out[1].is_some() {
+                return Err(site.error("has a gradient on `lse`, which is not differentiable"));
+            }
+            let backward = Op::LinearCrossEntropyBackward { ignore_index };
+            // A bf16 copy of a graph input is cast again, as in `matmul_vjp`.
+            let weight = recast_input(graph, x[1])?;
+            let operands = [x[0], weight, x[2], site.result(1), g0()?];
+            let r = graph.op(backward, &operands)?;
+            vec![Some(r[0]), Some(r[1]), None]
+        }
         Op::SumToShape { .. } => {
             // The tape's `sum` broadcasts the gradient back as `zeros + g`, whatever the shapes.
             let shape = shape_of(graph, x[0])?;
@@ -367,6 +378,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::SoftmaxBackward
         | Op::Argmax
         | Op::CrossEntropyBackward { .. }
+        | Op::LinearCrossEntropyBackward { .. }
         | Op::AdamW(_)
         | Op::ClipGradNorm { .. }
         | Op::Linear { .. }

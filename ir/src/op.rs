@@ -111,6 +111,16 @@ pub enum Op {
     CrossEntropy { ignore_index: i64 },
     /// `(logits, targets, grad_loss []) -> grad_logits`.
     CrossEntropyBackward { ignore_index: i64 },
+    /// `(x [N,H], weight [V,H], targets [N] int) -> (loss [], lse [N])` (f32 results): the LM
+    /// head and `CrossEntropy` in one, `x` and `weight` both f32 or both bf16 (mixed
+    /// precision: products of the bf16 values, accumulated in f32). The logits `x·weightᵀ`
+    /// never exist whole: they are computed in vocabulary chunks
+    /// (`kiln_kernels::loss::chunked`); `lse` is each row's log-sum-exp, all the backward
+    /// needs to rebuild the probabilities.
+    LinearCrossEntropy { ignore_index: i64 },
+    /// `(x, weight, targets, lse, grad_loss []) -> (grad_x, grad_weight)` of `x`'s and
+    /// `weight`'s types; the chunk's logit gradient enters its products rounded to their dtype.
+    LinearCrossEntropyBackward { ignore_index: i64 },
     /// `(param, grad, m, v, step [] i64, lr [] f64[, grad_scale [] f32]) -> (param, m, v)`
     /// updated, from `grad · grad_scale` when the scale is given (gradient clipping).
     AdamW(AdamWConfig),
@@ -183,6 +193,8 @@ impl Op {
             Op::Argmax => "argmax",
             Op::CrossEntropy { .. } => "cross_entropy",
             Op::CrossEntropyBackward { .. } => "cross_entropy_backward",
+            Op::LinearCrossEntropy { .. } => "linear_cross_entropy",
+            Op::LinearCrossEntropyBackward { .. } => "linear_cross_entropy_backward",
             Op::AdamW(_) => "adamw",
             Op::ClipGradNorm { .. } => "clip_grad_norm",
             Op::Reshape { .. } => "reshape",
@@ -222,7 +234,10 @@ impl Op {
             | Op::FlashAttention { scale }
             | Op::FlashAttentionBackward { scale }
             | Op::CachedAttention { scale } => vec![("scale", f(scale))],
-            Op::CrossEntropy { ignore_index } | Op::CrossEntropyBackward { ignore_index } => {
+            Op::CrossEntropy { ignore_index }
+            | Op::CrossEntropyBackward { ignore_index }
+            | Op::LinearCrossEntropy { ignore_index }
+            | Op::LinearCrossEntropyBackward { ignore_index } => {
                 vec![("ignore_index", ignore_index.to_string())]
             }
             Op::ClipGradNorm { max_norm } => vec![("max_norm", f(max_norm))],

@@ -56,6 +56,16 @@ fn check<'a>(
 ) -> Result<Problem<'a>> {
     expect_rank(op, "logits", logits.shape(), 2)?;
     let (rows, vocab) = (logits.shape().rows(), logits.shape().last_dim());
+    check_targets(op, (rows, vocab), targets, ignore_index)
+}
+
+/// Checks `targets [rows]` against a vocabulary of `vocab` and counts the rows not ignored.
+fn check_targets<'a>(
+    op: &'static str,
+    (rows, vocab): (usize, usize),
+    targets: &TensorView<'a>,
+    ignore_index: i64,
+) -> Result<Problem<'a>> {
     expect_shape(op, "targets", targets.shape(), &[rows])?;
     let targets = Indices::of(op, "targets", targets)?;
     targets.check_below(op, "targets", vocab, Some(ignore_index))?;
@@ -177,6 +187,8 @@ fn cross_entropy_backward_typed<T: Real>(
     }
     Ok(())
 }
+
+pub mod chunked;
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,9 @@
 //! - CUDA: the GEMM attention backward's dS, masked probs and transposed `grad_out`
 //!   ([`AttentionDims::backward_workspace_bytes`]); decode attention's per-chunk partials
 //!   ([`decode::partials_bytes`]); one rstd per row for the norm backwards; one loss per row
-//!   for cross-entropy; f64 partial sums of gradient clipping
+//!   for cross-entropy; one vocabulary chunk of logits (and of their gradient) for the chunked
+//!   LM-head loss ([`LinearLoss`](kiln_kernels::gpu::loss::LinearLoss)); f64 partial sums of
+//!   gradient clipping
 //!   ([`clip_workspace_bytes`](kiln_kernels::gpu::optim::clip_workspace_bytes)). Only f32
 //!   activations run there.
 //! - Any: the larger of the two, so one plan runs on either backend.
@@ -89,8 +91,15 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
 
 /// The CUDA backend's scratch (the lowering asks for exactly these).
 fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
-    if let Op::Linear { biases, swiglu } = op {
-        return crate::lower::linear_workspace_bytes(operands, biases.len(), *swiglu);
+    match op {
+        Op::Linear { biases, swiglu } => {
+            return crate::lower::linear_workspace_bytes(operands, biases.len(), *swiglu)
+        }
+        Op::LinearCrossEntropy { ignore_index }
+        | Op::LinearCrossEntropyBackward { ignore_index } => {
+            return linear_loss_bytes(op, operands, *ignore_index)
+        }
+        _ => {}
     }
     if operands.first().map(|t| t.dtype) != Some(DType::F32) {
         return 0;
@@ -124,6 +133,24 @@ fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
             operands.iter().map(|t| product(t.dims())),
         ),
         _ => 0,
+    }
+}
+
+/// The chunked LM-head loss's workspace: one chunk of logits and the rows' scratch
+/// ([`LinearLoss`](kiln_kernels::gpu::loss::LinearLoss)).
+fn linear_loss_bytes(op: &Op, operands: &[TensorType], ignore_index: i64) -> u64 {
+    let dtype = operands
+        .first()
+        .and_then(|t| kiln_kernels::gpu::GemmDType::of(t.dtype));
+    let (Some(dtype), &[rows, hidden], &[vocab, _]) = (dtype, dims(operands, 0), dims(operands, 1))
+    else {
+        return 0;
+    };
+    let sizes = [rows, hidden, vocab].map(|d| d as u64);
+    let loss = kiln_kernels::gpu::loss::LinearLoss::new(sizes, dtype, ignore_index);
+    match op {
+        Op::LinearCrossEntropy { .. } => loss.forward_workspace_bytes(),
+        _ => loss.backward_workspace_bytes(),
     }
 }
 

@@ -353,6 +353,39 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             ),
         ]);
     }
+    // The LM head with its loss over vocabulary chunks: one chunk, and two (the second
+    // partial) where N·V·4 bytes pass the chunk budget; f32 and bf16 operands. The backward
+    // takes a random lse: its kernels compute the same function of any operands.
+    for &(n, h, v, dtype) in &[
+        (1, 8, 50, DType::F32),
+        (7, 24, 300, DType::F32),
+        (33, 64, 1000, DType::BF16),
+        (600, 16, 30_000, DType::F32),
+        (300, 32, 60_000, DType::BF16),
+    ] {
+        let s = format!("N={n} H={h} V={v} {dtype}");
+        let operands = || {
+            vec![
+                In::F(dtype, vec![n, h]),
+                In::F(dtype, vec![v, h]),
+                In::Ids(vec![n], v),
+            ]
+        };
+        let mut backward = operands();
+        backward.extend([f(&[n]), f(&[])]);
+        cases.extend([
+            (
+                format!("linear_cross_entropy {s}"),
+                Op::LinearCrossEntropy { ignore_index: -100 },
+                operands(),
+            ),
+            (
+                format!("linear_cross_entropy_backward {s}"),
+                Op::LinearCrossEntropyBackward { ignore_index: -100 },
+                backward,
+            ),
+        ]);
+    }
     // FlashAttention: one and several tiles of 64 rows, T not a multiple of the tile, keys
     // after a prefix (T < S), GQA ratios 1 and > 1, head dims padded (5, 24, 40, 72) and
     // exact (16, 64, 128). The backward takes random out and lse: its kernels compute the same

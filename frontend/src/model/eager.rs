@@ -65,4 +65,22 @@ impl Ops for Eager {
     fn cross_entropy(&self, logits: &Var, targets: &Var, ignore_index: i64) -> Result<Var> {
         ops::cross_entropy(logits, targets.value(), ignore_index)
     }
+    fn chunked_loss(
+        &self,
+        hidden: &Var,
+        head: &Var,
+        targets: &Var,
+        ignore_index: i64,
+    ) -> Result<Option<Var>> {
+        if !self.precision.chunked_loss() {
+            return Ok(None);
+        }
+        let features = hidden.dims().last().copied().unwrap_or(0);
+        let flat = ops::reshape(hidden, [hidden.shape().rows(), features])?;
+        let (flat, head) = match self.precision.gemm_dtype() {
+            Some(dtype) => (ops::as_dtype(&flat, dtype)?, ops::as_dtype(head, dtype)?),
+            None => (flat, head.clone()),
+        };
+        ops::linear_cross_entropy(&flat, &head, targets.value(), ignore_index).map(Some)
+    }
 }

@@ -10,7 +10,8 @@ pub use config::{Family, ModelConfig};
 pub use eager::Eager;
 pub use ops::{Ops, Precision};
 pub use transformer::{
-    causal_lm_loss, forward, hidden_states, last_logits, output_head, shifted_targets, IGNORE_INDEX,
+    causal_lm_loss, forward, hidden_states, last_logits, lm_loss, output_head, shifted_targets,
+    IGNORE_INDEX,
 };
 pub use weights::{
     parameter_shapes, random_parameters, random_weights, random_weights_as, LayerWeights,

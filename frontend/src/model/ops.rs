@@ -38,6 +38,13 @@ impl Precision {
         self == Precision::Bf16Gemm && head_dim <= kiln_kernels::attention::flash::MAX_HEAD_DIM
     }
 
+    /// Whether the causal-LM loss takes the LM head with it in one op over vocabulary chunks
+    /// (`linear_cross_entropy`), so the logits `[B·T,V]` and their gradient never exist
+    /// whole: mixed precision, where they are the largest activations of a train step.
+    pub fn chunked_loss(self) -> bool {
+        self == Precision::Bf16Gemm
+    }
+
     /// The dtype parameters and KV caches are stored in.
     pub fn weight_dtype(self) -> DType {
         match self {
@@ -116,6 +123,19 @@ pub trait Ops {
         targets: &Self::Value,
         ignore_index: i64,
     ) -> Result<Self::Value>;
+    /// The mean cross-entropy of the logits `hidden [..., H] · headᵀ` against `targets`, the
+    /// head and the loss in one op over vocabulary chunks, where the precision asks for it
+    /// ([`Precision::chunked_loss`]); `None` where the caller takes `cross_entropy` of the
+    /// logits.
+    fn chunked_loss(
+        &self,
+        _hidden: &Self::Value,
+        _head: &Self::Value,
+        _targets: &Self::Value,
+        _ignore_index: i64,
+    ) -> Result<Option<Self::Value>> {
+        Ok(None)
+    }
     /// Marks `x` as the value called `name` (`layers.0.attn.out`): a point a user may trace.
     /// Computes nothing; the tracer records the name in the graph, the eager engine ignores it
     /// unless it is probed (`crate::value_trace`).

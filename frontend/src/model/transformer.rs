@@ -176,6 +176,26 @@ pub fn causal_lm_loss<O: Ops>(ops: &O, logits: &O::Value, targets: &O::Value) ->
     ops.cross_entropy(&flat, targets, IGNORE_INDEX)
 }
 
+/// [`causal_lm_loss`] of the logits of `hidden [B,T,H]`, which the caller passes as `logits`
+/// where it has them; in mixed precision ([`Ops::chunked_loss`]) the LM head and the loss in
+/// one op over vocabulary chunks instead, so the train step's logits never exist whole.
+pub fn lm_loss<O: Ops>(
+    ops: &O,
+    weights: &ModelWeights<O::Value>,
+    hidden: &O::Value,
+    logits: Option<&O::Value>,
+    targets: &O::Value,
+) -> Result<O::Value> {
+    let head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
+    if let Some(loss) = ops.chunked_loss(hidden, head, targets, IGNORE_INDEX)? {
+        return Ok(loss);
+    }
+    match logits {
+        Some(logits) => causal_lm_loss(ops, logits, targets),
+        None => causal_lm_loss(ops, &output_head(ops, weights, hidden)?, targets),
+    }
+}
+
 /// Targets for [`causal_lm_loss`]: row-major `tokens [B,T]` shifted left, last column ignored.
 pub fn shifted_targets(tokens: &[i64], batch: usize, seq: usize) -> Vec<i64> {
     let mut targets = vec![IGNORE_INDEX; batch * seq];

@@ -17,7 +17,7 @@ pub use attention::{attention, flash_attention};
 pub use elementwise::{add, as_dtype, cast, mul, scale, sum};
 pub use embedding::embedding;
 pub use kiln_kernels::matmul::Transpose;
-pub use loss::cross_entropy;
+pub use loss::{cross_entropy, linear_cross_entropy};
 pub use matmul::{linear, matmul};
 pub use norm::{add_rmsnorm, rmsnorm};
 pub use rope::rope;

@@ -106,6 +106,15 @@ impl<O: Ops> Ops for Probe<'_, O> {
     ) -> Result<O::Value> {
         self.inner.cross_entropy(logits, targets, ignore_index)
     }
+    fn chunked_loss(
+        &self,
+        hidden: &O::Value,
+        head: &O::Value,
+        targets: &O::Value,
+        ignore_index: i64,
+    ) -> Result<Option<O::Value>> {
+        self.inner.chunked_loss(hidden, head, targets, ignore_index)
+    }
     fn name_value(&self, name: &str, x: &O::Value) -> Result<()> {
         self.inner.name_value(name, x)?;
         self.names.borrow_mut().push(name.to_string());

@@ -61,6 +61,14 @@ impl Op {
                     ..IndexRange::below(vocab)
                 })
             }
+            (
+                Op::LinearCrossEntropy { ignore_index }
+                | Op::LinearCrossEntropyBackward { ignore_index },
+                2,
+            ) => Some(IndexRange {
+                ignored: Some(*ignore_index),
+                ..IndexRange::below(dim(1, 0)?)
+            }),
             (Op::KvCacheWrite, 2) => cache_positions(1, 0),
             (Op::CachedAttention { .. }, 3) => cache_positions(0, 1),
             // A pooled cache's row (slot) of each batch row, or a padding row.

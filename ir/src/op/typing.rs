@@ -6,10 +6,12 @@ use crate::{DType, Error, Result, Shape, TensorType};
 
 mod cache;
 mod linear;
+mod loss;
 
 use cache::{attention_types, cached_attention_types, kv_cache_write_types};
 use linear::linear_types;
 pub use linear::LINEAR_MAX_GROUPS;
+use loss::linear_cross_entropy_types;
 
 /// Checks of one op's operands; every error names the op and the operand port.
 struct Rule<'a> {
@@ -418,6 +420,9 @@ impl Op {
                 } else {
                     one(TensorType::new(logits.dtype, Shape::scalar())?)
                 }
+            }
+            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
+                linear_cross_entropy_types(&rule)
             }
             Op::AdamW(c) => {
                 for (name, value) in [("beta1", c.beta1), ("beta2", c.beta2)] {

@@ -419,6 +419,41 @@ fn cross_entropy_targets_are_one_per_row() {
 }
 
 #[test]
+fn linear_cross_entropy_takes_one_dtype_for_x_and_weight_and_keeps_lse() {
+    let op = || Op::LinearCrossEntropy { ignore_index: -100 };
+    let bf = |dims: &[usize]| ty(DType::BF16, dims);
+    for x in [f32t(&[6, 8]), bf(&[6, 8])] {
+        let w = ty(x.dtype, &[50, 8]);
+        let forward = [x.clone(), w.clone(), i64t(&[6])];
+        accepts(op(), &forward, &[f32t(&[]), f32t(&[6])]);
+        let backward = || Op::LinearCrossEntropyBackward { ignore_index: -100 };
+        let mut saved = forward.to_vec();
+        saved.extend([f32t(&[6]), f32t(&[])]);
+        accepts(backward(), &saved, &[x.clone(), w.clone()]);
+        let mut bad = saved.clone();
+        bad[3] = f32t(&[5]);
+        rejects_operand(backward(), &bad, 3);
+        bad = saved.clone();
+        bad[4] = ty(DType::F64, &[]);
+        rejects_operand(backward(), &bad, 4);
+    }
+    rejects_operand(op(), &[f32t(&[6, 8]), bf(&[50, 8]), i64t(&[6])], 1);
+    rejects_operand(op(), &[f32t(&[6, 8]), f32t(&[50, 7]), i64t(&[6])], 1);
+    rejects_operand(
+        op(),
+        &[
+            ty(DType::F64, &[6, 8]),
+            ty(DType::F64, &[50, 8]),
+            i64t(&[6]),
+        ],
+        0,
+    );
+    rejects_operand(op(), &[f32t(&[2, 6, 8]), f32t(&[50, 8]), i64t(&[6])], 0);
+    rejects_operand(op(), &[f32t(&[6, 8]), f32t(&[50, 8]), i64t(&[5])], 2);
+    rejects_operand(op(), &[f32t(&[6, 8]), f32t(&[50, 8]), f32t(&[6])], 2);
+}
+
+#[test]
 fn adamw_takes_an_i64_step_an_f64_rate_and_an_optional_f32_grad_scale() {
     let op = || {
         Op::AdamW(AdamWConfig {

@@ -107,6 +107,7 @@ fn gemm(
         stride_a,
         stride_b,
         stride_c,
+        accumulate: false,
     })
 }
 

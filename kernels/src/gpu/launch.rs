@@ -108,7 +108,8 @@ impl Stored {
 /// `op(B_b)` is `[k,n]`. `A_b` is stored row-major with leading dimension `lda` (elements
 /// between rows) as `[m,k]`, or as `[k,m]` when `transpose_a`; likewise `B_b` as `[k,n]` or
 /// `[n,k]` when `transpose_b`; `C_b` row-major `[m,n]` with `ldc`. Batch strides are in
-/// elements. C is f32 and overwritten (beta = 0); accumulation is f32 (no TF32).
+/// elements. C is f32, overwritten (beta = 0), or added to when `accumulate` (beta = 1:
+/// `C = op(A)·op(B) + C`); accumulation is f32 (no TF32).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gemm {
     pub dtype: GemmDType,
@@ -127,6 +128,7 @@ pub struct Gemm {
     pub stride_a: u64,
     pub stride_b: u64,
     pub stride_c: u64,
+    pub accumulate: bool,
 }
 
 /// One unit of device work.

@@ -89,6 +89,8 @@ pub(crate) struct PreparedGemm {
     pub a: u64,
     pub b: u64,
     pub c: u64,
+    /// 1 when the product is added to C (`Gemm::accumulate`), else 0.
+    beta: f32,
 }
 
 // SAFETY: the descriptors are plain heap objects of cuBLASLt, used from one thread at a time
@@ -270,6 +272,7 @@ pub(crate) fn prepare(
         a,
         b,
         c,
+        beta: f32::from(u8::from(gemm.accumulate)),
     })
 }
 
@@ -282,7 +285,7 @@ pub(crate) fn issue(
     workspace: (u64, usize),
     stream: sys::cudaStream_t,
 ) -> Result<()> {
-    let (alpha, beta) = (1.0f32, 0.0f32);
+    let (alpha, beta) = (1.0f32, gemm.beta);
     // SAFETY: pointers are device addresses the program's slots own for the executable's
     // life; descriptors were prepared for exactly these shapes.
     unsafe {

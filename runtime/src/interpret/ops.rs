@@ -202,6 +202,30 @@ fn run_kernels(
         Op::CrossEntropyBackward { ignore_index } => {
             loss::cross_entropy_backward(&i[0], &i[1], ignore_index, &i[2], &mut o[0])
         }
+        Op::LinearCrossEntropy { ignore_index } => {
+            let (loss, lse) = o.split_at_mut(1);
+            loss::chunked::linear_cross_entropy(
+                &i[0],
+                &i[1],
+                &i[2],
+                ignore_index,
+                &mut loss[0],
+                &mut lse[0],
+            )
+        }
+        Op::LinearCrossEntropyBackward { ignore_index } => {
+            let (grad_x, grad_weight) = o.split_at_mut(1);
+            loss::chunked::linear_cross_entropy_backward(
+                &i[0],
+                &i[1],
+                &i[2],
+                &i[3],
+                &i[4],
+                ignore_index,
+                &mut grad_x[0],
+                &mut grad_weight[0],
+            )
+        }
         Op::AdamW(config) => {
             // param, m and v are copied into the results, which are then updated there.
             let step = adamw_step(&i[4])?;

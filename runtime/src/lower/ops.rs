@@ -307,6 +307,9 @@ impl Lowering<'_> {
             | Op::KvCacheWrite => attention::lower_attention(self),
             Op::Embedding | Op::EmbeddingBackward { .. } => self.embedding(),
             Op::CrossEntropy { .. } | Op::CrossEntropyBackward { .. } => self.cross_entropy(),
+            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
+                self.linear_cross_entropy()
+            }
             Op::AdamW(config) => {
                 let param = self.operand(0, "param", F32)?;
                 let grad = self.operand(1, "grad", F32)?;

@@ -1,7 +1,7 @@
 //! The ops that read indices besides attention's positions: the embedding gather and its
 //! scatter-add backward, and cross-entropy against targets.
 
-use kiln_ir::Op;
+use kiln_ir::{DType, Op};
 use kiln_kernels::gpu::{self, Launch};
 
 use super::{size, two_dims, Lowering, F32, I64};
@@ -86,6 +86,49 @@ impl Lowering<'_> {
                 )?])
             }
             _ => unreachable!("cross_entropy lowers only the cross-entropy ops"),
+        }
+    }
+
+    /// The chunked LM-head loss and its backward ([`gpu::loss::LinearLoss`]).
+    pub(super) fn linear_cross_entropy(&self) -> Result<Vec<Launch>> {
+        let x = self.operand(0, "x", self.i.first().map_or(F32, |x| x.dtype))?;
+        self.expect_dtype(x, "x", &[F32, DType::BF16])?;
+        let weight = self.operand(1, "weight", x.dtype)?;
+        let targets = self.operand(2, "targets", I64)?;
+        let [rows, hidden] = two_dims(self, x, "x")?;
+        let [vocab, _] = two_dims(self, weight, "weight")?;
+        let dtype = gpu::GemmDType::of(x.dtype).expect("dtype checked above");
+        let (Op::LinearCrossEntropy { ignore_index }
+        | Op::LinearCrossEntropyBackward { ignore_index }) = self.op
+        else {
+            unreachable!("linear_cross_entropy lowers only the chunked loss ops")
+        };
+        let loss = gpu::loss::LinearLoss::new([rows, hidden, vocab], dtype, *ignore_index);
+        match self.op {
+            Op::LinearCrossEntropy { .. } => {
+                let io = gpu::loss::LinearLossForward {
+                    x: x.addr(),
+                    weight: weight.addr(),
+                    targets: targets.addr(),
+                    loss: self.result(0, "loss", F32)?.addr(),
+                    lse: self.result(1, "lse", F32)?.addr(),
+                };
+                let workspace = self.workspace(loss.forward_workspace_bytes(), io.loss)?;
+                Ok(loss.forward(&io, workspace, self.fault)?)
+            }
+            _ => {
+                let io = gpu::loss::LinearLossBackward {
+                    x: x.addr(),
+                    weight: weight.addr(),
+                    targets: targets.addr(),
+                    lse: self.operand(3, "lse", F32)?.addr(),
+                    grad_loss: self.operand(4, "grad_loss", F32)?.addr(),
+                    grad_x: self.result(0, "grad_x", x.dtype)?.addr(),
+                    grad_weight: self.result(1, "grad_weight", x.dtype)?.addr(),
+                };
+                let workspace = self.workspace(loss.backward_workspace_bytes(), io.grad_x)?;
+                Ok(loss.backward(&io, workspace, self.fault)?)
+            }
         }
     }
 }

@@ -168,6 +168,7 @@ pub(super) fn lower_linear(
             stride_a: 0,
             stride_b: 0,
             stride_c: shape.m * n,
+            accumulate: false,
         }));
         if let Some((b, stored)) = bias[g] {
             let add = match stored {

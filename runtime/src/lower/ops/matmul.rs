@@ -117,6 +117,7 @@ pub(super) fn lower_matmul(
             0
         },
         stride_c: m * n,
+        accumulate: false,
     };
     Ok(vec![Launch::Gemm(gemm)])
 }
