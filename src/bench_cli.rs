@@ -69,6 +69,10 @@ pub struct BenchCli {
     /// Also time each step alone once and list the costliest ops (one stream).
     #[arg(long)]
     profile: bool,
+    /// Train: the most arena bytes the plan may take (e.g. 3.3GiB); values the backward
+    /// reads are recomputed there, the cheapest per byte first, until it fits.
+    #[arg(long, value_parser = kiln::memory::parse_bytes)]
+    memory_budget: Option<u64>,
     /// Seed for a preset's random weights and the tokens.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -113,6 +117,7 @@ impl BenchCli {
             fusion,
             pdl,
             profile,
+            memory_budget,
             seed,
             json,
             requests,
@@ -167,6 +172,7 @@ impl BenchCli {
             linear_rows,
             pdl: pdl == Switch::On,
             profile,
+            memory_budget,
         };
         let result = commands::bench(&args)?;
         match json {

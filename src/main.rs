@@ -151,6 +151,10 @@ enum Command {
         /// bench` plans for), or any (the larger need: the plan runs on either).
         #[arg(long, value_enum, default_value_t = PlanBackend::Any)]
         backend: PlanBackend,
+        /// Train: the most arena bytes the plan may take (e.g. 3.3GiB); values the backward
+        /// reads are recomputed there, the cheapest per byte first, until it fits.
+        #[arg(long, value_parser = kiln::memory::parse_bytes)]
+        memory_budget: Option<u64>,
         /// source: instead of the plan, the arena bytes live at the peak and over the
         /// schedule by layer and category (saved activation, gradient, optimizer update,
         /// logits/loss, workspace); text, json or svg (stacked over the schedule).
@@ -423,6 +427,7 @@ fn main() -> Result<()> {
             out,
             verify,
             backend,
+            memory_budget,
             by,
         } => {
             let (kind, options) = program.program();
@@ -449,7 +454,7 @@ fn main() -> Result<()> {
                 &program.model,
                 kind,
                 &options,
-                (&plan_options, workspaces),
+                (&plan_options, workspaces, memory_budget),
                 (view, format),
                 out.as_deref(),
                 verify,

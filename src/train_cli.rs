@@ -48,6 +48,11 @@ pub struct TrainCli {
     /// out. Every gradient then exists at once before the first update.
     #[arg(long, value_parser = positive, conflicts_with = "resume")]
     clip_grad_norm: Option<f64>,
+    /// The most arena bytes a train step's plan may take (e.g. 3.3GiB): values the backward
+    /// reads are recomputed there, the cheapest per byte first, until it fits. The same bits
+    /// as without it.
+    #[arg(long, value_parser = kiln::memory::parse_bytes)]
+    memory_budget: Option<u64>,
     /// AdamW's decoupled weight decay (norm weights and biases exempt unless
     /// --decay-vectors).
     #[arg(long, default_value_t = 0.01, value_parser = non_negative, conflicts_with = "resume")]
@@ -182,6 +187,7 @@ impl TrainCli {
                     },
                     accumulate: self.accumulate,
                     clip_grad_norm: self.clip_grad_norm,
+                    memory_budget: self.memory_budget,
                     weight_decay: self.weight_decay,
                     beta1: self.beta1,
                     beta2: self.beta2,

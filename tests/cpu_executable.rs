@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use kiln_frontend::eval::CausalLmInputs;
-use kiln_frontend::model::{random_weights, ModelConfig};
-use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
+use kiln_frontend::model::{random_weights, ModelConfig, Precision};
+use kiln_frontend::programs::{build, plan_program, ProgramKind, ProgramOptions};
 use kiln_ir::{DType, Graph};
 use kiln_kernels::testing;
 use kiln_planner::{plan, verify_plan, Plan, PlanOptions};
@@ -303,4 +303,90 @@ fn set_refuses_out_of_range_ids_and_positions() {
     assert!(exe.set("positions", &negative).is_err());
     exe.set("positions", &Tensor::from_vec(vec![11i64, 0], [2]).unwrap())
         .unwrap();
+}
+
+/// A train step planned under a memory budget (values recomputed in the backward) gives the
+/// bits of the unbudgeted step: outputs, updated params and moments, in f32 and in mixed
+/// precision, on the CPU executable and against the unbudgeted `execute`.
+#[test]
+fn a_budgeted_train_step_equals_the_unbudgeted_one_bit_for_bit() {
+    let mut rng = testing::rng("cpu_executable_budgeted_train");
+    for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
+        for precision in [Precision::F32, Precision::Bf16Gemm] {
+            let what = format!("{:?} {precision:?}", config.family);
+            // Rows enough that saved activations, not gradients, make the peak.
+            let program_options = ProgramOptions {
+                precision,
+                seq: 12,
+                ..options()
+            };
+            let graph = build(ProgramKind::Train, &config, &program_options).unwrap();
+            let workspaces = kiln_runtime::Workspaces::Cpu;
+            let unbudgeted = plan(&graph, &PlanOptions::default(), &workspaces).unwrap();
+            let budget = unbudgeted.arena_bytes - 1;
+            let (budgeted_graph, budgeted) = plan_program(
+                graph.clone(),
+                &PlanOptions::default(),
+                &workspaces,
+                Some(budget),
+            )
+            .unwrap();
+            assert!(budgeted.arena_bytes <= budget, "{what}");
+            assert!(!budgeted.recomputed.is_empty(), "{what}");
+            verify_plan(&budgeted_graph, &budgeted, &workspaces).unwrap();
+
+            let mut values = inputs(&mut rng, &config, ProgramKind::Train, &graph);
+            values.extend(train_step_inputs(&mut rng, &config, program_options.seq));
+            // Derived copies are set with their params.
+            for (copy, _) in graph.derived() {
+                values.remove(copy);
+            }
+            let mut budgeted_values = values.clone();
+            let outputs = execute(&graph, &unbudgeted, &mut values, false).unwrap();
+            let mut exe = executable(&budgeted_graph, &budgeted, &budgeted_values);
+            exe.run().unwrap();
+            assert_same(&what, &budgeted_graph, &exe, &outputs, &values);
+            let again = execute(&budgeted_graph, &budgeted, &mut budgeted_values, false).unwrap();
+            for (name, want) in &outputs {
+                assert_eq!(bits(&again[name]), bits(want), "{what}: {name}");
+            }
+        }
+    }
+}
+
+/// A budget below what recomputing every candidate reaches is refused with both numbers;
+/// a program without a backward cannot take one.
+#[test]
+fn an_unreachable_budget_and_a_budget_without_backward_are_refused() {
+    let config = ModelConfig::tiny();
+    let workspaces = kiln_runtime::Workspaces::Cpu;
+    let train = build(ProgramKind::Train, &config, &options()).unwrap();
+    let error = plan_program(train, &PlanOptions::default(), &workspaces, Some(1000))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("no plan fits the memory budget of 1000"),
+        "{error}"
+    );
+    let prefill = build(ProgramKind::Prefill, &config, &options()).unwrap();
+    let error = plan_program(prefill, &PlanOptions::default(), &workspaces, Some(1000))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("no backward"), "{error}");
+}
+
+/// Tokens, positions and targets of `seq` tokens per row (the per-step inputs of
+/// [`per_step`] are of `options().seq`).
+fn train_step_inputs(
+    rng: &mut StdRng,
+    config: &ModelConfig,
+    seq: usize,
+) -> BTreeMap<String, Tensor> {
+    let batch = options().batch;
+    let ids = testing::indices(rng, batch * seq, config.vocab_size);
+    let tokens = Tensor::from_vec(ids, [batch, seq]).unwrap();
+    let inputs = CausalLmInputs::new(&tokens, config.vocab_size).unwrap();
+    (inputs.named().into_iter())
+        .map(|(name, tensor)| (name.to_string(), tensor.clone()))
+        .collect()
 }

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kiln_frontend::model::{forward, random_weights_as, Eager, ModelConfig, Precision};
-use kiln_frontend::programs::{build, example_inputs, ProgramKind, ProgramOptions};
+use kiln_frontend::programs::{build, example_inputs, plan_program, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
 use kiln_ir::{DType, Graph, InputKind, Op, TensorType};
 use kiln_kernels::testing;

@@ -112,3 +112,28 @@ fn tiny_plan_snapshots() {
         }
     }
 }
+
+/// The tiny train step planned under a memory budget: which values are recomputed, their
+/// clones and what they trade, in the text dump; the plan verifier accepts it.
+#[test]
+fn tiny_budgeted_train_plan_snapshot() {
+    let options = ProgramOptions {
+        batch: 2,
+        seq: 12,
+        precision: kiln_frontend::model::Precision::Bf16Gemm,
+        ..Default::default()
+    };
+    let graph =
+        kiln_frontend::programs::build(ProgramKind::Train, &ModelConfig::tiny(), &options).unwrap();
+    let workspaces = kiln_runtime::Workspaces::Any;
+    let unbudgeted = kiln_planner::plan(&graph, &Default::default(), &workspaces).unwrap();
+    let budget = Some(unbudgeted.arena_bytes * 19 / 20);
+    let (graph, planned) =
+        kiln_frontend::programs::plan_program(graph, &Default::default(), &workspaces, budget)
+            .unwrap();
+    kiln_planner::verify_plan(&graph, &planned, &workspaces).unwrap();
+    assert!(planned.arena_bytes < unbudgeted.arena_bytes && !planned.recomputed.is_empty());
+    insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_snapshot!("plan_tiny_train_budgeted_text", dump::to_text(&planned, None));
+    });
+}

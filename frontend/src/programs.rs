@@ -322,3 +322,32 @@ pub fn example_inputs(
 
 #[cfg(test)]
 mod tests;
+
+/// Plans `graph`; with a `memory_budget` (arena bytes), recomputes in the backward what the
+/// plan must drop to fit ([`kiln_planner::plan_within`]), and returns the graph it planned
+/// (the given one when it fits as it is). A budget needs a train program: its backward
+/// begins at the first reader of `loss_seed`.
+pub fn plan_program(
+    graph: Graph,
+    options: &kiln_planner::PlanOptions,
+    workspaces: &dyn kiln_planner::WorkspaceNeeds,
+    memory_budget: Option<u64>,
+) -> kiln_planner::Result<(Graph, kiln_planner::Plan)> {
+    let Some(budget) = memory_budget else {
+        let plan = kiln_planner::plan(&graph, options, workspaces)?;
+        return Ok((graph, plan));
+    };
+    let seed = (graph.inputs().into_iter())
+        .find(|&(_, name, _, _)| name == "loss_seed")
+        .map(|(value, ..)| value)
+        .ok_or_else(|| kiln_planner::Error::Unplannable {
+            rule: "memory budget",
+            detail: format!(
+                "`{}` has no backward (no `loss_seed` input): --memory-budget recomputes in a \
+                 train program's backward",
+                graph.name()
+            ),
+        })?;
+    let budgeted = kiln_planner::plan_within(&graph, options, workspaces, (budget, seed))?;
+    Ok((budgeted.graph, budgeted.plan))
+}

@@ -15,6 +15,7 @@ pub mod graph;
 mod layout;
 mod op;
 pub mod print;
+pub mod recompute;
 mod shape;
 mod types;
 pub mod verify;

@@ -19,6 +19,18 @@ pub enum Error {
     /// A byte count does not fit in 64 bits.
     #[error("{what} overflows 64-bit byte counts")]
     Overflow { what: String },
+    /// No plan fits the memory budget, even with every value that can be recomputed.
+    #[error(
+        "no plan fits the memory budget of {budget} arena bytes: the smallest, with all \
+         {candidates} values that can be recomputed recomputed, needs {smallest} (without \
+         recomputation {unbudgeted})"
+    )]
+    Budget {
+        budget: u64,
+        smallest: u64,
+        unbudgeted: u64,
+        candidates: usize,
+    },
     /// The plan could not be serialized for hashing.
     #[error("cannot serialize the plan for its hash: {0}")]
     Serialize(String),

@@ -8,6 +8,7 @@
 //! dumps render them as text, JSON, CSV and SVG. The planner knows sizes, lifetimes and
 //! dependencies, never pointers.
 
+mod budget;
 mod buffers;
 pub mod dump;
 mod error;
@@ -26,10 +27,11 @@ pub mod testing;
 pub mod verify;
 mod workspaces;
 
+pub use budget::{plan_within, Budgeted};
 pub use error::{Error, Result};
 pub use hash::{fnv1a64, plan_hash};
 pub use offsets::{arena_size, lower_bound, portfolio, ArenaItem, Fit, Greedy, OffsetHeuristic};
-pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Step};
+pub use plan::{Buffer, BufferClass, Plan, PlanOptions, Recomputed, Step};
 pub use planner::{plan, MAX_STREAMS};
 pub use verify::{verify_plan, PlanError};
 pub use workspaces::WorkspaceNeeds;

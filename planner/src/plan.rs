@@ -89,6 +89,23 @@ pub struct Buffer {
     pub uses: usize,
 }
 
+/// A value recomputed in the backward: what it frees and what it costs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recomputed {
+    /// The value the forward makes, as `"node.port"` of the planned graph.
+    pub value: String,
+    /// Its clone, which the backward reads.
+    pub clone: String,
+    /// The ops cloned, by name, in order (its own producer last).
+    pub op: String,
+    /// Bytes no longer kept from the forward to the backward.
+    pub bytes: u64,
+    /// Ops cloned (its producer and the chain it needs).
+    pub ops: usize,
+    /// The clones' estimated time ([`kiln_ir::recompute::Candidate::estimated_us`]), ns.
+    pub estimated_ns: u64,
+}
+
 /// A planned program.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
@@ -113,6 +130,10 @@ pub struct Plan {
     /// is used, nothing is copied back), in the graph's order; the other writes are copied
     /// into their input after the last step. The rules are in `in_place.rs`.
     pub in_place_writes: Vec<String>,
+    /// Values the backward recomputes instead of keeping them from the forward, chosen to fit
+    /// a memory budget (`budget.rs`); empty, and absent from the JSON, without one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recomputed: Vec<Recomputed>,
     /// Stable hash (hex) of everything above.
     pub hash: String,
 }

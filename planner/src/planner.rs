@@ -99,6 +99,7 @@ pub fn plan(
         offset_candidates: arena.placement.candidates,
         events: streams.events,
         in_place_writes,
+        recomputed: Vec::new(),
         hash: String::new(),
     };
     plan.hash = plan_hash(&plan)?;

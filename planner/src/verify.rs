@@ -36,6 +36,10 @@
 //! - `in_place`: `in_place_writes` names writes of the graph, in its order; each is computed by
 //!   an op that may overwrite the written input itself, its buffer holds it and its views only,
 //!   and every other op reading the input (or a view of it) happens before that op.
+//! - `recomputed`: each value the plan lists as recomputed and its clone are results of op
+//!   nodes computing the same thing (the same op on the same operands, or on clones of them);
+//!   every reader of the value runs before the clone's step, so the
+//!   backward reads only the clone; `bytes` is the value's size.
 //!
 //! Byte arithmetic is done in `u128`, so no plan, however large its numbers, overflows it.
 //! Everything is iterated in step, buffer or value order, so the violation reported is
@@ -85,7 +89,70 @@ pub fn verify_plan(
     memory::check_bounds(plan)?;
     memory::check_lower_bound(plan)?;
     memory::check_overlap(plan, &lifetimes, &order)?;
-    in_place::check_in_place(graph, &program, plan, (&buffer_of, &steps), &order)
+    in_place::check_in_place(graph, &program, plan, (&buffer_of, &steps), &order)?;
+    check_recomputed(&program, plan, &steps)
+}
+
+fn check_recomputed(
+    program: &Program,
+    plan: &Plan,
+    steps: &BTreeMap<usize, usize>,
+) -> Result<(), PlanError> {
+    const RULE: &str = "recomputed";
+    // Whether `a` and `b` are the same computation, up to `depth` ops deep.
+    fn same(program: &Program, a: Value, b: Value, depth: usize) -> bool {
+        if a == b {
+            return true;
+        }
+        let (Some(x), Some(y)) = (program.ops.get(&a.0), program.ops.get(&b.0)) else {
+            return false;
+        };
+        depth > 0
+            && a.1 == b.1
+            && x.op == y.op
+            && x.operands.len() == y.operands.len()
+            && (x.operands.iter().zip(&y.operands)).all(|(&u, &v)| same(program, u, v, depth - 1))
+    }
+    for entry in &plan.recomputed {
+        let (Some(value), Some(clone)) = (parse(&entry.value), parse(&entry.clone)) else {
+            return fail(
+                RULE,
+                format!("{} / {} are not values", entry.value, entry.clone),
+            );
+        };
+        // Chains are a few ops and views deep, clones of clones a few chains.
+        const DEPTH: usize = 64;
+        if value == clone || !same(program, value, clone, DEPTH) {
+            return fail(
+                RULE,
+                format!("{} does not compute what {} does", entry.clone, entry.value),
+            );
+        }
+        let Some(&clone_step) = steps.get(&clone.0) else {
+            return fail(RULE, format!("clone {} is not scheduled", entry.clone));
+        };
+        let late = (program.ops.iter())
+            .filter(|(_, op)| op.operands.contains(&value))
+            .find(|(node, _)| steps.get(node).is_some_and(|&s| s > clone_step));
+        if let Some((node, _)) = late {
+            return fail(
+                RULE,
+                format!(
+                    "{} reads {} after its clone {} (step {clone_step})",
+                    program.describe(*node),
+                    entry.value,
+                    entry.clone
+                ),
+            );
+        }
+        if program.value_bytes(value) != Some(entry.bytes) {
+            return fail(
+                RULE,
+                format!("{} is not {} bytes", entry.value, entry.bytes),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// An IR value as plans name it: (node index, output port).

@@ -87,6 +87,7 @@ fn plan(options: PlanOptions, schedule: Vec<Step>, mut buffers: Vec<Buffer>, are
         offset_strategy: "by hand".to_string(),
         offset_candidates: vec![("by hand".to_string(), arena)],
         in_place_writes: Vec::new(),
+        recomputed: Vec::new(),
         hash: String::new(),
     }
 }

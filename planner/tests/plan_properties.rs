@@ -160,6 +160,7 @@ fn random_plans() -> impl Strategy<Value = Plan> {
                     offset_candidates: Vec::new(),
                     events,
                     in_place_writes: Vec::new(),
+                    recomputed: Vec::new(),
                     hash: String::new(),
                 }
             },

@@ -14,8 +14,8 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::model::ModelConfig;
-use kiln_frontend::programs::{build, example_inputs, ProgramKind, ProgramOptions};
-use kiln_planner::{plan, PlanOptions};
+use kiln_frontend::programs::{build, example_inputs, plan_program, ProgramKind, ProgramOptions};
+use kiln_planner::PlanOptions;
 use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
 use kiln_runtime::RunMode;
 use serde::Serialize;
@@ -43,6 +43,8 @@ pub struct BenchArgs {
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
+    /// Train: the most arena bytes; values the backward reads are recomputed to fit.
+    pub memory_budget: Option<u64>,
 }
 
 /// One benchmark's results (`--json` prints this).
@@ -73,6 +75,11 @@ pub struct BenchResult {
     pub capture_ms: Option<f64>,
     pub arena_bytes: u64,
     pub lower_bound_bytes: u64,
+    /// `--memory-budget` when given, and the values recomputed in the backward to meet it
+    /// (their count and the bytes they no longer keep).
+    pub memory_budget: Option<u64>,
+    pub recomputed_values: usize,
+    pub recomputed_bytes: u64,
     pub param_bytes: u64,
     pub state_bytes: u64,
     /// Arena + per-run inputs + outputs + GEMM workspace.
@@ -182,7 +189,12 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     lap();
     let graph = build(args.kind, &config, &args.options)?;
     startup.trace_ms = lap();
-    let planned = plan(&graph, &plan_options, &kiln_runtime::Workspaces::Cuda)?;
+    let workspaces = kiln_runtime::Workspaces::Cuda;
+    let (graph, planned) = plan_program(graph, &plan_options, &workspaces, args.memory_budget)?;
+    let recomputed = (
+        planned.recomputed.len(),
+        planned.recomputed.iter().map(|r| r.bytes).sum::<u64>(),
+    );
     startup.plan_ms = lap();
     let (config, loaded) = source
         .load(args.seed, args.options.precision.weight_dtype())
@@ -363,6 +375,9 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         capture_ms: exe.capture_seconds().map(|s| s * 1e3),
         arena_bytes: arena,
         lower_bound_bytes: lower_bound,
+        memory_budget: args.memory_budget,
+        recomputed_values: recomputed.0,
+        recomputed_bytes: recomputed.1,
         param_bytes: slot("params"),
         state_bytes: slot("state"),
         beyond_params_and_state_bytes: slot("arena")
@@ -442,6 +457,18 @@ pub fn table(r: &BenchResult) -> String {
                 mib(r.lower_bound_bytes),
                 r.arena_bytes as f64 / r.lower_bound_bytes.max(1) as f64
             ),
+        ),
+        (
+            "recomputed",
+            match r.memory_budget {
+                None => "nothing (no --memory-budget)".to_string(),
+                Some(budget) => format!(
+                    "{} values, {:.2} MiB no longer kept, to fit a budget of {:.2} MiB",
+                    r.recomputed_values,
+                    mib(r.recomputed_bytes),
+                    mib(budget)
+                ),
+            },
         ),
         (
             "device memory",

@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use kiln_frontend::hf::safetensors_io::{check_absent, write_file_atomically};
 use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::memory_sources::memory_sources;
-use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
+use kiln_frontend::programs::{build, plan_program, ProgramKind, ProgramOptions};
 use kiln_planner::{dump, PlanOptions};
 use kiln_runtime::Workspaces;
 
@@ -32,12 +32,14 @@ pub enum PlanView {
 
 /// Plans `kind` for `model` with workspaces sized for `workspaces`' kernels and renders
 /// `view` as `format`; writes to `out` (which must not exist) or returns the text to print.
-/// With `verify`, the independent plan verifier checks the plan first.
+/// With `verify`, the independent plan verifier checks the plan first. With a
+/// `memory_budget` (arena bytes; train programs), values the backward reads are recomputed
+/// there until the plan fits, and the dump lists them.
 pub fn plan(
     model: &str,
     kind: ProgramKind,
     options: &ProgramOptions,
-    (plan_options, workspaces): (&PlanOptions, Workspaces),
+    (plan_options, workspaces, memory_budget): (&PlanOptions, Workspaces, Option<u64>),
     (view, format): (PlanView, PlanFormat),
     out: Option<&Path>,
     verify: bool,
@@ -56,7 +58,8 @@ pub fn plan(
         build(kind, &config, options).with_context(|| format!("tracing {}", kind.name()))?;
     kiln_ir::verify(&graph).context("the traced graph failed verification")?;
     let started = std::time::Instant::now();
-    let plan = kiln_planner::plan(&graph, plan_options, &workspaces).context("planning")?;
+    let (graph, plan) =
+        plan_program(graph, plan_options, &workspaces, memory_budget).context("planning")?;
     let elapsed = started.elapsed();
     if verify {
         kiln_planner::verify_plan(&graph, &plan, &workspaces)

@@ -406,3 +406,53 @@ fn programmatic_launch_gives_the_bits_of_plain_stream_order() {
         }
     }
 }
+
+/// A train step planned under a memory budget (values recomputed in the backward) gives the
+/// bits of the unbudgeted step on the device, replayed twice, in f32 and in mixed precision.
+#[test]
+fn a_budgeted_train_step_gives_the_unbudgeted_bits_on_the_device() {
+    let Some(device) = device() else { return };
+    let config = ModelConfig::tiny_llama();
+    for precision in [Precision::F32, Precision::Bf16Gemm] {
+        let options = ProgramOptions {
+            batch: 2,
+            seq: 12,
+            precision,
+            ..Default::default()
+        };
+        let graph = build(ProgramKind::Train, &config, &options).unwrap();
+        let values = program_inputs(&graph, &config, ProgramKind::Train, &options, 43);
+        let unbudgeted = gpu_plan(&graph, 1);
+        let budget = Some(unbudgeted.arena_bytes * 19 / 20);
+        let workspaces = kiln_runtime::Workspaces::Cuda;
+        let (budgeted_graph, budgeted) =
+            plan_program(graph.clone(), &PlanOptions::default(), &workspaces, budget).unwrap();
+        assert!(!budgeted.recomputed.is_empty());
+        let run = |graph: &Graph, planned: &kiln_planner::Plan| {
+            let mut exe = CudaExecutable::new(&device, graph, planned).unwrap();
+            for (name, tensor) in &values {
+                if graph.input_named(name).is_some() {
+                    exe.set(name, tensor).unwrap();
+                }
+            }
+            for _ in 0..2 {
+                exe.run(RunMode::Graph).unwrap();
+            }
+            let names = graph.outputs().iter().chain(graph.writes());
+            (names.map(|(name, _)| (name.clone(), bits(&exe.get(name).unwrap()))))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let (want, got) = (run(&graph, &unbudgeted), run(&budgeted_graph, &budgeted));
+        assert_eq!(want.len(), got.len());
+        for (name, bits) in &want {
+            assert!(bits == &got[name], "{precision:?}: {name}");
+        }
+        println!(
+            "budgeted train {precision:?}: arena {} -> {} B, {} values recomputed, {} values equal",
+            unbudgeted.arena_bytes,
+            budgeted.arena_bytes,
+            budgeted.recomputed.len(),
+            want.len()
+        );
+    }
+}

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_frontend::model::{ModelConfig, Precision};
-use kiln_frontend::programs::{build, Accumulation, ProgramKind, ProgramOptions};
+use kiln_frontend::programs::{build, plan_program, Accumulation, ProgramKind, ProgramOptions};
 use kiln_ir::{AdamWConfig, DType};
-use kiln_planner::{plan, PlanOptions};
+use kiln_planner::PlanOptions;
 use kiln_runtime::{Backend, ExecutableGroup, RunMode, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +60,10 @@ pub struct RunOptions {
     pub save_every: u64,
     /// Checkpoints kept.
     pub keep: usize,
+    /// The most arena bytes a train step's plan may take: values the backward reads are
+    /// recomputed to fit (the same bits as without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget: Option<u64>,
 }
 
 impl RunOptions {
@@ -196,7 +200,10 @@ impl Session {
         let mut programs = Vec::new();
         for (kind, role) in roles {
             let graph = build(kind, &config, &options.program_options(kind, role)?)?;
-            let planned = plan(&graph, &PlanOptions::default(), &backend.workspaces())?;
+            let budget = options.memory_budget.filter(|_| kind == ProgramKind::Train);
+            let workspaces = backend.workspaces();
+            let (graph, planned) =
+                plan_program(graph, &PlanOptions::default(), &workspaces, budget)?;
             programs.push((graph, planned));
         }
         let pairs: Vec<_> = programs.iter().map(|(g, p)| (g, p)).collect();

@@ -33,8 +33,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{
-    byte_extent, clamped_lifetime, class_name, format_bytes, live_arena_bytes, peak_step,
-    placed_buffers, ratio_text, CLASSES,
+    byte_extent, clamped_lifetime, class_name, format_bytes, format_bytes_short, live_arena_bytes,
+    peak_step, placed_buffers, ratio_text, CLASSES,
 };
 use crate::{Buffer, BufferClass, Plan};
 
@@ -50,13 +50,18 @@ const PEAK_BUFFERS: usize = 10;
 pub fn to_text(plan: &Plan, planning_time: Option<Duration>) -> String {
     let live = live_arena_bytes(plan);
     let peak = peak_step(&live);
-    let sections = [
-        summary(plan, planning_time),
+    let mut sections = vec![summary(plan, planning_time)];
+    if !plan.recomputed.is_empty() {
+        sections.push(recomputed_section(plan));
+    }
+    sections.extend([
         buffer_table(plan),
         peak_section(plan, &live, peak),
         ascii_map(plan, peak),
-    ];
-    let mut text = sections.map(|lines| lines.join("\n")).join("\n\n");
+    ]);
+    let mut text = (sections.iter().map(|lines| lines.join("\n")))
+        .collect::<Vec<_>>()
+        .join("\n\n");
     text.push('\n');
     text
 }
@@ -125,6 +130,35 @@ fn summary(plan: &Plan, planning_time: Option<Duration>) -> Vec<String> {
         lines.push(entry(
             "planning time",
             format!("{:.3} ms", time.as_secs_f64() * 1e3),
+        ));
+    }
+    lines
+}
+
+/// The values recomputed in the backward to fit a memory budget: what each frees and costs.
+fn recomputed_section(plan: &Plan) -> Vec<String> {
+    let bytes: u64 = plan.recomputed.iter().map(|r| r.bytes).sum();
+    let ns: u64 = plan.recomputed.iter().map(|r| r.estimated_ns).sum();
+    let mut lines = vec![format!(
+        "recomputed in the backward: {} values, {} no longer kept, ~{:.1} us of added work \
+         (estimated from bytes moved and FLOPs)",
+        plan.recomputed.len(),
+        format_bytes(bytes),
+        ns as f64 / 1e3
+    )];
+    lines.push(format!(
+        "  {:<10} {:<10} {:>12} {:>6} {:>10}  ops",
+        "value", "clone", "bytes", "clones", "est. us"
+    ));
+    for r in &plan.recomputed {
+        lines.push(format!(
+            "  {:<10} {:<10} {:>12} {:>6} {:>10.2}  {}",
+            r.value,
+            r.clone,
+            format_bytes_short(r.bytes),
+            r.ops,
+            r.estimated_ns as f64 / 1e3,
+            r.op
         ));
     }
     lines

@@ -139,6 +139,7 @@ pub fn naive_plan(graph: &Graph, options: &PlanOptions) -> Plan {
         offset_candidates: vec![("no reuse".to_string(), arena)],
         events: 0,
         in_place_writes: Vec::new(),
+        recomputed: Vec::new(),
         hash: String::new(),
     }
 }

@@ -178,6 +178,7 @@ pub fn make_plan(graph: &Graph, specs: &[Spec]) -> Plan {
         offset_candidates: vec![],
         events: 0,
         in_place_writes: Vec::new(),
+        recomputed: Vec::new(),
         hash: "test".to_string(),
     };
     settle_arena(&mut plan);
