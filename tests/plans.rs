@@ -133,6 +133,15 @@ fn tiny_budgeted_train_plan_snapshot() {
             .unwrap();
     kiln_planner::verify_plan(&graph, &planned, &workspaces).unwrap();
     assert!(planned.arena_bytes < unbudgeted.arena_bytes && !planned.recomputed.is_empty());
+    // The verifier refuses a clone that computes something else and a wrong byte count.
+    let mut wrong = planned.clone();
+    wrong.recomputed[0].clone = wrong.recomputed[1].clone.clone();
+    let error = kiln_planner::verify_plan(&graph, &wrong, &workspaces).unwrap_err();
+    assert_eq!(error.rule, "recomputed", "{error}");
+    let mut wrong = planned.clone();
+    wrong.recomputed[0].bytes += 1;
+    let error = kiln_planner::verify_plan(&graph, &wrong, &workspaces).unwrap_err();
+    assert_eq!(error.rule, "recomputed", "{error}");
     insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
         insta::assert_snapshot!("plan_tiny_train_budgeted_text", dump::to_text(&planned, None));
     });

@@ -5,7 +5,7 @@
 //! ([`TensorType`]) — is shared by every crate; kernels use it and nothing more. Above it, the IR:
 //! a closed set of [`Op`]s with type and alias rules, and the program [`Graph`] (a petgraph
 //! `StableDiGraph` whose edges carry output port → input port), with its verifier, stable text
-//! printer and reverse-mode autodiff.
+//! printer, reverse-mode autodiff, the fusion pass and recomputation (`recompute`).
 
 pub mod autodiff;
 mod dtype;
