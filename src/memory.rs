@@ -56,6 +56,9 @@ fn gib(bytes: u64) -> String {
 /// down to whole bytes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
+    if let Ok(bytes) = trimmed.parse::<u64>() {
+        return Ok(bytes);
+    }
     let split = trimmed
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(trimmed.len());
@@ -97,6 +100,7 @@ mod parse_tests {
         assert_eq!(parse_bytes("512 MiB"), Ok(536_870_912));
         assert_eq!(parse_bytes("3.3GB"), Ok(3_300_000_000));
         assert_eq!(parse_bytes("7B"), Ok(7));
+        assert_eq!(parse_bytes("18446744073709551615"), Ok(u64::MAX));
         for bad in ["", "GiB", "3.3 gigs", "1e30", "-1", "1.2.3"] {
             let error = parse_bytes(bad).unwrap_err();
             assert!(error.contains(bad.trim()), "{bad}: {error}");

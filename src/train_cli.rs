@@ -50,8 +50,8 @@ pub struct TrainCli {
     clip_grad_norm: Option<f64>,
     /// The most arena bytes a train step's plan may take (e.g. 3.3GiB): values the backward
     /// reads are recomputed there, the cheapest per byte first, until it fits. The same bits
-    /// as without it.
-    #[arg(long, value_parser = kiln::memory::parse_bytes)]
+    /// as without it; a resumed run keeps its own.
+    #[arg(long, value_parser = kiln::memory::parse_bytes, conflicts_with = "resume")]
     memory_budget: Option<u64>,
     /// AdamW's decoupled weight decay (norm weights and biases exempt unless
     /// --decay-vectors).

@@ -14,7 +14,8 @@
 //!    people and tools (tracing, memory attribution). They are metadata: no op reads them, the
 //!    printer does not show them, and a program computes the same with or without them.
 
-use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+pub use petgraph::stable_graph::NodeIndex;
+use petgraph::stable_graph::StableDiGraph;
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use std::fmt;

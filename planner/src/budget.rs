@@ -9,6 +9,7 @@ use kiln_ir::recompute::{backward_start, candidates, recompute, Candidate};
 use kiln_ir::{Graph, ValueId};
 
 use crate::hash::plan_hash;
+use crate::planner::plan_behind;
 use crate::{plan, Error, Plan, PlanOptions, Recomputed, Result, WorkspaceNeeds};
 
 /// A plan that fits its budget and the graph it plans (the given one with the recomputed
@@ -38,6 +39,10 @@ pub fn plan_within(
         rule: "memory budget",
         detail: format!("no op reads the gradient seed {seed}: only a backward recomputes"),
     })?;
+    let seed_name = match graph.node(seed.node).map(|n| &n.kind) {
+        Some(kiln_ir::graph::NodeKind::Input { name, .. }) => Some(name.as_str()),
+        _ => None,
+    };
     let mut order = candidates(graph, start)?;
     // Least estimated time per byte freed first; ties in graph order.
     order.sort_by(|a, b| {
@@ -46,8 +51,13 @@ pub fn plan_within(
     });
     let attempt = |count: usize| -> Result<Budgeted> {
         let chosen = &order[..count];
-        let (graph, clones) = recompute(graph, chosen, start)?;
-        let mut plan = plan(&graph, options, workspaces)?;
+        let (rebuilt, clones) = recompute(graph, chosen, start)?;
+        // The clones' operands all exist in the forward: the barrier keeps every schedule
+        // from running them there, which would keep their bytes across the step again.
+        let new_start = seed_name
+            .and_then(|name| rebuilt.input_named(name))
+            .and_then(|seed| backward_start(&rebuilt, seed));
+        let mut plan = plan_behind(&rebuilt, options, workspaces, new_start)?;
         let name = |v: ValueId| format!("{}.{}", v.node.index(), v.port);
         // The chain's ops in order, the value's own producer last.
         let op_text = |c: &Candidate| {
@@ -73,7 +83,10 @@ pub fn plan_within(
         plan.recomputed
             .sort_by_key(|r| (c_node(&r.value), r.value.clone()));
         plan.hash = plan_hash(&plan)?;
-        Ok(Budgeted { graph, plan })
+        Ok(Budgeted {
+            graph: rebuilt,
+            plan,
+        })
     };
     let all = attempt(order.len())?;
     if all.plan.arena_bytes > budget {

@@ -19,11 +19,11 @@ pub enum Error {
     /// A byte count does not fit in 64 bits.
     #[error("{what} overflows 64-bit byte counts")]
     Overflow { what: String },
-    /// No plan fits the memory budget, even with every value that can be recomputed.
+    /// The plan does not fit the memory budget even with every value that can be recomputed.
     #[error(
-        "no plan fits the memory budget of {budget} arena bytes: the smallest, with all \
-         {candidates} values that can be recomputed recomputed, needs {smallest} (without \
-         recomputation {unbudgeted})"
+        "no plan fits the memory budget of {budget} arena bytes: with all {candidates} values \
+         that can be recomputed recomputed the plan needs {smallest} (without recomputation \
+         {unbudgeted})"
     )]
     Budget {
         budget: u64,

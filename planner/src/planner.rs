@@ -31,9 +31,21 @@ pub fn plan(
     options: &PlanOptions,
     workspaces: &dyn WorkspaceNeeds,
 ) -> Result<Plan> {
+    plan_behind(graph, options, workspaces, None)
+}
+
+/// [`plan`], with every op after `barrier` (in node order) scheduled after it.
+pub(crate) fn plan_behind(
+    graph: &kiln_ir::Graph,
+    options: &PlanOptions,
+    workspaces: &dyn WorkspaceNeeds,
+    barrier: Option<kiln_ir::graph::NodeIndex>,
+) -> Result<Plan> {
     options.validate()?;
     kiln_ir::verify(graph)?;
-    let program = Program::new(graph)?.with_workspaces(workspaces);
+    let program = Program::new(graph)?
+        .with_workspaces(workspaces)
+        .with_barrier(barrier);
     let chosen = choose_schedule(&program, options.alignment)?;
     let streams = StreamPlan::new(&program, &chosen.order, &chosen.buffers, options.streams);
     let arena = place_arena(&chosen.buffers, &streams, options.alignment)?;

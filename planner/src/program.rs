@@ -70,9 +70,23 @@ pub(crate) struct Program<'g> {
     pub outputs: Vec<(&'g str, Value)>,
     /// Writes of persistent inputs, in the graph's order.
     pub writes: Vec<(&'g str, Value)>,
+    /// An op every later op (in node order) runs after, in every schedule: where a train
+    /// step's backward begins, so its recomputations stay in it (`budget.rs`).
+    pub barrier: Option<usize>,
 }
 
 impl<'g> Program<'g> {
+    /// With every op after `node`'s (in node order) scheduled after it.
+    pub fn with_barrier(mut self, node: Option<kiln_ir::graph::NodeIndex>) -> Self {
+        self.barrier = node.and_then(|n| self.ops.iter().position(|o| o.node == n.index()));
+        self
+    }
+
+    /// Whether `op` must wait for the barrier op.
+    pub fn behind_barrier(&self, op: usize) -> bool {
+        self.barrier.is_some_and(|b| op > b)
+    }
+
     /// Each op's scratch as `workspaces` states it (until called, no op has any).
     pub fn with_workspaces(mut self, workspaces: &dyn WorkspaceNeeds) -> Self {
         for info in &mut self.ops {
@@ -178,6 +192,7 @@ impl<'g> Program<'g> {
             values,
             outputs,
             writes,
+            barrier: None,
         })
     }
 

@@ -123,6 +123,12 @@ pub(crate) fn check_order(program: &Program, name: &str, order: &[usize]) -> Res
         if std::mem::replace(&mut done[op], true) {
             return Err(unplannable(format!("node {} runs twice", info.node)));
         }
+        if let Some(barrier) = program.barrier.filter(|&b| op > b && !done[b]) {
+            return Err(unplannable(format!(
+                "node {} runs before node {}, which every later node follows",
+                info.node, program.ops[barrier].node
+            )));
+        }
         for &operand in &info.operands {
             if program.producing_op(operand).is_some_and(|p| !done[p]) {
                 return Err(unplannable(format!(
@@ -143,14 +149,12 @@ pub(crate) fn check_order(program: &Program, name: &str, order: &[usize]) -> Res
 
 /// How many operand edges of each op come from ops (not graph inputs).
 fn pending_operands(program: &Program) -> Vec<usize> {
-    program
-        .ops
-        .iter()
-        .map(|info| {
-            info.operands
-                .iter()
+    (program.ops.iter().enumerate())
+        .map(|(op, info)| {
+            let operands = (info.operands.iter())
                 .filter(|&&v| program.producing_op(v).is_some())
-                .count()
+                .count();
+            operands + usize::from(program.behind_barrier(op))
         })
         .collect()
 }
@@ -164,6 +168,14 @@ fn finish(program: &Program, pending: &mut [usize], op: usize) -> Vec<usize> {
             pending[reader] -= 1;
             if pending[reader] == 0 {
                 ready.push(reader);
+            }
+        }
+    }
+    if program.barrier == Some(op) {
+        for (later, count) in pending.iter_mut().enumerate().skip(op + 1) {
+            *count -= 1;
+            if *count == 0 {
+                ready.push(later);
             }
         }
     }

@@ -158,7 +158,6 @@ impl Tensor {
         self.deep_clone()
     }
 
-    /// A fresh contiguous copy that shares nothing with `self`.
     /// A fresh contiguous CPU tensor of this one's values in `dtype` (rounded to nearest
     /// even where it is narrower, as `Cast` does).
     pub fn cast_to(&self, dtype: DType) -> Result<Tensor> {
@@ -169,6 +168,7 @@ impl Tensor {
         Ok(out)
     }
 
+    /// A fresh contiguous copy that shares nothing with `self`.
     pub fn deep_clone(&self) -> Result<Tensor> {
         let out = Tensor::zeros(self.shape().clone(), self.dtype(), self.device());
         out.write_with(|mut dst| self.read_with(|src| kiln_kernels::copy::copy(&src, &mut dst)))???;

@@ -10,8 +10,7 @@
 //!   for cross-entropy; one vocabulary chunk of logits (and of their gradient) for the chunked
 //!   LM-head loss ([`LinearLoss`](kiln_kernels::gpu::loss::LinearLoss)); f64 partial sums of
 //!   gradient clipping
-//!   ([`clip_workspace_bytes`](kiln_kernels::gpu::optim::clip_workspace_bytes)). Only f32
-//!   activations run there.
+//!   ([`clip_workspace_bytes`](kiln_kernels::gpu::optim::clip_workspace_bytes)).
 //! - Any: the larger of the two, so one plan runs on either backend.
 
 use kiln_ir::{DType, Op, TensorType};

@@ -428,6 +428,7 @@ fn a_budgeted_train_step_gives_the_unbudgeted_bits_on_the_device() {
         let (budgeted_graph, budgeted) =
             plan_program(graph.clone(), &PlanOptions::default(), &workspaces, budget).unwrap();
         assert!(!budgeted.recomputed.is_empty());
+        kiln_planner::verify_plan(&budgeted_graph, &budgeted, &workspaces).unwrap();
         let run = |graph: &Graph, planned: &kiln_planner::Plan| {
             let mut exe = CudaExecutable::new(&device, graph, planned).unwrap();
             for (name, tensor) in &values {

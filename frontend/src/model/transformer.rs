@@ -178,7 +178,9 @@ pub fn causal_lm_loss<O: Ops>(ops: &O, logits: &O::Value, targets: &O::Value) ->
 
 /// [`causal_lm_loss`] of the logits of `hidden [B,T,H]`, which the caller passes as `logits`
 /// where it has them; in mixed precision ([`Ops::chunked_loss`]) the LM head and the loss in
-/// one op over vocabulary chunks instead, so the train step's logits never exist whole.
+/// one op over vocabulary chunks instead, so the train step's logits never exist whole. An
+/// eval program there computes the head twice (its logits, and the loss as training does),
+/// so its loss and gradients are the train step's, bit for bit.
 pub fn lm_loss<O: Ops>(
     ops: &O,
     weights: &ModelWeights<O::Value>,

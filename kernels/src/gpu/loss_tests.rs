@@ -105,13 +105,24 @@ impl Memory {
                     let row: Vec<f32> = (0..width)
                         .map(|j| self.f32(logits, r * width + j))
                         .collect();
-                    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                    let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
+                    // NaN-propagating max, as `kiln_max`.
+                    let nan_max = |a: f32, b: f32| {
+                        if a.is_nan() || b.is_nan() {
+                            f32::NAN
+                        } else {
+                            a.max(b)
+                        }
+                    };
+                    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| nan_max(m, v));
+                    let sum: f32 = match max == f32::NEG_INFINITY {
+                        true => 0.0,
+                        false => row.iter().map(|&v| (v - max).exp()).sum(),
+                    };
                     let prior = match first {
                         0 => (f32::NEG_INFINITY, 0.0),
                         _ => (self.f32(stats, r * 3), self.f32(stats, r * 3 + 1)),
                     };
-                    let m = prior.0.max(max);
+                    let m = nan_max(prior.0, max);
                     let s = if m == f32::NEG_INFINITY {
                         0.0
                     } else {
@@ -410,7 +421,7 @@ fn the_pipeline_on_a_model_of_its_launches_is_the_reference() {
 }
 
 #[test]
-fn workspace_regions_do_not_overlap_and_hold_one_chunk() {
+fn workspace_regions_are_one_chunk_and_the_rows_scratch() {
     let loss = LinearLoss::new([2048, 896, 151_936], GemmDType::BF16, IGNORE);
     assert_eq!(loss.columns, 8192);
     let (n, h, c) = (2048u64, 896u64, 8192u64);

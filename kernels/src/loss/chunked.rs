@@ -34,7 +34,8 @@ use crate::matmul::{matmul, Transpose};
 use crate::view::{TensorView, TensorViewMut};
 
 /// The most bytes one chunk's f32 logits `[N, columns]`, or its f32 weight gradient
-/// `[columns, H]`, take (the device's workspace holds one chunk of each).
+/// `[columns, H]`, take (the device's workspace holds the logits, and in bf16 the weight
+/// gradient before its rounding).
 pub const CHUNK_BYTES: usize = 64 << 20;
 
 /// Vocabulary columns per chunk for `rows` rows of `hidden` features: as many as keep a
@@ -131,9 +132,13 @@ fn nan_max(a: f32, b: f32) -> f32 {
     }
 }
 
-/// A chunk row's maximum and `Σ exp(x − max)`.
+/// A chunk row's maximum and `Σ exp(x − max)`; (−∞, 0) for a row of −∞ only (as the device's
+/// online merge gives, which never subtracts −∞ from −∞).
 fn max_and_sum(row: &[f32]) -> (f32, f32) {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| nan_max(m, v));
+    if max == f32::NEG_INFINITY {
+        return (max, 0.0);
+    }
     (max, row.iter().map(|&v| (v - max).exp()).sum())
 }
 

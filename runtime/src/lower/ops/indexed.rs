@@ -1,5 +1,5 @@
 //! The ops that read indices besides attention's positions: the embedding gather and its
-//! scatter-add backward, and cross-entropy against targets.
+//! scatter-add backward, cross-entropy against targets, and the chunked LM-head loss.
 
 use kiln_ir::{DType, Op};
 use kiln_kernels::gpu::{self, Launch};
