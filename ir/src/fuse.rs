@@ -373,23 +373,39 @@ fn rebuild(
             map.insert(ValueId { node, port }, result);
         }
     }
+    carry_over(graph, &mut new, &map)?;
+    Ok(new)
+}
+
+/// `graph`'s outputs, writes, derived states and value names into `new`, through `map` (old
+/// value → new value; every output and write must be mapped). A name moves with its value; a
+/// value gone from `new` (fused away, an op no output needs) loses its name.
+pub(crate) fn carry_over(
+    graph: &Graph,
+    new: &mut Graph,
+    map: &BTreeMap<ValueId, ValueId>,
+) -> Result<()> {
+    let mapped = |v: &ValueId| {
+        map.get(v).copied().ok_or_else(|| crate::Error::Invalid {
+            rule: "rebuild: outputs defined",
+            detail: format!("{v} is an output or write the rebuilt graph does not define"),
+        })
+    };
     for (name, value) in graph.outputs() {
-        new.output(name, mapped(&map, value)?)?;
+        new.output(name, mapped(value)?)?;
     }
     for (name, value) in graph.writes() {
-        new.write(name, mapped(&map, value)?)?;
+        new.write(name, mapped(value)?)?;
     }
     for (state, from) in graph.derived() {
         new.derive(state, from)?;
     }
-    // A name moves with its value; a value fused away (a product inside a linear, an op no
-    // output needs) loses its name.
     for (name, value) in graph.value_names() {
         if let Some(&value) = map.get(value) {
             new.name_value(name, value)?;
         }
     }
-    Ok(new)
+    Ok(())
 }
 
 /// `graph` without the ops no output or write depends on (the inputs all stay).

@@ -259,18 +259,7 @@ pub fn recompute(
             map.insert(ValueId { node, port }, result);
         }
     }
-    for (name, value) in graph.outputs() {
-        new.output(name, mapped(&map, value)?)?;
-    }
-    for (name, value) in graph.writes() {
-        new.write(name, mapped(&map, value)?)?;
-    }
-    for (state, from) in graph.derived() {
-        new.derive(state, from)?;
-    }
-    for (name, value) in graph.value_names() {
-        new.name_value(name, mapped(&map, value)?)?;
-    }
+    crate::fuse::carry_over(graph, &mut new, &map)?;
     let pairs = (chosen.iter())
         .map(|c| Ok((mapped(&map, &c.value)?, clones[&c.value])))
         .collect::<Result<Vec<_>>>()?;
