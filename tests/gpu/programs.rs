@@ -348,6 +348,29 @@ fn results_do_not_depend_on_what_earlier_runs_left_in_the_arena() {
 /// Programmatic dependent launch changes when kernels are scheduled, never what they compute:
 /// the tiny programs replayed with it equal the same programs in plain stream order bit for
 /// bit, on one stream and two (where events join the streams), two runs each.
+/// The bits of every output and write of `graph` after two replays of `planned` from
+/// `values`, with programmatic dependent launch when asked (the default) and the device has it.
+fn replayed_bits(
+    device: &Arc<CudaDevice>,
+    (graph, planned): (&Graph, &kiln_planner::Plan),
+    values: &BTreeMap<String, Tensor>,
+    programmatic: bool,
+) -> BTreeMap<String, Vec<u64>> {
+    let mut exe = CudaExecutable::new(device, graph, planned).unwrap();
+    let on = exe.set_programmatic_launch(programmatic);
+    assert_eq!(on, programmatic && device.supports_programmatic_launch());
+    for (name, tensor) in values {
+        if graph.input_named(name).is_some() {
+            exe.set(name, tensor).unwrap();
+        }
+    }
+    for _ in 0..2 {
+        exe.run(RunMode::Graph).unwrap();
+    }
+    let names = graph.outputs().iter().chain(graph.writes());
+    (names.map(|(name, _)| (name.clone(), bits(&exe.get(name).unwrap())))).collect()
+}
+
 #[test]
 fn programmatic_launch_gives_the_bits_of_plain_stream_order() {
     let Some(device) = device() else { return };
@@ -375,19 +398,7 @@ fn programmatic_launch_gives_the_bits_of_plain_stream_order() {
         for streams in [1, 2] {
             let planned = gpu_plan(&graph, streams);
             let run = |programmatic: bool| {
-                let mut exe = CudaExecutable::new(&device, &graph, &planned).unwrap();
-                assert_eq!(exe.set_programmatic_launch(programmatic), programmatic);
-                for (name, tensor) in &values {
-                    if graph.input_named(name).is_some() {
-                        exe.set(name, tensor).unwrap();
-                    }
-                }
-                for _ in 0..2 {
-                    exe.run(RunMode::Graph).unwrap();
-                }
-                let names = graph.outputs().iter().chain(graph.writes());
-                (names.map(|(name, _)| (name.clone(), bits(&exe.get(name).unwrap()))))
-                    .collect::<BTreeMap<_, _>>()
+                replayed_bits(&device, (&graph, &planned), &values, programmatic)
             };
             let (on, off) = (run(true), run(false));
             assert_eq!(on.len(), off.len());
@@ -430,18 +441,7 @@ fn a_budgeted_train_step_gives_the_unbudgeted_bits_on_the_device() {
         assert!(!budgeted.recomputed.is_empty());
         kiln_planner::verify_plan(&budgeted_graph, &budgeted, &workspaces).unwrap();
         let run = |graph: &Graph, planned: &kiln_planner::Plan| {
-            let mut exe = CudaExecutable::new(&device, graph, planned).unwrap();
-            for (name, tensor) in &values {
-                if graph.input_named(name).is_some() {
-                    exe.set(name, tensor).unwrap();
-                }
-            }
-            for _ in 0..2 {
-                exe.run(RunMode::Graph).unwrap();
-            }
-            let names = graph.outputs().iter().chain(graph.writes());
-            (names.map(|(name, _)| (name.clone(), bits(&exe.get(name).unwrap()))))
-                .collect::<BTreeMap<_, _>>()
+            replayed_bits(&device, (graph, planned), &values, true)
         };
         let (want, got) = (run(&graph, &unbudgeted), run(&budgeted_graph, &budgeted));
         assert_eq!(want.len(), got.len());

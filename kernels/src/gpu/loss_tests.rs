@@ -22,6 +22,24 @@ const GRAD_LOSS: usize = 7;
 const GRAD_X: usize = 8;
 const GRAD_W: usize = 9;
 
+/// The operands and results of both passes, one slot each.
+const FORWARD: LinearLossForward = LinearLossForward {
+    x: addr(X),
+    weight: addr(W),
+    targets: addr(TARGETS),
+    loss: addr(LOSS),
+    lse: addr(LSE),
+};
+const BACKWARD: LinearLossBackward = LinearLossBackward {
+    x: addr(X),
+    weight: addr(W),
+    targets: addr(TARGETS),
+    lse: addr(LSE),
+    grad_loss: addr(GRAD_LOSS),
+    grad_x: addr(GRAD_X),
+    grad_weight: addr(GRAD_W),
+};
+
 /// Device memory as bytes, one vector per slot, every byte poisoned first.
 struct Memory(Vec<Vec<u8>>);
 
@@ -234,7 +252,7 @@ impl Memory {
     }
 }
 
-fn addr(slot: usize) -> Addr {
+const fn addr(slot: usize) -> Addr {
     Addr {
         slot: slot as u32,
         offset: 0,
@@ -292,24 +310,8 @@ fn check(dtype: GemmDType, [rows, hidden, vocab]: [usize; 3], columns: u64) {
         poison(rows * hidden * elem),
         poison(vocab * hidden * elem),
     ]);
-    let forward = LinearLossForward {
-        x: addr(X),
-        weight: addr(W),
-        targets: addr(TARGETS),
-        loss: addr(LOSS),
-        lse: addr(LSE),
-    };
-    memory.run(&loss.forward(&forward, addr(WORK), addr(FAULT)).unwrap());
-    let backward = LinearLossBackward {
-        x: addr(X),
-        weight: addr(W),
-        targets: addr(TARGETS),
-        lse: addr(LSE),
-        grad_loss: addr(GRAD_LOSS),
-        grad_x: addr(GRAD_X),
-        grad_weight: addr(GRAD_W),
-    };
-    memory.run(&loss.backward(&backward, addr(WORK), addr(FAULT)).unwrap());
+    memory.run(&loss.forward(&FORWARD, addr(WORK), addr(FAULT)).unwrap());
+    memory.run(&loss.backward(&BACKWARD, addr(WORK), addr(FAULT)).unwrap());
     assert_eq!(memory.0[FAULT], vec![0; 4], "no target is out of range");
 
     let what = format!("{dtype:?} {rows}x{hidden}x{vocab} by {columns}");
@@ -446,27 +448,11 @@ fn workspace_regions_are_one_chunk_and_the_rows_scratch() {
 fn empty_sizes_launch_only_what_has_elements() {
     for [rows, hidden, vocab] in [[0, 4, 300], [3, 0, 300], [3, 4, 0]] {
         let loss = LinearLoss::new([rows, hidden, vocab], GemmDType::F32, IGNORE);
-        let io = LinearLossForward {
-            x: addr(X),
-            weight: addr(W),
-            targets: addr(TARGETS),
-            loss: addr(LOSS),
-            lse: addr(LSE),
-        };
-        let forward = loss.forward(&io, addr(WORK), addr(FAULT)).unwrap();
+        let forward = loss.forward(&FORWARD, addr(WORK), addr(FAULT)).unwrap();
         assert!(
             matches!(forward.last(), Some(Launch::Kernel(k)) if k.function == "cross_entropy_mean_f32")
         );
-        let io = LinearLossBackward {
-            x: addr(X),
-            weight: addr(W),
-            targets: addr(TARGETS),
-            lse: addr(LSE),
-            grad_loss: addr(GRAD_LOSS),
-            grad_x: addr(GRAD_X),
-            grad_weight: addr(GRAD_W),
-        };
-        let backward = loss.backward(&io, addr(WORK), addr(FAULT)).unwrap();
+        let backward = loss.backward(&BACKWARD, addr(WORK), addr(FAULT)).unwrap();
         for launch in &backward {
             if let Launch::Gemm(g) = launch {
                 assert!(g.m > 0 && g.n > 0 && g.k > 0, "{launch:?}");
