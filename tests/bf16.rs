@@ -306,7 +306,7 @@ fn bf16_logits_stay_near_f32_and_the_planned_executor_equals_the_interpreter() {
 }
 
 /// The fusion pass rewrites the bf16 programs (every GEMM into a `linear`, gate/up with their
-/// SwiGLU, q/k/v grouped) and the CPU reference computes a fused op as its unfused ops, so
+/// SwiGLU, q/k/v grouped, decode's RoPEs and cache writes into one op per layer) and the CPU reference computes a fused op as its unfused ops, so
 /// fused and unfused programs give the same bits: logits and every cache.
 #[test]
 fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
@@ -342,6 +342,15 @@ fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
             assert_eq!(count(&fused, "linear"), 4 * layers + 1, "{}", kind.name());
             assert_eq!(count(&fused, "matmul") + count(&fused, "swiglu"), 0);
             assert_eq!(count(&unfused, "matmul"), 7 * layers + 1);
+            // Decode's RoPEs and cache writes, one op per layer; prefill keeps its keys.
+            let rope_kv = count(&fused, "rope_kv_write");
+            match kind {
+                ProgramKind::Decode => {
+                    assert_eq!(rope_kv, layers);
+                    assert_eq!(count(&fused, "rope") + count(&fused, "kv_cache_write"), 0);
+                }
+                _ => assert_eq!(rope_kv, 0),
+            }
             let mut values = prefill_inputs(&unfused, &weights, tokens.clone(), (batch, seq));
             if kind == ProgramKind::Decode {
                 values.insert("tokens".into(), ids(tokens[..batch].to_vec(), &[batch, 1]));

@@ -149,8 +149,16 @@ fn eager_runs_and_replays_equal_execute_for_every_program() {
                 let mut eager = executable(&graph, &plan, &values);
                 let mut replayed = executable(&graph, &plan, &values);
                 replayed.capture().unwrap();
-                // View steps record no launch; every other step records its kernel.
-                assert!(replayed.captured_launches().unwrap() > plan.schedule.len() / 2);
+                // View steps record no launch; every other step records its kernels.
+                let views = ["reshape", "transpose", "slice"];
+                let kernels = (plan.schedule.iter())
+                    .filter(|step| !views.iter().any(|v| step.op.starts_with(v)))
+                    .count();
+                let launches = replayed.captured_launches().unwrap();
+                assert!(
+                    launches >= kernels,
+                    "{what}: {launches} launches, {kernels} kernels"
+                );
                 let outputs = execute(&graph, &plan, &mut values, false).unwrap();
                 eager.run().unwrap();
                 replayed.replay().unwrap();

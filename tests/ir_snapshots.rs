@@ -44,7 +44,8 @@ fn tiny_train() {
 }
 
 /// The fused bf16 decode program: one `linear` each for q/k/v, o, gate/up with SwiGLU, down
-/// and the head; bf16 weights and caches read by the f32 ops directly.
+/// and the head, one `rope_kv_write` per layer; bf16 weights and caches read by the f32 ops
+/// directly.
 #[test]
 fn tiny_decode_bf16_fused() {
     snapshot_as(ProgramKind::Decode, Precision::Bf16, "ir_tiny_decode_bf16");

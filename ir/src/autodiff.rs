@@ -373,6 +373,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::FlashAttentionBackward { .. }
         | Op::CachedAttention { .. }
         | Op::KvCacheWrite
+        | Op::RopeKvWrite { .. }
         | Op::CastInto
         | Op::SwiGluBackward
         | Op::SoftmaxBackward

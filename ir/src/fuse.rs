@@ -12,12 +12,15 @@
 //!   SwiGLU epilogue (the gate and up results never exist);
 //! - `group`: linears of the same input (through reshapes: q, k and v of one layer) become one
 //!   `Linear` of up to [`LINEAR_MAX_GROUPS`] groups, which reads the input once;
+//! - `rope_kv`: a decode attention's `Rope` of q, `Rope` of k and `KvCacheWrite`s of k and v
+//!   (read by that `CachedAttention` alone) become one [`Op::RopeKvWrite`]: one launch
+//!   instead of four, the rotated keys written straight into the cache;
 //! - `views`: a `Contiguous` of a view that moves no element — a transpose that only moves
 //!   dims of size 1 past each other (decode's one token put heads first), a slice of a whole
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
 //!   itself: no copy.
 //!
-//! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu) rather than
+//! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu, cache.cu) rather than
 //! CUDA C generated per matched subgraph: the patterns that matter are few and the same in
 //! every Transformer, each fused kernel is checked against the CPU reference once for every
 //! program and shape (not per generated variant), and a fixed module compiles once rather than
@@ -30,8 +33,10 @@ use petgraph::graph::NodeIndex;
 use crate::graph::NodeKind;
 use crate::op::LINEAR_MAX_GROUPS;
 use crate::{DType, Graph, InputKind, Op, Result, ValueId};
+use rope_kv::rope_kv_fusions;
 use views::{view_rewrites, ViewRewrite};
 
+mod rope_kv;
 mod views;
 
 /// One `MatMul` that the `linear` rule takes, with what it absorbs.
@@ -50,13 +55,51 @@ struct Candidate {
     end: ValueId,
 }
 
-/// One fused op to emit, at the position of `at` in the old graph.
+/// One fused op to emit, at the position of `at` in the old graph: `op` on (old) `operands`,
+/// its results standing for the old values `ends` (viewed as their shapes where they differ),
+/// replacing the old nodes `replaced`.
 struct Fusion {
     at: NodeIndex,
-    members: Vec<Candidate>,
-    swiglu: Option<NodeIndex>,
-    /// Views between the members and the SwiGlu, replaced with it.
-    views: Vec<NodeIndex>,
+    replaced: Vec<NodeIndex>,
+    op: Op,
+    operands: Vec<ValueId>,
+    ends: Vec<ValueId>,
+}
+
+impl Fusion {
+    /// The `Linear` of `members` (with the SwiGlu node `swiglu` and the views between them).
+    fn linear(
+        at: NodeIndex,
+        members: &[Candidate],
+        swiglu: Option<(NodeIndex, Vec<NodeIndex>)>,
+    ) -> Fusion {
+        let mut replaced: Vec<NodeIndex> = members
+            .iter()
+            .flat_map(|m| m.absorbed.iter().copied())
+            .collect();
+        let mut operands = vec![members[0].x];
+        operands.extend(members.iter().map(|m| m.weight));
+        operands.extend(members.iter().filter_map(|m| m.bias));
+        let op = Op::Linear {
+            biases: members.iter().map(|m| m.bias.is_some()).collect(),
+            swiglu: swiglu.is_some(),
+        };
+        let ends = match swiglu {
+            Some((node, views)) => {
+                replaced.push(node);
+                replaced.extend(views);
+                vec![ValueId { node, port: 0 }]
+            }
+            None => members.iter().map(|m| m.end).collect(),
+        };
+        Fusion {
+            at,
+            replaced,
+            op,
+            operands,
+            ends,
+        }
+    }
 }
 
 /// The program with every rule applied (see the module doc).
@@ -67,9 +110,7 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
         .filter_map(|node| candidate(graph, &users, node))
         .collect();
     let mut fusions = swiglu_fusions(graph, &users, &candidates);
-    let paired: BTreeSet<NodeIndex> = (fusions.iter())
-        .flat_map(|f| f.members.iter().map(matmul_of))
-        .collect();
+    let paired: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
     let mut groups: BTreeMap<&(ValueId, Vec<usize>, bool), Vec<Candidate>> = BTreeMap::new();
     for candidate in candidates
         .iter()
@@ -87,14 +128,10 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
                 .map(matmul_of)
                 .min()
                 .expect("chunks are not empty");
-            fusions.push(Fusion {
-                at,
-                members: chunk.to_vec(),
-                swiglu: None,
-                views: Vec::new(),
-            });
+            fusions.push(Fusion::linear(at, chunk, None));
         }
     }
+    fusions.extend(rope_kv_fusions(graph, &users));
     let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
     without_dead_ops(&fused)
 }
@@ -261,32 +298,24 @@ fn swiglu_fusions(
             continue;
         };
         if gate != up && g.key == u.key {
-            fusions.push(Fusion {
-                at: node,
-                members: vec![(*g).clone(), (*u).clone()],
-                swiglu: Some(node),
-                views,
-            });
+            let members = [(*g).clone(), (*u).clone()];
+            fusions.push(Fusion::linear(node, &members, Some((node, views))));
         }
     }
     fusions
 }
 
 /// A new graph: `graph` without the op nodes in `dead`, with each fusion's nodes replaced by
-/// its `Linear`, emitted where the fusion says (every operand of it is defined before that
-/// node: the input precedes the first member, weights and biases are parameters), and each
-/// view rewrite made.
+/// its fused op, emitted where the fusion says (every operand of it is defined before that
+/// node), and each view rewrite made.
 fn rebuild(
     graph: &Graph,
     fusions: &[Fusion],
     views: &BTreeMap<NodeIndex, ViewRewrite>,
     dead: &BTreeSet<NodeIndex>,
 ) -> Result<Graph> {
-    let skipped: BTreeSet<NodeIndex> = fusions
-        .iter()
-        .flat_map(|f| f.members.iter().flat_map(|m| m.absorbed.iter().copied()))
-        .chain(fusions.iter().filter_map(|f| f.swiglu))
-        .chain(fusions.iter().flat_map(|f| f.views.iter().copied()))
+    let skipped: BTreeSet<NodeIndex> = (fusions.iter())
+        .flat_map(|f| f.replaced.iter().copied())
         .chain(dead.iter().copied())
         .collect();
     let at: BTreeMap<NodeIndex, &Fusion> = fusions.iter().map(|f| (f.at, f)).collect();
@@ -304,42 +333,17 @@ fn rebuild(
             continue;
         };
         if let Some(fusion) = at.get(&node) {
-            let members = &fusion.members;
-            let mut operands = vec![mapped(&map, &members[0].x)?];
-            for member in members {
-                operands.push(mapped(&map, &member.weight)?);
-            }
-            for bias in members.iter().filter_map(|m| m.bias) {
-                operands.push(mapped(&map, &bias)?);
-            }
-            let op = Op::Linear {
-                biases: members.iter().map(|m| m.bias.is_some()).collect(),
-                swiglu: fusion.swiglu.is_some(),
-            };
-            let results = new.op(op, &operands)?;
-            match fusion.swiglu {
-                Some(swiglu) => {
-                    // SwiGlu ran on the products viewed back as [.., N]: view the result so.
-                    let mut result = results[0];
-                    if let Some(old) = graph.node(swiglu) {
-                        let shape = old.outputs[0].shape.clone();
-                        if shape != new.value_type(result)?.shape {
-                            result = new.op1(Op::Reshape { shape }, &[result])?;
-                        }
-                    }
-                    map.insert(
-                        ValueId {
-                            node: swiglu,
-                            port: 0,
-                        },
-                        result,
-                    );
+            let operands = (fusion.operands.iter())
+                .map(|v| mapped(&map, v))
+                .collect::<Result<Vec<_>>>()?;
+            let results = new.op(fusion.op.clone(), &operands)?;
+            for (end, mut result) in fusion.ends.iter().zip(results) {
+                // A result computed flat stands for a value of another view: view it so.
+                let shape = graph.value_type(*end)?.shape.clone();
+                if shape != new.value_type(result)?.shape {
+                    result = new.op1(Op::Reshape { shape }, &[result])?;
                 }
-                None => {
-                    for (member, result) in members.iter().zip(results) {
-                        map.insert(member.end, result);
-                    }
-                }
+                map.insert(*end, result);
             }
         }
         if skipped.contains(&node) {

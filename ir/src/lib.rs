@@ -26,7 +26,9 @@ pub use error::{Error, Result};
 pub use fuse::fuse;
 pub use graph::{Graph, InputKind, ValueId};
 pub use layout::{Layout, LayoutError};
-pub use op::{stores, AdamWConfig, Alias, IndexRange, Op, LINEAR_MAX_GROUPS, PADDING_SLOT};
+pub use op::{
+    rope_kv, stores, AdamWConfig, Alias, IndexRange, Op, LINEAR_MAX_GROUPS, PADDING_SLOT,
+};
 pub use print::print;
 pub use shape::{Shape, Strides};
 pub use types::TensorType;

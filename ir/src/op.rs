@@ -10,6 +10,7 @@
 //! widened and written rounded, as bf16 inference keeps them.
 
 mod index_range;
+pub mod rope_kv;
 mod typing;
 
 pub use index_range::{IndexRange, PADDING_SLOT};
@@ -95,6 +96,14 @@ pub enum Op {
     /// `CachedAttention`) replaced by `new`; other cache rows are untouched. Pooled `rows`
     /// are distinct, but for [`PADDING_SLOT`] rows, which write nothing.
     KvCacheWrite,
+    /// A decode attention's inputs made ready in one op, made by the fusion pass
+    /// (`crate::fuse`), never traced: `(q [B,T,Hq,D], k [B,T,Hkv,D], v [B,Hkv,T,D], k_cache
+    /// [S,Hkv,Smax,D], v_cache, rope_positions [B,T] int, positions [B] int[, rows [B] int][,
+    /// q_bias [Hq·D], k_bias [Hkv·D]]) -> (q_rot [B,Hq,T,D], k_cache, v_cache)`: equal to its
+    /// unfused ops `q_rot = Rope(q, rope_positions, q_bias)`, `Rope(k, rope_positions, k_bias)`
+    /// written into `k_cache` and `v` into `v_cache` by `KvCacheWrite` at `positions` (and
+    /// `rows`); the rotated keys never exist apart from the cache.
+    RopeKvWrite { theta: f64, bias: bool },
     /// `(gate, up) -> silu(gate)·up`.
     SwiGlu,
     /// `(gate, up, grad) -> (grad_gate, grad_up)`.
@@ -186,6 +195,7 @@ impl Op {
             Op::FlashAttentionBackward { .. } => "flash_attention_backward",
             Op::CachedAttention { .. } => "cached_attention",
             Op::KvCacheWrite => "kv_cache_write",
+            Op::RopeKvWrite { .. } => "rope_kv_write",
             Op::SwiGlu => "swiglu",
             Op::SwiGluBackward => "swiglu_backward",
             Op::Softmax => "softmax",
@@ -227,7 +237,9 @@ impl Op {
             | Op::RmsNormBackward { eps }
             | Op::AddRmsNorm { eps }
             | Op::AddRmsNormBackward { eps } => vec![("eps", f(eps))],
-            Op::Rope { theta, bias } => vec![("theta", f(theta)), ("bias", bias.to_string())],
+            Op::Rope { theta, bias } | Op::RopeKvWrite { theta, bias } => {
+                vec![("theta", f(theta)), ("bias", bias.to_string())]
+            }
             Op::RopeBackward { theta } => vec![("theta", f(theta))],
             Op::Attention { scale }
             | Op::AttentionBackward { scale }
@@ -287,6 +299,9 @@ impl Op {
             (Op::AdamW(_), 0) => Alias::MayOverwrite(0),
             (Op::AdamW(_), 1) => Alias::MayOverwrite(2),
             (Op::AdamW(_), 2) => Alias::MayOverwrite(3),
+            // The caches are written where they are.
+            (Op::RopeKvWrite { .. }, 1) => Alias::MayOverwrite(3),
+            (Op::RopeKvWrite { .. }, 2) => Alias::MayOverwrite(4),
             _ => Alias::Fresh,
         }
     }

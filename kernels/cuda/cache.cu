@@ -1,11 +1,29 @@
-// KV cache append: positions positions[b]..positions[b]+T of every head of batch row b's cache
-// row of cache [S,H,Smax,D] are overwritten by new [B,H,T,D]. Batch row b's cache row is
-// rows[b] of a pool of `slots` rows, or b itself when rows is null; a padding row writes
-// nothing. The positions and rows are device inputs, so one captured graph serves every
-// decode step. A block that would not fit
-// the cache, a slot outside the pool and a slot two batch rows take are skipped and raise the
-// fault word.
-// The cache C is f32 or bf16 (new rows rounded into a bf16 cache); `fresh` is f32.
+// KV cache append, alone and with RoPE: positions positions[b]..positions[b]+T of every head
+// of batch row b's cache row of cache [S,H,Smax,D] are overwritten by new [B,H,T,D]. Batch row
+// b's cache row is rows[b] of a pool of `slots` rows, or b itself when rows is null; a padding
+// row writes nothing. The positions and rows are device inputs, so one captured graph serves
+// every decode step. A block that would not fit the cache, a slot outside the pool and a slot
+// two batch rows take are skipped and raise the fault word. The cache C is f32 or bf16 (new
+// rows rounded into a bf16 cache); `fresh` is f32.
+
+// The element of cache [S,H,Smax,D] that element d of head h of new row t of batch row b
+// goes to, or -1 when it goes nowhere: a padding row, or a block that would not fit the cache,
+// a slot outside the pool or a slot two batch rows take (which raise the fault word).
+__device__ __forceinline__ i64 kiln_cache_at(const i64* positions, const i64* rows, i64 slots,
+                                             i64 b, i64 h, i64 t, i64 d, i64 heads,
+                                             i64 capacity, i64 block, i64 head_dim,
+                                             int* fault) {
+    const i64 start = positions[b];
+    const i64 slot = kiln_slot(rows, b, slots);
+    if (start < 0 || start + block > capacity || slot == KILN_BAD_SLOT ||
+        kiln_slot_taken(rows, b)) {
+        kiln_raise(fault);
+        return -1;
+    }
+    if (slot == KILN_PADDING_SLOT) return -1;
+    return ((slot * heads + h) * capacity + start + t) * head_dim + d;
+}
+
 template <typename C>
 __device__ void kiln_kv_cache_write(C* cache, const float* fresh, const i64* positions,
                                     const i64* rows, i64 slots, i64 batch, i64 heads,
@@ -15,17 +33,9 @@ __device__ void kiln_kv_cache_write(C* cache, const float* fresh, const i64* pos
         const i64 d = index % head_dim;
         const i64 t = (index / head_dim) % block;
         const i64 bh = index / (head_dim * block);
-        const i64 b = bh / heads, h = bh % heads;
-        const i64 start = positions[b];
-        const i64 slot = kiln_slot(rows, b, slots);
-        if (start < 0 || start + block > capacity || slot == KILN_BAD_SLOT ||
-            kiln_slot_taken(rows, b)) {
-            kiln_raise(fault);
-            continue;
-        }
-        if (slot == KILN_PADDING_SLOT) continue;
-        kiln_store(cache, ((slot * heads + h) * capacity + start + t) * head_dim + d,
-                   fresh[index]);
+        const i64 at = kiln_cache_at(positions, rows, slots, bh / heads, bh % heads, t, d, heads,
+                                     capacity, block, head_dim, fault);
+        if (at >= 0) kiln_store(cache, at, fresh[index]);
     }
 }
 
@@ -46,4 +56,94 @@ extern "C" __global__ void kv_cache_write_f32_bf16(bf16_bits* cache, const float
     kiln_grid_dependency_wait();
     kiln_kv_cache_write(cache, fresh, positions, rows, slots, batch, heads, capacity, block,
                         head_dim, fault);
+}
+
+// A decode attention's inputs in one launch (`RopeKvWrite`): q [B,T,Hq,D] rotated into
+// q_rot [B,Hq,T,D] as rope_f32 does, k [B,T,Hkv,D] rotated and written into k_cache, and
+// v [B,Hkv,T,D] written into v_cache, both as kv_cache_write does (the rotated keys are
+// rounded into the cache once, never stored apart). One thread per query pair, key pair or
+// value element. The caches C and biases B are each f32 or bf16.
+template <typename C, typename B>
+__device__ void kiln_rope_kv_write(float* q_rot, C* k_cache, C* v_cache, const float* q,
+                                   const float* k, const float* v, const i64* rope_positions,
+                                   const i64* positions, const i64* rows, i64 slots,
+                                   const B* q_bias, const B* k_bias, int has_bias, i64 batch,
+                                   i64 seq, i64 q_heads, i64 kv_heads, i64 capacity,
+                                   i64 head_dim, float theta, int* fault) {
+    const i64 half = head_dim / 2;
+    const i64 q_pairs = batch * seq * q_heads * half;
+    const i64 k_pairs = batch * seq * kv_heads * half;
+    const i64 values = batch * kv_heads * seq * head_dim;
+    KILN_FOR_EACH(index, q_pairs + k_pairs + values) {
+        if (index < q_pairs) {
+            const KilnRopePair p = kiln_rope_pair(q, rope_positions, q_bias, has_bias, index,
+                                                  seq, q_heads, head_dim, theta, fault);
+            const i64 dst = ((p.b * q_heads + p.h) * seq + p.t) * head_dim + p.i;
+            q_rot[dst] = p.lo;
+            q_rot[dst + half] = p.hi;
+        } else if (index < q_pairs + k_pairs) {
+            const KilnRopePair p = kiln_rope_pair(k, rope_positions, k_bias, has_bias,
+                                                  index - q_pairs, seq, kv_heads, head_dim,
+                                                  theta, fault);
+            const i64 at = kiln_cache_at(positions, rows, slots, p.b, p.h, p.t, p.i, kv_heads,
+                                         capacity, seq, head_dim, fault);
+            if (at >= 0) {
+                kiln_store(k_cache, at, p.lo);
+                kiln_store(k_cache, at + half, p.hi);
+            }
+        } else {
+            const i64 item = index - q_pairs - k_pairs;
+            const i64 d = item % head_dim;
+            const i64 t = (item / head_dim) % seq;
+            const i64 bh = item / (head_dim * seq);
+            const i64 at = kiln_cache_at(positions, rows, slots, bh / kv_heads, bh % kv_heads, t,
+                                         d, kv_heads, capacity, seq, head_dim, fault);
+            if (at >= 0) kiln_store(v_cache, at, v[item]);
+        }
+    }
+}
+
+// Named by the caches' dtype, then the biases' where they differ.
+extern "C" __global__ void rope_kv_write_f32(
+    float* q_rot, float* k_cache, float* v_cache, const float* q, const float* k,
+    const float* v, const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
+    const float* q_bias, const float* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
+    i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope_kv_write(q_rot, k_cache, v_cache, q, k, v, rope_positions, positions, rows, slots,
+                       q_bias, k_bias, has_bias, batch, seq, q_heads, kv_heads, capacity, head_dim,
+                       theta, fault);
+}
+
+extern "C" __global__ void rope_kv_write_f32_bf16(
+    float* q_rot, float* k_cache, float* v_cache, const float* q, const float* k,
+    const float* v, const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
+    const bf16_bits* q_bias, const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq,
+    i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope_kv_write(q_rot, k_cache, v_cache, q, k, v, rope_positions, positions, rows, slots,
+                       q_bias, k_bias, has_bias, batch, seq, q_heads, kv_heads, capacity, head_dim,
+                       theta, fault);
+}
+
+extern "C" __global__ void rope_kv_write_bf16(
+    float* q_rot, bf16_bits* k_cache, bf16_bits* v_cache, const float* q, const float* k,
+    const float* v, const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
+    const bf16_bits* q_bias, const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq,
+    i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope_kv_write(q_rot, k_cache, v_cache, q, k, v, rope_positions, positions, rows, slots,
+                       q_bias, k_bias, has_bias, batch, seq, q_heads, kv_heads, capacity, head_dim,
+                       theta, fault);
+}
+
+extern "C" __global__ void rope_kv_write_bf16_f32(
+    float* q_rot, bf16_bits* k_cache, bf16_bits* v_cache, const float* q, const float* k,
+    const float* v, const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
+    const float* q_bias, const float* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
+    i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope_kv_write(q_rot, k_cache, v_cache, q, k, v, rope_positions, positions, rows, slots,
+                       q_bias, k_bias, has_bias, batch, seq, q_heads, kv_heads, capacity, head_dim,
+                       theta, fault);
 }

@@ -1,15 +1,5 @@
-// Split-half RoPE (HF rotate_half) with the layout change [B,T,H,D] -> [B,H,T,D], and its
-// backward. The angle is computed in f32 exactly as the CPU (and HF): inv_freq = 1 / theta^(2i/D),
-// angle = position * inv_freq. One thread per (token, head, i < D/2) pair of elements. A
-// negative position raises the fault word.
-
-__device__ __forceinline__ void kiln_rope_angle(float theta, i64 position, i64 i, i64 head_dim,
-                                                float* cos_out, float* sin_out) {
-    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
-    float angle = __fmul_rn((float)position, inv_freq);
-    *cos_out = cosf(angle);
-    *sin_out = sinf(angle);
-}
+// Split-half RoPE (rope.cuh) with the layout change [B,T,H,D] -> [B,H,T,D], and its backward.
+// One thread per (token, head, i < D/2) pair of elements.
 
 // x [B,T,H,D] (+ bias [H*D] when `has_bias`), positions [B,T] i64 -> out [B,H,T,D].
 // The bias B is f32 or bf16 (a stored operand).
@@ -20,24 +10,11 @@ __device__ void kiln_rope(float* out, const float* x, const i64* positions, cons
     const i64 half = head_dim / 2;
     const i64 pairs = batch * seq * heads * half;
     KILN_FOR_EACH(index, pairs) {
-        const i64 i = index % half;
-        const i64 h = (index / half) % heads;
-        const i64 token = index / (half * heads);
-        const i64 t = token % seq;
-        const i64 b = token / seq;
-        if (positions[token] < 0) kiln_raise(fault);
-        float cos_a, sin_a;
-        kiln_rope_angle(theta, positions[token], i, head_dim, &cos_a, &sin_a);
-        const i64 src = (token * heads + h) * head_dim;
-        const i64 dst = ((b * heads + h) * seq + t) * head_dim;
-        float lo = x[src + i];
-        float hi = x[src + i + half];
-        if (has_bias) {
-            lo += kiln_load(bias, h * head_dim + i);
-            hi += kiln_load(bias, h * head_dim + i + half);
-        }
-        out[dst + i] = lo * cos_a - hi * sin_a;
-        out[dst + i + half] = hi * cos_a + lo * sin_a;
+        const KilnRopePair p = kiln_rope_pair(x, positions, bias, has_bias, index, seq, heads,
+                                              head_dim, theta, fault);
+        const i64 dst = ((p.b * heads + p.h) * seq + p.t) * head_dim + p.i;
+        out[dst] = p.lo;
+        out[dst + half] = p.hi;
     }
 }
 

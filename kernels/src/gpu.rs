@@ -48,7 +48,7 @@ macro_rules! module {
 pub const SOURCES: &[(&str, &str)] = &[
     ("activation", module!("activation.cu")),
     ("attention_rows", module!("attention_rows.cu")),
-    ("cache", module!("cache.cu")),
+    ("cache", module!("rope.cuh", "cache.cu")),
     ("copy", module!("copy.cu")),
     ("decode", module!("decode.cu")),
     ("elementwise", module!("elementwise.cu")),
@@ -62,7 +62,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cu")),
     ("optim", module!("optim.cu")),
-    ("rope", module!("rope.cu")),
+    ("rope", module!("rope.cuh", "rope.cu")),
 ];
 
 #[cfg(test)]

@@ -22,6 +22,7 @@
 
 pub(crate) mod linear;
 pub(crate) mod ops;
+pub(crate) mod rope_kv;
 
 use std::collections::BTreeMap;
 

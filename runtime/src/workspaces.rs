@@ -84,6 +84,9 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
                 .map_or((DType::F32, &[][..]), |t| (t.dtype, t.dims()));
             crate::interpret::linear::workspace_bytes(x, &weights, *swiglu)
         }
+        Op::RopeKvWrite { theta, bias } => {
+            crate::interpret::rope_kv::workspace_bytes(*theta, *bias, operands)
+        }
         _ => 0,
     }
 }

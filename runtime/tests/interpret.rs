@@ -275,3 +275,90 @@ fn cache_write_then_cached_attention_matches_the_kernels_and_replaces_the_states
     assert_eq!(bits(&v_cache), f32_bits(&v_cache_v));
     assert_ne!(k_want, k_cache_v);
 }
+
+/// A bf16 decode attention's RoPEs and cache writes over a pool of slots (a padding row
+/// among them), fused into one `rope_kv_write` by the fusion pass, give the unfused program's
+/// bits: the attention's output and both caches.
+#[test]
+fn the_fused_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
+    let mut rng = testing::rng("interpret_rope_kv");
+    let (b, hq, hkv, t, pool, smax, d) = (3, 4, 2, 1, 5, 6, 8);
+    let bf16 = |rng: &mut rand::rngs::StdRng, dims: &[usize]| {
+        let (_, values) = random_f32(rng, dims);
+        let rounded: Vec<half::bf16> = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        Tensor::from_vec(rounded, Shape::new(dims)).unwrap()
+    };
+    let mut graph = Graph::new("decode");
+    let mut values = BTreeMap::new();
+    let mut input = |name: &str, kind: InputKind, tensor: &Tensor| {
+        bind(&mut graph, &mut values, name, kind, tensor)
+    };
+    let kc = input(
+        "k_cache",
+        InputKind::State,
+        &bf16(&mut rng, &[pool, hkv, smax, d]),
+    );
+    let vc = input(
+        "v_cache",
+        InputKind::State,
+        &bf16(&mut rng, &[pool, hkv, smax, d]),
+    );
+    let q = input(
+        "q",
+        InputKind::Input,
+        &random_f32(&mut rng, &[b, t, hq, d]).0,
+    );
+    let k = input(
+        "k",
+        InputKind::Input,
+        &random_f32(&mut rng, &[b, t, hkv, d]).0,
+    );
+    let v = input(
+        "v",
+        InputKind::Input,
+        &random_f32(&mut rng, &[b, hkv, t, d]).0,
+    );
+    let q_bias = input("q_bias", InputKind::Param, &bf16(&mut rng, &[hq * d]));
+    let k_bias = input("k_bias", InputKind::Param, &bf16(&mut rng, &[hkv * d]));
+    let positions = Tensor::from_vec(vec![2i64, 0, 5], [b]).unwrap();
+    let pos = input("positions", InputKind::Input, &positions);
+    let rows = Tensor::from_vec(vec![3i64, kiln_ir::PADDING_SLOT, 0], [b]).unwrap();
+    let rows = input("rows", InputKind::Input, &rows);
+    let rope_positions = Tensor::from_vec(vec![2i64, 0, 5], [b, t]).unwrap();
+    let rope_pos = input("rope_positions", InputKind::Input, &rope_positions);
+    let rope = Op::Rope {
+        theta: 1e6,
+        bias: true,
+    };
+    let q_rot = graph.op1(rope.clone(), &[q, rope_pos, q_bias]).unwrap();
+    let k_rot = graph.op1(rope, &[k, rope_pos, k_bias]).unwrap();
+    let kc2 = graph
+        .op1(Op::KvCacheWrite, &[kc, k_rot, pos, rows])
+        .unwrap();
+    let vc2 = graph.op1(Op::KvCacheWrite, &[vc, v, pos, rows]).unwrap();
+    let attention = Op::CachedAttention { scale: 0.3 };
+    let out = graph.op1(attention, &[q_rot, kc2, vc2, pos, rows]).unwrap();
+    graph.output("out", out).unwrap();
+    graph.write("k_cache", kc2).unwrap();
+    graph.write("v_cache", vc2).unwrap();
+
+    let fused = kiln_ir::fuse(&graph).unwrap();
+    kiln_ir::verify(&fused).unwrap();
+    let names: Vec<&str> = fused
+        .node_indices()
+        .filter_map(|n| match &fused.node(n)?.kind {
+            kiln_ir::graph::NodeKind::Op(op) => Some(op.name()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names, ["rope_kv_write", "cached_attention"]);
+    let (mut unfused_values, mut fused_values) = (values.clone(), values.clone());
+    let want = interpret(&graph, &mut unfused_values).unwrap();
+    let got = interpret(&fused, &mut fused_values).unwrap();
+    assert_eq!(bits(&got["out"]), bits(&want["out"]));
+    for cache in ["k_cache", "v_cache"] {
+        assert_eq!(bits(&fused_values[cache]), bits(&unfused_values[cache]));
+        // The written rows changed the cache.
+        assert_ne!(bits(&fused_values[cache]), bits(&values[cache]));
+    }
+}

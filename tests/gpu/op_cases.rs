@@ -341,6 +341,61 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                     In::Slots(b, b + 3),
                 ],
             ),
+            // The fused RoPE + KV-cache write: bf16 caches and biases in a pool, f32 without
+            // biases, and f32 caches with bf16 biases.
+            (
+                format!("rope_kv_write pooled bf16 {s}"),
+                Op::RopeKvWrite {
+                    theta: 1e6,
+                    bias: true,
+                },
+                vec![
+                    f(&[b, t, hq, d]),
+                    f(&[b, t, hkv, d]),
+                    f(&[b, hkv, t, d]),
+                    bf(&[b + 3, hkv, smax, d]),
+                    bf(&[b + 3, hkv, smax, d]),
+                    In::Ids(vec![b, t], 4096),
+                    In::Ids(vec![b], smax - t + 1),
+                    In::Slots(b, b + 3),
+                    bf(&[hq * d]),
+                    bf(&[hkv * d]),
+                ],
+            ),
+            (
+                format!("rope_kv_write {s}"),
+                Op::RopeKvWrite {
+                    theta: 1e4,
+                    bias: false,
+                },
+                vec![
+                    f(&[b, t, hq, d]),
+                    f(&[b, t, hkv, d]),
+                    f(&[b, hkv, t, d]),
+                    f(&[b, hkv, smax, d]),
+                    f(&[b, hkv, smax, d]),
+                    In::Ids(vec![b, t], 4096),
+                    In::Ids(vec![b], smax - t + 1),
+                ],
+            ),
+            (
+                format!("rope_kv_write bf16 biases {s}"),
+                Op::RopeKvWrite {
+                    theta: 1e4,
+                    bias: true,
+                },
+                vec![
+                    f(&[b, t, hq, d]),
+                    f(&[b, t, hkv, d]),
+                    f(&[b, hkv, t, d]),
+                    f(&[b, hkv, smax, d]),
+                    f(&[b, hkv, smax, d]),
+                    In::Ids(vec![b, t], 4096),
+                    In::Ids(vec![b], smax - t + 1),
+                    bf(&[hq * d]),
+                    bf(&[hkv * d]),
+                ],
+            ),
             (
                 format!("kv_cache_write pooled {s}"),
                 Op::KvCacheWrite,

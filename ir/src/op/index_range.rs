@@ -75,6 +75,20 @@ impl Op {
             (Op::KvCacheWrite, 3) => Some(IndexRange::slot_of(dim(0, 0)?)),
             (Op::CachedAttention { .. }, 4) => Some(IndexRange::slot_of(dim(1, 0)?)),
             (Op::Rope { .. } | Op::RopeBackward { .. }, 1) => Some(IndexRange::below(usize::MAX)),
+            (Op::RopeKvWrite { theta, bias }, _) => {
+                let parts = super::rope_kv::RopeKvParts::of(*theta, *bias, operands.len())?;
+                match parts.indices.iter().position(|&p| p == port) {
+                    // The positions of the T new keys (k [B,T,Hkv,D]) in the cache.
+                    Some(0) => {
+                        let (block, capacity) =
+                            (dim(super::rope_kv::K, 1)?, dim(super::rope_kv::K_CACHE, 2)?);
+                        Some(IndexRange::below((capacity + 1).saturating_sub(block)))
+                    }
+                    Some(_) => Some(IndexRange::slot_of(dim(super::rope_kv::K_CACHE, 0)?)),
+                    None => (port == super::rope_kv::ROPE_POSITIONS)
+                        .then_some(IndexRange::below(usize::MAX)),
+                }
+            }
             _ => None,
         }
     }

@@ -8,7 +8,7 @@ mod cache;
 mod linear;
 mod loss;
 
-use cache::{attention_types, cached_attention_types, kv_cache_write_types};
+use cache::{attention_types, cached_attention_types, kv_cache_write_types, rope_kv_write_types};
 use linear::linear_types;
 pub use linear::LINEAR_MAX_GROUPS;
 use loss::linear_cross_entropy_types;
@@ -384,6 +384,7 @@ impl Op {
                 Ok(operands[..3].to_vec())
             }
             Op::KvCacheWrite => kv_cache_write_types(&rule),
+            Op::RopeKvWrite { theta, bias } => rope_kv_write_types(&rule, *theta, *bias),
             Op::SwiGlu => {
                 rule.arity(2)?;
                 let g = rule.float(0)?.clone();

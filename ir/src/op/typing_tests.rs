@@ -553,3 +553,56 @@ fn cast_into_takes_its_destinations_type_and_a_float_of_its_shape() {
     rejects_operand(Op::CastInto, &[into, i64t(&[3, 2])], 1);
     assert!(Op::CastInto.infer(&[a]).is_err());
 }
+
+#[test]
+fn rope_kv_write_types_its_parts_and_names_its_own_ports() {
+    let op = |bias| Op::RopeKvWrite { theta: 1e4, bias };
+    let bf = |dims: &[usize]| ty(DType::BF16, dims);
+    // B=2, T=1, Hq=4, Hkv=2, D=8; a pool of 5 slots of 16 positions.
+    let (q, k, v) = (
+        f32t(&[2, 1, 4, 8]),
+        f32t(&[2, 1, 2, 8]),
+        f32t(&[2, 2, 1, 8]),
+    );
+    let pool = bf(&[5, 2, 16, 8]);
+    let operands = |pool: &TensorType, rows: bool, biases: bool| {
+        let mut o = vec![q.clone(), k.clone(), v.clone(), pool.clone(), pool.clone()];
+        o.extend([i64t(&[2, 1]), i64t(&[2])]);
+        o.extend(rows.then(|| i64t(&[2])));
+        o.extend(biases.then(|| [bf(&[32]), bf(&[16])]).into_iter().flatten());
+        o
+    };
+    let results = |pool: &TensorType| vec![f32t(&[2, 4, 1, 8]), pool.clone(), pool.clone()];
+    accepts(op(true), &operands(&pool, true, true), &results(&pool));
+    let own = f32t(&[2, 2, 16, 8]);
+    accepts(op(false), &operands(&own, false, false), &results(&own));
+    accepts(op(true), &operands(&own, false, true), &results(&own));
+    rejects_arity(op(true), &operands(&pool, true, false), "9 or 10");
+    // A part's error names this op and the fused op's port.
+    let mut bad = operands(&pool, true, true);
+    bad[9] = bf(&[32]);
+    rejects_operand(op(true), &bad, 9);
+    let mut bad = operands(&pool, true, true);
+    bad[7] = i64t(&[3]);
+    rejects_operand(op(true), &bad, 7);
+    // Rotated keys the cache does not fit are k's fault.
+    let mut bad = operands(&own, false, false);
+    bad[1] = f32t(&[2, 1, 3, 8]);
+    rejects_operand(op(false), &bad, 1);
+    let mut bad = operands(&pool, true, true);
+    bad[2] = f32t(&[2, 1, 2, 8]);
+    rejects_operand(op(true), &bad, 2);
+    // q and k of one batch, length and head size.
+    let mut bad = operands(&own, false, false);
+    bad[0] = f32t(&[2, 1, 4, 6]);
+    rejects_operand(op(false), &bad, 1);
+    // The positions' ranges are the cache ops'.
+    let types = operands(&pool, true, true);
+    let range = op(true).index_range(6, &types).unwrap();
+    assert!(range.contains(15) && !range.contains(16));
+    let range = op(true).index_range(7, &types).unwrap();
+    assert!(range.contains(4) && !range.contains(5) && range.contains(crate::PADDING_SLOT));
+    assert!(op(true).index_range(5, &types).is_some());
+    assert_eq!(op(true).index_range(8, &types), None);
+    assert_eq!(op(true).alias(1), crate::Alias::MayOverwrite(3));
+}

@@ -1,4 +1,5 @@
-//! Builder of `cache.cu`: writing new K/V rows into a cache at device-held positions.
+//! Builders of `cache.cu`: writing new K/V rows into a cache at device-held positions, alone
+//! and with the RoPE of the queries and keys.
 
 use super::launch::{grid_stride, size_arg};
 use super::{Addr, Arg, Launch, Stored};
@@ -50,4 +51,81 @@ pub fn kv_cache_write_f32(
     let items = batch * heads * block * head_dim;
     let function = stored.pick("kv_cache_write_f32", "kv_cache_write_f32_bf16");
     grid_stride("cache", function, items, args)
+}
+
+/// The addresses of one fused RoPE + KV-cache write (`RopeKvWrite`): `q [B,T,Hq,D]`,
+/// `k [B,T,Hkv,D]` and `v [B,Hkv,T,D]` f32, `rope_positions [B,T]` and `positions [B]` i64,
+/// the result `q_rot [B,Hq,T,D]` f32 and the caches `[S,Hkv,Smax,D]`, written in place.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeKvWrite {
+    pub q_rot: Addr,
+    pub k_cache: Addr,
+    pub v_cache: Addr,
+    pub q: Addr,
+    pub k: Addr,
+    pub v: Addr,
+    pub rope_positions: Addr,
+    pub positions: Addr,
+    pub rows: CacheRows,
+    /// `q_bias [Hq·D]` and `k_bias [Hkv·D]`, when the rotations add biases.
+    pub biases: Option<[Addr; 2]>,
+}
+
+/// The sizes of one `RopeKvWrite`, `head_dim` even.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeKvDims {
+    pub batch: u64,
+    pub seq: u64,
+    pub q_heads: u64,
+    pub kv_heads: u64,
+    pub capacity: u64,
+    pub head_dim: u64,
+}
+
+/// `q_rot = rope(q + q_bias)`, `rope(k + k_bias)` and `v` written at positions
+/// `positions[b]..+T` of batch row `b`'s cache rows, in one launch: exactly `rope_f32` and
+/// `kv_cache_write_f32` (the same device functions), `theta` rounded to f32 as the CPU. The
+/// caches and the biases are each stored as `stored` says (caches, biases). Faults as those
+/// two kernels raise them.
+pub fn rope_kv_write_f32(
+    at: RopeKvWrite,
+    (dims, theta): (RopeKvDims, f32),
+    (cache, bias): (Stored, Stored),
+    fault: Addr,
+) -> Launch {
+    let [rows, slots] = at.rows.args(dims.batch);
+    // Without biases the kernel never reads their pointers; pass valid ones all the same.
+    let [q_bias, k_bias] = at.biases.unwrap_or([at.q, at.q]);
+    let args = vec![
+        Arg::Ptr(at.q_rot),
+        Arg::Ptr(at.k_cache),
+        Arg::Ptr(at.v_cache),
+        Arg::Ptr(at.q),
+        Arg::Ptr(at.k),
+        Arg::Ptr(at.v),
+        Arg::Ptr(at.rope_positions),
+        Arg::Ptr(at.positions),
+        rows,
+        slots,
+        Arg::Ptr(q_bias),
+        Arg::Ptr(k_bias),
+        Arg::I32(i32::from(at.biases.is_some())),
+        size_arg(dims.batch),
+        size_arg(dims.seq),
+        size_arg(dims.q_heads),
+        size_arg(dims.kv_heads),
+        size_arg(dims.capacity),
+        size_arg(dims.head_dim),
+        Arg::F32(theta),
+        Arg::Ptr(fault),
+    ];
+    let function = match (cache, bias) {
+        (Stored::F32, Stored::F32) => "rope_kv_write_f32",
+        (Stored::F32, Stored::BF16) => "rope_kv_write_f32_bf16",
+        (Stored::BF16, Stored::BF16) => "rope_kv_write_bf16",
+        (Stored::BF16, Stored::F32) => "rope_kv_write_bf16_f32",
+    };
+    let pairs = dims.batch * dims.seq * (dims.q_heads + dims.kv_heads) * (dims.head_dim / 2);
+    let values = dims.batch * dims.kv_heads * dims.seq * dims.head_dim;
+    grid_stride("cache", function, pairs + values, args)
 }

@@ -298,6 +298,33 @@ fn every_launch() -> Vec<Launch> {
         launches.push(elementwise::scale_f32(at(0), at(1), 2.0, 8));
         launches.push(elementwise::swiglu_f32(at(0), at(1), at(2), 8));
     }
+    // The fused RoPE + KV-cache write of every cache and bias storage.
+    let rope_kv_dims = cache::RopeKvDims {
+        batch: 2,
+        seq: 1,
+        q_heads: 4,
+        kv_heads: 2,
+        capacity: 8,
+        head_dim: 16,
+    };
+    for (rows, biases) in [(own, None), (pool, Some([addr(10), addr(11)]))] {
+        for stored in [(F32, F32), (F32, BF16), (BF16, BF16), (BF16, F32)] {
+            let at = cache::RopeKvWrite {
+                q_rot: addr(0),
+                k_cache: addr(1),
+                v_cache: addr(2),
+                q: addr(4),
+                k: addr(5),
+                v: addr(6),
+                rope_positions: addr(7),
+                positions: addr(8),
+                rows,
+                biases,
+            };
+            let dims = (rope_kv_dims, 1e4);
+            launches.push(cache::rope_kv_write_f32(at, dims, stored, addr(9)));
+        }
+    }
     launches
 }
 

@@ -258,6 +258,9 @@ fn run_kernels(
         }
         Op::Contiguous => copy::copy(&i[0], &mut o[0]),
         Op::Linear { biases, swiglu } => super::linear::linear(i, o, (&biases, swiglu), workspace),
+        Op::RopeKvWrite { theta, bias } => {
+            super::rope_kv::rope_kv_write((theta, bias), i, o, workspace)
+        }
         Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } => Err(Error::Argument {
             op: op.name(),
             argument: "op",
@@ -282,7 +285,7 @@ fn f32_workspace(workspace: &mut [u8], len: usize) -> Result<&mut [f32]> {
 }
 
 /// A contiguous `dims` view of `dtype` at the start of `workspace`.
-fn typed_workspace<'w>(
+pub(super) fn typed_workspace<'w>(
     workspace: &'w mut [u8],
     dtype: kiln_ir::DType,
     dims: &[usize],

@@ -304,7 +304,8 @@ impl Lowering<'_> {
             | Op::FlashAttention { .. }
             | Op::FlashAttentionBackward { .. }
             | Op::CachedAttention { .. }
-            | Op::KvCacheWrite => attention::lower_attention(self),
+            | Op::KvCacheWrite
+            | Op::RopeKvWrite { .. } => attention::lower_attention(self),
             Op::Embedding | Op::EmbeddingBackward { .. } => self.embedding(),
             Op::CrossEntropy { .. } | Op::CrossEntropyBackward { .. } => self.cross_entropy(),
             Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {

@@ -6,7 +6,8 @@
 //! slots serves decode programs of every batch size.
 
 use super::Rule;
-use crate::{stores, DType, Result, TensorType};
+use crate::op::rope_kv::{RopeKvParts, K, K_CACHE, Q, V, V_CACHE};
+use crate::{stores, DType, Error, Op, Result, TensorType};
 
 /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v) -> (out [B,T,Hq,D], probs [B,Hq,T,S])`, `S >= T`; with
 /// `flash`, f32 only and `(out, lse [B,Hq,T])`.
@@ -104,6 +105,82 @@ pub(super) fn kv_cache_write_types(rule: &Rule<'_>) -> Result<Vec<TensorType>> {
         one_index_per_row(rule, 3, b)?;
     }
     Ok(vec![cache.clone()])
+}
+
+/// `RopeKvWrite`: the types of its unfused ops (each rule's errors renamed to this op and
+/// its operand ports), with q, k and v of one `[B,T,·,D]`.
+pub(super) fn rope_kv_write_types(
+    rule: &Rule<'_>,
+    theta: f64,
+    bias: bool,
+) -> Result<Vec<TensorType>> {
+    let count = rule.operands.len();
+    let Some(parts) = RopeKvParts::of(theta, bias, count) else {
+        let [plain, pooled] = [false, true].map(|p| RopeKvParts::arity(bias, p));
+        return Err(Error::Arity {
+            op: rule.op.to_string(),
+            expected: format!("{plain} or {pooled}"),
+            got: count,
+        });
+    };
+    // Part `op` on the operands at `ports` (`None`: the rotated keys, standing for k).
+    let part = |op: &Op, ports: &[Option<usize>], rotated: Option<&TensorType>| {
+        let types: Vec<TensorType> = ports
+            .iter()
+            .map(|port| match port {
+                Some(port) => rule.operands[*port].clone(),
+                None => rotated.cloned().expect("the k write follows the k rope"),
+            })
+            .collect();
+        op.infer(&types).map_err(|error| match error {
+            Error::Type {
+                port,
+                expected,
+                got,
+                ..
+            } => Error::Type {
+                op: rule.op.to_string(),
+                port: ports.get(port).copied().flatten().unwrap_or(K),
+                expected,
+                got,
+            },
+            other => other,
+        })
+    };
+    let some = |ports: &[usize]| ports.iter().copied().map(Some).collect::<Vec<_>>();
+    let q_rot = part(&parts.rope, &some(&parts.q_rope), None)?.remove(0);
+    let k_rot = part(&parts.rope, &some(&parts.k_rope), None)?.remove(0);
+    let indices = some(&parts.indices);
+    let write = |cache: usize, new: Option<usize>, rotated: Option<&TensorType>| {
+        let ports: Vec<Option<usize>> = [Some(cache), new]
+            .into_iter()
+            .chain(indices.clone())
+            .collect();
+        part(&Op::KvCacheWrite, &ports, rotated).map(|mut t| t.remove(0))
+    };
+    let k_cache = write(K_CACHE, None, Some(&k_rot))?;
+    let v_cache = write(V_CACHE, Some(V), None)?;
+    // One batch, sequence and head size for q, k and v.
+    let (q, k, v) = (
+        rule.operands[Q].dims(),
+        rule.operands[K].dims(),
+        rule.operands[V].dims(),
+    );
+    if q[0] != k[0] || q[1] != k[1] || q[3] != k[3] {
+        let expected = format!(
+            "{} [{},{},Hkv,{}]",
+            rule.operands[Q].dtype, q[0], q[1], q[3]
+        );
+        return Err(rule.type_error(K, expected));
+    }
+    if v != [k[0], k[2], k[1], k[3]] || rule.operands[V].dtype != rule.operands[K].dtype {
+        let expected = format!(
+            "{} [{},{},{},{}]",
+            rule.operands[K].dtype, k[0], k[2], k[1], k[3]
+        );
+        return Err(rule.type_error(V, expected));
+    }
+    Ok(vec![q_rot, k_cache, v_cache])
 }
 
 /// Operand `port` is an integer `[batch]`.

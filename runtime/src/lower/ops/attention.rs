@@ -1,6 +1,7 @@
 //! Attention (forward with probs, over a KV cache, backward; FlashAttention forward and
-//! backward) and the KV cache write.
+//! backward), the KV cache write and the fused RoPE + KV cache write.
 
+use kiln_ir::rope_kv::{self, RopeKvParts};
 use kiln_ir::Op;
 use kiln_kernels::gpu::attention::{self, AttentionBackward, AttentionDims, AttentionForward};
 use kiln_kernels::gpu::flash::{self, FlashBackward, FlashForward};
@@ -181,6 +182,76 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             }
             Ok(launches)
         }
+        Op::RopeKvWrite { theta, bias } => lower_rope_kv_write(at, *theta, *bias),
         _ => unreachable!("lower_attention lowers only the attention ops"),
     }
+}
+
+/// The fused RoPE + KV-cache write: one launch, the caches written in place (copied first
+/// when the planner gave a result its own slot, as `KvCacheWrite`).
+fn lower_rope_kv_write(at: &Lowering<'_>, theta: f64, bias: bool) -> Result<Vec<Launch>> {
+    let parts = RopeKvParts::of(theta, bias, at.i.len())
+        .ok_or_else(|| at.unsupported(format!("{} operands", at.i.len())))?;
+    let q = at.operand(rope_kv::Q, "q", F32)?;
+    let k = at.operand(rope_kv::K, "k", F32)?;
+    let v = at.operand(rope_kv::V, "v", F32)?;
+    let (k_cache, cache_stored) = at.stored(rope_kv::K_CACHE, "k_cache")?;
+    let v_cache = at.operand(rope_kv::V_CACHE, "v_cache", k_cache.dtype)?;
+    let rope_positions = at.operand(rope_kv::ROPE_POSITIONS, "rope_positions", I64)?;
+    let positions = at.operand(rope_kv::POSITIONS, "positions", I64)?;
+    let rows = match parts.indices.get(1) {
+        Some(&port) => pooled_rows(at, port, k_cache.dims())?,
+        None => cache::CacheRows::Own,
+    };
+    let (biases, bias_stored) = match parts.q_rope.get(2).zip(parts.k_rope.get(2)) {
+        Some((&q_port, &k_port)) => {
+            let (q_bias, stored) = at.stored(q_port, "q_bias")?;
+            let k_bias = at.operand(k_port, "k_bias", q_bias.dtype)?;
+            (Some([q_bias.addr(), k_bias.addr()]), stored)
+        }
+        None => (None, cache_stored),
+    };
+    let q_rot = at.result(0, "q_rot", F32)?;
+    let k_out = at.result(1, "k_cache", k_cache.dtype)?;
+    let v_out = at.result(2, "v_cache", k_cache.dtype)?;
+    let [batch, seq, q_heads, head_dim] = dims4(at, q.dims(), "q")?;
+    let [_, _, kv_heads, _] = dims4(at, k.dims(), "k")?;
+    let [_, _, capacity, _] = dims4(at, k_cache.dims(), "k_cache")?;
+    let mut launches = copy_unless_same(k_out.addr(), k_cache.addr(), byte_len(k_cache));
+    launches.extend(copy_unless_same(
+        v_out.addr(),
+        v_cache.addr(),
+        byte_len(v_cache),
+    ));
+    if q.numel() > 0 {
+        let addresses = cache::RopeKvWrite {
+            q_rot: q_rot.addr(),
+            k_cache: k_out.addr(),
+            v_cache: v_out.addr(),
+            q: q.addr(),
+            k: k.addr(),
+            v: v.addr(),
+            rope_positions: rope_positions.addr(),
+            positions: positions.addr(),
+            rows,
+            biases,
+        };
+        let dims = cache::RopeKvDims {
+            batch,
+            seq,
+            q_heads,
+            kv_heads,
+            capacity,
+            head_dim,
+        };
+        let theta = Lowering::f32_attribute(theta);
+        let stored = (cache_stored, bias_stored);
+        launches.push(cache::rope_kv_write_f32(
+            addresses,
+            (dims, theta),
+            stored,
+            at.fault,
+        ));
+    }
+    Ok(launches)
 }

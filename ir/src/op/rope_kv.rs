@@ -1,0 +1,58 @@
+//! The unfused ops a fused [`Op::RopeKvWrite`] stands for, by operand port: the one
+//! description its type rule, the CPU reference and the fusion rule share.
+
+use super::Op;
+
+/// Ports of `RopeKvWrite`'s operands (see the op's doc for their order).
+pub const Q: usize = 0;
+pub const K: usize = 1;
+pub const V: usize = 2;
+pub const K_CACHE: usize = 3;
+pub const V_CACHE: usize = 4;
+pub const ROPE_POSITIONS: usize = 5;
+pub const POSITIONS: usize = 6;
+
+/// Where the operands of each unfused op come from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeKvParts {
+    /// `Rope{theta, bias}`, applied to q and to k.
+    pub rope: Op,
+    /// Operands of the query's `Rope`: q, the rope positions[, q_bias].
+    pub q_rope: Vec<usize>,
+    /// Operands of the keys' `Rope`: k, the rope positions[, k_bias].
+    pub k_rope: Vec<usize>,
+    /// The cache writes' indices: positions[, rows]. The k write takes (k_cache, the rotated
+    /// keys, indices…), the v write (v_cache, v, indices…).
+    pub indices: Vec<usize>,
+}
+
+impl RopeKvParts {
+    /// The parts of `RopeKvWrite{theta, bias}` with `operands` operands, or `None` when that
+    /// is not one of its arities (7 or 8 (pooled), plus 2 with the biases).
+    pub fn of(theta: f64, bias: bool, operands: usize) -> Option<RopeKvParts> {
+        let biases = if bias { 2 } else { 0 };
+        let pooled = match operands.checked_sub(biases)? {
+            7 => false,
+            8 => true,
+            _ => return None,
+        };
+        let indices: Vec<usize> = (POSITIONS..=POSITIONS + usize::from(pooled)).collect();
+        let first_bias = POSITIONS + indices.len();
+        let with_bias = |x: usize, port: usize| {
+            let mut ports = vec![x, ROPE_POSITIONS];
+            ports.extend(bias.then_some(port));
+            ports
+        };
+        Some(RopeKvParts {
+            rope: Op::Rope { theta, bias },
+            q_rope: with_bias(Q, first_bias),
+            k_rope: with_bias(K, first_bias + 1),
+            indices,
+        })
+    }
+
+    /// The operand count `RopeKvWrite{bias}` takes, pooled or not.
+    pub fn arity(bias: bool, pooled: bool) -> usize {
+        7 + usize::from(pooled) + if bias { 2 } else { 0 }
+    }
+}

@@ -1,0 +1,41 @@
+// Split-half RoPE (HF rotate_half) of one pair of elements, shared by the RoPE kernels and the
+// fused RoPE + KV-cache write. The angle is computed in f32 exactly as the CPU (and HF):
+// inv_freq = 1 / theta^(2i/D), angle = position * inv_freq. A negative position raises the
+// fault word.
+
+__device__ __forceinline__ void kiln_rope_angle(float theta, i64 position, i64 i, i64 head_dim,
+                                                float* cos_out, float* sin_out) {
+    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+    float angle = __fmul_rn((float)position, inv_freq);
+    *cos_out = cosf(angle);
+    *sin_out = sinf(angle);
+}
+
+// Pair `index` of x [B,T,H,D] (+ bias [H*D] when `has_bias`) at positions [B,T]: element i <
+// D/2 of head h of token (b, t), rotated with element i + D/2 into `lo` and `hi`.
+struct KilnRopePair {
+    i64 b, t, h, i;
+    float lo, hi;
+};
+
+template <typename B>
+__device__ __forceinline__ KilnRopePair kiln_rope_pair(const float* x, const i64* positions,
+                                                       const B* bias, int has_bias, i64 index,
+                                                       i64 seq, i64 heads, i64 head_dim,
+                                                       float theta, int* fault) {
+    const i64 half = head_dim / 2;
+    const i64 i = index % half;
+    const i64 h = (index / half) % heads;
+    const i64 token = index / (half * heads);
+    if (positions[token] < 0) kiln_raise(fault);
+    float cos_a, sin_a;
+    kiln_rope_angle(theta, positions[token], i, head_dim, &cos_a, &sin_a);
+    const i64 src = (token * heads + h) * head_dim;
+    float lo = x[src + i];
+    float hi = x[src + i + half];
+    if (has_bias) {
+        lo += kiln_load(bias, h * head_dim + i);
+        hi += kiln_load(bias, h * head_dim + i + half);
+    }
+    return {token / seq, token % seq, h, i, lo * cos_a - hi * sin_a, hi * cos_a + lo * sin_a};
+}
