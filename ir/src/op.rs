@@ -154,7 +154,8 @@ pub enum Op {
     /// biases[g]) -> y_g = bf16(x)·w_gᵀ (+ bias_g) [M,N_g] f32, one per group`, or with
     /// `swiglu` (G = 2, N_0 = N_1) the one result `silu(y_0)·y_1`. Weights are bf16; x is f32
     /// (rounded to bf16 first: the folded Cast) or bf16; biases are stored operands. Equal to
-    /// its unfused ops: Cast, MatMul with transpose_b, Add, SwiGlu.
+    /// its unfused ops: Cast, MatMul with transpose_b, Add, SwiGlu. The weights are params the
+    /// program does not write (the verifier checks it): the kernels read them early.
     Linear { biases: Vec<bool>, swiglu: bool },
 }
 

@@ -12,6 +12,8 @@
 //! - `order`: node index order is a topological order (the interpreter runs nodes in it).
 //! - `outputs`: outputs name existing values; output names and input names are unique.
 //! - `writes`: a write names a Param or State input, at most once, with a value of its type.
+//! - `linear weights`: a fused `Linear`'s weights are Param inputs the program does not write
+//!   (its kernels read them before waiting for the kernel before them).
 //!
 //! Rules run in this order because later ones read what earlier ones establish (`types` reads
 //! operands that `ports` has found connected; `writes` looks inputs up by names that `outputs`
@@ -36,6 +38,7 @@ pub fn verify(graph: &Graph) -> Result<()> {
     check_order(graph)?;
     check_outputs(graph)?;
     check_writes(graph)?;
+    check_linear_weights(graph)?;
     check_derived(graph)
 }
 
@@ -303,6 +306,37 @@ fn check_writes(graph: &Graph) -> Result<()> {
         if written.insert(name.as_str(), *value).is_some() {
             // Two new values for one input: which one wins would be arbitrary.
             return Err(invalid("writes", format!("`{name}` is written twice")));
+        }
+    }
+    Ok(())
+}
+
+/// Every weight of a fused `Linear` is a param no write of the program replaces.
+fn check_linear_weights(graph: &Graph) -> Result<()> {
+    for node in graph.node_indices() {
+        let Some(NodeKind::Op(Op::Linear { biases, .. })) = graph.node(node).map(|n| &n.kind)
+        else {
+            continue;
+        };
+        for weight in graph.operands(node).iter().skip(1).take(biases.len()) {
+            let param = match graph.node(weight.node).map(|n| &n.kind) {
+                Some(NodeKind::Input {
+                    name,
+                    kind: InputKind::Param,
+                }) => Some(name),
+                _ => None,
+            };
+            let written = param.is_some_and(|name| graph.writes().iter().any(|(w, _)| w == name));
+            if param.is_none() || written {
+                let what = match param {
+                    Some(name) => format!("param `{name}`, which the program writes"),
+                    None => format!("{weight}, not a param"),
+                };
+                return Err(invalid(
+                    "linear weights",
+                    format!("{} reads weight {what}", describe(graph, node)),
+                ));
+            }
         }
     }
     Ok(())

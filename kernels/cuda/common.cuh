@@ -12,8 +12,10 @@ typedef unsigned short bf16_bits;
 
 // Programmatic dependent launch (sm_90 and later): kiln may launch each kernel with
 // programmatic stream serialization, so that it is scheduled while the kernel before it on
-// its stream still runs. Every kiln kernel therefore begins here: it waits until the grids it
-// depends on have completed and their writes are visible (griddepcontrol.wait), then lets the
+// its stream still runs. Every kiln kernel therefore begins here (the skinny linears once their
+// first weight loads, of parameters nothing writes, are in flight: linear_common.cuh): it
+// waits until the grids it depends on have completed and their writes are visible
+// (griddepcontrol.wait), then lets the
 // next kernel launch (griddepcontrol.launch_dependents), whose own wait keeps it from reading
 // anything early. As no kernel can finish before its wait returns, completion stays in stream
 // order, so a kernel also sees the writes of every kernel before its predecessor. Launched

@@ -18,7 +18,9 @@
 // its 4 weight rows, so a team reads 128 contiguous bytes of a row per load instruction (a whole
 // cache line when k is a multiple of 64). Per step a thread issues 4 columns x UNROLL vectors
 // of independent 16-byte loads into registers before its first FMA; a stage's first step is
-// issued before x is staged, so the staging latency hides behind it. With ROWS = 1, UNROLL = 4:
+// issued before x is staged, so the staging latency hides behind it, and the first stage's
+// before the wait for x's producer (linear_common.cuh), so that the weights' latency hides
+// behind the kernel before. With ROWS = 1, UNROLL = 4:
 // 16 loads per thread, 111 registers (ptxas, NVRTC 13.0, sm_90), 2 blocks per SM, 128 KB of
 // weight bytes in flight per SM; Little's law at ~4.3 TB/s over 132 SMs with ~1 us of loaded
 // latency wants ~30 KB. (The body is a template over ROWS; buckets of 2 to 16 rows, measured
@@ -154,6 +156,7 @@ __device__ __forceinline__ void kiln_linear_body(
     }
 
     const int stride = (int)stage_k;  // floats between rows of xs
+    bool waited = false;
     const i64 k_begin = (i64)blockIdx.y * split_k;
     const i64 k_end = k_begin + split_k < k ? k_begin + split_k : k;
 #pragma unroll 1
@@ -165,6 +168,7 @@ __device__ __forceinline__ void kiln_linear_body(
         // The first step's weights are in flight while x is staged.
         uint4 wv[KILN_LINEAR_COLS][UNROLL];
         kiln_linear_load<UNROLL>(wv, rows, valid, first, lane, vecs);
+        kiln_linear_wait_once(&waited);
         kiln_linear_stage<ROWS>(xs, x, x_f32, m, ldx, k0, len, stride);
         __syncthreads();
 #pragma unroll 1
@@ -202,6 +206,7 @@ __device__ __forceinline__ void kiln_linear_body(
         }
     }
 
+    kiln_linear_wait_once(&waited);
     // Every lane of the team gets every sum; lane (r * COLS + c) % 8 stores (r, c).
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
@@ -249,8 +254,7 @@ extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* par
                                      int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
                                      i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
                                      i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    kiln_grid_dependency_wait();
-    KILN_LINEAR_OUT;
+    KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                 split_k, stage_k, swiglu);
 }

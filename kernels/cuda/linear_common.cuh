@@ -2,6 +2,15 @@
 // and biases, where a virtual column lands, and the epilogue (bias, SwiGLU) of one output.
 // Prepended to both modules' text after common.cuh (kernels/src/gpu.rs).
 
+// The main kernels' wait for their producers (common.cuh), made once, after the first step's
+// weight loads are issued: a fused linear's weights are parameters, which no kernel of a
+// program writes (the op's contract, checked by the IR verifier), so they may be read while
+// the kernel before still runs; x, the partials and the outputs are touched only after it.
+__device__ __forceinline__ void kiln_linear_wait_once(bool* waited) {
+    if (!*waited) kiln_grid_dependency_wait();
+    *waited = true;
+}
+
 // The two bf16 values of a 32-bit word as f32 (low half first: little-endian element order).
 __device__ __forceinline__ float kiln_linear_low(unsigned int word) {
     return __uint_as_float(word << 16);

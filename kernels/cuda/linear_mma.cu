@@ -156,6 +156,7 @@ __device__ __forceinline__ void kiln_mma_body(const KilnLinearOut& out, float* p
         for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
     }
 
+    bool waited = false;
     const i64 k_begin = (i64)blockIdx.y * split_k;
     const i64 k_end = k_begin + split_k < k ? k_begin + split_k : k;
 #pragma unroll 1
@@ -166,6 +167,7 @@ __device__ __forceinline__ void kiln_mma_body(const KilnLinearOut& out, float* p
         __syncthreads();  // the previous stage's reads of xs are done
         uint4 wa[UNROLL], wb[UNROLL];
         kiln_mma_load<UNROLL>(wa, wb, ra, rb, valid_a, valid_b, first, t, vecs);
+        kiln_linear_wait_once(&waited);
         kiln_mma_stage<8 * TILES>(xs, stride, x, x_f32, m, ldx, k0, len);
         __syncthreads();
 #pragma unroll 1
@@ -190,6 +192,7 @@ __device__ __forceinline__ void kiln_mma_body(const KilnLinearOut& out, float* p
         }
     }
 
+    kiln_linear_wait_once(&waited);
     // c0, c1: A row g, x rows 8n + 2t, 8n + 2t + 1; c2, c3: A row g + 8, the same x rows.
     const bool split = gridDim.y > 1;
 #pragma unroll
@@ -226,8 +229,7 @@ extern "C" __global__ void linear_mma_r8(
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
     int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    kiln_grid_dependency_wait();
-    KILN_LINEAR_OUT;
+    KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_mma_body<1, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                       split_k, stage_k, swiglu);
 }
@@ -237,8 +239,7 @@ extern "C" __global__ void linear_mma_r16(
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
     int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    kiln_grid_dependency_wait();
-    KILN_LINEAR_OUT;
+    KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_mma_body<2, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                       split_k, stage_k, swiglu);
 }
@@ -248,8 +249,7 @@ extern "C" __global__ void linear_mma_r24(
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
     int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    kiln_grid_dependency_wait();
-    KILN_LINEAR_OUT;
+    KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_mma_body<3, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                       split_k, stage_k, swiglu);
 }
@@ -259,8 +259,7 @@ extern "C" __global__ void linear_mma_r32(
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
     int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    kiln_grid_dependency_wait();
-    KILN_LINEAR_OUT;
+    KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_mma_body<4, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                       split_k, stage_k, swiglu);
 }

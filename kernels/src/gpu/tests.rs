@@ -422,7 +422,11 @@ fn clipping_splits_each_gradient_by_its_size_alone() {
 
 /// Every kernel begins with `kiln_grid_dependency_wait()`: kiln launches kernels with
 /// programmatic stream serialization, so a kernel without the wait could read its producer's
-/// output before it is written, and finish before its predecessor (common.cuh says why).
+/// output before it is written, and finish before its predecessor (common.cuh says why). The
+/// one exception is the skinny linears' main kernels, whose bodies wait once their first
+/// weight loads (parameters, which nothing writes) are in flight (linear_common.cuh): each
+/// begins with its outputs and a body that waits before x is read and before anything is
+/// written.
 #[test]
 fn every_kernel_waits_for_its_producers_first() {
     let mut kernels = 0;
@@ -430,12 +434,51 @@ fn every_kernel_waits_for_its_producers_first() {
         for (at, _) in source.match_indices("extern \"C\" __global__") {
             let body = &source[at + source[at..].find('{').expect("a kernel has a body") + 1..];
             let first = body.trim_start();
+            let waits_in_body = matches!(*module, "linear" | "linear_mma")
+                && first.starts_with("KILN_LINEAR_OUT;")
+                && ["kiln_linear_body<", "kiln_mma_body<"]
+                    .iter()
+                    .any(|call| first[..first.find('}').unwrap()].contains(call));
             assert!(
-                first.starts_with("kiln_grid_dependency_wait();"),
+                first.starts_with("kiln_grid_dependency_wait();") || waits_in_body,
                 "module {module}: the kernel at byte {at} does not begin with the wait"
             );
             kernels += 1;
         }
     }
     assert!(kernels >= SOURCES.len(), "found {kernels} kernels");
+    // The bodies that wait: once after the first step's weight loads (x is staged after it),
+    // and again (a no-op then) before the results, for a block whose k range is empty.
+    for (body, load, stage) in [
+        (
+            "kiln_linear_body",
+            "kiln_linear_load<UNROLL>(wv, rows, valid, first, lane, vecs);",
+            "kiln_linear_stage<",
+        ),
+        (
+            "kiln_mma_body",
+            "kiln_mma_load<UNROLL>(wa, wb, ra, rb, valid_a, valid_b, first, t, vecs);",
+            "kiln_mma_stage<",
+        ),
+    ] {
+        let source = SOURCES
+            .iter()
+            .map(|(_, s)| *s)
+            .find(|s| s.contains(body))
+            .unwrap();
+        let text = &source[source.find(&format!("void {body}(")).unwrap()..];
+        let text = &text[..text.find("\n}\n").unwrap()];
+        let wait = "kiln_linear_wait_once(&waited);";
+        let (first_load, first_wait) = (text.find(load).unwrap(), text.find(wait).unwrap());
+        assert!(
+            first_load < first_wait && first_wait < text.find(stage).unwrap(),
+            "{body}"
+        );
+        assert_eq!(text.matches(wait).count(), 2, "{body}");
+        let results = text.rfind(wait).unwrap();
+        assert!(
+            !text[..results].contains("partial["),
+            "{body} writes before its wait"
+        );
+    }
 }
