@@ -342,6 +342,10 @@ fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
             assert_eq!(count(&fused, "linear"), 4 * layers + 1, "{}", kind.name());
             assert_eq!(count(&fused, "matmul") + count(&fused, "swiglu"), 0);
             assert_eq!(count(&unfused, "matmul"), 7 * layers + 1);
+            // Every residual add + norm after o, down and the last layer in a linear's
+            // epilogue (the first layer's norm has no add).
+            assert_eq!(count(&fused, "add_rmsnorm"), 0);
+            assert_eq!(count(&unfused, "add_rmsnorm"), 2 * layers);
             // Decode's RoPEs and cache writes, one op per layer; prefill keeps its keys.
             let rope_kv = count(&fused, "rope_kv_write");
             match kind {

@@ -76,6 +76,8 @@ fn random(rng: &mut StdRng, ty: &TensorType) -> Tensor {
 /// One operand of a one-op case: a float tensor of this type, or integers below `bound`.
 pub(crate) enum In {
     F(DType, Vec<usize>),
+    /// Random floats bound as a param: a fused linear's weight (which must be one).
+    W(DType, Vec<usize>),
     Ids(Vec<usize>, usize),
     /// Positive floats (probabilities, second moments).
     Pos(Vec<usize>),
@@ -160,8 +162,12 @@ fn check_op(
     let mut operands = Vec::new();
     for (index, input) in ins.iter().enumerate() {
         let input_name = format!("in{index}");
+        let kind = match input {
+            In::W(..) => InputKind::Param,
+            _ => InputKind::Input,
+        };
         let (ty, tensor) = match input {
-            In::F(dtype, dims) => {
+            In::F(dtype, dims) | In::W(dtype, dims) => {
                 let ty = TensorType::new(*dtype, dims.as_slice()).unwrap();
                 let t = random(rng, &ty);
                 (ty, t)
@@ -201,7 +207,7 @@ fn check_op(
                 Tensor::scalar(*value, *dtype),
             ),
         };
-        operands.push(graph.input(&input_name, InputKind::Input, ty).unwrap());
+        operands.push(graph.input(&input_name, kind, ty).unwrap());
         values.insert(input_name, tensor);
     }
     let injected = special.map(|value| inject(rng, &mut values, value));

@@ -15,6 +15,8 @@
 //! - `rope_kv`: a decode attention's `Rope` of q, `Rope` of k and `KvCacheWrite`s of k and v
 //!   (read by that `CachedAttention` alone) become one [`Op::RopeKvWrite`]: one launch
 //!   instead of four, the rotated keys written straight into the cache;
+//! - `add_rmsnorm`: a one-group linear read by an `AddRmsNorm` alone (the residual add and
+//!   the next layer's norm after o and down, the final norm) takes the norm as its epilogue;
 //! - `views`: a `Contiguous` of a view that moves no element — a transpose that only moves
 //!   dims of size 1 past each other (decode's one token put heads first), a slice of a whole
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
@@ -83,6 +85,7 @@ impl Fusion {
         let op = Op::Linear {
             biases: members.iter().map(|m| m.bias.is_some()).collect(),
             swiglu: swiglu.is_some(),
+            add_rmsnorm: None,
         };
         let ends = match swiglu {
             Some((node, views)) => {
@@ -128,7 +131,8 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
                 .map(matmul_of)
                 .min()
                 .expect("chunks are not empty");
-            fusions.push(Fusion::linear(at, chunk, None));
+            let linear = Fusion::linear(at, chunk, None);
+            fusions.push(with_add_rmsnorm(graph, &users, linear));
         }
     }
     fusions.extend(rope_kv_fusions(graph, &users));
@@ -136,12 +140,67 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     without_dead_ops(&fused)
 }
 
+/// The `add_rmsnorm` rule: a one-group `Linear` whose result (or a reshape of it) is read by
+/// an `AddRmsNorm` as its `x` and by nothing else takes that norm as its epilogue, emitted
+/// where the norm was (after its residual and weight).
+fn with_add_rmsnorm(graph: &Graph, users: &Users, mut fusion: Fusion) -> Fusion {
+    let (
+        Op::Linear {
+            biases,
+            swiglu: false,
+            ..
+        },
+        [end],
+    ) = (&fusion.op, &fusion.ends[..])
+    else {
+        return fusion;
+    };
+    let Some([Some(reader)]) = users.get(end).map(Vec::as_slice) else {
+        return fusion;
+    };
+    let (view, norm) = match op_of(graph, *reader) {
+        Some(Op::Reshape { .. }) => match users.get(&ValueId {
+            node: *reader,
+            port: 0,
+        }) {
+            Some(readers) if readers.len() == 1 => (Some(*reader), readers[0]),
+            _ => return fusion,
+        },
+        _ => (None, Some(*reader)),
+    };
+    let Some(norm) = norm else {
+        return fusion;
+    };
+    let (Some(&Op::AddRmsNorm { eps }), [x, residual, weight]) =
+        (op_of(graph, norm), &graph.operands(norm)[..])
+    else {
+        return fusion;
+    };
+    let y = view.map_or(*end, |node| ValueId { node, port: 0 });
+    if *x != y || biases.len() != 1 {
+        return fusion;
+    }
+    fusion.op = Op::Linear {
+        biases: biases.clone(),
+        swiglu: false,
+        add_rmsnorm: Some(eps),
+    };
+    fusion.at = norm;
+    fusion.operands.extend([*residual, *weight]);
+    fusion.replaced.extend(view.into_iter().chain([norm]));
+    fusion.ends = (0..2).map(|port| ValueId { node: norm, port }).collect();
+    fusion
+}
+
 fn matmul_of(candidate: &Candidate) -> NodeIndex {
     candidate.matmul
 }
 
+/// Every value's readers (`None`: an output or a write).
+type Users = BTreeMap<ValueId, Vec<Option<NodeIndex>>>;
+
 /// Every value's readers: (node, operand port); outputs and writes count as readers too.
-fn users(graph: &Graph) -> BTreeMap<ValueId, Vec<Option<NodeIndex>>> {
+fn users(graph: &Graph) -> Users {
     let mut users: BTreeMap<ValueId, Vec<Option<NodeIndex>>> = BTreeMap::new();
     for node in graph.node_indices() {
         for operand in graph.operands(node) {

@@ -154,9 +154,17 @@ pub enum Op {
     /// biases[g]) -> y_g = bf16(x)·w_gᵀ (+ bias_g) [M,N_g] f32, one per group`, or with
     /// `swiglu` (G = 2, N_0 = N_1) the one result `silu(y_0)·y_1`. Weights are bf16; x is f32
     /// (rounded to bf16 first: the folded Cast) or bf16; biases are stored operands. Equal to
-    /// its unfused ops: Cast, MatMul with transpose_b, Add, SwiGlu. The weights are params the
-    /// program does not write (the verifier checks it): the kernels read them early.
-    Linear { biases: Vec<bool>, swiglu: bool },
+    /// its unfused ops: Cast, MatMul with transpose_b, Add, SwiGlu. With `add_rmsnorm:
+    /// Some(eps)` (one group, no SwiGLU), two more operands `residual [..., N]` (`M` rows, f32)
+    /// and `norm_weight [N]` (stored), and the results `(sum, rmsnorm(sum))` of residual's
+    /// shape: `AddRmsNorm{eps}` of `y` viewed as residual's shape (the residual add and the
+    /// next norm in the linear's epilogue). The weights are params the program does not write
+    /// (the verifier checks it): the kernels read them early.
+    Linear {
+        biases: Vec<bool>,
+        swiglu: bool,
+        add_rmsnorm: Option<f64>,
+    },
 }
 
 /// How an op's result relates to its operands' storage (what the planner may do).
@@ -268,12 +276,19 @@ impl Op {
                 ("start", start.to_string()),
                 ("end", end.to_string()),
             ],
-            Op::Linear { biases, swiglu } => {
+            Op::Linear {
+                biases,
+                swiglu,
+                add_rmsnorm,
+            } => {
                 let biases: Vec<String> = biases.iter().map(bool::to_string).collect();
-                vec![
+                let mut attributes = vec![
                     ("biases", format!("[{}]", biases.join(","))),
                     ("swiglu", swiglu.to_string()),
-                ]
+                ];
+                // Printed only when fused, so plain linears read as before.
+                attributes.extend(add_rmsnorm.map(|eps| ("add_rmsnorm_eps", f(&eps))));
+                attributes
             }
             Op::Embedding
             | Op::Add

@@ -306,3 +306,50 @@ extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const 
         }
     }
 }
+
+// linear_reduce with the residual add and RMSNorm of the next layer (a one-group `Linear` with
+// add_rmsnorm, no SwiGLU): one block per row r of up to 1024 threads, one column each where
+// n allows (the splits of a column summed in the rounds of kiln_linear_split_sum):
+// sum[r, j] = (splits' sum + bias[j]) + residual[r, j], then normed[r, j] = (sum * rstd) *
+// weight[j] with rstd from the row's sum of squares in a fixed order (the block's). The norm
+// weight W is f32 or bf16. The bound keeps the registers within a block of 1024 threads
+// (the builder's NORM_THREADS).
+#define KILN_NORM_BOUNDS __launch_bounds__(1024)
+template <typename W>
+__device__ void kiln_linear_reduce_add_rmsnorm(float* sum_out, float* normed,
+                                               const float* partial, const bf16_bits* bias,
+                                               int has_bias, const float* residual,
+                                               const W* weight, i64 n, i64 m, i64 splits,
+                                               float eps) {
+    __shared__ float scratch[KILN_WARP];
+    const i64 r = blockIdx.x;
+    if (r >= m) return;
+    float squares = 0.0f;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        float y = kiln_linear_split_sum(partial + r * n + j, m * n, splits);
+        if (has_bias) y += kiln_bf16_to_f32(bias[j]);
+        const float s = y + residual[r * n + j];
+        sum_out[r * n + j] = s;
+        squares += s * s;
+    }
+    const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), n, eps);
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        normed[r * n + j] = (sum_out[r * n + j] * rstd) * kiln_load(weight, j);
+    }
+}
+
+extern "C" __global__ void KILN_NORM_BOUNDS linear_reduce_add_rmsnorm(
+    float* sum_out, float* normed, const float* partial, const bf16_bits* bias, int has_bias,
+    const float* residual, const float* weight, i64 n, i64 m, i64 splits, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_linear_reduce_add_rmsnorm(sum_out, normed, partial, bias, has_bias, residual, weight, n,
+                                   m, splits, eps);
+}
+
+extern "C" __global__ void KILN_NORM_BOUNDS linear_reduce_add_rmsnorm_bf16(
+    float* sum_out, float* normed, const float* partial, const bf16_bits* bias, int has_bias,
+    const float* residual, const bf16_bits* weight, i64 n, i64 m, i64 splits, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_linear_reduce_add_rmsnorm(sum_out, normed, partial, bias, has_bias, residual, weight, n,
+                                   m, splits, eps);
+}

@@ -1,10 +1,5 @@
 // RMSNorm, fused residual add + RMSNorm, and their backwards. One block per row of H.
-// rstd = 1 / sqrt(mean(row^2) + eps), out = (x * rstd) * weight, as the CPU.
-
-__device__ __forceinline__ float kiln_inverse_rms(float sum_of_squares, i64 hidden, float eps) {
-    float mean = sum_of_squares / (float)hidden;
-    return 1.0f / sqrtf(mean + eps);
-}
+// rstd = 1 / sqrt(mean(row^2) + eps) (norm.cuh), out = (x * rstd) * weight, as the CPU.
 
 // The weight W is f32 or bf16 (a stored operand); x, residual and the results are f32.
 template <typename W>

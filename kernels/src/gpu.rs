@@ -54,13 +54,16 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", module!("elementwise.cu")),
     ("embedding", module!("embedding.cu")),
     ("flash", module!("mma.cuh", "flash.cu")),
-    ("linear", module!("linear_common.cuh", "linear.cu")),
+    (
+        "linear",
+        module!("norm.cuh", "linear_common.cuh", "linear.cu"),
+    ),
     (
         "linear_mma",
         module!("linear_common.cuh", "mma.cuh", "linear_mma.cu"),
     ),
     ("loss", module!("loss.cu")),
-    ("norm", module!("norm.cu")),
+    ("norm", module!("norm.cuh", "norm.cu")),
     ("optim", module!("optim.cu")),
     ("rope", module!("rope.cuh", "rope.cu")),
 ];

@@ -77,7 +77,11 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
             (&[b, hq, t, _], &[_, _, smax, _]) => product(&[b, hq, t, smax]).saturating_mul(size),
             _ => 0,
         },
-        Op::Linear { biases, swiglu } => {
+        Op::Linear {
+            add_rmsnorm: Some(eps),
+            ..
+        } => crate::interpret::linear::add_rmsnorm_workspace_bytes(operands, *eps),
+        Op::Linear { biases, swiglu, .. } => {
             let weights: Vec<&[usize]> = (1..=biases.len()).map(|p| dims(operands, p)).collect();
             let x = operands
                 .first()
@@ -94,7 +98,7 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
 /// The CUDA backend's scratch (the lowering asks for exactly these).
 fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
     match op {
-        Op::Linear { biases, swiglu } => {
+        Op::Linear { biases, swiglu, .. } => {
             return crate::lower::linear_workspace_bytes(operands, biases.len(), *swiglu)
         }
         Op::LinearCrossEntropy { ignore_index }

@@ -506,16 +506,40 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     ];
     for (m, k, widths, biases, swiglu, x_dtype) in linear_cases {
         let mut ins = vec![In::F(x_dtype, vec![m, k])];
-        ins.extend(widths.iter().map(|&n| bf(&[n, k])));
+        ins.extend(widths.iter().map(|&n| In::W(DType::BF16, vec![n, k])));
         let biased = widths.iter().zip(biases).filter(|(_, &b)| b);
         ins.extend(biased.map(|(&n, _)| bf(&[n])));
         let op = Op::Linear {
             biases: biases.to_vec(),
             swiglu,
+            add_rmsnorm: None,
         };
         let name = format!(
             "linear M={m} K={k} N={widths:?} biases={biases:?} swiglu={swiglu} x {x_dtype}"
         );
+        cases.push((name, op, ins));
+    }
+    // The residual add + RMSNorm epilogue: one split and several (the fused reduce), on CUDA
+    // cores and tensor cores, more columns than a block's threads, bf16 and f32 norm weights,
+    // and rows past the skinny kernels (the vendor GEMM, then the norm in place).
+    let norm_cases: [(usize, usize, usize, bool, DType); 6] = [
+        (1, 896, 896, false, DType::BF16),
+        (1, 4864, 896, true, DType::BF16),
+        (8, 4864, 1536, false, DType::F32),
+        (3, 128, 64, true, DType::BF16),
+        (32, 896, 2100, false, DType::BF16),
+        (40, 256, 96, true, DType::F32),
+    ];
+    for (m, k, n, bias, norm_dtype) in norm_cases {
+        let mut ins = vec![f(&[m, k]), In::W(DType::BF16, vec![n, k])];
+        ins.extend(bias.then(|| bf(&[n])));
+        ins.extend([f(&[m, 1, n]), In::F(norm_dtype, vec![n])]);
+        let op = Op::Linear {
+            biases: vec![bias],
+            swiglu: false,
+            add_rmsnorm: Some(1e-6),
+        };
+        let name = format!("linear add_rmsnorm M={m} K={k} N={n} bias={bias} weight {norm_dtype}");
         cases.push((name, op, ins));
     }
     cases

@@ -1,15 +1,10 @@
 //! The `rope_kv` rule (see the pass's module doc): the RoPE of a decode attention's queries
 //! and keys and the cache writes of its keys and values become one [`Op::RopeKvWrite`].
 
-use std::collections::BTreeMap;
-
 use petgraph::graph::NodeIndex;
 
-use super::{only_read_by, op_of, Fusion};
+use super::{only_read_by, op_of, Fusion, Users};
 use crate::{Graph, Op, ValueId};
-
-/// Every value's readers (`None`: an output or a write), as `super::users` gives them.
-type Users = BTreeMap<ValueId, Vec<Option<NodeIndex>>>;
 
 /// The `rope_kv` rule at every `CachedAttention` it matches.
 pub(super) fn rope_kv_fusions(graph: &Graph, users: &Users) -> Vec<Fusion> {

@@ -479,7 +479,11 @@ impl Op {
                 let scalar = TensorType::new(DType::F32, Shape::scalar())?;
                 Ok(vec![scalar.clone(), scalar])
             }
-            Op::Linear { biases, swiglu } => linear_types(&rule, biases, *swiglu),
+            Op::Linear {
+                biases,
+                swiglu,
+                add_rmsnorm,
+            } => linear_types(&rule, biases, *swiglu, *add_rmsnorm),
             Op::Reshape { shape } => {
                 rule.arity(1)?;
                 let a = &operands[0];

@@ -606,3 +606,32 @@ fn rope_kv_write_types_its_parts_and_names_its_own_ports() {
     assert_eq!(op(true).index_range(8, &types), None);
     assert_eq!(op(true).alias(1), crate::Alias::MayOverwrite(3));
 }
+
+#[test]
+fn linear_with_add_rmsnorm_gives_the_norms_results_of_the_residuals_shape() {
+    let op = |groups: usize, swiglu| Op::Linear {
+        biases: vec![false; groups],
+        swiglu,
+        add_rmsnorm: Some(1e-6),
+    };
+    let bf = |dims: &[usize]| ty(DType::BF16, dims);
+    let (x, w, residual) = (f32t(&[2, 8]), bf(&[6, 8]), f32t(&[2, 1, 6]));
+    let operands = |residual: &TensorType, weight: TensorType| {
+        vec![x.clone(), w.clone(), residual.clone(), weight]
+    };
+    let both = vec![residual.clone(), residual.clone()];
+    accepts(op(1, false), &operands(&residual, bf(&[6])), &both);
+    accepts(op(1, false), &operands(&residual, f32t(&[6])), &both);
+    // The residual holds the product's rows; the norm weight is [N].
+    rejects_operand(op(1, false), &operands(&f32t(&[3, 6]), bf(&[6])), 2);
+    rejects_operand(op(1, false), &operands(&bf(&[2, 1, 6]), bf(&[6])), 2);
+    rejects_operand(op(1, false), &operands(&residual, bf(&[5])), 3);
+    rejects_arity(op(1, false), &operands(&residual, bf(&[6]))[..3], "4");
+    let two = [x.clone(), w.clone(), w.clone(), residual.clone(), bf(&[6])];
+    rejects_attribute(op(2, false), &two, "one group");
+    rejects_attribute(op(2, true), &two, "one group");
+    assert_eq!(
+        op(1, false).to_string(),
+        "linear{biases=[false], swiglu=false, add_rmsnorm_eps=1e-6}"
+    );
+}

@@ -25,7 +25,7 @@
 //! without a measurement yet).
 
 use super::launch::{all_aligned, grid_dim, grid_stride, size_arg, MAX_GRID_X, MAX_GRID_YZ};
-use super::{Addr, Arg, GemmDType, Kernel, Launch};
+use super::{Addr, Arg, GemmDType, Kernel, Launch, Stored};
 use crate::{Error, Result};
 
 /// The most rows of `x` the kernels take.
@@ -289,6 +289,109 @@ fn group_args(spec: &SkinnyLinear, between: &[Arg], weights: bool) -> Vec<Arg> {
 /// The launches (1, or 2 with split k) computing `spec`; `workspace` must hold
 /// [`workspace_bytes`](SkinnyLinear::workspace_bytes) (`None` is allowed when that is 0).
 pub fn skinny_linear(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<Vec<Launch>> {
+    let (main, partial) = main_launch(spec, workspace)?;
+    let mut launches = vec![main];
+    if let Some(partial) = partial {
+        let outputs = if spec.swiglu {
+            spec.groups[0].n
+        } else {
+            spec.virtual_columns()
+        };
+        let mut args = group_args(spec, &[Arg::Ptr(partial)], false);
+        args.extend([
+            size_arg(spec.m),
+            size_arg(spec.plan().splits),
+            Arg::I32(i32::from(spec.swiglu)),
+        ]);
+        launches.push(grid_stride(MODULE, "linear_reduce", spec.m * outputs, args));
+    }
+    Ok(launches)
+}
+
+/// The residual add and RMSNorm after a one-group linear (`Linear` with `add_rmsnorm`):
+/// `sum = y + residual` in the group's output, `normed = rmsnorm(sum) · weight`; `residual`
+/// and `normed` `[m, n]` f32 row-major, `weight [n]` stored as `stored`.
+#[derive(Clone, Copy, Debug)]
+pub struct NormEpilogue {
+    pub residual: Addr,
+    pub weight: Addr,
+    pub stored: Stored,
+    pub normed: Addr,
+    pub eps: f32,
+}
+
+/// Most threads of the norm epilogue's block (one block per row).
+const NORM_THREADS: u64 = 1024;
+
+/// `spec` (one group, no SwiGLU, `ldo = n`) with the norm epilogue: the main kernel, then with
+/// split k and at most [`NORM_THREADS`] columns one reduce that also adds the residual and
+/// normalizes, else (after `linear_reduce` when k is split) the add + RMSNorm kernel over the
+/// output in place.
+pub fn skinny_linear_add_rmsnorm(
+    spec: &SkinnyLinear,
+    workspace: Option<Addr>,
+    norm: NormEpilogue,
+) -> Result<Vec<Launch>> {
+    let group = spec.groups[0];
+    if spec.groups.len() != 1 || spec.swiglu || group.ldo != group.n {
+        let reason = "takes one group without swiglu, with rows of n".to_string();
+        refuse("add_rmsnorm", reason)?;
+    }
+    if !all_aligned(&[norm.residual, norm.normed], 4) || !all_aligned(&[norm.weight], 2) {
+        refuse("add_rmsnorm", format!("{norm:?} is not aligned"))?;
+    }
+    let (main, partial) = main_launch(spec, workspace)?;
+    let (m, n) = (spec.m, group.n);
+    // One column per thread, or the reduce and the norm as two launches (measured: 0.5B's 896
+    // columns gain, 1.5B's 1536, two columns a thread, lose).
+    let mut launches = vec![main];
+    let partial = match partial {
+        Some(_) if n > NORM_THREADS => {
+            launches.extend(skinny_linear(spec, workspace)?.into_iter().skip(1));
+            None
+        }
+        partial => partial,
+    };
+    let epilogue = match partial {
+        None => super::norm::add_rmsnorm_f32(
+            group.out,
+            norm.normed,
+            group.out,
+            norm.residual,
+            (norm.weight, norm.stored),
+            m,
+            n,
+            norm.eps,
+        )?,
+        Some(partial) => {
+            let args = vec![
+                Arg::Ptr(group.out),
+                Arg::Ptr(norm.normed),
+                Arg::Ptr(partial),
+                Arg::Ptr(group.bias.unwrap_or(group.w)),
+                Arg::I32(i32::from(group.bias.is_some())),
+                Arg::Ptr(norm.residual),
+                Arg::Ptr(norm.weight),
+                size_arg(n),
+                size_arg(m),
+                size_arg(spec.plan().splits),
+                Arg::F32(norm.eps),
+            ];
+            let function = norm.stored.pick(
+                "linear_reduce_add_rmsnorm",
+                "linear_reduce_add_rmsnorm_bf16",
+            );
+            let rows = grid_dim(function, "rows", m, MAX_GRID_X)?;
+            let threads = n.next_multiple_of(32).min(NORM_THREADS) as u32;
+            Kernel::launch(MODULE, function, (rows, 1, 1), (threads, 1, 1), 0, args)
+        }
+    };
+    launches.push(epilogue);
+    Ok(launches)
+}
+
+/// The main kernel's launch, and the partial sums it writes when k is split.
+fn main_launch(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<(Launch, Option<Addr>)> {
     spec.check()?;
     let plan = spec.plan();
     let split = plan.splits > 1;
@@ -323,29 +426,8 @@ pub fn skinny_linear(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<Vec
         Arg::I32(i32::from(spec.swiglu)),
     ]);
     let shared = plan.shared_bytes() as u32; // at most 34 KB
-    let mut launches = vec![Kernel::launch(
-        module,
-        function,
-        grid,
-        (THREADS, 1, 1),
-        shared,
-        args,
-    )];
-    if split {
-        let outputs = if spec.swiglu {
-            spec.groups[0].n
-        } else {
-            spec.virtual_columns()
-        };
-        let mut args = group_args(spec, &[Arg::Ptr(partial)], false);
-        args.extend([
-            size_arg(spec.m),
-            size_arg(plan.splits),
-            Arg::I32(i32::from(spec.swiglu)),
-        ]);
-        launches.push(grid_stride(MODULE, "linear_reduce", spec.m * outputs, args));
-    }
-    Ok(launches)
+    let main = Kernel::launch(module, function, grid, (THREADS, 1, 1), shared, args);
+    Ok((main, split.then_some(partial)))
 }
 
 #[cfg(test)]

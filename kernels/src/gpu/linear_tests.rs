@@ -209,6 +209,7 @@ fn refused_workspace(spec: &SkinnyLinear, workspace: Option<Addr>) -> &'static s
 /// The parameter count of `extern "C" __global__ void function(...)` in `module`.
 fn parameters(module: &str, function: &str) -> Option<usize> {
     let (_, source) = SOURCES.iter().find(|(name, _)| *name == module)?;
+    let source = crate::gpu::tests::without_bounds(source);
     let head = format!("extern \"C\" __global__ void {function}(");
     let start = source.find(&head)? + head.len();
     let params = &source[start..start + source[start..].find(')')?];
@@ -268,6 +269,39 @@ fn launches_name_linear_kernels_with_their_signatures() {
                 seen.insert(kernel.function);
             }
         }
+    }
+    // The norm epilogue: one block per row, a thread per column up to 1024, after a split;
+    // more columns take the reduce and the norm in place.
+    let norm = |stored| NormEpilogue {
+        residual: addr(31),
+        weight: addr(32),
+        stored,
+        normed: addr(33),
+        eps: 1e-6,
+    };
+    let wide = kernels(
+        skinny_linear_add_rmsnorm(&layer(8, 4864, &[1536]), Some(addr(30)), norm(Stored::F32))
+            .unwrap(),
+    );
+    let wide: Vec<&str> = wide.iter().map(|k| k.function).collect();
+    assert_eq!(wide, ["linear_mma_r8", "linear_reduce", "add_rmsnorm_f32"]);
+    for (m, k, n, stored, reduce) in [
+        (1, 4864, 896, Stored::BF16, "linear_reduce_add_rmsnorm_bf16"),
+        (8, 4864, 1024, Stored::F32, "linear_reduce_add_rmsnorm"),
+    ] {
+        let spec = layer(m, k, &[n]);
+        let launches =
+            kernels(skinny_linear_add_rmsnorm(&spec, Some(addr(30)), norm(stored)).unwrap());
+        assert!(spec.plan().splits > 1);
+        assert_eq!(launches[1].function, reduce);
+        let threads = (n as u32).min(1024);
+        assert_eq!(
+            (launches[1].grid, launches[1].block),
+            ((m as u32, 1, 1), (threads, 1, 1))
+        );
+        let count = parameters(MODULE, reduce).unwrap();
+        assert_eq!(count, launches[1].args.len(), "{reduce}");
+        seen.insert(launches[1].function);
     }
     let defined: usize = (SOURCES.iter())
         .filter(|(name, _)| [MODULE, MMA_MODULE].contains(name))

@@ -3,11 +3,14 @@
 //! (f32 accumulation), the bias added as `Add` adds it, SwiGLU — so a fused program equals its
 //! unfused one bit for bit on the CPU and the GPU's fused kernels are checked against it.
 
-use kiln_ir::{DType, Shape};
+use kiln_ir::{DType, Op, Shape, TensorType};
 use kiln_kernels::matmul::{matmul, matmul_workspace_len, Transpose};
 use kiln_kernels::{activation, copy, Error, Result, TensorView, TensorViewMut};
 
+use super::ops::run_op;
 use crate::placed::bytes;
+use crate::workspaces::Workspaces;
+use kiln_planner::WorkspaceNeeds;
 
 /// Bytes of `len` elements of `dtype`, rounded up to 8 (keeping the next region aligned).
 fn region(dtype: DType, len: usize) -> usize {
@@ -177,4 +180,57 @@ fn add_rows(out: &mut TensorViewMut<'_>, bias: &TensorView<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The workspace of a `Linear` with the `add_rmsnorm` epilogue over `operands`: `y [M,N]`,
+/// then the more of the linear's own scratch and the norm's.
+pub(crate) fn add_rmsnorm_workspace_bytes(operands: &[TensorType], eps: f64) -> u64 {
+    let (Some(x), Some(w), Some(norm)) =
+        (operands.first(), operands.get(1), norm_operands(operands))
+    else {
+        return 0;
+    };
+    let linear = workspace_bytes((x.dtype, x.dims()), &[w.dims()], false);
+    let y = region(DType::F32, norm[0].shape.numel()) as u64;
+    let norm = Workspaces::Cpu.workspace_bytes(&Op::AddRmsNorm { eps }, &norm);
+    y.saturating_add(linear.max(norm))
+}
+
+/// The norm epilogue's operands `(y as the residual's type, residual, norm_weight)`: the last
+/// two of a linear's operands.
+fn norm_operands(operands: &[TensorType]) -> Option<[TensorType; 3]> {
+    let [.., residual, weight] = operands else {
+        return None;
+    };
+    let y = TensorType::new(DType::F32, residual.dims()).ok()?;
+    Some([y, residual.clone(), weight.clone()])
+}
+
+/// Runs a one-group `Linear` with the `add_rmsnorm{eps}` epilogue: the linear into `y` at the
+/// front of the workspace, then `AddRmsNorm` of `y` (viewed as the residual) into `o`.
+pub(crate) fn linear_add_rmsnorm(
+    i: &[TensorView<'_>],
+    o: &mut [TensorViewMut<'_>],
+    (biases, eps): (&[bool], f64),
+    workspace: &mut [u8],
+) -> Result<()> {
+    let [.., residual, weight] = i else {
+        return Err(Error::Argument {
+            op: "linear",
+            argument: "operands",
+            reason: "the add_rmsnorm epilogue takes a residual and a norm weight".to_string(),
+        });
+    };
+    let (m, n) = (i[0].shape().dims()[0], i[1].shape().dims()[0]);
+    let (y_region, rest) = split(workspace, region(DType::F32, m * n))?;
+    let mut y = view(y_region, DType::F32, &[m, n])?;
+    linear(
+        &i[..i.len() - 2],
+        std::slice::from_mut(&mut y),
+        (biases, false),
+        rest,
+    )?;
+    let y = TensorView::contiguous(y.into_view().data(), residual.shape().clone())?;
+    let operands = [y, residual.clone(), weight.clone()];
+    run_op(&Op::AddRmsNorm { eps }, &operands, o, rest)
 }

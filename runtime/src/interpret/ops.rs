@@ -257,7 +257,16 @@ fn run_kernels(
             Ok(())
         }
         Op::Contiguous => copy::copy(&i[0], &mut o[0]),
-        Op::Linear { biases, swiglu } => super::linear::linear(i, o, (&biases, swiglu), workspace),
+        Op::Linear {
+            biases,
+            swiglu,
+            add_rmsnorm: None,
+        } => super::linear::linear(i, o, (&biases, swiglu), workspace),
+        Op::Linear {
+            biases,
+            add_rmsnorm: Some(eps),
+            ..
+        } => super::linear::linear_add_rmsnorm(i, o, (&biases, eps), workspace),
         Op::RopeKvWrite { theta, bias } => {
             super::rope_kv::rope_kv_write((theta, bias), i, o, workspace)
         }

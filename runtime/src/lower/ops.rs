@@ -74,7 +74,11 @@ pub(crate) fn lower_op(
             transpose_a,
             transpose_b,
         } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b]),
-        Op::Linear { biases, swiglu } => linear::lower_linear(&at, (biases, *swiglu), options),
+        Op::Linear {
+            biases,
+            swiglu,
+            add_rmsnorm,
+        } => linear::lower_linear(&at, (biases, *swiglu, *add_rmsnorm), options),
         _ => at.dense(options),
     }
 }

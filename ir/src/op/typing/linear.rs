@@ -1,7 +1,7 @@
 //! The type rule of the fused [`Op::Linear`](crate::Op::Linear).
 
 use super::Rule;
-use crate::{DType, Result, TensorType};
+use crate::{DType, Error, Op, Result, TensorType};
 
 /// The most weight groups of one [`Op::Linear`].
 pub const LINEAR_MAX_GROUPS: usize = 3;
@@ -10,6 +10,7 @@ pub(super) fn linear_types(
     rule: &Rule<'_>,
     biases: &[bool],
     swiglu: bool,
+    add_rmsnorm: Option<f64>,
 ) -> Result<Vec<TensorType>> {
     let groups = biases.len();
     if !(1..=LINEAR_MAX_GROUPS).contains(&groups) || (swiglu && groups != 2) {
@@ -17,7 +18,11 @@ pub(super) fn linear_types(
             "{groups} weight groups (1 to {LINEAR_MAX_GROUPS}; swiglu takes exactly 2)"
         )));
     }
-    rule.arity(1 + groups + biases.iter().filter(|&&b| b).count())?;
+    if add_rmsnorm.is_some() && (groups != 1 || swiglu) {
+        return Err(rule.attribute("add_rmsnorm takes one group without swiglu"));
+    }
+    let linear_operands = 1 + groups + biases.iter().filter(|&&b| b).count();
+    rule.arity(linear_operands + if add_rmsnorm.is_some() { 2 } else { 0 })?;
     let x = &rule.operands[0];
     let &[m, k] = x.dims() else {
         return Err(rule.type_error(0, "f32 or bf16 [M,K]"));
@@ -43,8 +48,47 @@ pub(super) fn linear_types(
         }
         return Ok(vec![TensorType::new(DType::F32, [m, widths[0]])?]);
     }
+    if let Some(eps) = add_rmsnorm {
+        return add_rmsnorm_types(rule, linear_operands, [m, widths[0]], eps);
+    }
     widths
         .iter()
         .map(|&n| TensorType::new(DType::F32, [m, n]))
         .collect()
+}
+
+/// The norm epilogue: `residual [..., N]` of `M` rows at `port`, `norm_weight` after it; the
+/// results are `AddRmsNorm`'s (its errors renamed to this op and its ports).
+fn add_rmsnorm_types(
+    rule: &Rule<'_>,
+    port: usize,
+    [m, n]: [usize; 2],
+    eps: f64,
+) -> Result<Vec<TensorType>> {
+    let residual = &rule.operands[port];
+    let (rows, last) = match residual.dims().split_last() {
+        Some((&last, rest)) => (rest.iter().fold(1usize, |n, &d| n.saturating_mul(d)), last),
+        None => (0, 0),
+    };
+    if residual.dtype != DType::F32 || rows != m || last != n {
+        return Err(rule.type_error(port, format!("f32 [..., {n}] of {m} rows")));
+    }
+    let y = TensorType::new(DType::F32, residual.dims())?;
+    let operands = [y, residual.clone(), rule.operands[port + 1].clone()];
+    Op::AddRmsNorm { eps }
+        .infer(&operands)
+        .map_err(|error| match error {
+            Error::Type {
+                port: p,
+                expected,
+                got,
+                ..
+            } => Error::Type {
+                op: rule.op.to_string(),
+                port: port + p - 1,
+                expected,
+                got,
+            },
+            other => other,
+        })
 }

@@ -1,9 +1,12 @@
 //! The fused linear layer (`Op::Linear`): the skinny kernel (`kernels/cuda/linear.cu`) for
-//! few rows, else the vendor GEMM with the input's cast, the biases and SwiGLU as kernels of
-//! their own — the unfused program's launches, in one op.
+//! few rows, else the vendor GEMM with the input's cast, the biases, SwiGLU and the residual
+//! add + RMSNorm as kernels of their own — the unfused program's launches, in one op.
 
 use kiln_ir::{DType, TensorType};
-use kiln_kernels::gpu::linear::{skinny_linear, LinearGroup, SkinnyLinear, LINEAR_MAX_ROWS};
+use kiln_kernels::gpu::linear::{
+    skinny_linear, skinny_linear_add_rmsnorm, LinearGroup, NormEpilogue, SkinnyLinear,
+    LINEAR_MAX_ROWS,
+};
 use kiln_kernels::gpu::{self, Addr, Gemm, GemmDType, Launch, SLOT_ALIGN};
 
 use super::{size, LowerOptions, Lowering, F32};
@@ -86,7 +89,7 @@ pub(crate) fn workspace_bytes(operands: &[TensorType], groups: usize, swiglu: bo
 
 pub(super) fn lower_linear(
     at: &Lowering<'_>,
-    (biases, swiglu): (&[bool], bool),
+    (biases, swiglu, add_rmsnorm): (&[bool], bool, Option<f64>),
     options: LowerOptions,
 ) -> Result<Vec<Launch>> {
     let groups = biases.len();
@@ -107,9 +110,23 @@ pub(super) fn lower_linear(
             false => None,
         });
     }
+    // With the norm epilogue the product goes to the sum, which the epilogue completes.
     let outs = (0..if swiglu { 1 } else { groups })
         .map(|port| at.result(port, "out", F32))
         .collect::<Result<Vec<_>>>()?;
+    let norm = match add_rmsnorm {
+        Some(eps) => {
+            let (weight, stored) = at.stored(bias_port + 1, "norm_weight")?;
+            Some(NormEpilogue {
+                residual: at.operand(bias_port, "residual", F32)?.addr(),
+                weight: weight.addr(),
+                stored,
+                normed: at.result(1, "normed", F32)?.addr(),
+                eps: Lowering::f32_attribute(eps),
+            })
+        }
+        None => None,
+    };
     let dims: Vec<&[usize]> = weights.iter().map(|w| w.dims()).collect();
     let shape = Shape::of((x.dtype, x.dims()), &dims);
     if shape.m == 0 || shape.widths.contains(&0) {
@@ -127,8 +144,11 @@ pub(super) fn lower_linear(
     let bf16_biases = bias.iter().flatten().all(|(b, _)| b.dtype == DType::BF16);
     if shape.m <= options.linear_rows && bf16_biases && skinny.fits() {
         let bytes = skinny.workspace_bytes();
-        let workspace = at.workspace(bytes, x.addr())?;
-        return Ok(skinny_linear(&skinny, (bytes > 0).then_some(workspace))?);
+        let workspace = (bytes > 0).then_some(at.workspace(bytes, x.addr())?);
+        return Ok(match norm {
+            Some(norm) => skinny_linear_add_rmsnorm(&skinny, workspace, norm)?,
+            None => skinny_linear(&skinny, workspace)?,
+        });
     }
     // The vendor GEMM: round x, one GEMM per group, biases, SwiGLU.
     let [rounded_bytes, temp_bytes] = shape.gemm_regions(swiglu);
@@ -187,6 +207,19 @@ pub(super) fn lower_linear(
             up,
             shape.m * n,
         ));
+    }
+    if let Some(norm) = norm {
+        // sum = y + residual over y in place, then its norm.
+        launches.push(gpu::norm::add_rmsnorm_f32(
+            out_of(0),
+            norm.normed,
+            out_of(0),
+            norm.residual,
+            (norm.weight, norm.stored),
+            shape.m,
+            shape.widths[0],
+            norm.eps,
+        )?);
     }
     Ok(launches)
 }

@@ -494,6 +494,7 @@ fn linear_takes_the_skinny_kernel_up_to_its_row_limit_and_the_gemm_beyond() {
     let op = Op::Linear {
         biases: vec![false, true],
         swiglu: true,
+        add_rmsnorm: None,
     };
     let lower = |rows: usize, limit: u64| {
         let x = placed(0, 0, &ty(F32, &[rows, 64]));
@@ -518,4 +519,66 @@ fn linear_takes_the_skinny_kernel_up_to_its_row_limit_and_the_gemm_beyond() {
         5,
         "limit 0 sends every linear to the GEMM"
     );
+}
+
+#[test]
+fn the_norm_epilogue_is_the_reduce_with_split_k_else_the_norm_in_place() {
+    let op = Op::Linear {
+        biases: vec![true],
+        swiglu: false,
+        add_rmsnorm: Some(1e-6),
+    };
+    let lower = |rows: usize, k: usize, limit: u64| {
+        let x = placed(0, 0, &ty(F32, &[rows, k]));
+        let w = placed(1, 0, &ty(DType::BF16, &[96, k]));
+        let bias = placed(2, 0, &ty(DType::BF16, &[96]));
+        let residual = placed(3, 0, &ty(F32, &[rows, 1, 96]));
+        let weight = placed(4, 0, &ty(DType::BF16, &[96]));
+        let sum = placed(5, 0, &ty(F32, &[rows, 1, 96]));
+        let normed = placed(6, 0, &ty(F32, &[rows, 1, 96]));
+        let workspace = Some((Addr { slot: 7, offset: 0 }, 1 << 20));
+        let options = LowerOptions { linear_rows: limit };
+        let operands = [x, w, bias, residual, weight];
+        lower_op(&op, &operands, &[sum, normed], workspace, FAULT, options).unwrap()
+    };
+    let functions = |launches: &[Launch]| -> Vec<&'static str> {
+        (launches.iter())
+            .map(|l| match l {
+                Launch::Kernel(k) => k.function,
+                Launch::Gemm(_) => "gemm",
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    // k = 4096 splits; k = 64 does not; 12 rows take the GEMM (cast, GEMM, bias, norm).
+    let split = lower(1, 4096, 8);
+    assert_eq!(
+        functions(&split),
+        ["linear_r1", "linear_reduce_add_rmsnorm_bf16"]
+    );
+    assert_eq!(
+        functions(&lower(4, 64, 8)),
+        ["linear_mma_r8", "add_rmsnorm_f32_bf16"]
+    );
+    let gemm = lower(12, 64, 8);
+    assert_eq!(
+        functions(&gemm),
+        [
+            "cast_f32_to_bf16_vec4",
+            "gemm",
+            "add_f32_bf16",
+            "add_rmsnorm_f32_bf16"
+        ]
+    );
+    // The reduce writes the sum and the norm (slots 5, 6) and reads the residual (slot 3).
+    let Launch::Kernel(reduce) = &split[1] else {
+        unreachable!()
+    };
+    let slots: Vec<u32> = (reduce.args.iter())
+        .filter_map(|a| match a {
+            kiln_kernels::gpu::Arg::Ptr(at) => Some(at.slot),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(slots, [5, 6, 7, 2, 3, 4]);
 }
