@@ -57,6 +57,10 @@ impl Shape {
     /// a [`TensorType`](crate::TensorType) or a tensor, whose count is known to fit; a shape
     /// from a user or a file goes through [`Shape::checked_numel`].
     pub fn numel(&self) -> usize {
+        // A zero dim makes the count 0 even where the other dims' product would overflow.
+        if self.0.contains(&0) {
+            return 0;
+        }
         self.0.iter().product()
     }
 
