@@ -22,8 +22,8 @@
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
 //!   itself: no copy.
 //!
-//! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu, cache.cu) rather than
-//! CUDA C generated per matched subgraph: the patterns that matter are few and the same in
+//! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu, cache.cu)
+//! rather than CUDA C generated per matched subgraph: the patterns that matter are few and the same in
 //! every Transformer, each fused kernel is checked against the CPU reference once for every
 //! program and shape (not per generated variant), and a fixed module compiles once rather than
 //! per program at start-up.
@@ -35,9 +35,11 @@ use petgraph::graph::NodeIndex;
 use crate::graph::NodeKind;
 use crate::op::LINEAR_MAX_GROUPS;
 use crate::{DType, Graph, InputKind, Op, Result, ValueId};
+use add_rmsnorm::with_add_rmsnorm;
 use rope_kv::rope_kv_fusions;
 use views::{view_rewrites, ViewRewrite};
 
+mod add_rmsnorm;
 mod rope_kv;
 mod views;
 
@@ -140,58 +142,6 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     without_dead_ops(&fused)
 }
 
-/// The `add_rmsnorm` rule: a one-group `Linear` whose result (or a reshape of it) is read by
-/// an `AddRmsNorm` as its `x` and by nothing else takes that norm as its epilogue, emitted
-/// where the norm was (after its residual and weight).
-fn with_add_rmsnorm(graph: &Graph, users: &Users, mut fusion: Fusion) -> Fusion {
-    let (
-        Op::Linear {
-            biases,
-            swiglu: false,
-            ..
-        },
-        [end],
-    ) = (&fusion.op, &fusion.ends[..])
-    else {
-        return fusion;
-    };
-    let Some([Some(reader)]) = users.get(end).map(Vec::as_slice) else {
-        return fusion;
-    };
-    let (view, norm) = match op_of(graph, *reader) {
-        Some(Op::Reshape { .. }) => match users.get(&ValueId {
-            node: *reader,
-            port: 0,
-        }) {
-            Some(readers) if readers.len() == 1 => (Some(*reader), readers[0]),
-            _ => return fusion,
-        },
-        _ => (None, Some(*reader)),
-    };
-    let Some(norm) = norm else {
-        return fusion;
-    };
-    let (Some(&Op::AddRmsNorm { eps }), [x, residual, weight]) =
-        (op_of(graph, norm), &graph.operands(norm)[..])
-    else {
-        return fusion;
-    };
-    let y = view.map_or(*end, |node| ValueId { node, port: 0 });
-    if *x != y || biases.len() != 1 {
-        return fusion;
-    }
-    fusion.op = Op::Linear {
-        biases: biases.clone(),
-        swiglu: false,
-        add_rmsnorm: Some(eps),
-    };
-    fusion.at = norm;
-    fusion.operands.extend([*residual, *weight]);
-    fusion.replaced.extend(view.into_iter().chain([norm]));
-    fusion.ends = (0..2).map(|port| ValueId { node: norm, port }).collect();
-    fusion
-}
-
 fn matmul_of(candidate: &Candidate) -> NodeIndex {
     candidate.matmul
 }
@@ -201,7 +151,7 @@ type Users = BTreeMap<ValueId, Vec<Option<NodeIndex>>>;
 
 /// Every value's readers: (node, operand port); outputs and writes count as readers too.
 fn users(graph: &Graph) -> Users {
-    let mut users: BTreeMap<ValueId, Vec<Option<NodeIndex>>> = BTreeMap::new();
+    let mut users: Users = BTreeMap::new();
     for node in graph.node_indices() {
         for operand in graph.operands(node) {
             users.entry(operand).or_default().push(Some(node));
@@ -231,22 +181,14 @@ fn is_param(graph: &Graph, value: ValueId) -> bool {
 }
 
 /// Whether `value` is read by exactly `reader` and nothing else.
-fn only_read_by(
-    users: &BTreeMap<ValueId, Vec<Option<NodeIndex>>>,
-    value: ValueId,
-    reader: NodeIndex,
-) -> bool {
+fn only_read_by(users: &Users, value: ValueId, reader: NodeIndex) -> bool {
     users
         .get(&value)
         .is_some_and(|u| u.as_slice() == [Some(reader)])
 }
 
 /// The `linear` rule at `node`, if it matches.
-fn candidate(
-    graph: &Graph,
-    users: &BTreeMap<ValueId, Vec<Option<NodeIndex>>>,
-    node: NodeIndex,
-) -> Option<Candidate> {
+fn candidate(graph: &Graph, users: &Users, node: NodeIndex) -> Option<Candidate> {
     let Some(Op::MatMul {
         transpose_a: false,
         transpose_b: true,
@@ -323,11 +265,7 @@ fn through_reshapes(graph: &Graph, mut value: ValueId) -> ValueId {
 
 /// The `swiglu` rule: each SwiGlu whose gate and up are the ends of candidates of one input,
 /// read by it alone.
-fn swiglu_fusions(
-    graph: &Graph,
-    users: &BTreeMap<ValueId, Vec<Option<NodeIndex>>>,
-    candidates: &[Candidate],
-) -> Vec<Fusion> {
+fn swiglu_fusions(graph: &Graph, users: &Users, candidates: &[Candidate]) -> Vec<Fusion> {
     let by_end: BTreeMap<ValueId, &Candidate> = candidates.iter().map(|c| (c.end, c)).collect();
     let mut fusions = Vec::new();
     for node in graph.node_indices() {
