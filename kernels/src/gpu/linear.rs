@@ -291,21 +291,24 @@ fn group_args(spec: &SkinnyLinear, between: &[Arg], weights: bool) -> Vec<Arg> {
 pub fn skinny_linear(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<Vec<Launch>> {
     let (main, partial) = main_launch(spec, workspace)?;
     let mut launches = vec![main];
-    if let Some(partial) = partial {
-        let outputs = if spec.swiglu {
-            spec.groups[0].n
-        } else {
-            spec.virtual_columns()
-        };
-        let mut args = group_args(spec, &[Arg::Ptr(partial)], false);
-        args.extend([
-            size_arg(spec.m),
-            size_arg(spec.plan().splits),
-            Arg::I32(i32::from(spec.swiglu)),
-        ]);
-        launches.push(grid_stride(MODULE, "linear_reduce", spec.m * outputs, args));
-    }
+    launches.extend(partial.map(|partial| reduce_launch(spec, partial)));
     Ok(launches)
+}
+
+/// `linear_reduce` over the main kernel's `partial` sums: the splits summed, bias, SwiGLU.
+fn reduce_launch(spec: &SkinnyLinear, partial: Addr) -> Launch {
+    let outputs = if spec.swiglu {
+        spec.groups[0].n
+    } else {
+        spec.virtual_columns()
+    };
+    let mut args = group_args(spec, &[Arg::Ptr(partial)], false);
+    args.extend([
+        size_arg(spec.m),
+        size_arg(spec.plan().splits),
+        Arg::I32(i32::from(spec.swiglu)),
+    ]);
+    grid_stride(MODULE, "linear_reduce", spec.m * outputs, args)
 }
 
 /// The residual add and RMSNorm after a one-group linear (`Linear` with `add_rmsnorm`):
@@ -346,8 +349,8 @@ pub fn skinny_linear_add_rmsnorm(
     // columns gain, 1.5B's 1536, two columns a thread, lose).
     let mut launches = vec![main];
     let partial = match partial {
-        Some(_) if n > NORM_THREADS => {
-            launches.extend(skinny_linear(spec, workspace)?.into_iter().skip(1));
+        Some(partial) if n > NORM_THREADS => {
+            launches.push(reduce_launch(spec, partial));
             None
         }
         partial => partial,
