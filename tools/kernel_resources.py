@@ -17,7 +17,7 @@ CUDA = ROOT / "kernels" / "cuda"
 
 def modules():
     text = (ROOT / "kernels" / "src" / "gpu.rs").read_text()
-    for name, files in re.findall(r'\("(\w+)", module!\(([^)]*)\)\)', text):
+    for name, files in re.findall(r'\(\s*"(\w+)",\s*module!\(([^)]*)\),?\s*\)', text):
         yield name, re.findall(r'"([^"]+)"', files)
 
 
