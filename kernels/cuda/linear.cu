@@ -21,7 +21,7 @@
 // issued before x is staged, so the staging latency hides behind it, and the first stage's
 // before the wait for x's producer (linear_common.cuh), so that the weights' latency hides
 // behind the kernel before. With ROWS = 1, UNROLL = 4:
-// 16 loads per thread, 111 registers (ptxas, NVRTC 13.0, sm_90), 2 blocks per SM, 128 KB of
+// 16 loads per thread, 117 registers (ptxas, NVRTC 13.0, sm_90), 2 blocks per SM, 128 KB of
 // weight bytes in flight per SM; Little's law at ~4.3 TB/s over 132 SMs with ~1 us of loaded
 // latency wants ~30 KB. (The body is a template over ROWS; buckets of 2 to 16 rows, measured
 // to lose to cuBLASLt at 8 rows since their FMAs are compute-bound there, were replaced by the

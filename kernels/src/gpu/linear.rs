@@ -16,7 +16,10 @@
 //! TFLOP/s of dense bf16 is ~230 FLOPs per byte, so 32 rows stay bound by memory.
 //!
 //! Split rule ([`linear_plan`], a function of the shape alone): a block covers 128 columns;
-//! too few tiles to give an H200's 132 SMs ~4 blocks each also split k, into ranges of a
+//! too few tiles to fill the GPU also split k: on CUDA cores into as many ranges as keep the
+//! launch within one wave of the blocks an H200 holds at once ([`CUDA_CORE_RESIDENT`]; a
+//! second wave of a few blocks costs a whole block's latency at the end), on tensor cores into
+//! enough for ~4 blocks per SM (measured: one wave loses there), in either case ranges of a
 //! multiple of 64 elements, no shorter than 128 (each lane of the CUDA-core kernel then still
 //! has two vectors per column; a warp of the tensor-core kernels one step of 4 chunks) and no
 //! more than `k / (16·m)` of them on CUDA cores (partial sums written and read at most a quarter
@@ -41,8 +44,8 @@ const OP: &str = "skinny_linear";
 const THREADS: u32 = 256;
 /// Virtual columns per block: 32 teams of 8 lanes, 4 columns each (`KILN_LINEAR_COLS`).
 const TILE_COLUMNS: u64 = 128;
-/// Blocks worth of work the split rule aims at: 4 per SM of an H200.
-const TARGET_BLOCKS: u64 = 4 * 132;
+/// Streaming multiprocessors of an H200.
+const SMS: u64 = 132;
 /// k ranges are multiples of this (8 lanes × one 8-element vector) ...
 const SPLIT_ALIGN: u64 = 64;
 /// ... and no shorter than this.
@@ -113,6 +116,16 @@ impl LinearPlan {
     }
 }
 
+/// Blocks of `linear_r1` an H200 holds at once: 132 SMs × the 2 blocks per SM that its 117
+/// registers a thread allow (ptxas via NVRTC 13.0, sm_90, 256 threads;
+/// tools/kernel_resources.py; shared memory, 32 KB a block, would allow 6).
+pub const CUDA_CORE_RESIDENT: u64 = 2 * SMS;
+
+/// Blocks the split rule aims at on tensor cores: 4 per SM. Measured on the H200
+/// (BENCHMARKS.md): one wave of resident blocks (3 per SM at 8 rows) made 0.5B decode at 8 rows
+/// slower, 1.256 → 1.324 ms, while it made one row faster, 1.147 → 1.047 ms.
+const TENSOR_CORE_TARGET: u64 = 4 * SMS;
+
 /// The plan of an `m × k` input against `virtual_columns` (Σ n, or 2n with SwiGLU): a pure
 /// function of the shape (see the module doc), at least one tile and one split for any input.
 pub fn linear_plan(m: u64, k: u64, virtual_columns: u64) -> LinearPlan {
@@ -125,7 +138,10 @@ pub fn linear_plan(m: u64, k: u64, virtual_columns: u64) -> LinearPlan {
         false => (1, STAGE_FLOATS, 16),
     };
     let column_tiles = virtual_columns.div_ceil(TILE_COLUMNS).max(1);
-    let wanted = TARGET_BLOCKS.div_ceil(column_tiles);
+    let wanted = match tensor_cores {
+        true => TENSOR_CORE_TARGET.div_ceil(column_tiles),
+        false => CUDA_CORE_RESIDENT / column_tiles,
+    };
     let by_k = k / MIN_SPLIT_K;
     let by_partials = k / (partials_divisor * m.max(1));
     let splits = wanted.min(by_k).min(by_partials).clamp(1, MAX_GRID_YZ);

@@ -164,11 +164,13 @@ fn qwen_decode_shapes_split_as_documented() {
     // (m, k, virtual columns) -> (column tiles, splits, split_k)
     let cases = [
         ((1, 896, 1152), (9, 7, 128)),       // q, k, v
-        ((1, 896, 9728), (76, 7, 128)),      // gate and up
-        ((1, 4864, 896), (7, 38, 128)),      // down
+        ((1, 896, 9728), (76, 3, 320)),      // gate and up
+        ((1, 4864, 896), (7, 26, 192)),      // down
         ((1, 896, 151_936), (1187, 1, 896)), // lm_head
-        ((1, 8960, 1536), (12, 35, 256)),    // 1.5B down
+        ((1, 1536, 17_920), (140, 1, 1536)), // 1.5B gate and up
+        ((1, 8960, 1536), (12, 20, 448)),    // 1.5B down
         ((8, 896, 1152), (9, 7, 128)),       // tensor cores from here
+        ((8, 896, 9728), (76, 7, 128)),
         ((16, 896, 1152), (9, 7, 128)),
         ((16, 4864, 896), (7, 38, 128)),
         ((32, 896, 1152), (9, 3, 320)),
@@ -182,6 +184,10 @@ fn qwen_decode_shapes_split_as_documented() {
             expected,
             "{m} x {k} x {columns}"
         );
+        // A split launch on CUDA cores is one wave of resident blocks.
+        let blocks = plan.column_tiles * plan.splits;
+        let one_wave = plan.tensor_cores || plan.splits == 1 || blocks <= CUDA_CORE_RESIDENT;
+        assert!(one_wave, "{plan:?}");
     }
     assert_eq!(swiglu(1, 896, 4864).plan(), linear_plan(1, 896, 9728));
 }
@@ -189,7 +195,7 @@ fn qwen_decode_shapes_split_as_documented() {
 #[test]
 fn workspace_is_needed_exactly_when_k_is_split() {
     let down = layer(1, 4864, &[896]);
-    assert_eq!(down.workspace_bytes(), 38 * 896 * 4);
+    assert_eq!(down.workspace_bytes(), 26 * 896 * 4);
     assert_eq!(refused_workspace(&down, None), "workspace");
     let odd = Addr { slot: 9, offset: 2 };
     assert_eq!(refused_workspace(&down, Some(odd)), "workspace");
