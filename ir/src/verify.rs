@@ -14,6 +14,11 @@
 //! - `writes`: a write names a Param or State input, at most once, with a value of its type.
 //! - `linear weights`: a fused `Linear`'s weights are Param inputs the program does not write
 //!   (its kernels read them before waiting for the kernel before them).
+//! - `attention caches`: a `CachedAttention`'s positions (and rows) are graph inputs or views
+//!   of them, and each of its caches is a graph input or a KV write (`KvCacheWrite`,
+//!   `RopeKvWrite`) into one at those same positions (and rows): its kernel reads the cache
+//!   rows below the positions, which no op of the program writes, before waiting for the
+//!   kernel before it.
 //!
 //! Rules run in this order because later ones read what earlier ones establish (`types` reads
 //! operands that `ports` has found connected; `writes` looks inputs up by names that `outputs`
@@ -39,6 +44,7 @@ pub fn verify(graph: &Graph) -> Result<()> {
     check_outputs(graph)?;
     check_writes(graph)?;
     check_linear_weights(graph)?;
+    check_attention_caches(graph)?;
     check_derived(graph)
 }
 
@@ -335,6 +341,71 @@ fn check_linear_weights(graph: &Graph) -> Result<()> {
                 return Err(invalid(
                     "linear weights",
                     format!("{} reads weight {what}", describe(graph, node)),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `value` itself, or the value a chain of views (reshape, transpose, slice) reads.
+fn through_views(graph: &Graph, mut value: ValueId) -> ValueId {
+    while let Some(NodeKind::Op(Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. })) =
+        graph.node(value.node).map(|n| &n.kind)
+    {
+        value = graph.operands(value.node)[0];
+    }
+    value
+}
+
+fn is_input(graph: &Graph, value: ValueId) -> bool {
+    matches!(
+        graph.node(value.node).map(|n| &n.kind),
+        Some(NodeKind::Input { .. })
+    )
+}
+
+/// Every `CachedAttention` reads indices that are inputs, and caches that are inputs or KV
+/// writes into inputs at its own indices (see the rule in the module doc).
+fn check_attention_caches(graph: &Graph) -> Result<()> {
+    for node in graph.node_indices() {
+        let Some(NodeKind::Op(Op::CachedAttention { .. })) = graph.node(node).map(|n| &n.kind)
+        else {
+            continue;
+        };
+        let operands = graph.operands(node);
+        let indices = &operands[3..];
+        let fail = |what: String| {
+            Err(invalid(
+                "attention caches",
+                format!("{} reads {what}", describe(graph, node)),
+            ))
+        };
+        if let Some(index) = indices
+            .iter()
+            .find(|&&v| !is_input(graph, through_views(graph, v)))
+        {
+            return fail(format!("index {index}, not a graph input"));
+        }
+        for &cache in &operands[1..3] {
+            let written = match graph.node(cache.node).map(|n| &n.kind) {
+                Some(NodeKind::Input { .. }) => continue,
+                Some(NodeKind::Op(Op::KvCacheWrite)) => {
+                    let write = graph.operands(cache.node);
+                    (write[0], write[2..].to_vec())
+                }
+                Some(NodeKind::Op(Op::RopeKvWrite { .. })) if (1..=2).contains(&cache.port) => {
+                    let write = graph.operands(cache.node);
+                    let into = write[crate::op::rope_kv::K_CACHE + cache.port - 1];
+                    let from = crate::op::rope_kv::POSITIONS;
+                    (into, write[from..from + indices.len()].to_vec())
+                }
+                _ => return fail(format!("cache {cache}, neither an input nor a KV write")),
+            };
+            if !is_input(graph, written.0) || written.1 != indices {
+                return fail(format!(
+                    "cache {cache}, a KV write into {} at other indices or not into an input",
+                    written.0
                 ));
             }
         }

@@ -458,3 +458,55 @@ fn linear_weights_rejects_a_weight_that_is_no_param_or_is_written() {
     graph.write("w", scaled).unwrap();
     rejects(&graph, "linear weights", &["`w`", "writes"]);
 }
+
+/// A cached attention reads indices that are inputs and caches that are inputs or KV writes
+/// into inputs at its own positions: caches computed otherwise, or written at other positions,
+/// are refused.
+#[test]
+fn attention_caches_rejects_caches_written_elsewhere_or_computed() {
+    let i64t = |dims: &[usize]| TensorType::new(DType::I64, dims).unwrap();
+    let attention = Op::CachedAttention { scale: 0.5 };
+    // kind 0: the state itself; 1: a KV write at the positions; 2: at other positions;
+    // 3: a cache scaled by an op; 4: positions computed by an op.
+    let build = |kind: usize| {
+        let mut g = Graph::new("decode");
+        let q = g.input("q", InputKind::Input, f32t(&[1, 2, 1, 4])).unwrap();
+        let positions = g.input("positions", InputKind::Input, i64t(&[1])).unwrap();
+        let other = g.input("other", InputKind::Input, i64t(&[1])).unwrap();
+        let k = g.input("k", InputKind::State, f32t(&[1, 1, 8, 4])).unwrap();
+        let v = g.input("v", InputKind::State, f32t(&[1, 1, 8, 4])).unwrap();
+        let fresh = g
+            .input("fresh", InputKind::Input, f32t(&[1, 1, 1, 4]))
+            .unwrap();
+        let mut at = positions;
+        let k_read = match kind {
+            1 | 2 => {
+                let where_ = if kind == 1 { positions } else { other };
+                g.op1(Op::KvCacheWrite, &[k, fresh, where_]).unwrap()
+            }
+            3 => g.op1(Op::Scale { alpha: 2.0 }, &[k]).unwrap(),
+            4 => {
+                let scores = g.input("scores", InputKind::Input, f32t(&[1, 8])).unwrap();
+                at = g.op1(Op::Argmax, &[scores]).unwrap();
+                k
+            }
+            _ => k,
+        };
+        let out = g.op1(attention.clone(), &[q, k_read, v, at]).unwrap();
+        g.output("out", out).unwrap();
+        g
+    };
+    verify(&build(0)).unwrap();
+    verify(&build(1)).unwrap();
+    rejects(
+        &build(2),
+        "attention caches",
+        &["cached_attention", "other indices"],
+    );
+    rejects(
+        &build(3),
+        "attention caches",
+        &["neither an input nor a KV write"],
+    );
+    rejects(&build(4), "attention caches", &["not a graph input"]);
+}

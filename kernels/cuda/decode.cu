@@ -11,15 +11,111 @@
 
 extern __shared__ float kiln_shared[];
 
-// Elements each thread loads per round before storing them.
+// Elements, or 16-byte vectors, each thread loads per round before storing them.
 #define KILN_DECODE_ROUND 8
+#define KILN_DECODE_VECTORS 4
+
+// q_shared[h][d] = q[b, kv * group + h, t, d] for the group's query heads: the block's
+// threads in turn, each issuing its loads before its stores.
+__device__ __forceinline__ void kiln_decode_stage_q(float* q_shared, const float* q, i64 b, i64 t,
+                                                    i64 kv, i64 group, i64 q_heads, i64 q_len,
+                                                    i64 head_dim) {
+    for (i64 i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
+        const i64 h = kv * group + i / head_dim;
+        q_shared[i] = q[((b * q_heads + h) * q_len + t) * head_dim + i % head_dim];
+    }
+}
+
+// The elements of a 16-byte vector as f32: 4 f32, or 8 bf16 widened (low half first).
+__device__ __forceinline__ void kiln_decode_widen(const uint4& raw, const float*, float (&e)[8]) {
+    e[0] = __uint_as_float(raw.x);
+    e[1] = __uint_as_float(raw.y);
+    e[2] = __uint_as_float(raw.z);
+    e[3] = __uint_as_float(raw.w);
+}
+__device__ __forceinline__ void kiln_decode_widen(const uint4& raw, const bf16_bits*,
+                                                  float (&e)[8]) {
+    const unsigned int words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        e[2 * w] = kiln_bf16_to_f32((bf16_bits)(words[w] & 0xffffu));
+        e[2 * w + 1] = kiln_bf16_to_f32((bf16_bits)(words[w] >> 16));
+    }
+}
+
+// Rows [from, to) of a chunk of keys and values (contiguous in the cache, rows of `dim`
+// elements) into shared memory as f32: keys with rows `stride` floats apart, values dense.
+// Each thread issues all the loads of a round before it stores any (a store waits for its
+// load; a load per round trip would serialize the latency): 16-byte vectors where the rows
+// allow (dim a multiple of a vector's elements, the chunk 16-byte aligned), else elements.
+template <typename C>
+__device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* values,
+                                                       const C* k_chunk, const C* v_chunk,
+                                                       int from, int to, int dim, int stride) {
+    const int per = 16 / (int)sizeof(C);  // elements of a vector
+    const bool vectors = dim % per == 0 && ((unsigned long long)k_chunk & 15) == 0 &&
+                         ((unsigned long long)v_chunk & 15) == 0;
+    const int threads = blockDim.x;
+    if (vectors) {
+        const int first = from * dim / per, end = to * dim / per;
+        for (int base = first + threadIdx.x; base < end; base += KILN_DECODE_VECTORS * threads) {
+            uint4 k_raw[KILN_DECODE_VECTORS], v_raw[KILN_DECODE_VECTORS];
+#pragma unroll
+            for (int u = 0; u < KILN_DECODE_VECTORS; ++u) {
+                const int i = base + u * threads;
+                if (i < end) {
+                    k_raw[u] = ((const uint4*)k_chunk)[i];
+                    v_raw[u] = ((const uint4*)v_chunk)[i];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < KILN_DECODE_VECTORS; ++u) {
+                const int i = base + u * threads;
+                if (i >= end) continue;
+                float k_values[8], v_values[8];
+                kiln_decode_widen(k_raw[u], k_chunk, k_values);
+                kiln_decode_widen(v_raw[u], v_chunk, v_values);
+                const int e0 = i * per;  // a vector never crosses a row
+                float* key = keys + (e0 / dim) * stride + e0 % dim;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    if (e < per) {
+                        key[e] = k_values[e];
+                        values[e0 + e] = v_values[e];
+                    }
+                }
+            }
+        }
+        return;
+    }
+    const int end = to * dim;
+    for (int base = from * dim + threadIdx.x; base < end; base += KILN_DECODE_ROUND * threads) {
+        float k_values[KILN_DECODE_ROUND], v_values[KILN_DECODE_ROUND];
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
+            const int i = base + u * threads;
+            k_values[u] = i < end ? kiln_load(k_chunk, i) : 0.0f;
+            v_values[u] = i < end ? kiln_load(v_chunk, i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
+            const int i = base + u * threads;
+            if (i < end) {
+                keys[(i / dim) * stride + i % dim] = k_values[u];
+                values[i] = v_values[u];
+            }
+        }
+    }
+}
 
 // One block per (chunk, KV head, b·T + t): the `group` query heads of one KV head share its
 // chunk of cache rows, read once. Dynamic shared memory, in floats: q [group][D], keys
 // [chunk][D + 1] (padded: the score loop reads rows, not columns), values [chunk][D], scores
 // [group][chunk]. Steps, each with the whole block:
-// 1. q, and the chunk's keys and values widened to f32, loaded with consecutive threads on
-//    consecutive elements (coalesced);
+// 1. the chunk's keys and values widened to f32 (coalesced), and q: the rows below the
+//    position before the wait for the kernel before (the indices are graph inputs, and no op
+//    of the program writes those rows: the IR verifier's `attention caches` rule), q and the
+//    rows the step itself writes after it;
 // 2. one thread per (head, key) score, its dot product in d order;
 // 3. one warp per head: the chunk max m and sum l of exp(score - m) by fixed butterflies;
 // 4. one thread per (head, d): acc = sum over keys, in key order, of p · v.
@@ -40,7 +136,6 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
     const i64 kv_first = ((slot < 0 ? 0 : slot) * kv_heads + kv) * capacity * head_dim;
     const i64 position = positions[b];
     const bool bad = position < 0 || position + q_len > capacity || slot == KILN_BAD_SLOT;
-    if (bad && threadIdx.x == 0) kiln_raise(fault);
     i64 visible = slot < 0 ? 0 : position + t + 1;
     visible = visible < 0 ? 0 : (visible > capacity ? capacity : visible);
     const i64 first = split * chunk;
@@ -52,33 +147,16 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
     float* scores = values + chunk * head_dim;
     const i64 threads = blockDim.x;
 
-    for (i64 i = threadIdx.x; i < group * head_dim; i += threads) {
-        const i64 h = kv * group + i / head_dim;
-        q_shared[i] = q[((b * q_heads + h) * q_len + t) * head_dim + i % head_dim];
-    }
-    // The chunk's rows are contiguous in the cache. Each thread issues all the loads of a
-    // round before it stores any (a store waits for its load; a load per round trip would
-    // serialize the latency).
     const C* k_chunk = k_cache + kv_first + first * head_dim;
     const C* v_chunk = v_cache + kv_first + first * head_dim;
-    const int n = (int)(count * head_dim), dim = (int)head_dim;
-    for (int base = threadIdx.x; base < n; base += KILN_DECODE_ROUND * threads) {
-        float k_values[KILN_DECODE_ROUND], v_values[KILN_DECODE_ROUND];
-#pragma unroll
-        for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
-            const int i = base + u * (int)threads;
-            k_values[u] = i < n ? kiln_load(k_chunk, i) : 0.0f;
-            v_values[u] = i < n ? kiln_load(v_chunk, i) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
-            const int i = base + u * (int)threads;
-            if (i < n) {
-                keys[(i / dim) * stride + i % dim] = k_values[u];
-                values[i] = v_values[u];
-            }
-        }
-    }
+    const int dim = (int)head_dim;
+    const i64 below = position - first;  // rows of the chunk below the position
+    const int settled = (int)(below < 0 ? 0 : (below < count ? below : count));
+    kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, 0, settled, dim, (int)stride);
+    kiln_grid_dependency_wait();
+    if (bad && threadIdx.x == 0) kiln_raise(fault);
+    kiln_decode_stage_q(q_shared, q, b, t, kv, group, q_heads, q_len, head_dim);
+    kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, settled, (int)count, dim, (int)stride);
     __syncthreads();
     for (int i = threadIdx.x; i < (int)(group * count); i += threads) {
         const int h = i / (int)count, key = i % (int)count;
@@ -131,7 +209,7 @@ extern "C" __global__ void cached_attention_split_f32(float* partials, const flo
                                                       i64 slots, i64 q_heads, i64 kv_heads,
                                                       i64 q_len, i64 capacity, i64 head_dim,
                                                       i64 chunk, float scale, int* fault) {
-    kiln_grid_dependency_wait();
+    // The body waits once the rows nothing writes are staged.
     kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
                                 kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
@@ -140,60 +218,78 @@ extern "C" __global__ void cached_attention_split_f32_bf16(
     float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
-    kiln_grid_dependency_wait();
+    // The body waits once the rows nothing writes are staged.
     kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
                                 kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
 
-// One block per (query head, b·T + t): out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M),
-// M the largest chunk max. Empty chunks (m = −inf, l = 0) add nothing; a row with no key at
-// all (padding) is 0. Dynamic shared memory:
-// 2·splits floats (each chunk's max, then its weight e^(m_c − M)). M and the total are block
-// reductions (fixed order); each output element sums the chunks in chunk order, its loads
-// issued KILN_DECODE_ROUND at a time.
+// One block per (query head, b·T + t), a thread per output element d (blockDim >= head_dim,
+// a multiple of 32): out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M), M the largest
+// chunk max. Empty chunks (m = −inf, l = 0) add nothing; a row with no key at all (padding)
+// is 0. Warp 0 takes the chunks' (m, l) (lane c: chunks c, c + 32, ...; M and the sums by
+// fixed butterflies) and leaves each chunk's weight e^(m_c − M) and the total in shared memory
+// (splits + 2 floats, dynamic), while every thread's loads of its first KILN_DECODE_COMBINE
+// chunks' acc_c[d] are in flight; after one barrier each thread sums its chunks in chunk order.
+#define KILN_DECODE_COMBINE 16
 extern "C" __global__ void cached_attention_combine_f32(float* out, const float* partials,
                                                         i64 q_heads, i64 q_len, i64 head_dim,
                                                         i64 splits) {
     kiln_grid_dependency_wait();
-    __shared__ float scratch[KILN_WARP];
     const i64 h = blockIdx.y, row = blockIdx.z;
     const i64 b = row / q_len, t = row % q_len;
     const i64 q_index = (b * q_heads + h) * q_len + t;
     const i64 stride = head_dim + 2;
     const float* part = partials + q_index * splits * stride;
-    float* maxima = kiln_shared;
-    float* weights = kiln_shared + splits;
-    float top = -__int_as_float(0x7f800000), sums = 0.0f;
-    for (i64 c = threadIdx.x; c < splits; c += blockDim.x) {
-        maxima[c] = part[c * stride];
-        top = kiln_max(top, maxima[c]);
-        sums += part[c * stride + 1];
-    }
-    top = kiln_block_max(top, scratch);
-    sums = kiln_block_sum(sums, scratch);
-    // No key at all (a padding row): every chunk is empty (m = -inf, l = 0) and the output is
-    // 0. Keys whose scores are all -inf give l = NaN, and NaN, as on the CPU.
-    const bool empty = top == -__int_as_float(0x7f800000) && sums == 0.0f;
-    float total = 0.0f;
-    for (i64 c = threadIdx.x; c < splits; c += blockDim.x) {
-        weights[c] = expf(maxima[c] - top);
-        total += part[c * stride + 1] * weights[c];
-    }
-    total = kiln_block_sum(total, scratch);
-    float* out_row = out + ((b * q_len + t) * q_heads + h) * head_dim;
-    for (i64 d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (i64 c0 = 0; c0 < splits; c0 += KILN_DECODE_ROUND) {
-            float chunk[KILN_DECODE_ROUND];
+    float* weights = kiln_shared;
+    float* total_at = kiln_shared + splits;  // the total, then 1 for an empty row
+    const i64 d = threadIdx.x;
+    const bool active = d < head_dim;
+    float chunk[KILN_DECODE_COMBINE];
 #pragma unroll
-            for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
-                chunk[u] = c0 + u < splits ? part[(c0 + u) * stride + 2 + d] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
-                if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
-            }
+    for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+        chunk[u] = active && u < splits ? part[u * stride + 2 + d] : 0.0f;
+    }
+    if (threadIdx.x < KILN_WARP) {
+        const int lane = threadIdx.x;
+        float top = -__int_as_float(0x7f800000), sums = 0.0f;
+        for (i64 c = lane; c < splits; c += KILN_WARP) {
+            const float m = part[c * stride];
+            weights[c] = m;
+            top = kiln_max(top, m);
+            sums += part[c * stride + 1];
         }
-        out_row[d] = empty ? 0.0f : acc / total;
+        top = kiln_warp_max(top);
+        sums = kiln_warp_sum(sums);
+        float total = 0.0f;
+        for (i64 c = lane; c < splits; c += KILN_WARP) {
+            weights[c] = expf(weights[c] - top);
+            total += part[c * stride + 1] * weights[c];
+        }
+        total = kiln_warp_sum(total);
+        if (lane == 0) {
+            // No key at all (a padding row): every chunk is empty (m = -inf, l = 0) and the
+            // output is 0. Keys whose scores are all -inf give l = NaN, and NaN, as on the CPU.
+            total_at[0] = total;
+            total_at[1] = top == -__int_as_float(0x7f800000) && sums == 0.0f ? 1.0f : 0.0f;
+        }
     }
+    __syncthreads();
+    if (!active) return;
+    float acc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+        if (u < splits) acc += chunk[u] * weights[u];
+    }
+    for (i64 c0 = KILN_DECODE_COMBINE; c0 < splits; c0 += KILN_DECODE_COMBINE) {
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+            chunk[u] = c0 + u < splits ? part[(c0 + u) * stride + 2 + d] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+            if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
+        }
+    }
+    float* out_row = out + ((b * q_len + t) * q_heads + h) * head_dim;
+    out_row[d] = total_at[1] != 0.0f ? 0.0f : acc / total_at[0];
 }

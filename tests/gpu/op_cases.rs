@@ -232,7 +232,9 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             vec![bf(&[3, 5]), f(&[3, 5])],
         ),
     ]);
+    // D = 6: the cached attention stages its rows element by element (no 16-byte vectors).
     for &(b, t, hq, hkv, d) in &[
+        (1, 3, 3, 1, 6),
         (1, 1, 2, 1, 16),
         (2, 5, 4, 2, 32),
         (1, 40, 14, 2, 64),

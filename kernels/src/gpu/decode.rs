@@ -1,6 +1,6 @@
 //! Builders of `decode.cu`: attention over a KV cache split over keys (one block per chunk of
 //! [`key_chunk`] cache rows of one KV head and all its query heads, then one combine block per
-//! query row).
+//! query head and row).
 
 use super::attention::AttentionDims;
 use super::cache::CacheRows;
@@ -114,8 +114,8 @@ pub fn cached_attention_f32(
         size_arg(dims.head_dim),
         size_arg(splits),
     ];
-    // Each chunk's max and weight (decode.cu).
-    let combine_shared = 2 * splits * 4;
+    // Each chunk's weight, the total and the empty flag (decode.cu).
+    let combine_shared = (splits + 2) * 4;
     if combine_shared > MAX_SHARED_BYTES {
         return Err(crate::Error::Argument {
             op: COMBINE,
@@ -124,7 +124,7 @@ pub fn cached_attention_f32(
                 "{} cache rows make {splits} chunks, more than the combine's shared memory \
                  holds ({} chunks)",
                 dims.kv_len,
-                MAX_SHARED_BYTES / 8
+                MAX_SHARED_BYTES / 4 - 2
             ),
         });
     }
@@ -132,11 +132,7 @@ pub fn cached_attention_f32(
         MODULE,
         COMBINE,
         (1, heads, rows),
-        (
-            dims.head_dim.next_multiple_of(32).clamp(32, 256) as u32,
-            1,
-            1,
-        ),
+        (dims.head_dim.next_multiple_of(32).max(32) as u32, 1, 1), // a thread per element
         combine_shared as u32,
         combine_args,
     );

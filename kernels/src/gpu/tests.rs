@@ -450,10 +450,11 @@ fn clipping_splits_each_gradient_by_its_size_alone() {
 /// Every kernel begins with `kiln_grid_dependency_wait()`: kiln launches kernels with
 /// programmatic stream serialization, so a kernel without the wait could read its producer's
 /// output before it is written, and finish before its predecessor (common.cuh says why). The
-/// one exception is the skinny linears' main kernels, whose bodies wait once their first
-/// weight loads (parameters, which nothing writes) are in flight (linear_common.cuh): each
-/// begins with its outputs and a body that waits before x is read and before anything is
-/// written.
+/// exceptions read only what no kernel of the program writes before their bodies wait: the
+/// skinny linears' main kernels their first weight loads (parameters; linear_common.cuh), each
+/// beginning with its outputs and a body that waits before x is read and before anything is
+/// written; the cached attention's split kernels the cache rows below the positions
+/// (decode.cu), waiting before q is read and before anything but shared memory is written.
 #[test]
 fn every_kernel_waits_for_its_producers_first() {
     let mut kernels = 0;
@@ -466,14 +467,35 @@ fn every_kernel_waits_for_its_producers_first() {
                 && ["kiln_linear_body<", "kiln_mma_body<"]
                     .iter()
                     .any(|call| first[..first.find('}').unwrap()].contains(call));
+            let attention_waits_in_body = *module == "decode"
+                && first.starts_with("// The body waits once the rows nothing writes are staged.")
+                && first[..first.find('}').unwrap()].contains("kiln_cached_attention_split(");
             assert!(
-                first.starts_with("kiln_grid_dependency_wait();") || waits_in_body,
+                first.starts_with("kiln_grid_dependency_wait();")
+                    || waits_in_body
+                    || attention_waits_in_body,
                 "module {module}: the kernel at byte {at} does not begin with the wait"
             );
             kernels += 1;
         }
     }
     assert!(kernels >= SOURCES.len(), "found {kernels} kernels");
+    // The attention split body: one wait, after the settled rows are staged and before q, the
+    // fault word and the partials.
+    let (_, decode) = SOURCES.iter().find(|(name, _)| *name == "decode").unwrap();
+    let text = &decode[decode.find("void kiln_cached_attention_split(").unwrap()..];
+    let text = &text[..text.find("\n}\n").unwrap()];
+    let wait = text.find("kiln_grid_dependency_wait();").unwrap();
+    assert_eq!(text.matches("kiln_grid_dependency_wait();").count(), 1);
+    let settled = text
+        .find("kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, 0,")
+        .unwrap();
+    for after in ["kiln_raise(fault)", "kiln_decode_stage_q(", "partials +"] {
+        assert!(
+            settled < wait && wait < text.find(after).unwrap(),
+            "{after}"
+        );
+    }
     // The bodies that wait: once after the first step's weight loads (x is staged after it),
     // and again (a no-op then) before the results, for a block whose k range is empty.
     for (body, load, stage) in [
