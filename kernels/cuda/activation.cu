@@ -49,8 +49,8 @@ __device__ __forceinline__ void kiln_better(float& value, i64& index, float othe
 
 __device__ void kiln_warp_better(float& value, i64& index) {
     for (int offset = KILN_WARP / 2; offset > 0; offset /= 2) {
-        const float other_value = __shfl_down_sync(0xffffffffu, value, offset);
-        const i64 other_index = __shfl_down_sync(0xffffffffu, index, offset);
+        const float other_value = kiln_shfl_down(value, offset);
+        const i64 other_index = kiln_shfl_down(index, offset);
         kiln_better(value, index, other_value, other_index);
     }
 }

@@ -10,6 +10,30 @@ typedef unsigned short bf16_bits;
 #define KILN_WARP 32
 #define KILN_FULL_MASK 0xffffffffu
 
+// Warp shuffles over groups of KILN_WARP = 32 lanes, the one place kiln's kernels name them.
+// NVRTC: CUDA's *_sync intrinsics over the whole warp. hipRTC (__HIPCC_RTC__): HIP's, with the
+// group width, so that a 64-lane wavefront is two groups of 32 and every butterfly and
+// reduction keeps its 32-lane pairing and order.
+#if defined(__HIPCC_RTC__)
+template <typename T>
+__device__ __forceinline__ T kiln_shfl_xor(T value, int lane_mask) {
+    return __shfl_xor(value, lane_mask, KILN_WARP);
+}
+template <typename T>
+__device__ __forceinline__ T kiln_shfl_down(T value, int delta) {
+    return __shfl_down(value, delta, KILN_WARP);
+}
+#else
+template <typename T>
+__device__ __forceinline__ T kiln_shfl_xor(T value, int lane_mask) {
+    return __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask);
+}
+template <typename T>
+__device__ __forceinline__ T kiln_shfl_down(T value, int delta) {
+    return __shfl_down_sync(KILN_FULL_MASK, value, delta);
+}
+#endif
+
 // Programmatic dependent launch (sm_90 and later): kiln may launch each kernel with
 // programmatic stream serialization, so that it is scheduled while the kernel before it on
 // its stream still runs. Every kiln kernel therefore begins here (the skinny linears once their
@@ -61,7 +85,7 @@ __device__ __forceinline__ void kiln_store(bf16_bits* p, i64 i, float v) {
 // Sum over a warp by butterfly (every lane gets the same bits: the pairing is fixed).
 __device__ __forceinline__ float kiln_warp_sum(float value) {
     for (int lane_mask = KILN_WARP / 2; lane_mask > 0; lane_mask >>= 1) {
-        value += __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask);
+        value += kiln_shfl_xor(value, lane_mask);
     }
     return value;
 }
@@ -75,7 +99,7 @@ __device__ __forceinline__ float kiln_max(float a, float b) {
 
 __device__ __forceinline__ float kiln_warp_max(float value) {
     for (int lane_mask = KILN_WARP / 2; lane_mask > 0; lane_mask >>= 1) {
-        value = kiln_max(value, __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask));
+        value = kiln_max(value, kiln_shfl_xor(value, lane_mask));
     }
     return value;
 }

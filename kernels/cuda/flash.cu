@@ -199,12 +199,12 @@ __device__ __forceinline__ void kiln_flash_copy4(float* dst, const float* src, b
 
 // Sum and max over the 4 lanes of a quad (the lanes holding one accumulator row), fixed order.
 __device__ __forceinline__ float kiln_flash_quad_sum(float x) {
-    x += __shfl_xor_sync(KILN_FULL_MASK, x, 1);
-    return x + __shfl_xor_sync(KILN_FULL_MASK, x, 2);
+    x += kiln_shfl_xor(x, 1);
+    return x + kiln_shfl_xor(x, 2);
 }
 __device__ __forceinline__ float kiln_flash_quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(KILN_FULL_MASK, x, 1));
-    return fmaxf(x, __shfl_xor_sync(KILN_FULL_MASK, x, 2));
+    x = fmaxf(x, kiln_shfl_xor(x, 1));
+    return fmaxf(x, kiln_shfl_xor(x, 2));
 }
 
 // ---- staging ----

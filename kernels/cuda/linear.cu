@@ -51,7 +51,7 @@
 // Sum over the 8 lanes of a team (every lane of the team gets the same bits).
 __device__ __forceinline__ float kiln_linear_team_sum(float value) {
     for (int lane_mask = KILN_LINEAR_TEAM / 2; lane_mask > 0; lane_mask >>= 1) {
-        value += __shfl_xor_sync(KILN_FULL_MASK, value, lane_mask);
+        value += kiln_shfl_xor(value, lane_mask);
     }
     return value;
 }

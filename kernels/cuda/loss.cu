@@ -34,8 +34,8 @@ __device__ KilnMaxSum kiln_row_max_sum(const float* row, i64 vocab) {
     }
     for (int lane_mask = KILN_WARP / 2; lane_mask > 0; lane_mask >>= 1) {
         KilnMaxSum other;
-        other.max = __shfl_xor_sync(KILN_FULL_MASK, acc.max, lane_mask);
-        other.sum = __shfl_xor_sync(KILN_FULL_MASK, acc.sum, lane_mask);
+        other.max = kiln_shfl_xor(acc.max, lane_mask);
+        other.sum = kiln_shfl_xor(acc.sum, lane_mask);
         acc = kiln_merge(acc, other);
     }
     const int lane = threadIdx.x % KILN_WARP;
