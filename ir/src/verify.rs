@@ -33,7 +33,8 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 use crate::graph::{Edge, Node, NodeKind};
-use crate::{Error, Graph, InputKind, Op, Result, TensorType, ValueId};
+use crate::op::rope_kv::{self, RopeKvParts};
+use crate::{Alias, Error, Graph, InputKind, Op, Result, TensorType, ValueId};
 
 /// Checks every rule of the module doc; the first violation found is the error.
 pub fn verify(graph: &Graph) -> Result<()> {
@@ -348,12 +349,14 @@ fn check_linear_weights(graph: &Graph) -> Result<()> {
     Ok(())
 }
 
-/// `value` itself, or the value a chain of views (reshape, transpose, slice) reads.
+/// `value` itself, or the value a chain of views (ops whose result is `Alias::ViewOf` an
+/// operand) reads.
 fn through_views(graph: &Graph, mut value: ValueId) -> ValueId {
-    while let Some(NodeKind::Op(Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. })) =
-        graph.node(value.node).map(|n| &n.kind)
-    {
-        value = graph.operands(value.node)[0];
+    while let Some(NodeKind::Op(op)) = graph.node(value.node).map(|n| &n.kind) {
+        let Alias::ViewOf(operand) = op.alias(value.port) else {
+            break;
+        };
+        value = graph.operands(value.node)[operand];
     }
     value
 }
@@ -394,11 +397,18 @@ fn check_attention_caches(graph: &Graph) -> Result<()> {
                     let write = graph.operands(cache.node);
                     (write[0], write[2..].to_vec())
                 }
-                Some(NodeKind::Op(Op::RopeKvWrite { .. })) if (1..=2).contains(&cache.port) => {
+                Some(&NodeKind::Op(Op::RopeKvWrite { theta, bias }))
+                    if (1..=2).contains(&cache.port) =>
+                {
                     let write = graph.operands(cache.node);
-                    let into = write[crate::op::rope_kv::K_CACHE + cache.port - 1];
-                    let from = crate::op::rope_kv::POSITIONS;
-                    (into, write[from..from + indices.len()].to_vec())
+                    let into = write[rope_kv::K_CACHE + cache.port - 1];
+                    let ports = RopeKvParts::of(theta, bias, write.len()).map(|p| p.indices);
+                    let at = ports
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|&i| write[i])
+                        .collect();
+                    (into, at)
                 }
                 _ => return fail(format!("cache {cache}, neither an input nor a KV write")),
             };
