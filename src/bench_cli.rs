@@ -66,6 +66,10 @@ pub struct BenchCli {
     /// Programmatic dependent launch (sm_90 and later): on, or off for plain stream order.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pdl: Switch,
+    /// Split skinny linears finished inside thread block clusters (sm_90 and later): on, or
+    /// off for a reduce launch each.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    clusters: Switch,
     /// Also time each step alone once and list the costliest ops (one stream).
     #[arg(long)]
     profile: bool,
@@ -116,6 +120,7 @@ impl BenchCli {
             linear_rows,
             fusion,
             pdl,
+            clusters,
             profile,
             memory_budget,
             seed,
@@ -171,6 +176,7 @@ impl BenchCli {
             steps,
             linear_rows,
             pdl: pdl == Switch::On,
+            clusters: clusters == Switch::On,
             profile,
             memory_budget,
         };

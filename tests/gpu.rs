@@ -26,7 +26,7 @@ use kiln_ir::{DType, Graph, InputKind, Op, TensorType};
 use kiln_kernels::testing;
 use kiln_planner::{plan, PlanOptions};
 use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
-use kiln_runtime::{interpret, Tensor};
+use kiln_runtime::{interpret, LowerOptions, Tensor};
 use kiln_runtime::{Backend, RunMode};
 use rand::rngs::StdRng;
 
@@ -241,14 +241,17 @@ fn check_op(
     .unwrap();
     let want = interpret(&graph, &mut values.clone()).unwrap();
 
-    let run = |mode: RunMode| {
+    let run = |mode: RunMode, clusters: bool| {
         // Fused linears of up to 32 rows on the skinny kernels (the default sends 2 rows and
         // more to cuBLASLt, which the tiny programs check); more rows take cuBLASLt here too.
-        let mut exe = match op {
-            Op::Linear { .. } => CudaExecutable::with_linear_rows(device, &graph, &planned, 32),
-            _ => CudaExecutable::new(device, &graph, &planned),
-        }
-        .unwrap();
+        let options = match op {
+            Op::Linear { .. } => LowerOptions {
+                linear_rows: 32,
+                clusters,
+            },
+            _ => LowerOptions::default(),
+        };
+        let mut exe = CudaExecutable::with_options(device, &graph, &planned, options).unwrap();
         for (name, tensor) in &values {
             exe.set(name, tensor).unwrap();
         }
@@ -257,8 +260,11 @@ fn check_op(
             .map(|port| exe.get(&format!("out{port}")).unwrap())
             .collect::<Vec<_>>()
     };
-    let eager = run(RunMode::Eager);
-    let replayed = run(RunMode::Graph);
+    let eager = run(RunMode::Eager, true);
+    let replayed = run(RunMode::Graph, true);
+    // A split linear finishes inside its clusters or by a reduce launch: the same sums in the
+    // same order, so the same bits.
+    let reduced = matches!(op, Op::Linear { .. }).then(|| run(RunMode::Graph, false));
     let mut worst = 0.0f64;
     for (port, got) in eager.iter().enumerate() {
         let reference = &want[&format!("out{port}")];
@@ -294,6 +300,10 @@ fn check_op(
             bits(&replayed[port]),
             "{name}: replay differs from eager"
         );
+        if let Some(reduced) = &reduced {
+            let clustered = bits(got) == bits(&reduced[port]);
+            assert!(clustered, "{name}: out{port} differs without clusters");
+        }
         worst = worst.max(error);
     }
     worst

@@ -52,6 +52,19 @@ __device__ __forceinline__ void kiln_grid_dependency_wait() {
 #endif
 }
 
+// Thread block clusters (sm_90 and later): every thread of every block of the launch's cluster
+// arrives, then waits for the others. The arrive releases and the wait acquires at cluster
+// scope, so each block sees the memory writes, global ones included, that the cluster's
+// threads made before arriving. Only kernels launched as clusters call it (their builders set
+// the cluster shape and the flag that takes this path together); elsewhere (older
+// architectures, hipRTC) it is empty and never reached.
+__device__ __forceinline__ void kiln_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
 // bf16 bits -> f32: exact (bf16 is the upper half of an f32; NaN payloads are kept).
 __device__ __forceinline__ float kiln_bf16_to_f32(bf16_bits bits) {
     return __uint_as_float(((unsigned int)bits) << 16);

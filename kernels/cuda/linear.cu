@@ -38,8 +38,12 @@
 // builder's linear_plan picks split_k from the shape alone (enough blocks for the SMs when the
 // columns are few). With one split the block adds bias, applies SwiGLU and writes the outputs.
 // With more, it writes its f32 sums to partial[y][r][virtual column] (gate's columns, then
-// up's, with SwiGLU) and linear_reduce sums the splits in increasing order, adds bias and
-// applies the epilogue.
+// up's, with SwiGLU), and the splits are summed in increasing order, bias added and the
+// epilogue applied (kiln_linear_finish) either by linear_reduce, a launch of its own, or (this
+// kernel, where the device has thread block clusters and a tile has at most 16 splits) by the
+// tile's splits themselves, launched as one cluster: each finishes a share of the tile once the
+// cluster's barrier says every partial is written (kiln_linear_cluster_finish). The same bits
+// either way. The tensor-core kernels keep linear_reduce: in clusters they measured slower.
 //
 // Determinism. Each lane adds its products in increasing k; the 8 lanes of a team combine by a
 // fixed butterfly; splits combine in increasing order. No atomics, nothing depends on timing.
@@ -244,23 +248,6 @@ __device__ __forceinline__ void kiln_linear_body(
     }
 }
 
-// The main kernel for one row (m = 1; more rows take linear_mma.cu). Unused groups have n = 0
-// and any valid pointers; b_g is read only when has_b_g is nonzero; `partial` is written only
-// with more than one split (gridDim.y > 1).
-
-extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* partial,
-                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
-                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
-                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
-                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
-    KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
-    kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                split_k, stage_k, swiglu);
-}
-
-// Sums the splits of `partial` ([splits][m][n_virtual]) in increasing order, adds bias and
-// applies the epilogue: one thread per output element (m * n0 with SwiGLU, else m * n_virtual).
 // sum over s < splits of at[s * stride], in increasing s, the loads of a round issued
 // before the adds (one load in flight at a time would serialize the splits' latency).
 #define KILN_LINEAR_ROUND 8
@@ -280,6 +267,70 @@ __device__ __forceinline__ float kiln_linear_split_sum(const float* at, i64 stri
     return sum;
 }
 
+// Output (r, v) of a split launch (v < n0 with SwiGLU, else < n0 + n1 + n2) from `partial`
+// ([splits][m][virtual columns], the main kernels' layout): the splits summed in increasing
+// order, bias added, the epilogue applied. linear_reduce and the cluster finish both use it,
+// so either gives the same bits.
+__device__ __forceinline__ void kiln_linear_finish(const KilnLinearOut& out, const float* partial,
+                                                   i64 r, i64 v, i64 n0, i64 n1, i64 n2, i64 m,
+                                                   i64 splits, int swiglu) {
+    const i64 n_virtual = swiglu ? 2 * n0 : n0 + n1 + n2;
+    const float* at = partial + r * n_virtual + v;
+    const i64 split_stride = m * n_virtual;
+    const float sum = kiln_linear_split_sum(at, split_stride, splits);
+    if (swiglu) {
+        const float up = kiln_linear_split_sum(at + n0, split_stride, splits);
+        kiln_linear_write_swiglu(out, r, v, sum, up);
+    } else {
+        int g = 0;
+        i64 j = 0;
+        kiln_linear_locate(v, n0, n1, &g, &j);
+        kiln_linear_write(out, g, r, j, sum);
+    }
+}
+
+// The finish of a split launch inside the kernel, with no reduce launch: the builder launches
+// each column tile's gridDim.y splits as one cluster (at most 16 blocks, Hopper's limit).
+// Once every block of the cluster has written its partial sums (kiln_cluster_sync orders
+// them, in global memory, before the reads), block y finishes the y-th of gridDim.y
+// contiguous shares of the tile's m * width outputs (width = the tile's 128 virtual columns,
+// or its 64 outputs with SwiGLU), each by kiln_linear_finish. Every thread of the block calls it.
+__device__ __forceinline__ void kiln_linear_cluster_finish(const KilnLinearOut& out,
+                                                           const float* partial, i64 n0, i64 n1,
+                                                           i64 n2, i64 m, int swiglu) {
+    kiln_cluster_sync();
+    const i64 tile = (blockDim.x / KILN_LINEAR_TEAM) * KILN_LINEAR_COLS;  // a team's 4 columns
+    const i64 n_out = swiglu ? n0 : n0 + n1 + n2;
+    const i64 width = swiglu ? tile / 2 : tile;
+    const i64 splits = gridDim.y;
+    const i64 count = m * width;
+    const i64 share = (count + splits - 1) / splits;
+    const i64 begin = (i64)blockIdx.y * share;
+    const i64 end = begin + share < count ? begin + share : count;
+    for (i64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const i64 v = (i64)blockIdx.x * width + i % width;
+        if (v < n_out) kiln_linear_finish(out, partial, i / width, v, n0, n1, n2, m, splits, swiglu);
+    }
+}
+
+// The main kernel for one row (m = 1; more rows take linear_mma.cu). Unused groups have n = 0
+// and any valid pointers; b_g is read only when has_b_g is nonzero; `partial` is written only
+// with more than one split (gridDim.y > 1); with cluster_finish the launch's clusters are its
+// column tiles' splits, which finish it (kiln_linear_cluster_finish), else linear_reduce does.
+
+extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* partial,
+                                     const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
+                                     const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
+                                     int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
+                                     i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
+                                     i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu,
+                                     int cluster_finish) {
+    KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
+    kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
+                                split_k, stage_k, swiglu);
+    if (cluster_finish) kiln_linear_cluster_finish(out, partial, n0, n1, n2, m, swiglu);
+}
+
 extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const float* partial,
                                          const bf16_bits* b0, const bf16_bits* b1,
                                          const bf16_bits* b2, int has_b0, int has_b1,
@@ -287,23 +338,9 @@ extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const 
                                          i64 ldo2, i64 m, i64 splits, int swiglu) {
     kiln_grid_dependency_wait();
     KILN_LINEAR_OUT;
-    const i64 n_virtual = swiglu ? 2 * n0 : n0 + n1 + n2;
-    const i64 n_out = swiglu ? n0 : n_virtual;
+    const i64 n_out = swiglu ? n0 : n0 + n1 + n2;
     KILN_FOR_EACH(i, m * n_out) {
-        const i64 r = i / n_out;
-        const i64 v = i % n_out;
-        const float* at = partial + r * n_virtual + v;
-        const i64 split_stride = m * n_virtual;
-        float sum = kiln_linear_split_sum(at, split_stride, splits);
-        if (swiglu) {
-            float up = kiln_linear_split_sum(at + n0, split_stride, splits);
-            kiln_linear_write_swiglu(out, r, v, sum, up);
-        } else {
-            int g = 0;
-            i64 j = 0;
-            kiln_linear_locate(v, n0, n1, &g, &j);
-            kiln_linear_write(out, g, r, j, sum);
-        }
+        kiln_linear_finish(out, partial, i / n_out, i % n_out, n0, n1, n2, m, splits, swiglu);
     }
 }
 

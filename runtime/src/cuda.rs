@@ -211,6 +211,8 @@ pub struct CudaDevice {
     /// with programmatic stream serialization (their `griddepcontrol` instructions exist
     /// there, and graphs capture the launches).
     programmatic_launch: bool,
+    /// Compute capability 9.0 or later: kernels may be launched as thread block clusters.
+    clusters: bool,
     modules: Mutex<Option<Modules>>,
     cache: KernelCache,
     staging: Mutex<Option<staging::Staging>>,
@@ -249,6 +251,7 @@ impl CudaDevice {
             name,
             arch,
             programmatic_launch: major >= 9 && driver_version >= PROGRAMMATIC_LAUNCH_DRIVER,
+            clusters: major >= 9,
             modules: Mutex::new(None),
             cache: KernelCache::from_env(),
             staging: Mutex::new(None),
@@ -282,6 +285,11 @@ impl CudaDevice {
     /// driver 12.3 and later).
     pub fn supports_programmatic_launch(&self) -> bool {
         self.programmatic_launch
+    }
+
+    /// Whether kernels can be launched as thread block clusters (sm_90 and later).
+    pub fn supports_clusters(&self) -> bool {
+        self.clusters
     }
 
     /// The device's name and architecture, e.g. `NVIDIA H200 (sm_90)`.

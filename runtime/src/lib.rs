@@ -46,6 +46,7 @@ pub use error::{Error, Result};
 pub use group::{ExecutableGroup, GroupMemory, SharedInput};
 pub use interpret::interpret;
 pub use launch::launch;
+pub use lower::LowerOptions;
 pub use planned::execute;
 pub use planned::CpuExecutable;
 pub use program::{lower_for_device, LoweringSummary};

@@ -11,7 +11,8 @@ use kiln_kernels::gpu::Addr;
 use crate::placed::ValueLayout;
 
 pub(crate) use ops::linear::workspace_bytes as linear_workspace_bytes;
-pub(crate) use ops::{lower_op, LowerOptions};
+pub(crate) use ops::lower_op;
+pub use ops::LowerOptions;
 
 /// A placed value: its buffer starts at `base`; `layout` says where its elements sit from
 /// there (dtype, element strides and offset, as a CPU `Tensor` over its storage). Derefs to the

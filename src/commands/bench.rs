@@ -17,7 +17,7 @@ use kiln_frontend::model::ModelConfig;
 use kiln_frontend::programs::{build, example_inputs, plan_program, ProgramKind, ProgramOptions};
 use kiln_planner::PlanOptions;
 use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
-use kiln_runtime::RunMode;
+use kiln_runtime::{LowerOptions, RunMode};
 use serde::Serialize;
 
 /// HBM copy bandwidth of the H200 measured on the device machine (bytes read + written per
@@ -40,6 +40,8 @@ pub struct BenchArgs {
     pub linear_rows: Option<u64>,
     /// Programmatic dependent launch where the device supports it.
     pub pdl: bool,
+    /// Split skinny linears finished inside thread block clusters where the device has them.
+    pub clusters: bool,
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
@@ -66,6 +68,8 @@ pub struct BenchResult {
     pub linear_rows: Option<u64>,
     /// Whether kernels were launched with programmatic dependent launch.
     pub pdl: bool,
+    /// Whether split skinny linears finished inside thread block clusters.
+    pub clusters: bool,
     pub steps: usize,
     pub median_ms: f64,
     pub p95_ms: f64,
@@ -227,10 +231,12 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         planned.schedule.len(),
         planned.arena_bytes as f64 / (1u64 << 20) as f64
     );
-    let mut exe = match args.linear_rows {
-        Some(rows) => CudaExecutable::with_linear_rows(&device, &graph, &planned, rows)?,
-        None => CudaExecutable::new(&device, &graph, &planned)?,
+    let defaults = LowerOptions::default();
+    let options = LowerOptions {
+        linear_rows: args.linear_rows.unwrap_or(defaults.linear_rows),
+        clusters: args.clusters && device.supports_clusters(),
     };
+    let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options)?;
     let pdl = exe.set_programmatic_launch(args.pdl);
     startup.bind_ms = lap();
     let kernels = device.kernel_report();
@@ -366,6 +372,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         fusion: args.options.fusion,
         linear_rows: args.linear_rows,
         pdl,
+        clusters: options.clusters,
         steps: args.steps,
         median_ms: median,
         p95_ms: percentile(&times, 0.95),

@@ -486,7 +486,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     // tensor cores), split k, k not a multiple of 16, groups, biases, SwiGLU, a bf16 input,
     // and shapes the kernels refuse (33 rows, k not a multiple of 8), which take cuBLASLt.
     type LinearCase<'a> = (usize, usize, &'a [usize], &'a [bool], bool, DType);
-    let linear_cases: [LinearCase; 11] = [
+    let linear_cases: [LinearCase; 15] = [
         (1, 64, &[40], &[false], false, DType::F32),
         (2, 136, &[24, 40], &[true, false], false, DType::F32),
         (24, 1000, &[56], &[true], false, DType::F32),
@@ -503,6 +503,26 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             DType::F32,
         ),
         (1, 4864, &[896], &[false], false, DType::F32),
+        // One row with 3 to 12 splits: finished in clusters (portable and not), a last tile
+        // part past the columns.
+        (
+            1,
+            896,
+            &[896, 128, 128],
+            &[true, true, true],
+            false,
+            DType::BF16,
+        ),
+        (1, 896, &[4864, 4864], &[false, false], true, DType::F32),
+        (
+            1,
+            1536,
+            &[1536, 256, 256],
+            &[true, true, false],
+            false,
+            DType::F32,
+        ),
+        (1, 640, &[200, 72], &[false, true], false, DType::F32),
         (33, 64, &[40, 40], &[false, false], true, DType::F32),
         (2, 36, &[20], &[true], false, DType::F32),
     ];
@@ -521,11 +541,13 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
         );
         cases.push((name, op, ins));
     }
-    // The residual add + RMSNorm epilogue: one split and several (the fused reduce), on CUDA
-    // cores and tensor cores, more columns than a block's threads, bf16 and f32 norm weights,
-    // and rows past the skinny kernels (the vendor GEMM, then the norm in place).
-    let norm_cases: [(usize, usize, usize, bool, DType); 6] = [
+    // The residual add + RMSNorm epilogue: one split and several (the fused reduce, or a
+    // cluster finish before the norm past 1024 columns), on CUDA cores and tensor cores, more
+    // columns than a block's threads, bf16 and f32 norm weights, and rows past the skinny
+    // kernels (the vendor GEMM, then the norm in place).
+    let norm_cases: [(usize, usize, usize, bool, DType); 7] = [
         (1, 896, 896, false, DType::BF16),
+        (1, 1536, 1536, true, DType::F32), // 12 splits finished in clusters, then the norm
         (1, 4864, 896, true, DType::BF16),
         (8, 4864, 1536, false, DType::F32),
         (3, 128, 64, true, DType::BF16),

@@ -16,6 +16,8 @@
 #           cost of a padding row: exact-size programs against the engine's doublings)
 #   pdl:    bf16 decode (B=1, 8, 32) and prefill rows with programmatic dependent launch on
 #           and off, alternating, then the compiled PyTorch decode peer (BIN_DIR/fast_decode.py)
+#   clusters: bf16 decode (B=1, 8, 32) with split linears finished in thread block clusters
+#           and by reduce launches, alternating, two rounds, then the compiled PyTorch decode peer
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -165,6 +167,24 @@ PY
             python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
               print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'hbm_floor_ms', 'pdl') if k in r})" \
               "$out/pdl.jsonl" "$model $args --pdl $pdl"
+          done
+        done
+      done
+      PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" qwen2.5-0.5b 1 8 32 2>&1 | tee "$out/peer.log"
+      PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" ds-r1-qwen-1.5b 1 2>&1 | tee -a "$out/peer.log"
+      ;;
+    clusters)
+      for round in 1 2; do
+        for model in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
+          for batch in 1 8 32; do
+            for clusters in on off; do
+              "$bin/kiln" bench --model $model --program decode --precision bf16 --batch $batch \
+                --clusters $clusters --json >>"$out/clusters.jsonl" 2>>"$out/clusters.log" \
+                || echo "FAILED: $model B=$batch --clusters $clusters (see clusters.log)"
+              python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+                print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'clusters') if k in r})" \
+                "$out/clusters.jsonl" "round $round $model B=$batch --clusters $clusters"
+            done
           done
         done
       done

@@ -50,8 +50,18 @@ pub struct Kernel {
     pub block: (u32, u32, u32),
     /// Dynamic shared memory, bytes.
     pub shared_bytes: u32,
+    /// Blocks per thread block cluster along each grid dim (each divides the grid's); (1, 1, 1)
+    /// is a plain launch. A backend without clusters must refuse any other shape: the kernels
+    /// launched as clusters synchronize within them.
+    pub cluster: (u32, u32, u32),
     pub args: Vec<Arg>,
 }
+
+/// The most blocks of a cluster that every device with clusters runs (CUDA's portable size).
+pub const MAX_PORTABLE_CLUSTER_BLOCKS: u64 = 8;
+/// The most blocks of a cluster kiln launches: Hopper's limit, where the function allows
+/// non-portable sizes (the CUDA executable sets that for a launch past the portable size).
+pub const MAX_CLUSTER_BLOCKS: u64 = 16;
 
 /// Element types of a GEMM's A and B operands (C is always f32, accumulation is f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,7 +195,8 @@ pub fn all_aligned(addresses: &[Addr], bytes: u64) -> bool {
 }
 
 impl Kernel {
-    /// A launch of `module::function` with `args` in the order of its C signature.
+    /// A launch of `module::function` with `args` in the order of its C signature, without
+    /// clusters.
     pub fn launch(
         module: &'static str,
         function: &'static str,
@@ -200,6 +211,7 @@ impl Kernel {
             grid,
             block,
             shared_bytes,
+            cluster: (1, 1, 1),
             args,
         })
     }

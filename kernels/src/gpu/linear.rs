@@ -27,7 +27,9 @@
 //! Qwen2.5-0.5B, k = 896, unsplit at 32 rows, 9 blocks for 132 SMs; this bound is a choice
 //! without a measurement yet).
 
-use super::launch::{all_aligned, grid_dim, grid_stride, size_arg, MAX_GRID_X, MAX_GRID_YZ};
+use super::launch::{
+    all_aligned, grid_dim, grid_stride, size_arg, MAX_CLUSTER_BLOCKS, MAX_GRID_X, MAX_GRID_YZ,
+};
 use super::{Addr, Arg, GemmDType, Kernel, Launch, Stored};
 use crate::{Error, Result};
 
@@ -106,6 +108,16 @@ pub struct LinearPlan {
 }
 
 impl LinearPlan {
+    /// Whether a launch of this plan finishes its splits inside clusters (given a device with
+    /// thread block clusters): on CUDA cores, with k split into at most
+    /// [`MAX_CLUSTER_BLOCKS`] ranges, so that a column tile's splits form one cluster.
+    /// Measured on the H200 (BENCHMARKS.md): decode at 1 row, 0.5B 0.94 → 0.91 ms (q/k/v and
+    /// gate/up without their reduce launches), 1.5B 1.743 → 1.717 ms (q/k/v and o); at 8
+    /// rows, on tensor cores, 0.5B 1.145 → 1.156 ms, so those keep the reduce launch.
+    pub fn cluster_finish(&self, clusters: bool) -> bool {
+        clusters && !self.tensor_cores && (2..=MAX_CLUSTER_BLOCKS).contains(&self.splits)
+    }
+
     /// Dynamic shared memory of the main kernel, bytes: x staged as f32 on CUDA cores, as bf16
     /// with padded rows on tensor cores. At most 34 KB.
     pub fn shared_bytes(&self) -> u64 {
@@ -302,10 +314,16 @@ fn group_args(spec: &SkinnyLinear, between: &[Arg], weights: bool) -> Vec<Arg> {
     args
 }
 
-/// The launches (1, or 2 with split k) computing `spec`; `workspace` must hold
+/// The launches computing `spec`: the main kernel, and `linear_reduce` when k is split and the
+/// splits do not finish inside clusters ([`LinearPlan::cluster_finish`]; `clusters` says
+/// whether the device has them). `workspace` must hold
 /// [`workspace_bytes`](SkinnyLinear::workspace_bytes) (`None` is allowed when that is 0).
-pub fn skinny_linear(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<Vec<Launch>> {
-    let (main, partial) = main_launch(spec, workspace)?;
+pub fn skinny_linear(
+    spec: &SkinnyLinear,
+    workspace: Option<Addr>,
+    clusters: bool,
+) -> Result<Vec<Launch>> {
+    let (main, partial) = main_launch(spec, workspace, clusters)?;
     let mut launches = vec![main];
     launches.extend(partial.map(|partial| reduce_launch(spec, partial)));
     Ok(launches)
@@ -344,12 +362,13 @@ const NORM_THREADS: u64 = 1024;
 
 /// `spec` (one group, no SwiGLU, `ldo = n`) with the norm epilogue: the main kernel, then with
 /// split k and at most [`NORM_THREADS`] columns one reduce that also adds the residual and
-/// normalizes, else (after `linear_reduce` when k is split) the add + RMSNorm kernel over the
-/// output in place.
+/// normalizes, else (after `linear_reduce` when k is split and the splits do not finish in
+/// clusters) the add + RMSNorm kernel over the output in place.
 pub fn skinny_linear_add_rmsnorm(
     spec: &SkinnyLinear,
     workspace: Option<Addr>,
     norm: NormEpilogue,
+    clusters: bool,
 ) -> Result<Vec<Launch>> {
     let group = spec.groups[0];
     if spec.groups.len() != 1 || spec.swiglu || group.ldo != group.n {
@@ -359,10 +378,10 @@ pub fn skinny_linear_add_rmsnorm(
     if !all_aligned(&[norm.residual, norm.normed], 4) || !all_aligned(&[norm.weight], 2) {
         refuse("add_rmsnorm", format!("{norm:?} is not aligned"))?;
     }
-    let (main, partial) = main_launch(spec, workspace)?;
     let (m, n) = (spec.m, group.n);
     // One column per thread, or the reduce and the norm as two launches (measured: 0.5B's 896
     // columns gain, 1.5B's 1536, two columns a thread, lose).
+    let (main, partial) = main_launch(spec, workspace, clusters && n > NORM_THREADS)?;
     let mut launches = vec![main];
     let partial = match partial {
         Some(partial) if n > NORM_THREADS => {
@@ -409,8 +428,14 @@ pub fn skinny_linear_add_rmsnorm(
     Ok(launches)
 }
 
-/// The main kernel's launch, and the partial sums it writes when k is split.
-fn main_launch(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<(Launch, Option<Addr>)> {
+/// The main kernel's launch (as clusters of a tile's splits when
+/// [`LinearPlan::cluster_finish`] says so), and the partial sums it leaves for a reduce
+/// launch: `None` unsplit or finished in clusters.
+fn main_launch(
+    spec: &SkinnyLinear,
+    workspace: Option<Addr>,
+    clusters: bool,
+) -> Result<(Launch, Option<Addr>)> {
     spec.check()?;
     let plan = spec.plan();
     let split = plan.splits > 1;
@@ -427,6 +452,7 @@ fn main_launch(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<(Launch, 
             });
         }
     };
+    let finish = plan.cluster_finish(clusters);
     let (module, function) = main_function(&plan);
     let grid = (
         grid_dim(function, "columns", plan.column_tiles, MAX_GRID_X)?,
@@ -444,9 +470,19 @@ fn main_launch(spec: &SkinnyLinear, workspace: Option<Addr>) -> Result<(Launch, 
         size_arg(plan.stage_k),
         Arg::I32(i32::from(spec.swiglu)),
     ]);
-    let shared = plan.shared_bytes() as u32; // at most 34 KB
-    let main = Kernel::launch(module, function, grid, (THREADS, 1, 1), shared, args);
-    Ok((main, split.then_some(partial)))
+    if !plan.tensor_cores {
+        args.push(Arg::I32(i32::from(finish)));
+    }
+    let main = Kernel {
+        module,
+        function,
+        grid,
+        block: (THREADS, 1, 1),
+        shared_bytes: plan.shared_bytes() as u32, // at most 34 KB
+        cluster: (1, if finish { grid.1 } else { 1 }, 1),
+        args,
+    };
+    Ok((Launch::Kernel(main), (split && !finish).then_some(partial)))
 }
 
 #[cfg(test)]

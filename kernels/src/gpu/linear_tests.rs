@@ -44,7 +44,7 @@ fn swiglu(m: u64, k: u64, n: u64) -> SkinnyLinear {
 /// The argument a refused layer's error names (also the builder's, with a workspace given).
 fn refused(spec: &SkinnyLinear) -> &'static str {
     assert!(!spec.fits(), "{spec:?} fits");
-    let from_builder = skinny_linear(spec, Some(addr(30))).unwrap_err();
+    let from_builder = skinny_linear(spec, Some(addr(30)), true).unwrap_err();
     match (spec.check().unwrap_err(), from_builder) {
         (Error::Argument { argument, .. }, Error::Argument { argument: same, .. }) => {
             assert_eq!(argument, same);
@@ -199,14 +199,59 @@ fn workspace_is_needed_exactly_when_k_is_split() {
     assert_eq!(refused_workspace(&down, None), "workspace");
     let odd = Addr { slot: 9, offset: 2 };
     assert_eq!(refused_workspace(&down, Some(odd)), "workspace");
-    assert_eq!(skinny_linear(&down, Some(addr(9))).unwrap().len(), 2);
+    // 26 splits: more than a cluster holds, so the reduce launch stays.
+    assert_eq!(skinny_linear(&down, Some(addr(9)), true).unwrap().len(), 2);
     let lm_head = layer(1, 896, &[151_936]);
     assert_eq!(lm_head.workspace_bytes(), 0);
-    assert_eq!(skinny_linear(&lm_head, None).unwrap().len(), 1);
+    assert_eq!(skinny_linear(&lm_head, None, true).unwrap().len(), 1);
+}
+
+#[test]
+fn splits_finish_in_clusters_of_at_most_sixteen_blocks() {
+    // q/k/v: 7 splits (1.5B's 12); gate/up: 3 (CUDA cores) and 7 (tensor cores, measured
+    // slower in clusters); down: 26 and 38.
+    for (spec, finishes) in [
+        (layer(1, 896, &[896, 128, 128]), true),
+        (layer(1, 1536, &[1536, 256, 256]), true),
+        (swiglu(1, 896, 4864), true),
+        (swiglu(8, 896, 4864), false),
+        (layer(1, 4864, &[896]), false),
+        (layer(16, 4864, &[896]), false),
+    ] {
+        let plan = spec.plan();
+        assert_eq!(plan.cluster_finish(true), finishes, "{plan:?}");
+        assert!(!plan.cluster_finish(false));
+        let without = kernels(skinny_linear(&spec, Some(addr(30)), false).unwrap());
+        let with = kernels(skinny_linear(&spec, Some(addr(30)), true).unwrap());
+        assert_eq!(without.len(), 2);
+        assert_eq!(with.len(), if finishes { 1 } else { 2 });
+        assert_eq!(without[0].cluster, (1, 1, 1));
+        if !finishes {
+            assert_eq!(with, without);
+            continue;
+        }
+        // One cluster per column tile, the flag set (linear_r1's last argument); the rest of
+        // the main launch is the same.
+        let (with, without) = (&with[0], &without[0]);
+        assert_eq!(with.cluster, (1, plan.splits as u32, 1));
+        let last = with.args.len() - 1;
+        assert_eq!(
+            (&with.args[last], &without.args[last]),
+            (&Arg::I32(1), &Arg::I32(0))
+        );
+        assert_eq!(with.args[..last], without.args[..last]);
+        assert_eq!(
+            (with.grid, with.shared_bytes),
+            (without.grid, without.shared_bytes)
+        );
+    }
+    // An unsplit launch is never a cluster.
+    let lm_head = layer(1, 896, &[151_936]);
+    assert!(!lm_head.plan().cluster_finish(true));
 }
 
 fn refused_workspace(spec: &SkinnyLinear, workspace: Option<Addr>) -> &'static str {
-    match skinny_linear(spec, workspace) {
+    match skinny_linear(spec, workspace, true) {
         Err(Error::Argument { argument, .. }) => argument,
         other => panic!("{other:?}"),
     }
@@ -250,7 +295,7 @@ fn launches_name_linear_kernels_with_their_signatures() {
             layer(m, 896, &[151_936]),
             swiglu(m, 896, 4864),
         ] {
-            let launches = kernels(skinny_linear(&spec, Some(addr(30))).unwrap());
+            let launches = kernels(skinny_linear(&spec, Some(addr(30)), false).unwrap());
             let plan = spec.plan();
             assert_eq!(launches.len(), if plan.splits > 1 { 2 } else { 1 });
             let main = &launches[0];
@@ -285,19 +330,29 @@ fn launches_name_linear_kernels_with_their_signatures() {
         normed: addr(33),
         eps: 1e-6,
     };
-    let wide = kernels(
-        skinny_linear_add_rmsnorm(&layer(8, 4864, &[1536]), Some(addr(30)), norm(Stored::F32))
-            .unwrap(),
-    );
-    let wide: Vec<&str> = wide.iter().map(|k| k.function).collect();
-    assert_eq!(wide, ["linear_mma_r8", "linear_reduce", "add_rmsnorm_f32"]);
+    let wide = |m, k, clusters| {
+        let spec = layer(m, k, &[1536]);
+        let launched =
+            skinny_linear_add_rmsnorm(&spec, Some(addr(30)), norm(Stored::F32), clusters);
+        let launched = kernels(launched.unwrap());
+        launched.iter().map(|k| k.function).collect::<Vec<_>>()
+    };
+    let reduced = ["linear_mma_r8", "linear_reduce", "add_rmsnorm_f32"];
+    assert_eq!(wide(8, 4864, false), reduced);
+    assert_eq!(wide(8, 896, true), reduced); // tensor cores: no clusters
+    assert_eq!(
+        wide(1, 4864, true),
+        ["linear_r1", "linear_reduce", "add_rmsnorm_f32"]
+    ); // 22 splits
+    assert_eq!(wide(1, 896, true), ["linear_r1", "add_rmsnorm_f32"]); // 7 splits, one cluster
+    assert_eq!(wide(1, 1536, true), ["linear_r1", "add_rmsnorm_f32"]); // 1.5B's o: 12
     for (m, k, n, stored, reduce) in [
         (1, 4864, 896, Stored::BF16, "linear_reduce_add_rmsnorm_bf16"),
         (8, 4864, 1024, Stored::F32, "linear_reduce_add_rmsnorm"),
     ] {
         let spec = layer(m, k, &[n]);
         let launches =
-            kernels(skinny_linear_add_rmsnorm(&spec, Some(addr(30)), norm(stored)).unwrap());
+            kernels(skinny_linear_add_rmsnorm(&spec, Some(addr(30)), norm(stored), true).unwrap());
         assert!(spec.plan().splits > 1);
         assert_eq!(launches[1].function, reduce);
         let threads = (n as u32).min(1024);
@@ -320,7 +375,7 @@ fn launches_name_linear_kernels_with_their_signatures() {
 fn swiglu_writes_group_zero_and_missing_groups_have_no_columns() {
     // Split: the reduce kernel writes; its first output pointer is gate's.
     let spec = swiglu(1, 896, 4864);
-    let launches = kernels(skinny_linear(&spec, Some(addr(30))).unwrap());
+    let launches = kernels(skinny_linear(&spec, Some(addr(30)), false).unwrap());
     let reduce = &launches[1];
     assert_eq!(reduce.function, "linear_reduce");
     assert_eq!(reduce.args[0], Arg::Ptr(spec.groups[0].out));
@@ -328,7 +383,7 @@ fn swiglu_writes_group_zero_and_missing_groups_have_no_columns() {
     assert_eq!(reduce.args.last(), Some(&Arg::I32(1)));
     // One group: groups 1 and 2 pass n = 0 and no bias.
     let spec = layer(1, 896, &[151_936]);
-    let main = &kernels(skinny_linear(&spec, None).unwrap())[0];
+    let main = &kernels(skinny_linear(&spec, None, true).unwrap())[0];
     assert_eq!(
         &main.args[10..16],
         &[
@@ -345,6 +400,6 @@ fn swiglu_writes_group_zero_and_missing_groups_have_no_columns() {
         x_dtype: GemmDType::F32,
         ..spec
     };
-    let main = &kernels(skinny_linear(&f32_input, None).unwrap())[0];
+    let main = &kernels(skinny_linear(&f32_input, None, true).unwrap())[0];
     assert_eq!(main.args[19..21], [Arg::Ptr(addr(0)), Arg::I32(1)]);
 }

@@ -271,7 +271,7 @@ fn every_launch() -> Vec<Launch> {
         launches.extend(flash::flash_attention_backward_f32(flash_backward, dims, 0.5).unwrap());
     }
     // Every main kernel of the skinny linear layer (one row on CUDA cores, 8 to 32 padded rows
-    // on tensor cores), k split (so with its reduce kernel).
+    // on tensor cores), k split (so with its reduce kernel: no clusters).
     let group = |slot, n| LinearGroup {
         w: addr(slot),
         bias: Some(addr(slot + 1)),
@@ -289,7 +289,7 @@ fn every_launch() -> Vec<Launch> {
             groups: vec![group(1, 896), group(4, 128)],
             swiglu: false,
         };
-        launches.extend(linear::skinny_linear(&spec, Some(addr(9))).unwrap());
+        launches.extend(linear::skinny_linear(&spec, Some(addr(9)), false).unwrap());
         // The norm epilogue after one group, split (k = 4864), with either norm weight.
         for stored in [F32, BF16] {
             let spec = SkinnyLinear {
@@ -305,7 +305,8 @@ fn every_launch() -> Vec<Launch> {
                 normed: addr(12),
                 eps: 1e-6,
             };
-            let launched = linear::skinny_linear_add_rmsnorm(&spec, Some(addr(9)), norm).unwrap();
+            let launched =
+                linear::skinny_linear_add_rmsnorm(&spec, Some(addr(9)), norm, false).unwrap();
             launches.extend(launched);
         }
     }

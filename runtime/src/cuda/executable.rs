@@ -34,10 +34,12 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{
+    self, CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
 use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream};
 use kiln_ir::Graph;
-use kiln_kernels::gpu::{Addr, Arg, Launch};
+use kiln_kernels::gpu::{Addr, Arg, Kernel, Launch, MAX_PORTABLE_CLUSTER_BLOCKS};
 use kiln_planner::Plan;
 
 use super::gemm::{self, PreparedGemm};
@@ -55,6 +57,7 @@ enum Resolved {
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         shared: u32,
+        cluster: (u32, u32, u32),
         /// Each argument's bits in an 8-byte cell (the driver reads each parameter's size).
         args: Vec<u64>,
     },
@@ -102,6 +105,16 @@ pub struct CudaExecutable {
     programmatic: bool,
 }
 
+/// A launch attribute `id` with a zeroed value, for the caller to fill in.
+fn launch_attribute(id: sys::CUlaunchAttributeID) -> sys::CUlaunchAttribute {
+    sys::CUlaunchAttribute {
+        id,
+        pad: [0; 4],
+        // SAFETY: a plain-data union; zero is a valid value of every field.
+        value: unsafe { std::mem::zeroed() },
+    }
+}
+
 /// Ends an open capture when dropped before `finish` (a launch failed inside it).
 struct CaptureGuard<'s> {
     stream: &'s Arc<CudaStream>,
@@ -128,19 +141,9 @@ impl CudaExecutable {
         Self::with_options(device, graph, plan, LowerOptions::default())
     }
 
-    /// As [`new`](Self::new), with fused linears of at most `rows` rows on the skinny kernel
-    /// and larger ones on the vendor GEMM (the default is measured: BENCHMARKS.md).
-    pub fn with_linear_rows(
-        device: &Arc<CudaDevice>,
-        graph: &Graph,
-        plan: &Plan,
-        rows: u64,
-    ) -> Result<Self> {
-        let options = LowerOptions { linear_rows: rows };
-        Self::with_options(device, graph, plan, options)
-    }
-
-    pub(crate) fn with_options(
+    /// As [`new`](Self::new), with the lowering's `options` (which kernels take the fused
+    /// linears; the defaults are measured: BENCHMARKS.md).
+    pub fn with_options(
         device: &Arc<CudaDevice>,
         graph: &Graph,
         plan: &Plan,
@@ -178,13 +181,30 @@ impl CudaExecutable {
         self.slots[addr.slot as usize].ptr + addr.offset
     }
 
+    /// `kernel`'s function, allowed a cluster past the portable size where it asks for one.
+    fn kernel_function(&self, kernel: &Kernel) -> Result<CudaFunction> {
+        let function = self.device.function(kernel.module, kernel.function)?;
+        let (x, y, z) = kernel.cluster;
+        if u64::from(x * y * z) > MAX_PORTABLE_CLUSTER_BLOCKS {
+            let allowed = CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
+            (function.set_attribute(allowed, 1)).map_err(|e| {
+                error(
+                    format!("{}: a cluster of {}", kernel.function, x * y * z),
+                    e,
+                )
+            })?;
+        }
+        Ok(function)
+    }
+
     fn resolve(&self, launch: &Launch) -> Result<Resolved> {
         Ok(match launch {
             Launch::Kernel(k) => Resolved::Kernel {
-                function: self.device.function(k.module, k.function)?,
+                function: self.kernel_function(k)?,
                 grid: k.grid,
                 block: k.block,
                 shared: k.shared_bytes,
+                cluster: k.cluster,
                 args: (k.args.iter())
                     .map(|arg| match *arg {
                         Arg::Ptr(addr) => self.address(addr),
@@ -218,18 +238,29 @@ impl CudaExecutable {
                 grid,
                 block,
                 shared,
+                cluster,
                 args,
             } => {
                 let mut params: Vec<*mut std::ffi::c_void> = (args.iter())
                     .map(|cell| cell as *const u64 as *mut std::ffi::c_void)
                     .collect();
-                let mut attribute = sys::CUlaunchAttribute {
-                    id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                    pad: [0; 4],
-                    // SAFETY: a plain-data union; zero is a valid value of every field.
-                    value: unsafe { std::mem::zeroed() },
-                };
-                attribute.value.programmaticStreamSerializationAllowed = 1;
+                let mut attributes = Vec::with_capacity(2);
+                if self.programmatic {
+                    let mut attribute = launch_attribute(
+                        sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                    );
+                    attribute.value.programmaticStreamSerializationAllowed = 1;
+                    attributes.push(attribute);
+                }
+                if *cluster != (1, 1, 1) {
+                    let mut attribute = launch_attribute(
+                        sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                    );
+                    attribute.value.clusterDim.x = cluster.0;
+                    attribute.value.clusterDim.y = cluster.1;
+                    attribute.value.clusterDim.z = cluster.2;
+                    attributes.push(attribute);
+                }
                 let config = sys::CUlaunchConfig {
                     gridDimX: grid.0,
                     gridDimY: grid.1,
@@ -239,12 +270,12 @@ impl CudaExecutable {
                     blockDimZ: block.2,
                     sharedMemBytes: *shared,
                     hStream: stream.cu_stream(),
-                    attrs: &mut attribute,
-                    numAttrs: u32::from(self.programmatic),
+                    attrs: attributes.as_mut_ptr(),
+                    numAttrs: attributes.len() as u32,
                 };
                 // SAFETY: each parameter points at a cell holding its value's bits; the
                 // builders match the kernels' signatures (checked against the sources in CI);
-                // the config and its attribute live through the call.
+                // the config and its attributes live through the call.
                 unsafe {
                     sys::cuLaunchKernelEx(
                         &config,

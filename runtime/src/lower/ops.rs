@@ -22,18 +22,24 @@ mod norm;
 mod tests;
 
 /// Choices among validated implementations (DESIGN.md's evidence rule: a candidate becomes the
-/// default only with measured evidence).
+/// default only with measured evidence), for [`CudaExecutable::with_options`]
+/// (crate::cuda::CudaExecutable::with_options); the default is the measured best.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct LowerOptions {
+pub struct LowerOptions {
     /// Fused linears (`Op::Linear`) of at most this many rows run the skinny kernel
     /// (`kernels/cuda/linear.cu`), larger ones the vendor GEMM; 0 sends all to the GEMM.
     pub linear_rows: u64,
+    /// Split skinny linears finish inside their clusters of blocks, with no reduce launch
+    /// (`kernels/cuda/linear_common.cuh`); only where the device has thread block clusters
+    /// (sm_90 and later: the CUDA executable clears it elsewhere).
+    pub clusters: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
         LowerOptions {
             linear_rows: DEFAULT_LINEAR_ROWS,
+            clusters: true,
         }
     }
 }

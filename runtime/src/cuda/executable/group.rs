@@ -42,23 +42,17 @@ impl CudaExecutable {
         Self::group_with_options(device, programs, LowerOptions::default())
     }
 
-    /// As [`group`](Self::group), with fused linears of at most `rows` rows on the skinny
-    /// kernel (as [`with_linear_rows`](Self::with_linear_rows)).
-    pub fn group_with_linear_rows(
-        device: &Arc<CudaDevice>,
-        programs: &[(&Graph, &Plan)],
-        rows: u64,
-    ) -> Result<(Vec<Self>, GroupMemory)> {
-        let options = LowerOptions { linear_rows: rows };
-        Self::group_with_options(device, programs, options)
-    }
-
-    /// As [`group`](Self::group), with the lowering's `options`.
-    pub(crate) fn group_with_options(
+    /// As [`group`](Self::group), with the lowering's `options` (clusters only where the
+    /// device has them).
+    pub fn group_with_options(
         device: &Arc<CudaDevice>,
         programs: &[(&Graph, &Plan)],
         options: LowerOptions,
     ) -> Result<(Vec<Self>, GroupMemory)> {
+        let options = LowerOptions {
+            clusters: options.clusters && device.supports_clusters(),
+            ..options
+        };
         let memory = GroupMemory::of(programs)?;
         let lowered = (programs.iter())
             .map(|(graph, plan)| DeviceProgram::new(graph, plan, options))

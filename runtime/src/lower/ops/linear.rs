@@ -146,8 +146,8 @@ pub(super) fn lower_linear(
         let bytes = skinny.workspace_bytes();
         let workspace = (bytes > 0).then_some(at.workspace(bytes, x.addr())?);
         return Ok(match norm {
-            Some(norm) => skinny_linear_add_rmsnorm(&skinny, workspace, norm)?,
-            None => skinny_linear(&skinny, workspace)?,
+            Some(norm) => skinny_linear_add_rmsnorm(&skinny, workspace, norm, options.clusters)?,
+            None => skinny_linear(&skinny, workspace, options.clusters)?,
         });
     }
     // The vendor GEMM: round x, one GEMM per group, biases, SwiGLU.

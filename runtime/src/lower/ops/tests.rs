@@ -503,7 +503,10 @@ fn linear_takes_the_skinny_kernel_up_to_its_row_limit_and_the_gemm_beyond() {
         let bias = placed(3, 0, &ty(DType::BF16, &[96]));
         let out = placed(4, 0, &ty(F32, &[rows, 96]));
         let workspace = Some((Addr { slot: 5, offset: 0 }, 1 << 20));
-        let options = LowerOptions { linear_rows: limit };
+        let options = LowerOptions {
+            linear_rows: limit,
+            ..LowerOptions::default()
+        };
         lower_op(&op, &[x, gate, up, bias], &[out], workspace, FAULT, options).unwrap()
     };
     let skinny = lower(4, 8);
@@ -537,7 +540,10 @@ fn the_norm_epilogue_is_the_reduce_with_split_k_else_the_norm_in_place() {
         let sum = placed(5, 0, &ty(F32, &[rows, 1, 96]));
         let normed = placed(6, 0, &ty(F32, &[rows, 1, 96]));
         let workspace = Some((Addr { slot: 7, offset: 0 }, 1 << 20));
-        let options = LowerOptions { linear_rows: limit };
+        let options = LowerOptions {
+            linear_rows: limit,
+            ..LowerOptions::default()
+        };
         let operands = [x, w, bias, residual, weight];
         lower_op(&op, &operands, &[sum, normed], workspace, FAULT, options).unwrap()
     };
