@@ -439,7 +439,8 @@ fn linear_weights_rejects_a_weight_that_is_no_param_or_is_written() {
     let linear = Op::Linear {
         biases: vec![false],
         swiglu: false,
-        add_rmsnorm: None,
+        rmsnorm: None,
+        residual: false,
     };
     let build = |kind: InputKind| {
         let mut g = Graph::new("linear");

@@ -482,8 +482,9 @@ impl Op {
             Op::Linear {
                 biases,
                 swiglu,
-                add_rmsnorm,
-            } => linear_types(&rule, biases, *swiglu, *add_rmsnorm),
+                rmsnorm,
+                residual,
+            } => linear_types(&rule, biases, *swiglu, (*rmsnorm, *residual)),
             Op::Reshape { shape } => {
                 rule.arity(1)?;
                 let a = &operands[0];

@@ -202,7 +202,17 @@ pub(super) fn run_mma(kernel: &Kernel, mem: &mut Memory) {
     };
     assert_eq!(kernel.block, (256, 1, 1));
     let a = &kernel.args;
-    assert_eq!(a.len(), 27);
+    assert_eq!(a.len(), 32);
+    assert_eq!(
+        a[28],
+        Arg::I32(0),
+        "the norm prologue is checked on the GPU (tests/gpu.rs)"
+    );
+    assert_eq!(
+        a[31],
+        Arg::I32(0),
+        "the residual epilogue is checked on the GPU (tests/gpu.rs)"
+    );
     let out = Out::of(a, 7);
     let partial = ptr(&a[3]);
     let w: [Addr; 3] = std::array::from_fn(|g| ptr(&a[4 + g]));
@@ -365,7 +375,12 @@ pub(super) fn run_mma(kernel: &Kernel, mem: &mut Memory) {
 pub(super) fn run_reduce(kernel: &Kernel, mem: &mut Memory) {
     assert_eq!(kernel.function, "linear_reduce");
     let a = &kernel.args;
-    assert_eq!(a.len(), 19);
+    assert_eq!(a.len(), 21);
+    assert_eq!(
+        a[20],
+        Arg::I32(0),
+        "the residual epilogue is checked on the GPU (tests/gpu.rs)"
+    );
     let out = Out::of(a, 4);
     let partial = ptr(&a[3]);
     let n: [i64; 3] = std::array::from_fn(|g| int(&a[10 + g]));

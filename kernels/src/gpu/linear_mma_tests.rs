@@ -125,6 +125,8 @@ fn run(case: &Case, x_f32: bool, rng: &mut StdRng) {
         ldx: ldx as u64,
         groups: spec_groups,
         swiglu: case.swiglu,
+        norm: None,
+        residual: None,
     };
     let plan = spec.plan();
     let workspace = put(

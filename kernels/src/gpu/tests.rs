@@ -288,27 +288,32 @@ fn every_launch() -> Vec<Launch> {
             ldx: 896,
             groups: vec![group(1, 896), group(4, 128)],
             swiglu: false,
+            norm: None,
+            residual: None,
         };
         launches.extend(linear::skinny_linear(&spec, Some(addr(9)), false).unwrap());
-        // The norm epilogue after one group, split (k = 4864), with either norm weight.
+        // The norm prologue with either norm weight, and the residual epilogue after a split
+        // (k = 4864).
         for stored in [F32, BF16] {
             let spec = SkinnyLinear {
+                x_dtype: GemmDType::F32,
                 k: 4864,
                 ldx: 4864,
                 groups: vec![group(1, 896)],
+                norm: Some(linear::NormPrologue {
+                    weight: addr(11),
+                    stored,
+                    eps: 1e-6,
+                }),
+                residual: Some(addr(10)),
                 ..spec.clone()
             };
-            let norm = linear::NormEpilogue {
-                residual: addr(10),
-                weight: addr(11),
-                stored,
-                normed: addr(12),
-                eps: 1e-6,
-            };
-            let launched =
-                linear::skinny_linear_add_rmsnorm(&spec, Some(addr(9)), norm, false).unwrap();
-            launches.extend(launched);
+            launches.extend(linear::skinny_linear(&spec, Some(addr(9)), false).unwrap());
         }
+    }
+    for stored in [F32, BF16] {
+        launches
+            .push(norm::rmsnorm_to_bf16(addr(0), addr(1), (addr(2), stored), 2, 8, 1e-6).unwrap());
     }
     let kernels = pipelines.into_iter().flatten();
     launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
@@ -455,7 +460,8 @@ fn clipping_splits_each_gradient_by_its_size_alone() {
 /// skinny linears' main kernels their first weight loads (parameters; linear_common.cuh), each
 /// beginning with its outputs and a body that waits before x is read and before anything is
 /// written; the cached attention's split kernels the cache rows below the positions
-/// (decode.cu), waiting before q is read and before anything but shared memory is written.
+/// (decode.cu), waiting before q is read and before anything but shared memory is written;
+/// its combine the positions and rows (graph inputs), waiting before the partials are read.
 #[test]
 fn every_kernel_waits_for_its_producers_first() {
     let mut kernels = 0;
@@ -471,10 +477,15 @@ fn every_kernel_waits_for_its_producers_first() {
             let attention_waits_in_body = *module == "decode"
                 && first.starts_with("// The body waits once the rows nothing writes are staged.")
                 && first[..first.find('}').unwrap()].contains("kiln_cached_attention_split(");
+            // The combine computes its live chunks from the positions and rows first.
+            let combine_reads_inputs_first = *module == "decode"
+                && first.starts_with("// Graph inputs only before the wait.")
+                && first.find("kiln_grid_dependency_wait();") < first.find("partials +");
             assert!(
                 first.starts_with("kiln_grid_dependency_wait();")
                     || waits_in_body
-                    || attention_waits_in_body,
+                    || attention_waits_in_body
+                    || combine_reads_inputs_first,
                 "module {module}: the kernel at byte {at} does not begin with the wait"
             );
             kernels += 1;
@@ -518,13 +529,15 @@ fn every_kernel_waits_for_its_producers_first() {
             .unwrap();
         let text = &source[source.find(&format!("void {body}(")).unwrap()..];
         let text = &text[..text.find("\n}\n").unwrap()];
-        let wait = "kiln_linear_wait_once(&waited);";
-        let (first_load, first_wait) = (text.find(load).unwrap(), text.find(wait).unwrap());
+        // kiln_linear_begin waits (and computes the norm prologue's rstd) once.
+        let (begin, wait) = ("kiln_linear_begin<", "kiln_linear_wait_once(&waited);");
+        let (first_load, first_wait) = (text.find(load).unwrap(), text.find(begin).unwrap());
         assert!(
             first_load < first_wait && first_wait < text.find(stage).unwrap(),
             "{body}"
         );
-        assert_eq!(text.matches(wait).count(), 2, "{body}");
+        assert_eq!(text.matches(begin).count(), 1, "{body}");
+        assert_eq!(text.matches(wait).count(), 1, "{body}");
         let results = text.rfind(wait).unwrap();
         assert!(
             !text[..results].contains("partial["),

@@ -260,13 +260,9 @@ fn run_kernels(
         Op::Linear {
             biases,
             swiglu,
-            add_rmsnorm: None,
-        } => super::linear::linear(i, o, (&biases, swiglu), workspace),
-        Op::Linear {
-            biases,
-            add_rmsnorm: Some(eps),
-            ..
-        } => super::linear::linear_add_rmsnorm(i, o, (&biases, eps), workspace),
+            rmsnorm,
+            residual,
+        } => super::linear::fused_linear(i, o, (&biases, swiglu), (rmsnorm, residual), workspace),
         Op::RopeKvWrite { theta, bias } => {
             super::rope_kv::rope_kv_write((theta, bias), i, o, workspace)
         }

@@ -83,8 +83,9 @@ pub(crate) fn lower_op(
         Op::Linear {
             biases,
             swiglu,
-            add_rmsnorm,
-        } => linear::lower_linear(&at, (biases, *swiglu, *add_rmsnorm), options),
+            rmsnorm,
+            residual,
+        } => linear::lower_linear(&at, (biases, *swiglu, *rmsnorm, *residual), options),
         _ => at.dense(options),
     }
 }
