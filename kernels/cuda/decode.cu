@@ -2,8 +2,7 @@
 // (B·Hq·T blocks would leave most of the GPU idle), so each block takes one chunk of cache rows
 // of one KV head, for every query head of its group, and writes a partial result per query
 // row (chunk max m, sum of exp l, unnormalized output acc[D]); a second kernel combines the
-// chunks of each row that hold a visible key. Every sum is in a fixed order: the same bits on
-// every run.
+// chunks of each row in chunk order. Every sum is in a fixed order: the same bits on every run.
 //
 // Layouts: q [B,Hq,T,D]; caches [S,Hkv,Smax,D]; positions [B] (query t of row b at position
 // positions[b] + t sees positions 0..=that of its cache row: rows[b] of a pool of `slots`, or b
@@ -110,7 +109,7 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
 }
 
 // One block per (chunk, KV head, b·T + t): the `group` query heads of one KV head share its
-// chunk of cache rows, read once. A block whose chunk holds no visible key returns at once. Dynamic shared memory, in floats: q [group][D], keys
+// chunk of cache rows, read once. Dynamic shared memory, in floats: q [group][D], keys
 // [chunk][D + 1] (padded: the score loop reads rows, not columns), values [chunk][D], scores
 // [group][chunk]. Steps, each with the whole block:
 // 1. the chunk's keys and values widened to f32 (coalesced), and q: the rows below the
@@ -141,9 +140,6 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
     visible = visible < 0 ? 0 : (visible > capacity ? capacity : visible);
     const i64 first = split * chunk;
     const i64 count = visible > first ? (visible - first < chunk ? visible - first : chunk) : 0;
-    // A chunk past the visible keys has nothing to write: the combine reads live chunks only.
-    // Chunk 0 always runs, to raise the fault.
-    if (count == 0 && split > 0) return;
     const i64 stride = head_dim + 1;
     float* q_shared = kiln_shared;
     float* keys = q_shared + group * head_dim;
@@ -227,53 +223,36 @@ extern "C" __global__ void cached_attention_split_f32_bf16(
                                 kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
 
-// One block per (query head, b·T + t) of `parts` x `width` threads (width: head_dim rounded up
-// to 32; parts: the block's share of each output element d): out = sum_c acc_c · e^(m_c − M)
-// / sum_c l_c · e^(m_c − M) over the live chunks c (those holding a visible key: the split
-// kernel's rule), M the largest chunk max. Empty chunks (m = −inf, l = 0) add nothing; a row
-// with no key at all (padding) is 0. Part p takes the p-th of `parts` contiguous runs of
-// the live chunks. Warp 0 takes the chunks' (m, l) (lane c: chunks c, c + 32, ...; M and the
-// sums by fixed butterflies) and leaves each chunk's weight e^(m_c − M) and the total in
-// shared memory, while every thread's loads of its run's first KILN_DECODE_COMBINE acc_c[d]
-// are in flight; after one barrier each thread sums its run in chunk order, and after a
-// second part 0 adds the parts' sums in part order. The positions and rows are graph inputs
-// (the IR verifier's `attention caches` rule): read before the wait.
+// One block per (query head, b·T + t), a thread per output element d (blockDim >= head_dim,
+// a multiple of 32): out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M), M the largest
+// chunk max. Empty chunks (m = −inf, l = 0) add nothing; a row with no key at all (padding)
+// is 0. Warp 0 takes the chunks' (m, l) (lane c: chunks c, c + 32, ...; M and the sums by
+// fixed butterflies) and leaves each chunk's weight e^(m_c − M) and the total in shared memory
+// (splits + 2 floats, dynamic), while every thread's loads of its first KILN_DECODE_COMBINE
+// chunks' acc_c[d] are in flight; after one barrier each thread sums its chunks in chunk order.
 #define KILN_DECODE_COMBINE 16
 extern "C" __global__ void cached_attention_combine_f32(float* out, const float* partials,
-                                                        const i64* positions, const i64* rows,
-                                                        i64 slots, i64 q_heads, i64 q_len,
-                                                        i64 capacity, i64 head_dim, i64 chunk,
+                                                        i64 q_heads, i64 q_len, i64 head_dim,
                                                         i64 splits) {
-    // Graph inputs only before the wait.
+    kiln_grid_dependency_wait();
     const i64 h = blockIdx.y, row = blockIdx.z;
     const i64 b = row / q_len, t = row % q_len;
-    const i64 slot = kiln_slot(rows, b, slots);
-    i64 visible = slot < 0 ? 0 : positions[b] + t + 1;
-    visible = visible < 0 ? 0 : (visible > capacity ? capacity : visible);
-    const i64 live = (visible + chunk - 1) / chunk;
-    const i64 width = (head_dim + KILN_WARP - 1) / KILN_WARP * KILN_WARP;
-    const i64 parts = blockDim.x / width;
-    const i64 p = threadIdx.x / width, d = threadIdx.x % width;
-    const i64 per = (live + parts - 1) / parts;
-    const i64 c_begin = p * per < live ? p * per : live;
-    const i64 c_end = c_begin + per < live ? c_begin + per : live;
-    kiln_grid_dependency_wait();
     const i64 q_index = (b * q_heads + h) * q_len + t;
     const i64 stride = head_dim + 2;
     const float* part = partials + q_index * splits * stride;
-    float* weights = kiln_shared;                // [live]
-    float* total_at = kiln_shared + splits;      // the total, then 1 for an empty row
-    float* sums_at = kiln_shared + splits + 2;   // [parts][width]
+    float* weights = kiln_shared;
+    float* total_at = kiln_shared + splits;  // the total, then 1 for an empty row
+    const i64 d = threadIdx.x;
     const bool active = d < head_dim;
-    float values[KILN_DECODE_COMBINE];
+    float chunk[KILN_DECODE_COMBINE];
 #pragma unroll
     for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-        values[u] = active && c_begin + u < c_end ? part[(c_begin + u) * stride + 2 + d] : 0.0f;
+        chunk[u] = active && u < splits ? part[u * stride + 2 + d] : 0.0f;
     }
     if (threadIdx.x < KILN_WARP) {
         const int lane = threadIdx.x;
         float top = -__int_as_float(0x7f800000), sums = 0.0f;
-        for (i64 c = lane; c < live; c += KILN_WARP) {
+        for (i64 c = lane; c < splits; c += KILN_WARP) {
             const float m = part[c * stride];
             weights[c] = m;
             top = kiln_max(top, m);
@@ -282,39 +261,35 @@ extern "C" __global__ void cached_attention_combine_f32(float* out, const float*
         top = kiln_warp_max(top);
         sums = kiln_warp_sum(sums);
         float total = 0.0f;
-        for (i64 c = lane; c < live; c += KILN_WARP) {
+        for (i64 c = lane; c < splits; c += KILN_WARP) {
             weights[c] = expf(weights[c] - top);
             total += part[c * stride + 1] * weights[c];
         }
         total = kiln_warp_sum(total);
         if (lane == 0) {
-            // No key at all (a padding row): no chunk is live, or every one is empty (m =
-            // -inf, l = 0), and the output is 0. Keys whose scores are all -inf give l = NaN,
-            // and NaN, as on the CPU.
+            // No key at all (a padding row): every chunk is empty (m = -inf, l = 0) and the
+            // output is 0. Keys whose scores are all -inf give l = NaN, and NaN, as on the CPU.
             total_at[0] = total;
             total_at[1] = top == -__int_as_float(0x7f800000) && sums == 0.0f ? 1.0f : 0.0f;
         }
     }
     __syncthreads();
+    if (!active) return;
     float acc = 0.0f;
 #pragma unroll
     for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-        if (c_begin + u < c_end) acc += values[u] * weights[c_begin + u];
+        if (u < splits) acc += chunk[u] * weights[u];
     }
-    for (i64 c0 = c_begin + KILN_DECODE_COMBINE; c0 < c_end; c0 += KILN_DECODE_COMBINE) {
+    for (i64 c0 = KILN_DECODE_COMBINE; c0 < splits; c0 += KILN_DECODE_COMBINE) {
 #pragma unroll
         for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-            values[u] = active && c0 + u < c_end ? part[(c0 + u) * stride + 2 + d] : 0.0f;
+            chunk[u] = c0 + u < splits ? part[(c0 + u) * stride + 2 + d] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-            if (c0 + u < c_end) acc += values[u] * weights[c0 + u];
+            if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
         }
     }
-    sums_at[threadIdx.x] = acc;
-    __syncthreads();
-    if (p != 0 || !active) return;
-    for (i64 q = 1; q < parts; ++q) acc += sums_at[q * width + d];
     float* out_row = out + ((b * q_len + t) * q_heads + h) * head_dim;
     out_row[d] = total_at[1] != 0.0f ? 0.0f : acc / total_at[0];
 }

@@ -22,7 +22,8 @@
 // issued before x is staged, so the staging latency hides behind it, and the first stage's
 // before the wait for x's producer (linear_common.cuh), so that the weights' latency hides
 // behind the kernel before. With ROWS = 1, UNROLL = 4:
-// 16 loads per thread, 117 registers (ptxas, NVRTC 13.0, sm_90), 2 blocks per SM, 128 KB of
+// 16 loads per thread, 128 registers (ptxas, NVRTC 13.0, sm_90; the launch bound of
+// linear_common.cuh, no spills), 2 blocks per SM, 128 KB of
 // weight bytes in flight per SM; Little's law at ~4.3 TB/s over 132 SMs with ~1 us of loaded
 // latency wants ~30 KB. (The body is a template over ROWS; buckets of 2 to 16 rows, measured
 // to lose to cuBLASLt at 8 rows since their FMAs are compute-bound there, were replaced by the
@@ -330,7 +331,7 @@ __device__ __forceinline__ void kiln_linear_cluster_finish(const KilnLinearOut& 
 // norm_weight is read with the prologue (norm_kind: KilnLinearNorm's weight_kind), residual
 // with has_residual.
 
-extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* partial,
+extern "C" __global__ void KILN_LINEAR_BOUNDS linear_r1(float* y0, float* y1, float* y2, float* partial,
                                      const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
                                      const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
                                      int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,

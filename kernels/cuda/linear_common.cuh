@@ -2,6 +2,14 @@
 // and biases, where a virtual column lands, and the epilogue (bias, SwiGLU) of one output.
 // Prepended to both modules' text after common.cuh (kernels/src/gpu.rs).
 
+// The main kernels' register bounds (256 threads): the blocks per SM the split rule counts on,
+// 2 for linear_r1 (CUDA_CORE_RESIDENT in linear.rs) and 3 for linear_mma_r8; r16 to r32 take
+// 2 (bounded to 3 they spill). Without them the norm prologue's and residual's arguments took
+// linear_r1 to 130 registers (1 block per SM) and linear_mma_r8 to 95 (2), and decode at 1 and
+// 8 rows 17% and 10% slower (BENCHMARKS.md).
+#define KILN_LINEAR_BOUNDS __launch_bounds__(256, 2)
+#define KILN_MMA_BOUNDS __launch_bounds__(256, 3)
+
 // The main kernels' wait for their producers (common.cuh), made once, after the first step's
 // weight loads are issued: a fused linear's weights are parameters, which no kernel of a
 // program writes (the op's contract, checked by the IR verifier), so they may be read while

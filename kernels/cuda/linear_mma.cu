@@ -33,9 +33,10 @@
 // lanes of a group read 64 contiguous bytes of a row per load (whole sectors), 2 chunks a whole
 // 128-byte line. Per step a thread issues 2 * UNROLL = 8 independent 16-byte loads (128 bytes;
 // 32 KB per block) before its first mma; a stage's first step is issued before x is staged.
-// Registers (ptxas via NVRTC 13.0, sm_90; tools/kernel_resources.py), no spills, and the blocks
-// per SM they allow (shared memory allows 6): r8, r16, r24: 79-80, 3 blocks, 96 KB of weights in
-// flight per SM; r32: 96, 2 blocks, 64 KB (Little's law wants ~30 KB, see linear.cu). The A
+// Registers (ptxas via NVRTC 13.0, sm_90; tools/kernel_resources.py) under the launch bounds
+// (linear_common.cuh), and the blocks per SM they allow (shared memory allows 6): r8: 80, 3
+// blocks, 96 KB of weights in flight per SM; r16, r24, r32: 121-128 (r16 spills 8 bytes), 2
+// blocks, 64 KB (Little's law wants ~30 KB, see linear.cu). The A
 // fragment mixes two loads' words ({wa.x, wb.x, wa.y, wb.y}), so ptxas adds register moves
 // before each mma (~4 per mma in the SASS): issue slots, not bytes.
 //
@@ -236,7 +237,7 @@ __device__ __forceinline__ void kiln_mma_body(const KilnLinearOut& out, float* p
 // linear.cu's parameters: unused groups have n = 0 and any valid pointers; b_g is read only
 // when has_b_g is nonzero; `partial` is written only with more than one split (gridDim.y > 1);
 // norm_weight is read with the prologue, residual with has_residual.
-extern "C" __global__ void linear_mma_r8(
+extern "C" __global__ void KILN_MMA_BOUNDS linear_mma_r8(
     float* y0, float* y1, float* y2, float* partial, const bf16_bits* w0, const bf16_bits* w1,
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
@@ -248,7 +249,7 @@ extern "C" __global__ void linear_mma_r8(
                                       kiln_linear_norm_of(norm_weight, norm_kind, eps));
 }
 
-extern "C" __global__ void linear_mma_r16(
+extern "C" __global__ void KILN_LINEAR_BOUNDS linear_mma_r16(
     float* y0, float* y1, float* y2, float* partial, const bf16_bits* w0, const bf16_bits* w1,
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
@@ -260,7 +261,7 @@ extern "C" __global__ void linear_mma_r16(
                                       kiln_linear_norm_of(norm_weight, norm_kind, eps));
 }
 
-extern "C" __global__ void linear_mma_r24(
+extern "C" __global__ void KILN_LINEAR_BOUNDS linear_mma_r24(
     float* y0, float* y1, float* y2, float* partial, const bf16_bits* w0, const bf16_bits* w1,
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
@@ -272,7 +273,7 @@ extern "C" __global__ void linear_mma_r24(
                                       kiln_linear_norm_of(norm_weight, norm_kind, eps));
 }
 
-extern "C" __global__ void linear_mma_r32(
+extern "C" __global__ void KILN_LINEAR_BOUNDS linear_mma_r32(
     float* y0, float* y1, float* y2, float* partial, const bf16_bits* w0, const bf16_bits* w1,
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,

@@ -1,5 +1,5 @@
 //! Builders of `decode.cu`: attention over a KV cache split over keys (one block per chunk of
-//! [`KEY_CHUNK`] cache rows of one KV head and all its query heads, then one combine block per
+//! [`key_chunk`] cache rows of one KV head and all its query heads, then one combine block per
 //! query head and row).
 
 use super::attention::AttentionDims;
@@ -10,30 +10,21 @@ use crate::Result;
 
 const MODULE: &str = "decode";
 
-/// Cache rows per block of the split kernel. Decode's blocks are few (B · Hkv per chunk) and
-/// each one's work is a chain of shared-memory phases, so short chunks spread it over more
-/// SMs. Measured on the H200 (BENCHMARKS.md): 0.5B decode at 512 positions of 1024, 64 → 16
-/// rows (16 → 64 blocks with keys at B = 1). The partials and the combine's loads grow as
-/// the chunks shrink (the combine reads live chunks only).
-pub const KEY_CHUNK: u64 = 16;
-
-/// Threads of a combine block: the head's elements (rounded up to a warp) times the parts
-/// each element's chunks are cut into, up to [`BLOCK_THREADS`] in all (`decode.cu`).
-fn combine_threads(head_dim: u64) -> (u64, u64) {
-    let width = head_dim.next_multiple_of(32).max(32);
-    let parts = (u64::from(BLOCK_THREADS) / width).max(1);
-    (width, parts)
+/// Cache rows per block of the split kernel: 64 for heads of up to 64 dims, fewer for wider
+/// ones (the chunk's keys and values sit in shared memory), at least 16.
+pub fn key_chunk(head_dim: u64) -> u64 {
+    (4096 / head_dim.max(1)).clamp(16, 64)
 }
 
 /// Chunks of a cache of `capacity` rows.
-pub fn splits(capacity: u64) -> u64 {
-    capacity.div_ceil(KEY_CHUNK).max(1)
+pub fn splits(capacity: u64, head_dim: u64) -> u64 {
+    capacity.div_ceil(key_chunk(head_dim)).max(1)
 }
 
 /// Dynamic shared memory of one split block, bytes (see `decode.cu`).
 fn split_shared_bytes(dims: &AttentionDims) -> u64 {
     let group = dims.q_heads / dims.kv_heads.max(1);
-    let (d, chunk) = (dims.head_dim, KEY_CHUNK);
+    let (d, chunk) = (dims.head_dim, key_chunk(dims.head_dim));
     (group * d + chunk * (d + 1) + chunk * d + group * chunk) * 4
 }
 
@@ -42,7 +33,12 @@ const MAX_SHARED_BYTES: u64 = 48 * 1024;
 
 /// Bytes of the partial results, `[B,Hq,T,splits,D+2]` f32.
 pub fn partials_bytes(dims: &AttentionDims) -> u64 {
-    dims.batch * dims.q_heads * dims.q_len * splits(dims.kv_len) * (dims.head_dim + 2) * 4
+    dims.batch
+        * dims.q_heads
+        * dims.q_len
+        * splits(dims.kv_len, dims.head_dim)
+        * (dims.head_dim + 2)
+        * 4
 }
 
 /// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
@@ -76,7 +72,7 @@ pub fn cached_attention_f32(
             ),
         });
     }
-    let splits = splits(dims.kv_len);
+    let splits = splits(dims.kv_len, dims.head_dim);
     let rows = grid_dim(SPLIT, "B·T", dims.batch * dims.q_len, MAX_GRID_YZ)?;
     let heads = grid_dim(SPLIT, "Hq", dims.q_heads, MAX_GRID_YZ)?;
     let kv_heads = grid_dim(SPLIT, "Hkv", dims.kv_heads, MAX_GRID_YZ)?;
@@ -94,7 +90,7 @@ pub fn cached_attention_f32(
         size_arg(dims.q_len),
         size_arg(dims.kv_len),
         size_arg(dims.head_dim),
-        size_arg(KEY_CHUNK),
+        size_arg(key_chunk(dims.head_dim)),
         Arg::F32(scale),
         Arg::Ptr(fault),
     ];
@@ -113,19 +109,13 @@ pub fn cached_attention_f32(
     let combine_args = vec![
         Arg::Ptr(out),
         Arg::Ptr(partials),
-        Arg::Ptr(positions),
-        cache_rows,
-        slots,
         size_arg(dims.q_heads),
         size_arg(dims.q_len),
-        size_arg(dims.kv_len),
         size_arg(dims.head_dim),
-        size_arg(KEY_CHUNK),
         size_arg(splits),
     ];
-    // Each chunk's weight, the total and the empty flag, each thread's sum (decode.cu).
-    let (width, parts) = combine_threads(dims.head_dim);
-    let combine_shared = (splits + 2 + width * parts) * 4;
+    // Each chunk's weight, the total and the empty flag (decode.cu).
+    let combine_shared = (splits + 2) * 4;
     if combine_shared > MAX_SHARED_BYTES {
         return Err(crate::Error::Argument {
             op: COMBINE,
@@ -134,7 +124,7 @@ pub fn cached_attention_f32(
                 "{} cache rows make {splits} chunks, more than the combine's shared memory \
                  holds ({} chunks)",
                 dims.kv_len,
-                MAX_SHARED_BYTES / 4 - 2 - width * parts
+                MAX_SHARED_BYTES / 4 - 2
             ),
         });
     }
@@ -142,7 +132,7 @@ pub fn cached_attention_f32(
         MODULE,
         COMBINE,
         (1, heads, rows),
-        ((width * parts) as u32, 1, 1),
+        (dims.head_dim.next_multiple_of(32).max(32) as u32, 1, 1), // a thread per element
         combine_shared as u32,
         combine_args,
     );

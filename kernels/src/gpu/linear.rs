@@ -141,8 +141,8 @@ impl LinearPlan {
     }
 }
 
-/// Blocks of `linear_r1` an H200 holds at once: 132 SMs × the 2 blocks per SM that its 117
-/// registers a thread allow (ptxas via NVRTC 13.0, sm_90, 256 threads;
+/// Blocks of `linear_r1` an H200 holds at once: 132 SMs × the 2 blocks per SM that its launch
+/// bound keeps it to (128 registers a thread, ptxas via NVRTC 13.0, sm_90, 256 threads;
 /// tools/kernel_resources.py; shared memory, 32 KB a block, would allow 6).
 pub const CUDA_CORE_RESIDENT: u64 = 2 * SMS;
 
