@@ -284,23 +284,10 @@ fn check_op(
             op,
             Op::FlashAttention { .. } | Op::FlashAttentionBackward { .. }
         );
-        // The norm prologue rounds the normed x to bf16 after a sum of squares in another
-        // order than the CPU's: an element within an f32 step of a bf16 rounding boundary
-        // may round the other way, one bf16 step (2^-8) in one term of each of its row's dot
-        // products, ~2^-8 / sqrt(K) of the row's outputs.
-        let prologue = matches!(
-            op,
-            Op::Linear {
-                rmsnorm: Some(_),
-                ..
-            }
-        );
         let limit = if got.dtype() == DType::BF16 {
             1e-2
         } else if flash {
             4e-3
-        } else if prologue {
-            1e-3
         } else {
             1e-5
         };

@@ -15,12 +15,8 @@
 //! - `rope_kv`: a decode attention's `Rope` of q, `Rope` of k and `KvCacheWrite`s of k and v
 //!   (read by that `CachedAttention` alone) become one [`Op::RopeKvWrite`]: one launch
 //!   instead of four, the rotated keys written straight into the cache;
-//! - `rmsnorm`: an `RmsNorm` or `AddRmsNorm` whose normed result only linears read (the
-//!   layers' input and post-attention norms, the final norm before the LM head) becomes their
-//!   prologue: each block of a skinny kernel normalizes the rows it stages (the row's sum of
-//!   squares read again from L2 per block), so the normed rows never exist;
-//! - `residual`: with that, the residual add of the `AddRmsNorm` (after o and down) becomes
-//!   the epilogue of the one-group linear it reads, which writes the sum;
+//! - `add_rmsnorm`: a one-group linear read by an `AddRmsNorm` alone (the residual add and
+//!   the next layer's norm after o and down, the final norm) takes the norm as its epilogue;
 //! - `views`: a `Contiguous` of a view that moves no element — a transpose that only moves
 //!   dims of size 1 past each other (decode's one token put heads first), a slice of a whole
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
@@ -38,12 +34,12 @@ use petgraph::graph::NodeIndex;
 
 use crate::graph::NodeKind;
 use crate::op::LINEAR_MAX_GROUPS;
-use crate::{DType, Graph, InputKind, Op, Result, Shape, ValueId};
-use norm::apply_norm_rules;
+use crate::{DType, Graph, InputKind, Op, Result, ValueId};
+use add_rmsnorm::with_add_rmsnorm;
 use rope_kv::rope_kv_fusions;
 use views::{view_rewrites, ViewRewrite};
 
-mod norm;
+mod add_rmsnorm;
 mod rope_kv;
 mod views;
 
@@ -63,8 +59,7 @@ struct Candidate {
     end: ValueId,
 }
 
-/// One fused op to emit, at the position of `at` in the old graph: `op` on (old) `operands`
-/// (operand `i` viewed as `shape` for each `(i, shape)` of `views`, where the shapes differ),
+/// One fused op to emit, at the position of `at` in the old graph: `op` on (old) `operands`,
 /// its results standing for the old values `ends` (viewed as their shapes where they differ),
 /// replacing the old nodes `replaced`.
 struct Fusion {
@@ -72,7 +67,6 @@ struct Fusion {
     replaced: Vec<NodeIndex>,
     op: Op,
     operands: Vec<ValueId>,
-    views: Vec<(usize, Shape)>,
     ends: Vec<ValueId>,
 }
 
@@ -93,8 +87,7 @@ impl Fusion {
         let op = Op::Linear {
             biases: members.iter().map(|m| m.bias.is_some()).collect(),
             swiglu: swiglu.is_some(),
-            rmsnorm: None,
-            residual: false,
+            add_rmsnorm: None,
         };
         let ends = match swiglu {
             Some((node, views)) => {
@@ -109,7 +102,6 @@ impl Fusion {
             replaced,
             op,
             operands,
-            views: Vec::new(),
             ends,
         }
     }
@@ -117,14 +109,6 @@ impl Fusion {
 
 /// The program with every rule applied (see the module doc).
 pub fn fuse(graph: &Graph) -> Result<Graph> {
-    // Views first, so that the other rules see through the copies they remove.
-    let viewed = without_dead_ops(&rebuild(
-        graph,
-        &[],
-        &view_rewrites(graph),
-        &BTreeSet::new(),
-    )?)?;
-    let graph = &viewed;
     let users = users(graph);
     let candidates: Vec<Candidate> = graph
         .node_indices()
@@ -149,12 +133,12 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
                 .map(matmul_of)
                 .min()
                 .expect("chunks are not empty");
-            fusions.push(Fusion::linear(at, chunk, None));
+            let linear = Fusion::linear(at, chunk, None);
+            fusions.push(with_add_rmsnorm(graph, &users, linear));
         }
     }
-    apply_norm_rules(graph, &users, &mut fusions);
     fusions.extend(rope_kv_fusions(graph, &users));
-    let fused = rebuild(graph, &fusions, &BTreeMap::new(), &BTreeSet::new())?;
+    let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
     without_dead_ops(&fused)
 }
 
@@ -346,15 +330,9 @@ fn rebuild(
             continue;
         };
         if let Some(fusion) = at.get(&node) {
-            let mut operands = (fusion.operands.iter())
+            let operands = (fusion.operands.iter())
                 .map(|v| mapped(&map, v))
                 .collect::<Result<Vec<_>>>()?;
-            for (port, shape) in &fusion.views {
-                if new.value_type(operands[*port])?.shape != *shape {
-                    let shape = shape.clone();
-                    operands[*port] = new.op1(Op::Reshape { shape }, &[operands[*port]])?;
-                }
-            }
             let results = new.op(fusion.op.clone(), &operands)?;
             for (end, mut result) in fusion.ends.iter().zip(results) {
                 // A result computed flat stands for a value of another view: view it so.

@@ -154,18 +154,16 @@ pub enum Op {
     /// biases[g]) -> y_g = bf16(x)·w_gᵀ (+ bias_g) [M,N_g] f32, one per group`, or with
     /// `swiglu` (G = 2, N_0 = N_1) the one result `silu(y_0)·y_1`. Weights are bf16; x is f32
     /// (rounded to bf16 first: the folded Cast) or bf16; biases are stored operands. Equal to
-    /// its unfused ops: Cast, MatMul with transpose_b, Add, SwiGlu. With the prologue
-    /// `rmsnorm: Some(eps)` (x f32), one more operand `norm_weight [K]` (stored) after the
-    /// biases, and x is first `RmsNorm{eps}(x, norm_weight)` (the norm of the layer's input
-    /// read into the product). With the epilogue `residual` (one group, no SwiGLU), a last
-    /// operand `residual [..., N]` (`M` rows, f32), and the one result is `y + residual` of
-    /// residual's shape (the residual add). The weights are params the program does not write
+    /// its unfused ops: Cast, MatMul with transpose_b, Add, SwiGlu. With `add_rmsnorm:
+    /// Some(eps)` (one group, no SwiGLU), two more operands `residual [..., N]` (`M` rows, f32)
+    /// and `norm_weight [N]` (stored), and the results `(sum, rmsnorm(sum))` of residual's
+    /// shape: `AddRmsNorm{eps}` of `y` viewed as residual's shape (the residual add and the
+    /// next norm in the linear's epilogue). The weights are params the program does not write
     /// (the verifier checks it): the kernels read them early.
     Linear {
         biases: Vec<bool>,
         swiglu: bool,
-        rmsnorm: Option<f64>,
-        residual: bool,
+        add_rmsnorm: Option<f64>,
     },
 }
 
@@ -281,8 +279,7 @@ impl Op {
             Op::Linear {
                 biases,
                 swiglu,
-                rmsnorm,
-                residual,
+                add_rmsnorm,
             } => {
                 let biases: Vec<String> = biases.iter().map(bool::to_string).collect();
                 let mut attributes = vec![
@@ -290,10 +287,7 @@ impl Op {
                     ("swiglu", swiglu.to_string()),
                 ];
                 // Printed only when fused, so plain linears read as before.
-                attributes.extend(rmsnorm.map(|eps| ("rmsnorm_eps", f(&eps))));
-                if *residual {
-                    attributes.push(("residual", "true".to_string()));
-                }
+                attributes.extend(add_rmsnorm.map(|eps| ("add_rmsnorm_eps", f(&eps))));
                 attributes
             }
             Op::Embedding

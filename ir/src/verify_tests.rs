@@ -439,8 +439,7 @@ fn linear_weights_rejects_a_weight_that_is_no_param_or_is_written() {
     let linear = Op::Linear {
         biases: vec![false],
         swiglu: false,
-        rmsnorm: None,
-        residual: false,
+        add_rmsnorm: None,
     };
     let build = |kind: InputKind| {
         let mut g = Graph::new("linear");

@@ -1,7 +1,6 @@
 // Skinny fused linear layer for decode: y_g[r, j] = sum_k x[r, k] * w_g[j, k] (+ bias_g[j]) for
 // one row (m = 1) and up to three weight groups g sharing x (q/k/v), optionally with the SwiGLU
-// epilogue out = silu(y_0) * y_1 (gate and up) or the residual epilogue y_0 + residual, and
-// the RMSNorm prologue on x (linear_common.cuh), on CUDA cores; and linear_reduce, the split-K
+// epilogue out = silu(y_0) * y_1 (gate and up), on CUDA cores; and linear_reduce, the split-K
 // reduce and epilogue of this kernel and of the tensor-core kernels (linear_mma.cu, 2..32
 // rows). Weights and bias are bf16, accumulation and outputs f32. The builder
 // (kernels/src/gpu/linear.rs) checks every size and alignment.
@@ -22,8 +21,7 @@
 // issued before x is staged, so the staging latency hides behind it, and the first stage's
 // before the wait for x's producer (linear_common.cuh), so that the weights' latency hides
 // behind the kernel before. With ROWS = 1, UNROLL = 4:
-// 16 loads per thread, 128 registers (ptxas, NVRTC 13.0, sm_90; the launch bound of
-// linear_common.cuh, no spills), 2 blocks per SM, 128 KB of
+// 16 loads per thread, 117 registers (ptxas, NVRTC 13.0, sm_90), 2 blocks per SM, 128 KB of
 // weight bytes in flight per SM; Little's law at ~4.3 TB/s over 132 SMs with ~1 us of loaded
 // latency wants ~30 KB. (The body is a template over ROWS; buckets of 2 to 16 rows, measured
 // to lose to cuBLASLt at 8 rows since their FMAs are compute-bound there, were replaced by the
@@ -68,12 +66,10 @@ __device__ __forceinline__ i64 kiln_linear_swiglu_j(i64 team, int c) {
 }
 
 // Stages x[0..m, k0..k0 + len) (len a multiple of 8) into `xs` (ROWS rows of stage_k floats in
-// the half-split layout of the header; rows m..ROWS are zeros), normalized first with the
-// prologue (rstd from kiln_linear_norm_rows).
+// the half-split layout of the header; rows m..ROWS are zeros).
 template <int ROWS>
 __device__ __forceinline__ void kiln_linear_stage(float* xs, const void* x, int x_f32, i64 m,
-                                                  i64 ldx, i64 k0, int len, int stage_k,
-                                                  const KilnLinearNorm& norm, const float* rstd) {
+                                                  i64 ldx, i64 k0, int len, int stage_k) {
     const int vecs = len / 8;
     for (int i = threadIdx.x; i < ROWS * vecs; i += blockDim.x) {
         const int r = i / vecs;
@@ -86,13 +82,7 @@ __device__ __forceinline__ void kiln_linear_stage(float* xs, const void* x, int 
             const float4* row = (const float4*)((const float*)x + r * ldx + k0);
             const float4 lo = row[2 * v];
             const float4 hi = row[2 * v + 1];
-            float raw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            if (norm.weight_kind) {
-#pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                    raw[t] = (raw[t] * rstd[r]) * kiln_linear_norm_weight(norm, k0 + 8 * v + t);
-                }
-            }
+            const float raw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
             for (int t = 0; t < 8; ++t) e[t] = kiln_bf16_to_f32(kiln_f32_to_bf16(raw[t]));
         } else {
@@ -133,9 +123,8 @@ template <int ROWS, int UNROLL>
 __device__ __forceinline__ void kiln_linear_body(
     const KilnLinearOut& out, float* partial, const bf16_bits* w0, const bf16_bits* w1,
     const bf16_bits* w2, i64 n0, i64 n1, i64 n2, const void* x, int x_f32, i64 m, i64 k,
-    i64 ldx, i64 split_k, i64 stage_k, int swiglu, const KilnLinearNorm& norm) {
+    i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
     extern __shared__ float4 kiln_linear_smem[];
-    __shared__ float rstd[ROWS];
     float* xs = (float*)kiln_linear_smem;
     const int lane = threadIdx.x % KILN_LINEAR_TEAM;
     const i64 team = (i64)blockIdx.x * (blockDim.x / KILN_LINEAR_TEAM) +
@@ -183,8 +172,8 @@ __device__ __forceinline__ void kiln_linear_body(
         // The first step's weights are in flight while x is staged.
         uint4 wv[KILN_LINEAR_COLS][UNROLL];
         kiln_linear_load<UNROLL>(wv, rows, valid, first, lane, vecs);
-        kiln_linear_begin<ROWS>(&waited, rstd, norm, x, m, k, ldx);
-        kiln_linear_stage<ROWS>(xs, x, x_f32, m, ldx, k0, len, stride, norm, rstd);
+        kiln_linear_wait_once(&waited);
+        kiln_linear_stage<ROWS>(xs, x, x_f32, m, ldx, k0, len, stride);
         __syncthreads();
 #pragma unroll 1
         for (int base = 0; base < vecs; base += KILN_LINEAR_TEAM * UNROLL) {
@@ -328,20 +317,17 @@ __device__ __forceinline__ void kiln_linear_cluster_finish(const KilnLinearOut& 
 // and any valid pointers; b_g is read only when has_b_g is nonzero; `partial` is written only
 // with more than one split (gridDim.y > 1); with cluster_finish the launch's clusters are its
 // column tiles' splits, which finish it (kiln_linear_cluster_finish), else linear_reduce does.
-// norm_weight is read with the prologue (norm_kind: KilnLinearNorm's weight_kind), residual
-// with has_residual.
 
-extern "C" __global__ void KILN_LINEAR_BOUNDS linear_r1(float* y0, float* y1, float* y2, float* partial,
+extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* partial,
                                      const bf16_bits* w0, const bf16_bits* w1, const bf16_bits* w2,
                                      const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
                                      int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
                                      i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32, i64 m,
                                      i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu,
-                                     int cluster_finish, const void* norm_weight, int norm_kind,
-                                     float eps, const float* residual, int has_residual) {
+                                     int cluster_finish) {
     KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
-    kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx, split_k,
-                           stage_k, swiglu, kiln_linear_norm_of(norm_weight, norm_kind, eps));
+    kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
+                                split_k, stage_k, swiglu);
     if (cluster_finish) kiln_linear_cluster_finish(out, partial, n0, n1, n2, m, swiglu);
 }
 
@@ -349,12 +335,58 @@ extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const 
                                          const bf16_bits* b0, const bf16_bits* b1,
                                          const bf16_bits* b2, int has_b0, int has_b1,
                                          int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1,
-                                         i64 ldo2, i64 m, i64 splits, int swiglu,
-                                         const float* residual, int has_residual) {
+                                         i64 ldo2, i64 m, i64 splits, int swiglu) {
     kiln_grid_dependency_wait();
     KILN_LINEAR_OUT;
     const i64 n_out = swiglu ? n0 : n0 + n1 + n2;
     KILN_FOR_EACH(i, m * n_out) {
         kiln_linear_finish(out, partial, i / n_out, i % n_out, n0, n1, n2, m, splits, swiglu);
     }
+}
+
+// linear_reduce with the residual add and RMSNorm of the next layer (a one-group `Linear` with
+// add_rmsnorm, no SwiGLU): one block per row r of up to 1024 threads, one column each where
+// n allows (the splits of a column summed in the rounds of kiln_linear_split_sum):
+// sum[r, j] = (splits' sum + bias[j]) + residual[r, j], then normed[r, j] = (sum * rstd) *
+// weight[j] with rstd from the row's sum of squares in a fixed order (the block's). The norm
+// weight W is f32 or bf16. The bound keeps the registers within a block of 1024 threads
+// (the builder's NORM_THREADS).
+#define KILN_NORM_BOUNDS __launch_bounds__(1024)
+template <typename W>
+__device__ void kiln_linear_reduce_add_rmsnorm(float* sum_out, float* normed,
+                                               const float* partial, const bf16_bits* bias,
+                                               int has_bias, const float* residual,
+                                               const W* weight, i64 n, i64 m, i64 splits,
+                                               float eps) {
+    __shared__ float scratch[KILN_WARP];
+    const i64 r = blockIdx.x;
+    if (r >= m) return;
+    float squares = 0.0f;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        float y = kiln_linear_split_sum(partial + r * n + j, m * n, splits);
+        if (has_bias) y += kiln_bf16_to_f32(bias[j]);
+        const float s = y + residual[r * n + j];
+        sum_out[r * n + j] = s;
+        squares += s * s;
+    }
+    const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), n, eps);
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        normed[r * n + j] = (sum_out[r * n + j] * rstd) * kiln_load(weight, j);
+    }
+}
+
+extern "C" __global__ void KILN_NORM_BOUNDS linear_reduce_add_rmsnorm(
+    float* sum_out, float* normed, const float* partial, const bf16_bits* bias, int has_bias,
+    const float* residual, const float* weight, i64 n, i64 m, i64 splits, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_linear_reduce_add_rmsnorm(sum_out, normed, partial, bias, has_bias, residual, weight, n,
+                                   m, splits, eps);
+}
+
+extern "C" __global__ void KILN_NORM_BOUNDS linear_reduce_add_rmsnorm_bf16(
+    float* sum_out, float* normed, const float* partial, const bf16_bits* bias, int has_bias,
+    const float* residual, const bf16_bits* weight, i64 n, i64 m, i64 splits, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_linear_reduce_add_rmsnorm(sum_out, normed, partial, bias, has_bias, residual, weight, n,
+                                   m, splits, eps);
 }

@@ -33,16 +33,14 @@
 // lanes of a group read 64 contiguous bytes of a row per load (whole sectors), 2 chunks a whole
 // 128-byte line. Per step a thread issues 2 * UNROLL = 8 independent 16-byte loads (128 bytes;
 // 32 KB per block) before its first mma; a stage's first step is issued before x is staged.
-// Registers (ptxas via NVRTC 13.0, sm_90; tools/kernel_resources.py) under the launch bounds
-// (linear_common.cuh), and the blocks per SM they allow (shared memory allows 6): r8: 80, 3
-// blocks, 96 KB of weights in flight per SM; r16, r24, r32: 121-128 (r16 spills 8 bytes), 2
-// blocks, 64 KB (Little's law wants ~30 KB, see linear.cu). The A
+// Registers (ptxas via NVRTC 13.0, sm_90; tools/kernel_resources.py), no spills, and the blocks
+// per SM they allow (shared memory allows 6): r8, r16, r24: 79-80, 3 blocks, 96 KB of weights in
+// flight per SM; r32: 96, 2 blocks, 64 KB (Little's law wants ~30 KB, see linear.cu). The A
 // fragment mixes two loads' words ({wa.x, wb.x, wa.y, wb.y}), so ptxas adds register moves
 // before each mma (~4 per mma in the SASS): issue slots, not bytes.
 //
 // x. The block stages rows 0..8 * TILES of its k range, stage_k elements at a time, as bf16
-// (f32 x rounded by kiln_f32_to_bf16, normalized first with the prologue, linear_common.cuh;
-// bf16 as is; zeros in rows m..): row r at r * (stage_k +
+// (f32 x rounded by kiln_f32_to_bf16, bf16 as is; zeros in rows m..): row r at r * (stage_k +
 // 32) elements. stage_k is a multiple of 64, so a row is 64 bytes past a multiple of 128: the
 // 8 lanes of a quarter-warp (rows g, g+1, 16-byte reads at 16t) touch 32 distinct banks. The
 // builder keeps 8 * TILES * (stage_k + 32) * 2 <= 34 KB (under the 48 KB of a plain launch).
@@ -74,8 +72,7 @@
 // apart; rows m..ROWS are zeros.
 template <int ROWS>
 __device__ __forceinline__ void kiln_mma_stage(bf16_bits* xs, int stride, const void* x, int x_f32,
-                                               i64 m, i64 ldx, i64 k0, int len,
-                                               const KilnLinearNorm& norm, const float* rstd) {
+                                               i64 m, i64 ldx, i64 k0, int len) {
     const int vecs = len / 8;
     for (int i = threadIdx.x; i < ROWS * vecs; i += blockDim.x) {
         const int r = i / vecs;
@@ -85,15 +82,8 @@ __device__ __forceinline__ void kiln_mma_stage(bf16_bits* xs, int stride, const 
             const float4* row = (const float4*)((const float*)x + r * ldx + k0);
             const float4 lo = row[2 * v];
             const float4 hi = row[2 * v + 1];
-            float e[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            if (norm.weight_kind) {
-#pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                    e[t] = (e[t] * rstd[r]) * kiln_linear_norm_weight(norm, k0 + 8 * v + t);
-                }
-            }
-            q = make_uint4(kiln_mma_pack(e[0], e[1]), kiln_mma_pack(e[2], e[3]),
-                           kiln_mma_pack(e[4], e[5]), kiln_mma_pack(e[6], e[7]));
+            q = make_uint4(kiln_mma_pack(lo.x, lo.y), kiln_mma_pack(lo.z, lo.w),
+                           kiln_mma_pack(hi.x, hi.y), kiln_mma_pack(hi.z, hi.w));
         } else if (r < m) {
             q = ((const uint4*)((const bf16_bits*)x + r * ldx + k0))[v];
         }
@@ -129,10 +119,8 @@ __device__ __forceinline__ void kiln_mma_body(const KilnLinearOut& out, float* p
                                               const bf16_bits* w0, const bf16_bits* w1,
                                               const bf16_bits* w2, i64 n0, i64 n1, i64 n2,
                                               const void* x, int x_f32, i64 m, i64 k, i64 ldx,
-                                              i64 split_k, i64 stage_k, int swiglu,
-                                              const KilnLinearNorm& norm) {
+                                              i64 split_k, i64 stage_k, int swiglu) {
     extern __shared__ uint4 kiln_mma_smem[];
-    __shared__ float rstd[8 * TILES];
     bf16_bits* xs = (bf16_bits*)kiln_mma_smem;
     const int stride = (int)stage_k + KILN_MMA_PAD;
     const int lane = threadIdx.x % KILN_WARP;
@@ -179,8 +167,8 @@ __device__ __forceinline__ void kiln_mma_body(const KilnLinearOut& out, float* p
         __syncthreads();  // the previous stage's reads of xs are done
         uint4 wa[UNROLL], wb[UNROLL];
         kiln_mma_load<UNROLL>(wa, wb, ra, rb, valid_a, valid_b, first, t, vecs);
-        kiln_linear_begin<8 * TILES>(&waited, rstd, norm, x, m, k, ldx);
-        kiln_mma_stage<8 * TILES>(xs, stride, x, x_f32, m, ldx, k0, len, norm, rstd);
+        kiln_linear_wait_once(&waited);
+        kiln_mma_stage<8 * TILES>(xs, stride, x, x_f32, m, ldx, k0, len);
         __syncthreads();
 #pragma unroll 1
         for (int base = 0; base < len; base += KILN_MMA_CHUNK * UNROLL) {
@@ -235,52 +223,43 @@ __device__ __forceinline__ void kiln_mma_body(const KilnLinearOut& out, float* p
 
 // The main kernels, one per n8 tile count (8 * TILES >= m; the builder picks the smallest), with
 // linear.cu's parameters: unused groups have n = 0 and any valid pointers; b_g is read only
-// when has_b_g is nonzero; `partial` is written only with more than one split (gridDim.y > 1);
-// norm_weight is read with the prologue, residual with has_residual.
-extern "C" __global__ void KILN_MMA_BOUNDS linear_mma_r8(
+// when has_b_g is nonzero; `partial` is written only with more than one split (gridDim.y > 1).
+extern "C" __global__ void linear_mma_r8(
     float* y0, float* y1, float* y2, float* partial, const bf16_bits* w0, const bf16_bits* w1,
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
-    int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu,
-    const void* norm_weight, int norm_kind, float eps, const float* residual, int has_residual) {
+    int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
     KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_mma_body<1, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                      split_k, stage_k, swiglu,
-                                      kiln_linear_norm_of(norm_weight, norm_kind, eps));
+                                      split_k, stage_k, swiglu);
 }
 
-extern "C" __global__ void KILN_LINEAR_BOUNDS linear_mma_r16(
+extern "C" __global__ void linear_mma_r16(
     float* y0, float* y1, float* y2, float* partial, const bf16_bits* w0, const bf16_bits* w1,
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
-    int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu,
-    const void* norm_weight, int norm_kind, float eps, const float* residual, int has_residual) {
+    int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
     KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_mma_body<2, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                      split_k, stage_k, swiglu,
-                                      kiln_linear_norm_of(norm_weight, norm_kind, eps));
+                                      split_k, stage_k, swiglu);
 }
 
-extern "C" __global__ void KILN_LINEAR_BOUNDS linear_mma_r24(
+extern "C" __global__ void linear_mma_r24(
     float* y0, float* y1, float* y2, float* partial, const bf16_bits* w0, const bf16_bits* w1,
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
-    int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu,
-    const void* norm_weight, int norm_kind, float eps, const float* residual, int has_residual) {
+    int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
     KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_mma_body<3, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                      split_k, stage_k, swiglu,
-                                      kiln_linear_norm_of(norm_weight, norm_kind, eps));
+                                      split_k, stage_k, swiglu);
 }
 
-extern "C" __global__ void KILN_LINEAR_BOUNDS linear_mma_r32(
+extern "C" __global__ void linear_mma_r32(
     float* y0, float* y1, float* y2, float* partial, const bf16_bits* w0, const bf16_bits* w1,
     const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2, int has_b0,
     int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2, const void* x,
-    int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu,
-    const void* norm_weight, int norm_kind, float eps, const float* residual, int has_residual) {
+    int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, int swiglu) {
     KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_mma_body<4, KILN_MMA_UNROLL>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
-                                      split_k, stage_k, swiglu,
-                                      kiln_linear_norm_of(norm_weight, norm_kind, eps));
+                                      split_k, stage_k, swiglu);
 }

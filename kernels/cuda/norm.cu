@@ -1,11 +1,9 @@
 // RMSNorm, fused residual add + RMSNorm, and their backwards. One block per row of H.
 // rstd = 1 / sqrt(mean(row^2) + eps) (norm.cuh), out = (x * rstd) * weight, as the CPU.
 
-// The weight W is f32 or bf16 (a stored operand); x, residual and the results are f32, but
-// for rmsnorm_to_bf16, which writes the normed rows rounded to bf16 (a fused linear's input
-// for the vendor GEMM: the norm and the cast in one launch).
-template <typename O, typename W>
-__device__ void kiln_rmsnorm(O* out, const float* x, const W* weight, i64 rows, i64 hidden,
+// The weight W is f32 or bf16 (a stored operand); x, residual and the results are f32.
+template <typename W>
+__device__ void kiln_rmsnorm(float* out, const float* x, const W* weight, i64 rows, i64 hidden,
                              float eps) {
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
@@ -15,7 +13,7 @@ __device__ void kiln_rmsnorm(O* out, const float* x, const W* weight, i64 rows, 
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) sum += x_row[j] * x_row[j];
     const float rstd = kiln_inverse_rms(kiln_block_sum(sum, scratch), hidden, eps);
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        kiln_store(out, row * hidden + j, (x_row[j] * rstd) * kiln_load(weight, j));
+        out[row * hidden + j] = (x_row[j] * rstd) * kiln_load(weight, j);
     }
 }
 
@@ -27,19 +25,6 @@ extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* 
 
 extern "C" __global__ void rmsnorm_f32_bf16(float* out, const float* x, const bf16_bits* weight,
                                             i64 rows, i64 hidden, float eps) {
-    kiln_grid_dependency_wait();
-    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
-}
-
-extern "C" __global__ void rmsnorm_to_bf16(bf16_bits* out, const float* x, const float* weight,
-                                           i64 rows, i64 hidden, float eps) {
-    kiln_grid_dependency_wait();
-    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
-}
-
-extern "C" __global__ void rmsnorm_to_bf16_bf16(bf16_bits* out, const float* x,
-                                                const bf16_bits* weight, i64 rows, i64 hidden,
-                                                float eps) {
     kiln_grid_dependency_wait();
     kiln_rmsnorm(out, x, weight, rows, hidden, eps);
 }

@@ -61,7 +61,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     (
         "linear_mma",
-        module!("norm.cuh", "linear_common.cuh", "mma.cuh", "linear_mma.cu"),
+        module!("linear_common.cuh", "mma.cuh", "linear_mma.cu"),
     ),
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cuh", "norm.cu")),

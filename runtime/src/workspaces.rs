@@ -78,15 +78,16 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
             _ => 0,
         },
         Op::Linear {
-            biases,
-            swiglu,
-            rmsnorm,
-            residual,
-        } => crate::interpret::linear::fused_workspace_bytes(
-            operands,
-            (biases, *swiglu),
-            (*rmsnorm, *residual),
-        ),
+            add_rmsnorm: Some(eps),
+            ..
+        } => crate::interpret::linear::add_rmsnorm_workspace_bytes(operands, *eps),
+        Op::Linear { biases, swiglu, .. } => {
+            let weights: Vec<&[usize]> = (1..=biases.len()).map(|p| dims(operands, p)).collect();
+            let x = operands
+                .first()
+                .map_or((DType::F32, &[][..]), |t| (t.dtype, t.dims()));
+            crate::interpret::linear::workspace_bytes(x, &weights, *swiglu)
+        }
         Op::RopeKvWrite { theta, bias } => {
             crate::interpret::rope_kv::workspace_bytes(*theta, *bias, operands)
         }

@@ -534,91 +534,36 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
         let op = Op::Linear {
             biases: biases.to_vec(),
             swiglu,
-            rmsnorm: None,
-            residual: false,
+            add_rmsnorm: None,
         };
         let name = format!(
             "linear M={m} K={k} N={widths:?} biases={biases:?} swiglu={swiglu} x {x_dtype}"
         );
         cases.push((name, op, ins));
     }
-    // The RMSNorm prologue (f32 and bf16 norm weights) and the residual epilogue, alone and
-    // together: on CUDA cores unsplit, split and finished in clusters (q/k/v, gate/up, o,
-    // 1.5B's 12 splits) or by the reduce (down's 37 splits), on tensor cores, and past the
-    // skinny kernels (the norm into bf16, the vendor GEMM, the residual add).
-    type FusedCase<'a> = (
-        usize,
-        usize,
-        &'a [usize],
-        &'a [bool],
-        bool,
-        Option<DType>,
-        bool,
-    );
-    let fused_cases: [FusedCase; 11] = [
-        (
-            1,
-            896,
-            &[896, 128, 128],
-            &[false, false, true],
-            false,
-            Some(DType::BF16),
-            false,
-        ),
-        (
-            1,
-            896,
-            &[4864, 4864],
-            &[false, false],
-            true,
-            Some(DType::F32),
-            false,
-        ),
-        (1, 896, &[896], &[false], false, None, true),
-        (1, 4864, &[896], &[false], false, None, true),
-        (1, 1536, &[1536], &[true], false, Some(DType::BF16), true),
-        (1, 64, &[40], &[true], false, Some(DType::F32), true),
-        (8, 4864, &[1536], &[false], false, Some(DType::F32), true),
-        (
-            3,
-            128,
-            &[64, 64],
-            &[false, false],
-            true,
-            Some(DType::BF16),
-            false,
-        ),
-        (32, 896, &[200], &[false], false, Some(DType::BF16), true),
-        (40, 256, &[96], &[true], false, Some(DType::F32), true),
-        (
-            12,
-            64,
-            &[24, 40],
-            &[true, false],
-            false,
-            Some(DType::BF16),
-            false,
-        ),
+    // The residual add + RMSNorm epilogue: one split and several (the fused reduce, or a
+    // cluster finish before the norm past 1024 columns), on CUDA cores and tensor cores, more
+    // columns than a block's threads, bf16 and f32 norm weights, and rows past the skinny
+    // kernels (the vendor GEMM, then the norm in place).
+    let norm_cases: [(usize, usize, usize, bool, DType); 7] = [
+        (1, 896, 896, false, DType::BF16),
+        (1, 1536, 1536, true, DType::F32), // 12 splits finished in clusters, then the norm
+        (1, 4864, 896, true, DType::BF16),
+        (8, 4864, 1536, false, DType::F32),
+        (3, 128, 64, true, DType::BF16),
+        (32, 896, 2100, false, DType::BF16),
+        (40, 256, 96, true, DType::F32),
     ];
-    for (m, k, widths, biases, swiglu, norm, residual) in fused_cases {
-        let mut ins = vec![f(&[m, k])];
-        ins.extend(widths.iter().map(|&n| In::W(DType::BF16, vec![n, k])));
-        let biased = widths.iter().zip(biases).filter(|(_, &b)| b);
-        ins.extend(biased.map(|(&n, _)| bf(&[n])));
-        ins.extend(norm.map(|dtype| In::F(dtype, vec![k])));
-        if residual {
-            ins.push(f(&[m, 1, widths[0]]));
-        }
+    for (m, k, n, bias, norm_dtype) in norm_cases {
+        let mut ins = vec![f(&[m, k]), In::W(DType::BF16, vec![n, k])];
+        ins.extend(bias.then(|| bf(&[n])));
+        ins.extend([f(&[m, 1, n]), In::F(norm_dtype, vec![n])]);
         let op = Op::Linear {
-            biases: biases.to_vec(),
-            swiglu,
-            rmsnorm: norm.map(|_| 1e-6),
-            residual,
+            biases: vec![bias],
+            swiglu: false,
+            add_rmsnorm: Some(1e-6),
         };
-        let name = format!(
-            "linear M={m} K={k} N={widths:?} biases={biases:?} swiglu={swiglu} norm {norm:?} \
-             residual={residual}"
-        );
+        let name = format!("linear add_rmsnorm M={m} K={k} N={n} bias={bias} weight {norm_dtype}");
         cases.push((name, op, ins));
     }
     cases

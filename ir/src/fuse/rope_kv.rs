@@ -86,7 +86,6 @@ fn rope_kv_fusion(graph: &Graph, users: &Users, attention: NodeIndex) -> Option<
         replaced,
         op: Op::RopeKvWrite { theta, bias },
         operands,
-        views: Vec::new(),
         ends: vec![q_rot, k_written, v_written],
     })
 }

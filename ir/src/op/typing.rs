@@ -482,9 +482,8 @@ impl Op {
             Op::Linear {
                 biases,
                 swiglu,
-                rmsnorm,
-                residual,
-            } => linear_types(&rule, biases, *swiglu, (*rmsnorm, *residual)),
+                add_rmsnorm,
+            } => linear_types(&rule, biases, *swiglu, *add_rmsnorm),
             Op::Reshape { shape } => {
                 rule.arity(1)?;
                 let a = &operands[0];

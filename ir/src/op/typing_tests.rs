@@ -608,68 +608,30 @@ fn rope_kv_write_types_its_parts_and_names_its_own_ports() {
 }
 
 #[test]
-fn linear_with_residual_gives_the_residuals_shape() {
+fn linear_with_add_rmsnorm_gives_the_norms_results_of_the_residuals_shape() {
     let op = |groups: usize, swiglu| Op::Linear {
         biases: vec![false; groups],
         swiglu,
-        rmsnorm: None,
-        residual: true,
+        add_rmsnorm: Some(1e-6),
     };
     let bf = |dims: &[usize]| ty(DType::BF16, dims);
     let (x, w, residual) = (f32t(&[2, 8]), bf(&[6, 8]), f32t(&[2, 1, 6]));
-    let operands = |residual: &TensorType| vec![x.clone(), w.clone(), residual.clone()];
-    accepts(
-        op(1, false),
-        &operands(&residual),
-        std::slice::from_ref(&residual),
-    );
-    // The residual holds the product's rows, in f32.
-    rejects_operand(op(1, false), &operands(&f32t(&[3, 6])), 2);
-    rejects_operand(op(1, false), &operands(&bf(&[2, 1, 6])), 2);
-    rejects_arity(op(1, false), &operands(&residual)[..2], "3");
-    let two = [x.clone(), w.clone(), w.clone(), residual.clone()];
+    let operands = |residual: &TensorType, weight: TensorType| {
+        vec![x.clone(), w.clone(), residual.clone(), weight]
+    };
+    let both = vec![residual.clone(), residual.clone()];
+    accepts(op(1, false), &operands(&residual, bf(&[6])), &both);
+    accepts(op(1, false), &operands(&residual, f32t(&[6])), &both);
+    // The residual holds the product's rows; the norm weight is [N].
+    rejects_operand(op(1, false), &operands(&f32t(&[3, 6]), bf(&[6])), 2);
+    rejects_operand(op(1, false), &operands(&bf(&[2, 1, 6]), bf(&[6])), 2);
+    rejects_operand(op(1, false), &operands(&residual, bf(&[5])), 3);
+    rejects_arity(op(1, false), &operands(&residual, bf(&[6]))[..3], "4");
+    let two = [x.clone(), w.clone(), w.clone(), residual.clone(), bf(&[6])];
     rejects_attribute(op(2, false), &two, "one group");
     rejects_attribute(op(2, true), &two, "one group");
     assert_eq!(
         op(1, false).to_string(),
-        "linear{biases=[false], swiglu=false, residual=true}"
-    );
-}
-
-#[test]
-fn linear_with_rmsnorm_takes_a_norm_weight_of_k_after_the_biases() {
-    let op = |biases: Vec<bool>, swiglu, residual| Op::Linear {
-        biases,
-        swiglu,
-        rmsnorm: Some(1e-6),
-        residual,
-    };
-    let bf = |dims: &[usize]| ty(DType::BF16, dims);
-    let (x, w, v, bias) = (f32t(&[2, 8]), bf(&[6, 8]), bf(&[4, 8]), bf(&[4]));
-    let qkv = op(vec![false, true], false, false);
-    let operands = |norm: TensorType| vec![x.clone(), w.clone(), v.clone(), bias.clone(), norm];
-    let outs = [f32t(&[2, 6]), f32t(&[2, 4])];
-    accepts(qkv.clone(), &operands(bf(&[8])), &outs);
-    accepts(qkv.clone(), &operands(f32t(&[8])), &outs);
-    rejects_operand(qkv.clone(), &operands(bf(&[6])), 4);
-    rejects_arity(qkv.clone(), &operands(bf(&[8]))[..4], "5");
-    // The norm's input is f32.
-    let mut bf16_x = operands(bf(&[8]));
-    bf16_x[0] = bf(&[2, 8]);
-    rejects_operand(qkv.clone(), &bf16_x, 0);
-    // SwiGLU, and the residual after the norm weight.
-    let swiglu = op(vec![false, false], true, false);
-    accepts(
-        swiglu,
-        &[x.clone(), w.clone(), w.clone(), bf(&[8])],
-        &[f32t(&[2, 6])],
-    );
-    let both = op(vec![false], false, true);
-    let residual = f32t(&[2, 1, 6]);
-    let operands = [x.clone(), w.clone(), bf(&[8]), residual.clone()];
-    accepts(both.clone(), &operands, std::slice::from_ref(&residual));
-    assert_eq!(
-        both.to_string(),
-        "linear{biases=[false], swiglu=false, rmsnorm_eps=1e-6, residual=true}"
+        "linear{biases=[false], swiglu=false, add_rmsnorm_eps=1e-6}"
     );
 }

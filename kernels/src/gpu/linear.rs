@@ -74,21 +74,10 @@ pub struct LinearGroup {
     pub ldo: u64,
 }
 
-/// The RMSNorm prologue: `x` (f32) is normalized as it is staged, `(x · rstd) · weight`,
-/// `weight [k]` stored as `stored`, then rounded to bf16 (the IR's `RmsNorm` and `Cast`).
-#[derive(Clone, Copy, Debug)]
-pub struct NormPrologue {
-    pub weight: Addr,
-    pub stored: Stored,
-    pub eps: f32,
-}
-
 /// A fused linear layer over `x [m, k]` (row-major, `ldx` elements between rows; f32 is rounded
 /// to bf16 on load, as the IR's Cast, bf16 is used as is) and 1 to 3 groups. With `swiglu`,
 /// `groups` holds gate then up (equal `n`) and the one output, `silu(gate) · up`, is written to
-/// `groups[0].out` with `groups[0].ldo`; `groups[1].out` and `ldo` are ignored. With `norm`,
-/// x is normalized first; with `residual` (`[m, n]` f32, one group of `ldo = n`, no SwiGLU),
-/// the output is `y + residual`.
+/// `groups[0].out` with `groups[0].ldo`; `groups[1].out` and `ldo` are ignored.
 #[derive(Clone, Debug)]
 pub struct SkinnyLinear {
     pub x: Addr,
@@ -98,8 +87,6 @@ pub struct SkinnyLinear {
     pub ldx: u64,
     pub groups: Vec<LinearGroup>,
     pub swiglu: bool,
-    pub norm: Option<NormPrologue>,
-    pub residual: Option<Addr>,
 }
 
 /// How a shape is cut into blocks.
@@ -141,8 +128,8 @@ impl LinearPlan {
     }
 }
 
-/// Blocks of `linear_r1` an H200 holds at once: 132 SMs × the 2 blocks per SM that its launch
-/// bound keeps it to (128 registers a thread, ptxas via NVRTC 13.0, sm_90, 256 threads;
+/// Blocks of `linear_r1` an H200 holds at once: 132 SMs × the 2 blocks per SM that its 117
+/// registers a thread allow (ptxas via NVRTC 13.0, sm_90, 256 threads;
 /// tools/kernel_resources.py; shared memory, 32 KB a block, would allow 6).
 pub const CUDA_CORE_RESIDENT: u64 = 2 * SMS;
 
@@ -270,26 +257,6 @@ impl SkinnyLinear {
                 );
             }
         }
-        if let Some(norm) = self.norm {
-            let align = match norm.stored {
-                Stored::F32 => 4,
-                Stored::BF16 => 2,
-            };
-            if self.x_dtype != GemmDType::F32 || !all_aligned(&[norm.weight], align) {
-                let reason = format!("needs f32 x and an aligned weight, got {norm:?}");
-                return refuse("norm", reason);
-            }
-        }
-        if let Some(residual) = self.residual {
-            let group = self.groups[0];
-            if count != 1 || self.swiglu || group.ldo != group.n {
-                let reason = "takes one group without swiglu, with rows of n".to_string();
-                return refuse("residual", reason);
-            }
-            if !all_aligned(&[residual], 4) {
-                return refuse("residual", format!("{residual:?} is not 4-byte aligned"));
-            }
-        }
         let tiles = self.plan().column_tiles;
         grid_dim(OP, "columns", tiles, MAX_GRID_X).map(|_| ())
     }
@@ -375,33 +342,90 @@ fn reduce_launch(spec: &SkinnyLinear, partial: Addr) -> Launch {
         size_arg(spec.plan().splits),
         Arg::I32(i32::from(spec.swiglu)),
     ]);
-    args.extend(residual_args(spec));
     grid_stride(MODULE, "linear_reduce", spec.m * outputs, args)
 }
 
-/// The residual epilogue's arguments: the residual (any valid pointer without one) and its
-/// flag.
-fn residual_args(spec: &SkinnyLinear) -> [Arg; 2] {
-    [
-        Arg::Ptr(spec.residual.unwrap_or(spec.groups[0].out)),
-        Arg::I32(i32::from(spec.residual.is_some())),
-    ]
+/// The residual add and RMSNorm after a one-group linear (`Linear` with `add_rmsnorm`):
+/// `sum = y + residual` in the group's output, `normed = rmsnorm(sum) · weight`; `residual`
+/// and `normed` `[m, n]` f32 row-major, `weight [n]` stored as `stored`.
+#[derive(Clone, Copy, Debug)]
+pub struct NormEpilogue {
+    pub residual: Addr,
+    pub weight: Addr,
+    pub stored: Stored,
+    pub normed: Addr,
+    pub eps: f32,
 }
 
-/// The norm prologue's arguments: the weight (any valid pointer without one), its kind (0
-/// none, 1 f32, 2 bf16: `KilnLinearNorm`) and eps.
-fn norm_args(spec: &SkinnyLinear) -> [Arg; 3] {
-    match spec.norm {
-        Some(norm) => [
-            Arg::Ptr(norm.weight),
-            Arg::I32(match norm.stored {
-                Stored::F32 => 1,
-                Stored::BF16 => 2,
-            }),
-            Arg::F32(norm.eps),
-        ],
-        None => [Arg::Ptr(spec.x), Arg::I32(0), Arg::F32(0.0)],
+/// Most threads of the norm epilogue's block (one block per row).
+const NORM_THREADS: u64 = 1024;
+
+/// `spec` (one group, no SwiGLU, `ldo = n`) with the norm epilogue: the main kernel, then with
+/// split k and at most [`NORM_THREADS`] columns one reduce that also adds the residual and
+/// normalizes, else (after `linear_reduce` when k is split and the splits do not finish in
+/// clusters) the add + RMSNorm kernel over the output in place.
+pub fn skinny_linear_add_rmsnorm(
+    spec: &SkinnyLinear,
+    workspace: Option<Addr>,
+    norm: NormEpilogue,
+    clusters: bool,
+) -> Result<Vec<Launch>> {
+    let group = spec.groups[0];
+    if spec.groups.len() != 1 || spec.swiglu || group.ldo != group.n {
+        let reason = "takes one group without swiglu, with rows of n".to_string();
+        refuse("add_rmsnorm", reason)?;
     }
+    if !all_aligned(&[norm.residual, norm.normed], 4) || !all_aligned(&[norm.weight], 2) {
+        refuse("add_rmsnorm", format!("{norm:?} is not aligned"))?;
+    }
+    let (m, n) = (spec.m, group.n);
+    // One column per thread, or the reduce and the norm as two launches (measured: 0.5B's 896
+    // columns gain, 1.5B's 1536, two columns a thread, lose).
+    let (main, partial) = main_launch(spec, workspace, clusters && n > NORM_THREADS)?;
+    let mut launches = vec![main];
+    let partial = match partial {
+        Some(partial) if n > NORM_THREADS => {
+            launches.push(reduce_launch(spec, partial));
+            None
+        }
+        partial => partial,
+    };
+    let epilogue = match partial {
+        None => super::norm::add_rmsnorm_f32(
+            group.out,
+            norm.normed,
+            group.out,
+            norm.residual,
+            (norm.weight, norm.stored),
+            m,
+            n,
+            norm.eps,
+        )?,
+        Some(partial) => {
+            let args = vec![
+                Arg::Ptr(group.out),
+                Arg::Ptr(norm.normed),
+                Arg::Ptr(partial),
+                Arg::Ptr(group.bias.unwrap_or(group.w)),
+                Arg::I32(i32::from(group.bias.is_some())),
+                Arg::Ptr(norm.residual),
+                Arg::Ptr(norm.weight),
+                size_arg(n),
+                size_arg(m),
+                size_arg(spec.plan().splits),
+                Arg::F32(norm.eps),
+            ];
+            let function = norm.stored.pick(
+                "linear_reduce_add_rmsnorm",
+                "linear_reduce_add_rmsnorm_bf16",
+            );
+            let rows = grid_dim(function, "rows", m, MAX_GRID_X)?;
+            let threads = n.next_multiple_of(32).min(NORM_THREADS) as u32;
+            Kernel::launch(MODULE, function, (rows, 1, 1), (threads, 1, 1), 0, args)
+        }
+    };
+    launches.push(epilogue);
+    Ok(launches)
 }
 
 /// The main kernel's launch (as clusters of a tile's splits when
@@ -449,8 +473,6 @@ fn main_launch(
     if !plan.tensor_cores {
         args.push(Arg::I32(i32::from(finish)));
     }
-    args.extend(norm_args(spec));
-    args.extend(residual_args(spec));
     let main = Kernel {
         module,
         function,

@@ -147,25 +147,21 @@ struct Lane {
     w: [[Vec4; UNROLL]; 2],
 }
 
-/// The kernel's outputs, biases and residual, as `KilnLinearOut`.
+/// The kernel's outputs and biases, as `KilnLinearOut`.
 struct Out {
     y: [Addr; 3],
     b: [Addr; 3],
     has_b: [bool; 3],
     ldo: [i64; 3],
-    /// The residual epilogue's operand (the kernel's last two arguments).
-    residual: Option<Addr>,
 }
 
 impl Out {
     fn of(args: &[Arg], b: usize) -> Out {
-        let last = args.len() - 1;
         Out {
             y: std::array::from_fn(|g| ptr(&args[g])),
             b: std::array::from_fn(|g| ptr(&args[b + g])),
             has_b: std::array::from_fn(|g| int(&args[b + 3 + g]) != 0),
             ldo: std::array::from_fn(|g| int(&args[b + 9 + g])),
-            residual: (int(&args[last]) != 0).then(|| ptr(&args[last - 1])),
         }
     }
     fn biased(&self, mem: &Memory, g: usize, j: i64, value: f32) -> f32 {
@@ -175,12 +171,8 @@ impl Out {
         }
     }
     fn write(&self, mem: &mut Memory, g: usize, r: i64, j: i64, value: f32) {
-        let at = r * self.ldo[g] + j;
-        let mut value = self.biased(mem, g, j, value);
-        if let Some(residual) = self.residual {
-            value += mem.f32(plus(residual, 4 * at));
-        }
-        mem.store_f32(plus(self.y[g], 4 * at), value);
+        let value = self.biased(mem, g, j, value);
+        mem.store_f32(plus(self.y[g], 4 * (r * self.ldo[g] + j)), value);
     }
     fn write_swiglu(&self, mem: &mut Memory, r: i64, j: i64, gate: f32, up: f32) {
         let a = self.biased(mem, 0, j, gate);
@@ -188,32 +180,6 @@ impl Out {
         let value = a / (1.0 + (-a).exp()) * up;
         mem.store_f32(plus(self.y[0], 4 * (r * self.ldo[0] + j)), value);
     }
-}
-
-/// The norm prologue's rstd of rows 0..m of x (f32, rows ldx apart) as
-/// `kiln_linear_norm_rows` sums them: lane l the vectors l, l + 32, ... in order, then the
-/// warp's butterfly (`kiln_warp_sum`), then `kiln_inverse_rms`.
-fn norm_rstd(mem: &Memory, x: Addr, m: i64, k: i64, ldx: i64, eps: f32) -> Vec<f32> {
-    (0..m)
-        .map(|r| {
-            let mut lanes = [0f32; WARP];
-            for (lane, sum) in lanes.iter_mut().enumerate() {
-                let mut v = lane as i64;
-                while v < k / 4 {
-                    let at = plus(x, 4 * (r * ldx + 4 * v));
-                    let e: Vec<f32> = (0..4).map(|i| mem.f32(plus(at, 4 * i))).collect();
-                    *sum += e[0] * e[0] + e[1] * e[1] + e[2] * e[2] + e[3] * e[3];
-                    v += WARP as i64;
-                }
-            }
-            let mut mask = WARP / 2;
-            while mask > 0 {
-                lanes = std::array::from_fn(|l| lanes[l] + lanes[l ^ mask]);
-                mask /= 2;
-            }
-            1.0 / (lanes[0] / k as f32 + eps).sqrt()
-        })
-        .collect()
 }
 
 /// Where virtual column v lands without SwiGLU (`kiln_linear_locate`).
@@ -236,7 +202,7 @@ pub(super) fn run_mma(kernel: &Kernel, mem: &mut Memory) {
     };
     assert_eq!(kernel.block, (256, 1, 1));
     let a = &kernel.args;
-    assert_eq!(a.len(), 32);
+    assert_eq!(a.len(), 27);
     let out = Out::of(a, 7);
     let partial = ptr(&a[3]);
     let w: [Addr; 3] = std::array::from_fn(|g| ptr(&a[4 + g]));
@@ -249,19 +215,6 @@ pub(super) fn run_mma(kernel: &Kernel, mem: &mut Memory) {
         int(&a[23]),
     );
     let (split_k, stage_k, swiglu) = (int(&a[24]), int(&a[25]), int(&a[26]) != 0);
-    let (norm_weight, norm_kind) = (ptr(&a[27]), int(&a[28]));
-    let eps = match a[29] {
-        Arg::F32(eps) => eps,
-        ref other => panic!("eps: {other:?}"),
-    };
-    let rstd = match norm_kind {
-        0 => Vec::new(),
-        _ => norm_rstd(mem, x, m, k, ldx, eps),
-    };
-    let norm_weight = |mem: &Memory, j: i64| match norm_kind {
-        2 => bf16_of(u32::from(mem.u16(plus(norm_weight, 2 * j)))),
-        _ => mem.f32(plus(norm_weight, 4 * j)),
-    };
     let stride = stage_k + PAD;
     let n_virtual = if swiglu { 2 * n[0] } else { n.iter().sum() };
     let rows = 8 * tiles as i64;
@@ -315,13 +268,7 @@ pub(super) fn run_mma(kernel: &Kernel, mem: &mut Memory) {
                     let mut q = [0u32; 4];
                     if r < m && x_f32 {
                         let at = plus(x, 4 * (r * ldx + k0) + 32 * v);
-                        let mut e: Vec<f32> = (0..8).map(|e| mem.f32(plus(at, 4 * e))).collect();
-                        if norm_kind != 0 {
-                            for (t, e) in e.iter_mut().enumerate() {
-                                let j = k0 + 8 * v + t as i64;
-                                *e = (*e * rstd[r as usize]) * norm_weight(mem, j);
-                            }
-                        }
+                        let e: Vec<f32> = (0..8).map(|e| mem.f32(plus(at, 4 * e))).collect();
                         q = std::array::from_fn(|p| round(e[2 * p]) | (round(e[2 * p + 1]) << 16));
                     } else if r < m {
                         q = mem.vec4(plus(x, 2 * (r * ldx + k0) + 16 * v));
@@ -418,7 +365,7 @@ pub(super) fn run_mma(kernel: &Kernel, mem: &mut Memory) {
 pub(super) fn run_reduce(kernel: &Kernel, mem: &mut Memory) {
     assert_eq!(kernel.function, "linear_reduce");
     let a = &kernel.args;
-    assert_eq!(a.len(), 21);
+    assert_eq!(a.len(), 19);
     let out = Out::of(a, 4);
     let partial = ptr(&a[3]);
     let n: [i64; 3] = std::array::from_fn(|g| int(&a[10 + g]));

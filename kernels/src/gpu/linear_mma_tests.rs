@@ -2,7 +2,7 @@
 //! emulation of `linear_mma.cu` and `linear_reduce` (`linear_emulation.rs`), against a plain
 //! f64 reference, on shapes that reach every branch: odd m, k a multiple of 8 but not of 16 or
 //! shorter than a chunk, n not a multiple of 16, 1 to 3 groups, SwiGLU, bias, split k, several
-//! stages, the norm prologue and the residual epilogue. Buffers are exactly as long as the layer needs, so any read or write past them
+//! stages. Buffers are exactly as long as the layer needs, so any read or write past them
 //! panics; outputs start as a NaN sentinel, which must survive where nothing is to be written.
 
 use half::bf16;
@@ -21,10 +21,6 @@ struct Case {
     swiglu: bool,
     /// Overrides the plan's stage_k (a multiple of 64) to run several stages per block.
     stage_k: Option<u64>,
-    /// The norm prologue with a weight stored so (x f32 then).
-    norm: Option<Stored>,
-    /// The residual epilogue (one group).
-    residual: bool,
 }
 
 const fn case(m: u64, k: u64, n: &'static [u64], swiglu: bool) -> Case {
@@ -34,8 +30,6 @@ const fn case(m: u64, k: u64, n: &'static [u64], swiglu: bool) -> Case {
         n,
         swiglu,
         stage_k: None,
-        norm: None,
-        residual: false,
     }
 }
 
@@ -66,40 +60,17 @@ fn f32_at(bytes: &[u8], offset: usize, i: usize) -> f32 {
 
 /// Runs `case` (x f32 when `x_f32`, bias on every other group) and checks every output.
 fn run(case: &Case, x_f32: bool, rng: &mut StdRng) {
-    let x_f32 = x_f32 || case.norm.is_some();
     let (m, k) = (case.m as usize, case.k as usize);
     let ldx = k + 8 * usize::from(x_f32); // a padded x row when f32
     let groups = case.n.len();
     // Slots: 0 x, 1..=3 w, 4..=6 bias, 7..=9 out, 10 workspace; offsets keep each alignment.
     let x_len = (m - 1) * ldx + k;
     let x_values = testing::to_f32(&testing::signed(rng, x_len));
-    // The norm weight and each row's rstd (f64), for the prologue.
-    let norm_weight: Vec<f32> = testing::to_f32(&testing::signed(rng, k));
-    let norm_weight: Vec<f32> = match case.norm {
-        Some(Stored::BF16) => norm_weight
-            .iter()
-            .map(|&v| bf16::from_f32(v).to_f32())
-            .collect(),
-        _ => norm_weight,
-    };
-    let rstd: Vec<f64> = (0..m)
-        .map(|r| {
-            let row = &x_values[r * ldx..r * ldx + k];
-            let mean = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / k as f64;
-            1.0 / (mean + 1e-6).sqrt()
-        })
-        .collect();
     let (x_bytes, x_used): (Vec<u8>, Vec<f64>) = match x_f32 {
         true => {
-            let rounded = x_values.iter().enumerate().map(|(i, &v)| {
-                let v = match case.norm {
-                    Some(_) if i % ldx < k => {
-                        (f64::from(v) * rstd[i / ldx] * f64::from(norm_weight[i % ldx])) as f32
-                    }
-                    _ => v,
-                };
-                f64::from(bf16::from_f32(v).to_f32())
-            });
+            let rounded = x_values
+                .iter()
+                .map(|&v| f64::from(bf16::from_f32(v).to_f32()));
             (bytes_f32(&x_values), rounded.collect())
         }
         false => {
@@ -110,7 +81,7 @@ fn run(case: &Case, x_f32: bool, rng: &mut StdRng) {
             (bytes_u16(&bits), bits.iter().map(|&b| widen(b)).collect())
         }
     };
-    let mut slots = vec![Vec::new(); 13];
+    let mut slots = vec![Vec::new(); 11];
     let put = |slots: &mut Vec<Vec<u8>>, slot: usize, offset: usize, bytes: Vec<u8>| {
         slots[slot] = [vec![0xee; offset], bytes].concat();
         Addr {
@@ -119,16 +90,11 @@ fn run(case: &Case, x_f32: bool, rng: &mut StdRng) {
         }
     };
     let x = put(&mut slots, 0, 48, x_bytes);
-    // The residual, as the first group's output rows.
-    let residual_ldo = case.n[0] as usize;
-    let residual = testing::to_f32(&testing::signed(rng, m * residual_ldo));
     let mut weights = Vec::new();
     let mut biases = Vec::new();
     let mut spec_groups = Vec::new();
     for (g, &n) in case.n.iter().enumerate() {
-        // With the residual, rows of n (the epilogue's contract).
-        let padding = if case.residual { 0 } else { 3 * g };
-        let (n, ldo) = (n as usize, n as usize + padding);
+        let (n, ldo) = (n as usize, n as usize + 3 * g);
         let w = bf16_bits(rng, n * k);
         let bias = (g % 2 == 0).then(|| bf16_bits(rng, n));
         let w_at = put(&mut slots, 1 + g, 16 * (g + 1), bytes_u16(&w));
@@ -159,26 +125,6 @@ fn run(case: &Case, x_f32: bool, rng: &mut StdRng) {
         ldx: ldx as u64,
         groups: spec_groups,
         swiglu: case.swiglu,
-        norm: case.norm.map(|stored| NormPrologue {
-            weight: put(
-                &mut slots,
-                11,
-                8,
-                match stored {
-                    Stored::F32 => bytes_f32(&norm_weight),
-                    Stored::BF16 => bytes_u16(
-                        &(norm_weight.iter())
-                            .map(|&v| bf16::from_f32(v).to_bits())
-                            .collect::<Vec<_>>(),
-                    ),
-                },
-            ),
-            stored,
-            eps: 1e-6,
-        }),
-        residual: case
-            .residual
-            .then(|| put(&mut slots, 12, 4, bytes_f32(&residual))),
     };
     let plan = spec.plan();
     let workspace = put(
@@ -202,8 +148,8 @@ fn run(case: &Case, x_f32: bool, rng: &mut StdRng) {
     }
 
     let at = format!(
-        "m {m} k {k} n {:?} swiglu {} x_f32 {x_f32} stage {:?} norm {:?} residual {}: {plan:?}",
-        case.n, case.swiglu, case.stage_k, case.norm, case.residual
+        "m {m} k {k} n {:?} swiglu {} x_f32 {x_f32} stage {:?}: {plan:?}",
+        case.n, case.swiglu, case.stage_k
     );
     // y_g[r, j] in f64 and the scale of its rounding: sum over k of |x w|, plus |bias|.
     let dot = |g: usize, r: usize, j: usize| -> (f64, f64) {
@@ -231,11 +177,6 @@ fn run(case: &Case, x_f32: bool, rng: &mut StdRng) {
                 continue;
             }
             let (want, tolerance) = match case.swiglu {
-                false if case.residual => {
-                    let (sum, tolerance) = dot(g, r, j);
-                    let added = f64::from(residual[r * residual_ldo + j]);
-                    (sum + added, tolerance + 1e-7 * added.abs())
-                }
                 false => dot(g, r, j),
                 true => {
                     let ((gate, tg), (up, tu)) = (dot(0, r, j), dot(1, r, j));
@@ -295,26 +236,6 @@ fn tensor_core_path_matches_the_reference_on_every_branch() {
         Case {
             stage_k: Some(64),
             ..case(19, 200, &[21, 21], true)
-        },
-        // The norm prologue (split, several stages; SwiGLU) and the residual epilogue
-        // (split: in the reduce; one split: in the main kernel).
-        Case {
-            norm: Some(Stored::BF16),
-            ..case(8, 896, &[896, 128, 128], false)
-        },
-        Case {
-            norm: Some(Stored::F32),
-            stage_k: Some(64),
-            ..case(21, 392, &[40, 40], true)
-        },
-        Case {
-            residual: true,
-            ..case(9, 4864, &[96], false)
-        },
-        Case {
-            norm: Some(Stored::F32),
-            residual: true,
-            ..case(32, 72, &[250], false)
         },
     ];
     for (i, case) in cases.iter().enumerate() {

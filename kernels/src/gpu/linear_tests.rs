@@ -31,8 +31,6 @@ fn layer(m: u64, k: u64, columns: &[u64]) -> SkinnyLinear {
             .map(|g| group(1 + 3 * g as u32, columns[g]))
             .collect(),
         swiglu: false,
-        norm: None,
-        residual: None,
     }
 }
 
@@ -107,51 +105,6 @@ fn refusals_name_the_argument() {
         ..layer(1, 896, &[8, 16])
     };
     assert_eq!(refused(&unequal), "swiglu");
-    // The norm prologue takes f32 x and an aligned weight; the residual one group of rows n.
-    let norm = |weight| NormPrologue {
-        weight,
-        stored: Stored::F32,
-        eps: 1e-6,
-    };
-    let normed = SkinnyLinear {
-        norm: Some(norm(addr(9))),
-        ..layer(1, 896, &[896, 128])
-    };
-    assert_eq!(refused(&normed), "norm", "bf16 x");
-    let normed = SkinnyLinear {
-        x_dtype: GemmDType::F32,
-        ..normed
-    };
-    assert!(normed.fits());
-    let misaligned_weight = SkinnyLinear {
-        norm: Some(norm(Addr { slot: 9, offset: 2 })),
-        ..normed.clone()
-    };
-    assert_eq!(refused(&misaligned_weight), "norm");
-    let summed = SkinnyLinear {
-        residual: Some(addr(10)),
-        ..layer(1, 896, &[896])
-    };
-    assert!(summed.fits());
-    for wrong in [
-        SkinnyLinear {
-            residual: Some(addr(10)),
-            ..normed
-        },
-        SkinnyLinear {
-            residual: Some(addr(10)),
-            ..swiglu(1, 896, 4864)
-        },
-        SkinnyLinear {
-            residual: Some(Addr {
-                slot: 10,
-                offset: 2,
-            }),
-            ..summed
-        },
-    ] {
-        assert_eq!(refused(&wrong), "residual");
-    }
     // The message names the argument too.
     let message = layer(33, 896, &[896]).check().unwrap_err().to_string();
     assert!(
@@ -277,17 +230,16 @@ fn splits_finish_in_clusters_of_at_most_sixteen_blocks() {
             assert_eq!(with, without);
             continue;
         }
-        // One cluster per column tile, the flag set (linear_r1's argument before the norm's
-        // and residual's five); the rest of the main launch is the same.
+        // One cluster per column tile, the flag set (linear_r1's last argument); the rest of
+        // the main launch is the same.
         let (with, without) = (&with[0], &without[0]);
         assert_eq!(with.cluster, (1, plan.splits as u32, 1));
-        let last = with.args.len() - 6;
+        let last = with.args.len() - 1;
         assert_eq!(
             (&with.args[last], &without.args[last]),
             (&Arg::I32(1), &Arg::I32(0))
         );
         assert_eq!(with.args[..last], without.args[..last]);
-        assert_eq!(with.args[last + 1..], without.args[last + 1..]);
         assert_eq!(
             (with.grid, with.shared_bytes),
             (without.grid, without.shared_bytes)
@@ -369,49 +321,48 @@ fn launches_name_linear_kernels_with_their_signatures() {
             }
         }
     }
-    // The residual epilogue reaches the reduce (after a split) or the main kernel; the norm
-    // prologue the main kernel only.
-    let norm = NormPrologue {
+    // The norm epilogue: one block per row, a thread per column up to 1024, after a split;
+    // more columns take the reduce and the norm in place.
+    let norm = |stored| NormEpilogue {
+        residual: addr(31),
         weight: addr(32),
-        stored: Stored::BF16,
+        stored,
+        normed: addr(33),
         eps: 1e-6,
     };
-    for (m, k, clusters, functions) in [
-        (8, 4864, false, &["linear_mma_r8", "linear_reduce"][..]),
-        (8, 896, true, &["linear_mma_r8", "linear_reduce"]), // tensor cores: no clusters
-        (1, 4864, true, &["linear_r1", "linear_reduce"]),    // 22 splits
-        (1, 896, true, &["linear_r1"]),                      // 7 splits, one cluster
-        (1, 1536, true, &["linear_r1"]),                     // 1.5B's o: 12
+    let wide = |m, k, clusters| {
+        let spec = layer(m, k, &[1536]);
+        let launched =
+            skinny_linear_add_rmsnorm(&spec, Some(addr(30)), norm(Stored::F32), clusters);
+        let launched = kernels(launched.unwrap());
+        launched.iter().map(|k| k.function).collect::<Vec<_>>()
+    };
+    let reduced = ["linear_mma_r8", "linear_reduce", "add_rmsnorm_f32"];
+    assert_eq!(wide(8, 4864, false), reduced);
+    assert_eq!(wide(8, 896, true), reduced); // tensor cores: no clusters
+    assert_eq!(
+        wide(1, 4864, true),
+        ["linear_r1", "linear_reduce", "add_rmsnorm_f32"]
+    ); // 22 splits
+    assert_eq!(wide(1, 896, true), ["linear_r1", "add_rmsnorm_f32"]); // 7 splits, one cluster
+    assert_eq!(wide(1, 1536, true), ["linear_r1", "add_rmsnorm_f32"]); // 1.5B's o: 12
+    for (m, k, n, stored, reduce) in [
+        (1, 4864, 896, Stored::BF16, "linear_reduce_add_rmsnorm_bf16"),
+        (8, 4864, 1024, Stored::F32, "linear_reduce_add_rmsnorm"),
     ] {
-        let spec = SkinnyLinear {
-            x_dtype: GemmDType::F32,
-            norm: Some(norm),
-            residual: Some(addr(31)),
-            ..layer(m, k, &[1536])
-        };
-        let launches = kernels(skinny_linear(&spec, Some(addr(30)), clusters).unwrap());
-        let names: Vec<&str> = launches.iter().map(|k| k.function).collect();
-        assert_eq!(names, functions, "m {m} k {k}");
-        let main = &launches[0];
-        let tail = &main.args[main.args.len() - 5..];
+        let spec = layer(m, k, &[n]);
+        let launches =
+            kernels(skinny_linear_add_rmsnorm(&spec, Some(addr(30)), norm(stored), true).unwrap());
+        assert!(spec.plan().splits > 1);
+        assert_eq!(launches[1].function, reduce);
+        let threads = (n as u32).min(1024);
         assert_eq!(
-            tail,
-            [
-                Arg::Ptr(addr(32)),
-                Arg::I32(2),
-                Arg::F32(1e-6),
-                Arg::Ptr(addr(31)),
-                Arg::I32(1)
-            ]
+            (launches[1].grid, launches[1].block),
+            ((m as u32, 1, 1), (threads, 1, 1))
         );
-        if let Some(reduce) = launches.get(1) {
-            let tail = &reduce.args[reduce.args.len() - 2..];
-            assert_eq!(tail, [Arg::Ptr(addr(31)), Arg::I32(1)]);
-        }
-        for kernel in &launches {
-            let count = parameters(kernel.module, kernel.function).unwrap();
-            assert_eq!(count, kernel.args.len(), "{}", kernel.function);
-        }
+        let count = parameters(MODULE, reduce).unwrap();
+        assert_eq!(count, launches[1].args.len(), "{reduce}");
+        seen.insert(launches[1].function);
     }
     let defined: usize = (SOURCES.iter())
         .filter(|(name, _)| [MODULE, MMA_MODULE].contains(name))
@@ -429,8 +380,7 @@ fn swiglu_writes_group_zero_and_missing_groups_have_no_columns() {
     assert_eq!(reduce.function, "linear_reduce");
     assert_eq!(reduce.args[0], Arg::Ptr(spec.groups[0].out));
     assert_eq!(reduce.args[3], Arg::Ptr(addr(30)));
-    let swiglu_flag = reduce.args.len() - 3; // before the residual's two
-    assert_eq!(reduce.args[swiglu_flag], Arg::I32(1));
+    assert_eq!(reduce.args.last(), Some(&Arg::I32(1)));
     // One group: groups 1 and 2 pass n = 0 and no bias.
     let spec = layer(1, 896, &[151_936]);
     let main = &kernels(skinny_linear(&spec, None, true).unwrap())[0];

@@ -28,28 +28,6 @@ pub fn rmsnorm_f32(
     block_per(MODULE, function, "rows", rows, args)
 }
 
-/// `out = bf16(rmsnorm(x) · weight)` over `rows > 0` rows of `hidden`: the norm and the cast
-/// to bf16 of a normed GEMM input in one launch.
-pub fn rmsnorm_to_bf16(
-    out: Addr,
-    x: Addr,
-    (weight, stored): (Addr, Stored),
-    rows: u64,
-    hidden: u64,
-    eps: f32,
-) -> Result<Launch> {
-    let args = vec![
-        Arg::Ptr(out),
-        Arg::Ptr(x),
-        Arg::Ptr(weight),
-        size_arg(rows),
-        size_arg(hidden),
-        Arg::F32(eps),
-    ];
-    let function = stored.pick("rmsnorm_to_bf16", "rmsnorm_to_bf16_bf16");
-    block_per(MODULE, function, "rows", rows, args)
-}
-
 /// `sum = x + residual`, `out = rmsnorm(sum) · weight` (`rows > 0`).
 #[allow(clippy::too_many_arguments)]
 pub fn add_rmsnorm_f32(

@@ -33,9 +33,7 @@ fn parameter_kind(declaration: &str) -> Option<&'static str> {
 /// `module`'s source, in order.
 /// `source` without the launch-bounds macros between `void` and a kernel's name.
 pub(crate) fn without_bounds(source: &str) -> String {
-    ["KILN_LINEAR_BOUNDS ", "KILN_MMA_BOUNDS "]
-        .iter()
-        .fold(source.to_string(), |text, bounds| text.replace(bounds, ""))
+    source.replace("KILN_NORM_BOUNDS ", "")
 }
 
 fn parameter_kinds(module: &str, function: &str) -> Option<Vec<Option<&'static str>>> {
@@ -290,32 +288,27 @@ fn every_launch() -> Vec<Launch> {
             ldx: 896,
             groups: vec![group(1, 896), group(4, 128)],
             swiglu: false,
-            norm: None,
-            residual: None,
         };
         launches.extend(linear::skinny_linear(&spec, Some(addr(9)), false).unwrap());
-        // The norm prologue with either norm weight, and the residual epilogue after a split
-        // (k = 4864).
+        // The norm epilogue after one group, split (k = 4864), with either norm weight.
         for stored in [F32, BF16] {
             let spec = SkinnyLinear {
-                x_dtype: GemmDType::F32,
                 k: 4864,
                 ldx: 4864,
                 groups: vec![group(1, 896)],
-                norm: Some(linear::NormPrologue {
-                    weight: addr(11),
-                    stored,
-                    eps: 1e-6,
-                }),
-                residual: Some(addr(10)),
                 ..spec.clone()
             };
-            launches.extend(linear::skinny_linear(&spec, Some(addr(9)), false).unwrap());
+            let norm = linear::NormEpilogue {
+                residual: addr(10),
+                weight: addr(11),
+                stored,
+                normed: addr(12),
+                eps: 1e-6,
+            };
+            let launched =
+                linear::skinny_linear_add_rmsnorm(&spec, Some(addr(9)), norm, false).unwrap();
+            launches.extend(launched);
         }
-    }
-    for stored in [F32, BF16] {
-        launches
-            .push(norm::rmsnorm_to_bf16(addr(0), addr(1), (addr(2), stored), 2, 8, 1e-6).unwrap());
     }
     let kernels = pipelines.into_iter().flatten();
     launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
@@ -525,15 +518,13 @@ fn every_kernel_waits_for_its_producers_first() {
             .unwrap();
         let text = &source[source.find(&format!("void {body}(")).unwrap()..];
         let text = &text[..text.find("\n}\n").unwrap()];
-        // kiln_linear_begin waits (and computes the norm prologue's rstd) once.
-        let (begin, wait) = ("kiln_linear_begin<", "kiln_linear_wait_once(&waited);");
-        let (first_load, first_wait) = (text.find(load).unwrap(), text.find(begin).unwrap());
+        let wait = "kiln_linear_wait_once(&waited);";
+        let (first_load, first_wait) = (text.find(load).unwrap(), text.find(wait).unwrap());
         assert!(
             first_load < first_wait && first_wait < text.find(stage).unwrap(),
             "{body}"
         );
-        assert_eq!(text.matches(begin).count(), 1, "{body}");
-        assert_eq!(text.matches(wait).count(), 1, "{body}");
+        assert_eq!(text.matches(wait).count(), 2, "{body}");
         let results = text.rfind(wait).unwrap();
         assert!(
             !text[..results].contains("partial["),

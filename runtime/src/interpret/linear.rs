@@ -182,90 +182,55 @@ fn add_rows(out: &mut TensorViewMut<'_>, bias: &TensorView<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The prologue's and epilogue's scratch in front of the linear's own: the normed x `[M,K]`
-/// (with `rmsnorm`) and the product `[M,N]` before the residual add (with `residual`), bytes.
-fn fused_regions(x: &[usize], w: &[usize], rmsnorm: bool, residual: bool) -> [usize; 2] {
-    let m = x.first().copied().unwrap_or(0);
-    let normed = match rmsnorm {
-        true => region(DType::F32, x.iter().product()),
-        false => 0,
-    };
-    let y = match residual {
-        true => region(DType::F32, m * w.first().copied().unwrap_or(0)),
-        false => 0,
-    };
-    [normed, y]
-}
-
-/// The workspace of a `Linear` with `biases` and `swiglu`, its prologue (`rmsnorm`) and
-/// epilogue (`residual`) over `operands`: theirs, then the linear's own scratch (or the
-/// norm's, when larger).
-pub(crate) fn fused_workspace_bytes(
-    operands: &[TensorType],
-    (biases, swiglu): (&[bool], bool),
-    (rmsnorm, residual): (Option<f64>, bool),
-) -> u64 {
-    let groups = biases.len();
-    let (Some(x), Some(weights)) = (operands.first(), operands.get(1..=groups)) else {
+/// The workspace of a `Linear` with the `add_rmsnorm` epilogue over `operands`: `y [M,N]`,
+/// then the more of the linear's own scratch and the norm's.
+pub(crate) fn add_rmsnorm_workspace_bytes(operands: &[TensorType], eps: f64) -> u64 {
+    let (Some(x), Some(w), Some(norm)) =
+        (operands.first(), operands.get(1), norm_operands(operands))
+    else {
         return 0;
     };
-    let weights: Vec<&[usize]> = weights.iter().map(TensorType::dims).collect();
-    let linear = workspace_bytes((x.dtype, x.dims()), &weights, swiglu);
-    let norm = match rmsnorm {
-        Some(eps) => {
-            let norm_port = 1 + groups + biases.iter().filter(|&&b| b).count();
-            let weight = operands.get(norm_port).cloned();
-            let operands: Vec<TensorType> =
-                [Some(x.clone()), weight].into_iter().flatten().collect();
-            Workspaces::Cpu.workspace_bytes(&Op::RmsNorm { eps }, &operands)
-        }
-        None => 0,
-    };
-    let [normed, y] = fused_regions(x.dims(), weights[0], rmsnorm.is_some(), residual);
-    (normed as u64)
-        .saturating_add(y as u64)
-        .saturating_add(linear.max(norm))
+    let linear = workspace_bytes((x.dtype, x.dims()), &[w.dims()], false);
+    let y = region(DType::F32, norm[0].shape.numel()) as u64;
+    let norm = Workspaces::Cpu.workspace_bytes(&Op::AddRmsNorm { eps }, &norm);
+    y.saturating_add(linear.max(norm))
 }
 
-/// Runs a `Linear` with its prologue and epilogue as their unfused ops: `RmsNorm` of x into
-/// the workspace's front (with `rmsnorm`), the linear (into the next region with `residual`),
-/// then `Add` of the product (viewed as the residual) and the residual into `o`.
-pub(crate) fn fused_linear(
+/// The norm epilogue's operands `(y as the residual's type, residual, norm_weight)`: the last
+/// two of a linear's operands.
+fn norm_operands(operands: &[TensorType]) -> Option<[TensorType; 3]> {
+    let [.., residual, weight] = operands else {
+        return None;
+    };
+    let y = TensorType::new(DType::F32, residual.dims()).ok()?;
+    Some([y, residual.clone(), weight.clone()])
+}
+
+/// Runs a one-group `Linear` with the `add_rmsnorm{eps}` epilogue: the linear into `y` at the
+/// front of the workspace, then `AddRmsNorm` of `y` (viewed as the residual) into `o`.
+pub(crate) fn linear_add_rmsnorm(
     i: &[TensorView<'_>],
     o: &mut [TensorViewMut<'_>],
-    (biases, swiglu): (&[bool], bool),
-    (rmsnorm, residual): (Option<f64>, bool),
+    (biases, eps): (&[bool], f64),
     workspace: &mut [u8],
 ) -> Result<()> {
-    let (x_dims, w_dims) = (i[0].shape().dims(), i[1].shape().dims());
-    let [normed_bytes, y_bytes] = fused_regions(x_dims, w_dims, rmsnorm.is_some(), residual);
-    let (normed_region, rest) = split(workspace, normed_bytes)?;
-    let (y_region, rest) = split(rest, y_bytes)?;
-    let groups = biases.len();
-    let norm_port = 1 + groups + biases.iter().filter(|&&b| b).count();
-    let mut operands: Vec<TensorView<'_>> = i[..norm_port].to_vec();
-    if let Some(eps) = rmsnorm {
-        let mut normed = view(normed_region, DType::F32, i[0].shape().dims())?;
-        let norm_operands = [i[0].clone(), i[norm_port].clone()];
-        run_op(
-            &Op::RmsNorm { eps },
-            &norm_operands,
-            std::slice::from_mut(&mut normed),
-            rest,
-        )?;
-        operands[0] = normed.into_view();
-    }
-    if !residual {
-        return linear(&operands, o, (biases, swiglu), rest);
-    }
-    let residual = i.last().expect("the residual is the last operand").clone();
-    let mut y = view(y_region, DType::F32, &[x_dims[0], w_dims[0]])?;
+    let [.., residual, weight] = i else {
+        return Err(Error::Argument {
+            op: "linear",
+            argument: "operands",
+            reason: "the add_rmsnorm epilogue takes a residual and a norm weight".to_string(),
+        });
+    };
+    let (m, n) = (i[0].shape().dims()[0], i[1].shape().dims()[0]);
+    let (y_region, rest) = split(workspace, region(DType::F32, m * n))?;
+    let mut y = view(y_region, DType::F32, &[m, n])?;
     linear(
-        &operands,
+        &i[..i.len() - 2],
         std::slice::from_mut(&mut y),
         (biases, false),
         rest,
     )?;
     let y = TensorView::contiguous(y.into_view().data(), residual.shape().clone())?;
-    run_op(&Op::Add, &[y, residual], o, rest)
+    let operands = [y, residual.clone(), weight.clone()];
+    run_op(&Op::AddRmsNorm { eps }, &operands, o, rest)
 }

@@ -260,9 +260,13 @@ fn run_kernels(
         Op::Linear {
             biases,
             swiglu,
-            rmsnorm,
-            residual,
-        } => super::linear::fused_linear(i, o, (&biases, swiglu), (rmsnorm, residual), workspace),
+            add_rmsnorm: None,
+        } => super::linear::linear(i, o, (&biases, swiglu), workspace),
+        Op::Linear {
+            biases,
+            add_rmsnorm: Some(eps),
+            ..
+        } => super::linear::linear_add_rmsnorm(i, o, (&biases, eps), workspace),
         Op::RopeKvWrite { theta, bias } => {
             super::rope_kv::rope_kv_write((theta, bias), i, o, workspace)
         }

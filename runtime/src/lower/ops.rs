@@ -83,9 +83,8 @@ pub(crate) fn lower_op(
         Op::Linear {
             biases,
             swiglu,
-            rmsnorm,
-            residual,
-        } => linear::lower_linear(&at, (biases, *swiglu, *rmsnorm, *residual), options),
+            add_rmsnorm,
+        } => linear::lower_linear(&at, (biases, *swiglu, *add_rmsnorm), options),
         _ => at.dense(options),
     }
 }

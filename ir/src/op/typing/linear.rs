@@ -1,7 +1,7 @@
 //! The type rule of the fused [`Op::Linear`](crate::Op::Linear).
 
 use super::Rule;
-use crate::{DType, Result, TensorType};
+use crate::{DType, Error, Op, Result, TensorType};
 
 /// The most weight groups of one [`Op::Linear`].
 pub const LINEAR_MAX_GROUPS: usize = 3;
@@ -10,7 +10,7 @@ pub(super) fn linear_types(
     rule: &Rule<'_>,
     biases: &[bool],
     swiglu: bool,
-    (rmsnorm, residual): (Option<f64>, bool),
+    add_rmsnorm: Option<f64>,
 ) -> Result<Vec<TensorType>> {
     let groups = biases.len();
     if !(1..=LINEAR_MAX_GROUPS).contains(&groups) || (swiglu && groups != 2) {
@@ -18,23 +18,17 @@ pub(super) fn linear_types(
             "{groups} weight groups (1 to {LINEAR_MAX_GROUPS}; swiglu takes exactly 2)"
         )));
     }
-    if residual && (groups != 1 || swiglu) {
-        return Err(rule.attribute("residual takes one group without swiglu"));
+    if add_rmsnorm.is_some() && (groups != 1 || swiglu) {
+        return Err(rule.attribute("add_rmsnorm takes one group without swiglu"));
     }
-    let norm_port = 1 + groups + biases.iter().filter(|&&b| b).count();
-    let residual_port = norm_port + usize::from(rmsnorm.is_some());
-    rule.arity(residual_port + usize::from(residual))?;
+    let linear_operands = 1 + groups + biases.iter().filter(|&&b| b).count();
+    rule.arity(linear_operands + if add_rmsnorm.is_some() { 2 } else { 0 })?;
     let x = &rule.operands[0];
-    let x_types = match rmsnorm {
-        Some(_) => "f32 [M,K] (the norm's input)",
-        None => "f32 or bf16 [M,K]",
-    };
     let &[m, k] = x.dims() else {
-        return Err(rule.type_error(0, x_types));
+        return Err(rule.type_error(0, "f32 or bf16 [M,K]"));
     };
-    if !matches!(x.dtype, DType::F32 | DType::BF16) || (rmsnorm.is_some() && x.dtype != DType::F32)
-    {
-        return Err(rule.type_error(0, x_types));
+    if !matches!(x.dtype, DType::F32 | DType::BF16) {
+        return Err(rule.type_error(0, "f32 or bf16 [M,K]"));
     }
     let mut widths = Vec::with_capacity(groups);
     for port in 1..=groups {
@@ -48,17 +42,14 @@ pub(super) fn linear_types(
     for (port, (group, _)) in (1 + groups..).zip(biased) {
         rule.stored(port, DType::F32, &[widths[group]])?;
     }
-    if rmsnorm.is_some() {
-        rule.stored(norm_port, DType::F32, &[k])?;
-    }
     if swiglu {
         if widths[0] != widths[1] {
             return Err(rule.type_error(2, format!("bf16 [{},{k}] like the gate", widths[0])));
         }
         return Ok(vec![TensorType::new(DType::F32, [m, widths[0]])?]);
     }
-    if residual {
-        return residual_type(rule, residual_port, [m, widths[0]]);
+    if let Some(eps) = add_rmsnorm {
+        return add_rmsnorm_types(rule, linear_operands, [m, widths[0]], eps);
     }
     widths
         .iter()
@@ -66,9 +57,14 @@ pub(super) fn linear_types(
         .collect()
 }
 
-/// The residual epilogue: `residual [..., N]` of `M` rows at `port`; the one result, the sum,
-/// has its type.
-fn residual_type(rule: &Rule<'_>, port: usize, [m, n]: [usize; 2]) -> Result<Vec<TensorType>> {
+/// The norm epilogue: `residual [..., N]` of `M` rows at `port`, `norm_weight` after it; the
+/// results are `AddRmsNorm`'s (its errors renamed to this op and its ports).
+fn add_rmsnorm_types(
+    rule: &Rule<'_>,
+    port: usize,
+    [m, n]: [usize; 2],
+    eps: f64,
+) -> Result<Vec<TensorType>> {
     let residual = &rule.operands[port];
     let (rows, last) = match residual.dims().split_last() {
         Some((&last, rest)) => (rest.iter().fold(1usize, |n, &d| n.saturating_mul(d)), last),
@@ -77,5 +73,22 @@ fn residual_type(rule: &Rule<'_>, port: usize, [m, n]: [usize; 2]) -> Result<Vec
     if residual.dtype != DType::F32 || rows != m || last != n {
         return Err(rule.type_error(port, format!("f32 [..., {n}] of {m} rows")));
     }
-    Ok(vec![residual.clone()])
+    let y = TensorType::new(DType::F32, residual.dims())?;
+    let operands = [y, residual.clone(), rule.operands[port + 1].clone()];
+    Op::AddRmsNorm { eps }
+        .infer(&operands)
+        .map_err(|error| match error {
+            Error::Type {
+                port: p,
+                expected,
+                got,
+                ..
+            } => Error::Type {
+                op: rule.op.to_string(),
+                port: port + p - 1,
+                expected,
+                got,
+            },
+            other => other,
+        })
 }

@@ -1,11 +1,11 @@
 //! The fused linear layer (`Op::Linear`): the skinny kernel (`kernels/cuda/linear.cu`) for
-//! few rows, else the vendor GEMM with the input's norm and cast (one kernel), the biases,
-//! SwiGLU and the residual add as kernels of their own — the unfused program's launches, in
-//! one op.
+//! few rows, else the vendor GEMM with the input's cast, the biases, SwiGLU and the residual
+//! add + RMSNorm as kernels of their own — the unfused program's launches, in one op.
 
 use kiln_ir::{DType, TensorType};
 use kiln_kernels::gpu::linear::{
-    skinny_linear, LinearGroup, NormPrologue, SkinnyLinear, LINEAR_MAX_ROWS,
+    skinny_linear, skinny_linear_add_rmsnorm, LinearGroup, NormEpilogue, SkinnyLinear,
+    LINEAR_MAX_ROWS,
 };
 use kiln_kernels::gpu::{self, Addr, Gemm, GemmDType, Launch, SLOT_ALIGN};
 
@@ -51,8 +51,6 @@ impl Shape {
                 })
                 .collect(),
             swiglu,
-            norm: None,
-            residual: None,
         }
     }
 
@@ -89,13 +87,9 @@ pub(crate) fn workspace_bytes(operands: &[TensorType], groups: usize, swiglu: bo
     skinny_bytes.max(shape.gemm_regions(swiglu).iter().sum())
 }
 
-/// The attributes of one `Op::Linear`: the groups' biases, SwiGLU, the norm prologue's eps
-/// and the residual epilogue.
-pub(super) type LinearAttributes<'a> = (&'a [bool], bool, Option<f64>, bool);
-
 pub(super) fn lower_linear(
     at: &Lowering<'_>,
-    (biases, swiglu, rmsnorm, residual): LinearAttributes<'_>,
+    (biases, swiglu, add_rmsnorm): (&[bool], bool, Option<f64>),
     options: LowerOptions,
 ) -> Result<Vec<Launch>> {
     let groups = biases.len();
@@ -116,30 +110,23 @@ pub(super) fn lower_linear(
             false => None,
         });
     }
-    let norm = match rmsnorm {
+    // With the norm epilogue the product goes to the sum, which the epilogue completes.
+    let outs = (0..if swiglu { 1 } else { groups })
+        .map(|port| at.result(port, "out", F32))
+        .collect::<Result<Vec<_>>>()?;
+    let norm = match add_rmsnorm {
         Some(eps) => {
-            at.expect_dtype(x, "x", &[F32])?;
-            let (weight, stored) = at.stored(bias_port, "norm_weight")?;
-            Some(NormPrologue {
+            let (weight, stored) = at.stored(bias_port + 1, "norm_weight")?;
+            Some(NormEpilogue {
+                residual: at.operand(bias_port, "residual", F32)?.addr(),
                 weight: weight.addr(),
                 stored,
+                normed: at.result(1, "normed", F32)?.addr(),
                 eps: Lowering::f32_attribute(eps),
             })
         }
         None => None,
     };
-    let residual_port = bias_port + usize::from(norm.is_some());
-    let residual = match residual {
-        true => Some(at.operand(residual_port, "residual", F32)?.addr()),
-        false => None,
-    };
-    let outs = (0..if swiglu || residual.is_some() {
-        1
-    } else {
-        groups
-    })
-        .map(|port| at.result(port, "out", F32))
-        .collect::<Result<Vec<_>>>()?;
     let dims: Vec<&[usize]> = weights.iter().map(|w| w.dims()).collect();
     let shape = Shape::of((x.dtype, x.dims()), &dims);
     if shape.m == 0 || shape.widths.contains(&0) {
@@ -149,8 +136,6 @@ pub(super) fn lower_linear(
     let out_of = |g: usize| outs[if swiglu { 0 } else { g }].addr();
     let mut skinny = shape.skinny(swiglu);
     skinny.x = x.addr();
-    skinny.norm = norm;
-    skinny.residual = residual;
     for (g, group) in skinny.groups.iter_mut().enumerate() {
         group.w = weights[g].addr();
         group.bias = bias[g].map(|(b, _)| b.addr());
@@ -160,25 +145,17 @@ pub(super) fn lower_linear(
     if shape.m <= options.linear_rows && bf16_biases && skinny.fits() {
         let bytes = skinny.workspace_bytes();
         let workspace = (bytes > 0).then_some(at.workspace(bytes, x.addr())?);
-        return Ok(skinny_linear(&skinny, workspace, options.clusters)?);
+        return Ok(match norm {
+            Some(norm) => skinny_linear_add_rmsnorm(&skinny, workspace, norm, options.clusters)?,
+            None => skinny_linear(&skinny, workspace, options.clusters)?,
+        });
     }
     // The vendor GEMM: round x, one GEMM per group, biases, SwiGLU.
     let [rounded_bytes, temp_bytes] = shape.gemm_regions(swiglu);
     let workspace = at.workspace(rounded_bytes + temp_bytes, x.addr())?;
     let mut launches = Vec::new();
-    let input = match (x.dtype, norm) {
-        (DType::F32, Some(norm)) => {
-            launches.push(gpu::norm::rmsnorm_to_bf16(
-                workspace,
-                x.addr(),
-                (norm.weight, norm.stored),
-                shape.m,
-                shape.k,
-                norm.eps,
-            )?);
-            workspace
-        }
-        (DType::F32, None) => {
+    let input = match x.dtype {
+        DType::F32 => {
             launches.push(gpu::copy::cast_f32_to_bf16(
                 workspace,
                 x.addr(),
@@ -231,16 +208,18 @@ pub(super) fn lower_linear(
             shape.m * n,
         ));
     }
-    if let Some(residual) = residual {
-        // sum = y + residual over y in place.
-        let n = shape.m * shape.widths[0];
-        launches.push(gpu::elementwise::add_f32(
+    if let Some(norm) = norm {
+        // sum = y + residual over y in place, then its norm.
+        launches.push(gpu::norm::add_rmsnorm_f32(
             out_of(0),
+            norm.normed,
             out_of(0),
-            residual,
-            n,
-            n,
-        ));
+            norm.residual,
+            (norm.weight, norm.stored),
+            shape.m,
+            shape.widths[0],
+            norm.eps,
+        )?);
     }
     Ok(launches)
 }

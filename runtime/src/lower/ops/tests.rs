@@ -494,8 +494,7 @@ fn linear_takes_the_skinny_kernel_up_to_its_row_limit_and_the_gemm_beyond() {
     let op = Op::Linear {
         biases: vec![false, true],
         swiglu: true,
-        rmsnorm: None,
-        residual: false,
+        add_rmsnorm: None,
     };
     let lower = |rows: usize, limit: u64| {
         let x = placed(0, 0, &ty(F32, &[rows, 64]));
@@ -526,27 +525,27 @@ fn linear_takes_the_skinny_kernel_up_to_its_row_limit_and_the_gemm_beyond() {
 }
 
 #[test]
-fn the_norm_prologue_and_residual_epilogue_ride_the_kernels_or_take_one_launch_each() {
+fn the_norm_epilogue_is_the_reduce_with_split_k_else_the_norm_in_place() {
     let op = Op::Linear {
         biases: vec![true],
         swiglu: false,
-        rmsnorm: Some(1e-6),
-        residual: true,
+        add_rmsnorm: Some(1e-6),
     };
     let lower = |rows: usize, k: usize, limit: u64| {
         let x = placed(0, 0, &ty(F32, &[rows, k]));
         let w = placed(1, 0, &ty(DType::BF16, &[96, k]));
         let bias = placed(2, 0, &ty(DType::BF16, &[96]));
-        let weight = placed(3, 0, &ty(DType::BF16, &[k]));
-        let residual = placed(4, 0, &ty(F32, &[rows, 1, 96]));
+        let residual = placed(3, 0, &ty(F32, &[rows, 1, 96]));
+        let weight = placed(4, 0, &ty(DType::BF16, &[96]));
         let sum = placed(5, 0, &ty(F32, &[rows, 1, 96]));
+        let normed = placed(6, 0, &ty(F32, &[rows, 1, 96]));
         let workspace = Some((Addr { slot: 7, offset: 0 }, 1 << 20));
         let options = LowerOptions {
             linear_rows: limit,
             ..LowerOptions::default()
         };
-        let operands = [x, w, bias, weight, residual];
-        lower_op(&op, &operands, &[sum], workspace, FAULT, options).unwrap()
+        let operands = [x, w, bias, residual, weight];
+        lower_op(&op, &operands, &[sum, normed], workspace, FAULT, options).unwrap()
     };
     let functions = |launches: &[Launch]| -> Vec<&'static str> {
         (launches.iter())
@@ -557,37 +556,35 @@ fn the_norm_prologue_and_residual_epilogue_ride_the_kernels_or_take_one_launch_e
             })
             .collect()
     };
-    // k = 1024 splits 8 ways (finished in clusters), k = 4096 32 ways (reduced); 4 rows on
-    // tensor cores, split and reduced; 12 rows take the GEMM (norm into bf16, GEMM, bias,
-    // residual).
-    let split = lower(1, 1024, 8);
-    assert_eq!(functions(&split), ["linear_r1"]);
+    // k = 4096 splits; k = 64 does not; 12 rows take the GEMM (cast, GEMM, bias, norm).
+    let split = lower(1, 4096, 8);
     assert_eq!(
-        functions(&lower(1, 4096, 8)),
-        ["linear_r1", "linear_reduce"]
+        functions(&split),
+        ["linear_r1", "linear_reduce_add_rmsnorm_bf16"]
     );
     assert_eq!(
-        functions(&lower(4, 4096, 8)),
-        ["linear_mma_r8", "linear_reduce"]
+        functions(&lower(4, 64, 8)),
+        ["linear_mma_r8", "add_rmsnorm_f32_bf16"]
     );
+    let gemm = lower(12, 64, 8);
     assert_eq!(
-        functions(&lower(12, 64, 8)),
+        functions(&gemm),
         [
-            "rmsnorm_to_bf16_bf16",
+            "cast_f32_to_bf16_vec4",
             "gemm",
             "add_f32_bf16",
-            "add_f32_vec4"
+            "add_rmsnorm_f32_bf16"
         ]
     );
-    // The main kernel writes the sum (slot 5), reads the norm weight (3) and the residual (4).
-    let Launch::Kernel(main) = &split[0] else {
+    // The reduce writes the sum and the norm (slots 5, 6) and reads the residual (slot 3).
+    let Launch::Kernel(reduce) = &split[1] else {
         unreachable!()
     };
-    let slots: Vec<u32> = (main.args.iter())
+    let slots: Vec<u32> = (reduce.args.iter())
         .filter_map(|a| match a {
             kiln_kernels::gpu::Arg::Ptr(at) => Some(at.slot),
             _ => None,
         })
         .collect();
-    assert_eq!(slots, [5, 5, 5, 7, 1, 1, 1, 2, 1, 1, 0, 3, 4]);
+    assert_eq!(slots, [5, 6, 7, 2, 3, 4]);
 }
