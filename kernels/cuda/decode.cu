@@ -13,7 +13,7 @@ extern __shared__ float kiln_shared[];
 
 // Elements, or 16-byte vectors, each thread loads per round before storing them.
 #define KILN_DECODE_ROUND 8
-#define KILN_DECODE_VECTORS 4
+#define KILN_DECODE_VECTORS 2
 
 // q_shared[h][d] = q[b, kv * group + h, t, d] for the group's query heads: the block's
 // threads in turn, each issuing its loads before its stores.
@@ -43,6 +43,12 @@ __device__ __forceinline__ void kiln_decode_widen(const uint4& raw, const bf16_b
     }
 }
 
+// The four running sums of a dot product (terms i with i % 4 = 0, 1, 2, 3: four independent
+// chains of adds instead of one), added in a fixed order.
+__device__ __forceinline__ float kiln_decode_total(const float (&sums)[4]) {
+    return (sums[0] + sums[1]) + (sums[2] + sums[3]);
+}
+
 // Rows [from, to) of a chunk of keys and values (contiguous in the cache, rows of `dim`
 // elements) into shared memory as f32: keys with rows `stride` floats apart, values dense.
 // Each thread issues all the loads of a round before it stores any (a store waits for its
@@ -52,9 +58,11 @@ template <typename C>
 __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* values,
                                                        const C* k_chunk, const C* v_chunk,
                                                        int from, int to, int dim, int stride) {
-    const int per = 16 / (int)sizeof(C);  // elements of a vector
+    constexpr int per = 16 / (int)sizeof(C);  // elements of a vector
     const bool vectors = dim % per == 0 && ((unsigned long long)k_chunk & 15) == 0 &&
                          ((unsigned long long)v_chunk & 15) == 0;
+    // Values are stored 16 bytes at a time where their rows start 16-byte aligned.
+    const bool dense_vectors = ((unsigned long long)values & 15) == 0;
     const int threads = blockDim.x;
     if (vectors) {
         const int first = from * dim / per, end = to * dim / per;
@@ -79,9 +87,19 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
                 float* key = keys + (e0 / dim) * stride + e0 % dim;
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
-                    if (e < per) {
-                        key[e] = k_values[e];
-                        values[e0 + e] = v_values[e];
+                    if (e < per) key[e] = k_values[e];
+                }
+                if (dense_vectors) {
+                    float4* to = (float4*)(values + e0);
+#pragma unroll
+                    for (int f = 0; f < per / 4; ++f) {
+                        to[f] = make_float4(v_values[4 * f], v_values[4 * f + 1],
+                                            v_values[4 * f + 2], v_values[4 * f + 3]);
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        if (e < per) values[e0 + e] = v_values[e];
                     }
                 }
             }
@@ -162,10 +180,15 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
         const int h = i / (int)count, key = i % (int)count;
         const float* q_row = q_shared + h * head_dim;
         const float* k_row = keys + key * stride;
-        float dot = 0.0f;
-#pragma unroll 8
-        for (int d = 0; d < dim; ++d) dot += q_row[d] * k_row[d];
-        scores[h * chunk + key] = dot * scale;
+        float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int d = 0;
+#pragma unroll 2
+        for (; d + 4 <= dim; d += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) sums[u] += q_row[d + u] * k_row[d + u];
+        }
+        for (; d < dim; ++d) sums[0] += q_row[d] * k_row[d];
+        scores[h * chunk + key] = kiln_decode_total(sums) * scale;
     }
     __syncthreads();
     const int lane = threadIdx.x % KILN_WARP;
@@ -193,12 +216,18 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
     for (i64 i = threadIdx.x; i < group * head_dim; i += threads) {
         const i64 h = i / head_dim, d = i % head_dim;
         const float* p = scores + h * chunk;
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int key = 0; key < (int)count; ++key) acc += p[key] * values[key * head_dim + d];
+        const float* v = values + d;
+        float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int key = 0;
+#pragma unroll 2
+        for (; key + 4 <= (int)count; key += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) sums[u] += p[key + u] * v[(key + u) * head_dim];
+        }
+        for (; key < (int)count; ++key) sums[0] += p[key] * v[key * head_dim];
         float* out = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
                                     (head_dim + 2);
-        out[2 + d] = acc;
+        out[2 + d] = kiln_decode_total(sums);
     }
 }
 

@@ -410,6 +410,31 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             ),
         ]);
     }
+    // Cached attention over caches of several key chunks (64 rows for D ≤ 64, 32 for 128):
+    // positions anywhere in the cache, so chunks below, at and above each row's position, the
+    // last one partial; the models' GQA ratios (Qwen2.5-0.5B 7, DeepSeek-1.5B 6), heads of 16
+    // to 128 dims, the vector paths of both dtypes and the element path (bf16 with D = 16).
+    for &(b, t, hq, hkv, d, smax) in &[
+        (3, 1, 14, 2, 64, 300),
+        (2, 2, 12, 2, 128, 100),
+        (4, 1, 4, 4, 16, 150),
+        (2, 3, 8, 1, 32, 200),
+    ] {
+        let s = format!("B={b} T={t} Hq={hq} Hkv={hkv} D={d} Smax={smax}");
+        let scale = 1.0 / (d as f64).sqrt();
+        for dtype in [DType::F32, DType::BF16] {
+            cases.push((
+                format!("cached_attention {dtype:?} caches {s}"),
+                Op::CachedAttention { scale },
+                vec![
+                    f(&[b, hq, t, d]),
+                    In::F(dtype, vec![b, hkv, smax, d]),
+                    In::F(dtype, vec![b, hkv, smax, d]),
+                    In::Ids(vec![b], smax - t + 1),
+                ],
+            ));
+        }
+    }
     // The LM head with its loss over vocabulary chunks: one chunk, and two (the second
     // partial) where N·V·4 bytes pass the chunk budget; f32 and bf16 operands. The backward
     // takes a random lse: its kernels compute the same function of any operands.
