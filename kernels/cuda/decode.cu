@@ -134,9 +134,9 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
 //    position before the wait for the kernel before (the indices are graph inputs, and no op
 //    of the program writes those rows: the IR verifier's `attention caches` rule), q and the
 //    rows the step itself writes after it;
-// 2. one thread per (head, key) score, its dot product in d order;
+// 2. one thread per (head, key) score, its dot product as four running sums;
 // 3. one warp per head: the chunk max m and sum l of exp(score - m) by fixed butterflies;
-// 4. one thread per (head, d): acc = sum over keys, in key order, of p · v.
+// 4. one thread per (head, d): acc = sum over keys of p · v, as four running sums.
 template <typename C>
 __device__ void kiln_cached_attention_split(float* partials, const float* q, const C* k_cache,
                                             const C* v_cache, const i64* positions,
