@@ -52,7 +52,8 @@ fn attention_dims(at: &Lowering<'_>, q: &[usize], keys: &[usize]) -> Result<Atte
     })
 }
 
-pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
+/// `clusters`: the cached attention may finish inside thread block clusters.
+pub(super) fn lower_attention(at: &Lowering<'_>, clusters: bool) -> Result<Vec<Launch>> {
     match at.op {
         Op::Attention { scale } => {
             let q = at.operand(0, "q", F32)?;
@@ -92,7 +93,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 inputs,
                 cache_rows,
                 (dims, scale, stored),
-                at.fault,
+                (at.fault, clusters),
             )?)
         }
         Op::AttentionBackward { scale } => {
