@@ -126,72 +126,6 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
     }
 }
 
-// The combine of one query row's chunks (`part`: splits of (m, l, acc[D]), D + 2 apart) into
-// out_row[0..D), by one block of at least D threads (a multiple of 32), a thread per element
-// d: out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M), M the largest chunk max.
-// Empty chunks (m = −inf, l = 0) add nothing; a row with no key at all (padding) is 0. Warp 0
-// takes the chunks' (m, l) (lane c: chunks c, c + 32, ...; M and the sums by fixed
-// butterflies) and leaves each chunk's weight e^(m_c − M) and the total in `weights` (shared,
-// splits + 2 floats), while every thread's loads of its first KILN_DECODE_COMBINE chunks'
-// acc_c[d] are in flight; after one barrier each thread sums its chunks in chunk order. Not
-// inlined: inside the split kernel its registers would add to the split's.
-#define KILN_DECODE_COMBINE 16
-__device__ __noinline__ void kiln_decode_combine_row(float* out_row, const float* part,
-                                                        i64 head_dim, i64 splits,
-                                                        float* weights) {
-    const i64 stride = head_dim + 2;
-    float* total_at = weights + splits;  // the total, then 1 for an empty row
-    const i64 d = threadIdx.x;
-    const bool active = d < head_dim;
-    float chunk[KILN_DECODE_COMBINE];
-#pragma unroll
-    for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-        chunk[u] = active && u < splits ? part[u * stride + 2 + d] : 0.0f;
-    }
-    if (threadIdx.x < KILN_WARP) {
-        const int lane = threadIdx.x;
-        float top = -__int_as_float(0x7f800000), sums = 0.0f;
-        for (i64 c = lane; c < splits; c += KILN_WARP) {
-            const float m = part[c * stride];
-            weights[c] = m;
-            top = kiln_max(top, m);
-            sums += part[c * stride + 1];
-        }
-        top = kiln_warp_max(top);
-        sums = kiln_warp_sum(sums);
-        float total = 0.0f;
-        for (i64 c = lane; c < splits; c += KILN_WARP) {
-            weights[c] = expf(weights[c] - top);
-            total += part[c * stride + 1] * weights[c];
-        }
-        total = kiln_warp_sum(total);
-        if (lane == 0) {
-            // No key at all (a padding row): every chunk is empty (m = -inf, l = 0) and the
-            // output is 0. Keys whose scores are all -inf give l = NaN, and NaN, as on the CPU.
-            total_at[0] = total;
-            total_at[1] = top == -__int_as_float(0x7f800000) && sums == 0.0f ? 1.0f : 0.0f;
-        }
-    }
-    __syncthreads();
-    if (!active) return;
-    float acc = 0.0f;
-#pragma unroll
-    for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-        if (u < splits) acc += chunk[u] * weights[u];
-    }
-    for (i64 c0 = KILN_DECODE_COMBINE; c0 < splits; c0 += KILN_DECODE_COMBINE) {
-#pragma unroll
-        for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-            chunk[u] = c0 + u < splits ? part[(c0 + u) * stride + 2 + d] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-            if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
-        }
-    }
-    out_row[d] = total_at[1] != 0.0f ? 0.0f : acc / total_at[0];
-}
-
 // One block per (chunk, KV head, b·T + t): the `group` query heads of one KV head share its
 // chunk of cache rows, read once. Dynamic shared memory, in floats: q [group][D], keys
 // [chunk][D + 1] (padded: the score loop reads rows, not columns), values [chunk][D], scores
@@ -203,17 +137,12 @@ __device__ __noinline__ void kiln_decode_combine_row(float* out_row, const float
 // 2. one thread per (head, key) score, its dot product as four running sums;
 // 3. one warp per head: the chunk max m and sum l of exp(score - m) by fixed butterflies;
 // 4. one thread per (head, d): acc = sum over keys of p · v, as four running sums.
-// With `finish` the launch is one cluster per (KV head, b·T + t), its splits: once every
-// block has written its partials, the cluster's barrier (release, then acquire, global memory
-// included) says so, and block c combines the group's heads c, c + splits, ... into `out`
-// with the combine launch's own function (the same bits). Without it a combine launch follows.
 template <typename C>
-__device__ void kiln_cached_attention_split(float* out, float* partials, const float* q,
-                                            const C* k_cache, const C* v_cache,
-                                            const i64* positions, const i64* rows, i64 slots,
-                                            i64 q_heads, i64 kv_heads, i64 q_len, i64 capacity,
-                                            i64 head_dim, i64 chunk, float scale, int* fault,
-                                            int finish) {
+__device__ void kiln_cached_attention_split(float* partials, const float* q, const C* k_cache,
+                                            const C* v_cache, const i64* positions,
+                                            const i64* rows, i64 slots, i64 q_heads,
+                                            i64 kv_heads, i64 q_len, i64 capacity, i64 head_dim,
+                                            i64 chunk, float scale, int* fault) {
     const i64 split = blockIdx.x, kv = blockIdx.y, row = blockIdx.z;
     const i64 splits = gridDim.x;
     const i64 b = row / q_len, t = row % q_len;
@@ -277,11 +206,10 @@ __device__ void kiln_cached_attention_split(float* out, float* partials, const f
         }
         l = kiln_warp_sum(l);
         if (lane == 0) {
-            float* mine = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits +
-                                      split) *
-                                         (head_dim + 2);
-            mine[0] = m;
-            mine[1] = l;
+            float* out = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
+                                        (head_dim + 2);
+            out[0] = m;
+            out[1] = l;
         }
     }
     __syncthreads();
@@ -297,48 +225,41 @@ __device__ void kiln_cached_attention_split(float* out, float* partials, const f
             for (int u = 0; u < 4; ++u) sums[u] += p[key + u] * v[(key + u) * head_dim];
         }
         for (; key < (int)count; ++key) sums[0] += p[key] * v[key * head_dim];
-        float* mine = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
-                                     (head_dim + 2);
-        mine[2 + d] = kiln_decode_total(sums);
-    }
-    if (!finish) return;
-    kiln_cluster_sync();
-    for (i64 h = split; h < group; h += splits) {
-        __syncthreads();  // the shared weights of the head before are read
-        const i64 head = kv * group + h;
-        kiln_decode_combine_row(out + ((b * q_len + t) * q_heads + head) * head_dim,
-                                partials + ((b * q_heads + head) * q_len + t) * splits *
-                                               (head_dim + 2),
-                                head_dim, splits, kiln_shared);
+        float* out = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
+                                    (head_dim + 2);
+        out[2 + d] = kiln_decode_total(sums);
     }
 }
 
-// The split launch's blocks are BLOCK_THREADS (256) threads, at most 64 registers each so that
-// four blocks fit an SM (the combine, a call of its own, spills 8 bytes).
-#define KILN_DECODE_SPLIT_BOUNDS __launch_bounds__(256, 4)
-extern "C" __global__ void KILN_DECODE_SPLIT_BOUNDS cached_attention_split_f32(
-    float* out, float* partials, const float* q, const float* k_cache, const float* v_cache,
+extern "C" __global__ void cached_attention_split_f32(float* partials, const float* q,
+                                                      const float* k_cache,
+                                                      const float* v_cache,
+                                                      const i64* positions, const i64* rows,
+                                                      i64 slots, i64 q_heads, i64 kv_heads,
+                                                      i64 q_len, i64 capacity, i64 head_dim,
+                                                      i64 chunk, float scale, int* fault) {
+    // The body waits once the rows nothing writes are staged.
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
+}
+
+extern "C" __global__ void cached_attention_split_f32_bf16(
+    float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
-    i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault, int finish) {
+    i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
     // The body waits once the rows nothing writes are staged.
-    kiln_cached_attention_split(out, partials, q, k_cache, v_cache, positions, rows, slots,
-                                q_heads, kv_heads, q_len, capacity, head_dim, chunk, scale,
-                                fault, finish);
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
 
-extern "C" __global__ void KILN_DECODE_SPLIT_BOUNDS cached_attention_split_f32_bf16(
-    float* out, float* partials, const float* q, const bf16_bits* k_cache,
-    const bf16_bits* v_cache, const i64* positions, const i64* rows, i64 slots, i64 q_heads,
-    i64 kv_heads, i64 q_len, i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault,
-    int finish) {
-    // The body waits once the rows nothing writes are staged.
-    kiln_cached_attention_split(out, partials, q, k_cache, v_cache, positions, rows, slots,
-                                q_heads, kv_heads, q_len, capacity, head_dim, chunk, scale,
-                                fault, finish);
-}
-
-// One block per (query head, b·T + t), blockDim = D rounded up to a warp: the combine of a
-// row whose split blocks did not finish it themselves.
+// One block per (query head, b·T + t), a thread per output element d (blockDim >= head_dim,
+// a multiple of 32): out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M), M the largest
+// chunk max. Empty chunks (m = −inf, l = 0) add nothing; a row with no key at all (padding)
+// is 0. Warp 0 takes the chunks' (m, l) (lane c: chunks c, c + 32, ...; M and the sums by
+// fixed butterflies) and leaves each chunk's weight e^(m_c − M) and the total in shared memory
+// (splits + 2 floats, dynamic), while every thread's loads of its first KILN_DECODE_COMBINE
+// chunks' acc_c[d] are in flight; after one barrier each thread sums its chunks in chunk order.
+#define KILN_DECODE_COMBINE 16
 extern "C" __global__ void cached_attention_combine_f32(float* out, const float* partials,
                                                         i64 q_heads, i64 q_len, i64 head_dim,
                                                         i64 splits) {
@@ -346,7 +267,58 @@ extern "C" __global__ void cached_attention_combine_f32(float* out, const float*
     const i64 h = blockIdx.y, row = blockIdx.z;
     const i64 b = row / q_len, t = row % q_len;
     const i64 q_index = (b * q_heads + h) * q_len + t;
-    kiln_decode_combine_row(out + ((b * q_len + t) * q_heads + h) * head_dim,
-                            partials + q_index * splits * (head_dim + 2), head_dim, splits,
-                            kiln_shared);
+    const i64 stride = head_dim + 2;
+    const float* part = partials + q_index * splits * stride;
+    float* weights = kiln_shared;
+    float* total_at = kiln_shared + splits;  // the total, then 1 for an empty row
+    const i64 d = threadIdx.x;
+    const bool active = d < head_dim;
+    float chunk[KILN_DECODE_COMBINE];
+#pragma unroll
+    for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+        chunk[u] = active && u < splits ? part[u * stride + 2 + d] : 0.0f;
+    }
+    if (threadIdx.x < KILN_WARP) {
+        const int lane = threadIdx.x;
+        float top = -__int_as_float(0x7f800000), sums = 0.0f;
+        for (i64 c = lane; c < splits; c += KILN_WARP) {
+            const float m = part[c * stride];
+            weights[c] = m;
+            top = kiln_max(top, m);
+            sums += part[c * stride + 1];
+        }
+        top = kiln_warp_max(top);
+        sums = kiln_warp_sum(sums);
+        float total = 0.0f;
+        for (i64 c = lane; c < splits; c += KILN_WARP) {
+            weights[c] = expf(weights[c] - top);
+            total += part[c * stride + 1] * weights[c];
+        }
+        total = kiln_warp_sum(total);
+        if (lane == 0) {
+            // No key at all (a padding row): every chunk is empty (m = -inf, l = 0) and the
+            // output is 0. Keys whose scores are all -inf give l = NaN, and NaN, as on the CPU.
+            total_at[0] = total;
+            total_at[1] = top == -__int_as_float(0x7f800000) && sums == 0.0f ? 1.0f : 0.0f;
+        }
+    }
+    __syncthreads();
+    if (!active) return;
+    float acc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+        if (u < splits) acc += chunk[u] * weights[u];
+    }
+    for (i64 c0 = KILN_DECODE_COMBINE; c0 < splits; c0 += KILN_DECODE_COMBINE) {
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+            chunk[u] = c0 + u < splits ? part[(c0 + u) * stride + 2 + d] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+            if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
+        }
+    }
+    float* out_row = out + ((b * q_len + t) * q_heads + h) * head_dim;
+    out_row[d] = total_at[1] != 0.0f ? 0.0f : acc / total_at[0];
 }

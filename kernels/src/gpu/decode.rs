@@ -1,11 +1,10 @@
 //! Builders of `decode.cu`: attention over a KV cache split over keys (one block per chunk of
-//! [`key_chunk`] cache rows of one KV head and all its query heads), then combined: inside the
-//! split launch where its chunks form one thread block cluster ([`finishes_in_clusters`]), else
-//! by one combine block per query head and row.
+//! [`key_chunk`] cache rows of one KV head and all its query heads, then one combine block per
+//! query head and row).
 
 use super::attention::AttentionDims;
 use super::cache::CacheRows;
-use super::launch::{grid_dim, size_arg, MAX_CLUSTER_BLOCKS, MAX_GRID_X, MAX_GRID_YZ};
+use super::launch::{grid_dim, size_arg, MAX_GRID_X, MAX_GRID_YZ};
 use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS};
 use crate::Result;
 
@@ -32,16 +31,6 @@ fn split_shared_bytes(dims: &AttentionDims) -> u64 {
 /// The dynamic shared memory a block may take without opting in to more.
 const MAX_SHARED_BYTES: u64 = 48 * 1024;
 
-/// Whether the split launch combines its chunks itself, as one cluster of its `splits` blocks
-/// per KV head and row (given a device with thread block clusters): 2 to [`MAX_CLUSTER_BLOCKS`]
-/// chunks, and heads the block's threads cover a thread per element.
-pub fn finishes_in_clusters(dims: &AttentionDims, clusters: bool) -> bool {
-    let splits = splits(dims.kv_len, dims.head_dim);
-    clusters
-        && (2..=MAX_CLUSTER_BLOCKS).contains(&splits)
-        && dims.head_dim <= u64::from(BLOCK_THREADS)
-}
-
 /// Bytes of the partial results, `[B,Hq,T,splits,D+2]` f32.
 pub fn partials_bytes(dims: &AttentionDims) -> u64 {
     dims.batch
@@ -54,16 +43,15 @@ pub fn partials_bytes(dims: &AttentionDims) -> u64 {
 
 /// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
 /// (i64) of each batch row's cache row, with `partials` scratch of [`partials_bytes`]: the
-/// split launch, finished in clusters where [`finishes_in_clusters`] (`clusters`: the device
-/// has them), else followed by the combine. A position outside `0..=Smax - T` or a slot
-/// outside the pool raises the `fault` word.
+/// split launch, then the combine. A position outside `0..=Smax - T` or a slot outside the
+/// pool raises the `fault` word.
 pub fn cached_attention_f32(
     out: Addr,
     partials: Addr,
     [q, k_cache, v_cache, positions]: [Addr; 4],
     cache_rows: CacheRows,
     (dims, scale, stored): (AttentionDims, f32, Stored),
-    (fault, clusters): (Addr, bool),
+    fault: Addr,
 ) -> Result<Vec<Launch>> {
     let split_function = stored.pick(
         "cached_attention_split_f32",
@@ -89,9 +77,7 @@ pub fn cached_attention_f32(
     let heads = grid_dim(SPLIT, "Hq", dims.q_heads, MAX_GRID_YZ)?;
     let kv_heads = grid_dim(SPLIT, "Hkv", dims.kv_heads, MAX_GRID_YZ)?;
     let [cache_rows, slots] = cache_rows.args(dims.batch);
-    let finish = finishes_in_clusters(&dims, clusters);
     let split_args = vec![
-        Arg::Ptr(out),
         Arg::Ptr(partials),
         Arg::Ptr(q),
         Arg::Ptr(k_cache),
@@ -107,25 +93,19 @@ pub fn cached_attention_f32(
         size_arg(key_chunk(dims.head_dim)),
         Arg::F32(scale),
         Arg::Ptr(fault),
-        Arg::I32(i32::from(finish)),
     ];
-    let grid = (
-        grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?,
-        kv_heads,
-        rows,
+    let split = Kernel::launch(
+        MODULE,
+        split_function,
+        (
+            grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?,
+            kv_heads,
+            rows,
+        ),
+        (BLOCK_THREADS, 1, 1),
+        shared as u32,
+        split_args,
     );
-    let split = Launch::Kernel(Kernel {
-        module: MODULE,
-        function: split_function,
-        grid,
-        block: (BLOCK_THREADS, 1, 1),
-        shared_bytes: shared as u32,
-        cluster: (if finish { grid.0 } else { 1 }, 1, 1),
-        args: split_args,
-    });
-    if finish {
-        return Ok(vec![split]);
-    }
     let combine_args = vec![
         Arg::Ptr(out),
         Arg::Ptr(partials),
@@ -157,53 +137,4 @@ pub fn cached_attention_f32(
         combine_args,
     );
     Ok(vec![split, combine])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn dims(kv_len: u64, head_dim: u64) -> AttentionDims {
-        AttentionDims {
-            batch: 3,
-            q_heads: 14,
-            kv_heads: 2,
-            q_len: 1,
-            kv_len,
-            head_dim,
-        }
-    }
-
-    fn launches(dims: AttentionDims, clusters: bool) -> Vec<Launch> {
-        let at = |slot| Addr { slot, offset: 0 };
-        let inputs = [at(2), at(3), at(4), at(5)];
-        let how = (dims, 0.125, Stored::BF16);
-        cached_attention_f32(at(0), at(1), inputs, CacheRows::Own, how, (at(6), clusters)).unwrap()
-    }
-
-    fn cluster(launch: &Launch) -> (u32, u32, u32) {
-        match launch {
-            Launch::Kernel(kernel) => kernel.cluster,
-            other => panic!("not a kernel: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn the_split_launch_combines_its_chunks_in_clusters_of_2_to_16() {
-        // 1024 rows of 64 dims: 16 chunks, one cluster of 16 per KV head and row.
-        let finished = launches(dims(1024, 64), true);
-        assert_eq!(finished.len(), 1);
-        assert_eq!(cluster(&finished[0]), (16, 1, 1));
-        // The same without clusters: the split, then the combine.
-        let combined = launches(dims(1024, 64), false);
-        assert_eq!(combined.len(), 2);
-        assert_eq!(cluster(&combined[0]), (1, 1, 1));
-        // 1024 rows of 128 dims are 32 chunks of 32, more than a cluster holds; one chunk
-        // needs no combine of chunks but takes the combine launch.
-        for (kv_len, head_dim) in [(1024, 128), (40, 64)] {
-            let launches = launches(dims(kv_len, head_dim), true);
-            assert_eq!(launches.len(), 2, "{kv_len} rows of {head_dim}");
-            assert_eq!(cluster(&launches[0]), (1, 1, 1));
-        }
-    }
 }

@@ -223,7 +223,7 @@ fn every_launch() -> Vec<Launch> {
             [addr(2); 4],
             own,
             (dims, 0.5, F32),
-            (addr(9), false),
+            addr(9),
         )
         .unwrap(),
         decode::cached_attention_f32(
@@ -232,7 +232,7 @@ fn every_launch() -> Vec<Launch> {
             [addr(2); 4],
             pool,
             (dims, 0.5, BF16),
-            (addr(9), true),
+            addr(9),
         )
         .unwrap(),
         attention::attention_f32(forward, dims, 0.5).unwrap(),

@@ -30,9 +30,8 @@ pub struct LowerOptions {
     /// (`kernels/cuda/linear.cu`), larger ones the vendor GEMM; 0 sends all to the GEMM.
     pub linear_rows: u64,
     /// Split skinny linears finish inside their clusters of blocks, with no reduce launch
-    /// (`kernels/cuda/linear_common.cuh`), and so does the decode attention over its cache's
-    /// chunks, with no combine launch (`kernels/cuda/decode.cu`); only where the device has
-    /// thread block clusters (sm_90 and later: the CUDA executable clears it elsewhere).
+    /// (`kernels/cuda/linear_common.cuh`); only where the device has thread block clusters
+    /// (sm_90 and later: the CUDA executable clears it elsewhere).
     pub clusters: bool,
 }
 
@@ -231,6 +230,7 @@ impl Lowering<'_> {
 
     /// Every op whose operands and results are contiguous.
     fn dense(&self, options: LowerOptions) -> Result<Vec<Launch>> {
+        let _ = options;
         // Nothing to compute when no result holds an element.
         if self.o.iter().all(|t| t.numel() == 0) {
             return Ok(vec![]);
@@ -315,7 +315,7 @@ impl Lowering<'_> {
             | Op::FlashAttentionBackward { .. }
             | Op::CachedAttention { .. }
             | Op::KvCacheWrite
-            | Op::RopeKvWrite { .. } => attention::lower_attention(self, options.clusters),
+            | Op::RopeKvWrite { .. } => attention::lower_attention(self),
             Op::Embedding | Op::EmbeddingBackward { .. } => self.embedding(),
             Op::CrossEntropy { .. } | Op::CrossEntropyBackward { .. } => self.cross_entropy(),
             Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {

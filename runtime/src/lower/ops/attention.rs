@@ -52,8 +52,7 @@ fn attention_dims(at: &Lowering<'_>, q: &[usize], keys: &[usize]) -> Result<Atte
     })
 }
 
-/// `clusters`: the cached attention may finish inside thread block clusters.
-pub(super) fn lower_attention(at: &Lowering<'_>, clusters: bool) -> Result<Vec<Launch>> {
+pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
     match at.op {
         Op::Attention { scale } => {
             let q = at.operand(0, "q", F32)?;
@@ -93,7 +92,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>, clusters: bool) -> Result<Vec<L
                 inputs,
                 cache_rows,
                 (dims, scale, stored),
-                (at.fault, clusters),
+                at.fault,
             )?)
         }
         Op::AttentionBackward { scale } => {
