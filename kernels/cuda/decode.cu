@@ -43,8 +43,8 @@ __device__ __forceinline__ void kiln_decode_widen(const uint4& raw, const bf16_b
     }
 }
 
-// The four running sums of a dot product (terms i with i % 4 = 0, 1, 2, 3: four independent
-// chains of adds instead of one), added in a fixed order.
+// The four running sums of a dot product (term 4j + u in sums[u], the last n % 4 terms in
+// sums[0]: four independent chains of adds instead of one), added in a fixed order.
 __device__ __forceinline__ float kiln_decode_total(const float (&sums)[4]) {
     return (sums[0] + sums[1]) + (sums[2] + sums[3]);
 }
