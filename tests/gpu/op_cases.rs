@@ -413,7 +413,8 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     // Cached attention over caches of several key chunks (64 rows for D ≤ 64, 32 for 128):
     // positions anywhere in the cache, so chunks below, at and above each row's position, the
     // last one partial; the models' GQA ratios (Qwen2.5-0.5B 7, DeepSeek-1.5B 6), heads of 16
-    // to 128 dims, the vector paths of both dtypes and the element path (bf16 with D = 16).
+    // to 128 dims, staged by 16-byte vectors in both dtypes (the D = 6 cases above take the
+    // element path).
     for &(b, t, hq, hkv, d, smax) in &[
         (3, 1, 14, 2, 64, 300),
         (2, 2, 12, 2, 128, 100),
