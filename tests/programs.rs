@@ -415,6 +415,84 @@ fn train_step_equals_oracle_gradients_and_adamw() {
     }
 }
 
+/// The fusion pass on the mixed-precision train step: every gradient of a bf16 GEMM input
+/// rounded to bf16 is computed by one `rounded_matmul` (two per linear: the input's and the
+/// weight's), one normed input cast once for q, k and v and once for gate and up; and two
+/// fused steps give the unfused steps' bits in the loss and in every state (parameters,
+/// moments, bf16 copies).
+#[test]
+fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
+    let mut rng = testing::rng("fused_mixed_precision_train");
+    for config in configs() {
+        let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
+        let (batch, seq) = (2, 5);
+        let ids = tokens(&mut rng, &config, batch, seq);
+        let options = |fusion| ProgramOptions {
+            batch,
+            seq,
+            precision: Precision::Bf16Gemm,
+            fusion,
+            ..Default::default()
+        };
+        let fused = build(ProgramKind::Train, &config, &options(true)).unwrap();
+        let unfused = build(ProgramKind::Train, &config, &options(false)).unwrap();
+        kiln_ir::verify(&fused).unwrap();
+        let ops = |graph: &kiln_ir::Graph| -> Vec<(kiln_ir::Op, Vec<kiln_ir::ValueId>)> {
+            (graph.node_indices())
+                .filter_map(|n| match &graph.node(n)?.kind {
+                    kiln_ir::graph::NodeKind::Op(op) => Some((op.clone(), graph.operands(n))),
+                    _ => None,
+                })
+                .collect()
+        };
+        let count = |graph, name: &str| {
+            ops(graph)
+                .iter()
+                .filter(|(op, _)| op.name() == name)
+                .count()
+        };
+        let layers = config.num_hidden_layers;
+        assert_eq!(count(&unfused, "rounded_matmul"), 0);
+        assert_eq!(count(&fused, "rounded_matmul"), 2 * 7 * layers);
+        assert_eq!(
+            count(&fused, "matmul"),
+            7 * layers,
+            "the forward's products"
+        );
+        let casts: Vec<_> = (ops(&fused).into_iter())
+            .filter(|(op, _)| op.name() == "cast")
+            .collect();
+        for (i, cast) in casts.iter().enumerate() {
+            assert!(!casts[..i].contains(cast), "{cast:?} is cast twice");
+        }
+        // 7 per layer fewer: q/k/v and gate/up share their casts (3), and each linear's
+        // input gradient is no longer rounded by a cast of its own (7, the weight gradient's
+        // rounding cast too: 7 more); counted against the unfused program.
+        assert_eq!(
+            count(&unfused, "cast") - count(&fused, "cast"),
+            (3 + 7 + 7) * layers
+        );
+
+        let mut want = train_values(&config, &weights, &ids, batch, seq);
+        let mut got = want.clone();
+        for step in 1..=2i64 {
+            let step = Tensor::from_vec(vec![step], kiln_ir::Shape::scalar()).unwrap();
+            want.insert("step".into(), step.clone());
+            got.insert("step".into(), step);
+            let unfused_loss = &interpret(&unfused, &mut want).unwrap()["loss"];
+            let fused_loss = &interpret(&fused, &mut got).unwrap()["loss"];
+            assert_eq!(bits(fused_loss), bits(unfused_loss), "{:?}", config.family);
+        }
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>()
+        );
+        for (name, tensor) in &want {
+            assert_eq!(bits(&got[name]), bits(tensor), "{:?} {name}", config.family);
+        }
+    }
+}
+
 /// Mixed precision (bf16 GEMM inputs, f32 accumulation, f32 master weights): the interpreted
 /// eval program equals the oracle in the same precision bit for bit, and stays within bf16
 /// rounding of the f32 run.

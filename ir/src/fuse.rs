@@ -20,7 +20,13 @@
 //! - `views`: a `Contiguous` of a view that moves no element — a transpose that only moves
 //!   dims of size 1 past each other (decode's one token put heads first), a slice of a whole
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
-//!   itself: no copy.
+//!   itself: no copy;
+//! - `rounded_matmul`: `Cast{bf16}(MatMul(a, b))` of bf16 operands, the product read by the
+//!   cast alone (mixed precision's backward rounds each gradient of a bf16 GEMM input to bf16),
+//!   becomes one [`Op::RoundedMatMul`]: the GEMM writes bf16, the f32 product never exists;
+//! - `shared`, last, on the fused program: an op that repeats an earlier one (the same op on
+//!   the same operands: mixed precision's casts of one normed input for q, k and v, or for
+//!   gate and up) is the earlier op's result.
 //!
 //! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu, cache.cu)
 //! rather than CUDA C generated per matched subgraph: the patterns that matter are few and the same in
@@ -37,10 +43,14 @@ use crate::op::LINEAR_MAX_GROUPS;
 use crate::{DType, Graph, InputKind, Op, Result, ValueId};
 use add_rmsnorm::with_add_rmsnorm;
 use rope_kv::rope_kv_fusions;
+use rounded::rounded_matmul_fusions;
+use shared::shared_rewrites;
 use views::{view_rewrites, ViewRewrite};
 
 mod add_rmsnorm;
 mod rope_kv;
+mod rounded;
+mod shared;
 mod views;
 
 /// One `MatMul` that the `linear` rule takes, with what it absorbs.
@@ -138,8 +148,11 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
         }
     }
     fusions.extend(rope_kv_fusions(graph, &users));
+    let taken: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
+    fusions.extend(rounded_matmul_fusions(graph, &users, &taken));
     let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
-    without_dead_ops(&fused)
+    let shared = rebuild(&fused, &[], &shared_rewrites(&fused), &BTreeSet::new())?;
+    without_dead_ops(&shared)
 }
 
 fn matmul_of(candidate: &Candidate) -> NodeIndex {
@@ -178,6 +191,10 @@ fn is_param(graph: &Graph, value: ValueId) -> bool {
             ..
         })
     )
+}
+
+fn of_dtype(graph: &Graph, value: ValueId, dtype: DType) -> bool {
+    graph.value_type(value).is_ok_and(|t| t.dtype == dtype)
 }
 
 /// Whether `value` is read by exactly `reader` and nothing else.

@@ -43,6 +43,14 @@ pub enum Op {
         transpose_a: bool,
         transpose_b: bool,
     },
+    /// `(a, b) bf16 -> bf16`: `Cast{bf16}(MatMul(a, b))` in one op, made by the fusion pass
+    /// (`crate::fuse`), never traced: the f32 product rounded to bf16 as the GEMM writes it.
+    /// Mixed precision's backward makes these: each gradient of a bf16 GEMM input is rounded
+    /// to bf16 (and widened again by the `Cast` back to the f32 value it stands for).
+    RoundedMatMul {
+        transpose_a: bool,
+        transpose_b: bool,
+    },
     /// `(a, b) -> a + b`; `b`'s shape is a suffix of `a`'s.
     Add,
     /// `(a, b) -> a ⊙ b`; `b`'s shape is a suffix of `a`'s.
@@ -185,6 +193,7 @@ impl Op {
             Op::Embedding => "embedding",
             Op::EmbeddingBackward { .. } => "embedding_backward",
             Op::MatMul { .. } => "matmul",
+            Op::RoundedMatMul { .. } => "rounded_matmul",
             Op::Add => "add",
             Op::Mul => "mul",
             Op::Scale { .. } => "scale",
@@ -231,6 +240,10 @@ impl Op {
         match self {
             Op::EmbeddingBackward { vocab } => vec![("vocab", vocab.to_string())],
             Op::MatMul {
+                transpose_a,
+                transpose_b,
+            }
+            | Op::RoundedMatMul {
                 transpose_a,
                 transpose_b,
             } => vec![

@@ -1,10 +1,10 @@
 //! Streams, events and happens-before.
 //!
 //! Assignment: with one stream every step runs on stream 0. With `n > 1`, weight-gradient
-//! GEMMs — MatMul results that flow solely into AdamW grad operands or outputs named `grad.*`,
-//! through views, casts, contiguous copies and scales only — go round-robin on streams
-//! `1..n`, each with that chain of ops and the AdamW updates it feeds (a "chain"); everything
-//! else stays on stream 0.
+//! GEMMs — MatMul or RoundedMatMul results that flow solely into AdamW grad operands or
+//! outputs named `grad.*`, through views, casts, contiguous copies and scales only — go
+//! round-robin on streams `1..n`, each with that chain of ops and the AdamW updates it feeds
+//! (a "chain"); everything else stays on stream 0.
 //!
 //! Events: a step waits for every step it depends on that runs on another stream: the ops
 //! that wrote its operands' data (read after write; through a view, the op that wrote the
@@ -225,7 +225,8 @@ fn assign_streams(program: &Program, order: &[usize], n: usize) -> (Vec<usize>, 
     let mut next = 0;
     for &op in order {
         let info = &program.ops[op];
-        if !matches!(info.op, Op::MatMul { .. }) || info.results.len() != 1 {
+        let gemm = matches!(info.op, Op::MatMul { .. } | Op::RoundedMatMul { .. });
+        if !gemm || info.results.len() != 1 {
             continue;
         }
         if let Some(chain) = weight_gradient_chain(program, info.results[0]) {

@@ -143,7 +143,7 @@ fn extents(launch: &Launch) -> Vec<(Addr, u64)> {
             vec![
                 (g.a, span(a_rows, g.lda, a_cols, g.stride_a, size)),
                 (g.b, span(b_rows, g.ldb, b_cols, g.stride_b, size)),
-                (g.c, span(g.m, g.ldc, g.n, g.stride_c, 4)),
+                (g.c, span(g.m, g.ldc, g.n, g.stride_c, g.out.size_bytes())),
             ]
         }
         Launch::Kernel(_) => launch.addresses().into_iter().map(|a| (a, 0)).collect(),

@@ -2,7 +2,8 @@
 //! IR and the planner know no device, so the numbers come from here, computed by the kernels'
 //! own size functions where they have one.
 //!
-//! - CPU reference: a bf16 MatMul widens its operands to f32; the attention backward takes one
+//! - CPU reference: a bf16 MatMul widens its operands to f32 (a RoundedMatMul also keeps its
+//!   f32 product); the attention backward takes one
 //!   row of `S` scores; attention over a cache takes the probabilities `[B,Hq,T,Smax]`.
 //! - CUDA: the GEMM attention backward's dS, masked probs and transposed `grad_out`
 //!   ([`AttentionDims::backward_workspace_bytes`]); decode attention's per-chunk partials
@@ -68,6 +69,22 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
         Op::MatMul { .. } if operands.first().map(|t| t.dtype) == Some(DType::BF16) => {
             let widened = |t: &TensorType| product(t.dims()).saturating_mul(4);
             (operands.iter().take(2)).fold(0, |sum, t| sum.saturating_add(widened(t)))
+        }
+        // MatMul's f32 product, then MatMul's own scratch.
+        Op::RoundedMatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            let matmul = Op::MatMul {
+                transpose_a: *transpose_a,
+                transpose_b: *transpose_b,
+            };
+            let f32_product = (matmul.infer(operands).ok())
+                .and_then(|results| results.first().map(|t| t.dims().to_vec()))
+                .map_or(0, |dims| {
+                    crate::interpret::ops::conversion_bytes(DType::F32, &dims)
+                });
+            f32_product.saturating_add(cpu_kernel(&matmul, operands))
         }
         Op::AttentionBackward { .. } => match dims(operands, 1) {
             &[_, _, keys, _] => (keys as u64).saturating_mul(size),

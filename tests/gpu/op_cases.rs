@@ -53,6 +53,22 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 mm(false, true),
                 vec![bf(&[n, h]), bf(&[72, h])],
             ),
+            (
+                format!("rounded_matmul NN {s}"),
+                Op::RoundedMatMul {
+                    transpose_a: false,
+                    transpose_b: false,
+                },
+                vec![bf(&[n, h]), bf(&[h, 24])],
+            ),
+            (
+                format!("rounded_matmul TN {s}"),
+                Op::RoundedMatMul {
+                    transpose_a: true,
+                    transpose_b: false,
+                },
+                vec![bf(&[n, h]), bf(&[n, 40])],
+            ),
             (format!("argmax {s}"), Op::Argmax, vec![f(&[b, t, h])]),
             (
                 format!("add {s}"),

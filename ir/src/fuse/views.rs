@@ -8,11 +8,11 @@ use petgraph::graph::NodeIndex;
 use super::{op_of, through_reshapes};
 use crate::{Graph, Op, ValueId};
 
-/// What the `views` rule makes of a `Contiguous` node.
+/// What the `views` rule makes of a `Contiguous` node (and the `shared` rule of a repeat).
 pub(super) enum ViewRewrite {
     /// The dense value viewed as the contiguous result's shape.
     Reshape(ValueId),
-    /// The dense value itself.
+    /// The value itself: the dense value, or the earlier result the repeat stands for.
     Same(ValueId),
 }
 

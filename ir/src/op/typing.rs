@@ -154,13 +154,20 @@ impl Op {
             Op::MatMul {
                 transpose_a,
                 transpose_b,
+            }
+            | Op::RoundedMatMul {
+                transpose_a,
+                transpose_b,
             } => {
                 rule.arity(2)?;
                 let (a, b) = (&operands[0], &operands[1]);
-                let dtype = match a.dtype {
-                    DType::F32 | DType::F64 => a.dtype,
-                    DType::BF16 => DType::F32,
-                    _ => return Err(rule.type_error(0, "f32, f64 or bf16")),
+                let rounded = matches!(self, Op::RoundedMatMul { .. });
+                let dtype = match (a.dtype, rounded) {
+                    (DType::F32 | DType::F64, false) => a.dtype,
+                    (DType::BF16, false) => DType::F32,
+                    (DType::BF16, true) => DType::BF16,
+                    (_, false) => return Err(rule.type_error(0, "f32, f64 or bf16")),
+                    (_, true) => return Err(rule.type_error(0, "bf16")),
                 };
                 if b.dtype != a.dtype {
                     return Err(rule.type_error(1, format!("{} like operand 0", a.dtype)));

@@ -92,6 +92,7 @@ fn gemm(
 ) -> Launch {
     Launch::Gemm(Gemm {
         dtype: GemmDType::F32,
+        out: GemmDType::F32,
         a,
         b,
         c,

@@ -215,6 +215,7 @@ impl LinearLoss {
         }
         Launch::Gemm(Gemm {
             dtype: self.dtype,
+            out: GemmDType::F32,
             a: x,
             b: self.weight_rows(weight, start),
             c: logits,
@@ -343,6 +344,7 @@ impl LinearLoss {
                 // grad_weight[chunk] = dLᵀ · x: [width, H], summed over the N rows.
                 launches.push(Launch::Gemm(Gemm {
                     dtype: self.dtype,
+                    out: GemmDType::F32,
                     a: grad,
                     b: io.x,
                     c: rows_out,
@@ -363,6 +365,7 @@ impl LinearLoss {
                 // grad_x (+)= dL · weight[chunk]: [N, H].
                 launches.push(Launch::Gemm(Gemm {
                     dtype: self.dtype,
+                    out: GemmDType::F32,
                     a: grad,
                     b: self.weight_rows(io.weight, start),
                     c: accumulator,

@@ -4,7 +4,8 @@
 //!
 //! Row-major `C [m,n] = op(A) · op(B)` is computed as the column-major `Cᵀ [n,m] = op(B)ᵀ ·
 //! op(A)ᵀ`: cuBLASLt's first operand is our B (its stored matrix, column-major, is `[n,k]`, or
-//! `[k,n]` transposed), its second is our A. Compute type f32 (no TF32), scale type f32.
+//! `[k,n]` transposed), its second is our A. Compute type f32 (no TF32), scale type f32; C and
+//! D f32, or bf16 (the f32 sums rounded as cuBLASLt writes D).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -206,7 +207,7 @@ pub(crate) fn prepare(
         )?,
         layout(
             errors,
-            sys::cudaDataType::CUDA_R_32F,
+            data_type(gemm.out),
             [gemm.n, gemm.m, gemm.ldc],
             (gemm.batch, gemm.stride_c),
         )?,
@@ -221,13 +222,13 @@ pub(crate) fn prepare(
     let ws = workspace_bytes as u64;
     // The alignment every batch's pointer keeps (cuBLASLt assumes 256 bytes unless told):
     // operands at offsets inside a buffer (one head of a group, say) may have less.
-    let size = gemm.dtype.size_bytes();
+    let (size, out) = (gemm.dtype.size_bytes(), gemm.out.size_bytes());
     let batched = |stride: u64, elem: u64| if gemm.batch > 1 { stride * elem } else { 0 };
     let alignments: [u32; 4] = [
         alignment(b, gemm.ldb * size, batched(gemm.stride_b, size)),
         alignment(a, gemm.lda * size, batched(gemm.stride_a, size)),
-        alignment(c, gemm.ldc * 4, batched(gemm.stride_c, 4)),
-        alignment(c, gemm.ldc * 4, batched(gemm.stride_c, 4)),
+        alignment(c, gemm.ldc * out, batched(gemm.stride_c, out)),
+        alignment(c, gemm.ldc * out, batched(gemm.stride_c, out)),
     ];
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let alignment_attributes = [

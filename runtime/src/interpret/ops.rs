@@ -124,6 +124,22 @@ fn run_kernels(
             let workspace = f32_workspace(workspace, len)?;
             kiln_kernels::matmul::matmul(&i[0], &i[1], &mut o[0], transpose, workspace)
         }
+        Op::RoundedMatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            // MatMul's f32 product at the workspace's front, rounded as `Cast` rounds it.
+            let dims = o[0].shape().dims().to_vec();
+            let bytes = (conversion_bytes(DType::F32, &dims) as usize).min(workspace.len());
+            let (front, rest) = workspace.split_at_mut(bytes);
+            let mut product = typed_workspace(front, DType::F32, &dims, op)?;
+            let matmul = Op::MatMul {
+                transpose_a,
+                transpose_b,
+            };
+            run_kernels(&matmul, i, std::slice::from_mut(&mut product), rest)?;
+            copy::cast(&product.as_view(), &mut o[0])
+        }
         Op::Add => elementwise::add(&i[0], &i[1], &mut o[0]),
         Op::Mul => elementwise::mul(&i[0], &i[1], &mut o[0]),
         Op::Scale { alpha } => elementwise::scale(&i[0], alpha, &mut o[0]),

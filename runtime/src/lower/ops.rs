@@ -79,7 +79,11 @@ pub(crate) fn lower_op(
         Op::MatMul {
             transpose_a,
             transpose_b,
-        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b]),
+        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b], F32),
+        Op::RoundedMatMul {
+            transpose_a,
+            transpose_b,
+        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b], DType::BF16),
         Op::Linear {
             biases,
             swiglu,
@@ -383,6 +387,7 @@ impl Lowering<'_> {
                 Ok(launches)
             }
             Op::MatMul { .. }
+            | Op::RoundedMatMul { .. }
             | Op::Linear { .. }
             | Op::Contiguous
             | Op::Reshape { .. }

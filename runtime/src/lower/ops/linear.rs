@@ -173,6 +173,7 @@ pub(super) fn lower_linear(
         };
         launches.push(Launch::Gemm(Gemm {
             dtype: GemmDType::BF16,
+            out: GemmDType::F32,
             a: input,
             b: weights[g].addr(),
             c: target,

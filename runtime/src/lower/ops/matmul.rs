@@ -58,15 +58,21 @@ fn stored(at: &Lowering<'_>, tensor: &DeviceTensor, name: &str, transpose: bool)
     })
 }
 
+/// `MatMul` (`out` f32) or `RoundedMatMul` (`out` bf16, of bf16 operands).
 pub(super) fn lower_matmul(
     at: &Lowering<'_>,
     [transpose_a, transpose_b]: [bool; 2],
+    out: DType,
 ) -> Result<Vec<Launch>> {
     let a = at.port(at.i, "operand", 0, "a")?;
     let b = at.port(at.i, "operand", 1, "b")?;
-    at.expect_dtype(a, "a", &[DType::F32, DType::BF16])?;
+    let inputs: &[DType] = match out {
+        F32 => &[DType::F32, DType::BF16],
+        _ => &[DType::BF16],
+    };
+    at.expect_dtype(a, "a", inputs)?;
     at.expect_dtype(b, "b", &[a.dtype])?;
-    let c = at.result(0, "out", F32)?;
+    let c = at.result(0, "out", out)?;
     let rank = a.dims().len();
     if rank < 2 || b.dims().len() != rank || c.dims().len() != rank {
         return Err(at.unsupported(format!(
@@ -86,7 +92,10 @@ pub(super) fn lower_matmul(
     }
     if k == 0 {
         // An empty sum: C is zero.
-        return Ok(vec![gpu::embedding::zero_f32(c.addr(), size(c.numel()))]);
+        return match out {
+            F32 => Ok(vec![gpu::embedding::zero_f32(c.addr(), size(c.numel()))]),
+            _ => Err(at.unsupported("an empty sum (k = 0) rounded to bf16".to_string())),
+        };
     }
     let stored_a = stored(at, a, "a", transpose_a)?;
     let stored_b = stored(at, b, "b", transpose_b)?;
@@ -94,6 +103,7 @@ pub(super) fn lower_matmul(
     let dtype = GemmDType::of(a.dtype).expect("dtype checked above");
     let gemm = Gemm {
         dtype,
+        out: GemmDType::of(out).expect("dtype checked above"),
         a: a.addr(),
         b: b.addr(),
         c: c.addr(),
