@@ -417,9 +417,10 @@ fn train_step_equals_oracle_gradients_and_adamw() {
 
 /// The fusion pass on the mixed-precision train step: every gradient of a bf16 GEMM input
 /// rounded to bf16 is computed by one `rounded_matmul` (two per linear: the input's and the
-/// weight's), one normed input cast once for q, k and v and once for gate and up; and two
-/// fused steps give the unfused steps' bits in the loss and in every state (parameters,
-/// moments, bf16 copies).
+/// weight's), each AdamW of a linear's weight (and of an untied LM head's) reads its rounded
+/// gradient as bf16, one normed
+/// input is cast once for q, k and v and once for gate and up; and two fused steps give the
+/// unfused steps' bits in the loss and in every state (parameters, moments, bf16 copies).
 #[test]
 fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
     let mut rng = testing::rng("fused_mixed_precision_train");
@@ -465,13 +466,20 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         for (i, cast) in casts.iter().enumerate() {
             assert!(!casts[..i].contains(cast), "{cast:?} is cast twice");
         }
-        // 7 per layer fewer: q/k/v and gate/up share their casts (3), and each linear's
-        // input gradient is no longer rounded by a cast of its own (7, the weight gradient's
-        // rounding cast too: 7 more); counted against the unfused program.
-        assert_eq!(
-            count(&unfused, "cast") - count(&fused, "cast"),
-            (3 + 7 + 7) * layers
-        );
+        // Per layer: q/k/v and gate/up share their casts (3 fewer); no linear's input or
+        // weight gradient is rounded by a cast of its own (7 + 7); no rounded weight gradient
+        // is widened for its AdamW (7).
+        // An untied LM head's weight gradient (bf16, the chunked loss's) goes to its AdamW
+        // unwidened too; a tied one is summed with the embedding's in f32 first.
+        let head = usize::from(!config.tie_word_embeddings);
+        let casts_gone = count(&unfused, "cast") - count(&fused, "cast");
+        assert_eq!(casts_gone, (3 + 7 + 7 + 7) * layers + head);
+        let bf16_grads = (ops(&fused).into_iter())
+            .filter(|(op, operands)| {
+                op.name() == "adamw" && fused.value_type(operands[1]).unwrap().dtype == DType::BF16
+            })
+            .count();
+        assert_eq!(bf16_grads, 7 * layers + head);
 
         let mut want = train_values(&config, &weights, &ids, batch, seq);
         let mut got = want.clone();

@@ -6,7 +6,8 @@
 //! RoPE turns `[B,T,H,D]` into `[B,H,T,D]`; caches are `[S,Hkv,Smax,D]`, one row per sequence (a pool of slots where the cache ops take `rows`).
 //!
 //! Stored operands: an op computing in f32 may take its weights, biases and caches in bf16
-//! (RMSNorm weights, RoPE and Add biases, KV caches, the embedding table; [`stores`]), read
+//! (RMSNorm weights, RoPE and Add biases, KV caches, the embedding table, AdamW's gradient;
+//! [`stores`]), read
 //! widened and written rounded, as bf16 inference keeps them.
 
 mod index_range;
@@ -139,7 +140,9 @@ pub enum Op {
     /// `weight`'s types; the chunk's logit gradient enters its products rounded to their dtype.
     LinearCrossEntropyBackward { ignore_index: i64 },
     /// `(param, grad, m, v, step [] i64, lr [] f64[, grad_scale [] f32]) -> (param, m, v)`
-    /// updated, from `grad · grad_scale` when the scale is given (gradient clipping).
+    /// updated, from `grad · grad_scale` when the scale is given (gradient clipping). The
+    /// gradient is a stored operand ([`stores`]): bf16 for an f32 param where the fusion pass
+    /// folds mixed precision's `Cast{f32}` of a rounded gradient into the update.
     AdamW(AdamWConfig),
     /// `(grad_0, …, grad_n) -> (norm [] f32, scale [] f32)`: the global 2-norm of every
     /// gradient, and `min(1, max_norm / (norm + 1e-6))`, the factor

@@ -7,8 +7,9 @@
 // computed from them in f64, as the CPU does, then rounded to f32 - once per thread: the grid
 // is capped (a grid-stride loop), so each thread updates many elements. An optional f32
 // gradient scale (gradient clipping) multiplies each gradient element first, rounded.
-// The `_vec4` variant moves four floats per access; the builder uses it only when the count is
-// a multiple of 4 and every pointer is 16-byte aligned.
+// The `_vec4` variants move four elements per access; the builder uses them only when the count
+// is a multiple of 4 and every pointer is aligned to its vector (16 bytes, 8 for a bf16
+// gradient). `_bf16_grad`: the gradient is bf16.
 
 // torch's lerp for a scalar weight: the formula depends on the weight's size.
 __device__ __forceinline__ float kiln_torch_lerp(float start, float end, float weight) {
@@ -64,36 +65,45 @@ __device__ __forceinline__ float kiln_scaled(float g, const float* scale) {
     return scale == nullptr ? g : __fmul_rn(g, scale[0]);
 }
 
-extern "C" __global__ void adamw_f32(float* param, float* m, float* v, const float* grad,
-                                     const i64* step, const double* rate, const float* scale,
-                                     i64 n, double weight_decay, double beta1, double beta2,
-                                     float m_weight, float beta2_f32, float v_weight,
-                                     float eps) {
-    kiln_grid_dependency_wait();
+// The gradient is a stored operand (common.cuh): f32, or bf16 widened where it is read (mixed
+// precision's weight gradients, rounded to bf16 by their GEMM).
+template <typename G>
+__device__ void kiln_adamw(float* param, float* m, float* v, const G* grad, const i64* step,
+                           const double* rate, const float* scale, i64 n, double weight_decay,
+                           double beta1, double beta2, float m_weight, float beta2_f32,
+                           float v_weight, float eps) {
     const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
                                            beta2_f32, v_weight, eps);
     KILN_FOR_EACH(i, n) {
         float p = param[i], mi = m[i], vi = v[i];
-        kiln_adamw_one(p, mi, vi, kiln_scaled(grad[i], scale), h);
+        kiln_adamw_one(p, mi, vi, kiln_scaled(kiln_load(grad, i), scale), h);
         param[i] = p;
         m[i] = mi;
         v[i] = vi;
     }
 }
 
-// n4 = n / 4 vectors of four floats.
-extern "C" __global__ void adamw_f32_vec4(float4* param, float4* m, float4* v,
-                                          const float4* grad, const i64* step,
-                                          const double* rate, const float* scale, i64 n4,
-                                          double weight_decay, double beta1, double beta2,
-                                          float m_weight, float beta2_f32, float v_weight,
-                                          float eps) {
-    kiln_grid_dependency_wait();
+// Four gradient elements: 16 bytes of f32, or 8 of bf16 (element 0 in the low bits).
+__device__ __forceinline__ float4 kiln_load4(const float4* p, i64 i) { return p[i]; }
+__device__ __forceinline__ float4 kiln_load4(const uint2* p, i64 i) {
+    const uint2 b = p[i];
+    return make_float4(kiln_bf16_to_f32((bf16_bits)(b.x & 0xffffu)),
+                       kiln_bf16_to_f32((bf16_bits)(b.x >> 16)),
+                       kiln_bf16_to_f32((bf16_bits)(b.y & 0xffffu)),
+                       kiln_bf16_to_f32((bf16_bits)(b.y >> 16)));
+}
+
+// n4 = n / 4 vectors of four floats (G4: float4 for f32 gradients, uint2 for bf16).
+template <typename G4>
+__device__ void kiln_adamw_vec4(float4* param, float4* m, float4* v, const G4* grad,
+                                const i64* step, const double* rate, const float* scale, i64 n4,
+                                double weight_decay, double beta1, double beta2, float m_weight,
+                                float beta2_f32, float v_weight, float eps) {
     const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
                                            beta2_f32, v_weight, eps);
     KILN_FOR_EACH(i, n4) {
         float4 p = param[i], mi = m[i], vi = v[i];
-        const float4 g = grad[i];
+        const float4 g = kiln_load4(grad, i);
         kiln_adamw_one(p.x, mi.x, vi.x, kiln_scaled(g.x, scale), h);
         kiln_adamw_one(p.y, mi.y, vi.y, kiln_scaled(g.y, scale), h);
         kiln_adamw_one(p.z, mi.z, vi.z, kiln_scaled(g.z, scale), h);
@@ -102,6 +112,41 @@ extern "C" __global__ void adamw_f32_vec4(float4* param, float4* m, float4* v,
         m[i] = mi;
         v[i] = vi;
     }
+}
+
+extern "C" __global__ void adamw_f32(float* param, float* m, float* v, const float* grad,
+        const i64* step, const double* rate, const float* scale, i64 n, double weight_decay,
+        double beta1, double beta2, float m_weight, float beta2_f32, float v_weight, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_adamw(param, m, v, grad, step, rate, scale, n, weight_decay, beta1, beta2, m_weight,
+        beta2_f32, v_weight, eps);
+}
+
+extern "C" __global__ void adamw_f32_bf16_grad(float* param, float* m, float* v,
+        const bf16_bits* grad, const i64* step, const double* rate, const float* scale, i64 n,
+        double weight_decay, double beta1, double beta2, float m_weight, float beta2_f32,
+        float v_weight, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_adamw(param, m, v, grad, step, rate, scale, n, weight_decay, beta1, beta2, m_weight,
+        beta2_f32, v_weight, eps);
+}
+
+// n = n / 4 vectors here.
+extern "C" __global__ void adamw_f32_vec4(float4* param, float4* m, float4* v, const float4* grad,
+        const i64* step, const double* rate, const float* scale, i64 n, double weight_decay,
+        double beta1, double beta2, float m_weight, float beta2_f32, float v_weight, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_adamw_vec4(param, m, v, grad, step, rate, scale, n, weight_decay, beta1, beta2,
+        m_weight, beta2_f32, v_weight, eps);
+}
+
+extern "C" __global__ void adamw_f32_bf16_grad_vec4(float4* param, float4* m, float4* v,
+        const uint2* grad, const i64* step, const double* rate, const float* scale, i64 n,
+        double weight_decay, double beta1, double beta2, float m_weight, float beta2_f32,
+        float v_weight, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_adamw_vec4(param, m, v, grad, step, rate, scale, n, weight_decay, beta1, beta2,
+        m_weight, beta2_f32, v_weight, eps);
 }
 
 // Gradient clipping (torch.nn.utils.clip_grad_norm_), deterministic: each gradient's squares

@@ -209,6 +209,31 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                     In::Scalar(DType::F32, 0.37),
                 ],
             ),
+            (
+                format!("adamw bf16 grad {s}"),
+                Op::AdamW(adamw),
+                vec![
+                    f(&[t, h]),
+                    bf(&[t, h]),
+                    f(&[t, h]),
+                    In::Pos(vec![t, h]),
+                    In::Step,
+                    In::Scalar(DType::F64, 1e-2),
+                ],
+            ),
+            (
+                format!("adamw bf16 grad clipped {s}"),
+                Op::AdamW(adamw),
+                vec![
+                    f(&[t, h]),
+                    bf(&[t, h]),
+                    f(&[t, h]),
+                    In::Pos(vec![t, h]),
+                    In::Step,
+                    In::Scalar(DType::F64, 3e-3),
+                    In::Scalar(DType::F32, 0.37),
+                ],
+            ),
         ]);
     }
     // Gradient clipping: one gradient, several of odd sizes, and one split into many partials.

@@ -455,7 +455,9 @@ impl Op {
                     });
                 }
                 let param = rule.float(0)?.clone();
-                for port in 1..4 {
+                // The gradient is stored data: bf16 where mixed precision rounded it.
+                rule.stored(1, param.dtype, param.dims())?;
+                for port in 2..4 {
                     rule.same(port, &param)?;
                 }
                 rule.shaped(4, DType::I64, &[])?;

@@ -454,7 +454,7 @@ fn linear_cross_entropy_takes_one_dtype_for_x_and_weight_and_keeps_lse() {
 }
 
 #[test]
-fn adamw_takes_an_i64_step_an_f64_rate_and_an_optional_f32_grad_scale() {
+fn adamw_takes_an_i64_step_an_f64_rate_an_optional_f32_grad_scale_and_a_bf16_grad() {
     let op = || {
         Op::AdamW(AdamWConfig {
             beta1: 0.9,
@@ -482,6 +482,15 @@ fn adamw_takes_an_i64_step_an_f64_rate_and_an_optional_f32_grad_scale() {
     wide_scale[6] = f32t(&[1]);
     rejects_operand(op(), &wide_scale, 6);
     rejects_arity(op(), &with(p.clone(), i64t(&[]))[..5], "6 or 7");
+    // The gradient is stored data: bf16 of the param's shape, nothing else.
+    let mut bf16_grad = with(p.clone(), i64t(&[]));
+    bf16_grad[1] = ty(DType::BF16, &[3, 4]);
+    accepts(op(), &bf16_grad, &updated);
+    for grad in [ty(DType::BF16, &[4, 3]), ty(DType::F64, &[3, 4])] {
+        let mut wrong = with(p.clone(), i64t(&[]));
+        wrong[1] = grad;
+        rejects_operand(op(), &wrong, 1);
+    }
 }
 
 #[test]

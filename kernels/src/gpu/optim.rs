@@ -2,7 +2,7 @@
 //! device), and the two launches of gradient clipping.
 
 use super::launch::{all_aligned, size_arg};
-use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS};
+use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS};
 
 /// AdamW hyper-parameters as the IR holds them (f64); the learning rate is a device scalar.
 #[derive(Clone, Copy, Debug)]
@@ -18,21 +18,30 @@ pub struct AdamWHyper {
 /// per thread, not once per element (the element count alone decides the grid).
 const MAX_BLOCKS: u64 = 8 * 132;
 
-/// Updates `param`, `m`, `v` (f32, `n > 0` elements) in place from `grad` (times the f32
-/// scalar `scale` when given), the i64 scalar `step` and the f64 scalar `lr`. The scalars the
-/// CPU rounds once on the host are rounded here the same way. Four floats per access when `n`
-/// is a multiple of 4 and every tensor pointer is 16-byte aligned.
-pub fn adamw_f32(
+/// Updates `param`, `m`, `v` (f32, `n > 0` elements) in place from `grad` (f32, or bf16
+/// widened as read: `grad_dtype`; times the f32 scalar `scale` when given), the i64 scalar
+/// `step` and the f64 scalar `lr`. The scalars the CPU rounds once on the host are rounded here
+/// the same way. Four elements per access when `n` is a multiple of 4 and every tensor pointer
+/// is aligned to its vector (16 bytes; 8 for a bf16 gradient).
+pub fn adamw(
     [param, m, v, grad, step, lr]: [Addr; 6],
+    grad_dtype: Stored,
     scale: Option<Addr>,
     n: u64,
     hyper: AdamWHyper,
 ) -> Launch {
-    let vector = n.is_multiple_of(4) && all_aligned(&[param, m, v, grad], 16);
-    let (function, items) = if vector {
-        ("adamw_f32_vec4", n / 4)
-    } else {
-        ("adamw_f32", n)
+    let grad_vector = match grad_dtype {
+        Stored::F32 => 16,
+        Stored::BF16 => 8,
+    };
+    let vector =
+        n.is_multiple_of(4) && all_aligned(&[param, m, v], 16) && all_aligned(&[grad], grad_vector);
+    let (function, items) = match vector {
+        true => (
+            grad_dtype.pick("adamw_f32_vec4", "adamw_f32_bf16_grad_vec4"),
+            n / 4,
+        ),
+        false => (grad_dtype.pick("adamw_f32", "adamw_f32_bf16_grad"), n),
     };
     let args = vec![
         Arg::Ptr(param),

@@ -178,14 +178,30 @@ fn every_launch() -> Vec<Launch> {
         .unwrap(),
         norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
         norm::rmsnorm_backward_weight_f32(addr(0), addr(1), addr(2), addr(3), 3, 8).unwrap(),
-        optim::adamw_f32(
+        optim::adamw(
             [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
+            Stored::F32,
             None,
             9,
             hyper,
         ),
-        optim::adamw_f32(
+        optim::adamw(
             [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
+            Stored::F32,
+            Some(addr(6)),
+            12,
+            hyper,
+        ),
+        optim::adamw(
+            [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
+            Stored::BF16,
+            None,
+            9,
+            hyper,
+        ),
+        optim::adamw(
+            [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
+            Stored::BF16,
             Some(addr(6)),
             12,
             hyper,
@@ -416,8 +432,9 @@ fn adamw_moves_four_floats_only_when_aligned_and_whole() {
         eps: 1e-8,
         weight_decay: 0.01,
     };
-    let launch = |grad: Addr, n: u64| match optim::adamw_f32(
+    let launch = |grad: Addr, dtype: Stored, n: u64| match optim::adamw(
         [addr(0), addr(1), addr(2), grad, unaligned(4), unaligned(5)],
+        dtype,
         None,
         n,
         hyper,
@@ -425,11 +442,19 @@ fn adamw_moves_four_floats_only_when_aligned_and_whole() {
         Launch::Kernel(kernel) => (kernel.function, kernel.grid.0),
         other => panic!("{other:?}"),
     };
-    assert_eq!(launch(addr(3), 12), ("adamw_f32_vec4", 1));
-    assert_eq!(launch(addr(3), 10), ("adamw_f32", 1));
-    assert_eq!(launch(unaligned(3), 12), ("adamw_f32", 1));
+    let f32 = Stored::F32;
+    assert_eq!(launch(addr(3), f32, 12), ("adamw_f32_vec4", 1));
+    assert_eq!(launch(addr(3), f32, 10), ("adamw_f32", 1));
+    assert_eq!(launch(unaligned(3), f32, 12), ("adamw_f32", 1));
+    // A bf16 gradient's vector is 8 bytes.
+    let bf16 = Stored::BF16;
+    let eight = Addr { slot: 3, offset: 8 };
+    assert_eq!(launch(eight, bf16, 12), ("adamw_f32_bf16_grad_vec4", 1));
+    assert_eq!(launch(eight, f32, 12), ("adamw_f32", 1));
+    assert_eq!(launch(unaligned(3), bf16, 12), ("adamw_f32_bf16_grad", 1));
+    assert_eq!(launch(addr(3), bf16, 10), ("adamw_f32_bf16_grad", 1));
     // The grid is capped: each thread loops over many elements.
-    assert_eq!(launch(addr(3), 1 << 30).1, 8 * 132);
+    assert_eq!(launch(addr(3), f32, 1 << 30).1, 8 * 132);
 }
 
 #[test]

@@ -61,7 +61,7 @@ pub(crate) fn run_op(
 /// see operands of one dtype; widening is exact, so the result is that of a `Cast` first.
 pub(crate) fn conversions(op: &Op, operands: &[(DType, &[usize])]) -> Vec<(usize, DType)> {
     let ports: &[usize] = match op {
-        Op::Add | Op::RmsNorm { .. } => &[1],
+        Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) => &[1],
         Op::AddRmsNorm { .. } | Op::Rope { .. } => &[2],
         Op::CachedAttention { .. } => &[1, 2],
         Op::KvCacheWrite => {

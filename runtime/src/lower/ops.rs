@@ -327,7 +327,7 @@ impl Lowering<'_> {
             }
             Op::AdamW(config) => {
                 let param = self.operand(0, "param", F32)?;
-                let grad = self.operand(1, "grad", F32)?;
+                let (grad, grad_dtype) = self.stored(1, "grad")?;
                 let m = self.operand(2, "m", F32)?;
                 let v = self.operand(3, "v", F32)?;
                 let step = self.operand(4, "step", I64)?;
@@ -359,7 +359,7 @@ impl Lowering<'_> {
                     lr.addr(),
                 ];
                 let n = size(param.numel());
-                launches.push(gpu::optim::adamw_f32(addresses, scale, n, hyper));
+                launches.push(gpu::optim::adamw(addresses, grad_dtype, scale, n, hyper));
                 Ok(launches)
             }
             Op::ClipGradNorm { max_norm } => {
