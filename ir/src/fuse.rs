@@ -24,8 +24,10 @@
 //! - `rounded_matmul`: `Cast{bf16}(MatMul(a, b))` of bf16 operands, the product read by the
 //!   cast alone (mixed precision's backward rounds each gradient of a bf16 GEMM input to bf16),
 //!   becomes one [`Op::RoundedMatMul`]: the GEMM writes bf16, the f32 product never exists;
-//! - `bf16_grad`: an `AdamW` whose gradient is `Cast{f32}` of a bf16 value (a rounded weight
-//!   gradient), the cast read by it alone, reads the bf16 value: AdamW widens it as it reads;
+//! - `widened`: an operand an op may take stored in bf16 ([`Op::stored_operands`]) that is
+//!   `Cast{f32}` of a bf16 value read by that op alone is the bf16 value, widened as the op
+//!   reads it (mixed precision: AdamW's rounded weight gradients, the rounded input gradients
+//!   the backward sums);
 //! - `shared`, last, on the fused program: an op that repeats an earlier one (the same op on
 //!   the same operands: mixed precision's casts of one normed input for q, k and v, or for
 //!   gate and up) is the earlier op's result.
@@ -45,15 +47,17 @@ use crate::op::LINEAR_MAX_GROUPS;
 use crate::{DType, Graph, InputKind, Op, Result, ValueId};
 use add_rmsnorm::with_add_rmsnorm;
 use rope_kv::rope_kv_fusions;
-use rounded::{bf16_grad_fusions, rounded_matmul_fusions};
+use rounded::rounded_matmul_fusions;
 use shared::shared_rewrites;
 use views::{view_rewrites, ViewRewrite};
+use widened::widened_fusions;
 
 mod add_rmsnorm;
 mod rope_kv;
 mod rounded;
 mod shared;
 mod views;
+mod widened;
 
 /// One `MatMul` that the `linear` rule takes, with what it absorbs.
 #[derive(Clone, Debug)]
@@ -152,7 +156,7 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     fusions.extend(rope_kv_fusions(graph, &users));
     let taken: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
     fusions.extend(rounded_matmul_fusions(graph, &users, &taken));
-    fusions.extend(bf16_grad_fusions(graph, &users));
+    fusions.extend(widened_fusions(graph, &users, &taken));
     let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
     let shared = rebuild(&fused, &[], &shared_rewrites(&fused), &BTreeSet::new())?;
     without_dead_ops(&shared)

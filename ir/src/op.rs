@@ -320,6 +320,17 @@ impl Op {
         }
     }
 
+    /// The operands an op computing in f32 may take stored in bf16 ([`stores`]), widened
+    /// exactly where read: weights, biases, caches, an added term and AdamW's gradient.
+    pub fn stored_operands(&self) -> &'static [usize] {
+        match self {
+            Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) => &[1],
+            Op::AddRmsNorm { .. } | Op::Rope { .. } => &[2],
+            Op::CachedAttention { .. } => &[1, 2],
+            _ => &[],
+        }
+    }
+
     /// The alias rule of result `output`.
     pub fn alias(&self, output: usize) -> Alias {
         match (self, output) {

@@ -90,6 +90,15 @@ __device__ __forceinline__ float kiln_load(const float* p, i64 i) { return p[i];
 __device__ __forceinline__ float kiln_load(const bf16_bits* p, i64 i) {
     return kiln_bf16_to_f32(p[i]);
 }
+// Four stored elements at once: 16 bytes of f32, or 8 of bf16 (element 0 in the low bits).
+__device__ __forceinline__ float4 kiln_load4(const float4* p, i64 i) { return p[i]; }
+__device__ __forceinline__ float4 kiln_load4(const uint2* p, i64 i) {
+    const uint2 b = p[i];
+    return make_float4(kiln_bf16_to_f32((bf16_bits)(b.x & 0xffffu)),
+                       kiln_bf16_to_f32((bf16_bits)(b.x >> 16)),
+                       kiln_bf16_to_f32((bf16_bits)(b.y & 0xffffu)),
+                       kiln_bf16_to_f32((bf16_bits)(b.y >> 16)));
+}
 __device__ __forceinline__ void kiln_store(float* p, i64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void kiln_store(bf16_bits* p, i64 i, float v) {
     p[i] = kiln_f32_to_bf16(v);

@@ -2,8 +2,8 @@
 // broadcast_to. All are correct in place (out == a): each element is read before it is written
 // by the same thread.
 //
-// The `_vec4` variants move four floats per access; the builder uses them only when every
-// count is a multiple of 4 and every pointer is 16-byte aligned.
+// The `_vec4` variants move four elements per access; the builder uses them only when every
+// count is a multiple of 4 and every pointer is aligned to its vector (16 bytes; 8 for bf16).
 
 struct KilnAdd {
     __device__ float operator()(float x, float y) const { return x + y; }
@@ -19,12 +19,13 @@ __device__ void kiln_binary(float* out, const float* a, const float* b, i64 n, i
     KILN_FOR_EACH(i, n) { out[i] = combine(a[i], b[i % b_len]); }
 }
 
-template <typename Combine>
-__device__ void kiln_binary_vec4(float4* out, const float4* a, const float4* b, i64 n4,
-                                 i64 b_len4, Combine combine) {
+// B4: float4, or uint2 for a bf16 b (four elements in 8 bytes).
+template <typename B4, typename Combine>
+__device__ void kiln_binary_vec4(float4* out, const float4* a, const B4* b, i64 n4, i64 b_len4,
+                                 Combine combine) {
     KILN_FOR_EACH(i, n4) {
         const float4 x = a[i];
-        const float4 y = b[i % b_len4];
+        const float4 y = kiln_load4(b, i % b_len4);
         out[i] = make_float4(combine(x.x, y.x), combine(x.y, y.y), combine(x.z, y.z),
                              combine(x.w, y.w));
     }
@@ -41,6 +42,12 @@ extern "C" __global__ void add_f32_bf16(float* out, const float* a, const bf16_b
                                         i64 b_len) {
     kiln_grid_dependency_wait();
     KILN_FOR_EACH(i, n) { out[i] = a[i] + kiln_load(b, i % b_len); }
+}
+
+extern "C" __global__ void add_f32_bf16_vec4(float4* out, const float4* a, const uint2* b,
+                                             i64 n4, i64 b_len4) {
+    kiln_grid_dependency_wait();
+    kiln_binary_vec4(out, a, b, n4, b_len4, KilnAdd());
 }
 
 extern "C" __global__ void add_f32_vec4(float4* out, const float4* a, const float4* b, i64 n4,

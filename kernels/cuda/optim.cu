@@ -83,16 +83,6 @@ __device__ void kiln_adamw(float* param, float* m, float* v, const G* grad, cons
     }
 }
 
-// Four gradient elements: 16 bytes of f32, or 8 of bf16 (element 0 in the low bits).
-__device__ __forceinline__ float4 kiln_load4(const float4* p, i64 i) { return p[i]; }
-__device__ __forceinline__ float4 kiln_load4(const uint2* p, i64 i) {
-    const uint2 b = p[i];
-    return make_float4(kiln_bf16_to_f32((bf16_bits)(b.x & 0xffffu)),
-                       kiln_bf16_to_f32((bf16_bits)(b.x >> 16)),
-                       kiln_bf16_to_f32((bf16_bits)(b.y & 0xffffu)),
-                       kiln_bf16_to_f32((bf16_bits)(b.y >> 16)));
-}
-
 // n4 = n / 4 vectors of four floats (G4: float4 for f32 gradients, uint2 for bf16).
 template <typename G4>
 __device__ void kiln_adamw_vec4(float4* param, float4* m, float4* v, const G4* grad,

@@ -41,14 +41,17 @@ pub fn add_f32(out: Addr, a: Addr, b: Addr, n: u64, b_len: u64) -> Launch {
     binary("add_f32", "add_f32_vec4", out, a, b, n, b_len)
 }
 
-/// `out = a + b[i % b_len]` with `b` a bf16 bias (widened), `n > 0` elements.
+/// `out = a + b[i % b_len]` with `b` stored in bf16 (a bias, or a rounded gradient; widened),
+/// `n > 0` elements; four at a time when the counts allow and `b` is 8-byte aligned.
 pub fn add_f32_bf16(out: Addr, a: Addr, b: Addr, n: u64, b_len: u64) -> Launch {
     let args = vec![Arg::Ptr(out), Arg::Ptr(a), Arg::Ptr(b)];
-    items(
-        "add_f32_bf16",
-        n,
-        [args, vec![size_arg(n), size_arg(b_len)]].concat(),
-    )
+    if vec4(&[out, a], &[n, b_len]) && all_aligned(&[b], 8) {
+        let args = [args, vec![size_arg(n / 4), size_arg(b_len / 4)]].concat();
+        items("add_f32_bf16_vec4", n / 4, args)
+    } else {
+        let args = [args, vec![size_arg(n), size_arg(b_len)]].concat();
+        items("add_f32_bf16", n, args)
+    }
 }
 
 /// `out = a · b[i % b_len]`, `n > 0` elements.

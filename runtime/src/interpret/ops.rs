@@ -60,17 +60,14 @@ pub(crate) fn run_op(
 /// or cache widened to f32, or the new rows of a bf16 cache rounded to bf16. The kernels then
 /// see operands of one dtype; widening is exact, so the result is that of a `Cast` first.
 pub(crate) fn conversions(op: &Op, operands: &[(DType, &[usize])]) -> Vec<(usize, DType)> {
-    let ports: &[usize] = match op {
-        Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) => &[1],
-        Op::AddRmsNorm { .. } | Op::Rope { .. } => &[2],
-        Op::CachedAttention { .. } => &[1, 2],
+    let ports = match op {
         Op::KvCacheWrite => {
             return match (operands.first(), operands.get(1)) {
                 (Some(&(cache, _)), Some(&(new, _))) if cache != new => vec![(1, cache)],
                 _ => vec![],
             }
         }
-        _ => &[],
+        _ => op.stored_operands(),
     };
     let Some(&(compute, _)) = operands.first() else {
         return vec![];

@@ -572,7 +572,7 @@ fn the_norm_epilogue_is_the_reduce_with_split_k_else_the_norm_in_place() {
         [
             "cast_f32_to_bf16_vec4",
             "gemm",
-            "add_f32_bf16",
+            "add_f32_bf16_vec4",
             "add_rmsnorm_f32_bf16"
         ]
     );

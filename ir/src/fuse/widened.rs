@@ -1,0 +1,101 @@
+//! The `widened` rule (see the pass's module doc): an operand an op may take stored in bf16
+//! ([`Op::stored_operands`]) that is `Cast{f32}` of a bf16 value, the cast read by that op
+//! alone, is the bf16 value, widened exactly as the op reads it: the f32 copy never exists. An
+//! `Add`'s term may be a reshape of the cast: the reshape then views the bf16 value.
+
+use std::collections::BTreeSet;
+
+use petgraph::graph::NodeIndex;
+
+use super::{of_dtype, only_read_by, op_of, Fusion, Users};
+use crate::{DType, Graph, Op, TensorType, ValueId};
+
+/// The rule at every op it matches that no other fusion has taken (`taken`).
+pub(super) fn widened_fusions(
+    graph: &Graph,
+    users: &Users,
+    taken: &BTreeSet<NodeIndex>,
+) -> Vec<Fusion> {
+    let mut fusions = Vec::new();
+    for node in graph.node_indices() {
+        let Some(op) = op_of(graph, node) else {
+            continue;
+        };
+        let f32_op =
+            (graph.operands(node).first()).is_some_and(|v| of_dtype(graph, *v, DType::F32));
+        if taken.contains(&node) || !f32_op {
+            continue;
+        }
+        let mut operands = graph.operands(node);
+        let Some(mut types) = (operands.iter())
+            .map(|v| graph.value_type(*v).ok().cloned())
+            .collect::<Option<Vec<TensorType>>>()
+        else {
+            continue;
+        };
+        let (mut direct, mut viewed) = (Vec::new(), Vec::new());
+        for &port in op.stored_operands() {
+            let Some(&operand) = operands.get(port) else {
+                continue;
+            };
+            // An added term may be a reshape of the cast: the reshape then views the bf16
+            // value instead.
+            let view = matches!(op_of(graph, operand.node), Some(Op::Reshape { .. }))
+                && matches!(op, Op::Add);
+            let widened = match view {
+                true => graph.operands(operand.node)[0],
+                false => operand,
+            };
+            let Some(Op::Cast { to: DType::F32 }) = op_of(graph, widened.node) else {
+                continue;
+            };
+            let stored = graph.operands(widened.node)[0];
+            let reader = if view { operand.node } else { node };
+            let alone = only_read_by(users, widened, reader)
+                && (!view || only_read_by(users, operand, node));
+            if !of_dtype(graph, stored, DType::BF16) || !alone {
+                continue;
+            }
+            let Ok(read) = TensorType::new(DType::BF16, types[port].dims().to_vec()) else {
+                continue;
+            };
+            types[port] = read;
+            match view {
+                true => viewed.push((operand, widened.node, stored)),
+                false => {
+                    operands[port] = stored;
+                    direct.push(widened.node);
+                }
+            }
+        }
+        // The op must type the same with its operands read stored.
+        let results = graph.node(node).map(|n| n.outputs.clone());
+        if (direct.is_empty() && viewed.is_empty()) || op.infer(&types).ok() != results {
+            continue;
+        }
+        for (view, cast, stored) in viewed {
+            let Some(reshape) = op_of(graph, view.node) else {
+                continue;
+            };
+            fusions.push(Fusion {
+                at: view.node,
+                replaced: vec![cast, view.node],
+                op: reshape.clone(),
+                operands: vec![stored],
+                ends: vec![view],
+            });
+        }
+        if !direct.is_empty() {
+            direct.push(node);
+            let results = results.map_or(0, |r| r.len());
+            fusions.push(Fusion {
+                at: node,
+                replaced: direct,
+                op: op.clone(),
+                operands,
+                ends: (0..results).map(|port| ValueId { node, port }).collect(),
+            });
+        }
+    }
+    fusions
+}
