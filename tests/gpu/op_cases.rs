@@ -54,6 +54,11 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 vec![bf(&[n, h]), bf(&[72, h])],
             ),
             (
+                format!("add bf16 term {s}"),
+                Op::Add,
+                vec![f(&[b, t, h]), bf(&[b, t, h])],
+            ),
+            (
                 format!("rounded_matmul NN {s}"),
                 Op::RoundedMatMul {
                     transpose_a: false,
