@@ -6,9 +6,9 @@
 //! RoPE turns `[B,T,H,D]` into `[B,H,T,D]`; caches are `[S,Hkv,Smax,D]`, one row per sequence (a pool of slots where the cache ops take `rows`).
 //!
 //! Stored operands: an op computing in f32 may take its weights, biases and caches in bf16
-//! (RMSNorm weights, RoPE and Add biases, KV caches, the embedding table, AdamW's gradient;
-//! [`stores`]), read
-//! widened and written rounded, as bf16 inference keeps them.
+//! (RMSNorm weights, RoPE and Add biases, KV caches, the embedding table; [`stores`]), read
+//! widened and written rounded, as bf16 inference keeps them; mixed precision's rounded
+//! gradients are read so too (an added term, AdamW's gradient: [`Op::stored_operands`]).
 
 mod index_range;
 pub mod rope_kv;
@@ -47,7 +47,8 @@ pub enum Op {
     /// `(a, b) bf16 -> bf16`: `Cast{bf16}(MatMul(a, b))` in one op, made by the fusion pass
     /// (`crate::fuse`), never traced: the f32 product rounded to bf16 as the GEMM writes it.
     /// Mixed precision's backward makes these: each gradient of a bf16 GEMM input is rounded
-    /// to bf16 (and widened again by the `Cast` back to the f32 value it stands for).
+    /// to bf16, then widened where an f32 value is read (by a `Cast`, or by a reader that
+    /// takes it as a stored operand).
     RoundedMatMul {
         transpose_a: bool,
         transpose_b: bool,
