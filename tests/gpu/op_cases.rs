@@ -189,57 +189,31 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::CrossEntropyBackward { ignore_index: -100 },
                 vec![f(&[n, h]), In::Ids(vec![n], h), f(&[])],
             ),
-            (
-                format!("adamw {s}"),
-                Op::AdamW(adamw),
-                vec![
-                    f(&[t, h]),
-                    f(&[t, h]),
-                    f(&[t, h]),
-                    In::Pos(vec![t, h]),
-                    In::Step,
-                    In::Scalar(DType::F64, 1e-2),
-                ],
-            ),
-            (
-                format!("adamw clipped {s}"),
-                Op::AdamW(adamw),
-                vec![
-                    f(&[t, h]),
-                    f(&[t, h]),
-                    f(&[t, h]),
-                    In::Pos(vec![t, h]),
-                    In::Step,
-                    In::Scalar(DType::F64, 3e-3),
-                    In::Scalar(DType::F32, 0.37),
-                ],
-            ),
-            (
-                format!("adamw bf16 grad {s}"),
-                Op::AdamW(adamw),
-                vec![
-                    f(&[t, h]),
-                    bf(&[t, h]),
-                    f(&[t, h]),
-                    In::Pos(vec![t, h]),
-                    In::Step,
-                    In::Scalar(DType::F64, 1e-2),
-                ],
-            ),
-            (
-                format!("adamw bf16 grad clipped {s}"),
-                Op::AdamW(adamw),
-                vec![
-                    f(&[t, h]),
-                    bf(&[t, h]),
-                    f(&[t, h]),
-                    In::Pos(vec![t, h]),
-                    In::Step,
-                    In::Scalar(DType::F64, 3e-3),
-                    In::Scalar(DType::F32, 0.37),
-                ],
-            ),
         ]);
+        // AdamW with an f32 gradient and with a bf16 one (mixed precision's rounded weight
+        // gradients), plain and clipped.
+        for (grad, kind) in [(DType::F32, ""), (DType::BF16, " bf16 grad")] {
+            let operands = |rate: f64| {
+                vec![
+                    f(&[t, h]),
+                    In::F(grad, vec![t, h]),
+                    f(&[t, h]),
+                    In::Pos(vec![t, h]),
+                    In::Step,
+                    In::Scalar(DType::F64, rate),
+                ]
+            };
+            let mut clipped = operands(3e-3);
+            clipped.push(In::Scalar(DType::F32, 0.37));
+            cases.extend([
+                (format!("adamw{kind} {s}"), Op::AdamW(adamw), operands(1e-2)),
+                (
+                    format!("adamw{kind} clipped {s}"),
+                    Op::AdamW(adamw),
+                    clipped,
+                ),
+            ]);
+        }
     }
     // Gradient clipping: one gradient, several of odd sizes, and one split into many partials.
     for grads in [
