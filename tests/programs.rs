@@ -418,9 +418,10 @@ fn train_step_equals_oracle_gradients_and_adamw() {
 /// The fusion pass on the mixed-precision train step: every gradient of a bf16 GEMM input
 /// rounded to bf16 is computed by one `rounded_matmul` (two per linear: the input's and the
 /// weight's), each AdamW of a linear's weight (and of an untied LM head's) and each sum of
-/// input gradients reads its rounded gradients as bf16, one normed
-/// input is cast once for q, k and v and once for gate and up; and two fused steps give the
-/// unfused steps' bits in the loss and in every state (parameters, moments, bf16 copies).
+/// input gradients reads its rounded gradients as bf16, one normed input is cast once for q, k
+/// and v and once for gate and up, each bf16 weight copy is written by its param's AdamW; and
+/// two fused steps give the unfused steps' bits in the loss and in every state (parameters,
+/// moments, bf16 copies).
 #[test]
 fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
     let mut rng = testing::rng("fused_mixed_precision_train");
@@ -477,10 +478,16 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         assert_eq!(casts_gone, (3 + 7 + 7 + 7 + 3) * layers + 1);
         let bf16_grads = (ops(&fused).into_iter())
             .filter(|(op, operands)| {
-                op.name() == "adamw" && fused.value_type(operands[1]).unwrap().dtype == DType::BF16
+                op.adamw().is_some() && fused.value_type(operands[1]).unwrap().dtype == DType::BF16
             })
             .count();
         assert_eq!(bf16_grads, 7 * layers + untied);
+        // Every persistent bf16 copy (the linears' and the LM head's, which is the
+        // embedding's when tied) is written by its param's update, none by a cast of its own.
+        let copies = 7 * layers + 1;
+        assert_eq!(count(&unfused, "cast_into"), copies);
+        assert_eq!(count(&fused, "cast_into"), 0);
+        assert_eq!(count(&fused, "adamw_copy"), copies);
 
         let mut want = train_values(&config, &weights, &ids, batch, seq);
         let mut got = want.clone();

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kiln_ir::graph::NodeKind;
-use kiln_ir::{Graph, InputKind, Op};
+use kiln_ir::{Graph, InputKind};
 use kiln_planner::dump::{Category, Source};
 use kiln_planner::{Buffer, BufferClass, Plan};
 
@@ -129,7 +129,7 @@ fn origins(graph: &Graph) -> BTreeMap<usize, Origin> {
                 optimizer: false,
             },
             NodeKind::Op(op) => {
-                let optimizer = matches!(op, Op::AdamW(_));
+                let optimizer = op.adamw().is_some();
                 let backward = operands
                     .iter()
                     .any(|v| origins.get(&v.node.index()).is_some_and(|o| o.backward));

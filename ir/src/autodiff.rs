@@ -381,6 +381,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::CrossEntropyBackward { .. }
         | Op::LinearCrossEntropyBackward { .. }
         | Op::AdamW(_)
+        | Op::AdamWCopy(_)
         | Op::ClipGradNorm { .. }
         | Op::Linear { .. }
         | Op::RoundedMatMul { .. }

@@ -28,6 +28,8 @@
 //!   `Cast{f32}` of a bf16 value read by that op alone is the bf16 value, widened as the op
 //!   reads it (mixed precision: AdamW's rounded weight gradients, the rounded input gradients
 //!   the backward sums);
+//! - `adamw_copy`: an `AdamW` whose new param a `CastInto` rounds into the param's persistent
+//!   bf16 copy (mixed precision) becomes one [`Op::AdamWCopy`], which writes the copy too;
 //! - `shared`, last, on the fused program: an op that repeats an earlier one (the same op on
 //!   the same operands: mixed precision's casts of one normed input for q, k and v, or for
 //!   gate and up) is the earlier op's result.
@@ -45,6 +47,7 @@ use petgraph::graph::NodeIndex;
 use crate::graph::NodeKind;
 use crate::op::LINEAR_MAX_GROUPS;
 use crate::{DType, Graph, InputKind, Op, Result, ValueId};
+use adamw_copy::with_copies;
 use add_rmsnorm::with_add_rmsnorm;
 use rope_kv::rope_kv_fusions;
 use rounded::rounded_matmul_fusions;
@@ -52,6 +55,7 @@ use shared::shared_rewrites;
 use views::{view_rewrites, ViewRewrite};
 use widened::widened_fusions;
 
+mod adamw_copy;
 mod add_rmsnorm;
 mod rope_kv;
 mod rounded;
@@ -157,6 +161,7 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     let taken: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
     fusions.extend(rounded_matmul_fusions(graph, &users, &taken));
     fusions.extend(widened_fusions(graph, &users, &taken));
+    let fusions = with_copies(graph, fusions);
     let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
     let shared = rebuild(&fused, &[], &shared_rewrites(&fused), &BTreeSet::new())?;
     without_dead_ops(&shared)

@@ -145,6 +145,11 @@ pub enum Op {
     /// gradient is a stored operand ([`stores`]): bf16 for an f32 param where the fusion pass
     /// folds mixed precision's `Cast{f32}` of a rounded gradient into the update.
     AdamW(AdamWConfig),
+    /// `(param, grad, m, v, copy, step, lr[, grad_scale]) -> (param, m, v, copy)`: `AdamW`
+    /// that also writes the updated param's bf16 rounding into `copy` (mixed precision's
+    /// persistent bf16 weight, its `CastInto` folded in by the fusion pass; never traced): one
+    /// pass over the param instead of two.
+    AdamWCopy(AdamWConfig),
     /// `(grad_0, …, grad_n) -> (norm [] f32, scale [] f32)`: the global 2-norm of every
     /// gradient, and `min(1, max_norm / (norm + 1e-6))`, the factor
     /// `torch.nn.utils.clip_grad_norm_` multiplies them by.
@@ -228,6 +233,7 @@ impl Op {
             Op::LinearCrossEntropy { .. } => "linear_cross_entropy",
             Op::LinearCrossEntropyBackward { .. } => "linear_cross_entropy_backward",
             Op::AdamW(_) => "adamw",
+            Op::AdamWCopy(_) => "adamw_copy",
             Op::ClipGradNorm { .. } => "clip_grad_norm",
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
@@ -279,7 +285,7 @@ impl Op {
                 vec![("ignore_index", ignore_index.to_string())]
             }
             Op::ClipGradNorm { max_norm } => vec![("max_norm", f(max_norm))],
-            Op::AdamW(c) => vec![
+            Op::AdamW(c) | Op::AdamWCopy(c) => vec![
                 ("beta1", f(&c.beta1)),
                 ("beta2", f(&c.beta2)),
                 ("eps", f(&c.eps)),
@@ -325,10 +331,20 @@ impl Op {
     /// exactly where read: weights, biases, caches, an added term and AdamW's gradient.
     pub fn stored_operands(&self) -> &'static [usize] {
         match self {
-            Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) => &[1],
+            Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
             Op::AddRmsNorm { .. } | Op::Rope { .. } => &[2],
             Op::CachedAttention { .. } => &[1, 2],
             _ => &[],
+        }
+    }
+
+    /// An update's hyper-parameters and the port of its `step` operand (4; 5 where it writes
+    /// a copy too): `None` for every other op.
+    pub fn adamw(&self) -> Option<(&AdamWConfig, usize)> {
+        match self {
+            Op::AdamW(c) => Some((c, 4)),
+            Op::AdamWCopy(c) => Some((c, 5)),
+            _ => None,
         }
     }
 
@@ -340,9 +356,10 @@ impl Op {
             (Op::Add | Op::Mul | Op::Scale { .. } | Op::SwiGlu, _) => Alias::MayOverwrite(0),
             (Op::KvCacheWrite | Op::CastInto, _) => Alias::MayOverwrite(0),
             // param, m, v are updated where they are.
-            (Op::AdamW(_), 0) => Alias::MayOverwrite(0),
-            (Op::AdamW(_), 1) => Alias::MayOverwrite(2),
-            (Op::AdamW(_), 2) => Alias::MayOverwrite(3),
+            (Op::AdamW(_) | Op::AdamWCopy(_), 0) => Alias::MayOverwrite(0),
+            (Op::AdamW(_) | Op::AdamWCopy(_), 1) => Alias::MayOverwrite(2),
+            (Op::AdamW(_) | Op::AdamWCopy(_), 2) => Alias::MayOverwrite(3),
+            (Op::AdamWCopy(_), 3) => Alias::MayOverwrite(4),
             // The caches are written where they are.
             (Op::RopeKvWrite { .. }, 1) => Alias::MayOverwrite(3),
             (Op::RopeKvWrite { .. }, 2) => Alias::MayOverwrite(4),

@@ -438,6 +438,10 @@ fn check_derived(graph: &Graph) -> Result<()> {
                 let casts_param = match graph.node(copy.node).map(|n| &n.kind) {
                     Some(NodeKind::Op(Op::Cast { .. })) => operands == [param],
                     Some(NodeKind::Op(Op::CastInto)) => operands.get(1) == Some(&param),
+                    // The update that writes the copy too: its results 0 and 3.
+                    Some(NodeKind::Op(Op::AdamWCopy(_))) => {
+                        (copy.port, param.node, param.port) == (3, copy.node, 0)
+                    }
                     _ => false,
                 };
                 if !casts_param {

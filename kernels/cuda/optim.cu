@@ -9,7 +9,9 @@
 // gradient scale (gradient clipping) multiplies each gradient element first, rounded.
 // The `_vec4` variants move four elements per access; the builder uses them only when the count
 // is a multiple of 4 and every pointer is aligned to its vector (16 bytes, 8 for a bf16
-// gradient). `_bf16_grad`: the gradient is bf16.
+// gradient). `_bf16_grad`: the gradient is bf16. An optional bf16 `copy` (null for none)
+// receives each new param rounded to nearest even, as `cast_f32_to_bf16` rounds it (mixed
+// precision's persistent bf16 weights, written in the same pass); vectors of 8 bytes.
 
 // torch's lerp for a scalar weight: the formula depends on the weight's size.
 __device__ __forceinline__ float kiln_torch_lerp(float start, float end, float weight) {
@@ -68,10 +70,10 @@ __device__ __forceinline__ float kiln_scaled(float g, const float* scale) {
 // The gradient is a stored operand (common.cuh): f32, or bf16 widened where it is read (mixed
 // precision's weight gradients, rounded to bf16 by their GEMM).
 template <typename G>
-__device__ void kiln_adamw(float* param, float* m, float* v, const G* grad, const i64* step,
-                           const double* rate, const float* scale, i64 n, double weight_decay,
-                           double beta1, double beta2, float m_weight, float beta2_f32,
-                           float v_weight, float eps) {
+__device__ void kiln_adamw(float* param, float* m, float* v, const G* grad, bf16_bits* copy,
+                           const i64* step, const double* rate, const float* scale, i64 n,
+                           double weight_decay, double beta1, double beta2, float m_weight,
+                           float beta2_f32, float v_weight, float eps) {
     const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
                                            beta2_f32, v_weight, eps);
     KILN_FOR_EACH(i, n) {
@@ -80,15 +82,19 @@ __device__ void kiln_adamw(float* param, float* m, float* v, const G* grad, cons
         param[i] = p;
         m[i] = mi;
         v[i] = vi;
+        if (copy != nullptr) {
+            copy[i] = kiln_f32_to_bf16(p);
+        }
     }
 }
 
 // n4 = n / 4 vectors of four floats (G4: float4 for f32 gradients, uint2 for bf16).
 template <typename G4>
 __device__ void kiln_adamw_vec4(float4* param, float4* m, float4* v, const G4* grad,
-                                const i64* step, const double* rate, const float* scale, i64 n4,
-                                double weight_decay, double beta1, double beta2, float m_weight,
-                                float beta2_f32, float v_weight, float eps) {
+                                uint2* copy, const i64* step, const double* rate,
+                                const float* scale, i64 n4, double weight_decay, double beta1,
+                                double beta2, float m_weight, float beta2_f32, float v_weight,
+                                float eps) {
     const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
                                            beta2_f32, v_weight, eps);
     KILN_FOR_EACH(i, n4) {
@@ -101,41 +107,49 @@ __device__ void kiln_adamw_vec4(float4* param, float4* m, float4* v, const G4* g
         param[i] = p;
         m[i] = mi;
         v[i] = vi;
+        if (copy != nullptr) {
+            uint2 packed;
+            packed.x = (unsigned)kiln_f32_to_bf16(p.x) | ((unsigned)kiln_f32_to_bf16(p.y) << 16);
+            packed.y = (unsigned)kiln_f32_to_bf16(p.z) | ((unsigned)kiln_f32_to_bf16(p.w) << 16);
+            copy[i] = packed;
+        }
     }
 }
 
 extern "C" __global__ void adamw_f32(float* param, float* m, float* v, const float* grad,
-        const i64* step, const double* rate, const float* scale, i64 n, double weight_decay,
-        double beta1, double beta2, float m_weight, float beta2_f32, float v_weight, float eps) {
-    kiln_grid_dependency_wait();
-    kiln_adamw(param, m, v, grad, step, rate, scale, n, weight_decay, beta1, beta2, m_weight,
-        beta2_f32, v_weight, eps);
-}
-
-extern "C" __global__ void adamw_f32_bf16_grad(float* param, float* m, float* v,
-        const bf16_bits* grad, const i64* step, const double* rate, const float* scale, i64 n,
+        bf16_bits* copy, const i64* step, const double* rate, const float* scale, i64 n,
         double weight_decay, double beta1, double beta2, float m_weight, float beta2_f32,
         float v_weight, float eps) {
     kiln_grid_dependency_wait();
-    kiln_adamw(param, m, v, grad, step, rate, scale, n, weight_decay, beta1, beta2, m_weight,
-        beta2_f32, v_weight, eps);
+    kiln_adamw(param, m, v, grad, copy, step, rate, scale, n, weight_decay, beta1, beta2,
+        m_weight, beta2_f32, v_weight, eps);
+}
+
+extern "C" __global__ void adamw_f32_bf16_grad(float* param, float* m, float* v,
+        const bf16_bits* grad, bf16_bits* copy, const i64* step, const double* rate,
+        const float* scale, i64 n, double weight_decay, double beta1, double beta2,
+        float m_weight, float beta2_f32, float v_weight, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_adamw(param, m, v, grad, copy, step, rate, scale, n, weight_decay, beta1, beta2,
+        m_weight, beta2_f32, v_weight, eps);
 }
 
 // n = n / 4 vectors here.
 extern "C" __global__ void adamw_f32_vec4(float4* param, float4* m, float4* v, const float4* grad,
-        const i64* step, const double* rate, const float* scale, i64 n, double weight_decay,
-        double beta1, double beta2, float m_weight, float beta2_f32, float v_weight, float eps) {
+        uint2* copy, const i64* step, const double* rate, const float* scale, i64 n,
+        double weight_decay, double beta1, double beta2, float m_weight, float beta2_f32,
+        float v_weight, float eps) {
     kiln_grid_dependency_wait();
-    kiln_adamw_vec4(param, m, v, grad, step, rate, scale, n, weight_decay, beta1, beta2,
+    kiln_adamw_vec4(param, m, v, grad, copy, step, rate, scale, n, weight_decay, beta1, beta2,
         m_weight, beta2_f32, v_weight, eps);
 }
 
 extern "C" __global__ void adamw_f32_bf16_grad_vec4(float4* param, float4* m, float4* v,
-        const uint2* grad, const i64* step, const double* rate, const float* scale, i64 n,
-        double weight_decay, double beta1, double beta2, float m_weight, float beta2_f32,
+        const uint2* grad, uint2* copy, const i64* step, const double* rate, const float* scale,
+        i64 n, double weight_decay, double beta1, double beta2, float m_weight, float beta2_f32,
         float v_weight, float eps) {
     kiln_grid_dependency_wait();
-    kiln_adamw_vec4(param, m, v, grad, step, rate, scale, n, weight_decay, beta1, beta2,
+    kiln_adamw_vec4(param, m, v, grad, copy, step, rate, scale, n, weight_decay, beta1, beta2,
         m_weight, beta2_f32, v_weight, eps);
 }
 

@@ -14,7 +14,7 @@
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-use kiln_ir::{Alias, Op};
+use kiln_ir::Alias;
 
 use crate::program::{Program, Value};
 use crate::{Error, Result};
@@ -42,7 +42,7 @@ pub(crate) fn candidates(program: &Program) -> Vec<Candidate> {
             order: list_schedule(program),
         },
     ];
-    if program.ops.iter().any(|o| matches!(o.op, Op::AdamW(_))) {
+    if program.ops.iter().any(|o| o.op.adamw().is_some()) {
         out.push(Candidate {
             name: ADAMW_EARLY,
             order: adamw_early(program),
@@ -184,7 +184,7 @@ fn finish(program: &Program, pending: &mut [usize], op: usize) -> Vec<usize> {
 
 /// Node order, with each AdamW pulled forward to the moment its operands are ready.
 fn adamw_early(program: &Program) -> Vec<usize> {
-    let is_adamw = |op: usize| matches!(program.ops[op].op, Op::AdamW(_));
+    let is_adamw = |op: usize| program.ops[op].op.adamw().is_some();
     let mut pending = pending_operands(program);
     let mut order = Vec::with_capacity(program.ops.len());
     // AdamW ops ready to run, smallest node first.

@@ -273,7 +273,7 @@ fn weight_gradient_chain(program: &Program, value: Value) -> Option<Vec<usize>> 
         for &(reader, port) in &info.readers {
             let reader_info = &program.ops[reader];
             match reader_info.op {
-                Op::AdamW(_) if port == 1 => sinks += 1,
+                Op::AdamW(_) | Op::AdamWCopy(_) if port == 1 => sinks += 1,
                 op if reader_info.operands.len() == 1
                     && reader_info.results.len() == 1
                     && passes_gradient_on(op, port) =>

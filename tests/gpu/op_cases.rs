@@ -191,27 +191,30 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             ),
         ]);
         // AdamW with an f32 gradient and with a bf16 one (mixed precision's rounded weight
-        // gradients), plain and clipped.
-        for (grad, kind) in [(DType::F32, ""), (DType::BF16, " bf16 grad")] {
+        // gradients), plain and clipped; and the update that writes a bf16 copy too.
+        let updates = [(DType::F32, ""), (DType::BF16, " bf16 grad")].map(|(grad, kind)| {
+            [(Op::AdamW(adamw), ""), (Op::AdamWCopy(adamw), " copy")]
+                .map(|(op, copy)| (grad, kind, op, copy))
+        });
+        for (grad, kind, op, copy) in updates.into_iter().flatten() {
             let operands = |rate: f64| {
-                vec![
+                let mut operands = vec![
                     f(&[t, h]),
                     In::F(grad, vec![t, h]),
                     f(&[t, h]),
                     In::Pos(vec![t, h]),
-                    In::Step,
-                    In::Scalar(DType::F64, rate),
-                ]
+                ];
+                if matches!(op, Op::AdamWCopy(_)) {
+                    operands.push(bf(&[t, h]));
+                }
+                operands.extend([In::Step, In::Scalar(DType::F64, rate)]);
+                operands
             };
             let mut clipped = operands(3e-3);
             clipped.push(In::Scalar(DType::F32, 0.37));
             cases.extend([
-                (format!("adamw{kind} {s}"), Op::AdamW(adamw), operands(1e-2)),
-                (
-                    format!("adamw{kind} clipped {s}"),
-                    Op::AdamW(adamw),
-                    clipped,
-                ),
+                (format!("adamw{copy}{kind} {s}"), op.clone(), operands(1e-2)),
+                (format!("adamw{copy}{kind} clipped {s}"), op, clipped),
             ]);
         }
     }

@@ -432,7 +432,7 @@ impl Op {
             Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
                 linear_cross_entropy_types(&rule)
             }
-            Op::AdamW(c) => {
+            Op::AdamW(c) | Op::AdamWCopy(c) => {
                 for (name, value) in [("beta1", c.beta1), ("beta2", c.beta2)] {
                     if !(0.0..1.0).contains(&value) {
                         return Err(
@@ -447,10 +447,11 @@ impl Op {
                         );
                     }
                 }
-                if !(6..=7).contains(&operands.len()) {
+                let step = matches!(self, Op::AdamWCopy(_)) as usize + 4;
+                if !(step + 2..=step + 3).contains(&operands.len()) {
                     return Err(Error::Arity {
                         op: self.to_string(),
-                        expected: "6 or 7".into(),
+                        expected: format!("{} or {}", step + 2, step + 3),
                         got: operands.len(),
                     });
                 }
@@ -460,12 +461,18 @@ impl Op {
                 for port in 2..4 {
                     rule.same(port, &param)?;
                 }
-                rule.shaped(4, DType::I64, &[])?;
-                rule.shaped(5, DType::F64, &[])?;
-                if operands.len() == 7 {
-                    rule.shaped(6, DType::F32, &[])?;
+                rule.shaped(step, DType::I64, &[])?;
+                rule.shaped(step + 1, DType::F64, &[])?;
+                if operands.len() == step + 3 {
+                    rule.shaped(step + 2, DType::F32, &[])?;
                 }
-                Ok(vec![param.clone(), param.clone(), param])
+                let mut results = vec![param.clone(), param.clone(), param.clone()];
+                if step == 5 {
+                    // The copy: the param's bf16 rounding, written where it is.
+                    rule.shaped(4, DType::BF16, param.dims())?;
+                    results.push(operands[4].clone());
+                }
+                Ok(results)
             }
             Op::ClipGradNorm { max_norm } => {
                 if operands.is_empty() {

@@ -494,6 +494,45 @@ fn adamw_takes_an_i64_step_an_f64_rate_an_optional_f32_grad_scale_and_a_bf16_gra
 }
 
 #[test]
+fn adamw_copy_takes_a_bf16_copy_of_the_param_before_the_step_and_returns_it_fourth() {
+    let config = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    };
+    let op = || Op::AdamWCopy(config);
+    let p = f32t(&[3, 4]);
+    let copy = ty(DType::BF16, &[3, 4]);
+    let grad = ty(DType::BF16, &[3, 4]);
+    let with = |copy: TensorType| {
+        vec![
+            p.clone(),
+            grad.clone(),
+            p.clone(),
+            p.clone(),
+            copy,
+            i64t(&[]),
+            ty(DType::F64, &[]),
+        ]
+    };
+    let updated = [p.clone(), p.clone(), p.clone(), copy.clone()];
+    accepts(op(), &with(copy.clone()), &updated);
+    let mut scaled = with(copy.clone());
+    scaled.push(f32t(&[]));
+    accepts(op(), &scaled, &updated);
+    for wrong in [f32t(&[3, 4]), ty(DType::BF16, &[4, 3])] {
+        rejects_operand(op(), &with(wrong), 4);
+    }
+    let mut shifted = with(copy.clone());
+    shifted[5] = ty(DType::F64, &[]);
+    rejects_operand(op(), &shifted, 5);
+    rejects_arity(op(), &with(copy.clone())[..6], "7 or 8");
+    // AdamW itself takes no copy: its step is operand 4.
+    rejects_operand(Op::AdamW(config), &with(copy)[..6], 4);
+}
+
+#[test]
 fn clip_grad_norm_takes_f32_gradients_of_any_shape_and_gives_two_scalars() {
     let op = || Op::ClipGradNorm { max_norm: 1.0 };
     let scalars = [f32t(&[]), f32t(&[])];

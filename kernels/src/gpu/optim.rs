@@ -18,24 +18,45 @@ pub struct AdamWHyper {
 /// per thread, not once per element (the element count alone decides the grid).
 const MAX_BLOCKS: u64 = 8 * 132;
 
-/// Updates `param`, `m`, `v` (f32, `n > 0` elements) in place from `grad` (f32, or bf16
-/// widened as read: `grad_dtype`; times the f32 scalar `scale` when given), the i64 scalar
-/// `step` and the f64 scalar `lr`. The scalars the CPU rounds once on the host are rounded here
-/// the same way. Four elements per access when `n` is a multiple of 4 and every tensor pointer
-/// is aligned to its vector (16 bytes; 8 for a bf16 gradient).
-pub fn adamw(
-    [param, m, v, grad, step, lr]: [Addr; 6],
-    grad_dtype: Stored,
-    scale: Option<Addr>,
-    n: u64,
-    hyper: AdamWHyper,
-) -> Launch {
+/// The device tensors of one AdamW step: `param`, `m`, `v` (f32) updated in place from `grad`
+/// (f32, or bf16 widened as read), times the f32 scalar `scale` when given, the i64 scalar
+/// `step` and the f64 scalar `lr`; `copy`, when given, receives the new param rounded to bf16
+/// (a persistent bf16 weight).
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWUpdate {
+    pub param: Addr,
+    pub m: Addr,
+    pub v: Addr,
+    pub grad: (Addr, Stored),
+    pub step: Addr,
+    pub lr: Addr,
+    pub scale: Option<Addr>,
+    pub copy: Option<Addr>,
+}
+
+/// One AdamW step over `n > 0` elements (see [`AdamWUpdate`]). The scalars the CPU rounds once
+/// on the host are rounded here the same way. Four elements per access when `n` is a multiple
+/// of 4 and every tensor pointer is aligned to its vector (16 bytes; 8 for a bf16 gradient and
+/// the copy).
+pub fn adamw(update: AdamWUpdate, n: u64, hyper: AdamWHyper) -> Launch {
+    let AdamWUpdate {
+        param,
+        m,
+        v,
+        grad: (grad, grad_dtype),
+        step,
+        lr,
+        scale,
+        copy,
+    } = update;
     let grad_vector = match grad_dtype {
         Stored::F32 => 16,
         Stored::BF16 => 8,
     };
-    let vector =
-        n.is_multiple_of(4) && all_aligned(&[param, m, v], 16) && all_aligned(&[grad], grad_vector);
+    let vector = n.is_multiple_of(4)
+        && all_aligned(&[param, m, v], 16)
+        && all_aligned(&[grad], grad_vector)
+        && copy.is_none_or(|c| all_aligned(&[c], 8));
     let (function, items) = match vector {
         true => (
             grad_dtype.pick("adamw_f32_vec4", "adamw_f32_bf16_grad_vec4"),
@@ -48,6 +69,7 @@ pub fn adamw(
         Arg::Ptr(m),
         Arg::Ptr(v),
         Arg::Ptr(grad),
+        copy.map_or(Arg::Null, Arg::Ptr),
         Arg::Ptr(step),
         Arg::Ptr(lr),
         scale.map_or(Arg::Null, Arg::Ptr),

@@ -178,34 +178,10 @@ fn every_launch() -> Vec<Launch> {
         .unwrap(),
         norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
         norm::rmsnorm_backward_weight_f32(addr(0), addr(1), addr(2), addr(3), 3, 8).unwrap(),
-        optim::adamw(
-            [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
-            Stored::F32,
-            None,
-            9,
-            hyper,
-        ),
-        optim::adamw(
-            [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
-            Stored::F32,
-            Some(addr(6)),
-            12,
-            hyper,
-        ),
-        optim::adamw(
-            [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
-            Stored::BF16,
-            None,
-            9,
-            hyper,
-        ),
-        optim::adamw(
-            [addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)],
-            Stored::BF16,
-            Some(addr(6)),
-            12,
-            hyper,
-        ),
+        optim::adamw(adamw_update(Stored::F32, None, Some(addr(7))), 9, hyper),
+        optim::adamw(adamw_update(Stored::F32, Some(addr(6)), None), 12, hyper),
+        optim::adamw(adamw_update(Stored::BF16, None, Some(addr(7))), 9, hyper),
+        optim::adamw(adamw_update(Stored::BF16, Some(addr(6)), None), 12, hyper),
         optim::clip_grad_norm_partial(addr(0), 1000, addr(1)),
         optim::clip_grad_norm_finish(addr(0), 7, 1.0, [addr(1), addr(2)]),
         rope::rope_f32(
@@ -432,16 +408,20 @@ fn adamw_moves_four_floats_only_when_aligned_and_whole() {
         eps: 1e-8,
         weight_decay: 0.01,
     };
-    let launch = |grad: Addr, dtype: Stored, n: u64| match optim::adamw(
-        [addr(0), addr(1), addr(2), grad, unaligned(4), unaligned(5)],
-        dtype,
-        None,
-        n,
-        hyper,
-    ) {
-        Launch::Kernel(kernel) => (kernel.function, kernel.grid.0),
-        other => panic!("{other:?}"),
+    let with_copy = |grad: Addr, dtype: Stored, copy: Option<Addr>, n: u64| {
+        let update = optim::AdamWUpdate {
+            grad: (grad, dtype),
+            step: unaligned(4),
+            lr: unaligned(5),
+            copy,
+            ..adamw_update(dtype, None, None)
+        };
+        match optim::adamw(update, n, hyper) {
+            Launch::Kernel(kernel) => (kernel.function, kernel.grid.0),
+            other => panic!("{other:?}"),
+        }
     };
+    let launch = |grad: Addr, dtype: Stored, n: u64| with_copy(grad, dtype, None, n);
     let f32 = Stored::F32;
     assert_eq!(launch(addr(3), f32, 12), ("adamw_f32_vec4", 1));
     assert_eq!(launch(addr(3), f32, 10), ("adamw_f32", 1));
@@ -453,8 +433,26 @@ fn adamw_moves_four_floats_only_when_aligned_and_whole() {
     assert_eq!(launch(eight, f32, 12), ("adamw_f32", 1));
     assert_eq!(launch(unaligned(3), bf16, 12), ("adamw_f32_bf16_grad", 1));
     assert_eq!(launch(addr(3), bf16, 10), ("adamw_f32_bf16_grad", 1));
+    // The bf16 copy's vector is 8 bytes too.
+    let copy = |at| with_copy(eight, bf16, Some(at), 12).0;
+    assert_eq!(copy(eight), "adamw_f32_bf16_grad_vec4");
+    assert_eq!(copy(Addr { slot: 7, offset: 4 }), "adamw_f32_bf16_grad");
     // The grid is capped: each thread loops over many elements.
     assert_eq!(launch(addr(3), f32, 1 << 30).1, 8 * 132);
+}
+
+/// An AdamW update of the tensors at slots 0 to 6 and the copy given.
+fn adamw_update(dtype: Stored, scale: Option<Addr>, copy: Option<Addr>) -> optim::AdamWUpdate {
+    optim::AdamWUpdate {
+        param: addr(0),
+        m: addr(1),
+        v: addr(2),
+        grad: (addr(3), dtype),
+        step: addr(4),
+        lr: addr(5),
+        scale,
+        copy,
+    }
 }
 
 #[test]

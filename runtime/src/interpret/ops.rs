@@ -239,12 +239,13 @@ fn run_kernels(
                 &mut grad_weight[0],
             )
         }
-        Op::AdamW(config) => {
+        Op::AdamW(config) | Op::AdamWCopy(config) => {
             // param, m and v are copied into the results, which are then updated there.
-            let step = adamw_step(&i[4])?;
-            let lr = scalar::<f64>(&i[5], "lr")?;
+            let at = op.adamw().map_or(4, |(_, step)| step);
+            let step = adamw_step(&i[at])?;
+            let lr = scalar::<f64>(&i[at + 1], "lr")?;
             let grad_scale = i
-                .get(6)
+                .get(at + 2)
                 .map(|s| scalar::<f32>(s, "grad_scale"))
                 .transpose()?;
             let config = AdamW {
@@ -254,13 +255,19 @@ fn run_kernels(
                 eps: config.eps,
                 weight_decay: config.weight_decay,
             };
-            let (new_param, moments) = o.split_at_mut(1);
-            let (new_m, new_v) = moments.split_at_mut(1);
+            let (new_param, rest) = o.split_at_mut(1);
+            let (new_m, rest) = rest.split_at_mut(1);
+            let (new_v, copy) = rest.split_at_mut(1);
             copy::copy(&i[0], &mut new_param[0])?;
             copy::copy(&i[2], &mut new_m[0])?;
             copy::copy(&i[3], &mut new_v[0])?;
             let (p, grad, m, v) = (&mut new_param[0], &i[1], &mut new_m[0], &mut new_v[0]);
-            kiln_kernels::optim::adamw(p, grad, m, v, (step, grad_scale), &config)
+            kiln_kernels::optim::adamw(p, grad, m, v, (step, grad_scale), &config)?;
+            // The copy: the new param rounded, as `CastInto` rounds it.
+            match copy.first_mut() {
+                Some(copy) => copy::cast(&p.as_view(), copy),
+                None => Ok(()),
+            }
         }
         Op::ClipGradNorm { max_norm } => {
             let (norm, scale) = kiln_kernels::optim::clip_grad_norm(i, max_norm)?;

@@ -325,20 +325,26 @@ impl Lowering<'_> {
             Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
                 self.linear_cross_entropy()
             }
-            Op::AdamW(config) => {
+            Op::AdamW(config) | Op::AdamWCopy(config) => {
                 let param = self.operand(0, "param", F32)?;
                 let (grad, grad_dtype) = self.stored(1, "grad")?;
                 let m = self.operand(2, "m", F32)?;
                 let v = self.operand(3, "v", F32)?;
-                let step = self.operand(4, "step", I64)?;
-                let lr = self.operand(5, "lr", DType::F64)?;
-                let scale = match self.i.len() {
-                    7 => Some(self.operand(6, "grad_scale", F32)?.addr()),
-                    _ => None,
+                let at = self.op.adamw().map_or(4, |(_, step)| step);
+                let step = self.operand(at, "step", I64)?;
+                let lr = self.operand(at + 1, "lr", DType::F64)?;
+                let scale = match self.i.len() == at + 3 {
+                    true => Some(self.operand(at + 2, "grad_scale", F32)?.addr()),
+                    false => None,
                 };
                 let new_param = self.result(0, "param", F32)?;
                 let new_m = self.result(1, "m", F32)?;
                 let new_v = self.result(2, "v", F32)?;
+                // The copy is written whole, wherever it is.
+                let copy = match at {
+                    5 => Some(self.result(3, "copy", DType::BF16)?.addr()),
+                    _ => None,
+                };
                 // Results not in place start as copies of their operands.
                 let mut launches = Vec::new();
                 for (from, to) in [(param, new_param), (m, new_m), (v, new_v)] {
@@ -350,16 +356,18 @@ impl Lowering<'_> {
                     eps: config.eps,
                     weight_decay: config.weight_decay,
                 };
-                let addresses = [
-                    new_param.addr(),
-                    new_m.addr(),
-                    new_v.addr(),
-                    grad.addr(),
-                    step.addr(),
-                    lr.addr(),
-                ];
+                let update = gpu::optim::AdamWUpdate {
+                    param: new_param.addr(),
+                    m: new_m.addr(),
+                    v: new_v.addr(),
+                    grad: (grad.addr(), grad_dtype),
+                    step: step.addr(),
+                    lr: lr.addr(),
+                    scale,
+                    copy,
+                };
                 let n = size(param.numel());
-                launches.push(gpu::optim::adamw(addresses, grad_dtype, scale, n, hyper));
+                launches.push(gpu::optim::adamw(update, n, hyper));
                 Ok(launches)
             }
             Op::ClipGradNorm { max_norm } => {
