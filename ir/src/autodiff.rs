@@ -384,7 +384,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::AdamWCopy(_)
         | Op::ClipGradNorm { .. }
         | Op::Linear { .. }
-        | Op::RoundedMatMul { .. }
+        | Op::Rounded(_)
         | Op::Slice { .. } => {
             return Err(site.error("has no gradient rule but is on the path to the loss"))
         }

@@ -21,13 +21,15 @@
 //!   dims of size 1 past each other (decode's one token put heads first), a slice of a whole
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
 //!   itself: no copy;
-//! - `rounded_matmul`: `Cast{bf16}(MatMul(a, b))` of bf16 operands, the product read by the
-//!   cast alone (mixed precision's backward rounds each gradient of a bf16 GEMM input to bf16),
-//!   becomes one [`Op::RoundedMatMul`]: the GEMM writes bf16, the f32 product never exists;
+//! - `rounded`: an op whose every result is read only by a `Cast{bf16}` (through a reshape
+//!   the cast alone reads) becomes one [`Op::Rounded`], which writes its results rounded: the
+//!   f32 ones never exist. Mixed precision's backward rounds each gradient of a bf16 GEMM
+//!   input to bf16 (`rounded_matmul`), and SwiGLU's result and its backward's gradients feed
+//!   bf16 GEMMs (`rounded_swiglu`, `rounded_swiglu_backward`);
 //! - `widened`: an operand an op may take stored in bf16 ([`Op::stored_operands`]) that is
 //!   `Cast{f32}` of a bf16 value read by that op alone is the bf16 value, widened as the op
 //!   reads it (mixed precision: AdamW's rounded weight gradients, the rounded input gradients
-//!   the backward sums);
+//!   the backward sums, the rounded gradient SwiGLU's backward takes);
 //! - `adamw_copy`: an `AdamW` whose new param a `CastInto` rounds into the param's persistent
 //!   bf16 copy (mixed precision) becomes one [`Op::AdamWCopy`], which writes the copy too;
 //! - `shared`, last, on the fused program: an op that repeats an earlier one (the same op on
@@ -50,7 +52,7 @@ use crate::{DType, Graph, InputKind, Op, Result, ValueId};
 use adamw_copy::with_copies;
 use add_rmsnorm::with_add_rmsnorm;
 use rope_kv::rope_kv_fusions;
-use rounded::rounded_matmul_fusions;
+use rounded::with_rounded;
 use shared::shared_rewrites;
 use views::{view_rewrites, ViewRewrite};
 use widened::widened_fusions;
@@ -159,8 +161,8 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     }
     fusions.extend(rope_kv_fusions(graph, &users));
     let taken: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
-    fusions.extend(rounded_matmul_fusions(graph, &users, &taken));
     fusions.extend(widened_fusions(graph, &users, &taken));
+    let fusions = with_rounded(graph, &users, fusions);
     let fusions = with_copies(graph, fusions);
     let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
     let shared = rebuild(&fused, &[], &shared_rewrites(&fused), &BTreeSet::new())?;

@@ -8,7 +8,8 @@
 //! Stored operands: an op computing in f32 may take its weights, biases and caches in bf16
 //! (RMSNorm weights, RoPE and Add biases, KV caches, the embedding table; [`stores`]), read
 //! widened and written rounded, as bf16 inference keeps them; mixed precision's rounded
-//! gradients are read so too (an added term, AdamW's gradient: [`Op::stored_operands`]).
+//! gradients are read so too (an added term, the gradients AdamW and SwiGLU's backward take:
+//! [`Op::stored_operands`]).
 
 mod index_range;
 pub mod rope_kv;
@@ -44,15 +45,12 @@ pub enum Op {
         transpose_a: bool,
         transpose_b: bool,
     },
-    /// `(a, b) bf16 -> bf16`: `Cast{bf16}(MatMul(a, b))` in one op, made by the fusion pass
-    /// (`crate::fuse`), never traced: the f32 product rounded to bf16 as the GEMM writes it.
-    /// Mixed precision's backward makes these: each gradient of a bf16 GEMM input is rounded
-    /// to bf16, then widened where an f32 value is read (by a `Cast`, or by a reader that
-    /// takes it as a stored operand).
-    RoundedMatMul {
-        transpose_a: bool,
-        transpose_b: bool,
-    },
+    /// `op`, each f32 result rounded to bf16 as it is written: `Cast{bf16}` of every result in
+    /// one op, made by the fusion pass (`crate::fuse`), never traced; the f32 results never
+    /// exist. Mixed precision makes these where a result is read only as a bf16 GEMM input:
+    /// each gradient of a bf16 GEMM input (`MatMul` of bf16 operands), SwiGLU's result and its
+    /// backward's gradients ([`Op::roundable`]).
+    Rounded(Box<Op>),
     /// `(a, b) -> a + b`; `b`'s shape is a suffix of `a`'s.
     Add,
     /// `(a, b) -> a ⊙ b`; `b`'s shape is a suffix of `a`'s.
@@ -116,7 +114,8 @@ pub enum Op {
     RopeKvWrite { theta: f64, bias: bool },
     /// `(gate, up) -> silu(gate)·up`.
     SwiGlu,
-    /// `(gate, up, grad) -> (grad_gate, grad_up)`.
+    /// `(gate, up, grad) -> (grad_gate, grad_up)`; `grad` is a stored operand ([`stores`]):
+    /// bf16 where mixed precision rounded it.
     SwiGluBackward,
     /// `(x [...,N]) -> softmax over the last dim`.
     Softmax,
@@ -202,7 +201,12 @@ impl Op {
             Op::Embedding => "embedding",
             Op::EmbeddingBackward { .. } => "embedding_backward",
             Op::MatMul { .. } => "matmul",
-            Op::RoundedMatMul { .. } => "rounded_matmul",
+            Op::Rounded(op) => match **op {
+                Op::MatMul { .. } => "rounded_matmul",
+                Op::SwiGlu => "rounded_swiglu",
+                Op::SwiGluBackward => "rounded_swiglu_backward",
+                _ => "rounded",
+            },
             Op::Add => "add",
             Op::Mul => "mul",
             Op::Scale { .. } => "scale",
@@ -249,11 +253,11 @@ impl Op {
         let f = |x: &f64| format!("{x:?}");
         match self {
             Op::EmbeddingBackward { vocab } => vec![("vocab", vocab.to_string())],
+            // The name says which op is rounded (an op with no rounded form, which the type
+            // rule rejects, is printed whole).
+            Op::Rounded(op) if self.name() == "rounded" => vec![("op", op.to_string())],
+            Op::Rounded(op) => op.attributes(),
             Op::MatMul {
-                transpose_a,
-                transpose_b,
-            }
-            | Op::RoundedMatMul {
                 transpose_a,
                 transpose_b,
             } => vec![
@@ -328,13 +332,29 @@ impl Op {
     }
 
     /// The operands an op computing in f32 may take stored in bf16 ([`stores`]), widened
-    /// exactly where read: weights, biases, caches, an added term and AdamW's gradient.
+    /// exactly where read: weights, biases, caches, an added term, and the gradients AdamW and
+    /// SwiGLU's backward take.
     pub fn stored_operands(&self) -> &'static [usize] {
         match self {
             Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
-            Op::AddRmsNorm { .. } | Op::Rope { .. } => &[2],
+            Op::AddRmsNorm { .. } | Op::Rope { .. } | Op::SwiGluBackward => &[2],
+            Op::Rounded(op) => op.stored_operands(),
             Op::CachedAttention { .. } => &[1, 2],
             _ => &[],
+        }
+    }
+
+    /// Whether `Op::Rounded` takes this op: one whose results are all f32 and whose kernels
+    /// can write them rounded (a `MatMul` of bf16 operands, SwiGLU and its backward).
+    pub fn roundable(&self) -> bool {
+        matches!(self, Op::MatMul { .. } | Op::SwiGlu | Op::SwiGluBackward)
+    }
+
+    /// The op a `Rounded` op rounds; any other op itself.
+    pub fn unrounded(&self) -> &Op {
+        match self {
+            Op::Rounded(op) => op,
+            op => op,
         }
     }
 

@@ -103,6 +103,14 @@ __device__ __forceinline__ void kiln_store(float* p, i64 i, float v) { p[i] = v;
 __device__ __forceinline__ void kiln_store(bf16_bits* p, i64 i, float v) {
     p[i] = kiln_f32_to_bf16(v);
 }
+// Four elements at once, as `kiln_load4` reads them.
+__device__ __forceinline__ void kiln_store4(float4* p, i64 i, float4 v) { p[i] = v; }
+__device__ __forceinline__ void kiln_store4(uint2* p, i64 i, float4 v) {
+    uint2 packed;
+    packed.x = (unsigned)kiln_f32_to_bf16(v.x) | ((unsigned)kiln_f32_to_bf16(v.y) << 16);
+    packed.y = (unsigned)kiln_f32_to_bf16(v.z) | ((unsigned)kiln_f32_to_bf16(v.w) << 16);
+    p[i] = packed;
+}
 
 // Sum over a warp by butterfly (every lane gets the same bits: the pairing is fixed).
 __device__ __forceinline__ float kiln_warp_sum(float value) {

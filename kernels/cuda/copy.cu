@@ -60,13 +60,7 @@ extern "C" __global__ void cast_bf16_to_f32(float* dst, const bf16_bits* src, i6
 // the low bits (little endian), the same rounding as the scalar kernels.
 extern "C" __global__ void cast_f32_to_bf16_vec4(uint2* dst, const float4* src, i64 n4) {
     kiln_grid_dependency_wait();
-    KILN_FOR_EACH(i, n4) {
-        const float4 v = src[i];
-        uint2 packed;
-        packed.x = (unsigned)kiln_f32_to_bf16(v.x) | ((unsigned)kiln_f32_to_bf16(v.y) << 16);
-        packed.y = (unsigned)kiln_f32_to_bf16(v.z) | ((unsigned)kiln_f32_to_bf16(v.w) << 16);
-        dst[i] = packed;
-    }
+    KILN_FOR_EACH(i, n4) { kiln_store4(dst, i, src[i]); }
 }
 
 extern "C" __global__ void cast_bf16_to_f32_vec4(float4* dst, const uint2* src, i64 n4) {

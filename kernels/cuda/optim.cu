@@ -108,10 +108,7 @@ __device__ void kiln_adamw_vec4(float4* param, float4* m, float4* v, const G4* g
         m[i] = mi;
         v[i] = vi;
         if (copy != nullptr) {
-            uint2 packed;
-            packed.x = (unsigned)kiln_f32_to_bf16(p.x) | ((unsigned)kiln_f32_to_bf16(p.y) << 16);
-            packed.y = (unsigned)kiln_f32_to_bf16(p.z) | ((unsigned)kiln_f32_to_bf16(p.w) << 16);
-            copy[i] = packed;
+            kiln_store4(copy, i, p);
         }
     }
 }

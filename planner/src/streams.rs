@@ -1,7 +1,7 @@
 //! Streams, events and happens-before.
 //!
 //! Assignment: with one stream every step runs on stream 0. With `n > 1`, weight-gradient
-//! GEMMs — MatMul or RoundedMatMul results that flow solely into AdamW grad operands or
+//! GEMMs — MatMul results (rounded or not) that flow solely into AdamW grad operands or
 //! outputs named `grad.*`, through views, casts, contiguous copies and scales only — go
 //! round-robin on streams `1..n`, each with that chain of ops and the AdamW updates it feeds
 //! (a "chain"); everything else stays on stream 0.
@@ -225,7 +225,7 @@ fn assign_streams(program: &Program, order: &[usize], n: usize) -> (Vec<usize>, 
     let mut next = 0;
     for &op in order {
         let info = &program.ops[op];
-        let gemm = matches!(info.op, Op::MatMul { .. } | Op::RoundedMatMul { .. });
+        let gemm = matches!(info.op.unrounded(), Op::MatMul { .. });
         if !gemm || info.results.len() != 1 {
             continue;
         }

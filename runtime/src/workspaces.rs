@@ -2,8 +2,8 @@
 //! IR and the planner know no device, so the numbers come from here, computed by the kernels'
 //! own size functions where they have one.
 //!
-//! - CPU reference: a bf16 MatMul widens its operands to f32 (a RoundedMatMul also keeps its
-//!   f32 product); the attention backward takes one
+//! - CPU reference: a bf16 MatMul widens its operands to f32 (a rounded op keeps its f32
+//!   results there first); the attention backward takes one
 //!   row of `S` scores; attention over a cache takes the probabilities `[B,Hq,T,Smax]`.
 //! - CUDA: the GEMM attention backward's dS, masked probs and transposed `grad_out`
 //!   ([`AttentionDims::backward_workspace_bytes`]); decode attention's per-chunk partials
@@ -70,21 +70,15 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
             let widened = |t: &TensorType| product(t.dims()).saturating_mul(4);
             (operands.iter().take(2)).fold(0, |sum, t| sum.saturating_add(widened(t)))
         }
-        // MatMul's f32 product, then MatMul's own scratch.
-        Op::RoundedMatMul {
-            transpose_a,
-            transpose_b,
-        } => {
-            let matmul = Op::MatMul {
-                transpose_a: *transpose_a,
-                transpose_b: *transpose_b,
-            };
-            let f32_product = (matmul.infer(operands).ok())
-                .and_then(|results| results.first().map(|t| t.dims().to_vec()))
-                .map_or(0, |dims| {
-                    crate::interpret::ops::conversion_bytes(DType::F32, &dims)
-                });
-            f32_product.saturating_add(cpu_kernel(&matmul, operands))
+        // The op's f32 results, then the op's own scratch.
+        Op::Rounded(inner) => {
+            let results = inner.infer(operands).unwrap_or_default();
+            (results.iter()).fold(cpu_kernel(inner, operands), |sum, t| {
+                sum.saturating_add(crate::interpret::ops::conversion_bytes(
+                    DType::F32,
+                    t.dims(),
+                ))
+            })
         }
         Op::AttentionBackward { .. } => match dims(operands, 1) {
             &[_, _, keys, _] => (keys as u64).saturating_mul(size),
@@ -115,6 +109,7 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
 /// The CUDA backend's scratch (the lowering asks for exactly these).
 fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
     match op {
+        Op::Rounded(inner) => return cuda(inner, operands),
         Op::Linear { biases, swiglu, .. } => {
             return crate::lower::linear_workspace_bytes(operands, biases.len(), *swiglu)
         }

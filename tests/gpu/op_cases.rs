@@ -18,6 +18,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
         transpose_b: b,
     };
     let bf = |dims: &[usize]| In::F(DType::BF16, dims.to_vec());
+    let rounded = |op| Op::Rounded(Box::new(op));
     let mut cases: Vec<(String, Op, Vec<In>)> = Vec::new();
     for &(b, t, h) in &[(1, 1, 64), (2, 7, 96), (3, 33, 896)] {
         let n = b * t;
@@ -60,18 +61,12 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             ),
             (
                 format!("rounded_matmul NN {s}"),
-                Op::RoundedMatMul {
-                    transpose_a: false,
-                    transpose_b: false,
-                },
+                rounded(mm(false, false)),
                 vec![bf(&[n, h]), bf(&[h, 24])],
             ),
             (
                 format!("rounded_matmul TN {s}"),
-                Op::RoundedMatMul {
-                    transpose_a: true,
-                    transpose_b: false,
-                },
+                rounded(mm(true, false)),
                 vec![bf(&[n, h]), bf(&[n, 40])],
             ),
             (format!("argmax {s}"), Op::Argmax, vec![f(&[b, t, h])]),
@@ -173,6 +168,27 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::SwiGluBackward,
                 vec![f(&[b, t, h]), f(&[b, t, h]), f(&[b, t, h])],
             ),
+            // Mixed precision's: a rounded gradient in, results rounded for the next GEMMs.
+            (
+                format!("swiglu_backward bf16 grad {s}"),
+                Op::SwiGluBackward,
+                vec![f(&[b, t, h]), f(&[b, t, h]), bf(&[b, t, h])],
+            ),
+            (
+                format!("rounded_swiglu {s}"),
+                rounded(Op::SwiGlu),
+                vec![f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("rounded_swiglu_backward {s}"),
+                rounded(Op::SwiGluBackward),
+                vec![f(&[b, t, h]), f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("rounded_swiglu_backward bf16 grad {s}"),
+                rounded(Op::SwiGluBackward),
+                vec![f(&[b, t, h]), f(&[b, t, h]), bf(&[b, t, h])],
+            ),
             (format!("softmax {s}"), Op::Softmax, vec![f(&[b, t, h])]),
             (
                 format!("softmax_backward {s}"),
@@ -237,8 +253,31 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             grads,
         ));
     }
-    // Odd element counts: the scalar cast kernels (the cases above take the vector ones).
+    // Odd element counts: the scalar kernels (the cases above take the vector ones).
     cases.extend([
+        (
+            "rounded_swiglu [3,5]".to_string(),
+            rounded(Op::SwiGlu),
+            vec![f(&[3, 5]), f(&[3, 5])],
+        ),
+        (
+            "rounded_swiglu_backward bf16 grad [3,5]".to_string(),
+            rounded(Op::SwiGluBackward),
+            vec![f(&[3, 5]), f(&[3, 5]), bf(&[3, 5])],
+        ),
+        (
+            "adamw_copy bf16 grad [3,5]".to_string(),
+            Op::AdamWCopy(adamw),
+            vec![
+                f(&[3, 5]),
+                bf(&[3, 5]),
+                f(&[3, 5]),
+                In::Pos(vec![3, 5]),
+                bf(&[3, 5]),
+                In::Step,
+                In::Scalar(DType::F64, 1e-2),
+            ],
+        ),
         (
             "cast to bf16 [3,5]".to_string(),
             Op::Cast { to: DType::BF16 },

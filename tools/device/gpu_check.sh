@@ -18,6 +18,10 @@
 #           and off, alternating, then the compiled PyTorch decode peer (BIN_DIR/fast_decode.py)
 #   clusters: bf16 decode (B=1, 8, 32) with split linears finished in thread block clusters
 #           and by reduce launches, alternating, two rounds, then the compiled PyTorch decode peer
+#   train:  mixed-precision train rows (0.5B T=512 and 2048, 1.5B T=512) of every build named in
+#           $BUILDS (kiln binaries in BIN_DIR; default `kiln`), alternating, two rounds, then the
+#           train peer (ANCHORS.md's train_anchor.py, given as BIN_DIR/train_anchor.py) for $PEER
+#           (presets of train_anchor.py; default none)
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -190,6 +194,24 @@ PY
       done
       PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" qwen2.5-0.5b 1 8 32 2>&1 | tee "$out/peer.log"
       PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" ds-r1-qwen-1.5b 1 2>&1 | tee -a "$out/peer.log"
+      ;;
+    train)
+      for round in 1 2; do
+        for row in "qwen2.5-0.5b 512" "qwen2.5-0.5b 2048" "deepseek-r1-distill-qwen-1.5b 512"; do
+          read -r model seq <<<"$row"
+          for build in ${BUILDS:-kiln}; do
+            "$bin/$build" bench --model $model --program train --precision bf16-gemm --seq $seq \
+              --json >>"$out/train_$build.jsonl" 2>>"$out/train.log" \
+              || echo "FAILED: $build $model T=$seq (see train.log)"
+            python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+              print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'beyond_params_and_state_bytes', 'arena_bytes', 'lower_bound_bytes', 'check') if k in r})" \
+              "$out/train_$build.jsonl" "round $round $build $model T=$seq"
+          done
+        done
+      done
+      for preset in ${PEER:-}; do
+        PYTHONUNBUFFERED=1 python3 "$bin/train_anchor.py" $preset 512 2048 2>&1 | tee -a "$out/train_peer.log"
+      done
       ;;
     anchor)
       PYTHONUNBUFFERED=1 python3 "$bin/torch_anchor.py" qwen2.5-0.5b ds-r1-qwen-1.5b 2>&1 | tee "$out/anchor.log"

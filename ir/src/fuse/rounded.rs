@@ -1,47 +1,108 @@
-//! The `rounded_matmul` rule (see the pass's module doc): a product of bf16 operands rounded
-//! to bf16 at once — `Cast{bf16}` of a `MatMul` read by that cast alone — is one
-//! [`Op::RoundedMatMul`]: the GEMM writes the rounded product, the f32 one never exists.
+//! The `rounded` rule (see the pass's module doc): an op whose every result is read only by a
+//! `Cast{bf16}` (directly, or through a reshape that cast alone reads) is one [`Op::Rounded`]:
+//! its kernel writes the rounded results, the f32 ones never exist. Mixed precision's backward
+//! rounds each gradient of a bf16 GEMM input so; SwiGLU's result and its backward's
+//! gradients are rounded for the down and gate/up GEMMs.
 
 use std::collections::BTreeSet;
 
 use petgraph::graph::NodeIndex;
 
-use super::{of_dtype, only_read_by, op_of, Fusion, Users};
+use super::{of_dtype, op_of, Fusion, Users};
 use crate::{DType, Graph, Op, ValueId};
 
-/// The rule at every cast it matches whose product no other fusion has taken (`taken`).
-pub(super) fn rounded_matmul_fusions(
-    graph: &Graph,
-    users: &Users,
-    taken: &BTreeSet<NodeIndex>,
-) -> Vec<Fusion> {
-    let mut fusions = Vec::new();
+/// `fusions` with the rule applied at every roundable op it matches whose nodes no fusion has
+/// taken; an op the `widened` rule retyped is rounded as retyped.
+pub(super) fn with_rounded(graph: &Graph, users: &Users, mut fusions: Vec<Fusion>) -> Vec<Fusion> {
+    let taken: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
     for node in graph.node_indices() {
-        let Some(Op::Cast { to: DType::BF16 }) = op_of(graph, node) else {
+        let Some(op) = op_of(graph, node).filter(|op| op.roundable()) else {
             continue;
         };
-        let product = graph.operands(node)[0];
-        let Some(&Op::MatMul {
-            transpose_a,
-            transpose_b,
-        }) = op_of(graph, product.node)
-        else {
+        let Some(ports) = graph.node(node).map(|n| n.outputs.len()) else {
             continue;
         };
-        let operands = graph.operands(product.node);
-        let bf16 = operands.iter().all(|v| of_dtype(graph, *v, DType::BF16));
-        if bf16 && only_read_by(users, product, node) && !taken.contains(&product.node) {
-            fusions.push(Fusion {
-                at: product.node,
-                replaced: vec![product.node, node],
-                op: Op::RoundedMatMul {
-                    transpose_a,
-                    transpose_b,
-                },
-                operands: operands.to_vec(),
-                ends: vec![ValueId { node, port: 0 }],
-            });
+        let casts: Option<Vec<(ValueId, Vec<NodeIndex>)>> = (0..ports)
+            .map(|port| rounding_cast(graph, users, ValueId { node, port }))
+            .collect();
+        let Some(casts) = casts.filter(|c| !c.is_empty()) else {
+            continue;
+        };
+        let nodes: Vec<NodeIndex> = casts.iter().flat_map(|(_, n)| n.clone()).collect();
+        if nodes.iter().any(|n| taken.contains(n)) {
+            continue;
+        }
+        // The `widened` rule's op, its operands read stored, is rounded as retyped.
+        let widened = fusions.iter().position(|f| f.at == node);
+        let operands = match widened {
+            Some(at) if fusions[at].op == *op => fusions[at].operands.clone(),
+            Some(_) => continue,
+            None if taken.contains(&node) => continue,
+            None => graph.operands(node),
+        };
+        // A product rounds from bf16 operands alone (the type rule's condition).
+        let rounded = Op::Rounded(Box::new(op.clone()));
+        let types: Option<Vec<_>> = (operands.iter())
+            .map(|v| graph.value_type(*v).ok().cloned())
+            .collect();
+        if types.is_none_or(|t| rounded.infer(&t).is_err()) {
+            continue;
+        }
+        let ends = casts.into_iter().map(|(cast, _)| cast).collect();
+        match widened {
+            Some(at) => {
+                let fusion = &mut fusions[at];
+                fusion.op = rounded;
+                fusion.replaced.extend(nodes);
+                fusion.ends = ends;
+            }
+            None => fusions.push(Fusion {
+                at: node,
+                replaced: [vec![node], nodes].concat(),
+                op: rounded,
+                operands,
+                ends,
+            }),
         }
     }
     fusions
+}
+
+/// The `Cast{bf16}` that alone reads f32 `value` (through a reshape that the cast alone reads)
+/// and the nodes it replaces: the cast's value and [reshape,] cast.
+fn rounding_cast(
+    graph: &Graph,
+    users: &Users,
+    value: ValueId,
+) -> Option<(ValueId, Vec<NodeIndex>)> {
+    if !of_dtype(graph, value, DType::F32) {
+        return None;
+    }
+    let reader = users.get(&value)?.as_slice();
+    let &[Some(mut reader)] = reader else {
+        return None;
+    };
+    let mut nodes = Vec::new();
+    if let Some(Op::Reshape { .. }) = op_of(graph, reader) {
+        let view = ValueId {
+            node: reader,
+            port: 0,
+        };
+        nodes.push(reader);
+        let &[Some(cast)] = users.get(&view)?.as_slice() else {
+            return None;
+        };
+        reader = cast;
+    }
+    let Some(Op::Cast { to: DType::BF16 }) = op_of(graph, reader) else {
+        return None;
+    };
+    nodes.push(reader);
+    Some((
+        ValueId {
+            node: reader,
+            port: 0,
+        },
+        nodes,
+    ))
 }

@@ -1,7 +1,7 @@
 //! The `widened` rule (see the pass's module doc): an operand an op may take stored in bf16
 //! ([`Op::stored_operands`]) that is `Cast{f32}` of a bf16 value, the cast read by that op
-//! alone, is the bf16 value, widened exactly as the op reads it: the f32 copy never exists. An
-//! `Add`'s term may be a reshape of the cast: the reshape then views the bf16 value.
+//! alone, is the bf16 value, widened exactly as the op reads it: the f32 copy never exists. The
+//! operand may be a reshape of the cast: the reshape then views the bf16 value.
 
 use std::collections::BTreeSet;
 
@@ -38,10 +38,9 @@ pub(super) fn widened_fusions(
             let Some(&operand) = operands.get(port) else {
                 continue;
             };
-            // An added term may be a reshape of the cast: the reshape then views the bf16
+            // The operand may be a reshape of the cast: the reshape then views the bf16
             // value instead.
-            let view = matches!(op_of(graph, operand.node), Some(Op::Reshape { .. }))
-                && matches!(op, Op::Add);
+            let view = matches!(op_of(graph, operand.node), Some(Op::Reshape { .. }));
             let widened = match view {
                 true => graph.operands(operand.node)[0],
                 false => operand,

@@ -151,23 +151,34 @@ impl Op {
                 rule.shaped(1, grad.dtype, &want)?;
                 one(TensorType::new(grad.dtype, [*vocab, hidden])?)
             }
-            Op::MatMul {
-                transpose_a,
-                transpose_b,
+            Op::Rounded(op) => {
+                if !op.roundable() {
+                    return Err(rule.attribute(format!("{op} has no rounded form")));
+                }
+                // A product is rounded from bf16 operands (mixed precision's GEMMs) alone.
+                let bf16 = |t: &TensorType| t.dtype == DType::BF16;
+                if matches!(**op, Op::MatMul { .. }) && !operands.first().is_some_and(bf16) {
+                    return Err(rule.type_error(0, "bf16"));
+                }
+                let mut results = op.infer(operands)?;
+                for result in &mut results {
+                    if result.dtype != DType::F32 {
+                        return Err(rule.attribute(format!("{op} gives {result}, not f32")));
+                    }
+                    result.dtype = DType::BF16;
+                }
+                Ok(results)
             }
-            | Op::RoundedMatMul {
+            Op::MatMul {
                 transpose_a,
                 transpose_b,
             } => {
                 rule.arity(2)?;
                 let (a, b) = (&operands[0], &operands[1]);
-                let rounded = matches!(self, Op::RoundedMatMul { .. });
-                let dtype = match (a.dtype, rounded) {
-                    (DType::F32 | DType::F64, false) => a.dtype,
-                    (DType::BF16, false) => DType::F32,
-                    (DType::BF16, true) => DType::BF16,
-                    (_, false) => return Err(rule.type_error(0, "f32, f64 or bf16")),
-                    (_, true) => return Err(rule.type_error(0, "bf16")),
+                let dtype = match a.dtype {
+                    DType::F32 | DType::F64 => a.dtype,
+                    DType::BF16 => DType::F32,
+                    _ => return Err(rule.type_error(0, "f32, f64 or bf16")),
                 };
                 if b.dtype != a.dtype {
                     return Err(rule.type_error(1, format!("{} like operand 0", a.dtype)));
@@ -402,7 +413,8 @@ impl Op {
                 rule.arity(3)?;
                 let g = rule.float(0)?.clone();
                 rule.same(1, &g)?;
-                rule.same(2, &g)?;
+                // The gradient is stored data: bf16 where mixed precision rounded it.
+                rule.stored(2, g.dtype, g.dims())?;
                 Ok(vec![g.clone(), g])
             }
             Op::SoftmaxBackward => {

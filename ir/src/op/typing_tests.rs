@@ -394,7 +394,44 @@ fn swiglu_and_its_backward() {
         &[g.clone(), g.clone(), g.clone()],
         &[g.clone(), g.clone()],
     );
-    rejects_operand(Op::SwiGluBackward, &[g.clone(), g, f32t(&[6])], 2);
+    rejects_operand(Op::SwiGluBackward, &[g.clone(), g.clone(), f32t(&[6])], 2);
+    // The incoming gradient is stored data: bf16 where mixed precision rounded it.
+    let rounded = ty(DType::BF16, &[2, 6]);
+    accepts(
+        Op::SwiGluBackward,
+        &[g.clone(), g.clone(), rounded.clone()],
+        &[g.clone(), g.clone()],
+    );
+    rejects_operand(Op::SwiGluBackward, &[g, rounded.clone(), rounded], 1);
+}
+
+#[test]
+fn rounded_ops_give_every_f32_result_as_bf16_and_take_only_roundable_ops() {
+    let rounded = |op| Op::Rounded(Box::new(op));
+    let (g, b) = (f32t(&[2, 6]), ty(DType::BF16, &[2, 6]));
+    accepts(rounded(Op::SwiGlu), &[g.clone(), g.clone()], &[b.clone()]);
+    accepts(
+        rounded(Op::SwiGluBackward),
+        &[g.clone(), g.clone(), b.clone()],
+        &[b.clone(), b.clone()],
+    );
+    let mm = |transpose_b| Op::MatMul {
+        transpose_a: false,
+        transpose_b,
+    };
+    let product = [ty(DType::BF16, &[3, 6]), ty(DType::BF16, &[4, 6])];
+    accepts(rounded(mm(true)), &product, &[ty(DType::BF16, &[3, 4])]);
+    // A product is rounded from bf16 operands alone; the inner rule still checks the rest.
+    rejects_operand(rounded(mm(true)), &[f32t(&[3, 6]), f32t(&[4, 6])], 0);
+    assert!(rounded(mm(false)).infer(&product).is_err());
+    let unroundable = rounded(Op::Add);
+    let err = unroundable.infer(&[g.clone(), g]).unwrap_err();
+    assert!(matches!(err, Error::Attribute { .. }), "{err:?}");
+    assert_eq!(unroundable.to_string(), "rounded{op=add}");
+    assert_eq!(
+        rounded(mm(true)).to_string(),
+        "rounded_matmul{transpose_a=false, transpose_b=true}"
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! Counts are in elements; every launch is correct in place (`out == a`).
 
 use super::launch::{all_aligned, grid_stride, size_arg};
-use super::{Addr, Arg, Kernel, Launch};
+use super::{Addr, Arg, Kernel, Launch, Stored};
 
 const MODULE: &str = "elementwise";
 
@@ -93,33 +93,54 @@ pub fn broadcast_to_f32(out: Addr, src: Addr, n: u64, src_len: u64) -> Launch {
     items("broadcast_to_f32", n, args)
 }
 
-/// `out = silu(gate) · up`, `n > 0` elements.
-pub fn swiglu_f32(out: Addr, gate: Addr, up: Addr, n: u64) -> Launch {
-    if vec4(&[out, gate, up], &[n]) {
-        let args = vec![Arg::Ptr(out), Arg::Ptr(gate), Arg::Ptr(up), size_arg(n / 4)];
-        items("swiglu_f32_vec4", n / 4, args)
-    } else {
-        let args = vec![Arg::Ptr(out), Arg::Ptr(gate), Arg::Ptr(up), size_arg(n)];
-        items("swiglu_f32", n, args)
-    }
+/// `out = silu(gate)·up` for `n > 0` elements: `out` f32, or bf16 rounded as written
+/// (`out_stored`); `gate` and `up` f32. Four elements per access when `n` is a multiple of 4 and
+/// every pointer is aligned to its vector (16 bytes; 8 for a bf16 `out`).
+pub fn swiglu((out, out_stored): (Addr, Stored), gate: Addr, up: Addr, n: u64) -> Launch {
+    let vector = vec4(&[gate, up], &[n]) && all_aligned(&[out], out_stored.vector_bytes());
+    let (function, count) = match vector {
+        true => (
+            out_stored.pick("swiglu_f32_vec4", "swiglu_f32_bf16_out_vec4"),
+            n / 4,
+        ),
+        false => (out_stored.pick("swiglu_f32", "swiglu_f32_bf16_out"), n),
+    };
+    let args = vec![Arg::Ptr(out), Arg::Ptr(gate), Arg::Ptr(up), size_arg(count)];
+    items(function, count, args)
 }
 
-/// Gradients of swiglu, `n > 0` elements.
-pub fn swiglu_backward_f32(
-    grad_gate: Addr,
-    grad_up: Addr,
+/// Gradients of swiglu for `n > 0` elements: `grad_gate` and `grad_up` f32, or bf16 rounded as
+/// written (`out_stored`), from f32 `gate` and `up` and `grad_out` (f32, or bf16 widened as
+/// read). Four elements per access when `n` is a multiple of 4 and every pointer is aligned to
+/// its vector.
+pub fn swiglu_backward(
+    ([grad_gate, grad_up], out_stored): ([Addr; 2], Stored),
     gate: Addr,
     up: Addr,
-    grad_out: Addr,
+    (grad_out, grad_stored): (Addr, Stored),
     n: u64,
 ) -> Launch {
+    let vector = vec4(&[gate, up], &[n])
+        && all_aligned(&[grad_gate, grad_up], out_stored.vector_bytes())
+        && all_aligned(&[grad_out], grad_stored.vector_bytes());
+    let function = match (grad_stored, out_stored, vector) {
+        (Stored::F32, Stored::F32, false) => "swiglu_backward_f32",
+        (Stored::BF16, Stored::F32, false) => "swiglu_backward_f32_bf16_grad",
+        (Stored::F32, Stored::BF16, false) => "swiglu_backward_f32_bf16_out",
+        (Stored::BF16, Stored::BF16, false) => "swiglu_backward_f32_bf16_grad_bf16_out",
+        (Stored::F32, Stored::F32, true) => "swiglu_backward_f32_vec4",
+        (Stored::BF16, Stored::F32, true) => "swiglu_backward_f32_bf16_grad_vec4",
+        (Stored::F32, Stored::BF16, true) => "swiglu_backward_f32_bf16_out_vec4",
+        (Stored::BF16, Stored::BF16, true) => "swiglu_backward_f32_bf16_grad_bf16_out_vec4",
+    };
+    let count = if vector { n / 4 } else { n };
     let args = vec![
         Arg::Ptr(grad_gate),
         Arg::Ptr(grad_up),
         Arg::Ptr(gate),
         Arg::Ptr(up),
         Arg::Ptr(grad_out),
-        size_arg(n),
+        size_arg(count),
     ];
-    items("swiglu_backward_f32", n, args)
+    items(function, count, args)
 }

@@ -104,6 +104,14 @@ impl Stored {
         }
     }
 
+    /// The bytes of four elements, a `_vec4` kernel's access.
+    pub fn vector_bytes(self) -> u64 {
+        match self {
+            Stored::F32 => 16,
+            Stored::BF16 => 8,
+        }
+    }
+
     /// The kernel of this stored dtype: `f32` or its bf16 instantiation `bf16`.
     pub fn pick(self, f32: &'static str, bf16: &'static str) -> &'static str {
         match self {

@@ -49,13 +49,9 @@ pub fn adamw(update: AdamWUpdate, n: u64, hyper: AdamWHyper) -> Launch {
         scale,
         copy,
     } = update;
-    let grad_vector = match grad_dtype {
-        Stored::F32 => 16,
-        Stored::BF16 => 8,
-    };
     let vector = n.is_multiple_of(4)
         && all_aligned(&[param, m, v], 16)
-        && all_aligned(&[grad], grad_vector)
+        && all_aligned(&[grad], grad_dtype.vector_bytes())
         && copy.is_none_or(|c| all_aligned(&[c], 8));
     let (function, items) = match vector {
         true => (

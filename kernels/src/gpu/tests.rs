@@ -144,7 +144,6 @@ fn every_launch() -> Vec<Launch> {
         copy::cast_bf16_to_f32(addr(0), addr(1), 8),
         elementwise::sum_to_shape_f32(addr(0), addr(1), 4, 3),
         elementwise::broadcast_to_f32(addr(0), addr(1), 12, 3),
-        elementwise::swiglu_backward_f32(addr(0), addr(1), addr(2), addr(3), addr(4), 5),
         embedding::embedding_f32(addr(0), (addr(1), F32), addr(2), [3, 4, 10], addr(9)).unwrap(),
         embedding::embedding_f32(addr(0), (addr(1), BF16), addr(2), [3, 4, 10], addr(9)).unwrap(),
         embedding::zero_f32(addr(0), 40),
@@ -313,7 +312,14 @@ fn every_launch() -> Vec<Launch> {
         launches.push(elementwise::add_f32_bf16(at(0), at(1), at(2), 8, 4));
         launches.push(elementwise::mul_f32(at(0), at(1), at(2), 8, 4));
         launches.push(elementwise::scale_f32(at(0), at(1), 2.0, 8));
-        launches.push(elementwise::swiglu_f32(at(0), at(1), at(2), 8));
+        for out in [F32, BF16] {
+            launches.push(elementwise::swiglu((at(0), out), at(1), at(2), 8));
+            for grad in [F32, BF16] {
+                let outs = ([at(0), at(1)], out);
+                let launch = elementwise::swiglu_backward(outs, at(2), at(3), (at(4), grad), 8);
+                launches.push(launch);
+            }
+        }
     }
     // The fused RoPE + KV-cache write of every cache and bias storage.
     let rope_kv_dims = cache::RopeKvDims {

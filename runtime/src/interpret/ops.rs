@@ -121,21 +121,23 @@ fn run_kernels(
             let workspace = f32_workspace(workspace, len)?;
             kiln_kernels::matmul::matmul(&i[0], &i[1], &mut o[0], transpose, workspace)
         }
-        Op::RoundedMatMul {
-            transpose_a,
-            transpose_b,
-        } => {
-            // MatMul's f32 product at the workspace's front, rounded as `Cast` rounds it.
-            let dims = o[0].shape().dims().to_vec();
-            let bytes = (conversion_bytes(DType::F32, &dims) as usize).min(workspace.len());
-            let (front, rest) = workspace.split_at_mut(bytes);
-            let mut product = typed_workspace(front, DType::F32, &dims, op)?;
-            let matmul = Op::MatMul {
-                transpose_a,
-                transpose_b,
-            };
-            run_kernels(&matmul, i, std::slice::from_mut(&mut product), rest)?;
-            copy::cast(&product.as_view(), &mut o[0])
+        Op::Rounded(inner) => {
+            // The op's f32 results at the workspace's front, each rounded as `Cast` rounds it.
+            let mut rest = workspace;
+            let mut results = Vec::with_capacity(o.len());
+            for out in o.iter() {
+                let dims = out.shape().dims().to_vec();
+                let taken = std::mem::take(&mut rest);
+                let bytes = (conversion_bytes(DType::F32, &dims) as usize).min(taken.len());
+                let (front, tail) = taken.split_at_mut(bytes);
+                rest = tail;
+                results.push(typed_workspace(front, DType::F32, &dims, op)?);
+            }
+            run_kernels(&inner, i, &mut results, rest)?;
+            for (result, out) in results.iter().zip(o.iter_mut()) {
+                copy::cast(&result.as_view(), out)?;
+            }
+            Ok(())
         }
         Op::Add => elementwise::add(&i[0], &i[1], &mut o[0]),
         Op::Mul => elementwise::mul(&i[0], &i[1], &mut o[0]),

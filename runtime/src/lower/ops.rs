@@ -64,13 +64,17 @@ pub(crate) fn lower_op(
     options: LowerOptions,
 ) -> Result<Vec<Launch>> {
     let at = Lowering {
-        op,
+        op: op.unrounded(),
+        rounded: matches!(op, Op::Rounded(_)),
         i,
         o,
         workspace,
         fault,
     };
-    match op {
+    if at.rounded && !at.op.roundable() {
+        return Err(at.unsupported("has no rounded form".to_string()));
+    }
+    match at.op {
         Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } => Err(at.unsupported(
             "views are layouts: the result is its operand's buffer with other strides, no kernel"
                 .to_string(),
@@ -79,11 +83,7 @@ pub(crate) fn lower_op(
         Op::MatMul {
             transpose_a,
             transpose_b,
-        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b], F32),
-        Op::RoundedMatMul {
-            transpose_a,
-            transpose_b,
-        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b], DType::BF16),
+        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b]),
         Op::Linear {
             biases,
             swiglu,
@@ -95,7 +95,10 @@ pub(crate) fn lower_op(
 
 /// One op being lowered, with its placed operands, results, workspace and fault word.
 struct Lowering<'a> {
+    /// The op computed: a `Rounded` op's own op, with `rounded` set.
     op: &'a Op,
+    /// Whether the f32 results are written rounded to bf16 (`Op::Rounded`).
+    rounded: bool,
     i: &'a [DeviceTensor],
     o: &'a [DeviceTensor],
     workspace: Option<(Addr, u64)>,
@@ -171,6 +174,15 @@ impl Lowering<'_> {
         self.expect_contiguous(tensor, name)?;
         let stored = gpu::Stored::of(tensor.dtype).unwrap_or(gpu::Stored::F32);
         Ok((tensor, stored))
+    }
+
+    /// Result `port` of an op that may be rounded: contiguous, bf16 when rounded, else f32.
+    fn rounded_result(&self, port: usize, name: &str) -> Result<(&DeviceTensor, gpu::Stored)> {
+        let (dtype, stored) = match self.rounded {
+            true => (DType::BF16, gpu::Stored::BF16),
+            false => (F32, gpu::Stored::F32),
+        };
+        Ok((self.result(port, name, dtype)?, stored))
     }
 
     /// Result `port`, contiguous and of `dtype`.
@@ -395,7 +407,7 @@ impl Lowering<'_> {
                 Ok(launches)
             }
             Op::MatMul { .. }
-            | Op::RoundedMatMul { .. }
+            | Op::Rounded(_)
             | Op::Linear { .. }
             | Op::Contiguous
             | Op::Reshape { .. }

@@ -11,10 +11,10 @@ pub(super) fn lower_activation(at: &Lowering<'_>) -> Result<Vec<Launch>> {
         Op::SwiGlu => {
             let gate = at.operand(0, "gate", F32)?;
             let up = at.operand(1, "up", F32)?;
-            let out = at.result(0, "out", F32)?;
+            let (out, stored) = at.rounded_result(0, "out")?;
             let n = size(gate.numel());
-            Ok(vec![gpu::elementwise::swiglu_f32(
-                out.addr(),
+            Ok(vec![gpu::elementwise::swiglu(
+                (out.addr(), stored),
                 gate.addr(),
                 up.addr(),
                 n,
@@ -23,15 +23,14 @@ pub(super) fn lower_activation(at: &Lowering<'_>) -> Result<Vec<Launch>> {
         Op::SwiGluBackward => {
             let gate = at.operand(0, "gate", F32)?;
             let up = at.operand(1, "up", F32)?;
-            let grad = at.operand(2, "grad", F32)?;
-            let grad_gate = at.result(0, "grad_gate", F32)?;
-            let grad_up = at.result(1, "grad_up", F32)?;
-            Ok(vec![gpu::elementwise::swiglu_backward_f32(
-                grad_gate.addr(),
-                grad_up.addr(),
+            let (grad, grad_stored) = at.stored(2, "grad")?;
+            let (grad_gate, stored) = at.rounded_result(0, "grad_gate")?;
+            let (grad_up, _) = at.rounded_result(1, "grad_up")?;
+            Ok(vec![gpu::elementwise::swiglu_backward(
+                ([grad_gate.addr(), grad_up.addr()], stored),
                 gate.addr(),
                 up.addr(),
-                grad.addr(),
+                (grad.addr(), grad_stored),
                 size(gate.numel()),
             )])
         }

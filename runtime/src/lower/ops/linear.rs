@@ -202,8 +202,8 @@ pub(super) fn lower_linear(
     if swiglu {
         let n = shape.widths[0];
         let (gate, up) = (temps, temps.add(temp_bytes / 2));
-        launches.push(gpu::elementwise::swiglu_f32(
-            out_of(0),
+        launches.push(gpu::elementwise::swiglu(
+            (out_of(0), gpu::Stored::F32),
             gate,
             up,
             shape.m * n,

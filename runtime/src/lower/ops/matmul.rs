@@ -58,21 +58,21 @@ fn stored(at: &Lowering<'_>, tensor: &DeviceTensor, name: &str, transpose: bool)
     })
 }
 
-/// `MatMul` (`out` f32) or `RoundedMatMul` (`out` bf16, of bf16 operands).
+/// `MatMul`: `out` f32, or bf16 when rounded (of bf16 operands).
 pub(super) fn lower_matmul(
     at: &Lowering<'_>,
     [transpose_a, transpose_b]: [bool; 2],
-    out: DType,
 ) -> Result<Vec<Launch>> {
     let a = at.port(at.i, "operand", 0, "a")?;
     let b = at.port(at.i, "operand", 1, "b")?;
-    let inputs: &[DType] = match out {
-        F32 => &[DType::F32, DType::BF16],
-        _ => &[DType::BF16],
+    let inputs: &[DType] = match at.rounded {
+        false => &[DType::F32, DType::BF16],
+        true => &[DType::BF16],
     };
     at.expect_dtype(a, "a", inputs)?;
     at.expect_dtype(b, "b", &[a.dtype])?;
-    let c = at.result(0, "out", out)?;
+    let (c, _) = at.rounded_result(0, "out")?;
+    let out = c.dtype;
     let rank = a.dims().len();
     if rank < 2 || b.dims().len() != rank || c.dims().len() != rank {
         return Err(at.unsupported(format!(
