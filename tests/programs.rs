@@ -419,8 +419,9 @@ fn train_step_equals_oracle_gradients_and_adamw() {
 /// rounded to bf16 is computed by one `rounded_matmul` (two per linear: the input's and the
 /// weight's), each AdamW of a linear's weight (and of an untied LM head's) and each sum of
 /// input gradients reads its rounded gradients as bf16, one normed input is cast once for q, k
-/// and v and once for gate and up, SwiGLU and its backward take and write rounded values,
-/// each bf16 weight copy is written by its param's AdamW; and
+/// and v and once for gate and up, SwiGLU and its backward take and write rounded values, the
+/// norms write their normed rows rounded, each bf16 weight copy is written by its param's
+/// AdamW; and
 /// two fused steps give the unfused steps' bits in the loss and in every state (parameters,
 /// moments, bf16 copies).
 #[test]
@@ -473,14 +474,17 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         // is widened for its AdamW (7), nor the terms the backward adds to the first of q/k/v's
         // and of gate/up's input gradients (2 + 1); SwiGLU writes its result rounded for the
         // down GEMM and its backward takes the rounded gradient and writes both of its own
-        // rounded (1 + 1 + 2). The LM head's weight gradient (bf16, the chunked loss's) is read
-        // unwidened too: by its AdamW when untied, by the sum with the embedding's gradient
-        // when tied.
+        // rounded (1 + 1 + 2); both norms write their normed rows rounded for q/k/v and gate/up
+        // (2), and the final norm for the LM head (1). The LM head's weight gradient (bf16, the
+        // chunked loss's) is read unwidened too: by its AdamW when untied, by the sum with the
+        // embedding's gradient when tied.
         let untied = usize::from(!config.tie_word_embeddings);
         let casts_gone = count(&unfused, "cast") - count(&fused, "cast");
-        assert_eq!(casts_gone, (3 + 7 + 7 + 7 + 3 + 4) * layers + 1);
+        assert_eq!(casts_gone, (3 + 7 + 7 + 7 + 3 + 4 + 2) * layers + 1 + 1);
         assert_eq!(count(&fused, "rounded_swiglu"), layers);
         assert_eq!(count(&fused, "rounded_swiglu_backward"), layers);
+        let norms = count(&fused, "rounded_rmsnorm") + count(&fused, "rounded_add_rmsnorm");
+        assert_eq!(norms, 2 * layers + 1);
         let bf16_grads = (ops(&fused).into_iter())
             .filter(|(op, operands)| {
                 op.adamw().is_some() && fused.value_type(operands[1]).unwrap().dtype == DType::BF16

@@ -21,20 +21,23 @@
 //!   dims of size 1 past each other (decode's one token put heads first), a slice of a whole
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
 //!   itself: no copy;
-//! - `rounded`: an op whose every result is read only by a `Cast{bf16}` (through a reshape
-//!   the cast alone reads) becomes one [`Op::Rounded`], which writes its results rounded: the
-//!   f32 ones never exist. Mixed precision's backward rounds each gradient of a bf16 GEMM
-//!   input to bf16 (`rounded_matmul`), and SwiGLU's result and its backward's gradients feed
-//!   bf16 GEMMs (`rounded_swiglu`, `rounded_swiglu_backward`);
+//! - `rounded`: an op whose results of a rounded form ([`Op::rounded_results`]) are each read
+//!   only by a `Cast{bf16}` (through a reshape the cast alone reads) becomes one
+//!   [`Op::Rounded`], which writes them rounded: the f32 ones never exist. Mixed precision's
+//!   backward rounds each gradient of a bf16 GEMM input to bf16 (`rounded_matmul`); SwiGLU's
+//!   result and its backward's gradients (`rounded_swiglu`, `rounded_swiglu_backward`) and
+//!   the normed rows (`rounded_rmsnorm`, `rounded_add_rmsnorm`: the sum stays f32) feed bf16
+//!   GEMMs;
 //! - `widened`: an operand an op may take stored in bf16 ([`Op::stored_operands`]) that is
 //!   `Cast{f32}` of a bf16 value read by that op alone is the bf16 value, widened as the op
 //!   reads it (mixed precision: AdamW's rounded weight gradients, the rounded input gradients
 //!   the backward sums, the rounded gradient SwiGLU's backward takes);
 //! - `adamw_copy`: an `AdamW` whose new param a `CastInto` rounds into the param's persistent
 //!   bf16 copy (mixed precision) becomes one [`Op::AdamWCopy`], which writes the copy too;
-//! - `shared`, last, on the fused program: an op that repeats an earlier one (the same op on
-//!   the same operands: mixed precision's casts of one normed input for q, k and v, or for
-//!   gate and up) is the earlier op's result.
+//! - `shared`, on the fused program: an op that repeats an earlier one (the same op on the
+//!   same operands: mixed precision's casts of one normed input for q, k and v, or for gate
+//!   and up) is the earlier op's result; then `rounded` once more, for the values whose
+//!   repeated casts became one (the normed rows).
 //!
 //! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu, cache.cu)
 //! rather than CUDA C generated per matched subgraph: the patterns that matter are few and the same in
@@ -165,8 +168,24 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     let fusions = with_rounded(graph, &users, fusions);
     let fusions = with_copies(graph, fusions);
     let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
-    let shared = rebuild(&fused, &[], &shared_rewrites(&fused), &BTreeSet::new())?;
-    without_dead_ops(&shared)
+    let shared = without_dead_ops(&rebuild(
+        &fused,
+        &[],
+        &shared_rewrites(&fused),
+        &BTreeSet::new(),
+    )?)?;
+    // A value each of whose readers cast it once (the normed rows for q, k and v) has one cast
+    // now: round it where it is made.
+    let rounded = with_rounded(&shared, &self::users(&shared), Vec::new());
+    match rounded.is_empty() {
+        true => Ok(shared),
+        false => without_dead_ops(&rebuild(
+            &shared,
+            &rounded,
+            &BTreeMap::new(),
+            &BTreeSet::new(),
+        )?),
+    }
 }
 
 fn matmul_of(candidate: &Candidate) -> NodeIndex {

@@ -45,11 +45,12 @@ pub enum Op {
         transpose_a: bool,
         transpose_b: bool,
     },
-    /// `op`, each f32 result rounded to bf16 as it is written: `Cast{bf16}` of every result in
-    /// one op, made by the fusion pass (`crate::fuse`), never traced; the f32 results never
-    /// exist. Mixed precision makes these where a result is read only as a bf16 GEMM input:
-    /// each gradient of a bf16 GEMM input (`MatMul` of bf16 operands), SwiGLU's result and its
-    /// backward's gradients ([`Op::roundable`]).
+    /// `op`, the f32 results it has a rounded form of ([`Op::rounded_results`]) rounded to
+    /// bf16 as they are written: `Cast{bf16}` of those results in one op, made by the fusion
+    /// pass (`crate::fuse`), never traced; the f32 ones never exist. Mixed precision makes
+    /// these where such a result is read only as a bf16 GEMM input: each gradient of a bf16
+    /// GEMM input (`MatMul` of bf16 operands), SwiGLU's result and its backward's gradients,
+    /// RMSNorm's normed rows.
     Rounded(Box<Op>),
     /// `(a, b) -> a + b`; `b`'s shape is a suffix of `a`'s.
     Add,
@@ -205,6 +206,8 @@ impl Op {
                 Op::MatMul { .. } => "rounded_matmul",
                 Op::SwiGlu => "rounded_swiglu",
                 Op::SwiGluBackward => "rounded_swiglu_backward",
+                Op::RmsNorm { .. } => "rounded_rmsnorm",
+                Op::AddRmsNorm { .. } => "rounded_add_rmsnorm",
                 _ => "rounded",
             },
             Op::Add => "add",
@@ -344,10 +347,23 @@ impl Op {
         }
     }
 
-    /// Whether `Op::Rounded` takes this op: one whose results are all f32 and whose kernels
-    /// can write them rounded (a `MatMul` of bf16 operands, SwiGLU and its backward).
+    /// The results `Op::Rounded` writes rounded to bf16 (f32 ones its kernels can write
+    /// rounded; the others are written as the op writes them): a `MatMul`'s product (of bf16
+    /// operands), SwiGLU's result and both gradients of its backward, RMSNorm's normed rows
+    /// (not the sum an `AddRmsNorm` also gives, which the residual stream reads); none of any
+    /// other op.
+    pub fn rounded_results(&self) -> &'static [usize] {
+        match self {
+            Op::MatMul { .. } | Op::SwiGlu | Op::RmsNorm { .. } => &[0],
+            Op::SwiGluBackward => &[0, 1],
+            Op::AddRmsNorm { .. } => &[1],
+            _ => &[],
+        }
+    }
+
+    /// Whether `Op::Rounded` takes this op: one with results it can write rounded.
     pub fn roundable(&self) -> bool {
-        matches!(self, Op::MatMul { .. } | Op::SwiGlu | Op::SwiGluBackward)
+        !self.rounded_results().is_empty()
     }
 
     /// The op a `Rounded` op rounds; any other op itself.

@@ -1,9 +1,11 @@
 // RMSNorm, fused residual add + RMSNorm, and their backwards. One block per row of H.
 // rstd = 1 / sqrt(mean(row^2) + eps) (norm.cuh), out = (x * rstd) * weight, as the CPU.
 
-// The weight W is f32 or bf16 (a stored operand); x, residual and the results are f32.
-template <typename W>
-__device__ void kiln_rmsnorm(float* out, const float* x, const W* weight, i64 rows, i64 hidden,
+// The weight W is f32 or bf16 (a stored operand); x, residual and the sum are f32; the normed
+// rows O are f32, or bf16 rounded as written (`_bf16_out`: mixed precision's input of the GEMMs
+// they feed).
+template <typename O, typename W>
+__device__ void kiln_rmsnorm(O* out, const float* x, const W* weight, i64 rows, i64 hidden,
                              float eps) {
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
@@ -13,7 +15,7 @@ __device__ void kiln_rmsnorm(float* out, const float* x, const W* weight, i64 ro
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) sum += x_row[j] * x_row[j];
     const float rstd = kiln_inverse_rms(kiln_block_sum(sum, scratch), hidden, eps);
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        out[row * hidden + j] = (x_row[j] * rstd) * kiln_load(weight, j);
+        kiln_store(out, row * hidden + j, (x_row[j] * rstd) * kiln_load(weight, j));
     }
 }
 
@@ -29,11 +31,24 @@ extern "C" __global__ void rmsnorm_f32_bf16(float* out, const float* x, const bf
     kiln_rmsnorm(out, x, weight, rows, hidden, eps);
 }
 
+extern "C" __global__ void rmsnorm_f32_bf16_out(bf16_bits* out, const float* x,
+                                                const float* weight, i64 rows, i64 hidden,
+                                                float eps) {
+    kiln_grid_dependency_wait();
+    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
+}
+
+extern "C" __global__ void rmsnorm_f32_bf16_bf16_out(bf16_bits* out, const float* x,
+                                                     const bf16_bits* weight, i64 rows,
+                                                     i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
+}
+
 // sum = x + residual; out = rmsnorm(sum). Each thread re-reads only the sums it wrote.
-template <typename W>
-__device__ void kiln_add_rmsnorm(float* sum_out, float* out, const float* x,
-                                 const float* residual, const W* weight, i64 rows, i64 hidden,
-                                 float eps) {
+template <typename O, typename W>
+__device__ void kiln_add_rmsnorm(float* sum_out, O* out, const float* x, const float* residual,
+                                 const W* weight, i64 rows, i64 hidden, float eps) {
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
     if (row >= rows) return;
@@ -45,7 +60,8 @@ __device__ void kiln_add_rmsnorm(float* sum_out, float* out, const float* x,
     }
     const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), hidden, eps);
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        out[row * hidden + j] = (sum_out[row * hidden + j] * rstd) * kiln_load(weight, j);
+        const i64 i = row * hidden + j;
+        kiln_store(out, i, (sum_out[i] * rstd) * kiln_load(weight, j));
     }
 }
 
@@ -59,6 +75,22 @@ extern "C" __global__ void add_rmsnorm_f32(float* sum_out, float* out, const flo
 extern "C" __global__ void add_rmsnorm_f32_bf16(float* sum_out, float* out, const float* x,
                                                 const float* residual, const bf16_bits* weight,
                                                 i64 rows, i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
+}
+
+extern "C" __global__ void add_rmsnorm_f32_bf16_out(float* sum_out, bf16_bits* out,
+                                                    const float* x, const float* residual,
+                                                    const float* weight, i64 rows, i64 hidden,
+                                                    float eps) {
+    kiln_grid_dependency_wait();
+    kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
+}
+
+extern "C" __global__ void add_rmsnorm_f32_bf16_bf16_out(float* sum_out, bf16_bits* out,
+                                                         const float* x, const float* residual,
+                                                         const bf16_bits* weight, i64 rows,
+                                                         i64 hidden, float eps) {
     kiln_grid_dependency_wait();
     kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
 }

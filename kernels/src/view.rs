@@ -102,6 +102,18 @@ impl<'a> DataMut<'a> {
         }
     }
 
+    /// A mutable borrow of the same elements, for as long as `self` is borrowed.
+    pub fn reborrow_mut(&mut self) -> DataMut<'_> {
+        match self {
+            DataMut::F32(s) => DataMut::F32(s),
+            DataMut::F64(s) => DataMut::F64(s),
+            DataMut::BF16(s) => DataMut::BF16(s),
+            DataMut::F16(s) => DataMut::F16(s),
+            DataMut::I32(s) => DataMut::I32(s),
+            DataMut::I64(s) => DataMut::I64(s),
+        }
+    }
+
     /// The same elements, read-only for the rest of the borrow.
     pub fn into_data(self) -> Data<'a> {
         match self {
@@ -268,6 +280,14 @@ impl<'a> TensorViewMut<'a> {
     pub fn as_view(&self) -> TensorView<'_> {
         TensorView {
             data: self.data.reborrow(),
+            layout: self.layout.clone(),
+        }
+    }
+
+    /// A writable view of the same elements, for as long as `self` is borrowed.
+    pub fn as_view_mut(&mut self) -> TensorViewMut<'_> {
+        TensorViewMut {
+            data: self.data.reborrow_mut(),
             layout: self.layout.clone(),
         }
     }

@@ -70,15 +70,18 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
             let widened = |t: &TensorType| product(t.dims()).saturating_mul(4);
             (operands.iter().take(2)).fold(0, |sum, t| sum.saturating_add(widened(t)))
         }
-        // The op's f32 results, then the op's own scratch.
+        // The f32 results it rounds, then the op's own scratch.
         Op::Rounded(inner) => {
             let results = inner.infer(operands).unwrap_or_default();
-            (results.iter()).fold(cpu_kernel(inner, operands), |sum, t| {
-                sum.saturating_add(crate::interpret::ops::conversion_bytes(
-                    DType::F32,
-                    t.dims(),
-                ))
-            })
+            let rounds = inner.rounded_results();
+            (results.iter().enumerate())
+                .filter(|(port, _)| rounds.contains(port))
+                .fold(cpu_kernel(inner, operands), |sum, (_, t)| {
+                    sum.saturating_add(crate::interpret::ops::conversion_bytes(
+                        DType::F32,
+                        t.dims(),
+                    ))
+                })
         }
         Op::AttentionBackward { .. } => match dims(operands, 1) {
             &[_, _, keys, _] => (keys as u64).saturating_mul(size),

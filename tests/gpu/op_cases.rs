@@ -101,6 +101,22 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::AddRmsNorm { eps: 1e-6 },
                 vec![f(&[b, t, h]), f(&[b, t, h]), bf(&[h])],
             ),
+            // Mixed precision's: the normed rows rounded for the GEMMs they feed.
+            (
+                format!("rounded_rmsnorm {s}"),
+                rounded(Op::RmsNorm { eps: 1e-6 }),
+                vec![f(&[b, t, h]), f(&[h])],
+            ),
+            (
+                format!("rounded_add_rmsnorm {s}"),
+                rounded(Op::AddRmsNorm { eps: 1e-6 }),
+                vec![f(&[b, t, h]), f(&[b, t, h]), f(&[h])],
+            ),
+            (
+                format!("rounded_add_rmsnorm bf16 weight {s}"),
+                rounded(Op::AddRmsNorm { eps: 1e-6 }),
+                vec![f(&[b, t, h]), f(&[b, t, h]), bf(&[h])],
+            ),
             (
                 format!("mul {s}"),
                 Op::Mul,

@@ -1,8 +1,9 @@
-//! The `rounded` rule (see the pass's module doc): an op whose every result is read only by a
-//! `Cast{bf16}` (directly, or through a reshape that cast alone reads) is one [`Op::Rounded`]:
-//! its kernel writes the rounded results, the f32 ones never exist. Mixed precision's backward
-//! rounds each gradient of a bf16 GEMM input so; SwiGLU's result and its backward's
-//! gradients are rounded for the down and gate/up GEMMs.
+//! The `rounded` rule (see the pass's module doc): an op each of whose roundable results
+//! ([`Op::rounded_results`]) is read only by a `Cast{bf16}` (directly, or through a reshape
+//! that cast alone reads) is one [`Op::Rounded`]: its kernel writes those results rounded, the
+//! f32 ones never exist. Mixed precision's backward rounds each gradient of a bf16 GEMM input
+//! so; SwiGLU's result and its backward's gradients are rounded for the down and gate/up
+//! GEMMs, and the normed rows for the GEMMs they feed.
 
 use std::collections::BTreeSet;
 
@@ -22,10 +23,18 @@ pub(super) fn with_rounded(graph: &Graph, users: &Users, mut fusions: Vec<Fusion
         let Some(ports) = graph.node(node).map(|n| n.outputs.len()) else {
             continue;
         };
+        // Each result the op rounds is read by its cast alone; the others stay as they are.
+        let rounds = op.rounded_results();
         let casts: Option<Vec<(ValueId, Vec<NodeIndex>)>> = (0..ports)
-            .map(|port| rounding_cast(graph, users, ValueId { node, port }))
+            .map(|port| {
+                let value = ValueId { node, port };
+                match rounds.contains(&port) {
+                    true => rounding_cast(graph, users, value),
+                    false => Some((value, Vec::new())),
+                }
+            })
             .collect();
-        let Some(casts) = casts.filter(|c| !c.is_empty()) else {
+        let Some(casts) = casts else {
             continue;
         };
         let nodes: Vec<NodeIndex> = casts.iter().flat_map(|(_, n)| n.clone()).collect();

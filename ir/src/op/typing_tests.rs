@@ -406,7 +406,7 @@ fn swiglu_and_its_backward() {
 }
 
 #[test]
-fn rounded_ops_give_every_f32_result_as_bf16_and_take_only_roundable_ops() {
+fn rounded_ops_give_their_rounded_results_as_bf16_and_take_only_roundable_ops() {
     let rounded = |op| Op::Rounded(Box::new(op));
     let (g, b) = (f32t(&[2, 6]), ty(DType::BF16, &[2, 6]));
     accepts(rounded(Op::SwiGlu), &[g.clone(), g.clone()], &[b.clone()]);
@@ -424,6 +424,16 @@ fn rounded_ops_give_every_f32_result_as_bf16_and_take_only_roundable_ops() {
     // A product is rounded from bf16 operands alone; the inner rule still checks the rest.
     rejects_operand(rounded(mm(true)), &[f32t(&[3, 6]), f32t(&[4, 6])], 0);
     assert!(rounded(mm(false)).infer(&product).is_err());
+    // A norm rounds its normed rows alone: an `AddRmsNorm`'s sum stays f32.
+    let weight = f32t(&[6]);
+    let norm = Op::RmsNorm { eps: 1e-6 };
+    accepts(rounded(norm), &[g.clone(), weight.clone()], &[b.clone()]);
+    let add = Op::AddRmsNorm { eps: 1e-6 };
+    accepts(
+        rounded(add),
+        &[g.clone(), g.clone(), weight],
+        &[g.clone(), b.clone()],
+    );
     let unroundable = rounded(Op::Add);
     let err = unroundable.infer(&[g.clone(), g]).unwrap_err();
     assert!(matches!(err, Error::Attribute { .. }), "{err:?}");

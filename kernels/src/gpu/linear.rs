@@ -393,7 +393,7 @@ pub fn skinny_linear_add_rmsnorm(
     let epilogue = match partial {
         None => super::norm::add_rmsnorm_f32(
             group.out,
-            norm.normed,
+            (norm.normed, Stored::F32),
             group.out,
             norm.residual,
             (norm.weight, norm.stored),

@@ -7,9 +7,25 @@ use crate::Result;
 
 const MODULE: &str = "norm";
 
-/// `out = rmsnorm(x) · weight` over `rows > 0` rows of `hidden`.
+/// The kernel of a norm (`add`: with the residual add) for a weight and normed rows of these
+/// storages (`_bf16`: a bf16 weight; `_bf16_out`: bf16 rows rounded as written).
+fn function(add: bool, weight: Stored, out: Stored) -> &'static str {
+    match (add, weight, out) {
+        (false, Stored::F32, Stored::F32) => "rmsnorm_f32",
+        (false, Stored::BF16, Stored::F32) => "rmsnorm_f32_bf16",
+        (false, Stored::F32, Stored::BF16) => "rmsnorm_f32_bf16_out",
+        (false, Stored::BF16, Stored::BF16) => "rmsnorm_f32_bf16_bf16_out",
+        (true, Stored::F32, Stored::F32) => "add_rmsnorm_f32",
+        (true, Stored::BF16, Stored::F32) => "add_rmsnorm_f32_bf16",
+        (true, Stored::F32, Stored::BF16) => "add_rmsnorm_f32_bf16_out",
+        (true, Stored::BF16, Stored::BF16) => "add_rmsnorm_f32_bf16_bf16_out",
+    }
+}
+
+/// `out = rmsnorm(x) · weight` over `rows > 0` rows of `hidden`: `out` f32, or bf16 rounded as
+/// written (`out_stored`).
 pub fn rmsnorm_f32(
-    out: Addr,
+    (out, out_stored): (Addr, Stored),
     x: Addr,
     (weight, stored): (Addr, Stored),
     rows: u64,
@@ -24,15 +40,16 @@ pub fn rmsnorm_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ];
-    let function = stored.pick("rmsnorm_f32", "rmsnorm_f32_bf16");
+    let function = function(false, stored, out_stored);
     block_per(MODULE, function, "rows", rows, args)
 }
 
-/// `sum = x + residual`, `out = rmsnorm(sum) · weight` (`rows > 0`).
+/// `sum = x + residual`, `out = rmsnorm(sum) · weight` (`rows > 0`): `sum` f32, `out` f32 or
+/// bf16 rounded as written (`out_stored`).
 #[allow(clippy::too_many_arguments)]
 pub fn add_rmsnorm_f32(
     sum: Addr,
-    out: Addr,
+    (out, out_stored): (Addr, Stored),
     x: Addr,
     residual: Addr,
     (weight, stored): (Addr, Stored),
@@ -50,7 +67,7 @@ pub fn add_rmsnorm_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ];
-    let function = stored.pick("add_rmsnorm_f32", "add_rmsnorm_f32_bf16");
+    let function = function(true, stored, out_stored);
     block_per(MODULE, function, "rows", rows, args)
 }
 

@@ -151,30 +151,6 @@ fn every_launch() -> Vec<Launch> {
         loss::cross_entropy_rows_f32(addr(0), addr(1), addr(2), ([3, 7], -100), addr(9)).unwrap(),
         loss::cross_entropy_mean_f32(addr(0), addr(1), addr(2), 3, -100),
         loss::cross_entropy_backward_f32(addr(0), [addr(1); 3], ([3, 7], -100), addr(9)).unwrap(),
-        norm::rmsnorm_f32(addr(0), addr(1), (addr(2), F32), 3, 8, 1e-6).unwrap(),
-        norm::rmsnorm_f32(addr(0), addr(1), (addr(2), BF16), 3, 8, 1e-6).unwrap(),
-        norm::add_rmsnorm_f32(
-            addr(0),
-            addr(1),
-            addr(2),
-            addr(3),
-            (addr(4), F32),
-            3,
-            8,
-            1e-6,
-        )
-        .unwrap(),
-        norm::add_rmsnorm_f32(
-            addr(0),
-            addr(1),
-            addr(2),
-            addr(3),
-            (addr(4), BF16),
-            3,
-            8,
-            1e-6,
-        )
-        .unwrap(),
         norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
         norm::rmsnorm_backward_weight_f32(addr(0), addr(1), addr(2), addr(3), 3, 8).unwrap(),
         optim::adamw(adamw_update(Stored::F32, None, Some(addr(7))), 9, hyper),
@@ -313,6 +289,15 @@ fn every_launch() -> Vec<Launch> {
         launches.push(elementwise::mul_f32(at(0), at(1), at(2), 8, 4));
         launches.push(elementwise::scale_f32(at(0), at(1), 2.0, 8));
         for out in [F32, BF16] {
+            for weight in [F32, BF16] {
+                let weight = (at(2), weight);
+                let norm = norm::rmsnorm_f32((at(0), out), at(1), weight, 3, 8, 1e-6);
+                launches.push(norm.unwrap());
+                let (residual, weight) = (at(3), (at(4), weight.1));
+                let add =
+                    norm::add_rmsnorm_f32(at(0), (at(1), out), at(2), residual, weight, 3, 8, 1e-6);
+                launches.push(add.unwrap());
+            }
             launches.push(elementwise::swiglu((at(0), out), at(1), at(2), 8));
             for grad in [F32, BF16] {
                 let outs = ([at(0), at(1)], out);

@@ -122,20 +122,28 @@ fn run_kernels(
             kiln_kernels::matmul::matmul(&i[0], &i[1], &mut o[0], transpose, workspace)
         }
         Op::Rounded(inner) => {
-            // The op's f32 results at the workspace's front, each rounded as `Cast` rounds it.
+            // The results rounded as f32 at the workspace's front, then each rounded as `Cast`
+            // rounds it; the others written where they go.
+            let rounds = inner.rounded_results();
             let mut rest = workspace;
             let mut results = Vec::with_capacity(o.len());
-            for out in o.iter() {
+            let mut rounded = Vec::with_capacity(rounds.len());
+            for (port, out) in o.iter_mut().enumerate() {
+                if !rounds.contains(&port) {
+                    results.push(out.as_view_mut());
+                    continue;
+                }
                 let dims = out.shape().dims().to_vec();
                 let taken = std::mem::take(&mut rest);
                 let bytes = (conversion_bytes(DType::F32, &dims) as usize).min(taken.len());
                 let (front, tail) = taken.split_at_mut(bytes);
                 rest = tail;
                 results.push(typed_workspace(front, DType::F32, &dims, op)?);
+                rounded.push((port, out));
             }
             run_kernels(&inner, i, &mut results, rest)?;
-            for (result, out) in results.iter().zip(o.iter_mut()) {
-                copy::cast(&result.as_view(), out)?;
+            for (port, out) in rounded {
+                copy::cast(&results[port].as_view(), out)?;
             }
             Ok(())
         }

@@ -176,9 +176,11 @@ impl Lowering<'_> {
         Ok((tensor, stored))
     }
 
-    /// Result `port` of an op that may be rounded: contiguous, bf16 when rounded, else f32.
+    /// Result `port` of an op that may be rounded: contiguous, bf16 when the op is rounded and
+    /// the port is one it rounds ([`Op::rounded_results`]), else f32.
     fn rounded_result(&self, port: usize, name: &str) -> Result<(&DeviceTensor, gpu::Stored)> {
-        let (dtype, stored) = match self.rounded {
+        let rounded = self.rounded && self.op.rounded_results().contains(&port);
+        let (dtype, stored) = match rounded {
             true => (DType::BF16, gpu::Stored::BF16),
             false => (F32, gpu::Stored::F32),
         };

@@ -213,7 +213,7 @@ pub(super) fn lower_linear(
         // sum = y + residual over y in place, then its norm.
         launches.push(gpu::norm::add_rmsnorm_f32(
             out_of(0),
-            norm.normed,
+            (norm.normed, gpu::Stored::F32),
             out_of(0),
             norm.residual,
             (norm.weight, norm.stored),

@@ -21,11 +21,11 @@ pub(super) fn lower_norm(at: &Lowering<'_>) -> Result<Vec<Launch>> {
         Op::RmsNorm { eps } => {
             let x = at.operand(0, "x", F32)?;
             let (weight, stored) = at.stored(1, "weight")?;
-            let out = at.result(0, "out", F32)?;
+            let (out, out_stored) = at.rounded_result(0, "out")?;
             let [rows, hidden] = rows_hidden(x.dims(), x.numel());
             let eps = Lowering::f32_attribute(*eps);
-            let weight = (weight.addr(), stored);
-            let launch = norm::rmsnorm_f32(out.addr(), x.addr(), weight, rows, hidden, eps)?;
+            let (out, weight) = ((out.addr(), out_stored), (weight.addr(), stored));
+            let launch = norm::rmsnorm_f32(out, x.addr(), weight, rows, hidden, eps)?;
             Ok(vec![launch])
         }
         Op::AddRmsNorm { eps } => {
@@ -33,12 +33,12 @@ pub(super) fn lower_norm(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let residual = at.operand(1, "residual", F32)?;
             let (weight, stored) = at.stored(2, "weight")?;
             let sum = at.result(0, "sum", F32)?;
-            let out = at.result(1, "out", F32)?;
+            let (out, out_stored) = at.rounded_result(1, "out")?;
             let [rows, hidden] = rows_hidden(x.dims(), x.numel());
             let eps = Lowering::f32_attribute(*eps);
             Ok(vec![norm::add_rmsnorm_f32(
                 sum.addr(),
-                out.addr(),
+                (out.addr(), out_stored),
                 x.addr(),
                 residual.addr(),
                 (weight.addr(), stored),
