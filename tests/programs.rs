@@ -485,6 +485,12 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         assert_eq!(count(&fused, "rounded_swiglu_backward"), layers);
         let norms = count(&fused, "rounded_rmsnorm") + count(&fused, "rounded_add_rmsnorm");
         assert_eq!(norms, 2 * layers + 1);
+        // A tied embedding's gradient is the scatter onto the LM head's: one op, no add.
+        let onto = (ops(&fused).iter())
+            .filter(|(op, _)| matches!(op, kiln_ir::Op::EmbeddingBackward { onto: true, .. }))
+            .count();
+        assert_eq!(onto, 1 - untied);
+        assert_eq!(count(&unfused, "add") - count(&fused, "add"), 1 - untied);
         let bf16_grads = (ops(&fused).into_iter())
             .filter(|(op, operands)| {
                 op.adamw().is_some() && fused.value_type(operands[1]).unwrap().dtype == DType::BF16

@@ -292,7 +292,8 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         Op::Embedding => {
             // The type rule made the weight [V,H].
             let vocab = shape_of(graph, x[0])?.dims().first().copied().unwrap_or(0);
-            let grad = graph.op1(Op::EmbeddingBackward { vocab }, &[x[1], g0()?])?;
+            let onto = false;
+            let grad = graph.op1(Op::EmbeddingBackward { vocab, onto }, &[x[1], g0()?])?;
             vec![Some(grad), None]
         }
         &Op::RmsNorm { eps } => {

@@ -150,7 +150,7 @@ fn embedding_linear_rmsnorm_cross_entropy() {
             "matmul{transpose_a=false, transpose_b=false}",
             "matmul{transpose_a=true, transpose_b=false}",
             "reshape{shape=[2,3,4]}",
-            "embedding_backward{vocab=10}",
+            "embedding_backward{vocab=10, onto=false}",
         ]
     );
     let at = |k: usize, port: usize| val(first + k, port);

@@ -37,7 +37,10 @@
 //! - `shared`, on the fused program: an op that repeats an earlier one (the same op on the
 //!   same operands: mixed precision's casts of one normed input for q, k and v, or for gate
 //!   and up) is the earlier op's result; then `rounded` once more, for the values whose
-//!   repeated casts became one (the normed rows).
+//!   repeated casts became one (the normed rows);
+//! - `embedding_onto`, last: an `Add` of an `EmbeddingBackward` read by the add alone and a
+//!   term of its shape (a tied embedding's gradient: the LM head's plus the embedding's, the
+//!   LM head's read as the `widened` rule left it) is one `EmbeddingBackward` onto that term.
 //!
 //! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu, cache.cu)
 //! rather than CUDA C generated per matched subgraph: the patterns that matter are few and the same in
@@ -54,6 +57,7 @@ use crate::op::LINEAR_MAX_GROUPS;
 use crate::{DType, Graph, InputKind, Op, Result, ValueId};
 use adamw_copy::with_copies;
 use add_rmsnorm::with_add_rmsnorm;
+use embedding_onto::embedding_onto_fusions;
 use rope_kv::rope_kv_fusions;
 use rounded::with_rounded;
 use shared::shared_rewrites;
@@ -62,6 +66,7 @@ use widened::widened_fusions;
 
 mod adamw_copy;
 mod add_rmsnorm;
+mod embedding_onto;
 mod rope_kv;
 mod rounded;
 mod shared;
@@ -175,13 +180,15 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
         &BTreeSet::new(),
     )?)?;
     // A value each of whose readers cast it once (the normed rows for q, k and v) has one cast
-    // now: round it where it is made.
-    let rounded = with_rounded(&shared, &self::users(&shared), Vec::new());
-    match rounded.is_empty() {
+    // now: round it where it is made. An add reads its terms as the rules before left them.
+    let shared_users = self::users(&shared);
+    let mut last = with_rounded(&shared, &shared_users, Vec::new());
+    last.extend(embedding_onto_fusions(&shared, &shared_users));
+    match last.is_empty() {
         true => Ok(shared),
         false => without_dead_ops(&rebuild(
             &shared,
-            &rounded,
+            &last,
             &BTreeMap::new(),
             &BTreeSet::new(),
         )?),

@@ -38,8 +38,11 @@ pub struct AdamWConfig {
 pub enum Op {
     /// `(weight [V,H], ids [...] int) -> [..., H]`.
     Embedding,
-    /// `(ids [...] int, grad [..., H]) -> [vocab, H]`: scatter-add.
-    EmbeddingBackward { vocab: usize },
+    /// `(ids [...] int, grad [..., H][, base [vocab, H]]) -> [vocab, H]`: scatter-add (onto
+    /// `base` when `onto`: `Add(EmbeddingBackward, base)` in one op, made by the fusion pass for
+    /// a tied embedding, whose gradient is the LM head's plus this one; `base` is a stored
+    /// operand).
+    EmbeddingBackward { vocab: usize, onto: bool },
     /// `(a, b) -> op(a)·op(b)`; equal ranks >= 2, batched over leading dims; bf16 gives f32.
     MatMul {
         transpose_a: bool,
@@ -255,7 +258,9 @@ impl Op {
     pub fn attributes(&self) -> Vec<(&'static str, String)> {
         let f = |x: &f64| format!("{x:?}");
         match self {
-            Op::EmbeddingBackward { vocab } => vec![("vocab", vocab.to_string())],
+            Op::EmbeddingBackward { vocab, onto } => {
+                vec![("vocab", vocab.to_string()), ("onto", onto.to_string())]
+            }
             // The name says which op is rounded (an op with no rounded form, which the type
             // rule rejects, is printed whole).
             Op::Rounded(op) if self.name() == "rounded" => vec![("op", op.to_string())],
@@ -340,7 +345,10 @@ impl Op {
     pub fn stored_operands(&self) -> &'static [usize] {
         match self {
             Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
-            Op::AddRmsNorm { .. } | Op::Rope { .. } | Op::SwiGluBackward => &[2],
+            Op::AddRmsNorm { .. }
+            | Op::Rope { .. }
+            | Op::SwiGluBackward
+            | Op::EmbeddingBackward { .. } => &[2],
             Op::Rounded(op) => op.stored_operands(),
             Op::CachedAttention { .. } => &[1, 2],
             _ => &[],

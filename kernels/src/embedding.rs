@@ -23,7 +23,7 @@ use kiln_ir::{DType, Shape};
 
 use crate::dispatch_real;
 use crate::element::{Element, Real};
-use crate::error::{expect_rank, Error, Result};
+use crate::error::{expect_rank, expect_shape, Error, Result};
 use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
 
@@ -137,23 +137,39 @@ fn scatter_add<T: Real>(ids: Indices<'_>, grad_out: &[T], grad_weight: &mut [T],
 fn embedding_backward_typed<T: Real>(
     ids: &TensorView<'_>,
     grad_out: &TensorView<'_>,
+    base: Option<&TensorView<'_>>,
     grad_weight: &mut TensorViewMut<'_>,
 ) -> Result<()> {
     const OP: &str = "embedding_backward";
     let (vocab, hidden) = (grad_weight.shape().dims()[0], grad_weight.shape().dims()[1]);
+    let base = match base {
+        Some(base) => {
+            expect_shape(OP, "base", base.shape(), &[vocab, hidden])?;
+            Some(base.slice::<T>(OP, "base")?)
+        }
+        None => None,
+    };
     let rows = grad_out.slice::<T>(OP, "grad_out")?;
     let table = grad_weight.slice_mut::<T>(OP, "grad_weight")?;
     let ids = Indices::of(OP, "ids", ids)?;
     ids.check_below(OP, "ids", vocab, None)?;
     scatter_add(ids, rows, table, hidden);
+    if let Some(base) = base {
+        for (g, &b) in table.iter_mut().zip(base) {
+            *g += b;
+        }
+    }
     Ok(())
 }
 
 /// The VJP of [`embedding`] with respect to `weight`: `grad_weight` (`[V, H]`) is overwritten
-/// with zeros, then `grad_out[n, :]` is added to row `ids[n]` for `n` in increasing order.
+/// with zeros, then `grad_out[n, :]` is added to row `ids[n]` for `n` in increasing order;
+/// with `base` (`[V, H]`, of `grad_weight`'s dtype), each element then has `base`'s added (a
+/// tied embedding's gradient, the LM head's plus this one).
 pub fn embedding_backward(
     ids: &TensorView<'_>,
     grad_out: &TensorView<'_>,
+    base: Option<&TensorView<'_>>,
     grad_weight: &mut TensorViewMut<'_>,
 ) -> Result<()> {
     const OP: &str = "embedding_backward";
@@ -163,7 +179,7 @@ pub fn embedding_backward(
     dispatch_real!(
         OP,
         grad_weight.dtype(),
-        embedding_backward_typed(ids, grad_out, grad_weight)
+        embedding_backward_typed(ids, grad_out, base, grad_weight)
     )
 }
 

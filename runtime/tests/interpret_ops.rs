@@ -233,9 +233,16 @@ fn activation_loss_and_embedding_backward_ops_match_their_kernels() {
 
     let ids = random_ids(&mut rng, &[2, 2], 6).0;
     let grad = f32s(&mut rng, &[2, 2, 9]);
-    let got = run_one(Op::EmbeddingBackward { vocab: 6 }, &[&ids, &grad]).unwrap();
+    let got = run_one(
+        Op::EmbeddingBackward {
+            vocab: 6,
+            onto: false,
+        },
+        &[&ids, &grad],
+    )
+    .unwrap();
     let want = direct(&[&ids, &grad], &[(&[6, 9], f)], |i, o| {
-        embedding::embedding_backward(&i[0], &i[1], &mut o[0])
+        embedding::embedding_backward(&i[0], &i[1], None, &mut o[0])
     });
     assert_same(&got, &want, "embedding_backward");
 }

@@ -31,8 +31,28 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             ),
             (
                 format!("embedding_backward {s}"),
-                Op::EmbeddingBackward { vocab: 50 },
+                Op::EmbeddingBackward {
+                    vocab: 50,
+                    onto: false,
+                },
                 vec![In::Ids(vec![b, t], 50), f(&[b, t, h])],
+            ),
+            // A tied embedding's gradient: the scatter onto the LM head's, f32 or bf16.
+            (
+                format!("embedding_backward onto {s}"),
+                Op::EmbeddingBackward {
+                    vocab: 50,
+                    onto: true,
+                },
+                vec![In::Ids(vec![b, t], 50), f(&[b, t, h]), f(&[50, h])],
+            ),
+            (
+                format!("embedding_backward onto bf16 {s}"),
+                Op::EmbeddingBackward {
+                    vocab: 50,
+                    onto: true,
+                },
+                vec![In::Ids(vec![b, t], 50), f(&[b, t, h]), bf(&[50, h])],
             ),
             (
                 format!("matmul NT {s}"),
@@ -267,6 +287,20 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             format!("clip_grad_norm {}", sizes.join(" ")),
             Op::ClipGradNorm { max_norm: 1.0 },
             grads,
+        ));
+    }
+    // More tokens than the embedding backward's window (4096): an id's sum goes on in the
+    // next window, in token order.
+    for onto in [false, true] {
+        let mut operands = vec![In::Ids(vec![2, 4500], 7), f(&[2, 4500, 40])];
+        if onto {
+            operands.push(bf(&[7, 40]));
+        }
+        let op = Op::EmbeddingBackward { vocab: 7, onto };
+        cases.push((
+            format!("embedding_backward onto={onto} [2,4500]"),
+            op,
+            operands,
         ));
     }
     // Odd element counts: the scalar kernels (the cases above take the vector ones).

@@ -26,7 +26,7 @@ pub fn embedding(weight: &Var, ids: &Tensor) -> Result<Var> {
     Ok(Var::record_one("embedding", &[weight], out, move |g| {
         let grad = empty(weight_shape.clone(), dtype);
         launch(&[&ids, g], &[&grad], |i, o| {
-            k::embedding_backward(&i[0], &i[1], &mut o[0])
+            k::embedding_backward(&i[0], &i[1], None, &mut o[0])
         })?;
         Ok(vec![Some(grad)])
     }))

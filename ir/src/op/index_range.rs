@@ -53,7 +53,7 @@ impl Op {
         };
         match (self, port) {
             (Op::Embedding, 1) => Some(IndexRange::below(dim(0, 0)?)),
-            (Op::EmbeddingBackward { vocab }, 0) => Some(IndexRange::below(*vocab)),
+            (Op::EmbeddingBackward { vocab, .. }, 0) => Some(IndexRange::below(*vocab)),
             (Op::CrossEntropy { ignore_index } | Op::CrossEntropyBackward { ignore_index }, 1) => {
                 let vocab = *operands.first()?.dims().last()?;
                 Some(IndexRange {

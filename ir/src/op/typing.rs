@@ -140,8 +140,8 @@ impl Op {
                 dims.push(weight.dims()[1]);
                 one(TensorType::new(dtype, dims)?)
             }
-            Op::EmbeddingBackward { vocab } => {
-                rule.arity(2)?;
+            Op::EmbeddingBackward { vocab, onto } => {
+                rule.arity(if *onto { 3 } else { 2 })?;
                 rule.int(0)?;
                 let grad = rule.float(1)?;
                 let ids = operands[0].dims();
@@ -149,6 +149,9 @@ impl Op {
                 let mut want = ids.to_vec();
                 want.push(hidden);
                 rule.shaped(1, grad.dtype, &want)?;
+                if *onto {
+                    rule.stored(2, grad.dtype, &[*vocab, hidden])?;
+                }
                 one(TensorType::new(grad.dtype, [*vocab, hidden])?)
             }
             Op::Rounded(op) => {

@@ -80,11 +80,26 @@ fn embedding() {
 
 #[test]
 fn embedding_backward() {
-    let op = || Op::EmbeddingBackward { vocab: 10 };
+    let op = || Op::EmbeddingBackward {
+        vocab: 10,
+        onto: false,
+    };
     let ids = i64t(&[2, 3]);
     accepts(op(), &[ids.clone(), f32t(&[2, 3, 4])], &[f32t(&[10, 4])]);
     rejects_operand(op(), &[ids.clone(), f32t(&[2, 5, 4])], 1);
     rejects_operand(op(), &[f32t(&[2, 3]), f32t(&[2, 3, 4])], 0);
+    // Onto a base of the result's type, or bf16 (stored), and nothing else.
+    let onto = Op::EmbeddingBackward {
+        vocab: 10,
+        onto: true,
+    };
+    let grad = f32t(&[2, 3, 4]);
+    for base in [f32t(&[10, 4]), ty(DType::BF16, &[10, 4])] {
+        let operands = [ids.clone(), grad.clone(), base];
+        accepts(onto.clone(), &operands, &[f32t(&[10, 4])]);
+    }
+    rejects_operand(onto.clone(), &[ids.clone(), grad.clone(), f32t(&[9, 4])], 2);
+    rejects_arity(onto, &[ids, grad], "3");
 }
 
 fn matmul(transpose_a: bool, transpose_b: bool) -> Op {

@@ -55,6 +55,7 @@ fn run_backward<T: Real>(
     embedding_backward(
         &TensorView::contiguous(ids, ids_shape)?,
         &TensorView::contiguous(&rows, &out_shape[..])?,
+        None,
         &mut TensorViewMut::contiguous(&mut grad_weight, [vocab, hidden])?,
     )?;
     Ok(grad_weight)
@@ -230,7 +231,7 @@ fn wrong_shapes_are_rejected() {
     let grad_out = TensorView::contiguous(&grad_out[..], [2, 3]).unwrap();
     let mut grad = vec![0f32; 12];
     let mut grad_weight = TensorViewMut::contiguous(&mut grad, [3, 4]).unwrap();
-    let err = embedding_backward(&ids, &grad_out, &mut grad_weight).unwrap_err();
+    let err = embedding_backward(&ids, &grad_out, None, &mut grad_weight).unwrap_err();
     assert!(
         matches!(
             err,
@@ -244,7 +245,7 @@ fn wrong_shapes_are_rejected() {
     assert!(err.to_string().contains("`grad_out`"), "{err}");
 
     let mut grad_weight = TensorViewMut::contiguous(&mut grad, [12]).unwrap();
-    let err = embedding_backward(&ids, &grad_out, &mut grad_weight).unwrap_err();
+    let err = embedding_backward(&ids, &grad_out, None, &mut grad_weight).unwrap_err();
     assert!(
         matches!(
             err,
@@ -282,7 +283,7 @@ fn wrong_dtypes_and_layouts_are_rejected() {
     let mut grad_weight = TensorViewMut::contiguous(&mut grad, [3, 4]).unwrap();
     let grad_rows = [1f32; 8];
     let grad_rows = TensorView::contiguous(&grad_rows[..], [2, 4]).unwrap();
-    let err = embedding_backward(&float_ids, &grad_rows, &mut grad_weight).unwrap_err();
+    let err = embedding_backward(&float_ids, &grad_rows, None, &mut grad_weight).unwrap_err();
     assert_eq!(
         err,
         Error::DType {
@@ -329,7 +330,7 @@ fn wrong_dtypes_and_layouts_are_rejected() {
     let grad_out = TensorView::contiguous(&grad_out[..], [2, 4]).unwrap();
     let mut grad = vec![0f32; 12];
     let mut grad_weight = TensorViewMut::contiguous(&mut grad, [3, 4]).unwrap();
-    let err = embedding_backward(&ids, &grad_out, &mut grad_weight).unwrap_err();
+    let err = embedding_backward(&ids, &grad_out, None, &mut grad_weight).unwrap_err();
     assert!(
         matches!(
             err,
@@ -341,4 +342,28 @@ fn wrong_dtypes_and_layouts_are_rejected() {
         "{err}"
     );
     assert!(err.to_string().contains("`grad_out`"), "{err}");
+}
+
+#[test]
+fn backward_onto_a_base_adds_the_base_after_the_sums() {
+    // Three ids over a vocabulary of 3, hidden 2: id 2 twice, id 0 once, id 1 never.
+    let ids = [2i64, 0, 2];
+    let grad_out = [0.5f32, -1.25, 2.0, 0.75, 0.125, 3.5];
+    // -0.0 where no token lands: the sum 0.0 plus -0.0 is +0.0, as an `Add` after the scatter.
+    let base = [1.5f32, -0.0, -0.0, 0.25, f32::NAN, -2.0];
+    let mut got = vec![f32::NAN; 6];
+    embedding_backward(
+        &TensorView::contiguous(&ids[..], [3]).unwrap(),
+        &TensorView::contiguous(&grad_out[..], [3, 2]).unwrap(),
+        Some(&TensorView::contiguous(&base[..], [3, 2]).unwrap()),
+        &mut TensorViewMut::contiguous(&mut got, [3, 2]).unwrap(),
+    )
+    .unwrap();
+    let sums = [2.0, 0.75, 0.0, 0.0, 0.5 + 0.125, -1.25 + 3.5];
+    for (k, (&g, (&s, &b))) in got.iter().zip(sums.iter().zip(&base)).enumerate() {
+        let want: f32 = s + b;
+        assert_eq!(g.to_bits(), want.to_bits(), "element {k}: {g} vs {want}");
+    }
+    assert_eq!(got[2].to_bits(), 0.0f32.to_bits());
+    assert!(got[4].is_nan());
 }

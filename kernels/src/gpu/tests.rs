@@ -147,7 +147,19 @@ fn every_launch() -> Vec<Launch> {
         embedding::embedding_f32(addr(0), (addr(1), F32), addr(2), [3, 4, 10], addr(9)).unwrap(),
         embedding::embedding_f32(addr(0), (addr(1), BF16), addr(2), [3, 4, 10], addr(9)).unwrap(),
         embedding::zero_f32(addr(0), 40),
-        embedding::embedding_backward_f32(addr(0), addr(1), addr(2), [3, 4, 10], addr(9)).unwrap(),
+        embedding::embedding_base_f32(addr(0), (addr(1), F32), 40),
+        embedding::embedding_base_f32(addr(0), (addr(1), BF16), 40),
+        embedding::embedding_backward_f32(addr(0), addr(1), addr(2), None, [3, 4, 10], addr(9))
+            .unwrap(),
+        embedding::embedding_backward_f32(
+            addr(0),
+            addr(1),
+            addr(2),
+            Some((addr(3), BF16)),
+            [3, 4, 10],
+            addr(9),
+        )
+        .unwrap(),
         loss::cross_entropy_rows_f32(addr(0), addr(1), addr(2), ([3, 7], -100), addr(9)).unwrap(),
         loss::cross_entropy_mean_f32(addr(0), addr(1), addr(2), 3, -100),
         loss::cross_entropy_backward_f32(addr(0), [addr(1); 3], ([3, 7], -100), addr(9)).unwrap(),

@@ -69,7 +69,12 @@ pub(crate) fn conversions(op: &Op, operands: &[(DType, &[usize])]) -> Vec<(usize
         }
         _ => op.stored_operands(),
     };
-    let Some(&(compute, _)) = operands.first() else {
+    // The dtype the op computes in: its first operand's; a scatter's, its gradient's.
+    let computed = match op {
+        Op::EmbeddingBackward { .. } => 1,
+        _ => 0,
+    };
+    let Some(&(compute, _)) = operands.get(computed) else {
         return vec![];
     };
     ports
@@ -102,7 +107,9 @@ fn run_kernels(
 ) -> Result<()> {
     match op.clone() {
         Op::Embedding => embedding::embedding(&i[0], &i[1], &mut o[0]),
-        Op::EmbeddingBackward { .. } => embedding::embedding_backward(&i[0], &i[1], &mut o[0]),
+        Op::EmbeddingBackward { .. } => {
+            embedding::embedding_backward(&i[0], &i[1], i.get(2), &mut o[0])
+        }
         Op::MatMul {
             transpose_a,
             transpose_b,

@@ -29,15 +29,24 @@ impl Lowering<'_> {
                 let grad = self.operand(1, "grad", F32)?;
                 let grad_weight = self.result(0, "grad_weight", F32)?;
                 let [vocab, hidden] = two_dims(self, grad_weight, "grad_weight")?;
-                let mut launches = vec![gpu::embedding::zero_f32(
-                    grad_weight.addr(),
-                    size(grad_weight.numel()),
-                )];
+                let base = match self.op {
+                    Op::EmbeddingBackward { onto: true, .. } => {
+                        let (base, stored) = self.stored(2, "base")?;
+                        Some((base.addr(), stored))
+                    }
+                    _ => None,
+                };
+                let n = size(grad_weight.numel());
+                let mut launches = vec![match base {
+                    Some(base) => gpu::embedding::embedding_base_f32(grad_weight.addr(), base, n),
+                    None => gpu::embedding::zero_f32(grad_weight.addr(), n),
+                }];
                 if ids.numel() > 0 && hidden > 0 {
                     launches.push(gpu::embedding::embedding_backward_f32(
                         grad_weight.addr(),
                         ids.addr(),
                         grad.addr(),
+                        base,
                         [size(ids.numel()), hidden, vocab],
                         self.fault,
                     )?);
