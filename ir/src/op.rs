@@ -8,8 +8,8 @@
 //! Stored operands: an op computing in f32 may take its weights, biases and caches in bf16
 //! (RMSNorm weights, RoPE and Add biases, KV caches, the embedding table; [`stores`]), read
 //! widened and written rounded, as bf16 inference keeps them; mixed precision's rounded
-//! gradients are read so too (an added term, the gradients AdamW and SwiGLU's backward take:
-//! [`Op::stored_operands`]).
+//! gradients are read so too (an added term, the gradients AdamW and SwiGLU's backward take,
+//! the LM head's gradient a tied embedding's scatter goes onto: [`Op::stored_operands`]).
 
 mod index_range;
 pub mod rope_kv;
@@ -340,8 +340,8 @@ impl Op {
     }
 
     /// The operands an op computing in f32 may take stored in bf16 ([`stores`]), widened
-    /// exactly where read: weights, biases, caches, an added term, and the gradients AdamW and
-    /// SwiGLU's backward take.
+    /// exactly where read: weights, biases, caches, an added term, the gradients AdamW and
+    /// SwiGLU's backward take, and the table an embedding's scatter goes onto.
     pub fn stored_operands(&self) -> &'static [usize] {
         match self {
             Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
