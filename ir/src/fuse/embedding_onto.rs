@@ -45,3 +45,88 @@ pub(super) fn embedding_onto_fusions(graph: &Graph, users: &Users) -> Vec<Fusion
     }
     fusions
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::graph::NodeKind;
+    use crate::{fuse, DType, Graph, InputKind, Op, TensorType, ValueId};
+
+    /// A tied embedding's gradient: the scatter of `grad` added to the LM head's bf16 gradient
+    /// (widened by a cast), the scatter first or second; `keep` also outputs the scatter.
+    fn tied(scatter_first: bool, keep: bool) -> Graph {
+        let ty = |dtype, dims: &[usize]| TensorType::new(dtype, dims).unwrap();
+        let mut g = Graph::new("tied");
+        let ids = g.input("ids", InputKind::Input, ty(DType::I64, &[2, 3]));
+        let grad = g.input("grad", InputKind::Input, ty(DType::F32, &[2, 3, 4]));
+        let head = g.input("head", InputKind::Input, ty(DType::BF16, &[7, 4]));
+        let (ids, grad, head) = (ids.unwrap(), grad.unwrap(), head.unwrap());
+        let op = Op::EmbeddingBackward {
+            vocab: 7,
+            onto: false,
+        };
+        let scatter = g.op1(op, &[ids, grad]).unwrap();
+        let widened = g.op1(Op::Cast { to: DType::F32 }, &[head]).unwrap();
+        let terms = match scatter_first {
+            true => [scatter, widened],
+            false => [widened, scatter],
+        };
+        let sum = g.op1(Op::Add, &terms).unwrap();
+        g.output("grad.embed", sum).unwrap();
+        if keep {
+            g.output("scatter", scatter).unwrap();
+        }
+        g
+    }
+
+    fn ops(graph: &Graph) -> Vec<(Op, Vec<ValueId>)> {
+        (graph.node_indices())
+            .filter_map(|n| match &graph.node(n)?.kind {
+                NodeKind::Op(op) => Some((op.clone(), graph.operands(n))),
+                NodeKind::Input { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_scatter_goes_onto_the_lm_heads_gradient_in_either_order() {
+        let onto = Op::EmbeddingBackward {
+            vocab: 7,
+            onto: true,
+        };
+        for scatter_first in [true, false] {
+            let fused = fuse(&tied(scatter_first, false)).unwrap();
+            crate::verify(&fused).unwrap();
+            let ops = ops(&fused);
+            let (op, operands) = ops.last().unwrap();
+            assert_eq!(*op, onto, "{ops:?}");
+            let out = fused.outputs()[0].1;
+            let kind = &fused.node(out.node).unwrap().kind;
+            assert!(matches!(kind, NodeKind::Op(op) if *op == onto), "{kind:?}");
+            let head = fused.input_named("head");
+            match scatter_first {
+                // The add's second term is a stored operand: `widened` read it as bf16 first,
+                // so the base is the bf16 gradient itself (no cast, no add).
+                true => {
+                    assert_eq!(ops.len(), 1, "{ops:?}");
+                    assert_eq!(Some(operands[2]), head);
+                }
+                // Its first term is not: the base is the widening cast's result.
+                false => {
+                    assert_eq!(ops.len(), 2, "{ops:?}");
+                    assert_eq!(ops[0], (Op::Cast { to: DType::F32 }, vec![head.unwrap()]));
+                    assert_eq!(fused.value_type(operands[2]).unwrap().dtype, DType::F32);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_scatter_read_elsewhere_stays_a_scatter() {
+        let fused = fuse(&tied(true, true)).unwrap();
+        let names: Vec<&str> = ops(&fused).iter().map(|(op, _)| op.name()).collect();
+        assert!(names.contains(&"add"), "{names:?}");
+        assert!(ops(&fused)
+            .iter()
+            .all(|(op, _)| !matches!(op, Op::EmbeddingBackward { onto: true, .. })));
+    }
+}
