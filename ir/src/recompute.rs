@@ -49,8 +49,11 @@ pub fn backward_start(graph: &Graph, seed: ValueId) -> Option<NodeIndex> {
 }
 
 /// Ops recomputed at the cost of the bytes they move: elementwise ops, casts, norms, RoPE,
-/// gathers and views.
+/// gathers and views, and those of them that write rounded results.
 pub fn cheap(op: &Op) -> bool {
+    if let Op::Rounded(op) = op {
+        return cheap(op);
+    }
     matches!(
         op,
         Op::Cast { .. }

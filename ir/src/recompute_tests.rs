@@ -143,3 +143,24 @@ fn a_candidate_without_a_backward_reader_is_an_error() {
     let error = recompute(&g, &[bad], end).unwrap_err().to_string();
     assert!(error.contains("not read"), "{error}");
 }
+
+#[test]
+fn an_op_writing_rounded_results_is_as_cheap_as_its_op() {
+    let (g, _, _) = mlp();
+    // The fusion pass makes the SwiGLU and its cast one op writing bf16.
+    let fused = crate::fuse(&g).unwrap();
+    let seed = fused.input_named("loss_seed").unwrap();
+    let start = backward_start(&fused, seed).unwrap();
+    let found = candidates(&fused, start).unwrap();
+    let rounded = Op::Rounded(Box::new(Op::SwiGlu));
+    let chain = (found.iter())
+        .find(|c| c.nodes.iter().any(|&n| op_of(&fused, n) == Some(&rounded)))
+        .expect("the rounded SwiGLU's chain is a candidate");
+    assert_eq!(chain.flops, 0, "{chain:?}");
+    assert!(cheap(&rounded));
+    let product = Op::MatMul {
+        transpose_a: false,
+        transpose_b: false,
+    };
+    assert!(!cheap(&Op::Rounded(Box::new(product))));
+}
