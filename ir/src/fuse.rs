@@ -21,13 +21,6 @@
 //!   dims of size 1 past each other (decode's one token put heads first), a slice of a whole
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
 //!   itself: no copy;
-//! - `rounded`: an op whose results of a rounded form ([`Op::rounded_results`]) are each read
-//!   only by a `Cast{bf16}` (through a reshape the cast alone reads) becomes one
-//!   [`Op::Rounded`], which writes them rounded: the f32 ones never exist. Mixed precision's
-//!   backward rounds each gradient of a bf16 GEMM input to bf16 (`rounded_matmul`); SwiGLU's
-//!   result and its backward's gradients (`rounded_swiglu`, `rounded_swiglu_backward`) and
-//!   the normed rows (`rounded_rmsnorm`, `rounded_add_rmsnorm`: the sum stays f32) feed bf16
-//!   GEMMs;
 //! - `widened`: an operand an op may take stored in bf16 ([`Op::stored_operands`]) that is
 //!   `Cast{f32}` of a bf16 value read by that op alone is the bf16 value, widened as the op
 //!   reads it (mixed precision: AdamW's rounded weight gradients, the rounded input gradients
@@ -36,11 +29,21 @@
 //!   bf16 copy (mixed precision) becomes one [`Op::AdamWCopy`], which writes the copy too;
 //! - `shared`, on the fused program: an op that repeats an earlier one (the same op on the
 //!   same operands: mixed precision's casts of one normed input for q, k and v, or for gate
-//!   and up) is the earlier op's result; then `rounded` once more, for the values whose
-//!   repeated casts became one (the normed rows);
-//! - `embedding_onto`, last: an `Add` of an `EmbeddingBackward` read by the add alone and a
-//!   term of its shape (a tied embedding's gradient: the LM head's plus the embedding's, the
-//!   LM head's read as the `widened` rule left it) is one `EmbeddingBackward` onto that term.
+//!   and up) is the earlier op's result;
+//!
+//! and last, on that program (where ops read what `widened` retyped, and the casts of one
+//! value for several readers are one):
+//!
+//! - `rounded`: an op whose results of a rounded form ([`Op::rounded_results`]) are each read
+//!   only by a `Cast{bf16}` (through a reshape the cast alone reads) becomes one
+//!   [`Op::Rounded`], which writes them rounded: the f32 ones never exist. Mixed precision's
+//!   backward rounds each gradient of a bf16 GEMM input to bf16 (`rounded_matmul`); SwiGLU's
+//!   result and its backward's gradients (`rounded_swiglu`, `rounded_swiglu_backward`) and
+//!   the normed rows (`rounded_rmsnorm`, `rounded_add_rmsnorm`: the sum stays f32) feed bf16
+//!   GEMMs;
+//! - `embedding_onto`: an `Add` of an `EmbeddingBackward` read by the add alone and a term of
+//!   its shape (a tied embedding's gradient: the LM head's plus the embedding's, the LM
+//!   head's read as the `widened` rule left it) is one `EmbeddingBackward` onto that term.
 //!
 //! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu, cache.cu)
 //! rather than CUDA C generated per matched subgraph: the patterns that matter are few and the same in
@@ -59,7 +62,7 @@ use adamw_copy::with_copies;
 use add_rmsnorm::with_add_rmsnorm;
 use embedding_onto::embedding_onto_fusions;
 use rope_kv::rope_kv_fusions;
-use rounded::with_rounded;
+use rounded::rounded_fusions;
 use shared::shared_rewrites;
 use views::{view_rewrites, ViewRewrite};
 use widened::widened_fusions;
@@ -170,7 +173,6 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     fusions.extend(rope_kv_fusions(graph, &users));
     let taken: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
     fusions.extend(widened_fusions(graph, &users, &taken));
-    let fusions = with_rounded(graph, &users, fusions);
     let fusions = with_copies(graph, fusions);
     let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
     let shared = without_dead_ops(&rebuild(
@@ -179,10 +181,10 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
         &shared_rewrites(&fused),
         &BTreeSet::new(),
     )?)?;
-    // A value each of whose readers cast it once (the normed rows for q, k and v) has one cast
-    // now: round it where it is made. An add reads its terms as the rules before left them.
+    // On the fused program: an op reads its operands as `widened` retyped them, and the casts
+    // of one value for several readers (the normed rows for q, k and v) are one.
     let shared_users = self::users(&shared);
-    let mut last = with_rounded(&shared, &shared_users, Vec::new());
+    let mut last = rounded_fusions(&shared, &shared_users);
     last.extend(embedding_onto_fusions(&shared, &shared_users));
     match last.is_empty() {
         true => Ok(shared),

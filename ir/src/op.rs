@@ -355,6 +355,16 @@ impl Op {
         }
     }
 
+    /// The operand whose dtype the op computes in, the dtype its stored operands are widened
+    /// to: the first; a scatter's (`EmbeddingBackward`) gradient.
+    pub fn compute_operand(&self) -> usize {
+        match self {
+            Op::EmbeddingBackward { .. } => 1,
+            Op::Rounded(op) => op.compute_operand(),
+            _ => 0,
+        }
+    }
+
     /// The results `Op::Rounded` writes rounded to bf16 (f32 ones its kernels can write
     /// rounded; the others are written as the op writes them): a `MatMul`'s product (of bf16
     /// operands), SwiGLU's result and both gradients of its backward, RMSNorm's normed rows

@@ -5,17 +5,15 @@
 //! so; SwiGLU's result and its backward's gradients are rounded for the down and gate/up
 //! GEMMs, and the normed rows for the GEMMs they feed.
 
-use std::collections::BTreeSet;
-
 use petgraph::graph::NodeIndex;
 
 use super::{of_dtype, op_of, Fusion, Users};
 use crate::{DType, Graph, Op, ValueId};
 
-/// `fusions` with the rule applied at every roundable op it matches whose nodes no fusion has
-/// taken; an op the `widened` rule retyped is rounded as retyped.
-pub(super) fn with_rounded(graph: &Graph, users: &Users, mut fusions: Vec<Fusion>) -> Vec<Fusion> {
-    let taken: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
+/// The rule at every roundable op it matches (run on the fused program, where the ops the
+/// `widened` rule retyped read their stored operands and `shared` has merged repeated casts).
+pub(super) fn rounded_fusions(graph: &Graph, users: &Users) -> Vec<Fusion> {
+    let mut fusions = Vec::new();
     for node in graph.node_indices() {
         let Some(op) = op_of(graph, node).filter(|op| op.roundable()) else {
             continue;
@@ -37,19 +35,8 @@ pub(super) fn with_rounded(graph: &Graph, users: &Users, mut fusions: Vec<Fusion
         let Some(casts) = casts else {
             continue;
         };
-        let nodes: Vec<NodeIndex> = casts.iter().flat_map(|(_, n)| n.clone()).collect();
-        if nodes.iter().any(|n| taken.contains(n)) {
-            continue;
-        }
-        // The `widened` rule's op, its operands read stored, is rounded as retyped.
-        let widened = fusions.iter().position(|f| f.at == node);
-        let operands = match widened {
-            Some(at) if fusions[at].op == *op => fusions[at].operands.clone(),
-            Some(_) => continue,
-            None if taken.contains(&node) => continue,
-            None => graph.operands(node),
-        };
         // A product rounds from bf16 operands alone (the type rule's condition).
+        let operands = graph.operands(node);
         let rounded = Op::Rounded(Box::new(op.clone()));
         let types: Option<Vec<_>> = (operands.iter())
             .map(|v| graph.value_type(*v).ok().cloned())
@@ -57,22 +44,14 @@ pub(super) fn with_rounded(graph: &Graph, users: &Users, mut fusions: Vec<Fusion
         if types.is_none_or(|t| rounded.infer(&t).is_err()) {
             continue;
         }
-        let ends = casts.into_iter().map(|(cast, _)| cast).collect();
-        match widened {
-            Some(at) => {
-                let fusion = &mut fusions[at];
-                fusion.op = rounded;
-                fusion.replaced.extend(nodes);
-                fusion.ends = ends;
-            }
-            None => fusions.push(Fusion {
-                at: node,
-                replaced: [vec![node], nodes].concat(),
-                op: rounded,
-                operands,
-                ends,
-            }),
-        }
+        let nodes = casts.iter().flat_map(|(_, n)| n.iter().copied());
+        fusions.push(Fusion {
+            at: node,
+            replaced: std::iter::once(node).chain(nodes).collect(),
+            op: rounded,
+            operands,
+            ends: casts.into_iter().map(|(cast, _)| cast).collect(),
+        });
     }
     fusions
 }

@@ -21,8 +21,8 @@ pub(super) fn widened_fusions(
         let Some(op) = op_of(graph, node) else {
             continue;
         };
-        let f32_op =
-            (graph.operands(node).first()).is_some_and(|v| of_dtype(graph, *v, DType::F32));
+        let f32_op = (graph.operands(node).get(op.compute_operand()))
+            .is_some_and(|v| of_dtype(graph, *v, DType::F32));
         if taken.contains(&node) || !f32_op {
             continue;
         }

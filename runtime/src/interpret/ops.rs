@@ -69,12 +69,7 @@ pub(crate) fn conversions(op: &Op, operands: &[(DType, &[usize])]) -> Vec<(usize
         }
         _ => op.stored_operands(),
     };
-    // The dtype the op computes in: its first operand's; a scatter's, its gradient's.
-    let computed = match op {
-        Op::EmbeddingBackward { .. } => 1,
-        _ => 0,
-    };
-    let Some(&(compute, _)) = operands.get(computed) else {
+    let Some(&(compute, _)) = operands.get(op.compute_operand()) else {
         return vec![];
     };
     ports
