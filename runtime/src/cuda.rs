@@ -6,15 +6,16 @@
 //! loaded all at once on first use: each one's cubin for the device's architecture from the
 //! on-disk [`KernelCache`](crate::kernel_cache::KernelCache), the missing ones compiled by
 //! NVRTC in parallel (and stored); [`CudaDevice::kernel_report`] says what that took. cudarc's automatic
-//! event tracking is disabled: streams and events come from the plan. A [`CudaExecutable`]
-//! runs one planned program, with a GEMM workspace per stream (preallocated, so GEMMs can be
-//! captured; never shared by GEMMs that may run at once).
+//! event tracking is disabled: streams and events come from the plan. The device is the
+//! [`Driver`] of the shared GPU host logic; a [`CudaExecutable`] runs one planned program, with
+//! a GEMM workspace per stream (preallocated, so GEMMs can be captured; never shared by GEMMs
+//! that may run at once).
 //!
 //! Destructors cannot return errors: a failed free or destroy is recorded (the driver's in the
 //! context, cudarc's way; cuBLASLt's in [`ReleaseErrors`]) and reported by the next
 //! [`CudaDevice::check_released`], which every synchronization calls.
 
-mod executable;
+mod driver;
 mod gemm;
 mod staging;
 
@@ -24,47 +25,17 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 
 use crate::error::{Error, Result};
+use crate::gpu::{GpuExecutable, ReleaseErrors};
 use crate::kernel_cache::{KernelCache, Origin};
 
-pub use executable::CudaExecutable;
+/// A planned program bound to a CUDA device.
+pub type CudaExecutable = GpuExecutable<CudaDevice>;
 
 /// Bytes of the cuBLASLt workspace of each stream (NVIDIA's recommendation for Hopper).
 const GEMM_WORKSPACE_BYTES: usize = 32 << 20;
 
-/// Errors of destructors, kept until [`CudaDevice::check_released`] reports them; any still
-/// unreported when the device goes are printed then.
-#[derive(Default)]
-pub(crate) struct ReleaseErrors(Mutex<Vec<String>>);
-
-impl ReleaseErrors {
-    pub fn record(&self, what: String, e: impl std::fmt::Debug) {
-        if let Ok(mut errors) = self.0.lock() {
-            errors.push(format!("{what}: {e:?}"));
-        }
-    }
-
-    fn take(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .map(|mut e| std::mem::take(&mut *e))
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for ReleaseErrors {
-    fn drop(&mut self) {
-        for error in self.take() {
-            eprintln!("kiln: releasing a CUDA resource failed: {error}");
-        }
-    }
-}
-
 pub(crate) fn error(what: impl Into<String>, e: impl std::fmt::Debug) -> Error {
-    Error::Device {
-        backend: "cuda",
-        what: what.into(),
-        reason: format!("{e:?}"),
-    }
+    crate::gpu::error("cuda", what, e)
 }
 
 /// Why no CUDA device can be used here, or `None` when one can (driver, NVRTC and cuBLASLt
@@ -116,81 +87,6 @@ impl TimingEvent {
 
 /// The driver version (12.3) from which programmatic launches are captured into graphs.
 const PROGRAMMATIC_LAUNCH_DRIVER: i32 = 12030;
-
-/// CUDA's legacy default stream, as the driver numbers it.
-pub(crate) const LEGACY_STREAM: cudarc::driver::sys::CUstream = 1 as cudarc::driver::sys::CUstream;
-
-/// Fills `bytes` bytes at `ptr` with `value` on `stream` and waits for it. (`cuMemsetD8`
-/// alone runs on the legacy stream and may return before the fill is done, and kiln's streams
-/// do not wait for the legacy stream: a later copy or kernel on them could race the fill.)
-pub(crate) fn fill_and_wait(
-    ptr: u64,
-    value: u8,
-    bytes: usize,
-    stream: cudarc::driver::sys::CUstream,
-) -> Result<()> {
-    // SAFETY: the caller's range; the stream is waited for before this returns.
-    unsafe {
-        cudarc::driver::result::memset_d8_async(ptr, value, bytes, stream)
-            .and_then(|()| cudarc::driver::result::stream::synchronize(stream))
-    }
-    .map_err(|e| error("fill device memory", e))
-}
-
-/// One device allocation, freed on drop.
-pub(crate) struct DeviceAlloc {
-    ctx: Arc<CudaContext>,
-    pub ptr: u64,
-    pub bytes: usize,
-}
-
-impl DeviceAlloc {
-    /// `bytes` bytes (at least 1), filled with `fill` before this returns.
-    pub fn new(ctx: &Arc<CudaContext>, bytes: usize, fill: u8) -> Result<Self> {
-        let alloc = Self::unfilled(ctx, bytes)?;
-        fill_and_wait(alloc.ptr, fill, bytes.max(1), LEGACY_STREAM)?;
-        Ok(alloc)
-    }
-
-    /// `bytes` bytes (at least 1) of whatever the device left there: for memory written whole
-    /// before it is read.
-    pub fn unfilled(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
-        ctx.bind_to_thread().map_err(|e| error("bind context", e))?;
-        // SAFETY: a plain device allocation, freed in Drop.
-        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }
-            .map_err(|e| error(format!("allocate {bytes} bytes"), e))?;
-        Ok(DeviceAlloc {
-            ctx: ctx.clone(),
-            ptr,
-            bytes,
-        })
-    }
-}
-
-impl DeviceAlloc {
-    /// Its bytes, copied to the host (synchronously, after nothing).
-    pub fn to_host(&self) -> Result<Vec<u8>> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| error("bind context", e))?;
-        let mut host = vec![0u8; self.bytes];
-        // SAFETY: the allocation's own range.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, self.ptr) }
-            .map_err(|e| error("copy to the host", e))?;
-        Ok(host)
-    }
-}
-
-impl Drop for DeviceAlloc {
-    fn drop(&mut self) {
-        // A failure is kept in the context (cudarc's `record_err`) for `check_released`.
-        let freed = self.ctx.bind_to_thread().and_then(|()| {
-            // SAFETY: allocated by `new`, freed once.
-            unsafe { cudarc::driver::result::free_sync(self.ptr) }
-        });
-        self.ctx.record_err(freed);
-    }
-}
 
 /// A device being opened on another thread ([`CudaDevice::open_in_background`]).
 pub struct Opening(std::thread::JoinHandle<Result<Arc<CudaDevice>>>);
@@ -244,7 +140,7 @@ impl CudaDevice {
         unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }
             .result()
             .map_err(|e| error("driver version", e))?;
-        let release_errors = Arc::new(ReleaseErrors::default());
+        let release_errors = Arc::new(ReleaseErrors::new("cuda"));
         let lt = gemm::LtHandle::new(&release_errors)?;
         Ok(Arc::new(CudaDevice {
             ctx,
@@ -330,7 +226,7 @@ impl CudaDevice {
     }
 
     /// Kernel `function` of module `module`; the first call loads every module.
-    pub(crate) fn function(&self, module: &'static str, function: &str) -> Result<CudaFunction> {
+    fn module_function(&self, module: &'static str, function: &str) -> Result<CudaFunction> {
         self.load_kernels()?;
         let modules = (self.modules.lock()).map_err(|_| error("module cache", "poisoned"))?;
         let loaded = (modules.as_ref().and_then(|m| m.loaded.get(module)))

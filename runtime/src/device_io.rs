@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use crate::cuda::DeviceAlloc;
 use crate::error::Result;
+use crate::gpu::Memory;
 
 /// `bytes` bytes of device memory from address `ptr`, owned by the caller. kiln checks with
 /// the driver that the whole range lies inside one allocation of its device before using it.
@@ -26,16 +26,16 @@ pub struct DeviceSpan {
 /// Device memory kiln owns (a program's output handed to the caller), freed when the last
 /// clone is dropped.
 #[derive(Clone)]
-pub struct DeviceBuffer(pub(crate) Arc<DeviceAlloc>);
+pub struct DeviceBuffer(pub(crate) Arc<dyn Memory>);
 
 impl DeviceBuffer {
     /// Address of its first byte.
     pub fn ptr(&self) -> u64 {
-        self.0.ptr
+        self.0.ptr()
     }
 
     pub fn bytes(&self) -> usize {
-        self.0.bytes
+        self.0.bytes()
     }
 
     /// Its bytes, copied to the host. The copy is ordered after nothing: the work writing the
@@ -47,8 +47,8 @@ impl DeviceBuffer {
     /// The whole buffer as a span (for [`DeviceIo::get_to_device`]).
     pub fn span(&self) -> DeviceSpan {
         DeviceSpan {
-            ptr: self.0.ptr,
-            bytes: self.0.bytes,
+            ptr: self.0.ptr(),
+            bytes: self.0.bytes(),
         }
     }
 }

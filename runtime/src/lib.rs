@@ -14,7 +14,8 @@
 //! A [`Backend`] binds a planned program to memory allocated once and runs it eagerly or as a
 //! replayed recording, behind the [`Executable`] trait: [`CpuExecutable`] (the reference
 //! kernels over one host arena; its recording is a list of launches with bound addresses) and
-//! [`cuda::CudaExecutable`] (one device arena, streams and events from the plan, CUDA graphs).
+//! [`gpu::GpuExecutable`] (one device arena, streams and events from the plan, device graphs)
+//! over a GPU [`gpu::Driver`]: [`cuda::CudaExecutable`] on CUDA.
 //! [`Backend::compile_group`] binds several plans of one model to ONE memory (one arena of
 //! the largest plan's bytes, one slot per param and state), an [`ExecutableGroup`].
 //! [`lower_for_device`] lowers a plan to device launches without a device (what CI checks).
@@ -25,6 +26,7 @@ mod derived;
 mod device;
 mod device_io;
 mod error;
+pub mod gpu;
 mod group;
 mod host_bytes;
 mod index_inputs;

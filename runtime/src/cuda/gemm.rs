@@ -83,7 +83,7 @@ impl LtHandle {
 
 /// One matmul, ready to issue: its descriptor and layouts (destroyed on drop), the algorithm
 /// chosen for them, its operands' device addresses and the stream it is issued on.
-pub(crate) struct PreparedGemm {
+pub struct PreparedGemm {
     desc: Owned<sys::cublasLtMatmulDesc_t>,
     layouts: [Owned<sys::cublasLtMatrixLayout_t>; 3],
     algo: sys::cublasLtMatmulAlgo_t,

@@ -6,15 +6,16 @@ use std::sync::Arc;
 use kiln_ir::{DType, Graph, InputKind, Op, TensorType};
 use kiln_planner::{plan, Plan, PlanOptions};
 
-use super::super::{CudaDevice, DeviceAlloc};
-use super::CudaExecutable;
+use super::super::DeviceAlloc;
+use crate::cuda::{CudaDevice, CudaExecutable};
+
 use crate::backend::{Executable, RunMode};
 use crate::group::tests::{members_equal_standalone_executables, plans};
 use crate::tensor::Tensor;
 use crate::Workspaces;
 
 pub(super) fn device() -> Option<Arc<CudaDevice>> {
-    match super::super::unavailable() {
+    match crate::cuda::unavailable() {
         Some(reason) => {
             kiln_kernels::testing::skip_without_gpu("the CUDA executable tests", &reason);
             None
@@ -52,7 +53,7 @@ pub(super) fn want() -> Vec<f32> {
 fn an_allocation_inside_a_capture_is_refused_and_the_stream_recovers() {
     let Some(device) = device() else { return };
     let mut exe = add_program(&device);
-    let refused = exe.capture_with(|exe| DeviceAlloc::new(exe.device.context(), 256, 0).map(drop));
+    let refused = exe.capture_with(|exe| DeviceAlloc::new(&exe.device, 256, 0).map(drop));
     let error = refused.expect_err("a device allocation inside a capture must fail");
     println!("refused inside the capture: {error}");
     assert!(exe.graph.is_none());
@@ -243,7 +244,7 @@ fn large_inputs_go_through_pinned_staging_bit_for_bit() {
 #[test]
 fn a_device_opened_in_the_background_has_its_kernels_or_says_why_not() {
     let opened = CudaDevice::open_in_background(0).wait();
-    match super::super::unavailable() {
+    match crate::cuda::unavailable() {
         Some(reason) => {
             let error = opened
                 .err()

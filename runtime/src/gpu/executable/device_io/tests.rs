@@ -4,8 +4,8 @@
 use cudarc::driver::CudaStream;
 
 use super::super::tests::{add_program, device, embedding_program, want};
-use super::super::CudaExecutable;
 use crate::backend::RunMode;
+use crate::cuda::CudaExecutable;
 use crate::device_io::{DeviceBuffer, DeviceIo, DeviceSpan};
 use crate::tensor::Tensor;
 

@@ -1,6 +1,6 @@
-//! One planned program on a CUDA device: slots allocated once (the arena at a fixed base
+//! One planned program on a GPU (any [`Driver`]): slots allocated once (the arena at a fixed base
 //! address, every param, state, input and output slot), every launch resolved once to device
-//! addresses, then run eagerly (each launch issued now) or captured into a CUDA graph,
+//! addresses, then run eagerly (each launch issued now) or captured into a device graph,
 //! instantiated, uploaded and replayed. Nothing is allocated or freed while a capture is open:
 //! the capture runs in global mode, where the driver refuses such calls from any thread, and
 //! the code that issues launches allocates nothing on the device. An abandoned capture (a
@@ -11,7 +11,7 @@
 //! one stream run in order, so no two that may overlap share scratch memory.
 //!
 //! Kernels are launched with programmatic stream serialization where the device supports it
-//! (sm_90 and later; [`CudaExecutable::set_programmatic_launch`]): a kernel is scheduled while
+//! (sm_90 and later; [`GpuExecutable::set_programmatic_launch`]): a kernel is scheduled while
 //! the one before it on its stream finishes, and waits at its first instruction for the
 //! grids it depends on (kernels/cuda/common.cuh), so the launch gap is hidden; the edges
 //! survive stream capture into the graph.
@@ -26,7 +26,7 @@
 //!
 //! Groups (`executable/group.rs`): the members of an executable group share the arena
 //! allocation, the slots of params and state, the streams and their GEMM workspaces; each
-//! member captures its own CUDA graph over those addresses. Their runs are ordered on the one
+//! member captures its own graph over those addresses. Their runs are ordered on the one
 //! stream 0, and a group-wide lock is held while any member issues work (eagerly, a graph
 //! launch, a capture) or copies to or from its slots, so the work of two members never
 //! interleaves, whichever threads drive them. A lone executable is the group of one.
@@ -34,16 +34,11 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use cudarc::driver::sys::{
-    self, CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode,
-};
-use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream};
 use kiln_ir::Graph;
-use kiln_kernels::gpu::{Addr, Arg, Kernel, Launch, MAX_PORTABLE_CLUSTER_BLOCKS};
+use kiln_kernels::gpu::{Addr, Arg, Launch};
 use kiln_planner::Plan;
 
-use super::gemm::{self, PreparedGemm};
-use super::{error, CudaDevice, DeviceAlloc, GEMM_WORKSPACE_BYTES};
+use super::{DeviceAlloc, Driver, KernelCall};
 use crate::backend::RunMode;
 use crate::derived::Derived;
 use crate::error::Result;
@@ -51,17 +46,17 @@ use crate::index_inputs::IndexRules;
 use crate::lower::LowerOptions;
 use crate::program::DeviceProgram;
 
-enum Resolved {
+enum Resolved<D: Driver> {
     Kernel {
-        function: CudaFunction,
+        function: D::Function,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         shared: u32,
         cluster: (u32, u32, u32),
-        /// Each argument's bits in an 8-byte cell (the driver reads each parameter's size).
+        /// Each argument's bits in an 8-byte cell (the runtime reads each parameter's size).
         args: Vec<u64>,
     },
-    Gemm(PreparedGemm),
+    Gemm(D::Gemm),
     Copy {
         dst: u64,
         src: u64,
@@ -69,82 +64,69 @@ enum Resolved {
     },
 }
 
-struct ResolvedStep {
+struct ResolvedStep<D: Driver> {
     stream: usize,
     waits: Vec<usize>,
     records: Vec<usize>,
-    launches: Vec<Resolved>,
+    launches: Vec<Resolved<D>>,
 }
 
-/// A planned program bound to a CUDA device (see the module doc).
-pub struct CudaExecutable {
-    device: Arc<CudaDevice>,
+/// A planned program bound to a GPU (see the module doc).
+pub struct GpuExecutable<D: Driver> {
+    device: Arc<D>,
     program: DeviceProgram,
     /// The group's first `program.streams` streams: stream 0 is every member's.
-    streams: Vec<Arc<CudaStream>>,
-    events: Vec<CudaEvent>,
-    fork: CudaEvent,
-    joins: Vec<CudaEvent>,
+    streams: Vec<D::Stream>,
+    events: Vec<D::Event>,
+    fork: D::Event,
+    joins: Vec<D::Event>,
     /// By the program's slot index: the group's arena and shared input slots, this member's
     /// per-run input, output and fault slots.
-    slots: Vec<Arc<DeviceAlloc>>,
-    /// One cuBLASLt workspace per stream, the group's.
-    gemm_workspaces: Vec<Arc<DeviceAlloc>>,
+    slots: Vec<Arc<DeviceAlloc<D>>>,
+    /// One vendor GEMM workspace per stream, the group's.
+    gemm_workspaces: Vec<Arc<DeviceAlloc<D>>>,
     /// The group's: held while work is issued or slots are copied, so that the work of two
     /// members never interleaves.
     issue: Arc<Mutex<()>>,
     index_rules: IndexRules,
     /// Copies set with their params (`Graph::derive`).
     derived: Derived,
-    steps: Vec<ResolvedStep>,
-    write_backs: Vec<Resolved>,
-    graph: Option<CudaGraph>,
+    steps: Vec<ResolvedStep<D>>,
+    write_backs: Vec<Resolved<D>>,
+    graph: Option<D::Graph>,
     capture_seconds: Option<f64>,
     /// Kernels launched with programmatic stream serialization (see
     /// [`set_programmatic_launch`](Self::set_programmatic_launch)).
     programmatic: bool,
 }
 
-/// A launch attribute `id` with a zeroed value, for the caller to fill in.
-fn launch_attribute(id: sys::CUlaunchAttributeID) -> sys::CUlaunchAttribute {
-    sys::CUlaunchAttribute {
-        id,
-        pad: [0; 4],
-        // SAFETY: a plain-data union; zero is a valid value of every field.
-        value: unsafe { std::mem::zeroed() },
-    }
-}
-
 /// Ends an open capture when dropped before `finish` (a launch failed inside it).
-struct CaptureGuard<'s> {
-    stream: &'s Arc<CudaStream>,
+struct CaptureGuard<'s, D: Driver> {
+    device: &'s D,
+    stream: &'s D::Stream,
     open: bool,
 }
 
-impl Drop for CaptureGuard<'_> {
+impl<D: Driver> Drop for CaptureGuard<'_, D> {
     fn drop(&mut self) {
         if self.open {
-            // The capture is invalid; ending it discards the partial graph (an error about the
-            // invalidated capture is expected and cleared here) and frees the stream.
-            let _ = self.stream.end_capture(
-                CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-            );
+            self.device.abandon_capture(self.stream);
         }
     }
 }
 
-impl CudaExecutable {
+impl<D: Driver> GpuExecutable<D> {
     /// Lowers `plan` of `graph`, allocates every slot (arena and output slots poisoned with
     /// 0xFF bytes, a NaN in every float dtype, so a value read before it is written shows) and
     /// resolves every launch: the group of one ([`group`](Self::group)).
-    pub fn new(device: &Arc<CudaDevice>, graph: &Graph, plan: &Plan) -> Result<Self> {
+    pub fn new(device: &Arc<D>, graph: &Graph, plan: &Plan) -> Result<Self> {
         Self::with_options(device, graph, plan, LowerOptions::default())
     }
 
     /// As [`new`](Self::new), with the lowering's `options` (which kernels take the fused
     /// linears; the defaults are measured: BENCHMARKS.md).
     pub fn with_options(
-        device: &Arc<CudaDevice>,
+        device: &Arc<D>,
         graph: &Graph,
         plan: &Plan,
         options: LowerOptions,
@@ -181,45 +163,31 @@ impl CudaExecutable {
         self.slots[addr.slot as usize].ptr + addr.offset
     }
 
-    /// `kernel`'s function, allowed a cluster past the portable size where it asks for one.
-    fn kernel_function(&self, kernel: &Kernel) -> Result<CudaFunction> {
-        let function = self.device.function(kernel.module, kernel.function)?;
-        let (x, y, z) = kernel.cluster;
-        if u64::from(x * y * z) > MAX_PORTABLE_CLUSTER_BLOCKS {
-            let allowed = CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
-            (function.set_attribute(allowed, 1)).map_err(|e| {
-                error(
-                    format!("{}: a cluster of {}", kernel.function, x * y * z),
-                    e,
-                )
-            })?;
-        }
-        Ok(function)
-    }
-
-    fn resolve(&self, launch: &Launch) -> Result<Resolved> {
+    fn resolve(&self, launch: &Launch) -> Result<Resolved<D>> {
         Ok(match launch {
-            Launch::Kernel(k) => Resolved::Kernel {
-                function: self.kernel_function(k)?,
-                grid: k.grid,
-                block: k.block,
-                shared: k.shared_bytes,
-                cluster: k.cluster,
-                args: (k.args.iter())
-                    .map(|arg| match *arg {
-                        Arg::Ptr(addr) => self.address(addr),
-                        Arg::Null => 0,
-                        Arg::I64(v) => v as u64,
-                        Arg::I32(v) => v as u32 as u64,
-                        Arg::F32(v) => v.to_bits() as u64,
-                        Arg::F64(v) => v.to_bits(),
-                    })
-                    .collect(),
-            },
+            Launch::Kernel(k) => {
+                let (x, y, z) = k.cluster;
+                Resolved::Kernel {
+                    function: (self.device).function(k.module, k.function, u64::from(x * y * z))?,
+                    grid: k.grid,
+                    block: k.block,
+                    shared: k.shared_bytes,
+                    cluster: k.cluster,
+                    args: (k.args.iter())
+                        .map(|arg| match *arg {
+                            Arg::Ptr(addr) => self.address(addr),
+                            Arg::Null => 0,
+                            Arg::I64(v) => v as u64,
+                            Arg::I32(v) => v as u32 as u64,
+                            Arg::F32(v) => v.to_bits() as u64,
+                            Arg::F64(v) => v.to_bits(),
+                        })
+                        .collect(),
+                }
+            }
             Launch::Gemm(g) => {
                 let pointers = (self.address(g.a), self.address(g.b), self.address(g.c));
-                let prepared = gemm::prepare(&self.device.lt, g, pointers, GEMM_WORKSPACE_BYTES)?;
-                Resolved::Gemm(prepared)
+                Resolved::Gemm(self.device.prepare_gemm(g, pointers)?)
             }
             Launch::Copy { dst, src, bytes } => Resolved::Copy {
                 dst: self.address(*dst),
@@ -230,8 +198,8 @@ impl CudaExecutable {
     }
 
     /// Issues `launch` on stream `stream_index`.
-    fn issue(&self, launch: &Resolved, stream_index: usize) -> Result<()> {
-        let stream: &CudaStream = &self.streams[stream_index];
+    fn issue(&self, launch: &Resolved<D>, stream_index: usize) -> Result<()> {
+        let stream = &self.streams[stream_index];
         match launch {
             Resolved::Kernel {
                 function,
@@ -241,103 +209,53 @@ impl CudaExecutable {
                 cluster,
                 args,
             } => {
-                let mut params: Vec<*mut std::ffi::c_void> = (args.iter())
-                    .map(|cell| cell as *const u64 as *mut std::ffi::c_void)
-                    .collect();
-                let mut attributes = Vec::with_capacity(2);
-                if self.programmatic {
-                    let mut attribute = launch_attribute(
-                        sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                    );
-                    attribute.value.programmaticStreamSerializationAllowed = 1;
-                    attributes.push(attribute);
-                }
-                if *cluster != (1, 1, 1) {
-                    let mut attribute = launch_attribute(
-                        sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                    );
-                    attribute.value.clusterDim.x = cluster.0;
-                    attribute.value.clusterDim.y = cluster.1;
-                    attribute.value.clusterDim.z = cluster.2;
-                    attributes.push(attribute);
-                }
-                let config = sys::CUlaunchConfig {
-                    gridDimX: grid.0,
-                    gridDimY: grid.1,
-                    gridDimZ: grid.2,
-                    blockDimX: block.0,
-                    blockDimY: block.1,
-                    blockDimZ: block.2,
-                    sharedMemBytes: *shared,
-                    hStream: stream.cu_stream(),
-                    attrs: attributes.as_mut_ptr(),
-                    numAttrs: attributes.len() as u32,
+                let call = KernelCall {
+                    function,
+                    grid: *grid,
+                    block: *block,
+                    shared: *shared,
+                    cluster: *cluster,
+                    args,
+                    programmatic: self.programmatic,
                 };
-                // SAFETY: each parameter points at a cell holding its value's bits; the
-                // builders match the kernels' signatures (checked against the sources in CI);
-                // the config and its attributes live through the call.
-                unsafe {
-                    sys::cuLaunchKernelEx(
-                        &config,
-                        function.cu_function(),
-                        params.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    )
-                }
-                .result()
-                .map_err(|e| error("kernel launch", e))
+                self.device.launch(call, stream)
             }
             Resolved::Gemm(g) => {
                 let workspace = &self.gemm_workspaces[stream_index];
-                let scratch = (workspace.ptr, workspace.bytes);
-                gemm::issue(&self.device.lt, g, scratch, stream.cu_stream() as _)
+                self.device
+                    .gemm(g, (workspace.ptr, workspace.bytes), stream)
             }
-            Resolved::Copy { dst, src, bytes } => {
-                // SAFETY: both ranges lie inside slots this executable owns (checked when
-                // the program was lowered).
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(
-                        *dst,
-                        *src,
-                        *bytes,
-                        stream.cu_stream(),
-                    )
-                }
-                .map_err(|e| error("device copy", e))
-            }
+            // Both ranges lie inside slots this executable owns (checked when the program was
+            // lowered).
+            Resolved::Copy { dst, src, bytes } => self.device.copy(*dst, *src, *bytes, stream),
         }
     }
 
     /// Issues the whole program (fork, steps with their events, join, write-backs).
     fn issue_all(&self) -> Result<()> {
+        let device = &*self.device;
         let main = &self.streams[0];
         if self.streams.len() > 1 {
-            self.fork
-                .record(main)
-                .map_err(|e| error("record fork", e))?;
+            device.record(&self.fork, main)?;
             for side in &self.streams[1..] {
-                side.wait(&self.fork).map_err(|e| error("wait fork", e))?;
+                device.wait(side, &self.fork)?;
             }
         }
         for step in &self.steps {
             let stream = &self.streams[step.stream];
             for &event in &step.waits {
-                stream
-                    .wait(&self.events[event])
-                    .map_err(|e| error("wait event", e))?;
+                device.wait(stream, &self.events[event])?;
             }
             for launch in &step.launches {
                 self.issue(launch, step.stream)?;
             }
             for &event in &step.records {
-                self.events[event]
-                    .record(stream)
-                    .map_err(|e| error("record event", e))?;
+                device.record(&self.events[event], stream)?;
             }
         }
         for (side, join) in self.streams[1..].iter().zip(&self.joins) {
-            join.record(side).map_err(|e| error("record join", e))?;
-            main.wait(join).map_err(|e| error("wait join", e))?;
+            device.record(join, side)?;
+            device.wait(main, join)?;
         }
         for launch in &self.write_backs {
             self.issue(launch, 0)?;
@@ -351,12 +269,12 @@ impl CudaExecutable {
         if mode == RunMode::Graph && self.graph.is_none() {
             self.capture()?;
         }
-        let _issuing = issuing(&self.issue)?;
+        let _issuing = issuing::<D>(&self.issue)?;
         match mode {
             RunMode::Eager => self.issue_all(),
             RunMode::Graph => {
                 let graph = self.graph.as_ref().expect("captured above");
-                graph.launch().map_err(|e| error("graph launch", e))
+                self.device.replay(graph, &self.streams[0])
             }
         }
     }
@@ -368,30 +286,30 @@ impl CudaExecutable {
     pub fn profile(&self) -> Result<Vec<(usize, String, f32)>> {
         if self.streams.len() != 1 {
             let reason = "profiling times steps on one stream; plan with --streams 1";
-            return Err(error("profile", reason));
+            return Err(super::error(D::BACKEND, "profile", reason));
         }
-        let _issuing = issuing(&self.issue)?;
-        let stream = &self.streams[0];
+        let _issuing = issuing::<D>(&self.issue)?;
+        let (device, stream) = (&*self.device, &self.streams[0]);
         let marks = (0..=self.steps.len())
-            .map(|_| self.device.timing_event())
+            .map(|_| device.new_timer())
             .collect::<Result<Vec<_>>>()?;
-        marks[0].record(stream)?;
+        device.record_timer(&marks[0], stream)?;
         for (index, step) in self.steps.iter().enumerate() {
             for launch in &step.launches {
                 self.issue(launch, 0)?;
             }
-            marks[index + 1].record(stream)?;
+            device.record_timer(&marks[index + 1], stream)?;
         }
         (self.program.steps.iter().enumerate())
             .map(|(index, step)| {
-                let ms = marks[index].elapsed_ms(&marks[index + 1])?;
+                let ms = device.elapsed_ms(&marks[index], &marks[index + 1])?;
                 Ok((step.node, step.op.clone(), ms))
             })
             .collect()
     }
 
-    /// Captures the program into a CUDA graph, instantiates and uploads it (replacing any
-    /// earlier capture).
+    /// Captures the program into a graph, instantiates and uploads it (replacing any earlier
+    /// capture).
     pub fn capture(&mut self) -> Result<()> {
         self.capture_with(|_| Ok(()))
     }
@@ -402,25 +320,20 @@ impl CudaExecutable {
         let start = Instant::now();
         self.graph = None;
         let issue = self.issue.clone();
-        let _issuing = issuing(&issue)?;
-        let main = self.streams[0].clone();
+        let _issuing = issuing::<D>(&issue)?;
         self.synchronize()?;
-        main.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
-            .map_err(|e| error("begin capture", e))?;
+        let device = self.device.clone();
+        let main = self.streams[0].clone();
+        device.begin_capture(&main)?;
         let mut guard = CaptureGuard {
+            device: &*device,
             stream: &main,
             open: true,
         };
         inside(self)?;
         self.issue_all()?;
         guard.open = false;
-        let graph = main
-            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-            .map_err(|e| error("end capture", e))?
-            .ok_or_else(|| error("end capture", "the capture recorded nothing"))?;
-        graph.upload().map_err(|e| error("graph upload", e))?;
-        main.synchronize().map_err(|e| error("synchronize", e))?;
-        self.graph = Some(graph);
+        self.graph = Some(device.end_capture(&main)?);
         self.capture_seconds = Some(start.elapsed().as_secs_f64());
         Ok(())
     }
@@ -442,10 +355,9 @@ impl CudaExecutable {
 }
 
 /// The group's issue lock, held (see [`CudaExecutable`]'s `issue`).
-fn issuing(issue: &Mutex<()>) -> Result<MutexGuard<'_, ()>> {
-    issue
-        .lock()
-        .map_err(|_| error("issue lock", "a thread of the group panicked while issuing"))
+fn issuing<D: Driver>(issue: &Mutex<()>) -> Result<MutexGuard<'_, ()>> {
+    let why = "a thread of the group panicked while issuing";
+    (issue.lock()).map_err(|_| super::error(D::BACKEND, "issue lock", why))
 }
 
 mod device_io;

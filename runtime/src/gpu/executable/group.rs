@@ -1,4 +1,4 @@
-//! Several CUDA executables over one device memory (see [`crate::group`]): the group allocates
+//! Several GPU executables over one device memory (see [`crate::group`]): the group allocates
 //! the arena (the largest plan's bytes), one slot per param and state name, and max(streams)
 //! streams with a GEMM workspace each; every member takes handles to those and allocates only
 //! its own per-run input, output and fault slots. An allocation is freed when its last holder
@@ -6,13 +6,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::CudaStream;
 use kiln_ir::Graph;
 use kiln_planner::Plan;
 
-use super::super::{error, CudaDevice, DeviceAlloc, GEMM_WORKSPACE_BYTES};
-use super::CudaExecutable;
+use super::super::{error, DeviceAlloc, Driver};
+use super::GpuExecutable;
 use crate::derived::Derived;
 use crate::error::Result;
 use crate::group::GroupMemory;
@@ -21,54 +19,51 @@ use crate::lower::LowerOptions;
 use crate::program::{DeviceProgram, SlotKind};
 
 /// What the members of a group share on the device.
-struct Shared {
-    streams: Vec<Arc<CudaStream>>,
-    gemm_workspaces: Vec<Arc<DeviceAlloc>>,
-    arena: Arc<DeviceAlloc>,
+struct Shared<D: Driver> {
+    streams: Vec<D::Stream>,
+    gemm_workspaces: Vec<Arc<DeviceAlloc<D>>>,
+    arena: Arc<DeviceAlloc<D>>,
     /// By index in [`GroupMemory::shared_inputs`].
-    inputs: Vec<Arc<DeviceAlloc>>,
+    inputs: Vec<Arc<DeviceAlloc<D>>>,
     issue: Arc<Mutex<()>>,
 }
 
-impl CudaExecutable {
+impl<D: Driver> GpuExecutable<D> {
     /// Binds `programs` (at least one) to one device memory, as
     /// [`Backend::compile_group`](crate::Backend::compile_group) does: one executable per
     /// program, in the order given, and what they share. The arena and output slots start
     /// poisoned as in [`new`](Self::new).
     pub fn group(
-        device: &Arc<CudaDevice>,
+        device: &Arc<D>,
         programs: &[(&Graph, &Plan)],
     ) -> Result<(Vec<Self>, GroupMemory)> {
         Self::group_with_options(device, programs, LowerOptions::default())
     }
 
-    /// As [`group`](Self::group), with the lowering's `options` (clusters only where the
-    /// device has them).
+    /// As [`group`](Self::group), with the lowering's `options` (as the device can run them:
+    /// [`Driver::lower_options`]).
     pub fn group_with_options(
-        device: &Arc<CudaDevice>,
+        device: &Arc<D>,
         programs: &[(&Graph, &Plan)],
         options: LowerOptions,
     ) -> Result<(Vec<Self>, GroupMemory)> {
-        let options = LowerOptions {
-            clusters: options.clusters && device.supports_clusters(),
-            ..options
-        };
+        let options = device.lower_options(options);
         let memory = GroupMemory::of(programs)?;
         let lowered = (programs.iter())
             .map(|(graph, plan)| DeviceProgram::new(graph, plan, options))
             .collect::<Result<Vec<_>>>()?;
-        let ctx = device.context();
         let streams = lowered.iter().map(|p| p.streams).max().unwrap_or(1);
+        let workspace = device.gemm_workspace_bytes();
         let shared = Shared {
             streams: (0..streams)
-                .map(|_| ctx.new_stream().map_err(|e| error("create stream", e)))
+                .map(|_| device.new_stream())
                 .collect::<Result<_>>()?,
             gemm_workspaces: (0..streams)
-                .map(|_| DeviceAlloc::new(ctx, GEMM_WORKSPACE_BYTES, 0).map(Arc::new))
+                .map(|_| DeviceAlloc::new(device, workspace, 0).map(Arc::new))
                 .collect::<Result<_>>()?,
-            arena: Arc::new(DeviceAlloc::new(ctx, memory.arena_bytes as usize, 0xFF)?),
+            arena: Arc::new(DeviceAlloc::new(device, memory.arena_bytes as usize, 0xFF)?),
             inputs: (memory.shared_inputs.iter())
-                .map(|input| DeviceAlloc::new(ctx, input.bytes() as usize, 0).map(Arc::new))
+                .map(|input| DeviceAlloc::new(device, input.bytes() as usize, 0).map(Arc::new))
                 .collect::<Result<_>>()?,
             issue: Arc::new(Mutex::new(())),
         };
@@ -86,17 +81,13 @@ impl CudaExecutable {
     /// The executable of `program` over the group's `shared` resources, with its own slots
     /// allocated and every launch resolved.
     fn member(
-        device: &Arc<CudaDevice>,
+        device: &Arc<D>,
         program: DeviceProgram,
-        shared: &Shared,
+        shared: &Shared<D>,
         memory: &GroupMemory,
         (index_rules, derived): (IndexRules, Derived),
     ) -> Result<Self> {
-        let ctx = device.context();
-        let event = || {
-            ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(|e| error("create event", e))
-        };
+        let event = || device.new_event();
         let events = (0..program.events)
             .map(|_| event())
             .collect::<Result<Vec<_>>>()?;
@@ -106,12 +97,13 @@ impl CudaExecutable {
         let fork = event()?;
         let slots = (program.slots.iter())
             .map(|slot| {
-                let own = |fill| DeviceAlloc::new(ctx, slot.bytes as usize, fill).map(Arc::new);
+                let own = |fill| DeviceAlloc::new(device, slot.bytes as usize, fill).map(Arc::new);
                 match &slot.kind {
                     SlotKind::Arena => Ok(shared.arena.clone()),
                     SlotKind::Input(kind) if kind.is_persistent() => {
                         let index = memory.shared(&slot.name).ok_or_else(|| {
-                            error(format!("slot of `{}`", slot.name), "not in the group")
+                            let what = format!("slot of `{}`", slot.name);
+                            error(D::BACKEND, what, "not in the group")
                         })?;
                         Ok(shared.inputs[index].clone())
                     }
@@ -120,7 +112,7 @@ impl CudaExecutable {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut executable = CudaExecutable {
+        let mut executable = GpuExecutable {
             device: device.clone(),
             streams: shared.streams[..program.streams].to_vec(),
             gemm_workspaces: shared.gemm_workspaces[..program.streams].to_vec(),

@@ -1,15 +1,14 @@
-//! What the host sees of a CUDA executable: synchronization (with the fault words and failed
+//! What the host sees of a GPU executable: synchronization (with the fault words and failed
 //! releases reported), copies of inputs in and outputs out, and its sizes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
 use kiln_ir::TensorType;
 use kiln_kernels::gpu::Addr;
 
-use super::super::{error, CudaDevice};
-use super::CudaExecutable;
+use super::super::{error, Driver};
+use super::{issuing, GpuExecutable};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::interpret::type_of;
@@ -19,13 +18,13 @@ use crate::placed::ValueLayout;
 use crate::program::SlotKind;
 use crate::tensor::Tensor;
 
-impl CudaExecutable {
+impl<D: Driver> GpuExecutable<D> {
     /// Waits for everything issued on every stream, then reports what went wrong meanwhile: a
     /// raised fault word (an invalid index met by a kernel, named by its op; the words are
     /// cleared) or a failed release of device resources.
     pub fn synchronize(&self) -> Result<()> {
         for stream in &self.streams {
-            stream.synchronize().map_err(|e| error("synchronize", e))?;
+            self.device.synchronize(stream)?;
         }
         self.device.check_released()?;
         self.check_faults()
@@ -33,16 +32,17 @@ impl CudaExecutable {
 
     fn check_faults(&self) -> Result<()> {
         let slot = &self.slots[self.program.fault_slot as usize];
-        let mut words = vec![0i32; slot.bytes / 4];
-        // SAFETY: the slot holds exactly these words; the streams are idle.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut words, slot.ptr) }
-            .map_err(|e| error("read the fault words", e))?;
-        let Some(step) = words.iter().position(|&word| word != 0) else {
+        let mut words = vec![0u8; slot.bytes];
+        // The slot holds exactly these words; the streams are idle.
+        self.device
+            .download(&mut words, slot.ptr, Some(&self.streams[0]))?;
+        let raised = words.chunks_exact(4).position(|word| word != [0; 4]);
+        let Some(step) = raised else {
             return Ok(());
         };
         // The slot's own range; the streams are idle.
-        super::super::fill_and_wait(slot.ptr, 0, slot.bytes, self.streams[0].cu_stream())
-            .map_err(|e| error("clear the fault words", e))?;
+        let main = Some(&self.streams[0]);
+        self.device.fill_and_wait(slot.ptr, 0, slot.bytes, main)?;
         let op = (self.program.steps.get(step)).map_or("?", |s| s.op.as_str());
         Err(Error::DeviceFault {
             program: self.program.name.clone(),
@@ -52,11 +52,11 @@ impl CudaExecutable {
     }
 
     /// The main stream (timing events go there).
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    pub fn stream(&self) -> &D::Stream {
         &self.streams[0]
     }
 
-    pub fn device(&self) -> &Arc<CudaDevice> {
+    pub fn device(&self) -> &Arc<D> {
         &self.device
     }
 
@@ -129,7 +129,7 @@ impl CudaExecutable {
         Ok(())
     }
 
-    /// Copies `tensor` into input `name`'s slot (see [`CudaExecutable::set`]).
+    /// Copies `tensor` into input `name`'s slot (see [`GpuExecutable::set`]).
     fn upload_input(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
         let (slot, ty) = self.input(name)?;
         if tensor.dtype() != ty.dtype || tensor.shape() != &ty.shape {
@@ -145,12 +145,12 @@ impl CudaExecutable {
         let size = dense.dtype().size_bytes();
         let all = bytes::of_data(guard.data());
         let host = &all[dense.offset() * size..(dense.offset() + dense.numel()) * size];
-        let _issuing = super::issuing(&self.issue)?;
+        let _issuing = issuing::<D>(&self.issue)?;
         self.synchronize()?;
         let dst = self.slots[slot as usize].ptr;
         // The slot holds exactly the input's bytes; the streams are idle.
         (self.device.upload(dst, host, &self.streams[0]))
-            .map_err(|e| error(format!("copy input `{name}` to the device"), e))
+            .map_err(|e| error(D::BACKEND, format!("copy input `{name}` to the device"), e))
     }
 
     /// Fills the slot of graph input `name`, and a param's derived copies, with zero bytes on
@@ -166,27 +166,31 @@ impl CudaExecutable {
 
     fn zero_slot(&mut self, name: &str) -> Result<()> {
         let (slot, _) = self.input(name)?;
-        let _issuing = super::issuing(&self.issue)?;
+        let _issuing = issuing::<D>(&self.issue)?;
         self.synchronize()?;
         let slot = &self.slots[slot as usize];
         // The slot's own range; the streams are idle.
-        super::super::fill_and_wait(slot.ptr, 0, slot.bytes, self.streams[0].cu_stream())
-            .map_err(|e| error(format!("zero input `{name}` on the device"), e))
+        (self
+            .device
+            .fill_and_wait(slot.ptr, 0, slot.bytes, Some(&self.streams[0])))
+        .map_err(|e| error(D::BACKEND, format!("zero input `{name}` on the device"), e))
     }
 
     /// A fresh CPU tensor with output `name` (or input slot `name`: a param or state after
     /// the runs so far), after the work in flight.
     pub fn get(&self, name: &str) -> Result<Tensor> {
         let (addr, layout) = self.output_place(name)?;
-        let _issuing = super::issuing(&self.issue)?;
+        let _issuing = issuing::<D>(&self.issue)?;
         self.synchronize()?;
         let slot = &self.slots[addr.slot as usize];
         let len = slot.bytes - addr.offset as usize;
         let mut host = bytes::aligned_zeros(len);
         let host_bytes = bytes::prefix_mut(&mut host, len);
-        // SAFETY: the range lies inside the slot; the streams are idle.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(host_bytes, self.address(addr)) }
-            .map_err(|e| error(format!("copy `{name}` from the device"), e))?;
+        // The range lies inside the slot; the streams are idle.
+        (self
+            .device
+            .download(host_bytes, self.address(addr), Some(&self.streams[0])))
+        .map_err(|e| error(D::BACKEND, format!("copy `{name}` from the device"), e))?;
         let source = read_view(host_bytes, &layout)?;
         let out = Tensor::zeros(layout.shape().clone(), layout.dtype, Device::Cpu);
         out.write_with(|mut dst| kiln_kernels::copy::copy(&source, &mut dst))??;
