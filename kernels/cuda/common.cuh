@@ -10,10 +10,12 @@ typedef unsigned short bf16_bits;
 #define KILN_WARP 32
 #define KILN_FULL_MASK 0xffffffffu
 
-// Warp shuffles over groups of KILN_WARP = 32 lanes, the one place kiln's kernels name them.
-// NVRTC: CUDA's *_sync intrinsics over the whole warp. hipRTC (__HIPCC_RTC__): HIP's, with the
-// group width, so that a 64-lane wavefront is two groups of 32 and every butterfly and
-// reduction keeps its 32-lane pairing and order.
+// Warp shuffles over groups of KILN_WARP = 32 lanes, the one place kiln's kernels name them:
+// by lane mask (butterflies), down by a distance, and from a lane of the group (`src_lane`,
+// 0..31). NVRTC: CUDA's *_sync intrinsics over the whole warp. hipRTC (__HIPCC_RTC__): HIP's,
+// with the group width, so that a 64-lane wavefront is two groups of 32 and every butterfly,
+// reduction and exchange keeps its 32-lane pairing and order. Every lane of a group executes
+// each shuffle (none sits under a condition that differs within a group).
 #if defined(__HIPCC_RTC__)
 template <typename T>
 __device__ __forceinline__ T kiln_shfl_xor(T value, int lane_mask) {
@@ -23,6 +25,10 @@ template <typename T>
 __device__ __forceinline__ T kiln_shfl_down(T value, int delta) {
     return __shfl_down(value, delta, KILN_WARP);
 }
+template <typename T>
+__device__ __forceinline__ T kiln_shfl(T value, int src_lane) {
+    return __shfl(value, src_lane, KILN_WARP);
+}
 #else
 template <typename T>
 __device__ __forceinline__ T kiln_shfl_xor(T value, int lane_mask) {
@@ -31,6 +37,10 @@ __device__ __forceinline__ T kiln_shfl_xor(T value, int lane_mask) {
 template <typename T>
 __device__ __forceinline__ T kiln_shfl_down(T value, int delta) {
     return __shfl_down_sync(KILN_FULL_MASK, value, delta);
+}
+template <typename T>
+__device__ __forceinline__ T kiln_shfl(T value, int src_lane) {
+    return __shfl_sync(KILN_FULL_MASK, value, src_lane);
 }
 #endif
 

@@ -36,6 +36,15 @@
 //
 // Shared memory rows are padded by 8 bf16 (16 bytes): a row of 64 + 8 elements is 36 words, so
 // the fragment reads (row g, word t) and ldmatrix's 8-row phases fall in distinct banks.
+//
+// Primitives. mma.sync, ldmatrix, cp.async, the bf16x2 conversion and ex2.approx are mma.cuh's:
+// inline PTX on NVIDIA, an emulation under hipRTC (or NVRTC with KILN_PORTABLE_MMA), where the
+// copies are synchronous and the products within f32 rounding of the tensor cores'. Warps are
+// groups of 32 lanes (threadIdx.x / 32) on either path: every exchange within one goes through
+// common.cuh's width-32 shuffles, so a 64-lane wavefront holds two of them. The kernel bodies
+// are __forceinline__ so that each static __shared__ tile belongs to the one kernel that calls
+// it: hipRTC's compiler puts the shared arrays of functions it does not inline into one block
+// that every kernel of the module allocates (292 KB here, against gfx90a's 64 KB per block).
 
 #define KILN_FLASH_THREADS 128 // 4 warps
 #define KILN_FLASH_ROWS 64     // the block's own rows: 16 per warp
@@ -50,19 +59,6 @@ __device__ __forceinline__ unsigned int kiln_flash_word(const bf16_bits* p) {
     return *(const unsigned int*)p;
 }
 
-// 16 bytes global -> shared, asynchronously; zeros when !valid (nothing is read then).
-__device__ __forceinline__ void kiln_flash_copy16(bf16_bits* dst, const bf16_bits* src,
-                                                  bool valid) {
-    const unsigned int at = (unsigned int)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void kiln_flash_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most `pending` of this thread's committed copy groups are still in flight.
-template <int pending> __device__ __forceinline__ void kiln_flash_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
-}
-
 // Rows [first, first + R) of a staged [count][D] bf16 matrix into a shared tile [R][D + pad]
 // (rows past count zero-filled), issued as cp.async by the whole block.
 template <int D, int R>
@@ -72,8 +68,8 @@ __device__ __forceinline__ void kiln_flash_tile(bf16_bits* dst, const bf16_bits*
     for (int i = threadIdx.x; i < R * CHUNKS; i += KILN_FLASH_THREADS) {
         const int r = i / CHUNKS, c = i % CHUNKS;
         const bool valid = first + r < count;
-        kiln_flash_copy16(dst + r * (D + KILN_FLASH_PAD) + 8 * c,
-                          src + (valid ? (first + r) * D + 8 * c : 0), valid);
+        kiln_cp_async16(dst + r * (D + KILN_FLASH_PAD) + 8 * c,
+                        src + (valid ? (first + r) * D + 8 * c : 0), valid);
     }
 }
 
@@ -119,28 +115,14 @@ __device__ __forceinline__ void kiln_flash_qk(float (&acc)[N / 8][4],
         } else {
 #pragma unroll
             for (int kk = 0; kk + 1 < D / 16; kk += 2) {
-                const bf16_bits* at =
-                    b + (8 * j + (lane & 7)) * STRIDE + 16 * kk + 8 * (lane >> 3);
-                const unsigned int s = (unsigned int)__cvta_generic_to_shared(at);
-                unsigned int b0, b1, b2, b3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                             : "r"(s));
-                kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3], b0, b1);
-                kiln_mma_bf16(acc[j], a[kk + 1][0], a[kk + 1][1], a[kk + 1][2], a[kk + 1][3], b2,
-                              b3);
+                unsigned int bs[4];
+                kiln_ldmatrix_x4(bs, b + (8 * j + (lane & 7)) * STRIDE + 16 * kk + 8 * (lane >> 3));
+                kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3], bs[0], bs[1]);
+                kiln_mma_bf16(acc[j], a[kk + 1][0], a[kk + 1][1], a[kk + 1][2], a[kk + 1][3],
+                              bs[2], bs[3]);
             }
         }
     }
-}
-
-// Two f32 rounded to nearest even as one bf16x2 word (the lower k in the low half), by the
-// hardware conversion: kiln_f32_to_bf16's bits for every value but NaN, which stays a NaN
-// (the canonical one).
-__device__ __forceinline__ unsigned int kiln_flash_pack(float low, float high) {
-    unsigned int word;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(high), "f"(low));
-    return word;
 }
 
 // out[n] += P (16 rows x K, as K / 8 accumulator tiles, rounded to bf16) · B for D / 8 tiles
@@ -154,20 +136,17 @@ __device__ __forceinline__ void kiln_flash_pv(float (&out)[D / 8][4], const floa
     const int row_in = (lane & 7) + ((lane >> 3) & 1) * 8, col_in = (lane >> 4) * 8;
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk) {
-        const unsigned int a0 = kiln_flash_pack(p[2 * kk][0], p[2 * kk][1]);
-        const unsigned int a1 = kiln_flash_pack(p[2 * kk][2], p[2 * kk][3]);
-        const unsigned int a2 = kiln_flash_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-        const unsigned int a3 = kiln_flash_pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+        const unsigned int a0 = kiln_cvt_bf16x2(p[2 * kk][0], p[2 * kk][1]);
+        const unsigned int a1 = kiln_cvt_bf16x2(p[2 * kk][2], p[2 * kk][3]);
+        const unsigned int a2 = kiln_cvt_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        const unsigned int a3 = kiln_cvt_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
         for (int n = 0; n < D / 16; ++n) {
-            const bf16_bits* at = b + (16 * kk + row_in) * (D + KILN_FLASH_PAD) + 16 * n + col_in;
-            const unsigned int s = (unsigned int)__cvta_generic_to_shared(at);
-            unsigned int b0, b1, b2, b3;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                         : "r"(s));
-            kiln_mma_bf16(out[2 * n], a0, a1, a2, a3, b0, b1);
-            kiln_mma_bf16(out[2 * n + 1], a0, a1, a2, a3, b2, b3);
+            unsigned int bs[4];
+            kiln_ldmatrix_x4_trans(bs, b + (16 * kk + row_in) * (D + KILN_FLASH_PAD) + 16 * n +
+                                           col_in);
+            kiln_mma_bf16(out[2 * n], a0, a1, a2, a3, bs[0], bs[1]);
+            kiln_mma_bf16(out[2 * n + 1], a0, a1, a2, a3, bs[2], bs[3]);
         }
     }
 }
@@ -180,21 +159,6 @@ __device__ __forceinline__ int kiln_flash_last_key(i64 row, i64 offset, i64 n0, 
     i64 last = offset + row < kv_len - 1 ? offset + row : kv_len - 1;
     last -= n0;
     return last < -1 ? -1 : (last > n - 1 ? n - 1 : (int)last);
-}
-
-// 2^x by the special function unit alone (ex2.approx: 2 ulp; results below f32's normal range
-// flush to 0 — a probability under 1e-38 — where the reference keeps them subnormal).
-__device__ __forceinline__ float kiln_flash_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// 4 bytes global -> shared, asynchronously; zero when !valid.
-__device__ __forceinline__ void kiln_flash_copy4(float* dst, const float* src, bool valid) {
-    const unsigned int at = (unsigned int)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(at), "l"(src),
-                 "r"(valid ? 4 : 0));
 }
 
 // Sum and max over the 4 lanes of a quad (the lanes holding one accumulator row), fixed order.
@@ -249,9 +213,10 @@ template <int D> struct KilnFlashTiles {
 // causal limit. Each thread keeps, for its rows g and g + 8, the running max m (of the scaled
 // scores) and its own part of the running sum l (summed over the quad at the end).
 template <int D>
-__device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, const bf16_bits* k,
-                                   const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len,
-                                   i64 kv_len, i64 hd, float scale) {
+__device__ __forceinline__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q,
+                                                   const bf16_bits* k, const bf16_bits* v,
+                                                   i64 q_heads, i64 kv_heads, i64 q_len,
+                                                   i64 kv_len, i64 hd, float scale) {
     constexpr int N = KilnFlashTiles<D>::N;
     constexpr int TILE = N * (D + KILN_FLASH_PAD);
     __shared__ __align__(16) bf16_bits ks[2 * TILE];
@@ -272,7 +237,7 @@ __device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, c
     const bf16_bits* v_head = v + kvh * kv_len * D;
     kiln_flash_tile<D, N>(ks, k_head, 0, kv_len);
     kiln_flash_tile<D, N>(vs, v_head, 0, kv_len);
-    kiln_flash_commit();
+    kiln_cp_async_commit();
 
     unsigned int qa[D / 16][4];
     kiln_flash_rows<D>(qa, q + bh * q_len * D, q0 + 16 * warp, q_len);
@@ -290,8 +255,8 @@ __device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, c
             kiln_flash_tile<D, N>(ks + (buffer ^ 1) * TILE, k_head, n0 + N, kv_len);
             kiln_flash_tile<D, N>(vs + (buffer ^ 1) * TILE, v_head, n0 + N, kv_len);
         }
-        kiln_flash_commit();
-        kiln_flash_wait<1>();
+        kiln_cp_async_commit();
+        kiln_cp_async_wait<1>();
         __syncthreads();
         float s[N / 8][4];
         kiln_flash_qk<D, N>(s, qa, ks + buffer * TILE);
@@ -316,16 +281,16 @@ __device__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q, c
         // A row with no key seen yet keeps 0 as its reference (its exps are all 0).
         const float ref0 = new0 == kiln_flash_neg_inf() ? 0.0f : new0;
         const float ref1 = new1 == kiln_flash_neg_inf() ? 0.0f : new1;
-        const float alpha0 = kiln_flash_exp2(m0 - ref0), alpha1 = kiln_flash_exp2(m1 - ref1);
+        const float alpha0 = kiln_exp2_approx(m0 - ref0), alpha1 = kiln_exp2_approx(m1 - ref1);
         m0 = new0;
         m1 = new1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
-            s[j][0] = kiln_flash_exp2(s[j][0] - ref0);
-            s[j][1] = kiln_flash_exp2(s[j][1] - ref0);
-            s[j][2] = kiln_flash_exp2(s[j][2] - ref1);
-            s[j][3] = kiln_flash_exp2(s[j][3] - ref1);
+            s[j][0] = kiln_exp2_approx(s[j][0] - ref0);
+            s[j][1] = kiln_exp2_approx(s[j][1] - ref0);
+            s[j][2] = kiln_exp2_approx(s[j][2] - ref1);
+            s[j][3] = kiln_exp2_approx(s[j][3] - ref1);
             sum0 += s[j][0] + s[j][1];
             sum1 += s[j][2] + s[j][3];
         }
@@ -421,11 +386,13 @@ extern "C" __global__ void flash_attention_backward_delta(float* delta, const fl
 // staged (double-buffered), then Sᵀ, Pᵀ, dPᵀ, dSᵀ in registers, dV += Pᵀ·dO and dK +=
 // dSᵀ·Q. Writes dK, dV of head h's view of the keys to grad_k, grad_v at (b·Hq + h)·S·hd.
 template <int D>
-__device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_bits* q,
-                                       const bf16_bits* k, const bf16_bits* v,
-                                       const bf16_bits* grad_out, const float* lse,
-                                       const float* delta, i64 q_heads, i64 kv_heads, i64 q_len,
-                                       i64 kv_len, i64 hd, float scale) {
+__device__ __forceinline__ void kiln_flash_backward_kv(float* grad_k, float* grad_v,
+                                                       const bf16_bits* q, const bf16_bits* k,
+                                                       const bf16_bits* v,
+                                                       const bf16_bits* grad_out, const float* lse,
+                                                       const float* delta, i64 q_heads,
+                                                       i64 kv_heads, i64 q_len, i64 kv_len,
+                                                       i64 hd, float scale) {
     constexpr int BR = KilnFlashTiles<D>::BR;
     constexpr int TILE = BR * (D + KILN_FLASH_PAD);
     __shared__ __align__(16) bf16_bits qs[2 * TILE];
@@ -455,12 +422,12 @@ __device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_
         kiln_flash_tile<D, BR>(dos + buffer * TILE, do_head, r0, q_len);
         for (int r = threadIdx.x; r < BR; r += KILN_FLASH_THREADS) {
             const bool valid = r0 + r < q_len;
-            kiln_flash_copy4(lse_s + buffer * BR + r, lse_head + (valid ? r0 + r : 0), valid);
-            kiln_flash_copy4(delta_s + buffer * BR + r, delta_head + (valid ? r0 + r : 0), valid);
+            kiln_cp_async4(lse_s + buffer * BR + r, lse_head + (valid ? r0 + r : 0), valid);
+            kiln_cp_async4(delta_s + buffer * BR + r, delta_head + (valid ? r0 + r : 0), valid);
         }
     };
     if (first < q_len) stage(first, 0);
-    kiln_flash_commit();
+    kiln_cp_async_commit();
 
     unsigned int ka[D / 16][4], va[D / 16][4];
     kiln_flash_rows<D>(ka, k + kvh * kv_len * D, k0 + 16 * warp, kv_len);
@@ -474,8 +441,8 @@ __device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_
     for (i64 r0 = first, tile = 0; r0 < q_len; r0 += BR, ++tile) {
         const int buffer = (int)(tile & 1);
         if (r0 + BR < q_len) stage(r0 + BR, buffer ^ 1);
-        kiln_flash_commit();
-        kiln_flash_wait<1>();
+        kiln_cp_async_commit();
+        kiln_cp_async_wait<1>();
         __syncthreads();
         float p[BR / 8][4], ds[BR / 8][4];
         kiln_flash_qk<D, BR, false>(p, ka, qs + buffer * TILE);
@@ -501,7 +468,8 @@ __device__ void kiln_flash_backward_kv(float* grad_k, float* grad_v, const bf16_
                 const int r = 8 * i + 2 * t + (c & 1);
                 const bool seen = r < rows && r >= (c < 2 ? from0 : from1);
                 const float prob =
-                    seen ? kiln_flash_exp2(fmaf(p[i][c], scale2, -tile_lse[r] * KILN_LOG2E)) : 0.0f;
+                    seen ? kiln_exp2_approx(fmaf(p[i][c], scale2, -tile_lse[r] * KILN_LOG2E))
+                         : 0.0f;
                 p[i][c] = prob;
                 ds[i][c] = seen ? prob * (ds[i][c] - tile_delta[r]) * scale : 0.0f;
             }
@@ -550,10 +518,12 @@ extern "C" __global__ void flash_attention_backward_reduce(float* grad_k, float*
 // Block (b·Hq + h, query tile): 64 query rows, each warp 16; key tiles of N up to the causal
 // limit (double-buffered): S, P, dP, dS in registers, then dQ += dS·K.
 template <int D>
-__device__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q, const bf16_bits* k,
-                                      const bf16_bits* v, const bf16_bits* grad_out,
-                                      const float* lse, const float* delta, i64 q_heads,
-                                      i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+__device__ __forceinline__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q,
+                                                      const bf16_bits* k, const bf16_bits* v,
+                                                      const bf16_bits* grad_out, const float* lse,
+                                                      const float* delta, i64 q_heads,
+                                                      i64 kv_heads, i64 q_len, i64 kv_len, i64 hd,
+                                                      float scale) {
     constexpr int N = KilnFlashTiles<D>::N;
     constexpr int TILE = N * (D + KILN_FLASH_PAD);
     __shared__ __align__(16) bf16_bits ks[2 * TILE];
@@ -573,7 +543,7 @@ __device__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q, const b
     const bf16_bits* v_head = v + kvh * kv_len * D;
     kiln_flash_tile<D, N>(ks, k_head, 0, kv_len);
     kiln_flash_tile<D, N>(vs, v_head, 0, kv_len);
-    kiln_flash_commit();
+    kiln_cp_async_commit();
 
     unsigned int qa[D / 16][4], doa[D / 16][4];
     kiln_flash_rows<D>(qa, q + bh * q_len * D, q0 + 16 * warp, q_len);
@@ -594,8 +564,8 @@ __device__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q, const b
             kiln_flash_tile<D, N>(ks + (buffer ^ 1) * TILE, k_head, n0 + N, kv_len);
             kiln_flash_tile<D, N>(vs + (buffer ^ 1) * TILE, v_head, n0 + N, kv_len);
         }
-        kiln_flash_commit();
-        kiln_flash_wait<1>();
+        kiln_cp_async_commit();
+        kiln_cp_async_wait<1>();
         __syncthreads();
         float p[N / 8][4], ds[N / 8][4];
         kiln_flash_qk<D, N, false>(p, qa, ks + buffer * TILE);
@@ -612,7 +582,7 @@ __device__ void kiln_flash_backward_q(float* grad_q, const bf16_bits* q, const b
                 const int key = 8 * i + 2 * t + (c & 1);
                 const bool seen = key <= (c < 2 ? last0 : last1);
                 const float l = c < 2 ? lse0 : lse1, dl = c < 2 ? delta0 : delta1;
-                const float prob = seen ? kiln_flash_exp2(fmaf(p[i][c], scale2, -l)) : 0.0f;
+                const float prob = seen ? kiln_exp2_approx(fmaf(p[i][c], scale2, -l)) : 0.0f;
                 ds[i][c] = seen ? prob * (ds[i][c] - dl) * scale : 0.0f;
             }
         }

@@ -1,7 +1,8 @@
 // Skinny fused linear layer on tensor cores, for 2 <= m <= 32 rows: the same operation, launch
 // shape, split-K and epilogues as linear.cu's CUDA-core kernel (see there; its linear_reduce
 // finishes split launches of both), with the multiply-adds done by
-// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (inline PTX, sm_80+; NVIDIA only).
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (mma.cuh: inline PTX, sm_80+, on NVIDIA;
+// an emulation within f32 rounding of it under hipRTC, or NVRTC with KILN_PORTABLE_MMA).
 //
 // Why. Each weight byte pair meets all m rows: 2 * m FLOPs per 2 bytes. On CUDA cores (~67
 // TFLOP/s on an H200, ~15.6 FLOPs per byte of its ~4.3 TB/s) that is compute-bound from ~8 rows

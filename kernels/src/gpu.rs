@@ -22,6 +22,7 @@ pub mod decode;
 pub mod elementwise;
 pub mod embedding;
 pub mod flash;
+pub mod gemm;
 pub mod linear;
 pub mod loss;
 pub mod norm;
@@ -56,12 +57,26 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("embedding", module!("embedding.cu")),
     ("flash", module!("mma.cuh", "flash.cu")),
     (
+        "flash_portable",
+        module!("portable_mma.cuh", "mma.cuh", "flash.cu"),
+    ),
+    ("gemm", module!("gemm.cu")),
+    (
         "linear",
         module!("norm.cuh", "linear_common.cuh", "linear.cu"),
     ),
     (
         "linear_mma",
         module!("linear_common.cuh", "mma.cuh", "linear_mma.cu"),
+    ),
+    (
+        "linear_mma_portable",
+        module!(
+            "portable_mma.cuh",
+            "linear_common.cuh",
+            "mma.cuh",
+            "linear_mma.cu"
+        ),
     ),
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cuh", "norm.cu")),

@@ -121,7 +121,8 @@ impl Stored {
     }
 }
 
-/// A (strided-batched) matrix product in row-major terms, for the vendor GEMM:
+/// A (strided-batched) matrix product in row-major terms, for the vendor GEMM (or, on a backend
+/// without one, the tiled kernel [`gemm::tiled`](super::gemm::tiled) launches):
 /// for each batch `b < batch`, `C_b [m,n] = op(A_b) · op(B_b)` where `op(A_b)` is `[m,k]` and
 /// `op(B_b)` is `[k,n]`. `A_b` is stored row-major with leading dimension `lda` (elements
 /// between rows) as `[m,k]`, or as `[k,m]` when `transpose_a`; likewise `B_b` as `[k,n]` or

@@ -291,6 +291,34 @@ fn every_launch() -> Vec<Launch> {
     }
     let kernels = pipelines.into_iter().flatten();
     launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
+    // The tiled GEMM of every dtype combination.
+    for (dtype, out) in [
+        (GemmDType::F32, GemmDType::F32),
+        (GemmDType::BF16, GemmDType::F32),
+        (GemmDType::BF16, GemmDType::BF16),
+    ] {
+        let gemm = Gemm {
+            dtype,
+            out,
+            a: addr(0),
+            b: addr(1),
+            c: addr(2),
+            m: 70,
+            n: 9,
+            k: 33,
+            batch: 2,
+            transpose_a: false,
+            transpose_b: true,
+            lda: 33,
+            ldb: 33,
+            ldc: 9,
+            stride_a: 70 * 33,
+            stride_b: 0,
+            stride_c: 70 * 9,
+            accumulate: out == GemmDType::F32,
+        };
+        launches.push(gemm::tiled(&gemm).unwrap());
+    }
     for bytes in [2, 4, 8] {
         launches.push(copy::strided_copy(addr(0), addr(1), &[2, 3], &[1, 2], bytes).unwrap());
     }
@@ -489,7 +517,7 @@ fn every_kernel_waits_for_its_producers_first() {
         for (at, _) in source.match_indices("extern \"C\" __global__") {
             let body = &source[at + source[at..].find('{').expect("a kernel has a body") + 1..];
             let first = body.trim_start();
-            let waits_in_body = matches!(*module, "linear" | "linear_mma")
+            let waits_in_body = matches!(*module, "linear" | "linear_mma" | "linear_mma_portable")
                 && first.starts_with("KILN_LINEAR_OUT;")
                 && ["kiln_linear_body<", "kiln_mma_body<"]
                     .iter()
