@@ -70,6 +70,10 @@ pub struct BenchCli {
     /// off for a reduce launch each.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     clusters: Switch,
+    /// The HIP backend's code on this device: kiln's tiled GEMM instead of cuBLASLt, the
+    /// portable tensor-core modules, no clusters (on), or the CUDA defaults (off).
+    #[arg(long, value_enum, default_value_t = Switch::Off)]
+    portable: Switch,
     /// Also time each step alone once and list the costliest ops (one stream).
     #[arg(long)]
     profile: bool,
@@ -121,6 +125,7 @@ impl BenchCli {
             fusion,
             pdl,
             clusters,
+            portable,
             profile,
             memory_budget,
             seed,
@@ -177,6 +182,7 @@ impl BenchCli {
             linear_rows,
             pdl: pdl == Switch::On,
             clusters: clusters == Switch::On,
+            portable: portable == Switch::On,
             profile,
             memory_budget,
         };

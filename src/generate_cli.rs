@@ -87,9 +87,9 @@ pub(crate) struct RunCli {
 }
 
 impl RunCli {
-    /// Whether `--device cuda` was asked for.
-    pub fn cuda(&self) -> bool {
-        matches!(self.device, EvalDeviceArg::Cuda)
+    /// Whether `--device cuda` was asked for (`--device hip` is refused).
+    pub fn cuda(&self) -> Result<bool> {
+        self.device.cuda()
     }
 
     pub fn mode(&self) -> kiln_runtime::RunMode {
@@ -154,7 +154,7 @@ impl GenerateCli {
                 anyhow::bail!("give --prompt TEXT, --prompt-ids 1,2,3 or --prompts FILE")
             }
         };
-        let backend = match run.cuda() {
+        let backend = match run.cuda()? {
             false => kiln_runtime::Backend::Cpu,
             true => kiln_runtime::Backend::cuda()?,
         };

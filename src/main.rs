@@ -277,6 +277,22 @@ enum CacheAction {
 enum EvalDeviceArg {
     Cpu,
     Cuda,
+    /// AMD GPUs, where kiln is built with the `hip` feature (`kiln eval` only, so far).
+    Hip,
+}
+
+impl EvalDeviceArg {
+    /// Whether the device is CUDA's (else the CPU); `hip` is refused, as only `kiln eval`
+    /// runs there.
+    fn cuda(self) -> anyhow::Result<bool> {
+        match self {
+            EvalDeviceArg::Cpu => Ok(false),
+            EvalDeviceArg::Cuda => Ok(true),
+            EvalDeviceArg::Hip => {
+                anyhow::bail!("--device hip: only `kiln eval` runs on HIP so far; use cpu or cuda")
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -379,6 +395,7 @@ fn main() -> Result<()> {
             let device = match device {
                 EvalDeviceArg::Cpu => commands::EvalDevice::Cpu,
                 EvalDeviceArg::Cuda => commands::EvalDevice::Cuda,
+                EvalDeviceArg::Hip => commands::EvalDevice::Hip,
             };
             let engine = commands::EvalEngine {
                 mode,

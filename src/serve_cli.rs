@@ -56,7 +56,7 @@ impl ServeCli {
             max_seq: self.max_seq,
             max_waiting: self.max_waiting,
             drain,
-            cuda: self.run.cuda(),
+            cuda: self.run.cuda()?,
             mode: self.run.mode(),
             precision: self.run.precision(),
         })

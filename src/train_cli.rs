@@ -164,6 +164,7 @@ enum TrainPrecision {
 
 impl TrainCli {
     pub fn into_args(self) -> Result<TrainArgs> {
+        let cuda = self.device.map(EvalDeviceArg::cuda).transpose()?;
         let fresh = match (&self.model, self.steps) {
             (Some(model), Some(steps)) => Some(FreshRun {
                 options: RunOptions {
@@ -197,8 +198,8 @@ impl TrainCli {
                         TrainPrecision::F32 => "f32".into(),
                         TrainPrecision::Bf16Gemm => "bf16-gemm".into(),
                     },
-                    device: match self.device {
-                        Some(EvalDeviceArg::Cuda) => "cuda".into(),
+                    device: match cuda {
+                        Some(true) => "cuda".into(),
                         _ => "cpu".into(),
                     },
                     val_fraction: self.val_fraction,
@@ -216,7 +217,7 @@ impl TrainCli {
             data: self.data,
             data_dtype: self.data_dtype.map(Into::into),
             out: self.out,
-            cuda: self.device.map(|d| matches!(d, EvalDeviceArg::Cuda)),
+            cuda,
             mode: self.mode.into(),
         })
     }

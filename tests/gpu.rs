@@ -8,6 +8,8 @@
 //!    does not write fails; and the replayed graph equal to the eager run bit for bit. Then
 //!    again with one element of one float input set to NaN, +inf or -inf: every NaN and
 //!    infinity of the reference's results is at the same place on the GPU, with the same sign.
+//!    Each op runs a third time with the HIP backend's lowering (`LowerOptions::portable`:
+//!    kiln's tiled GEMM, the portable tensor-core code), under the same limits.
 //! 2. The tiny prefill, decode and train programs of both families, on 1 and 2 streams, eager
 //!    and replayed, against the interpreter (relative error <= 1e-5; parameters and moments after
 //!    AdamW <= 1e-4; with bf16 GEMM inputs <= 1e-2); replay equal to eager bit for bit; two steps carry their state (caches,
@@ -241,16 +243,7 @@ fn check_op(
     .unwrap();
     let want = interpret(&graph, &mut values.clone()).unwrap();
 
-    let run = |mode: RunMode, clusters: bool| {
-        // Fused linears of up to 32 rows on the skinny kernels (the default sends 2 rows and
-        // more to cuBLASLt, which the tiny programs check); more rows take cuBLASLt here too.
-        let options = match op {
-            Op::Linear { .. } => LowerOptions {
-                linear_rows: 32,
-                clusters,
-            },
-            _ => LowerOptions::default(),
-        };
+    let run = |mode: RunMode, options: LowerOptions| {
         let mut exe = CudaExecutable::with_options(device, &graph, &planned, options).unwrap();
         for (name, tensor) in &values {
             exe.set(name, tensor).unwrap();
@@ -260,23 +253,47 @@ fn check_op(
             .map(|port| exe.get(&format!("out{port}")).unwrap())
             .collect::<Vec<_>>()
     };
-    let eager = run(RunMode::Eager, true);
-    let replayed = run(RunMode::Graph, true);
+    // Fused linears of up to 32 rows on the skinny kernels (the default sends 2 rows and more
+    // to cuBLASLt, which the tiny programs check); more rows take cuBLASLt here too.
+    let linear_rows = match op {
+        Op::Linear { .. } => 32,
+        _ => LowerOptions::default().linear_rows,
+    };
+    let cuda = LowerOptions {
+        linear_rows,
+        ..LowerOptions::default()
+    };
+    let eager = run(RunMode::Eager, cuda);
+    let replayed = run(RunMode::Graph, cuda);
     // A split linear finishes inside its clusters or by a reduce launch: the same sums in the
     // same order, so the same bits.
-    let reduced = matches!(op, Op::Linear { .. }).then(|| run(RunMode::Graph, false));
+    let unclustered = LowerOptions {
+        clusters: false,
+        ..cuda
+    };
+    let reduced = matches!(op, Op::Linear { .. }).then(|| run(RunMode::Graph, unclustered));
+    // The HIP backend's code on this device: kiln's tiled GEMM for cuBLASLt's, the portable
+    // emulation of mma.sync, ldmatrix and cp.async in the tensor-core modules.
+    let hip = LowerOptions {
+        linear_rows,
+        ..LowerOptions::portable()
+    };
+    let portable = run(RunMode::Graph, hip);
     let mut worst = 0.0f64;
     for (port, got) in eager.iter().enumerate() {
         let reference = &want[&format!("out{port}")];
-        let (g, w) = (got.to_f64_vec().unwrap(), reference.to_f64_vec().unwrap());
-        let error = if special.is_some() {
-            special_values_agree(&format!("{name}: out{port}"), &g, &w, may_spread)
-        } else {
-            assert!(
-                g.iter().all(|v| v.is_finite()),
-                "{name}: out{port} has unwritten (NaN) elements"
-            );
-            testing::rel_l2(&g, &w)
+        let w = reference.to_f64_vec().unwrap();
+        let error_of = |got: &Tensor, what: &str| {
+            let g = got.to_f64_vec().unwrap();
+            if special.is_some() {
+                special_values_agree(&format!("{name}{what}: out{port}"), &g, &w, may_spread)
+            } else {
+                assert!(
+                    g.iter().all(|v| v.is_finite()),
+                    "{name}{what}: out{port} has unwritten (NaN) elements"
+                );
+                testing::rel_l2(&g, &w)
+            }
         };
         // FlashAttention rounds P and dS to bf16 for its second products, which the CPU
         // reference (exact f32 there) does not: bf16's 2^-8 relative step bounds the error.
@@ -291,9 +308,15 @@ fn check_op(
         } else {
             1e-5
         };
+        let error = error_of(got, "");
         assert!(
             error <= limit,
             "{name}: out{port} relative error {error:e} > {limit:e}"
+        );
+        let portable_error = error_of(&portable[port], " (portable)");
+        assert!(
+            portable_error <= limit,
+            "{name} (portable): out{port} relative error {portable_error:e} > {limit:e}"
         );
         assert_eq!(
             bits(got),
@@ -304,7 +327,7 @@ fn check_op(
             let clustered = bits(got) == bits(&reduced[port]);
             assert!(clustered, "{name}: out{port} differs without clusters");
         }
-        worst = worst.max(error);
+        worst = worst.max(error).max(portable_error);
     }
     worst
 }

@@ -2,7 +2,8 @@
 //! arena, parameter, state and I/O slots), inputs copied into their slots, each run either
 //! eager (every launch issued) or a replay of a recording made once (a CUDA graph on the GPU;
 //! a list of launches with bound addresses on the CPU), state carried between runs, results
-//! copied out. A HIP backend fits the same shape (device, stream, event, module, graph).
+//! copied out. The GPU backends share their host logic ([`crate::gpu::GpuExecutable`]): CUDA,
+//! and HIP where kiln is built with the `hip` feature.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -52,6 +53,8 @@ pub enum Backend {
     /// The CPU reference kernels over one host arena.
     Cpu,
     Cuda(Arc<CudaDevice>),
+    #[cfg(feature = "hip")]
+    Hip(Arc<crate::hip::HipDevice>),
 }
 
 impl Backend {
@@ -60,12 +63,50 @@ impl Backend {
         match self {
             Backend::Cpu => Workspaces::Cpu,
             Backend::Cuda(_) => Workspaces::Cuda,
+            // The same kernels; GEMMs take no workspace of the plan on either.
+            #[cfg(feature = "hip")]
+            Backend::Hip(_) => Workspaces::Cuda,
+        }
+    }
+
+    /// `cpu`, `cuda` or `hip`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda(_) => "cuda",
+            #[cfg(feature = "hip")]
+            Backend::Hip(_) => "hip",
+        }
+    }
+
+    /// The backend and its device, for reports: `cpu`, `NVIDIA H200 (sm_90)`.
+    pub fn describe(&self) -> String {
+        match self {
+            Backend::Cpu => "cpu".to_string(),
+            Backend::Cuda(device) => device.describe(),
+            #[cfg(feature = "hip")]
+            Backend::Hip(device) => device.describe(),
         }
     }
 
     /// The first CUDA device, or an error saying why none can be used.
     pub fn cuda() -> Result<Self> {
         Ok(Backend::Cuda(CudaDevice::open(0)?))
+    }
+
+    /// The first HIP device, or an error saying why none can be used (also when kiln was built
+    /// without the `hip` feature).
+    pub fn hip() -> Result<Self> {
+        #[cfg(feature = "hip")]
+        return Ok(Backend::Hip(crate::hip::HipDevice::open(0)?));
+        #[cfg(not(feature = "hip"))]
+        Err(crate::Error::Device {
+            backend: "hip",
+            what: "no usable device".to_string(),
+            reason: "this kiln was built without the `hip` feature (cargo build --release \
+                     --features hip, on a machine with ROCm)"
+                .to_string(),
+        })
     }
 
     /// Binds `plan` of `graph` to this backend (allocating everything it needs): the group of
@@ -97,6 +138,8 @@ impl Backend {
         Ok(match self {
             Backend::Cpu => boxed(CpuExecutable::group(programs, false)?),
             Backend::Cuda(device) => boxed(CudaExecutable::group(device, programs)?),
+            #[cfg(feature = "hip")]
+            Backend::Hip(device) => boxed(crate::hip::HipExecutable::group(device, programs)?),
         })
     }
 
@@ -157,25 +200,25 @@ impl Executable for CpuExecutable {
     }
 }
 
-impl Executable for CudaExecutable {
+impl<D: crate::gpu::Driver> Executable for crate::gpu::GpuExecutable<D> {
     fn describe(&self) -> String {
-        format!("cuda: {}", self.device().describe())
+        format!("{}: {}", D::BACKEND, self.device().describe())
     }
 
     fn set(&mut self, name: &str, tensor: &Tensor) -> Result<()> {
-        CudaExecutable::set(self, name, tensor)
+        crate::gpu::GpuExecutable::set(self, name, tensor)
     }
 
     fn zero(&mut self, name: &str) -> Result<()> {
-        CudaExecutable::zero(self, name)
+        crate::gpu::GpuExecutable::zero(self, name)
     }
 
     fn run(&mut self, mode: RunMode) -> Result<()> {
-        CudaExecutable::run(self, mode)
+        crate::gpu::GpuExecutable::run(self, mode)
     }
 
     fn get(&self, name: &str) -> Result<Tensor> {
-        CudaExecutable::get(self, name)
+        crate::gpu::GpuExecutable::get(self, name)
     }
 
     fn device_io(&mut self) -> Option<&mut dyn DeviceIo> {

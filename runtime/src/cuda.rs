@@ -19,14 +19,14 @@ mod driver;
 mod gemm;
 mod staging;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 
 use crate::error::{Error, Result};
-use crate::gpu::{GpuExecutable, ReleaseErrors};
-use crate::kernel_cache::{KernelCache, Origin};
+pub use crate::gpu::KernelReport;
+use crate::gpu::{GpuExecutable, Modules, ReleaseErrors};
+use crate::kernel_cache::{Compiler, KernelCache};
 
 /// A planned program bound to a CUDA device.
 pub type CudaExecutable = GpuExecutable<CudaDevice>;
@@ -109,7 +109,7 @@ pub struct CudaDevice {
     programmatic_launch: bool,
     /// Compute capability 9.0 or later: kernels may be launched as thread block clusters.
     clusters: bool,
-    modules: Mutex<Option<Modules>>,
+    modules: Mutex<Option<Modules<Arc<CudaModule>>>>,
     cache: KernelCache,
     staging: Mutex<Option<staging::Staging>>,
     lt: gemm::LtHandle,
@@ -229,11 +229,10 @@ impl CudaDevice {
     fn module_function(&self, module: &'static str, function: &str) -> Result<CudaFunction> {
         self.load_kernels()?;
         let modules = (self.modules.lock()).map_err(|_| error("module cache", "poisoned"))?;
-        let loaded = (modules.as_ref().and_then(|m| m.loaded.get(module)))
-            .ok_or_else(|| error(format!("kernel module `{module}`"), "no such source"))?;
-        // A module that failed fails only the kernels asked of it.
-        let loaded = loaded.as_ref().map_err(|e| e.clone())?;
-        loaded
+        let missing = || error(format!("kernel module `{module}`"), "no such source");
+        let modules = modules.as_ref().ok_or_else(missing)?;
+        modules
+            .get(module, missing)?
             .load_function(function)
             .map_err(|e| error(format!("kernel `{module}::{function}`"), e))
     }
@@ -273,72 +272,19 @@ impl CudaDevice {
             .map_or_else(KernelReport::default, |m| m.report.clone())
     }
 
-    /// Every module's cubin, from the cache or compiled in parallel, loaded into the context;
-    /// a module that cannot be compiled or loaded keeps its error (an architecture without
-    /// an instruction one module uses still runs the others).
-    fn load_modules(&self) -> Result<Modules> {
-        let start = std::time::Instant::now();
-        let sources = kiln_kernels::gpu::SOURCES;
-        let compiled: Vec<Result<crate::kernel_cache::Compiled>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (sources.iter())
-                .map(|(name, source)| scope.spawn(|| self.cache.module(name, source, self.arch)))
-                .collect();
-            (handles.into_iter())
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(error("kernel compile", "a thread panicked")))
-                })
-                .collect()
-        });
-        let mut report = KernelReport {
-            modules: sources.len(),
-            ..KernelReport::default()
+    /// Every module's cubin, from the cache or compiled by NVRTC, loaded into the context.
+    fn load_modules(&self) -> Result<Modules<Arc<CudaModule>>> {
+        let load = |name: &str, cubin: Vec<u8>| {
+            (self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)))
+                .map_err(|e| error(format!("load module `{name}`"), e))
         };
-        let mut loaded = BTreeMap::new();
-        for ((name, _), compiled) in sources.iter().zip(compiled) {
-            let compiled = match compiled {
-                Ok(compiled) => compiled,
-                Err(e) => {
-                    loaded.insert(*name, Err(e));
-                    continue;
-                }
-            };
-            match &compiled.origin {
-                Origin::Hit => report.hits += 1,
-                Origin::Compiled => report.compiled += 1,
-                Origin::Rebuilt(reason) => {
-                    eprintln!("warning: kernel cache: {reason}; rebuilt it");
-                    report.compiled += 1;
-                }
-            }
-            if let Some(reason) = &compiled.write_error {
-                eprintln!("warning: kernel cache: could not store `{name}`: {reason}");
-            }
-            let module = self
-                .ctx
-                .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))
-                .map_err(|e| error(format!("load module `{name}`"), e));
-            loaded.insert(*name, module);
-        }
-        report.seconds = start.elapsed().as_secs_f64();
-        Ok(Modules { loaded, report })
+        let panicked = || error("kernel compile", "a thread panicked");
+        Ok(Modules::load(
+            &self.cache,
+            Compiler::Nvrtc,
+            self.arch,
+            load,
+            panicked,
+        ))
     }
-}
-
-/// The loaded kernel modules and what loading them took.
-struct Modules {
-    loaded: BTreeMap<&'static str, Result<Arc<CudaModule>>>,
-    report: KernelReport,
-}
-
-/// How the kernel modules were obtained.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct KernelReport {
-    pub modules: usize,
-    /// Read from the on-disk cache.
-    pub hits: usize,
-    /// Compiled by NVRTC (no entry, or an entry rebuilt).
-    pub compiled: usize,
-    /// Wall seconds from the first kernel asked for to every module loaded.
-    pub seconds: f64,
 }

@@ -6,6 +6,7 @@
 //! driver; nothing above it names a vendor.
 
 mod executable;
+mod modules;
 
 use std::sync::{Arc, Mutex};
 
@@ -16,6 +17,8 @@ use crate::error::{Error, Result};
 use crate::lower::LowerOptions;
 
 pub use executable::GpuExecutable;
+pub use modules::KernelReport;
+pub(crate) use modules::Modules;
 
 /// A kernel launch's shape and arguments, resolved to device addresses.
 pub struct KernelCall<'a, F> {

@@ -1,16 +1,16 @@
-//! Compiled kernel modules on disk: NVRTC's cubin for one module, architecture and set of
-//! options, kept under the user's cache directory so that a later process loads it instead of
-//! compiling again.
+//! Compiled kernel modules on disk: NVRTC's cubin (or hipRTC's code object) for one module,
+//! architecture and set of options, kept under the user's cache directory so that a later
+//! process loads it instead of compiling again.
 //!
 //! Where: `$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`, and within it
 //! `kernels/`. An entry is named by a SHA-256 key over the module's name and source, the compile
-//! options, the architecture and the NVRTC version, so any change to any of them misses. Each
+//! options, the architecture, the compiler and its version, so any change to any of them misses. Each
 //! file holds a header (magic, the key again, the payload's length and SHA-256) before the
-//! cubin; an entry whose header, length or checksum does not match — truncated, garbage, or a
+//! code; an entry whose header, length or checksum does not match — truncated, garbage, or a
 //! file of another key under this name — is reported and rebuilt, never loaded. Entries are
 //! written to a temporary file in the same directory, synced, then renamed over the name, so
 //! a reader (another process filling the cache at the same time, say) sees a whole entry or
-//! none. NVRTC runs without a GPU, so all of this is tested on the CPU machine.
+//! none. Neither compiler needs a GPU, so all of this is tested on the CPU machine.
 
 use std::ffi::{CStr, CString};
 use std::io::Write;
@@ -24,6 +24,49 @@ use crate::error::{Error, Result};
 const MAGIC: &[u8; 10] = b"KILNCUBIN\x01";
 const HEADER: usize = MAGIC.len() + 32 + 8 + 32;
 const EXTENSION: &str = "kcubin";
+
+/// A runtime compiler of kiln's kernel modules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compiler {
+    /// NVIDIA's, to a cubin for an `sm_XY` architecture.
+    Nvrtc,
+    /// AMD's, to a code object for a `gfxNNN` architecture ([`crate::hiprtc`]).
+    Hiprtc,
+}
+
+impl Compiler {
+    fn name(self) -> &'static str {
+        match self {
+            Compiler::Nvrtc => "NVRTC",
+            Compiler::Hiprtc => "hipRTC",
+        }
+    }
+
+    /// The options every module is compiled with for `arch`.
+    fn options(self, arch: &str) -> Vec<String> {
+        match self {
+            Compiler::Nvrtc => vec![format!("--gpu-architecture={arch}")],
+            Compiler::Hiprtc => vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
+        }
+    }
+
+    fn version(self) -> Result<String> {
+        match self {
+            Compiler::Nvrtc => nvrtc_version(),
+            Compiler::Hiprtc => crate::hiprtc::version(),
+        }
+    }
+
+    /// Module `name` compiled for `arch` with the options the cache uses, and the compile log
+    /// (its warnings; empty when there are none). No cache is read or written.
+    pub fn compile(self, name: &str, source: &str, arch: &str) -> Result<(Vec<u8>, String)> {
+        let options = self.options(arch);
+        match self {
+            Compiler::Nvrtc => compile_cubin(name, source, &options),
+            Compiler::Hiprtc => crate::hiprtc::compile(name, source, &options),
+        }
+    }
+}
 
 /// Where compiled modules are kept, or nowhere.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,10 +85,10 @@ pub enum Origin {
     Rebuilt(String),
 }
 
-/// One module's cubin and where it came from.
+/// One module's machine code (a cubin, a code object) and where it came from.
 #[derive(Clone, Debug)]
 pub struct Compiled {
-    pub cubin: Vec<u8>,
+    pub code: Vec<u8>,
     pub origin: Origin,
     /// Why the entry could not be written (the module is still good), if it could not.
     pub write_error: Option<String>,
@@ -92,18 +135,25 @@ impl KernelCache {
         self.dir.as_deref()
     }
 
-    /// Module `name`'s cubin for `arch` (`sm_90`): from the cache when a valid entry exists,
-    /// else compiled by NVRTC and stored.
-    pub fn module(&self, name: &str, source: &str, arch: &str) -> Result<Compiled> {
-        let options = [format!("--gpu-architecture={arch}")];
-        let key = key(name, source, &options, arch)?;
+    /// Module `name` compiled by `compiler` for `arch` (`sm_90`, `gfx90a`): from the cache
+    /// when a valid entry exists, else compiled and stored.
+    pub fn module(
+        &self,
+        compiler: Compiler,
+        name: &str,
+        source: &str,
+        arch: &str,
+    ) -> Result<Compiled> {
+        let options = compiler.options(arch);
+        let version = format!("{} {}", compiler.name(), compiler.version()?);
+        let key = key(name, source, &options, arch, &version);
         let path = self.dir.as_ref().map(|dir| dir.join(file_name(name, &key)));
         let mut origin = Origin::Compiled;
         if let Some(path) = &path {
             match read_entry(path, &key) {
-                Ok(Some(cubin)) => {
+                Ok(Some(code)) => {
                     return Ok(Compiled {
-                        cubin,
+                        code,
                         origin: Origin::Hit,
                         write_error: None,
                     })
@@ -112,15 +162,15 @@ impl KernelCache {
                 Err(reason) => origin = Origin::Rebuilt(format!("{}: {reason}", path.display())),
             }
         }
-        let (cubin, _log) = compile_cubin(name, source, &options)?;
+        let (code, _log) = compiler.compile(name, source, arch)?;
         let write_error = match &path {
-            Some(path) => write_entry(path, &key, &cubin)
+            Some(path) => write_entry(path, &key, &code)
                 .err()
                 .map(|e| format!("{}: {e}", path.display())),
             None => None,
         };
         Ok(Compiled {
-            cubin,
+            code,
             origin,
             write_error,
         })
@@ -194,22 +244,17 @@ fn nvrtc_version() -> Result<String> {
 }
 
 /// The entry's key: SHA-256 over every input of the compile.
-fn key(name: &str, source: &str, options: &[String], arch: &str) -> Result<[u8; 32]> {
+fn key(name: &str, source: &str, options: &[String], arch: &str, version: &str) -> [u8; 32] {
     let mut hash = Sha256::new();
-    let version = nvrtc_version()?;
     for part in [MAGIC.as_slice(), name.as_bytes(), source.as_bytes()] {
         hash.update((part.len() as u64).to_le_bytes());
         hash.update(part);
     }
-    for part in options
-        .iter()
-        .map(String::as_str)
-        .chain([arch, version.as_str()])
-    {
+    for part in options.iter().map(String::as_str).chain([arch, version]) {
         hash.update((part.len() as u64).to_le_bytes());
         hash.update(part.as_bytes());
     }
-    Ok(hash.finalize().into())
+    hash.finalize().into()
 }
 
 fn file_name(name: &str, key: &[u8; 32]) -> String {
@@ -217,7 +262,7 @@ fn file_name(name: &str, key: &[u8; 32]) -> String {
     format!("{name}-{hex}.{EXTENSION}")
 }
 
-/// The entry's cubin; `None` when there is no entry; `Err(reason)` when there is one that
+/// The entry's code; `None` when there is no entry; `Err(reason)` when there is one that
 /// cannot be trusted.
 fn read_entry(path: &Path, key: &[u8; 32]) -> std::result::Result<Option<Vec<u8>>, String> {
     let bytes = match std::fs::read(path) {
@@ -248,7 +293,7 @@ fn read_entry(path: &Path, key: &[u8; 32]) -> std::result::Result<Option<Vec<u8>
 }
 
 /// Writes the entry through a synced temporary file renamed over `path`.
-fn write_entry(path: &Path, key: &[u8; 32], cubin: &[u8]) -> std::io::Result<()> {
+fn write_entry(path: &Path, key: &[u8; 32], code: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let mut file = tempfile::Builder::new()
@@ -257,9 +302,9 @@ fn write_entry(path: &Path, key: &[u8; 32], cubin: &[u8]) -> std::io::Result<()>
         .tempfile_in(dir)?;
     file.write_all(MAGIC)?;
     file.write_all(key)?;
-    file.write_all(&(cubin.len() as u64).to_le_bytes())?;
-    file.write_all(&Sha256::digest(cubin))?;
-    file.write_all(cubin)?;
+    file.write_all(&(code.len() as u64).to_le_bytes())?;
+    file.write_all(&Sha256::digest(code))?;
+    file.write_all(code)?;
     // Readable by every user who shares the cache (a temporary file starts private).
     #[cfg(unix)]
     {
@@ -270,12 +315,6 @@ fn write_entry(path: &Path, key: &[u8; 32], cubin: &[u8]) -> std::io::Result<()>
     file.as_file().sync_all()?;
     file.persist(path).map_err(|e| e.error)?;
     Ok(())
-}
-
-/// Module `name`'s cubin for `arch`, compiled by NVRTC with the options the cache uses, and
-/// the compile log (its warnings; empty when there are none). No cache is read or written.
-pub fn compile_logged(name: &str, source: &str, arch: &str) -> Result<(Vec<u8>, String)> {
-    compile_cubin(name, source, &[format!("--gpu-architecture={arch}")])
 }
 
 /// NVRTC's cubin of one module and its log; the log is in the error when it fails.

@@ -28,6 +28,9 @@ mod device_io;
 mod error;
 pub mod gpu;
 mod group;
+#[cfg(feature = "hip")]
+pub mod hip;
+pub mod hiprtc;
 mod host_bytes;
 mod index_inputs;
 mod interpret;

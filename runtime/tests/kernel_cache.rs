@@ -10,7 +10,7 @@ use std::process::Command;
 
 use cudarc::nvrtc::sys;
 use kiln_kernels::gpu::SOURCES;
-use kiln_runtime::kernel_cache::{KernelCache, Origin};
+use kiln_runtime::kernel_cache::{Compiler, KernelCache, Origin};
 
 /// Modules small enough to compile quickly.
 const SMALL: [&str; 3] = ["copy", "embedding", "activation"];
@@ -52,29 +52,39 @@ fn a_second_compile_hits_and_any_change_misses() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::at(dir.path().join("kernels"));
-    let first = cache.module("copy", source("copy"), "sm_90").unwrap();
+    let first = cache
+        .module(Compiler::Nvrtc, "copy", source("copy"), "sm_90")
+        .unwrap();
     assert_eq!(first.origin, Origin::Compiled);
     assert!(first.write_error.is_none());
     assert!(
-        first.cubin.starts_with(b"\x7fELF"),
+        first.code.starts_with(b"\x7fELF"),
         "a cubin is an ELF image"
     );
-    let second = cache.module("copy", source("copy"), "sm_90").unwrap();
+    let second = cache
+        .module(Compiler::Nvrtc, "copy", source("copy"), "sm_90")
+        .unwrap();
     assert_eq!(second.origin, Origin::Hit);
-    assert_eq!(second.cubin, first.cubin);
+    assert_eq!(second.code, first.code);
     let changed = format!("{}\n// changed\n", source("copy"));
-    let miss = cache.module("copy", &changed, "sm_90").unwrap();
+    let miss = cache
+        .module(Compiler::Nvrtc, "copy", &changed, "sm_90")
+        .unwrap();
     assert_eq!(miss.origin, Origin::Compiled);
-    let other_arch = cache.module("copy", source("copy"), "sm_80").unwrap();
+    let other_arch = cache
+        .module(Compiler::Nvrtc, "copy", source("copy"), "sm_80")
+        .unwrap();
     assert_eq!(other_arch.origin, Origin::Compiled);
-    assert_ne!(other_arch.cubin, first.cubin);
+    assert_ne!(other_arch.code, first.code);
     let info = cache.info().unwrap();
     assert_eq!(info.entries, 3);
-    assert!(info.bytes > first.cubin.len() as u64 * 2);
+    assert!(info.bytes > first.code.len() as u64 * 2);
     assert_eq!(cache.clear().unwrap(), 3);
     assert_eq!(cache.info().unwrap().entries, 0);
-    let again = cache.module("copy", source("copy"), "sm_90").unwrap();
-    assert_eq!((again.origin, again.cubin), (Origin::Compiled, first.cubin));
+    let again = cache
+        .module(Compiler::Nvrtc, "copy", source("copy"), "sm_90")
+        .unwrap();
+    assert_eq!((again.origin, again.code), (Origin::Compiled, first.code));
 }
 
 #[test]
@@ -84,21 +94,28 @@ fn a_truncated_garbage_or_foreign_entry_is_rebuilt() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::at(dir.path());
-    let good = cache.module("copy", source("copy"), "sm_90").unwrap().cubin;
+    let good = cache
+        .module(Compiler::Nvrtc, "copy", source("copy"), "sm_90")
+        .unwrap()
+        .code;
     cache
-        .module("embedding", source("embedding"), "sm_90")
+        .module(Compiler::Nvrtc, "embedding", source("embedding"), "sm_90")
         .unwrap();
     let path = entry(dir.path(), "copy");
     let whole = std::fs::read(&path).unwrap();
     let rebuilt = |what: &str, expect: &str| {
-        let got = cache.module("copy", source("copy"), "sm_90").unwrap();
+        let got = cache
+            .module(Compiler::Nvrtc, "copy", source("copy"), "sm_90")
+            .unwrap();
         match &got.origin {
             Origin::Rebuilt(reason) => assert!(reason.contains(expect), "{what}: {reason}"),
             other => panic!("{what}: {other:?}"),
         }
-        assert_eq!(got.cubin, good, "{what}");
+        assert_eq!(got.code, good, "{what}");
         // The rebuilt entry is whole again.
-        let hit = cache.module("copy", source("copy"), "sm_90").unwrap();
+        let hit = cache
+            .module(Compiler::Nvrtc, "copy", source("copy"), "sm_90")
+            .unwrap();
         assert_eq!(hit.origin, Origin::Hit, "{what}");
     };
     std::fs::write(&path, &whole[..whole.len() - 100]).unwrap();
@@ -127,7 +144,9 @@ fn fill_the_cache_named_by_the_environment() {
     };
     let cache = KernelCache::at(dir);
     for name in SMALL {
-        cache.module(name, source(name), "sm_90").unwrap();
+        cache
+            .module(Compiler::Nvrtc, name, source(name), "sm_90")
+            .unwrap();
     }
 }
 
@@ -163,7 +182,9 @@ fn two_processes_filling_one_cache_leave_valid_entries() {
     );
     let cache = KernelCache::at(dir.path());
     for name in SMALL {
-        let got = cache.module(name, source(name), "sm_90").unwrap();
+        let got = cache
+            .module(Compiler::Nvrtc, name, source(name), "sm_90")
+            .unwrap();
         assert_eq!(got.origin, Origin::Hit, "{name}");
     }
 }

@@ -1,5 +1,5 @@
 //! Every GPU kernel module compiles with NVRTC to a cubin for sm_90 — exactly as the CUDA
-//! backend compiles it (`kernel_cache::compile_logged`), PTX assembled to machine code —
+//! backend compiles it (`Compiler::Nvrtc.compile`), PTX assembled to machine code —
 //! without warnings.
 //!
 //! NVRTC needs no GPU, only libnvrtc (CI installs the `nvidia-cuda-nvrtc` wheel and puts its
@@ -8,7 +8,7 @@
 
 use cudarc::nvrtc::sys;
 use kiln_kernels::gpu::SOURCES;
-use kiln_runtime::kernel_cache::compile_logged;
+use kiln_runtime::kernel_cache::Compiler;
 
 #[test]
 fn every_module_compiles_for_sm_90() {
@@ -24,7 +24,7 @@ fn every_module_compiles_for_sm_90() {
     }
     let mut failures = Vec::new();
     for (name, source) in SOURCES {
-        match compile_logged(name, source, "sm_90") {
+        match Compiler::Nvrtc.compile(name, source, "sm_90") {
             Ok((cubin, log)) if log.is_empty() => {
                 println!("{name}: {} bytes of cubin", cubin.len())
             }

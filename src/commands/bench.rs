@@ -42,6 +42,8 @@ pub struct BenchArgs {
     pub pdl: bool,
     /// Split skinny linears finished inside thread block clusters where the device has them.
     pub clusters: bool,
+    /// The HIP backend's lowering (`LowerOptions::portable`) on this device.
+    pub portable: bool,
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
@@ -70,6 +72,8 @@ pub struct BenchResult {
     pub pdl: bool,
     /// Whether split skinny linears finished inside thread block clusters.
     pub clusters: bool,
+    /// Whether the HIP backend's lowering ran (tiled GEMM, portable tensor-core modules).
+    pub portable: bool,
     pub steps: usize,
     pub median_ms: f64,
     pub p95_ms: f64,
@@ -231,10 +235,14 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         planned.schedule.len(),
         planned.arena_bytes as f64 / (1u64 << 20) as f64
     );
-    let defaults = LowerOptions::default();
+    let defaults = match args.portable {
+        true => LowerOptions::portable(),
+        false => LowerOptions::default(),
+    };
     let options = LowerOptions {
         linear_rows: args.linear_rows.unwrap_or(defaults.linear_rows),
-        clusters: args.clusters && device.supports_clusters(),
+        clusters: defaults.clusters && args.clusters && device.supports_clusters(),
+        ..defaults
     };
     let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options)?;
     let pdl = exe.set_programmatic_launch(args.pdl);
@@ -373,6 +381,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         linear_rows: args.linear_rows,
         pdl,
         clusters: options.clusters,
+        portable: args.portable,
         steps: args.steps,
         median_ms: median,
         p95_ms: percentile(&times, 0.95),

@@ -171,10 +171,7 @@ pub fn bench_serve(args: &ServeArgs) -> Result<ServeResult> {
     );
     Ok(ServeResult {
         model: args.model.clone(),
-        device: match backend {
-            Backend::Cuda(device) => device.describe(),
-            Backend::Cpu => "cpu".to_string(),
-        },
+        device: backend.describe(),
         precision: args.precision.name().to_string(),
         requests: args.requests,
         prompt_len: args.prompt_len,

@@ -30,6 +30,7 @@ pub enum EvalMode {
 pub enum EvalDevice {
     Cpu,
     Cuda,
+    Hip,
 }
 
 /// How to run the evaluation.
@@ -75,8 +76,8 @@ pub fn eval(
         device,
         precision,
     } = engine;
-    if device == EvalDevice::Cuda && matches!(mode, EvalMode::Oracle | EvalMode::Interpret) {
-        bail!("--device cuda runs the planned program: use --mode planned or --mode graph");
+    if device != EvalDevice::Cpu && matches!(mode, EvalMode::Oracle | EvalMode::Interpret) {
+        bail!("--device cuda and hip run the planned program: use --mode planned or --mode graph");
     }
     let source = ModelSource::resolve(model)?;
     let patterns = match trace {
@@ -99,6 +100,7 @@ pub fn eval(
     let backend = match device {
         EvalDevice::Cpu => Backend::Cpu,
         EvalDevice::Cuda => Backend::cuda().context("--device cuda")?,
+        EvalDevice::Hip => Backend::hip().context("--device hip")?,
     };
     let planned = |mode| Engine::Planned {
         backend: &backend,

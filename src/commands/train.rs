@@ -146,7 +146,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         "kiln train: {} on {}, {tokens} tokens of {}, into {}; step {} of {total}; compiled in \
          {:.1} s",
         session.options().model,
-        describe(&backend),
+        backend.name(),
         data_path.display(),
         run_dir.path().display(),
         session.step(),
@@ -169,13 +169,6 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         run_dir.path().join(CURVES_FILE).display(),
     );
     Ok(())
-}
-
-fn describe(backend: &Backend) -> &'static str {
-    match backend {
-        Backend::Cpu => "cpu",
-        Backend::Cuda(_) => "cuda",
-    }
 }
 
 fn tensors(

@@ -112,6 +112,74 @@ fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
     }
 }
 
+/// The HIP backend's lowering (`LowerOptions::portable`: kiln's tiled GEMM for cuBLASLt, the
+/// portable emulation in the tensor-core modules, no clusters) runs the tiny programs on this
+/// device within the limits of the CUDA lowering against the interpreter: two replays on two
+/// streams, so state carries.
+#[test]
+fn tiny_programs_with_the_hip_lowering_match_the_cpu() {
+    let Some(device) = device() else { return };
+    let cases = [
+        (ProgramKind::Prefill, Precision::F32),
+        (ProgramKind::Prefill, Precision::Bf16Gemm),
+        (ProgramKind::Decode, Precision::Bf16),
+        (ProgramKind::Train, Precision::F32),
+        (ProgramKind::Train, Precision::Bf16Gemm),
+    ];
+    let mut seed = 61;
+    for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
+        for (kind, precision) in cases {
+            let options = ProgramOptions {
+                batch: 2,
+                seq: 6,
+                max_seq: Some(12),
+                precision,
+                ..Default::default()
+            };
+            seed += 1;
+            let graph = build(kind, &config, &options).unwrap();
+            let values = program_inputs(&graph, &config, kind, &options, seed);
+            let mut cpu_values = values.clone();
+            interpret(&graph, &mut cpu_values).unwrap();
+            let want = interpret(&graph, &mut cpu_values).unwrap();
+            let planned = gpu_plan(&graph, 2);
+            let hip = LowerOptions::portable();
+            let mut exe = CudaExecutable::with_options(&device, &graph, &planned, hip).unwrap();
+            for (name, tensor) in &values {
+                if graph.input_named(name).is_some() {
+                    exe.set(name, tensor).unwrap();
+                }
+            }
+            for _ in 0..2 {
+                exe.run(RunMode::Graph).unwrap();
+            }
+            let names = graph.outputs().iter().chain(graph.writes());
+            for (name, _) in names {
+                let got = exe.get(name).unwrap();
+                let reference = want.get(name).unwrap_or_else(|| &cpu_values[name]);
+                let error =
+                    testing::rel_l2(&got.to_f64_vec().unwrap(), &reference.to_f64_vec().unwrap());
+                let what = format!("{:?} {} {precision:?}: {name}", config.family, kind.name());
+                // The limits of `tiny_programs_match_the_cpu_and_replay_equals_eager`.
+                let limit = match (precision, kind) {
+                    (Precision::Bf16Gemm | Precision::Bf16, _) => 1e-2,
+                    (_, ProgramKind::Train) if name != "loss" => 1e-4,
+                    _ => 1e-5,
+                };
+                assert!(
+                    error <= limit,
+                    "{what} (hip lowering): relative error {error:e}"
+                );
+            }
+            println!(
+                "{:?} {} {precision:?}: the HIP lowering matches the CPU",
+                config.family,
+                kind.name()
+            );
+        }
+    }
+}
+
 #[test]
 fn decode_replayed_at_many_positions_equals_the_full_forward() {
     let Some(device) = device() else { return };

@@ -33,6 +33,26 @@ pub struct LowerOptions {
     /// (`kernels/cuda/linear_common.cuh`); only where the device has thread block clusters
     /// (sm_90 and later: the CUDA executable clears it elsewhere).
     pub clusters: bool,
+    /// GEMMs run on the vendor library (cuBLASLt); off, on kiln's tiled GEMM kernel
+    /// (`kernels/cuda/gemm.cu`): the HIP backend's, which has no vendor GEMM.
+    pub vendor_gemm: bool,
+    /// The tensor-core modules (flash attention, the skinny MMA linears) run their portable
+    /// variants (`flash_portable`, `linear_mma_portable`: `kernels/cuda/mma.cuh` emulates
+    /// mma.sync, ldmatrix and cp.async), the code the HIP backend runs; on NVIDIA devices
+    /// this checks that code against the CPU reference.
+    pub portable_mma: bool,
+}
+
+impl LowerOptions {
+    /// What the HIP backend runs: no vendor GEMM, no clusters, the portable tensor-core code.
+    pub fn portable() -> Self {
+        LowerOptions {
+            clusters: false,
+            vendor_gemm: false,
+            portable_mma: true,
+            ..LowerOptions::default()
+        }
+    }
 }
 
 impl Default for LowerOptions {
@@ -40,6 +60,8 @@ impl Default for LowerOptions {
         LowerOptions {
             linear_rows: DEFAULT_LINEAR_ROWS,
             clusters: true,
+            vendor_gemm: true,
+            portable_mma: false,
         }
     }
 }
@@ -74,22 +96,50 @@ pub(crate) fn lower_op(
     if at.rounded && !at.op.roundable() {
         return Err(at.unsupported("has no rounded form".to_string()));
     }
-    match at.op {
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } => Err(at.unsupported(
-            "views are layouts: the result is its operand's buffer with other strides, no kernel"
-                .to_string(),
-        )),
-        Op::Contiguous => at.contiguous(),
-        Op::MatMul {
-            transpose_a,
-            transpose_b,
-        } => matmul::lower_matmul(&at, [*transpose_a, *transpose_b]),
-        Op::Linear {
-            biases,
-            swiglu,
-            add_rmsnorm,
-        } => linear::lower_linear(&at, (biases, *swiglu, *add_rmsnorm), options),
-        _ => at.dense(options),
+    let launches = at.launches(options)?;
+    (launches.into_iter())
+        .map(|launch| match launch {
+            Launch::Gemm(gemm) if !options.vendor_gemm => Ok(gpu::gemm::tiled(&gemm)?),
+            Launch::Kernel(mut kernel) if options.portable_mma => {
+                kernel.module = portable_module(kernel.module);
+                Ok(Launch::Kernel(kernel))
+            }
+            launch => Ok(launch),
+        })
+        .collect()
+}
+
+/// The portable variant of a tensor-core module (`kiln_kernels::gpu::SOURCES`), or `module`.
+fn portable_module(module: &'static str) -> &'static str {
+    match module {
+        "flash" => "flash_portable",
+        "linear_mma" => "linear_mma_portable",
+        other => other,
+    }
+}
+
+impl Lowering<'_> {
+    /// The launches of the op (GEMMs for the vendor library, tensor-core modules by their
+    /// own names: `lower_op` applies the options).
+    fn launches(&self, options: LowerOptions) -> Result<Vec<Launch>> {
+        const VIEWS: &str =
+            "views are layouts: the result is its operand's buffer with other strides, no kernel";
+        match self.op {
+            Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } => {
+                Err(self.unsupported(VIEWS.to_string()))
+            }
+            Op::Contiguous => self.contiguous(),
+            Op::MatMul {
+                transpose_a,
+                transpose_b,
+            } => matmul::lower_matmul(self, [*transpose_a, *transpose_b]),
+            Op::Linear {
+                biases,
+                swiglu,
+                add_rmsnorm,
+            } => linear::lower_linear(self, (biases, *swiglu, *add_rmsnorm), options),
+            _ => self.dense(options),
+        }
     }
 }
 
