@@ -367,7 +367,8 @@ fn on_gpu(
     let backend = Backend::Cuda(device.clone());
     let eager = backend.run(graph, planned, inputs, RunMode::Eager, 1)?;
     let replayed = backend.run(graph, planned, inputs, RunMode::Graph, 1)?;
-    let summary = kiln_runtime::lower_for_device(graph, planned)?;
+    let summary =
+        kiln_runtime::lower_for_device(graph, planned, kiln_runtime::LowerOptions::default())?;
     let launches = summary.kernels + summary.gemms + summary.copies;
     let mut worst = 0f64;
     for (name, got) in &eager {

@@ -5,8 +5,9 @@
 
 use kiln_frontend::model::{ModelConfig, Precision};
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
+use kiln_kernels::gpu::SOURCES;
 use kiln_planner::{plan, PlanOptions};
-use kiln_runtime::lower_for_device;
+use kiln_runtime::{lower_for_device, LowerOptions};
 
 fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &str) {
     for kind in [
@@ -27,7 +28,7 @@ fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &
             &kiln_runtime::Workspaces::Cuda,
         )
         .unwrap();
-        let summary = lower_for_device(&graph, &planned)
+        let summary = lower_for_device(&graph, &planned, LowerOptions::default())
             .unwrap_or_else(|e| panic!("{what} {}: {e}", kind.name()));
         println!(
             "{what} {} streams={streams}: {} kernels, {} GEMMs, {} copies, {} slots, {} writes in place, copied back: {:?}",
@@ -97,4 +98,80 @@ fn official_programs_lower_with_every_write_in_place() {
         ..options
     };
     check(&config, &bf16, 1, "qwen2.5-0.5b bf16");
+}
+
+/// The HIP backend's lowering (`LowerOptions::portable`) of every tiny program and of the
+/// official bf16-GEMM train step: no vendor GEMM (kiln's tiled kernel takes each), only
+/// modules hipRTC compiles (the tensor-core ones as their portable variants), no clusters, and
+/// every address inside its slot.
+#[test]
+fn the_hip_lowering_needs_no_vendor_gemm_and_names_only_portable_modules() {
+    let tiny = ProgramOptions {
+        batch: 2,
+        seq: 6,
+        max_seq: Some(12),
+        ..Default::default()
+    };
+    let official = kiln_frontend::hf::presets::preset("qwen2.5-0.5b")
+        .unwrap()
+        .0;
+    let large = ProgramOptions {
+        batch: 1,
+        seq: 512,
+        max_seq: Some(512),
+        precision: Precision::Bf16Gemm,
+        ..Default::default()
+    };
+    let mut cases = vec![(official, large, ProgramKind::Train)];
+    for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
+        for precision in [Precision::F32, Precision::Bf16Gemm, Precision::Bf16] {
+            for kind in [
+                ProgramKind::Prefill,
+                ProgramKind::Decode,
+                ProgramKind::Train,
+            ] {
+                if precision == Precision::Bf16 && kind == ProgramKind::Train {
+                    continue;
+                }
+                let options = ProgramOptions {
+                    precision,
+                    ..tiny.clone()
+                };
+                cases.push((config.clone(), options, kind));
+            }
+        }
+    }
+    for (config, options, kind) in cases {
+        let what = format!(
+            "{:?} {:?} {}",
+            config.family,
+            options.precision,
+            kind.name()
+        );
+        let graph = build(kind, &config, &options).unwrap();
+        let planned = plan(
+            &graph,
+            &PlanOptions::default(),
+            &kiln_runtime::Workspaces::Cuda,
+        )
+        .unwrap();
+        let cuda = lower_for_device(&graph, &planned, LowerOptions::default()).unwrap();
+        let hip = lower_for_device(&graph, &planned, LowerOptions::portable())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(hip.gemms, 0, "{what}");
+        // A tiled kernel per GEMM, and a reduce launch per split skinny linear (no clusters).
+        assert!(hip.kernels >= cuda.kernels + cuda.gemms, "{what}");
+        assert!(hip.modules.contains("gemm") || cuda.gemms == 0, "{what}");
+        for module in &hip.modules {
+            assert!(
+                SOURCES.iter().any(|(name, _)| name == module),
+                "{what}: {module}"
+            );
+            assert!(
+                !["flash", "linear_mma"].contains(module),
+                "{what}: {module}"
+            );
+        }
+        println!("{what}: {} kernels, modules {:?}", hip.kernels, hip.modules);
+    }
 }

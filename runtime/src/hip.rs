@@ -181,9 +181,7 @@ impl HipDevice {
 
     /// What loading the kernel modules took (all zero before the first kernel is asked for).
     pub fn kernel_report(&self) -> KernelReport {
-        let modules = self.modules.lock().ok();
-        (modules.as_deref().and_then(Option::as_ref))
-            .map_or_else(KernelReport::default, |m| m.report.clone())
+        Modules::report(&self.modules)
     }
 
     /// Free and total device memory, bytes.

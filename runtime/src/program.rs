@@ -389,17 +389,28 @@ pub struct LoweringSummary {
     pub slots: usize,
     pub in_place_writes: Vec<String>,
     pub copied_writes: Vec<String>,
+    /// The kernel modules the launches name.
+    pub modules: std::collections::BTreeSet<&'static str>,
 }
 
-/// Lowers `plan` of `graph` for a device backend (no device needed) and checks every address
-/// against its slot: the errors a device backend would give for this program, found in CI.
-pub fn lower_for_device(graph: &Graph, plan: &Plan) -> Result<LoweringSummary> {
-    let program = DeviceProgram::new(graph, plan, LowerOptions::default())?;
+/// Lowers `plan` of `graph` for a device backend with `options` (no device needed) and checks
+/// every address against its slot: the errors a device backend would give for this program,
+/// found in CI.
+pub fn lower_for_device(
+    graph: &Graph,
+    plan: &Plan,
+    options: LowerOptions,
+) -> Result<LoweringSummary> {
+    let program = DeviceProgram::new(graph, plan, options)?;
     let launches = (program.steps.iter().flat_map(|s| &s.launches)).chain(&program.write_backs);
     let (mut kernels, mut gemms, mut copies) = (0, 0, 0);
+    let mut modules = std::collections::BTreeSet::new();
     for launch in launches {
         match launch {
-            Launch::Kernel(_) => kernels += 1,
+            Launch::Kernel(kernel) => {
+                kernels += 1;
+                modules.insert(kernel.module);
+            }
             Launch::Gemm(_) => gemms += 1,
             Launch::Copy { .. } => copies += 1,
         }
@@ -411,5 +422,6 @@ pub fn lower_for_device(graph: &Graph, plan: &Plan) -> Result<LoweringSummary> {
         slots: program.slots.len(),
         in_place_writes: program.in_place_writes,
         copied_writes: program.copied_writes,
+        modules,
     })
 }

@@ -45,6 +45,19 @@ fn gpu_run(
     backend.run(graph, &planned, values, mode, runs).unwrap()
 }
 
+/// The relative error a tiny program's value `name` may have against the interpreter. AdamW's
+/// first steps divide by sqrt(v) ~ |grad|: an element whose gradient is near zero turns a 1e-7
+/// difference of the gradient into a larger one of the update, so updated state gets 1e-4.
+/// With bf16 GEMM inputs, a value that differs in its last f32 bits can round to the
+/// neighbouring bf16: bf16's limit, 1e-2.
+fn program_limit(precision: Precision, kind: ProgramKind, name: &str) -> f64 {
+    match (precision, kind) {
+        (Precision::Bf16Gemm | Precision::Bf16, _) => 1e-2,
+        (_, ProgramKind::Train) if name != "loss" => 1e-4,
+        _ => 1e-5,
+    }
+}
+
 #[test]
 fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
     let Some(device) = device() else { return };
@@ -87,16 +100,7 @@ fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
                             config.family,
                             kind.name()
                         );
-                        // AdamW's first steps divide by sqrt(v) ~ |grad|: an element whose
-                        // gradient is near zero turns a 1e-7 difference of the gradient into a
-                        // larger one of the update, so updated state gets 1e-4.
-                        // With bf16 GEMM inputs, a value that differs in its last f32 bits
-                        // can round to the neighbouring bf16: bf16's limit, 1e-2.
-                        let limit = match (precision, kind) {
-                            (Precision::Bf16Gemm | Precision::Bf16, _) => 1e-2,
-                            (_, ProgramKind::Train) if name != "loss" => 1e-4,
-                            _ => 1e-5,
-                        };
+                        let limit = program_limit(precision, kind, name);
                         assert!(error <= limit, "{what}: relative error {error:e}");
                         assert_eq!(bits(got), bits(&replayed[name]), "{what}: replay != eager");
                     }
@@ -160,12 +164,7 @@ fn tiny_programs_with_the_hip_lowering_match_the_cpu() {
                 let error =
                     testing::rel_l2(&got.to_f64_vec().unwrap(), &reference.to_f64_vec().unwrap());
                 let what = format!("{:?} {} {precision:?}: {name}", config.family, kind.name());
-                // The limits of `tiny_programs_match_the_cpu_and_replay_equals_eager`.
-                let limit = match (precision, kind) {
-                    (Precision::Bf16Gemm | Precision::Bf16, _) => 1e-2,
-                    (_, ProgramKind::Train) if name != "loss" => 1e-4,
-                    _ => 1e-5,
-                };
+                let limit = program_limit(precision, kind, name);
                 assert!(
                     error <= limit,
                     "{what} (hip lowering): relative error {error:e}"

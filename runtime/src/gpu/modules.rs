@@ -77,6 +77,13 @@ impl<M> Modules<M> {
         Modules { loaded, report }
     }
 
+    /// What loading the modules in `slot` took (all zero before they are loaded).
+    pub fn report(slot: &std::sync::Mutex<Option<Self>>) -> KernelReport {
+        let modules = slot.lock().ok();
+        (modules.as_deref().and_then(Option::as_ref))
+            .map_or_else(KernelReport::default, |m| m.report.clone())
+    }
+
     /// Module `name`, or why it cannot be used.
     pub fn get(&self, name: &str, missing: impl Fn() -> Error) -> Result<&M> {
         let loaded = self.loaded.get(name).ok_or_else(missing)?;

@@ -271,10 +271,10 @@ fn the_fixture_plans_lower_for_the_device_and_differ_in_arena() {
     for streams in [[1, 1], [2, 1]] {
         let (a, plan_a, b, plan_b) = plans(streams, &Workspaces::Cuda);
         assert_ne!(plan_a.arena_bytes, plan_b.arena_bytes);
-        let lowered_a = crate::lower_for_device(&a, &plan_a).unwrap();
+        let lowered_a = crate::lower_for_device(&a, &plan_a, Default::default()).unwrap();
         assert_eq!(lowered_a.in_place_writes, ["s"]);
         assert!(lowered_a.copied_writes.is_empty());
-        let lowered_b = crate::lower_for_device(&b, &plan_b).unwrap();
+        let lowered_b = crate::lower_for_device(&b, &plan_b, Default::default()).unwrap();
         assert_eq!(lowered_b.copied_writes, ["s"]);
         assert!(lowered_b.in_place_writes.is_empty());
     }
