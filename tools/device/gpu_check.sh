@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs kiln's GPU checks and benchmarks on a CUDA machine, from binaries built elsewhere.
-# Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR [tests|sanitize|nan|bench|anchor]...
+# Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR [tests|sanitize|nan|bench|portable|anchor]...
 #   BIN_DIR holds `kiln`, the `gpu` test binary (cargo test --release --no-run --test gpu) and
 #   `runtime` (kiln-runtime's unit tests: cargo test --release --no-run -p kiln-runtime --lib).
 #   tests:    the GPU tests (tests/gpu.rs, the CUDA executable's unit tests) with
@@ -22,6 +22,11 @@
 #           $BUILDS (kiln binaries in BIN_DIR; default `kiln`), alternating, two rounds, then the
 #           train peer (ANCHORS.md's train_anchor.py, given as BIN_DIR/train_anchor.py) for $PEER
 #           (presets of train_anchor.py; default none)
+#   portable: the HIP backend's lowering on this device (`--portable on`: kiln's tiled GEMM, the
+#           portable tensor-core code, no clusters) against the CUDA defaults, alternating:
+#           bf16 decode B=1 and 8, prefill T=512, bf16-GEMM train T=512 of Qwen2.5-0.5B, each
+#           with its `check` (last loss, max |logit|) to compare between the two (the portable
+#           code against the CPU reference is in `tests`)
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -211,6 +216,20 @@ PY
       done
       for preset in ${PEER:-}; do
         PYTHONUNBUFFERED=1 python3 "$bin/train_anchor.py" $preset 512 2048 2>&1 | tee -a "$out/train_peer.log"
+      done
+      ;;
+    portable)
+      for row in "decode bf16 1" "decode bf16 8" "prefill bf16 1" "train bf16-gemm 1"; do
+        read -r program precision batch <<<"$row"
+        for portable in off on; do
+          "$bin/kiln" bench --model qwen2.5-0.5b --program $program --precision $precision \
+            --batch $batch --seq 512 --portable $portable --json \
+            >>"$out/portable.jsonl" 2>>"$out/portable.log" \
+            || echo "FAILED: $program $precision B=$batch portable=$portable (see portable.log)"
+          python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+            print(sys.argv[2], {k: r[k] for k in ('median_ms', 'launches_per_step', 'check') if k in r})" \
+            "$out/portable.jsonl" "$program $precision B=$batch portable=$portable"
+        done
       done
       ;;
     anchor)
