@@ -47,11 +47,14 @@ __device__ __forceinline__ void kiln_gemm_stage(float (*tile)[KILN_GEMM_PITCH], 
     }
 }
 
-// The body of every instance: A and B of type T (float or bf16_bits), C of type O.
+// The body of every instance: A and B of type T (float or bf16_bits), C of type O. Inlined
+// into each kernel, so its shared tiles are that kernel's alone (hipRTC gives a called
+// function's static shared arrays to every kernel of the module).
 template <typename T, typename O>
-__device__ void kiln_gemm(O* c, const T* a, const T* b, i64 m, i64 n, i64 k, i64 lda, i64 ldb,
-                          i64 ldc, i64 stride_a, i64 stride_b, i64 stride_c, int transpose_a,
-                          int transpose_b, int accumulate) {
+__device__ __forceinline__ void kiln_gemm(O* c, const T* a, const T* b, i64 m, i64 n, i64 k,
+                                          i64 lda, i64 ldb, i64 ldc, i64 stride_a, i64 stride_b,
+                                          i64 stride_c, int transpose_a, int transpose_b,
+                                          int accumulate) {
     __shared__ float a_tile[KILN_GEMM_CHUNK][KILN_GEMM_PITCH];
     __shared__ float b_tile[KILN_GEMM_CHUNK][KILN_GEMM_PITCH];
     const i64 batch = blockIdx.z;
