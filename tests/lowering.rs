@@ -175,3 +175,50 @@ fn the_hip_lowering_needs_no_vendor_gemm_and_names_only_portable_modules() {
         println!("{what}: {} kernels, modules {:?}", hip.kernels, hip.modules);
     }
 }
+
+/// The rank programs lower every `all_reduce` to one collective launch of its buffers.
+#[test]
+fn parallel_programs_lower_each_all_reduce_to_one_collective() {
+    let config = ModelConfig::tiny();
+    let data_parallel = ProgramOptions {
+        batch: 2,
+        seq: 8,
+        precision: Precision::Bf16Gemm,
+        data_parallel: Some(kiln_frontend::programs::DataParallel {
+            bucket_bytes: 40_000,
+        }),
+        ..Default::default()
+    };
+    let tensor_parallel = ProgramOptions {
+        batch: 2,
+        max_seq: Some(16),
+        precision: Precision::Bf16,
+        tensor_parallel: Some(2),
+        ..Default::default()
+    };
+    for (kind, options) in [
+        (ProgramKind::Train, &data_parallel),
+        (ProgramKind::Decode, &tensor_parallel),
+    ] {
+        let graph = build(kind, &config, options).unwrap();
+        let collectives = (graph.node_indices())
+            .filter(|&n| {
+                graph.node(n).is_some_and(|node| {
+                    matches!(
+                        node.kind,
+                        kiln_ir::graph::NodeKind::Op(kiln_ir::Op::AllReduce)
+                    )
+                })
+            })
+            .count();
+        let planned = plan(
+            &graph,
+            &PlanOptions::default(),
+            &kiln_runtime::Workspaces::Cuda,
+        )
+        .unwrap();
+        let summary = lower_for_device(&graph, &planned, LowerOptions::default()).unwrap();
+        assert!(collectives > 0);
+        assert_eq!(summary.collectives, collectives, "{}", kind.name());
+    }
+}

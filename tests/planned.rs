@@ -84,13 +84,27 @@ fn planned_executor_equals_interpreter_bit_for_bit() {
         max_seq: Some(12),
         ..Default::default()
     };
-    for kind in [
-        ProgramKind::Prefill,
-        ProgramKind::Decode,
-        ProgramKind::Train,
+    // The rank programs of a world of one, whose all-reduces (on the communication stream)
+    // the reference kernels run as the identity.
+    let data_parallel = ProgramOptions {
+        data_parallel: Some(kiln_frontend::programs::DataParallel {
+            bucket_bytes: 40_000,
+        }),
+        ..options.clone()
+    };
+    let tensor_parallel = ProgramOptions {
+        tensor_parallel: Some(1),
+        ..options.clone()
+    };
+    for (kind, options) in [
+        (ProgramKind::Prefill, &options),
+        (ProgramKind::Decode, &options),
+        (ProgramKind::Train, &options),
+        (ProgramKind::Train, &data_parallel),
+        (ProgramKind::Decode, &tensor_parallel),
     ] {
-        let graph = build(kind, &config, &options).unwrap();
-        let values = bindings(&mut rng, &config, kind, &options);
+        let graph = build(kind, &config, options).unwrap();
+        let values = bindings(&mut rng, &config, kind, options);
         let mut reference_values = values.clone();
         let reference = interpret(&graph, &mut reference_values).unwrap();
         for streams in [1, 2] {

@@ -146,3 +146,80 @@ fn tiny_budgeted_train_plan_snapshot() {
         insta::assert_snapshot!("plan_tiny_train_budgeted_text", dump::to_text(&planned, None));
     });
 }
+
+/// The rank programs of data- and tensor-parallel runs: every `all_reduce` on the
+/// communication stream (one past the compute streams) and nothing else there; a bucket's
+/// all-reduce runs while the backward still computes, and updates follow it before the
+/// backward ends; the verifier refuses a collective moved off that stream.
+#[test]
+fn parallel_plans_put_every_all_reduce_on_the_communication_stream() {
+    use kiln_frontend::programs::DataParallel;
+    let data_parallel = ProgramOptions {
+        batch: 2,
+        seq: 8,
+        data_parallel: Some(DataParallel {
+            bucket_bytes: 40_000,
+        }),
+        ..Default::default()
+    };
+    let tensor_parallel = ProgramOptions {
+        batch: 2,
+        seq: 8,
+        max_seq: Some(16),
+        tensor_parallel: Some(2),
+        ..Default::default()
+    };
+    let config = ModelConfig::tiny();
+    let cases = [
+        (ProgramKind::Train, &data_parallel),
+        (ProgramKind::Prefill, &tensor_parallel),
+        (ProgramKind::Decode, &tensor_parallel),
+    ];
+    for (kind, options) in cases {
+        for streams in 1..=3 {
+            let planned = check(&config, kind, options, streams);
+            let what = format!("{} streams={streams}", kind.name());
+            assert_eq!(planned.communication_stream, Some(streams), "{what}");
+            assert_eq!(planned.streams(), streams + 1);
+            let on_comm = |s: &kiln_planner::Step| s.stream == streams;
+            let collectives = planned.schedule.iter().filter(|s| s.op == "all_reduce");
+            assert!(collectives.clone().all(on_comm), "{what}");
+            assert_eq!(
+                collectives.count(),
+                planned.schedule.iter().filter(|s| on_comm(s)).count()
+            );
+            if kind != ProgramKind::Train {
+                continue;
+            }
+            let position = |pred: &dyn Fn(&kiln_planner::Step) -> bool| {
+                planned.schedule.iter().position(pred).unwrap()
+            };
+            let last_matmul = planned.schedule.len()
+                - 1
+                - (planned.schedule.iter().rev())
+                    .position(|s| s.op.starts_with("matmul"))
+                    .unwrap();
+            let first_collective = position(&|s| s.op == "all_reduce");
+            let first_update = position(&|s| s.op.starts_with("adamw"));
+            assert!(
+                first_collective < first_update && first_update < last_matmul,
+                "{what}: the first all_reduce at step {first_collective}, the first update at \
+                 {first_update}, the backward's last GEMM at {last_matmul}"
+            );
+            let graph = build(kind, &config, options).unwrap();
+            let at = first_collective;
+            let mut moved = planned.clone();
+            moved.schedule[at].stream = 0;
+            let error = verify_plan(&graph, &moved, &kiln_runtime::Workspaces::Any).unwrap_err();
+            assert_eq!(error.rule, "schedule", "{error}");
+            let mut unnamed = planned.clone();
+            unnamed.communication_stream = None;
+            let error = verify_plan(&graph, &unnamed, &kiln_runtime::Workspaces::Any).unwrap_err();
+            assert_eq!(error.rule, "schedule", "{error}");
+        }
+    }
+    let planned = check(&config, ProgramKind::Train, &data_parallel, 1);
+    insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_snapshot!("plan_tiny_train_data_parallel_text", dump::to_text(&planned, None));
+    });
+}

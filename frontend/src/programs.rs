@@ -17,7 +17,7 @@ use crate::trace::{AttentionMode, Caches, LayerCache, Tracer};
 mod options;
 mod train;
 
-pub use options::{ProgramOptions, DECODE_CACHE_ROWS};
+pub use options::{DataParallel, ProgramOptions, DECODE_CACHE_ROWS};
 pub use train::Accumulation;
 
 /// Which program to build.
@@ -131,6 +131,29 @@ pub fn build(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) 
 /// Program `kind` as the model code traces it.
 fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> Result<Graph> {
     options.validate(kind, config)?;
+    let shard;
+    let config = match options.tensor_parallel {
+        Some(ranks) => {
+            shard = config
+                .shard(ranks)
+                .map_err(|reason| crate::Error::ProgramOption {
+                    flag: "--tensor-parallel",
+                    value: ranks,
+                    reason,
+                })?;
+            &shard
+        }
+        None => config,
+    };
+    // Each rank's row-parallel outputs are summed over the group (a group of one included:
+    // its all-reduce is the identity, run through the communicator all the same).
+    let new_tracer = |graph, mode| {
+        let tracer = Tracer::new(graph, mode, options.precision);
+        match options.tensor_parallel {
+            Some(_) => tracer.with_tensor_parallel(),
+            None => tracer,
+        }
+    };
     let mut graph = Graph::new(kind.name());
     let (batch, seq) = (options.batch, options.seq);
     let rows = options.cache_rows(kind, config).unwrap_or(0);
@@ -154,7 +177,7 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
                 Some(_) => Some(i64_input(&mut graph, "logit_rows", &[batch])?),
                 None => None,
             };
-            let tracer = Tracer::new(graph, mode, options.precision);
+            let tracer = new_tracer(graph, mode);
             let logits = match logit_rows {
                 Some(rows) => row_logits(&tracer, config, &weights, (&tokens, &positions), rows)?,
                 None => last_logits(&tracer, config, &weights, &tokens, &positions)?,
@@ -168,7 +191,7 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
             let positions = i64_input(&mut graph, "positions", &[batch])?;
             let caches = caches(&mut graph, config, (options, rows), (stored, positions))?;
             let mode = AttentionMode::ReadCache(caches);
-            let tracer = Tracer::new(graph, mode, options.precision);
+            let tracer = new_tracer(graph, mode);
             let rope_positions = tracer.graph().op1(
                 kiln_ir::Op::Reshape {
                     shape: [batch, 1].into(),
@@ -185,7 +208,7 @@ fn trace(kind: ProgramKind, config: &ModelConfig, options: &ProgramOptions) -> R
             let positions = i64_input(&mut graph, "positions", &[batch, seq])?;
             // `validate` has checked that `[batch, seq]` ids fit, so their count does.
             let targets = i64_input(&mut graph, "targets", &[batch * seq])?;
-            let mut tracer = Tracer::new(graph, AttentionMode::Plain, options.precision);
+            let mut tracer = new_tracer(graph, AttentionMode::Plain);
             if kind == ProgramKind::Train {
                 tracer = tracer.with_weight_copies();
             }
@@ -320,6 +343,9 @@ pub fn example_inputs(
     Ok(values)
 }
 
+#[cfg(test)]
+#[path = "programs/parallel_tests.rs"]
+mod parallel_tests;
 #[cfg(test)]
 mod tests;
 

@@ -56,6 +56,8 @@ pub struct Tracer {
     /// With [`Tracer::with_weight_copies`]: the persistent copy each param weight of a linear
     /// reads instead of a cast of its own, (param, copy state) by the param's first use.
     copies: Option<RefCell<Vec<(ValueId, ValueId)>>>,
+    /// With [`Tracer::with_tensor_parallel`]: row-parallel outputs are all-reduced.
+    tensor_parallel: bool,
 }
 
 impl Tracer {
@@ -65,7 +67,16 @@ impl Tracer {
             mode,
             precision,
             copies: None,
+            tensor_parallel: false,
         }
+    }
+
+    /// Traces one rank of a tensor-parallel group (the model traced is the rank's shard,
+    /// [`ModelConfig::shard`](crate::model::ModelConfig::shard)): each row-parallel output is
+    /// summed over the ranks by an `all_reduce` op.
+    pub fn with_tensor_parallel(mut self) -> Self {
+        self.tensor_parallel = true;
+        self
     }
 
     /// Linears read a persistent GEMM-dtype copy of each param weight (state `<dtype>.<name>`,
@@ -276,6 +287,13 @@ impl Ops for Tracer {
                     .collect();
                 self.op1(Op::CachedAttention { scale }, &operands)
             }
+        }
+    }
+
+    fn reduce_partial(&self, x: &ValueId) -> Result<ValueId> {
+        match self.tensor_parallel {
+            true => self.op1(Op::AllReduce, &[*x]),
+            false => Ok(*x),
         }
     }
 

@@ -384,6 +384,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::AdamW(_)
         | Op::AdamWCopy(_)
         | Op::ClipGradNorm { .. }
+        | Op::AllReduce
         | Op::Linear { .. }
         | Op::Rounded(_)
         | Op::Slice { .. } => {

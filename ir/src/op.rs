@@ -157,6 +157,12 @@ pub enum Op {
     /// gradient, and `min(1, max_norm / (norm + 1e-6))`, the factor
     /// `torch.nn.utils.clip_grad_norm_` multiplies them by.
     ClipGradNorm { max_norm: f64 },
+    /// `(x_0, …, x_{n-1}) f32 -> (y_0, …, y_{n-1})`, each `y_i` the sum of `x_i` over every
+    /// rank of the communicator the program runs in (NCCL's `ncclAllReduce` with `ncclSum`),
+    /// written where `x_i` is: the gradients of a data-parallel step (one op per bucket, as
+    /// DDP buckets them), a tensor-parallel layer's partial outputs. Its own inverse has no
+    /// meaning here: the op has no gradient rule. In a world of one rank it is the identity.
+    AllReduce,
     /// `(a) -> a` viewed as `shape` (same element count, contiguous input).
     Reshape { shape: Shape },
     /// `(a) -> a` with two dims swapped (a strided view).
@@ -245,6 +251,7 @@ impl Op {
             Op::AdamW(_) => "adamw",
             Op::AdamWCopy(_) => "adamw_copy",
             Op::ClipGradNorm { .. } => "clip_grad_norm",
+            Op::AllReduce => "all_reduce",
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
             Op::Slice { .. } => "slice",
@@ -335,6 +342,7 @@ impl Op {
             | Op::Softmax
             | Op::SoftmaxBackward
             | Op::Argmax
+            | Op::AllReduce
             | Op::Contiguous => vec![],
         }
     }
@@ -409,6 +417,8 @@ impl Op {
             // Elementwise results may take over their first operand's buffer.
             (Op::Add | Op::Mul | Op::Scale { .. } | Op::SwiGlu, _) => Alias::MayOverwrite(0),
             (Op::KvCacheWrite | Op::CastInto, _) => Alias::MayOverwrite(0),
+            // Summed where each operand is (NCCL in place).
+            (Op::AllReduce, i) => Alias::MayOverwrite(i),
             // param, m, v are updated where they are.
             (Op::AdamW(_) | Op::AdamWCopy(_), 0) => Alias::MayOverwrite(0),
             (Op::AdamW(_) | Op::AdamWCopy(_), 1) => Alias::MayOverwrite(2),

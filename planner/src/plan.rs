@@ -134,6 +134,19 @@ pub struct Plan {
     /// a memory budget (`budget.rs`); empty, and absent from the JSON, without one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recomputed: Vec<Recomputed>,
+    /// The stream every `all_reduce` runs on, and nothing else: `options.streams`, one past the
+    /// compute streams, so collectives overlap the compute they do not wait for; absent from
+    /// the JSON (and `None`) for a program without collectives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub communication_stream: Option<usize>,
     /// Stable hash (hex) of everything above.
     pub hash: String,
+}
+
+impl Plan {
+    /// The streams a device backend creates for this plan: the compute streams, and the
+    /// communication stream where there is one.
+    pub fn streams(&self) -> usize {
+        self.options.streams + usize::from(self.communication_stream.is_some())
+    }
 }

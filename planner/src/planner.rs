@@ -112,6 +112,7 @@ pub(crate) fn plan_behind(
         events: streams.events,
         in_place_writes,
         recomputed: Vec::new(),
+        communication_stream: streams.communication(),
         hash: String::new(),
     };
     plan.hash = plan_hash(&plan)?;

@@ -4,8 +4,12 @@
 //! - [`LIST`]: a list scheduler; among the ready ops it runs the one that frees the most arena
 //!   bytes minus what it allocates, ties broken by node index.
 //! - [`ADAMW_EARLY`] (only for programs with AdamW ops): node order, except that each AdamW op
-//!   runs as soon as its operands are ready, so a gradient dies right after its update instead
-//!   of waiting for the whole backward pass.
+//!   (and each `all_reduce`) runs as soon as its operands are ready, so a gradient dies right
+//!   after its update instead of waiting for the whole backward pass.
+//!
+//! In every candidate each `all_reduce` then moves up to right after the last producer of its
+//! operands ([`collectives_early`]): a data-parallel bucket is summed on the communication
+//! stream while the backward computes on, not after it, where the trace appended it.
 //!
 //! Every candidate is a permutation of the ops in which each op comes after the producers of
 //! its operands ([`check_order`] verifies it, so a scheduler bug is an error, not a wrong plan).
@@ -14,7 +18,7 @@
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-use kiln_ir::Alias;
+use kiln_ir::{Alias, Op};
 
 use crate::program::{Program, Value};
 use crate::{Error, Result};
@@ -49,7 +53,8 @@ pub(crate) fn candidates(program: &Program) -> Vec<Candidate> {
         });
     }
     for candidate in &mut out {
-        candidate.order = defer_state_updates(program, std::mem::take(&mut candidate.order));
+        let order = collectives_early(program, std::mem::take(&mut candidate.order));
+        candidate.order = defer_state_updates(program, order);
     }
     out
 }
@@ -184,7 +189,10 @@ fn finish(program: &Program, pending: &mut [usize], op: usize) -> Vec<usize> {
 
 /// Node order, with each AdamW pulled forward to the moment its operands are ready.
 fn adamw_early(program: &Program) -> Vec<usize> {
-    let is_adamw = |op: usize| program.ops[op].op.adamw().is_some();
+    let is_adamw = |op: usize| {
+        let op = &program.ops[op].op;
+        op.adamw().is_some() || matches!(op, Op::AllReduce)
+    };
     let mut pending = pending_operands(program);
     let mut order = Vec::with_capacity(program.ops.len());
     // AdamW ops ready to run, smallest node first.
@@ -199,6 +207,32 @@ fn adamw_early(program: &Program) -> Vec<usize> {
         ready_updates.extend(ready.into_iter().filter(|&r| is_adamw(r)));
     }
     order
+}
+
+/// `order` with each `all_reduce` moved up to right after the last producer of its operands
+/// (collectives keep their order among themselves, so every rank issues them alike). Each
+/// still follows its producers, so the order stays topological.
+fn collectives_early(program: &Program, order: Vec<usize>) -> Vec<usize> {
+    let is_collective = |op: usize| matches!(program.ops[op].op, Op::AllReduce);
+    if !order.iter().any(|&op| is_collective(op)) {
+        return order;
+    }
+    let mut pending = pending_operands(program);
+    // Ready collectives by their place in `order`.
+    let place: std::collections::BTreeMap<usize, usize> =
+        order.iter().enumerate().map(|(at, &op)| (op, at)).collect();
+    let mut ready: BTreeSet<(usize, usize)> = (order.iter().copied())
+        .filter(|&op| is_collective(op) && pending[op] == 0)
+        .map(|op| (place[&op], op))
+        .collect();
+    let mut out = Vec::with_capacity(order.len());
+    let mut rest = order.iter().copied().filter(|&op| !is_collective(op));
+    while let Some((_, op)) = ready.pop_first().or_else(|| rest.next().map(|op| (0, op))) {
+        out.push(op);
+        let now_ready = finish(program, &mut pending, op);
+        ready.extend((now_ready.into_iter().filter(|&r| is_collective(r))).map(|r| (place[&r], r)));
+    }
+    out
 }
 
 /// Storage groups for the list scheduler: a value and the views of it share one group (its

@@ -1,6 +1,10 @@
 //! Streams, events and happens-before.
 //!
-//! Assignment: with one stream every step runs on stream 0. With `n > 1`, weight-gradient
+//! Assignment: every `all_reduce` runs on the communication stream, stream `n` (one past the
+//! `n` compute streams; a program without collectives has none), and nothing else does: NCCL
+//! needs each rank to issue its collectives in one order, which one stream in schedule order
+//! gives, and the backward computes on while a bucket's gradients are summed. Otherwise, with
+//! one stream every step runs on stream 0. With `n > 1`, weight-gradient
 //! GEMMs — MatMul results (rounded or not) that flow solely into AdamW grad operands or
 //! outputs named `grad.*`, through views, casts, contiguous copies and scales only — go
 //! round-robin on streams `1..n`, each with that chain of ops and the AdamW updates it feeds
@@ -40,6 +44,7 @@ use crate::program::{Producer, Program, Value};
 /// Streams and events of one schedule.
 pub(crate) struct StreamPlan {
     streams: usize,
+    communication: Option<usize>,
     stream_of_step: Vec<usize>,
     pub waits: Vec<Vec<usize>>,
     pub records: Vec<Vec<usize>>,
@@ -53,12 +58,14 @@ pub(crate) struct StreamPlan {
 impl StreamPlan {
     /// Assigns streams and events for `program` run in `order` with `streams >= 1` streams.
     pub fn new(program: &Program, order: &[usize], buffers: &Buffers, streams: usize) -> Self {
-        let n = streams.max(1);
+        let compute = streams.max(1);
+        let collectives = (program.ops.iter()).any(|o| matches!(o.op, Op::AllReduce));
+        let n = compute + usize::from(collectives);
         let mut step_of_op = vec![0; program.ops.len()];
         for (step, &op) in order.iter().enumerate() {
             step_of_op[op] = step;
         }
-        let (stream_of_op, chain_start) = assign_streams(program, order, n);
+        let (stream_of_op, chain_start) = assign_streams(program, order, compute);
         let stream_of_step: Vec<usize> = order.iter().map(|&op| stream_of_op[op]).collect();
         let steps = order.len();
         let mut steps_on = vec![Vec::new(); n];
@@ -128,6 +135,7 @@ impl StreamPlan {
         }
         StreamPlan {
             streams: n,
+            communication: collectives.then_some(compute),
             stream_of_step,
             waits,
             records,
@@ -135,6 +143,11 @@ impl StreamPlan {
             steps_on,
             frontier,
         }
+    }
+
+    /// The communication stream, where the program has collectives.
+    pub fn communication(&self) -> Option<usize> {
+        self.communication
     }
 
     /// Stream of the step `step`.
@@ -214,10 +227,12 @@ fn data_writer(program: &Program, mut value: Value) -> Option<usize> {
     None
 }
 
-/// Stream of every op (0, or a side stream for weight-gradient chains; see the module doc)
-/// and whether it starts a chain.
+/// Stream of every op (0, a side stream for weight-gradient chains, or the communication
+/// stream `n` for collectives; see the module doc) and whether it starts a chain.
 fn assign_streams(program: &Program, order: &[usize], n: usize) -> (Vec<usize>, Vec<bool>) {
-    let mut stream_of_op = vec![0; program.ops.len()];
+    let mut stream_of_op: Vec<usize> = (program.ops.iter())
+        .map(|o| if matches!(o.op, Op::AllReduce) { n } else { 0 })
+        .collect();
     let mut chain_start = vec![false; program.ops.len()];
     if n < 2 {
         return (stream_of_op, chain_start);

@@ -7,7 +7,9 @@
 //! value at fault. Rules, checked in this order because later ones read what earlier ones
 //! establish (steps exist, values have buffers, lifetimes are in range):
 //! - `schedule`: every op node runs exactly once, after the producers of its operands, with the
-//!   op text of its node, on a stream below `options.streams`.
+//!   op text of its node, on a stream below `plan.streams()`; `all_reduce` steps, and only
+//!   they, run on the communication stream, `options.streams`, which a plan names exactly
+//!   when it has them.
 //! - `events`: events are below `plan.events`; every waited event is recorded by an earlier
 //!   step; every operand's producer happens before its reader (streams synchronize through
 //!   events).
@@ -275,10 +277,20 @@ fn describe_buffer(plan: &Plan, id: usize) -> String {
 /// Checks `schedule`; returns the step of every op node.
 fn check_schedule(program: &Program, plan: &Plan) -> Result<BTreeMap<usize, usize>, PlanError> {
     let mut step_of = BTreeMap::new();
+    let collectives = (program.ops.values()).any(|o| matches!(o.op, kiln_ir::Op::AllReduce));
+    let communication = collectives.then_some(plan.options.streams);
+    if plan.communication_stream != communication {
+        let detail = format!(
+            "the plan names communication stream {:?} for a program {} collectives",
+            plan.communication_stream,
+            if collectives { "with" } else { "without" }
+        );
+        return fail("schedule", detail);
+    }
     for (step, s) in plan.schedule.iter().enumerate() {
-        if s.stream >= plan.options.streams {
-            // The runtime creates `options.streams` streams; this one does not exist.
-            let streams = plan.options.streams;
+        if s.stream >= plan.streams() {
+            // The runtime creates `plan.streams()` streams; this one does not exist.
+            let streams = plan.streams();
             let detail = format!("step {step} runs on stream {}, of {streams}", s.stream);
             return fail("schedule", detail);
         }
@@ -291,6 +303,17 @@ fn check_schedule(program: &Program, plan: &Plan) -> Result<BTreeMap<usize, usiz
             // The step's text must describe the op it runs, or dumps mislead.
             let what = program.describe(s.node);
             let detail = format!("step {step} says `{}` but runs {what}", s.op);
+            return fail("schedule", detail);
+        }
+        let collective = matches!(op.op, kiln_ir::Op::AllReduce);
+        if collective != (Some(s.stream) == communication) {
+            // Collectives must be issued in one order on every rank: on their own stream.
+            let what = program.describe(s.node);
+            let detail = format!(
+                "step {step} runs {what} on stream {}, but the communication stream is {:?} \
+                 and runs all_reduce steps only",
+                s.stream, communication
+            );
             return fail("schedule", detail);
         }
         if let Some(first) = step_of.insert(s.node, step) {

@@ -88,6 +88,7 @@ fn plan(options: PlanOptions, schedule: Vec<Step>, mut buffers: Vec<Buffer>, are
         offset_candidates: vec![("by hand".to_string(), arena)],
         in_place_writes: Vec::new(),
         recomputed: Vec::new(),
+        communication_stream: None,
         hash: String::new(),
     }
 }

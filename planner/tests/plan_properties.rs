@@ -161,6 +161,7 @@ fn random_plans() -> impl Strategy<Value = Plan> {
                     events,
                     in_place_writes: Vec::new(),
                     recomputed: Vec::new(),
+                    communication_stream: None,
                     hash: String::new(),
                 }
             },

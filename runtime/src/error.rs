@@ -41,6 +41,12 @@ pub enum Error {
     #[error("host bytes: {reason}")]
     HostBytes { reason: String },
 
+    // --- collectives ---
+    /// A collective could not complete on rank `rank`: another rank failed, the ranks brought
+    /// different tensors, or the others did not come in time.
+    #[error("all_reduce on rank {rank}: {reason}")]
+    Collective { rank: usize, reason: String },
+
     // --- interpreter ---
     /// A graph input has no value bound to its name.
     #[error("graph input `{name}` ({expected}) has no value bound to it")]

@@ -19,6 +19,9 @@
 //!
 //! Every value is kept until the end of the run: this interpreter is the reference, not the
 //! memory planner.
+//!
+//! `all_reduce` ops reach the other ranks through a [`Communicator`] ([`interpret_in`]);
+//! [`interpret`] runs a world of one rank ([`Solo`]), where they are the identity.
 
 pub(crate) mod linear;
 pub(crate) mod ops;
@@ -29,6 +32,7 @@ use std::collections::BTreeMap;
 use kiln_ir::graph::{Node, NodeKind};
 use kiln_ir::{Graph, Op, TensorType, ValueId};
 
+use crate::collective::{Communicator, Solo};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -38,6 +42,16 @@ pub fn interpret(
     graph: &Graph,
     values: &mut BTreeMap<String, Tensor>,
 ) -> Result<BTreeMap<String, Tensor>> {
+    interpret_in(graph, values, &Solo)
+}
+
+/// [`interpret`] as one rank of `communicator`'s world: its `all_reduce` ops sum over the
+/// ranks (each rank runs its own copy of the program, in its own thread).
+pub fn interpret_in(
+    graph: &Graph,
+    values: &mut BTreeMap<String, Tensor>,
+    communicator: &dyn Communicator,
+) -> Result<BTreeMap<String, Tensor>> {
     let mut env = bind_inputs(graph, values)?;
     for node in graph.node_indices() {
         if let Some(Node {
@@ -45,7 +59,8 @@ pub fn interpret(
             outputs: recorded,
         }) = graph.node(node)
         {
-            let results = run_node(&env, node.index(), op, recorded, graph.operands(node))?;
+            let operands = graph.operands(node);
+            let results = run_node(&env, node.index(), op, recorded, operands, communicator)?;
             env.results.insert(node.index(), results);
         }
     }
@@ -120,6 +135,7 @@ fn run_node(
     op: &Op,
     recorded: &[TensorType],
     operands: Vec<ValueId>,
+    communicator: &dyn Communicator,
 ) -> Result<Vec<Tensor>> {
     let what = || format!("node %{index} ({op})");
     let mut tensors = Vec::with_capacity(operands.len());
@@ -137,7 +153,11 @@ fn run_node(
     }
     let operand_types: Vec<TensorType> = tensors.iter().map(type_of).collect();
     let types = result_types(index, op, &operand_types, recorded)?;
-    ops::run(op, &tensors, &types).map_err(|source| Error::Node {
+    let results = match op {
+        Op::AllReduce => communicator.all_reduce(&tensors),
+        _ => ops::run(op, &tensors, &types),
+    };
+    results.map_err(|source| Error::Node {
         node: index,
         op: op.to_string(),
         source: Box::new(source),

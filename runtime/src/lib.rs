@@ -21,6 +21,7 @@
 //! [`lower_for_device`] lowers a plan to device launches without a device (what CI checks).
 
 mod backend;
+pub mod collective;
 pub mod cuda;
 mod derived;
 mod device;
@@ -49,7 +50,7 @@ pub use device::Device;
 pub use device_io::{DeviceBuffer, DeviceIo, DeviceSpan};
 pub use error::{Error, Result};
 pub use group::{ExecutableGroup, GroupMemory, SharedInput};
-pub use interpret::interpret;
+pub use interpret::{interpret, interpret_in};
 pub use launch::launch;
 pub use lower::LowerOptions;
 pub use planned::execute;

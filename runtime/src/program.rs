@@ -147,6 +147,9 @@ fn extents(launch: &Launch) -> Vec<(Addr, u64)> {
             ]
         }
         Launch::Kernel(_) => launch.addresses().into_iter().map(|a| (a, 0)).collect(),
+        Launch::AllReduce { buffers } => (buffers.iter())
+            .flat_map(|&(src, dst, n)| [(src, n * 4), (dst, n * 4)])
+            .collect(),
     }
 }
 
@@ -351,7 +354,7 @@ impl<'g> Builder<'g> {
             slots: self.slots,
             steps,
             write_backs,
-            streams: plan.options.streams.max(1),
+            streams: plan.streams().max(1),
             events: plan.events,
             inputs,
             outputs,
@@ -385,6 +388,8 @@ pub struct LoweringSummary {
     pub kernels: usize,
     pub gemms: usize,
     pub copies: usize,
+    /// Collective launches (`all_reduce` groups).
+    pub collectives: usize,
     /// Device allocations: the arena, one per input, one per output slot, the fault words.
     pub slots: usize,
     pub in_place_writes: Vec<String>,
@@ -403,7 +408,7 @@ pub fn lower_for_device(
 ) -> Result<LoweringSummary> {
     let program = DeviceProgram::new(graph, plan, options)?;
     let launches = (program.steps.iter().flat_map(|s| &s.launches)).chain(&program.write_backs);
-    let (mut kernels, mut gemms, mut copies) = (0, 0, 0);
+    let (mut kernels, mut gemms, mut copies, mut collectives) = (0, 0, 0, 0);
     let mut modules = std::collections::BTreeSet::new();
     for launch in launches {
         match launch {
@@ -413,12 +418,14 @@ pub fn lower_for_device(
             }
             Launch::Gemm(_) => gemms += 1,
             Launch::Copy { .. } => copies += 1,
+            Launch::AllReduce { .. } => collectives += 1,
         }
     }
     Ok(LoweringSummary {
         kernels,
         gemms,
         copies,
+        collectives,
         slots: program.slots.len(),
         in_place_writes: program.in_place_writes,
         copied_writes: program.copied_writes,

@@ -95,4 +95,42 @@ impl ModelConfig {
     pub fn group_size(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads.max(1)
     }
+
+    /// The model one rank of a `ranks`-way tensor-parallel group computes (Megatron's split):
+    /// `1/ranks` of the query and key/value heads (so each rank keeps whole GQA groups and its
+    /// own KV cache heads) and of the MLP's intermediate columns; embeddings, norms and the
+    /// head whole. The projections into heads and gate/up are split by rows (column-parallel),
+    /// o_proj and down_proj by columns (row-parallel): each rank's o_proj and down_proj give a
+    /// partial sum that an all-reduce completes ([`shard_parameter`](crate::model::shard_parameter)
+    /// cuts the weights). `reason` says why a model cannot be split so.
+    pub fn shard(&self, ranks: usize) -> std::result::Result<ModelConfig, String> {
+        if ranks == 0 {
+            return Err("must be at least 1".to_string());
+        }
+        for (name, count) in [
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("intermediate_size", self.intermediate_size),
+        ] {
+            if count % ranks != 0 {
+                return Err(format!(
+                    "the model's {name} ({count}) does not split evenly over {ranks} ranks"
+                ));
+            }
+        }
+        if self.o_bias || self.mlp_bias {
+            // A row-parallel bias must be added once, after the sum, not by every rank.
+            return Err(
+                "o_proj and MLP biases are not split (the model has attention_bias or \
+                        mlp_bias)"
+                    .to_string(),
+            );
+        }
+        Ok(ModelConfig {
+            num_attention_heads: self.num_attention_heads / ranks,
+            num_key_value_heads: self.num_key_value_heads / ranks,
+            intermediate_size: self.intermediate_size / ranks,
+            ..self.clone()
+        })
+    }
 }

@@ -14,6 +14,6 @@ pub use transformer::{
     IGNORE_INDEX,
 };
 pub use weights::{
-    parameter_shapes, random_parameters, random_weights, random_weights_as, LayerWeights,
-    ModelWeights,
+    parameter_shapes, random_parameters, random_weights, random_weights_as, shard_parameter,
+    LayerWeights, ModelWeights,
 };

@@ -136,6 +136,13 @@ pub trait Ops {
     ) -> Result<Option<Self::Value>> {
         Ok(None)
     }
+    /// `x` summed over the ranks of a tensor-parallel group: the partial outputs of a
+    /// row-parallel projection (o_proj, down_proj) made whole ([`ModelConfig::shard`]
+    /// (crate::model::ModelConfig::shard)). The identity where the model runs whole: the
+    /// default, and the eager oracle's.
+    fn reduce_partial(&self, x: &Self::Value) -> Result<Self::Value> {
+        Ok(x.clone())
+    }
     /// Marks `x` as the value called `name` (`layers.0.attn.out`): a point a user may trace.
     /// Computes nothing; the tracer records the name in the graph, the eager engine ignores it
     /// unless it is probed (`crate::value_trace`).

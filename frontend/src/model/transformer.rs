@@ -3,7 +3,9 @@
 //! Per layer, as Hugging Face computes it:
 //! `h = h + o_proj(attention(rope(q_proj(norm(h))), rope(k_proj(..)), v_proj(..)))`,
 //! `h = h + down_proj(silu(gate_proj(norm(h))) · up_proj(norm(h)))`,
-//! with each residual add fused into the RMSNorm that follows it. q/k biases are fused into
+//! with each residual add fused into the RMSNorm that follows it. Under tensor parallelism
+//! ([`ModelConfig::shard`]) o_proj and down_proj give partial sums, made whole by
+//! [`Ops::reduce_partial`] before the residual add. q/k biases are fused into
 //! RoPE (they are added before the rotation, as in Hugging Face's projection).
 //!
 //! The points a user may trace are named ([`Ops::name_value`]): `embed`; per layer `i`
@@ -154,14 +156,16 @@ fn attention_block<O: Ops>(
     let scale = 1.0 / (head_dim as f64).sqrt();
     let attended = ops.attention(index, &q, &k, &v, scale)?;
     let attended = ops.reshape(&attended, &[batch, seq, heads * head_dim])?;
-    ops.linear(&attended, &layer.o_proj, layer.o_bias.as_ref())
+    let out = ops.linear(&attended, &layer.o_proj, layer.o_bias.as_ref())?;
+    ops.reduce_partial(&out)
 }
 
 fn mlp_block<O: Ops>(ops: &O, layer: &LayerWeights<O::Value>, x: &O::Value) -> Result<O::Value> {
     let gate = ops.linear(x, &layer.gate_proj, layer.gate_bias.as_ref())?;
     let up = ops.linear(x, &layer.up_proj, layer.up_bias.as_ref())?;
     let act = ops.swiglu(&gate, &up)?;
-    ops.linear(&act, &layer.down_proj, layer.down_bias.as_ref())
+    let out = ops.linear(&act, &layer.down_proj, layer.down_bias.as_ref())?;
+    ops.reduce_partial(&out)
 }
 
 /// Hugging Face's causal-LM loss: mean cross-entropy of `logits[:, :-1]` against

@@ -171,6 +171,38 @@ fn required<V>(value: Option<V>) -> V {
     value.unwrap_or_else(|| unreachable!("parameter_shapes lists every required parameter"))
 }
 
+/// Rank `rank`'s part of the whole model's parameter `name` (`tensor`) under `ranks`-way
+/// tensor parallelism ([`ModelConfig::shard`]): the rank's rows of q/k/v, gate and up (and
+/// their biases: column-parallel), its columns of o_proj and down_proj (row-parallel), and
+/// every other parameter whole. The rows of a projection into heads are head after head, so
+/// rank `r` of `n` holds heads `r·H/n .. (r+1)·H/n`.
+pub fn shard_parameter(name: &str, tensor: &Tensor, ranks: usize, rank: usize) -> Result<Tensor> {
+    let column_parallel = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"];
+    let row_parallel = ["o_proj", "down_proj"];
+    let projection = name.rsplit('.').nth(1).unwrap_or("");
+    let axis = if column_parallel.contains(&projection) {
+        0
+    } else if row_parallel.contains(&projection) && name.ends_with(".weight") {
+        1
+    } else {
+        return Ok(tensor.clone());
+    };
+    let length = tensor.dims().get(axis).copied().unwrap_or(0);
+    if ranks == 0 || rank >= ranks || length % ranks != 0 {
+        return Err(Error::Operand {
+            op: "shard_parameter",
+            reason: format!(
+                "`{name}` {} cannot give rank {rank} of {ranks} an equal part of dim {axis}",
+                tensor.shape()
+            ),
+        });
+    }
+    let part = length / ranks;
+    Ok(tensor
+        .slice(axis, rank * part, (rank + 1) * part, 1)?
+        .contiguous()?)
+}
+
 /// Seeded random parameters in Hugging Face naming order, each generated in f32 and rounded to
 /// `dtype`: projections and embeddings uniform with standard deviation 0.02 (Hugging Face's
 /// initializer range), biases small, norm weights near 1 (not exactly 1, so tests see the

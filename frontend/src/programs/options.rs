@@ -42,6 +42,33 @@ pub struct ProgramOptions {
     pub clip_grad_norm: Option<f64>,
     /// Train: the program's part in a step of gradient accumulation (none: the whole step).
     pub accumulation: super::Accumulation,
+    /// Train: the step of one rank of a data-parallel world: every gradient is summed over the
+    /// ranks (`all_reduce` ops in buckets, on the communication stream) before the updates.
+    /// Each rank runs it on its own part of the batch with the loss seed `1/ranks`, so the
+    /// sum is the gradient of the combined batch's mean loss; the program is the same on every
+    /// rank and for every world size.
+    pub data_parallel: Option<DataParallel>,
+    /// Prefill, decode, eval without grads: the program of one rank of a tensor-parallel group
+    /// of this many ranks ([`ModelConfig::shard`]); its parameters and caches are the rank's
+    /// shards ([`crate::model::shard_parameter`]).
+    pub tensor_parallel: Option<usize>,
+}
+
+/// How a data-parallel train step groups its gradients for the all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataParallel {
+    /// The most bytes of gradients one `all_reduce` sums (a bucket closes when the next
+    /// gradient would pass it; a larger gradient gets a bucket of its own), in the order the
+    /// backward makes them. PyTorch DDP's default, 25 MiB, by default.
+    pub bucket_bytes: u64,
+}
+
+impl Default for DataParallel {
+    fn default() -> Self {
+        DataParallel {
+            bucket_bytes: 25 << 20,
+        }
+    }
 }
 
 impl Default for ProgramOptions {
@@ -64,6 +91,8 @@ impl Default for ProgramOptions {
             decay_exempt_vectors: false,
             clip_grad_norm: None,
             accumulation: super::Accumulation::None,
+            data_parallel: None,
+            tensor_parallel: None,
         }
     }
 }
@@ -117,6 +146,20 @@ impl ProgramOptions {
                 reason: "bf16 weights are for inference; training keeps f32 master weights \
                          (--precision bf16-gemm gives bf16 GEMM inputs)",
             });
+        }
+        if let Some(ranks) = self.tensor_parallel {
+            if trains {
+                let reason = "tensor parallelism is for prefill, decode and eval without \
+                              --grads; train data-parallel"
+                    .to_string();
+                return refuse("--tensor-parallel", ranks, reason);
+            }
+            if let Err(reason) = config.shard(ranks) {
+                return refuse("--tensor-parallel", ranks, reason);
+            }
+        }
+        if let Some(DataParallel { bucket_bytes: 0 }) = self.data_parallel {
+            return refuse("--bucket-bytes", 0, "must be at least 1".into());
         }
         let positions = config.max_position_embeddings;
         if self.batch == 0 {

@@ -64,6 +64,9 @@ pub(super) fn append_update(
     if totals.is_empty() {
         return Ok(());
     }
+    if let Some(data_parallel) = options.data_parallel {
+        all_reduce_in_buckets(graph, data_parallel.bucket_bytes, &mut totals)?;
+    }
     let step = graph.input("step", InputKind::Input, TensorType::new(DType::I64, [])?)?;
     let lr = graph.input("lr", InputKind::Input, TensorType::new(DType::F64, [])?)?;
     let grad_scale = match options.clip_grad_norm {
@@ -94,6 +97,41 @@ pub(super) fn append_update(
         }
         graph.write(&format!("adamw.m.{name}"), updated[1])?;
         graph.write(&format!("adamw.v.{name}"), updated[2])?;
+    }
+    Ok(())
+}
+
+/// Replaces each gradient of `totals` by its sum over the ranks: one `all_reduce` per bucket
+/// of at most `bucket_bytes` (a larger gradient alone), filled in the order the backward makes
+/// the gradients (by node), so the planner can sum a bucket while the backward goes on.
+fn all_reduce_in_buckets(
+    graph: &mut Graph,
+    bucket_bytes: u64,
+    totals: &mut [(&str, ValueId, ValueId)],
+) -> Result<()> {
+    let mut order: Vec<usize> = (0..totals.len()).collect();
+    order.sort_by_key(|&i| totals[i].2.node.index());
+    let mut buckets: Vec<Vec<usize>> = Vec::new();
+    let mut filled = 0u64;
+    for i in order {
+        let bytes = graph.value_type(totals[i].2)?.size_bytes() as u64;
+        match buckets.last_mut() {
+            Some(bucket) if filled + bytes <= bucket_bytes => {
+                bucket.push(i);
+                filled += bytes;
+            }
+            _ => {
+                buckets.push(vec![i]);
+                filled = bytes;
+            }
+        }
+    }
+    for bucket in buckets {
+        let grads: Vec<ValueId> = bucket.iter().map(|&i| totals[i].2).collect();
+        let summed = graph.op(Op::AllReduce, &grads)?;
+        for (&i, sum) in bucket.iter().zip(summed) {
+            totals[i].2 = sum;
+        }
     }
     Ok(())
 }

@@ -513,6 +513,21 @@ impl Op {
                 let scalar = TensorType::new(DType::F32, Shape::scalar())?;
                 Ok(vec![scalar.clone(), scalar])
             }
+            Op::AllReduce => {
+                if operands.is_empty() {
+                    return Err(Error::Arity {
+                        op: self.to_string(),
+                        expected: "at least 1".into(),
+                        got: 0,
+                    });
+                }
+                for port in 0..operands.len() {
+                    if rule.operands[port].dtype != DType::F32 {
+                        return Err(rule.type_error(port, "f32"));
+                    }
+                }
+                Ok(operands.to_vec())
+            }
             Op::Linear {
                 biases,
                 swiglu,

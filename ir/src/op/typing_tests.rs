@@ -608,6 +608,19 @@ fn clip_grad_norm_takes_f32_gradients_of_any_shape_and_gives_two_scalars() {
 }
 
 #[test]
+fn all_reduce_gives_each_f32_operand_its_own_type() {
+    accepts(
+        Op::AllReduce,
+        &[f32t(&[3, 4]), f32t(&[7]), f32t(&[])],
+        &[f32t(&[3, 4]), f32t(&[7]), f32t(&[])],
+    );
+    rejects_operand(Op::AllReduce, &[f32t(&[3]), ty(DType::BF16, &[3])], 1);
+    rejects_operand(Op::AllReduce, &[i64t(&[2])], 0);
+    rejects_arity(Op::AllReduce, &[], "at least 1");
+    assert_eq!(Op::AllReduce.alias(2), crate::Alias::MayOverwrite(2));
+}
+
+#[test]
 fn reshape_keeps_the_element_count() {
     let op = |dims: &[usize]| Op::Reshape {
         shape: Shape::new(dims),

@@ -163,6 +163,12 @@ pub enum Launch {
         src: Addr,
         bytes: u64,
     },
+    /// Each `(src, dst, count)` f32 buffer summed over every rank of the executable's
+    /// communicator into `dst` (`ncclAllReduce`, `ncclSum`; `dst == src` sums in place), all
+    /// in one NCCL group.
+    AllReduce {
+        buffers: Vec<(Addr, Addr, u64)>,
+    },
 }
 
 impl Launch {
@@ -179,6 +185,9 @@ impl Launch {
                 .collect(),
             Launch::Gemm(g) => vec![g.a, g.b, g.c],
             Launch::Copy { dst, src, .. } => vec![*dst, *src],
+            Launch::AllReduce { buffers } => (buffers.iter())
+                .flat_map(|&(src, dst, _)| [src, dst])
+                .collect(),
         }
     }
 }

@@ -246,7 +246,9 @@ impl Memory {
             match launch {
                 Launch::Gemm(g) => self.gemm(g),
                 Launch::Kernel(k) => self.kernel(k),
-                Launch::Copy { .. } => panic!("no copies expected: {launch:?}"),
+                Launch::Copy { .. } | Launch::AllReduce { .. } => {
+                    panic!("no copies or collectives expected: {launch:?}")
+                }
             }
         }
     }

@@ -172,6 +172,7 @@ pub(super) fn tiny_plan() -> Plan {
         events: 2,
         in_place_writes: Vec::new(),
         recomputed: Vec::new(),
+        communication_stream: None,
         hash: "0123456789abcdef".to_string(),
     }
 }

@@ -75,9 +75,18 @@ fn summary(plan: &Plan, planning_time: Option<Duration>) -> Vec<String> {
     let mut lines = vec![
         format!("plan {}", plan.program),
         entry("streams", plan.options.streams),
+    ];
+    if let Some(stream) = plan.communication_stream {
+        let collectives = (plan.schedule.iter())
+            .filter(|s| s.stream == stream)
+            .count();
+        let text = format!("{stream} ({collectives} all_reduce steps)");
+        lines.push(entry("communication stream", text));
+    }
+    lines.extend([
         entry("steps", plan.schedule.len()),
         entry("buffers", plan.buffers.len()),
-    ];
+    ]);
     for class in CLASSES {
         let of_class = plan.buffers.iter().filter(|b| b.class == class);
         let count = of_class.clone().count();

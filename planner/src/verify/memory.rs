@@ -116,7 +116,7 @@ pub(super) fn check_overlap(
                 a_start.max(b_start),
                 a_end.min(b_end),
             );
-            if plan.options.streams <= 1 && !(a.end < b.start || b.end < a.start) {
+            if plan.streams() <= 1 && !(a.end < b.start || b.end < a.start) {
                 // One stream: both are live at this step, so one would clobber the other.
                 let step = a.start.max(b.start);
                 return fail(
@@ -124,7 +124,7 @@ pub(super) fn check_overlap(
                     format!("{shared} while both live at step {step}"),
                 );
             }
-            if plan.options.streams > 1 && !done_before(a, b) && !done_before(b, a) {
+            if plan.streams() > 1 && !done_before(a, b) && !done_before(b, a) {
                 // Several streams: nothing orders all uses of one before the other's first write.
                 let detail = format!(
                     "{shared} and no event orders one's uses before the other's first write"

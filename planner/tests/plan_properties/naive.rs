@@ -140,6 +140,7 @@ pub fn naive_plan(graph: &Graph, options: &PlanOptions) -> Plan {
         events: 0,
         in_place_writes: Vec::new(),
         recomputed: Vec::new(),
+        communication_stream: None,
         hash: String::new(),
     }
 }

@@ -362,4 +362,18 @@ impl Driver for CudaDevice {
         // A cudarc graph launches on the stream it was captured on, stream 0.
         graph.launch().map_err(|e| error("graph launch", e))
     }
+
+    fn collectives_ready(&self) -> Result<()> {
+        Err(crate::Error::Unsupported {
+            backend: "cuda",
+            op: "all_reduce".to_string(),
+            reason: "this kiln was built without NCCL: build it with `cargo build --release \
+                     --features nccl` and run the ranks under `kiln launch`"
+                .to_string(),
+        })
+    }
+
+    fn all_reduce(&self, _: &[(u64, u64, usize)], _: &Arc<CudaStream>) -> Result<()> {
+        self.collectives_ready()
+    }
 }

@@ -62,6 +62,7 @@ enum Resolved<D: Driver> {
         src: u64,
         bytes: usize,
     },
+    AllReduce(Vec<(u64, u64, usize)>),
 }
 
 struct ResolvedStep<D: Driver> {
@@ -194,6 +195,13 @@ impl<D: Driver> GpuExecutable<D> {
                 src: self.address(*src),
                 bytes: *bytes as usize,
             },
+            Launch::AllReduce { buffers } => {
+                self.device.collectives_ready()?;
+                let buffers = (buffers.iter())
+                    .map(|&(src, dst, n)| (self.address(src), self.address(dst), n as usize))
+                    .collect();
+                Resolved::AllReduce(buffers)
+            }
         })
     }
 
@@ -228,6 +236,7 @@ impl<D: Driver> GpuExecutable<D> {
             // Both ranges lie inside slots this executable owns (checked when the program was
             // lowered).
             Resolved::Copy { dst, src, bytes } => self.device.copy(*dst, *src, *bytes, stream),
+            Resolved::AllReduce(buffers) => self.device.all_reduce(buffers, stream),
         }
     }
 

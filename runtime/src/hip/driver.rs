@@ -420,4 +420,18 @@ impl Driver for HipDevice {
             "graph launch",
         )
     }
+
+    fn collectives_ready(&self) -> Result<()> {
+        Err(crate::Error::Unsupported {
+            backend: "hip",
+            op: "all_reduce".to_string(),
+            reason: "the HIP backend has no RCCL communicator: several ranks run on CUDA \
+                     devices through NCCL"
+                .to_string(),
+        })
+    }
+
+    fn all_reduce(&self, _: &[(u64, u64, usize)], _: &Self::Stream) -> Result<()> {
+        self.collectives_ready()
+    }
 }

@@ -281,6 +281,9 @@ fn run_kernels(
                 None => Ok(()),
             }
         }
+        // The reference kernels run in a world of one rank, where the sum over the ranks is a
+        // copy (the interpreter takes other worlds through its communicator: `interpret_in`).
+        Op::AllReduce => (i.iter().zip(o.iter_mut())).try_for_each(|(x, y)| copy::copy(x, y)),
         Op::ClipGradNorm { max_norm } => {
             let (norm, scale) = kiln_kernels::optim::clip_grad_norm(i, max_norm)?;
             for (out, value) in o.iter_mut().zip([norm, scale]) {

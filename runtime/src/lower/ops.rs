@@ -434,6 +434,16 @@ impl Lowering<'_> {
                 launches.push(gpu::optim::adamw(update, n, hyper));
                 Ok(launches)
             }
+            Op::AllReduce => {
+                let buffers = (0..self.i.len())
+                    .map(|port| {
+                        let x = self.operand(port, "x", F32)?;
+                        let y = self.result(port, "y", F32)?;
+                        Ok((x.addr(), y.addr(), size(x.numel())))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(vec![Launch::AllReduce { buffers }])
+            }
             Op::ClipGradNorm { max_norm } => {
                 let norm = self.result(0, "norm", F32)?.addr();
                 let scale = self.result(1, "scale", F32)?.addr();

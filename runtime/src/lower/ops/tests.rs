@@ -116,6 +116,18 @@ fn lower_checked(op: &Op, operands: &[TensorType]) -> Vec<Launch> {
                 assert!(inside(&ranges, g.c, c_last + 4), "{op}: C of {g:?}");
             }
             Launch::Kernel(_) => {}
+            Launch::AllReduce { buffers } => {
+                for &(src, dst, n) in buffers {
+                    assert!(
+                        inside(&ranges, src, n * 4),
+                        "{op}: all_reduce src {launch:?}"
+                    );
+                    assert!(
+                        inside(&ranges, dst, n * 4),
+                        "{op}: all_reduce dst {launch:?}"
+                    );
+                }
+            }
         }
     }
     launches
@@ -283,6 +295,7 @@ fn every_op_lowers_inside_its_buffers() {
                 Op::ClipGradNorm { max_norm: 1.0 },
                 vec![x.clone(), w.clone(), ty(F32, &[vocab, 3000])],
             ),
+            (Op::AllReduce, vec![x.clone(), w.clone()]),
             (Op::Contiguous, vec![x.clone()]),
             (
                 Op::MatMul {

@@ -179,6 +179,7 @@ pub fn make_plan(graph: &Graph, specs: &[Spec]) -> Plan {
         events: 0,
         in_place_writes: Vec::new(),
         recomputed: Vec::new(),
+        communication_stream: None,
         hash: "test".to_string(),
     };
     settle_arena(&mut plan);
