@@ -10,6 +10,7 @@ pub use kiln_runtime as runtime;
 
 pub mod commands;
 pub mod demo;
+pub mod launch;
 pub mod memory;
 pub mod signals;
 

@@ -132,6 +132,23 @@ enum Command {
         #[arg(long)]
         print_ir: bool,
     },
+    /// Run a command as N ranks, one process per GPU, as torchrun does: `kiln launch --nproc 2
+    /// -- kiln train --device cuda ...` trains data-parallel over NCCL (a build with
+    /// --features nccl). Each rank gets KILN_RANK, KILN_WORLD_SIZE, KILN_LOCAL_RANK (its GPU)
+    /// and the NCCL id through a rendezvous file; NCCL_NVLS_ENABLE=0. The first rank that
+    /// fails stops the others.
+    Launch {
+        /// Ranks to start (one per GPU).
+        #[arg(long)]
+        nproc: usize,
+        /// Seconds the ranks may take to meet (rank 0 publishes the NCCL id, the others wait
+        /// for it).
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+        rendezvous_timeout: u64,
+        /// The command each rank runs, after `--` (a first word `kiln` is this kiln).
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Plan a program: schedule, buffers, one arena, streams; dump it as text, JSON, CSV or SVG.
     Plan {
         #[command(flatten)]
@@ -205,6 +222,14 @@ struct ProgramArgs {
     /// every gradient then lives until the updates, which the plan shows).
     #[arg(long)]
     clip_grad_norm: Option<f64>,
+    /// Prefill, decode: the program of one rank of this many tensor-parallel ranks (its
+    /// share of the heads and MLP columns; an all_reduce after o_proj and down_proj).
+    #[arg(long)]
+    tensor_parallel: Option<usize>,
+    /// Train: the step of one data-parallel rank, its gradients all-reduced in buckets of at
+    /// most this many bytes (e.g. 25MiB, PyTorch DDP's default) before the updates.
+    #[arg(long, value_parser = kiln::memory::parse_bytes)]
+    data_parallel: Option<u64>,
 }
 
 impl ProgramArgs {
@@ -217,6 +242,9 @@ impl ProgramArgs {
             precision: self.precision.into(),
             fusion: self.fusion == Switch::On,
             clip_grad_norm: self.clip_grad_norm,
+            tensor_parallel: self.tensor_parallel,
+            data_parallel: (self.data_parallel)
+                .map(|bucket_bytes| kiln_frontend::programs::DataParallel { bucket_bytes }),
             ..ProgramOptions::default()
         };
         (self.program.into(), options)
@@ -351,6 +379,20 @@ fn main() -> Result<()> {
         // The server handles SIGINT and SIGTERM itself (it drains), and writes no files.
         return commands::serve(args.into_args()?);
     }
+    if let Command::Launch {
+        nproc,
+        rendezvous_timeout,
+        command,
+    } = cli.command
+    {
+        // The launcher passes SIGINT and SIGTERM on to its ranks itself.
+        return kiln::launch::launch(&kiln::launch::LaunchOptions {
+            nproc,
+            rendezvous_timeout: std::time::Duration::from_secs(rendezvous_timeout),
+            grace: std::time::Duration::from_secs(30),
+            command,
+        });
+    }
     if let Command::Train(args) = cli.command {
         let stop = kiln::signals::install_graceful()?;
         return commands::train(args.into_args()?, stop);
@@ -407,6 +449,7 @@ fn main() -> Result<()> {
         Command::Generate(args) => commands::generate(args.into_args()?)?,
         Command::Serve(_) => unreachable!("served above"),
         Command::Train(_) => unreachable!("trained above"),
+        Command::Launch { .. } => unreachable!("launched above"),
         Command::Tokenize(args) => args.run()?,
         Command::Cache { action } => {
             let cache = kiln_runtime::kernel_cache::KernelCache::from_env();

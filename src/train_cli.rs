@@ -207,6 +207,8 @@ impl TrainCli {
                     val_batches: self.val_batches,
                     save_every: self.save_every,
                     keep: self.keep as usize,
+                    // Under `kiln launch`, the world's size (`commands::train`).
+                    ranks: 1,
                 },
             }),
             _ => None,

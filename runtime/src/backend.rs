@@ -11,6 +11,7 @@ use std::sync::Arc;
 use kiln_ir::Graph;
 use kiln_planner::Plan;
 
+use crate::collective::Communicator;
 use crate::cuda::{CudaDevice, CudaExecutable};
 use crate::device_io::DeviceIo;
 use crate::error::Result;
@@ -44,6 +45,17 @@ pub trait Executable {
     /// Device copies and stream ordering, where the program runs on a device (not the CPU).
     fn device_io(&mut self) -> Option<&mut dyn DeviceIo> {
         None
+    }
+    /// Makes the program's `all_reduce` ops sum over `communicator`'s ranks, this executable
+    /// being rank `communicator.rank()` (every executable starts in a world of one). The CPU
+    /// executable sums through `communicator` itself; a device executable's collectives go
+    /// through its device's communicator (NCCL), which must be that rank of a world of that
+    /// size. An executable that cannot take part in collectives says so.
+    fn join(&mut self, communicator: Arc<dyn Communicator>) -> Result<()> {
+        Err(crate::Error::Collective {
+            rank: communicator.rank(),
+            reason: format!("{} runs in a world of one rank", self.describe()),
+        })
     }
 }
 
@@ -198,6 +210,11 @@ impl Executable for CpuExecutable {
     fn get(&self, name: &str) -> Result<Tensor> {
         CpuExecutable::get(self, name)
     }
+
+    fn join(&mut self, communicator: Arc<dyn Communicator>) -> Result<()> {
+        CpuExecutable::join(self, communicator);
+        Ok(())
+    }
 }
 
 impl<D: crate::gpu::Driver> Executable for crate::gpu::GpuExecutable<D> {
@@ -223,5 +240,20 @@ impl<D: crate::gpu::Driver> Executable for crate::gpu::GpuExecutable<D> {
 
     fn device_io(&mut self) -> Option<&mut dyn DeviceIo> {
         Some(self)
+    }
+
+    fn join(&mut self, communicator: Arc<dyn Communicator>) -> Result<()> {
+        let wanted = (communicator.rank(), communicator.world_size());
+        let device = self.device().communicator()?;
+        if device != wanted {
+            return Err(crate::Error::Collective {
+                rank: wanted.0,
+                reason: format!(
+                    "the device's communicator is rank {} of {}, not rank {} of {}",
+                    device.0, device.1, wanted.0, wanted.1
+                ),
+            });
+        }
+        Ok(())
     }
 }

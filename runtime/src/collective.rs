@@ -255,7 +255,7 @@ fn sum_in_rank_order(brought: &[Vec<Vec<f32>>]) -> std::result::Result<Vec<Vec<f
 }
 
 /// The f32 values of `tensor` in row-major order.
-fn f32_values(tensor: &Tensor) -> Result<Vec<f32>> {
+pub(crate) fn f32_values(tensor: &Tensor) -> Result<Vec<f32>> {
     if tensor.dtype() != kiln_ir::DType::F32 {
         return Err(Error::DType {
             op: "all_reduce",

@@ -17,6 +17,8 @@
 
 mod driver;
 mod gemm;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod staging;
 
 use std::sync::{Arc, Mutex};
@@ -114,6 +116,9 @@ pub struct CudaDevice {
     staging: Mutex<Option<staging::Staging>>,
     lt: gemm::LtHandle,
     release_errors: Arc<ReleaseErrors>,
+    /// The NCCL communicator the device joined ([`CudaDevice::join_nccl`]), once.
+    #[cfg(feature = "nccl")]
+    nccl: std::sync::OnceLock<nccl::Nccl>,
 }
 
 impl CudaDevice {
@@ -153,7 +158,34 @@ impl CudaDevice {
             staging: Mutex::new(None),
             lt,
             release_errors,
+            #[cfg(feature = "nccl")]
+            nccl: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Joins the NCCL communicator of `size` ranks as rank `rank`, from the unique id rank 0
+    /// made ([`nccl::unique_id`]) and every rank got byte for byte; waits for every rank to
+    /// join. Once per device.
+    #[cfg(feature = "nccl")]
+    pub fn join_nccl(&self, id: &[u8; nccl::ID_BYTES], rank: usize, size: usize) -> Result<()> {
+        if self.nccl.get().is_some() {
+            return Err(Error::Collective {
+                rank,
+                reason: "the device has already joined a communicator".to_string(),
+            });
+        }
+        let joined = nccl::Nccl::new(self, id, rank, size)?;
+        // Only this call sets it, and it was empty above; a racing second join loses here.
+        self.nccl.set(joined).map_err(|_| Error::Collective {
+            rank,
+            reason: "the device has already joined a communicator".to_string(),
+        })
+    }
+
+    /// Makes the device's context current on this thread.
+    #[cfg(feature = "nccl")]
+    fn bind(&self) -> Result<()> {
+        (self.ctx.bind_to_thread()).map_err(|e| error("bind context", e))
     }
 
     /// Opens device `ordinal` and loads its kernel modules on another thread, so the caller

@@ -122,9 +122,10 @@ pub trait Driver: Send + Sync + Sized + 'static {
     fn abandon_capture(&self, stream: &Self::Stream);
     fn replay(&self, graph: &Self::Graph, stream: &Self::Stream) -> Result<()>;
 
-    /// Fails, saying why, unless this device belongs to a communicator that can run
-    /// [`all_reduce`](Self::all_reduce) (checked when a program with collectives is bound).
-    fn collectives_ready(&self) -> Result<()>;
+    /// The rank and world size of the communicator this device belongs to, which runs
+    /// [`all_reduce`](Self::all_reduce); an error saying why where there is none (asked when
+    /// a program with collectives is bound).
+    fn communicator(&self) -> Result<(usize, usize)>;
     /// Sums each `(src, dst, count)` f32 buffer over the ranks of the device's communicator
     /// into `dst`, as one group, on `stream`.
     fn all_reduce(&self, buffers: &[(u64, u64, usize)], stream: &Self::Stream) -> Result<()>;

@@ -31,6 +31,19 @@ pub struct ExecutableGroup {
     pub memory: GroupMemory,
 }
 
+impl ExecutableGroup {
+    /// Every member joins `communicator`'s world ([`Executable::join`](crate::Executable::join)).
+    pub fn join(
+        &mut self,
+        communicator: &std::sync::Arc<dyn crate::collective::Communicator>,
+    ) -> Result<()> {
+        for executable in &mut self.executables {
+            executable.join(std::sync::Arc::clone(communicator))?;
+        }
+        Ok(())
+    }
+}
+
 /// The memory a group shares: its one arena and its shared input slots.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupMemory {

@@ -36,9 +36,11 @@ pub struct FreshRun {
     pub options: RunOptions,
 }
 
-/// Runs `args`.
+/// Runs `args`; under `kiln launch`, as one rank of a data-parallel run (see
+/// `kiln_trainer::run`): each rank on its own GPU, rank 0 writing the run directory.
 pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
-    let (options, start, source, run_dir, checkpoint) = match (&args.fresh, &args.resume) {
+    let launched = crate::launch::Rank::from_env()?;
+    let (mut options, start, source, run_dir, checkpoint) = match (&args.fresh, &args.resume) {
         (Some(fresh), None) => {
             let out = args
                 .out
@@ -115,46 +117,81 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         .with_context(|| format!("--data {}", data_path.display()))?;
     let data = TokenData::open(&data_path, dtype, config.vocab_size)?;
     let tokens = data.len();
-    // Made or locked only once the model and the data are known to be good.
-    let run_dir = run_dir.take()?;
-    if let Some(state) = &checkpoint {
-        check_same_data(state, &data)?;
-    }
     let cuda = (args.cuda).unwrap_or(
         checkpoint
             .as_ref()
             .is_some_and(|s| s.options.device == "cuda"),
     );
-    let mut options = options;
     options.device = if cuda { "cuda" } else { "cpu" }.to_string();
-    let backend = match cuda {
-        true => Backend::cuda().context("--device cuda")?,
-        false => Backend::Cpu,
+    if let (Some(rank), false) = (&launched, cuda) {
+        bail!(
+            "rank {} of {}: `kiln launch` runs one rank per GPU; pass --device cuda",
+            rank.rank,
+            rank.world_size
+        );
+    }
+    let ranks = launched.as_ref().map_or(1, |r| r.world_size);
+    match &checkpoint {
+        Some(state) if state.options.ranks != ranks => bail!(
+            "the checkpoint's run takes {} data-parallel ranks (each step {} rows); resume it \
+             with `kiln launch --nproc {}`{}",
+            state.options.ranks,
+            state.options.ranks * state.options.batch,
+            state.options.ranks,
+            if state.options.ranks == 1 {
+                " or without kiln launch"
+            } else {
+                ""
+            }
+        ),
+        _ => options.ranks = ranks,
+    }
+    // Made or locked only once the model and the data are known to be good; by rank 0 alone
+    // under `kiln launch` (the others write nothing).
+    let writer = launched.as_ref().is_none_or(|r| r.rank == 0);
+    let run_dir = if writer { Some(run_dir.take()?) } else { None };
+    if let Some(state) = &checkpoint {
+        check_same_data(state, &data)?;
+    }
+    let (backend, world) = match (&launched, cuda) {
+        (Some(rank), _) => join_world(rank)?,
+        (None, true) => (Backend::cuda().context("--device cuda")?, None),
+        (None, false) => (Backend::Cpu, None),
     };
     let compiling = Instant::now();
     let total = options.schedule.steps;
+    let run_path = run_dir.as_ref().map(|d| d.path().to_path_buf());
     let mut session = Session::new(
         &backend,
         args.mode,
         (config, options),
         data,
         start,
-        run_dir.path().to_path_buf(),
-        source,
+        (run_path.clone(), source),
+        world,
     )?;
+    let who = match &launched {
+        Some(rank) => format!(" (rank {} of {})", rank.rank, rank.world_size),
+        None => String::new(),
+    };
     eprintln!(
-        "kiln train: {} on {}, {tokens} tokens of {}, into {}; step {} of {total}; compiled in \
-         {:.1} s",
+        "kiln train{who}: {} on {}, {tokens} tokens of {}, into {}; step {} of {total}; \
+         compiled in {:.1} s",
         session.options().model,
         backend.name(),
         data_path.display(),
-        run_dir.path().display(),
+        run_path
+            .as_ref()
+            .map_or("(rank 0's directory)".into(), |p| p.display().to_string()),
         session.step(),
         compiling.elapsed().as_secs_f64()
     );
-    let mut progress = Progress::new(session.step(), total, stop);
+    let mut progress = Progress::new(session.step(), total, stop, writer);
     let outcome = session.run(&mut progress)?;
     progress.bar.finish_and_clear();
+    let Some(run_dir) = run_dir else {
+        return Ok(());
+    };
     let last = progress
         .last
         .map_or(String::new(), |r| format!(", last loss {:.4}", r.loss));
@@ -169,6 +206,44 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         run_dir.path().join(CURVES_FILE).display(),
     );
     Ok(())
+}
+
+/// This rank's GPU (`KILN_LOCAL_RANK`) joined to the launch's NCCL communicator, and the
+/// communicator's host side.
+#[cfg(feature = "nccl")]
+fn join_world(
+    rank: &crate::launch::Rank,
+) -> Result<(
+    Backend,
+    Option<Arc<dyn kiln_runtime::collective::Communicator>>,
+)> {
+    use kiln_runtime::cuda::{nccl, CudaDevice};
+    let what = || format!("rank {} of {}", rank.rank, rank.world_size);
+    let device = CudaDevice::open(rank.local_rank)
+        .with_context(|| format!("{}: --device cuda {}", what(), rank.local_rank))?;
+    let id = rank
+        .share_id(|| Ok(nccl::unique_id()?))
+        .with_context(what)?;
+    device
+        .join_nccl(&id, rank.rank, rank.world_size)
+        .with_context(what)?;
+    let world = nccl::NcclCommunicator::new(device.clone())?;
+    Ok((Backend::Cuda(device), Some(Arc::new(world))))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn join_world(
+    rank: &crate::launch::Rank,
+) -> Result<(
+    Backend,
+    Option<Arc<dyn kiln_runtime::collective::Communicator>>,
+)> {
+    bail!(
+        "rank {} of {}: this kiln was built without NCCL; build it with `cargo build --release \
+         --features nccl` to train on several GPUs",
+        rank.rank,
+        rank.world_size
+    )
 }
 
 fn tensors(
@@ -259,8 +334,13 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(done: u64, total: u64, stop: Arc<AtomicBool>) -> Progress {
-        let bar = ProgressBar::new(total).with_style(
+    /// Shown on standard error where `shown` (one rank of a launch shows it).
+    fn new(done: u64, total: u64, stop: Arc<AtomicBool>, shown: bool) -> Progress {
+        let bar = match shown {
+            true => ProgressBar::new(total),
+            false => ProgressBar::hidden(),
+        };
+        let bar = bar.with_style(
             ProgressStyle::with_template("step {pos}/{len} [{bar:30}] {msg} eta {eta}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> "),

@@ -5,14 +5,26 @@
 //! Everything a step computes depends on the parameters, the moments, the step number and the
 //! seed (the windows and the rate follow from them), so a run resumed from the checkpoint of
 //! step `k` computes the same bits at every later step as the run that went on.
+//!
+//! Data parallelism: with `ranks > 1` each step takes `ranks · batch` rows, the windows a
+//! one-process run of that batch would take, and each rank (a process and its device, or a
+//! simulated CPU rank) runs its own `batch` rows through a train step whose gradients are
+//! summed over the ranks (`ProgramOptions::data_parallel`), each loss seeded with
+//! `1/(ranks · accumulate)`: every rank applies the combined batch's update. The loss a step
+//! reports is the mean over the ranks (a host all-reduce of one number); rank 0 alone writes
+//! the run directory.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_frontend::model::{ModelConfig, Precision};
-use kiln_frontend::programs::{build, plan_program, Accumulation, ProgramKind, ProgramOptions};
+use kiln_frontend::programs::{
+    build, plan_program, Accumulation, DataParallel, ProgramKind, ProgramOptions,
+};
 use kiln_ir::{AdamWConfig, DType};
 use kiln_planner::PlanOptions;
+use kiln_runtime::collective::Communicator;
 use kiln_runtime::{Backend, ExecutableGroup, RunMode, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +76,18 @@ pub struct RunOptions {
     /// recomputed to fit (the same bits as without it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_budget: Option<u64>,
+    /// Data-parallel ranks: each step takes `ranks · batch` rows, `batch` on each rank (see
+    /// the module doc). A resume takes the same count, so the same rows go into each step.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub ranks: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(ranks: &usize) -> bool {
+    *ranks == 1
 }
 
 impl RunOptions {
@@ -78,10 +102,13 @@ impl RunOptions {
         }
     }
 
+    /// The options of `kind`'s program; `data_parallel`: a rank's train step (its gradients
+    /// summed over the ranks; in a world of one too, where the sum is the identity).
     fn program_options(
         &self,
         kind: ProgramKind,
         accumulation: Accumulation,
+        data_parallel: bool,
     ) -> Result<ProgramOptions> {
         Ok(ProgramOptions {
             batch: self.batch,
@@ -100,6 +127,8 @@ impl RunOptions {
                 None
             },
             accumulation,
+            data_parallel: (data_parallel && kind == ProgramKind::Train)
+                .then(DataParallel::default),
             ..ProgramOptions::default()
         })
     }
@@ -150,9 +179,11 @@ pub struct Session {
     params: Vec<(String, Vec<usize>)>,
     /// Steps taken.
     step: u64,
-    run_dir: PathBuf,
+    /// The run directory and its metrics: rank 0's (the other ranks write nothing).
+    run_dir: Option<(PathBuf, Metrics)>,
     source: Option<PathBuf>,
-    metrics: Metrics,
+    /// This rank's communicator in a data-parallel run.
+    world: Option<Arc<dyn Communicator>>,
 }
 
 /// Where a session starts: fresh weights, or a checkpoint's weights and moments at its step.
@@ -165,7 +196,9 @@ pub struct Start {
 impl Session {
     /// Plans the train step (and the eval program when validating), binds them to `backend`
     /// as one group and uploads `start`. `run_dir` must exist; its metrics file is cut back
-    /// to `start.step`.
+    /// to `start.step`; `None` for a rank other than 0 of a data-parallel run, which writes
+    /// nothing. `world`: this rank's communicator in a data-parallel run, of
+    /// `options.ranks` ranks.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         backend: &Backend,
@@ -173,11 +206,25 @@ impl Session {
         (config, options): (ModelConfig, RunOptions),
         data: TokenData,
         start: Start,
-        run_dir: PathBuf,
-        source: Option<PathBuf>,
+        (run_dir, source): (Option<PathBuf>, Option<PathBuf>),
+        world: Option<Arc<dyn Communicator>>,
     ) -> Result<Session> {
+        let ranks = world.as_ref().map_or(1, |w| w.world_size());
+        if options.ranks != ranks {
+            return Err(Error::Option {
+                flag: "--nproc",
+                reason: format!(
+                    "the run takes {} data-parallel ranks (each step {} rows of --batch {}), \
+                     not {ranks}",
+                    options.ranks,
+                    options.ranks * options.batch,
+                    options.batch
+                ),
+            });
+        }
         let split = data.split(options.seq, options.val_fraction)?;
-        (options.sampling).check(&data, &split, (options.batch, options.seq))?;
+        let rows = options.batch.saturating_mul(ranks);
+        (options.sampling).check(&data, &split, (rows, options.seq))?;
         if options.accumulate == 0 {
             return Err(Error::Option {
                 flag: "--accumulate",
@@ -199,7 +246,8 @@ impl Session {
         }
         let mut programs = Vec::new();
         for (kind, role) in roles {
-            let graph = build(kind, &config, &options.program_options(kind, role)?)?;
+            let program = options.program_options(kind, role, world.is_some())?;
+            let graph = build(kind, &config, &program)?;
             let budget = options.memory_budget.filter(|_| kind == ProgramKind::Train);
             let workspaces = backend.workspaces();
             let (graph, planned) =
@@ -208,7 +256,10 @@ impl Session {
         }
         let pairs: Vec<_> = programs.iter().map(|(g, p)| (g, p)).collect();
         let mut group = backend.compile_group(&pairs)?;
-        let seed = Tensor::scalar(1.0 / options.accumulate as f64, DType::F32);
+        if let Some(world) = &world {
+            group.join(world)?;
+        }
+        let seed = Tensor::scalar(1.0 / (options.accumulate * ranks as u64) as f64, DType::F32);
         for train in &mut group.executables[..trains] {
             train.set("loss_seed", &seed)?;
         }
@@ -237,7 +288,13 @@ impl Session {
                 update.zero(&format!("grad_acc.{name}"))?;
             }
         }
-        let metrics = Metrics::open(&run_dir, start.step)?;
+        let run_dir = match run_dir {
+            Some(dir) => {
+                let metrics = Metrics::open(&dir, start.step)?;
+                Some((dir, metrics))
+            }
+            None => None,
+        };
         Ok(Session {
             options,
             config,
@@ -250,7 +307,7 @@ impl Session {
             step: start.step,
             run_dir,
             source,
-            metrics,
+            world,
         })
     }
 
@@ -293,14 +350,14 @@ impl Session {
         let lr = self.options.schedule.lr_at(step);
         let mut loss = 0.0;
         for k in 0..micro {
-            let windows = self.data.windows(
+            let windows = self.own_rows(self.data.windows(
                 &self.split.train,
-                (self.options.batch, self.options.seq),
+                (self.options.batch * self.options.ranks, self.options.seq),
                 (self.options.sampling, self.options.seed),
                 Stream::Train {
                     batch: (step - 1) * micro + k,
                 },
-            );
+            ));
             let inputs = self.batch_inputs(&windows)?;
             let last = k + 1 == micro;
             let program = match (k, last) {
@@ -330,14 +387,34 @@ impl Session {
         self.step = step;
         let record = StepRecord {
             step,
-            loss: loss / micro as f64,
+            loss: self.mean_over_ranks(loss / micro as f64)?,
             lr,
             grad_norm,
             seconds: started.elapsed().as_secs_f64(),
-            tokens: micro as usize * self.options.batch * self.options.seq,
+            tokens: micro as usize * self.options.ranks * self.options.batch * self.options.seq,
         };
-        self.metrics.append(&Record::step(&record))?;
+        if let Some((_, metrics)) = &mut self.run_dir {
+            metrics.append(&Record::step(&record))?;
+        }
         Ok(record)
+    }
+
+    /// This rank's `batch` rows of the `[ranks · batch, T+1]` windows of a step.
+    fn own_rows(&self, mut windows: Vec<i64>) -> Vec<i64> {
+        let rank = self.world.as_ref().map_or(0, |w| w.rank());
+        let per_rank = self.options.batch * (self.options.seq + 1);
+        windows.truncate((rank + 1) * per_rank);
+        windows.split_off(rank * per_rank)
+    }
+
+    /// The mean of `value` over the ranks (itself in a one-process run).
+    fn mean_over_ranks(&self, value: f64) -> Result<f64> {
+        let Some(world) = &self.world else {
+            return Ok(value);
+        };
+        let ranks = world.world_size() as f64;
+        let sum = world.all_reduce(&[Tensor::scalar(value / ranks, DType::F32)])?;
+        Ok(sum[0].to_f64_vec()?[0])
     }
 
     /// The mean loss over the validation batches (the same windows every time), or `None`
@@ -363,7 +440,9 @@ impl Session {
             sum += Self::scalar(eval.as_ref(), "loss")?;
         }
         let loss = sum / self.options.val_batches as f64;
-        self.metrics.append(&Record::validation(self.step, loss))?;
+        if let Some((_, metrics)) = &mut self.run_dir {
+            metrics.append(&Record::validation(self.step, loss))?;
+        }
         Ok(Some(loss))
     }
 
@@ -382,8 +461,12 @@ impl Session {
         Ok((params, moments))
     }
 
-    /// Writes the checkpoint of the current step and prunes older ones.
-    pub fn save(&mut self) -> Result<PathBuf> {
+    /// Writes the checkpoint of the current step and prunes older ones; `None` on a rank that
+    /// writes nothing.
+    pub fn save(&mut self) -> Result<Option<PathBuf>> {
+        let Some((run_dir, _)) = &self.run_dir else {
+            return Ok(None);
+        };
         let (params, moments) = self.state()?;
         let state = TrainerState {
             format: FORMAT,
@@ -403,9 +486,9 @@ impl Session {
             state: &state,
             source: self.source.as_deref(),
         };
-        let dir = checkpoint::save(&self.run_dir, &contents)?;
-        checkpoint::prune(&self.run_dir, self.options.keep)?;
-        Ok(dir)
+        let dir = checkpoint::save(run_dir, &contents)?;
+        checkpoint::prune(run_dir, self.options.keep)?;
+        Ok(Some(dir))
     }
 
     /// Runs steps up to `schedule.steps`, validating and saving as the options say, until the
@@ -424,17 +507,22 @@ impl Session {
                     observer.on_validation(self.step, loss);
                 }
             }
-            stopped = observer.stop_requested();
+            // Every rank stops at the same step, or the others would wait for it.
+            let asked = if observer.stop_requested() { 1.0 } else { 0.0 };
+            stopped = self.mean_over_ranks(asked)? > 0.0;
             if every(self.options.save_every) || step == total || stopped {
-                let dir = self.save()?;
-                observer.on_save(&dir);
-                checkpoint = Some(dir);
+                if let Some(dir) = self.save()? {
+                    observer.on_save(&dir);
+                    checkpoint = Some(dir);
+                }
             }
             if stopped {
                 break;
             }
         }
-        self.metrics.write_curves()?;
+        if let Some((_, metrics)) = &self.run_dir {
+            metrics.write_curves()?;
+        }
         Ok(Outcome {
             step: self.step,
             stopped,
@@ -442,3 +530,7 @@ impl Session {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;

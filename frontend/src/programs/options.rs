@@ -158,8 +158,21 @@ impl ProgramOptions {
                 return refuse("--tensor-parallel", ranks, reason);
             }
         }
-        if let Some(DataParallel { bucket_bytes: 0 }) = self.data_parallel {
-            return refuse("--bucket-bytes", 0, "must be at least 1".into());
+        if let Some(DataParallel { bucket_bytes }) = self.data_parallel {
+            let value = usize::try_from(bucket_bytes).unwrap_or(usize::MAX);
+            if kind != ProgramKind::Train {
+                let reason = "data parallelism is for train steps; prefill and decode split \
+                              over ranks with --tensor-parallel"
+                    .to_string();
+                return refuse("--data-parallel", value, reason);
+            }
+            if bucket_bytes == 0 {
+                return refuse(
+                    "--data-parallel",
+                    0,
+                    "buckets must hold at least 1 byte".into(),
+                );
+            }
         }
         let positions = config.max_position_embeddings;
         if self.batch == 0 {

@@ -363,7 +363,31 @@ impl Driver for CudaDevice {
         graph.launch().map_err(|e| error("graph launch", e))
     }
 
-    fn collectives_ready(&self) -> Result<()> {
+    #[cfg(feature = "nccl")]
+    fn communicator(&self) -> Result<(usize, usize)> {
+        match self.nccl.get() {
+            Some(nccl) => Ok(nccl.rank_and_size()),
+            None => Err(crate::Error::Unsupported {
+                backend: "cuda",
+                op: "all_reduce".to_string(),
+                reason: "the device has joined no NCCL communicator: run the ranks under \
+                         `kiln launch`"
+                    .to_string(),
+            }),
+        }
+    }
+
+    #[cfg(feature = "nccl")]
+    fn all_reduce(&self, buffers: &[(u64, u64, usize)], stream: &Arc<CudaStream>) -> Result<()> {
+        self.communicator()?;
+        match self.nccl.get() {
+            Some(nccl) => nccl.all_reduce(buffers, stream),
+            None => Ok(()),
+        }
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    fn communicator(&self) -> Result<(usize, usize)> {
         Err(crate::Error::Unsupported {
             backend: "cuda",
             op: "all_reduce".to_string(),
@@ -373,7 +397,8 @@ impl Driver for CudaDevice {
         })
     }
 
+    #[cfg(not(feature = "nccl"))]
     fn all_reduce(&self, _: &[(u64, u64, usize)], _: &Arc<CudaStream>) -> Result<()> {
-        self.collectives_ready()
+        self.communicator().map(|_| ())
     }
 }

@@ -196,7 +196,7 @@ impl<D: Driver> GpuExecutable<D> {
                 bytes: *bytes as usize,
             },
             Launch::AllReduce { buffers } => {
-                self.device.collectives_ready()?;
+                self.device.communicator()?;
                 let buffers = (buffers.iter())
                     .map(|&(src, dst, n)| (self.address(src), self.address(dst), n as usize))
                     .collect();

@@ -44,6 +44,7 @@ use kiln_planner::Plan;
 
 use super::memory::Memory;
 use super::placement::Placement;
+use crate::collective::Communicator;
 use crate::derived::Derived;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -76,6 +77,8 @@ pub struct CpuExecutable {
     poison: bool,
     recording: Option<Vec<Launch>>,
     index_rules: IndexRules,
+    /// Where the program's `all_reduce` ops sum: a world of one until [`CpuExecutable::join`].
+    communicator: Arc<dyn Communicator>,
 }
 
 impl CpuExecutable {
@@ -158,16 +161,16 @@ impl CpuExecutable {
         let memory = &mut regions.memory;
         let mut recorder = self.recorder();
         for launch in recorder.prologue() {
-            launch.run(memory)?;
+            launch.run(memory, &*self.communicator)?;
         }
         for index in 0..self.plan.schedule.len() {
             for launch in recorder.step(index)? {
-                launch.run(memory)?;
+                launch.run(memory, &*self.communicator)?;
             }
         }
         // Resolved whole before any runs: a write that does not fit changes no slot.
         for launch in recorder.epilogue()? {
-            launch.run(memory)?;
+            launch.run(memory, &*self.communicator)?;
         }
         Ok(())
     }
@@ -194,9 +197,15 @@ impl CpuExecutable {
         })?;
         let mut regions = self.lock()?;
         for launch in launches {
-            launch.run(&mut regions.memory)?;
+            launch.run(&mut regions.memory, &*self.communicator)?;
         }
         Ok(())
+    }
+
+    /// Makes the program's `all_reduce` ops sum over `communicator`'s ranks (this executable
+    /// being one of them) instead of a world of one.
+    pub fn join(&mut self, communicator: Arc<dyn Communicator>) {
+        self.communicator = communicator;
     }
 
     /// A fresh tensor with the contents of output `name`'s slot, or else of input `name`'s

@@ -91,6 +91,7 @@ impl CpuExecutable {
                 scratch: member.scratch,
                 poison,
                 recording: None,
+                communicator: std::sync::Arc::new(crate::collective::Solo),
                 index_rules,
             })
             .collect();

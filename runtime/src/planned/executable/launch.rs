@@ -18,6 +18,7 @@ use kiln_ir::Op;
 use kiln_kernels::{TensorView, TensorViewMut};
 
 use super::super::memory::{Carved, Memory};
+use crate::collective::Communicator;
 use crate::error::{Error, Result};
 use crate::interpret::ops::run_op;
 use crate::placed::bytes::{read_view, write_view};
@@ -71,8 +72,8 @@ pub(super) enum Launch {
 }
 
 impl Launch {
-    /// Runs the launch on `memory`.
-    pub fn run(&self, memory: &mut Memory) -> Result<()> {
+    /// Runs the launch on `memory`; its collectives reach the ranks of `communicator`.
+    pub fn run(&self, memory: &mut Memory, communicator: &dyn Communicator) -> Result<()> {
         match self {
             Launch::Poison(span) => {
                 let carved = carve(memory, std::slice::from_ref(span))?;
@@ -103,17 +104,19 @@ impl Launch {
                 kiln_kernels::copy::copy(&source, &mut target)?;
                 Ok(())
             }
-            Launch::Kernel(kernel) => kernel.run(memory).map_err(|source| Error::Node {
-                node: kernel.node,
-                op: kernel.op.to_string(),
-                source: Box::new(source),
-            }),
+            Launch::Kernel(kernel) => {
+                (kernel.run(memory, communicator)).map_err(|source| Error::Node {
+                    node: kernel.node,
+                    op: kernel.op.to_string(),
+                    source: Box::new(source),
+                })
+            }
         }
     }
 }
 
 impl KernelLaunch {
-    fn run(&self, memory: &mut Memory) -> Result<()> {
+    fn run(&self, memory: &mut Memory, communicator: &dyn Communicator) -> Result<()> {
         let mut writes: Vec<Span> = self.results.iter().map(|(s, _)| s.clone()).collect();
         writes.extend(self.workspace.clone());
         let carved = carve(memory, &writes)?;
@@ -128,10 +131,34 @@ impl KernelLaunch {
                 .ok_or_else(|| launch_error("lost a result".into()))?;
             results.push(write_view(piece, layout)?);
         }
+        if self.op == Op::AllReduce {
+            return all_reduce(communicator, &operands, &mut results);
+        }
         let workspace: &mut [u8] = pieces.next().unwrap_or_default();
         run_op(&self.op, &operands, &mut results, workspace)?;
         Ok(())
     }
+}
+
+/// `operands` summed over the ranks of `communicator` into `results`.
+fn all_reduce(
+    communicator: &dyn Communicator,
+    operands: &[TensorView<'_>],
+    results: &mut [TensorViewMut<'_>],
+) -> Result<()> {
+    let tensors = (operands.iter())
+        .map(|view| {
+            let tensor =
+                crate::Tensor::zeros(view.shape().clone(), view.dtype(), crate::Device::Cpu);
+            tensor.write_with(|mut out| kiln_kernels::copy::copy(view, &mut out))??;
+            Ok(tensor)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let sums = communicator.all_reduce(&tensors)?;
+    for (sum, result) in sums.iter().zip(results.iter_mut()) {
+        sum.read_with(|view| kiln_kernels::copy::copy(&view, result))??;
+    }
+    Ok(())
 }
 
 /// `writes` carved out of `memory` as disjoint mutable slices.
