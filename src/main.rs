@@ -375,6 +375,17 @@ impl From<Program> for ProgramKind {
 fn main() -> Result<()> {
     kiln::started();
     let cli = Cli::parse();
+    if let Some(rank) = kiln::launch::Rank::from_env()? {
+        // Only training runs as ranks of a world; anything else would run N times over.
+        if !matches!(cli.command, Command::Train(_)) {
+            anyhow::bail!(
+                "rank {} of {}: under `kiln launch` kiln runs `train` (data-parallel); \
+                 tensor-parallel generate and serve are not built yet",
+                rank.rank,
+                rank.world_size
+            );
+        }
+    }
     if let Command::Serve(args) = cli.command {
         // The server handles SIGINT and SIGTERM itself (it drains), and writes no files.
         return commands::serve(args.into_args()?);

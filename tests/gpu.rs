@@ -17,6 +17,7 @@
 //! 3. Decode replayed at many positions after a prefill equals the full forward.
 //! 4. The schedulers (`gpu/engine.rs`).
 //! 5. The C ABI with device descriptors and a caller's stream (`gpu/c_abi.rs`).
+//! 6. A world of one rank through NCCL, in a build with `--features nccl` (`gpu/nccl.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,6 +37,8 @@ use rand::rngs::StdRng;
 mod c_abi;
 #[path = "gpu/engine.rs"]
 mod engine;
+#[path = "gpu/nccl.rs"]
+mod nccl;
 #[path = "gpu/op_cases.rs"]
 mod op_cases;
 #[path = "gpu/programs.rs"]

@@ -138,6 +138,12 @@ fn bad_launches_are_refused_with_the_reason() {
     );
     let out = launch(&["--nproc", "2"]);
     assert!(!out.status.success());
+    let out = launch(&["--nproc", "2", "--", "kiln", "demo"]);
+    let error = stderr(&out);
+    assert!(
+        error.contains("under `kiln launch` kiln runs `train`"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -50,7 +50,7 @@ fn gpu_run(
 /// difference of the gradient into a larger one of the update, so updated state gets 1e-4.
 /// With bf16 GEMM inputs, a value that differs in its last f32 bits can round to the
 /// neighbouring bf16: bf16's limit, 1e-2.
-fn program_limit(precision: Precision, kind: ProgramKind, name: &str) -> f64 {
+pub(crate) fn program_limit(precision: Precision, kind: ProgramKind, name: &str) -> f64 {
     match (precision, kind) {
         (Precision::Bf16Gemm | Precision::Bf16, _) => 1e-2,
         (_, ProgramKind::Train) if name != "loss" => 1e-4,

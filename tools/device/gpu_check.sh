@@ -2,7 +2,8 @@
 # Runs kiln's GPU checks and benchmarks on a CUDA machine, from binaries built elsewhere.
 # Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR [tests|sanitize|nan|bench|portable|anchor]...
 #   BIN_DIR holds `kiln`, the `gpu` test binary (cargo test --release --no-run --test gpu) and
-#   `runtime` (kiln-runtime's unit tests: cargo test --release --no-run -p kiln-runtime --lib).
+#   `runtime` (kiln-runtime's unit tests: cargo test --release --no-run -p kiln-runtime --lib),
+#   built with --features nccl so the NCCL checks (a world of one on this GPU) run too.
 #   tests:    the GPU tests (tests/gpu.rs, the CUDA executable's unit tests) with
 #             KILN_REQUIRE_GPU=1 (a skip fails), `kiln demo`, `kiln eval` against the oracle
 #   sanitize: compute-sanitizer memcheck and racecheck over the tiny programs, 1 and 2 streams
@@ -36,6 +37,15 @@ libs=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets /usr/lib/x86_64-linux-
   $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
   -maxdepth 5 \( -name 'libnvrtc.so*' -o -name 'libcublasLt.so*' \) 2>/dev/null | grep -v /stubs/ | xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
+# NCCL for a build with --features nccl: cudarc asks for libnccl.so; the wheel ships
+# libnccl.so.2, so a link to it goes into a directory of its own on the path.
+nccl=$(find $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+  /usr/lib/x86_64-linux-gnu -maxdepth 5 -name 'libnccl.so*' 2>/dev/null | head -1)
+if [ -n "$nccl" ]; then
+  ncclink=$(mktemp -d)
+  ln -s "$nccl" "$ncclink/libnccl.so"
+  export LD_LIBRARY_PATH="$ncclink:$LD_LIBRARY_PATH"
+fi
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 

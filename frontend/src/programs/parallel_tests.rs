@@ -392,8 +392,17 @@ fn tensor_and_data_parallel_options_are_checked_before_building() {
     };
     refused(
         ProgramKind::Train,
-        dp,
-        "--bucket-bytes 0: must be at least 1",
+        dp.clone(),
+        "--data-parallel 0: buckets must hold at least 1 byte",
+    );
+    refused(
+        ProgramKind::Decode,
+        ProgramOptions {
+            data_parallel: Some(DataParallel::default()),
+            ..dp
+        },
+        "--data-parallel 26214400: data parallelism is for train steps; prefill and decode \
+         split over ranks with --tensor-parallel",
     );
     // A gradient larger than the bucket gets one of its own.
     let dp = ProgramOptions {

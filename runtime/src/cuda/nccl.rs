@@ -30,8 +30,9 @@ fn check_library() -> Result<()> {
         false => Err(Error::Device {
             backend: "cuda",
             what: "NCCL".to_string(),
-            reason: "libnccl cannot be loaded (install NCCL, e.g. the nvidia-nccl-cu13 wheel, \
-                     and put its lib directory on LD_LIBRARY_PATH)"
+            reason: "libnccl.so cannot be loaded: install NCCL and put its lib directory on \
+                     LD_LIBRARY_PATH (where it holds only libnccl.so.2, as the nvidia-nccl-cu13 \
+                     wheel does, link that as libnccl.so there)"
                 .to_string(),
         }),
     }
