@@ -81,6 +81,15 @@ pub struct BenchCli {
     /// reads are recomputed there, the cheapest per byte first, until it fits.
     #[arg(long, value_parser = kiln::memory::parse_bytes)]
     memory_budget: Option<u64>,
+    /// Train: one data-parallel rank's step, its gradients all-reduced over NCCL in buckets
+    /// of at most this many bytes (e.g. 25MiB); under `kiln launch --nproc N`, over N GPUs,
+    /// else a world of one (a build with --features nccl).
+    #[arg(long, value_parser = kiln::memory::parse_bytes)]
+    data_parallel: Option<u64>,
+    /// Prefill, decode: one rank of this many tensor-parallel ranks, under `kiln launch
+    /// --nproc N` (1: a world of one on this GPU, through NCCL).
+    #[arg(long)]
+    tensor_parallel: Option<usize>,
     /// Seed for a preset's random weights and the tokens.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -128,6 +137,8 @@ impl BenchCli {
             portable,
             profile,
             memory_budget,
+            data_parallel,
+            tensor_parallel,
             seed,
             json,
             requests,
@@ -141,6 +152,14 @@ impl BenchCli {
             BenchProgram::Decode => ProgramKind::Decode,
             BenchProgram::Train => ProgramKind::Train,
             BenchProgram::Serve => {
+                if let Some(rank) = kiln::launch::Rank::from_env()? {
+                    anyhow::bail!(
+                        "rank {} of {}: the serve workload runs on one GPU, not under `kiln \
+                         launch`",
+                        rank.rank,
+                        rank.world_size
+                    );
+                }
                 let args = commands::ServeArgs {
                     model,
                     seed,
@@ -172,6 +191,9 @@ impl BenchCli {
                 max_seq,
                 precision: precision.into(),
                 fusion: fusion == Switch::On,
+                data_parallel: data_parallel
+                    .map(|bucket_bytes| kiln_frontend::programs::DataParallel { bucket_bytes }),
+                tensor_parallel,
                 ..ProgramOptions::default()
             },
             context,
@@ -187,6 +209,9 @@ impl BenchCli {
             memory_budget,
         };
         let result = commands::bench(&args)?;
+        if result.rank != 0 {
+            return Ok(()); // rank 0 reports for a launch
+        }
         match json {
             true => println!("{}", serde_json::to_string(&result)?),
             false => print!("{}", commands::bench_table(&result)),

@@ -105,6 +105,49 @@ impl Rank {
     }
 }
 
+/// `device` joined to the NCCL communicator of `rank`'s launch (a world of one without a
+/// launch), and the communicator's host side.
+#[cfg(feature = "nccl")]
+pub fn join_nccl(
+    device: &std::sync::Arc<kiln_runtime::cuda::CudaDevice>,
+    rank: Option<&Rank>,
+) -> Result<std::sync::Arc<dyn kiln_runtime::collective::Communicator>> {
+    use kiln_runtime::cuda::nccl;
+    let (this, size) = rank.map_or((0, 1), |r| (r.rank, r.world_size));
+    let what = || format!("rank {this} of {size}");
+    let id = match rank {
+        Some(rank) => rank.share_id(|| Ok(nccl::unique_id()?)),
+        None => Ok(nccl::unique_id()?),
+    }
+    .with_context(what)?;
+    device.join_nccl(&id, this, size).with_context(what)?;
+    Ok(std::sync::Arc::new(nccl::NcclCommunicator::new(
+        device.clone(),
+    )?))
+}
+
+/// Without the `nccl` feature: an error saying how to build it.
+#[cfg(not(feature = "nccl"))]
+pub fn join_nccl(
+    _: &std::sync::Arc<kiln_runtime::cuda::CudaDevice>,
+    rank: Option<&Rank>,
+) -> Result<std::sync::Arc<dyn kiln_runtime::collective::Communicator>> {
+    nccl_built(rank)?;
+    unreachable!("nccl_built fails without the nccl feature")
+}
+
+/// Fails, saying how to build it, where this kiln has no NCCL (asked before a device opens).
+pub fn nccl_built(rank: Option<&Rank>) -> Result<()> {
+    let (this, size) = rank.map_or((0, 1), |r| (r.rank, r.world_size));
+    if !cfg!(feature = "nccl") {
+        bail!(
+            "rank {this} of {size}: this kiln was built without NCCL; build it with `cargo \
+             build --release --features nccl` to run on several GPUs"
+        );
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `path` all at once for readers: into a file beside it, synced, then
 /// renamed into place. An existing `path` is an error (one id per launch).
 pub fn publish(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_frontend::hf::source::ModelSource;
-use kiln_frontend::model::ModelConfig;
+use kiln_frontend::model::{shard_parameter, ModelConfig};
 use kiln_frontend::programs::{build, example_inputs, plan_program, ProgramKind, ProgramOptions};
 use kiln_planner::PlanOptions;
 use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
@@ -105,6 +105,14 @@ pub struct BenchResult {
     /// numbers are finite and not all zero).
     pub check: f64,
     pub startup: Startup,
+    /// This rank and the ranks of the run: under `kiln launch`, each rank times its own
+    /// program (`tokens_per_second` is one rank's; the world's is `ranks` times it for data
+    /// parallelism); 0 of 1 otherwise.
+    pub rank: usize,
+    pub ranks: usize,
+    /// `--data-parallel` (bucket bytes) and `--tensor-parallel` when given.
+    pub data_parallel: Option<u64>,
+    pub tensor_parallel: Option<usize>,
 }
 
 /// Where the time from the command's start to its first step went, milliseconds.
@@ -187,13 +195,31 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     if args.kind == ProgramKind::Decode {
         args.options.check_position(&config, args.context)?;
     }
+    let launched = crate::launch::Rank::from_env()?;
+    let (rank, ranks) = launched.as_ref().map_or((0, 1), |r| (r.rank, r.world_size));
+    let parallel = args.options.data_parallel.is_some() || args.options.tensor_parallel.is_some();
+    if launched.is_some() && !parallel {
+        bail!(
+            "rank {rank} of {ranks}: under `kiln launch`, bench a rank's program: \
+             --data-parallel BYTES (train) or --tensor-parallel {ranks} (prefill, decode)"
+        );
+    }
+    if let Some(n) = args.options.tensor_parallel.filter(|&n| n != ranks) {
+        bail!(
+            "--tensor-parallel {n} runs as {n} ranks: `kiln launch --nproc {n} -- kiln bench \
+             ...` (this is {ranks})"
+        );
+    }
+    if parallel {
+        crate::launch::nccl_built(launched.as_ref())?;
+    }
     if let Some(reason) = kiln_runtime::cuda::unavailable() {
         bail!("--device cuda: no CUDA device can be used here: {reason}");
     }
     // The driver takes a quarter of a second to open the device: it opens (and loads the
     // kernel modules) on another thread while the program is traced and planned and the
-    // weights are read.
-    let opening = CudaDevice::open_in_background(0);
+    // weights are read. A launched rank owns its own GPU.
+    let opening = CudaDevice::open_in_background(launched.as_ref().map_or(0, |r| r.local_rank));
     lap();
     let graph = build(args.kind, &config, &args.options)?;
     startup.trace_ms = lap();
@@ -209,6 +235,10 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         .with_context(|| format!("loading model {}", args.model))?;
     startup.weights_ms = lap();
     let device = opening.wait()?;
+    if parallel {
+        // The all-reduces run through NCCL: over the launch's ranks, or a world of one.
+        crate::launch::join_nccl(&device, launched.as_ref())?;
+    }
     startup.device_ms = lap();
     let (_, total) = device.memory()?;
     let what = format!("{} {}", args.model, args.kind.name());
@@ -252,16 +282,21 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     startup.kernels = kernels.modules;
     startup.kernels_cached = kernels.hits;
     for (name, var) in weights.named() {
-        exe.set(&name, var.value())?;
+        match args.options.tensor_parallel {
+            Some(n) => exe.set(&name, &shard_parameter(&name, var.value(), n, rank)?)?,
+            None => exe.set(&name, var.value())?,
+        }
     }
     drop(weights);
+    // Data-parallel ranks take batches of their own.
+    let seed = args.seed + rank as u64;
     let inputs = example_inputs(
         &graph,
         &config,
         args.kind,
         &args.options,
         args.context,
-        args.seed,
+        seed,
     )?;
     // State (KV caches, optimizer moments) starts as zeros: filled on the device.
     let states: Vec<&str> = (graph.inputs().into_iter())
@@ -292,7 +327,12 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         exe.run(args.mode)?;
     }
     exe.synchronize()?;
-    let bar = ProgressBar::new(args.steps as u64).with_style(
+    // One rank of a launch shows it.
+    let bar = match rank {
+        0 => ProgressBar::new(args.steps as u64),
+        _ => ProgressBar::hidden(),
+    };
+    let bar = bar.with_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}")
             .expect("a valid template")
             .progress_chars("=> "),
@@ -409,6 +449,10 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         floor_fraction: floor.map(|f| f / median),
         check,
         startup,
+        rank,
+        ranks,
+        data_parallel: args.options.data_parallel.map(|d| d.bucket_bytes),
+        tensor_parallel: args.options.tensor_parallel,
     })
 }
 

@@ -123,12 +123,15 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
             .is_some_and(|s| s.options.device == "cuda"),
     );
     options.device = if cuda { "cuda" } else { "cpu" }.to_string();
-    if let (Some(rank), false) = (&launched, cuda) {
-        bail!(
-            "rank {} of {}: `kiln launch` runs one rank per GPU; pass --device cuda",
-            rank.rank,
-            rank.world_size
-        );
+    if let Some(rank) = &launched {
+        if !cuda {
+            bail!(
+                "rank {} of {}: `kiln launch` runs one rank per GPU; pass --device cuda",
+                rank.rank,
+                rank.world_size
+            );
+        }
+        crate::launch::nccl_built(Some(rank))?;
     }
     let ranks = launched.as_ref().map_or(1, |r| r.world_size);
     match &checkpoint {
@@ -210,40 +213,21 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
 
 /// This rank's GPU (`KILN_LOCAL_RANK`) joined to the launch's NCCL communicator, and the
 /// communicator's host side.
-#[cfg(feature = "nccl")]
 fn join_world(
     rank: &crate::launch::Rank,
 ) -> Result<(
     Backend,
     Option<Arc<dyn kiln_runtime::collective::Communicator>>,
 )> {
-    use kiln_runtime::cuda::{nccl, CudaDevice};
-    let what = || format!("rank {} of {}", rank.rank, rank.world_size);
-    let device = CudaDevice::open(rank.local_rank)
-        .with_context(|| format!("{}: --device cuda {}", what(), rank.local_rank))?;
-    let id = rank
-        .share_id(|| Ok(nccl::unique_id()?))
-        .with_context(what)?;
-    device
-        .join_nccl(&id, rank.rank, rank.world_size)
-        .with_context(what)?;
-    let world = nccl::NcclCommunicator::new(device.clone())?;
-    Ok((Backend::Cuda(device), Some(Arc::new(world))))
-}
-
-#[cfg(not(feature = "nccl"))]
-fn join_world(
-    rank: &crate::launch::Rank,
-) -> Result<(
-    Backend,
-    Option<Arc<dyn kiln_runtime::collective::Communicator>>,
-)> {
-    bail!(
-        "rank {} of {}: this kiln was built without NCCL; build it with `cargo build --release \
-         --features nccl` to train on several GPUs",
-        rank.rank,
-        rank.world_size
-    )
+    crate::launch::nccl_built(Some(rank))?;
+    let device = kiln_runtime::cuda::CudaDevice::open(rank.local_rank).with_context(|| {
+        format!(
+            "rank {} of {}: --device cuda {}",
+            rank.rank, rank.world_size, rank.local_rank
+        )
+    })?;
+    let world = crate::launch::join_nccl(&device, Some(rank))?;
+    Ok((Backend::Cuda(device), Some(world)))
 }
 
 fn tensors(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs kiln's GPU checks and benchmarks on a CUDA machine, from binaries built elsewhere.
-# Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR [tests|sanitize|nan|bench|portable|anchor]...
+# Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR [tests|sanitize|nan|bench|portable|parallel|anchor]...
 #   BIN_DIR holds `kiln`, the `gpu` test binary (cargo test --release --no-run --test gpu) and
 #   `runtime` (kiln-runtime's unit tests: cargo test --release --no-run -p kiln-runtime --lib),
 #   built with --features nccl so the NCCL checks (a world of one on this GPU) run too.
@@ -28,6 +28,8 @@
 #           bf16 decode B=1 and 8, prefill T=512, bf16-GEMM train T=512 of Qwen2.5-0.5B, each
 #           with its `check` (last loss, max |logit|) to compare between the two (the portable
 #           code against the CPU reference is in `tests`)
+#   parallel: rank programs through NCCL against the plain ones (a world of one on one GPU;
+#           `kiln launch` over every GPU where there are several): JSON lines in parallel.jsonl
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -240,6 +242,35 @@ PY
             print(sys.argv[2], {k: r[k] for k in ('median_ms', 'launches_per_step', 'check') if k in r})" \
             "$out/portable.jsonl" "$program $precision B=$batch portable=$portable"
         done
+      done
+      ;;
+    parallel)
+      # Rows of a rank's program through NCCL against the plain program, alternating: on one
+      # GPU a world of one (what the collectives cost); with N GPUs, `kiln launch --nproc N`
+      # (data-parallel train: N x the rows in the time of one rank; tensor-parallel decode).
+      gpus=$(nvidia-smi --list-gpus | wc -l)
+      row() { # label, then kiln bench arguments
+        local label=$1; shift
+        "$@" --json >>"$out/parallel.jsonl" 2>>"$out/parallel.log" || echo "FAILED: $label (see parallel.log)"
+        python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+          print(sys.argv[2], {k: r[k] for k in ('median_ms', 'tokens_per_second', 'ranks', 'launches_per_step', 'check') if k in r})" \
+          "$out/parallel.jsonl" "$label"
+      }
+      train="--model qwen2.5-0.5b --program train --precision bf16-gemm --batch 1 --seq 512"
+      decode="--model qwen2.5-0.5b --program decode --precision bf16 --context 512"
+      for round in 1 2; do
+        row "train plain" "$bin/kiln" bench $train
+        row "train data-parallel x1" "$bin/kiln" bench $train --data-parallel 25MiB
+        for b in 1 8; do
+          row "decode B=$b plain" "$bin/kiln" bench $decode --batch $b
+          row "decode B=$b tensor-parallel x1" "$bin/kiln" bench $decode --batch $b --tensor-parallel 1
+        done
+        if [ "$gpus" -ge 2 ]; then
+          row "train data-parallel x$gpus" "$bin/kiln" launch --nproc $gpus -- kiln bench $train --data-parallel 25MiB
+          for b in 1 8; do
+            row "decode B=$b tensor-parallel x$gpus" "$bin/kiln" launch --nproc $gpus -- kiln bench $decode --batch $b --tensor-parallel $gpus
+          done
+        fi
       done
       ;;
     anchor)
