@@ -179,7 +179,17 @@ impl CudaDevice {
         self.nccl.set(joined).map_err(|_| Error::Collective {
             rank,
             reason: "the device has already joined a communicator".to_string(),
-        })
+        })?;
+        // NCCL connects the ranks on their first collective, allocating as it goes: one
+        // all-reduce now, outside any graph capture (which refuses allocations).
+        use crate::gpu::Driver;
+        let stream = self.new_stream()?;
+        let ptr = self.malloc(4)?;
+        let first = (self.fill_and_wait(ptr, 0, 4, Some(&stream)))
+            .and_then(|()| self.all_reduce(&[(ptr, ptr, 1)], &stream))
+            .and_then(|()| self.synchronize(&stream));
+        self.free(ptr);
+        first
     }
 
     /// Makes the device's context current on this thread.

@@ -77,24 +77,12 @@ fn a_world_of_one_runs_through_nccl() {
     ];
     for (kind, options) in cases {
         let graph = build(kind, &config, &options).unwrap();
-        let weights = random_weights_as(&config, 17, options.precision.weight_dtype()).unwrap();
-        let mut values: BTreeMap<String, Tensor> = (weights.named().into_iter())
-            .map(|(name, v)| (name, v.value().clone()))
-            .collect();
-        values.extend(example_inputs(&graph, &config, kind, &options, 5, 3).unwrap());
+        let values = programs::program_inputs(&graph, &config, kind, &options, 17);
         let mut cpu_values = values.clone();
         interpret(&graph, &mut cpu_values).unwrap();
         let want = interpret(&graph, &mut cpu_values).unwrap();
         for streams in [1, 2] {
-            let planned = plan(
-                &graph,
-                &PlanOptions {
-                    streams,
-                    ..Default::default()
-                },
-                &kiln_runtime::Workspaces::Cuda,
-            )
-            .unwrap();
+            let planned = programs::gpu_plan(&graph, streams);
             assert_eq!(planned.communication_stream, Some(streams));
             let backend = Backend::Cuda(device.clone());
             let eager = backend

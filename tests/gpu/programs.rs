@@ -6,7 +6,7 @@ use std::path::Path;
 use super::*;
 
 /// Inputs for the tiny programs: random weights, then `example_inputs`.
-fn program_inputs(
+pub(crate) fn program_inputs(
     graph: &Graph,
     config: &ModelConfig,
     kind: ProgramKind,
@@ -24,7 +24,7 @@ fn program_inputs(
 }
 
 /// `graph` planned for the GPU on `streams` streams.
-fn gpu_plan(graph: &Graph, streams: usize) -> kiln_planner::Plan {
+pub(crate) fn gpu_plan(graph: &Graph, streams: usize) -> kiln_planner::Plan {
     let options = PlanOptions {
         streams,
         ..Default::default()
