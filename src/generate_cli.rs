@@ -154,9 +154,13 @@ impl GenerateCli {
                 anyhow::bail!("give --prompt TEXT, --prompt-ids 1,2,3 or --prompts FILE")
             }
         };
-        let backend = match run.cuda()? {
-            false => kiln_runtime::Backend::Cpu,
-            true => kiln_runtime::Backend::cuda()?,
+        let backend = match (run.cuda()?, kiln::launch::Rank::from_env()?) {
+            (false, _) => kiln_runtime::Backend::Cpu,
+            // A launched rank owns its own GPU.
+            (true, Some(rank)) => {
+                kiln_runtime::Backend::Cuda(kiln_runtime::cuda::CudaDevice::open(rank.local_rank)?)
+            }
+            (true, None) => kiln_runtime::Backend::cuda()?,
         };
         Ok(commands::GenerateArgs {
             model,

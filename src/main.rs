@@ -376,12 +376,15 @@ fn main() -> Result<()> {
     kiln::started();
     let cli = Cli::parse();
     if let Some(rank) = kiln::launch::Rank::from_env()? {
-        // Only training and a rank's benchmark run as ranks of a world; anything else would
-        // run N times over.
-        if !matches!(cli.command, Command::Train(_) | Command::Bench(_)) {
+        // Only these run as ranks of a world; anything else would run N times over.
+        if !matches!(
+            cli.command,
+            Command::Train(_) | Command::Bench(_) | Command::Generate(_)
+        ) {
             anyhow::bail!(
-                "rank {} of {}: under `kiln launch` kiln runs `train` (data-parallel) and \
-                 `bench` (a rank's program); tensor-parallel generate and serve are not built yet",
+                "rank {} of {}: under `kiln launch` kiln runs `train` (data-parallel), \
+                 `generate` (tensor-parallel) and `bench` (a rank's program); tensor-parallel \
+                 serving is not built yet",
                 rank.rank,
                 rank.world_size
             );

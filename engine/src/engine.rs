@@ -13,6 +13,11 @@
 //! Prompts are padded to their bucket's length; the padding tokens' keys land past the prompt,
 //! where the sequence's next decode steps overwrite them before any query reads them, and the
 //! logits come from each prompt's own last token (`logit_rows`).
+//!
+//! Tensor parallelism ([`EngineOptions::tensor_parallel`]): each rank of a group compiles the
+//! same buckets as its shard of the model (its heads and MLP columns, its part of the KV pool)
+//! and joins the group's communicator ([`Engine::join`]); every rank computes the same logits
+//! bit for bit, so ranks fed the same requests sample the same tokens and step in lockstep.
 
 use std::collections::BTreeMap;
 
@@ -38,6 +43,8 @@ pub struct EngineOptions {
     pub decode_batches: Vec<usize>,
     pub precision: Precision,
     pub mode: RunMode,
+    /// This engine is rank `.0` of `.1` tensor-parallel ranks; `None`: the whole model.
+    pub tensor_parallel: Option<(usize, usize)>,
 }
 
 impl EngineOptions {
@@ -57,6 +64,7 @@ impl EngineOptions {
             decode_batches: doublings(1, slots),
             precision,
             mode,
+            tensor_parallel: None,
         }
     }
 
@@ -174,6 +182,18 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Makes the engine's all-reduces sum over `communicator`'s ranks (a tensor-parallel
+    /// engine's group; see the module doc).
+    pub fn join(
+        &mut self,
+        communicator: &std::sync::Arc<dyn kiln_runtime::collective::Communicator>,
+    ) -> Result<()> {
+        for executable in &mut self.executables {
+            executable.join(std::sync::Arc::clone(communicator))?;
+        }
+        Ok(())
+    }
+
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }

@@ -444,3 +444,55 @@ fn a_finished_request_is_forgotten_once_its_outcome_is_taken() {
     }
     assert_eq!(scheduler.forget(long).unwrap().tokens, want);
 }
+
+/// Tensor-parallel engines on simulated CPU ranks (threads joined by a `collective::World`):
+/// the workload's tokens, greedy and sampled, are the whole engine's on every rank.
+#[test]
+fn tensor_parallel_ranks_generate_the_whole_engines_tokens() {
+    use kiln_runtime::collective::{Communicator, World};
+    use std::sync::Arc;
+    let mut rng = fresh_rng("tensor_parallel_ranks_generate_the_whole_engines_tokens");
+    let config = ModelConfig::tiny();
+    // Each rank makes the same weights (the eager leaves stay on their thread).
+    let weight_seed: u64 = rng.random();
+    let weights = random_weights(&config, weight_seed).unwrap();
+    let seed: u64 = rng.random();
+    for temperature in [0.0, 0.8] {
+        let sampling = move |i: usize| SamplingParams {
+            temperature,
+            seed: seed.wrapping_add(i as u64),
+            ..SamplingParams::default()
+        };
+        let arrivals = workload(&mut rng, &config, &sampling);
+        let mut whole =
+            ContinuousBatchScheduler::new(engine(&config, &weights, 3, RunMode::Graph), None);
+        let want = tokens(&mut whole, &arrivals);
+        let ranks = World::ranks(2).unwrap();
+        let got: Vec<Vec<Vec<u32>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (ranks.into_iter().enumerate())
+                .map(|(rank, world)| {
+                    let (config, arrivals) = (&config, &arrivals);
+                    s.spawn(move || {
+                        let weights = &random_weights(config, weight_seed).unwrap();
+                        let world: Arc<dyn Communicator> = Arc::new(world);
+                        let whole = options(3, RunMode::Graph);
+                        let shard = EngineOptions {
+                            tensor_parallel: Some((rank, 2)),
+                            ..whole.clone()
+                        };
+                        let mut engine =
+                            Engine::new((config, weights), &Backend::Cpu, shard).unwrap();
+                        // Half the heads of the whole pool.
+                        assert_eq!(engine.memory().pool_bytes * 2, pool_bytes(config, &whole));
+                        engine.join(&world).unwrap();
+                        tokens(&mut ContinuousBatchScheduler::new(engine, None), arrivals)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, tokens) in got.iter().enumerate() {
+            assert_eq!(tokens, &want, "temperature {temperature}, rank {rank}");
+        }
+    }
+}

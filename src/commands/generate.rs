@@ -124,9 +124,34 @@ pub(crate) fn text_side(source: &ModelSource) -> Result<(Option<Tokenizer>, Vec<
     Ok((tokenizer, eos))
 }
 
-/// Runs the generation (see the module doc); a summary goes to standard error.
+/// Runs the generation (see the module doc); a summary goes to standard error. Under `kiln
+/// launch` each rank runs its tensor-parallel shard of the engine on its own GPU, fed the same
+/// prompts (every rank samples the same tokens), and rank 0 alone prints and writes.
 pub fn generate(args: GenerateArgs) -> Result<()> {
-    if let Some(json) = &args.json {
+    let launched = crate::launch::Rank::from_env()?;
+    let reporter = launched.as_ref().is_none_or(|r| r.rank == 0);
+    let world = match (&launched, &args.backend) {
+        (None, _) => None,
+        (Some(rank), kiln_runtime::Backend::Cuda(device)) => {
+            if args.scheduler == SchedulerKind::Reference {
+                bail!(
+                    "rank {} of {}: --scheduler reference runs on one GPU; tensor-parallel \
+                     generation runs the continuous or bucketed scheduler",
+                    rank.rank,
+                    rank.world_size
+                );
+            }
+            crate::launch::nccl_built(Some(rank))?;
+            Some(crate::launch::join_nccl(device, Some(rank))?)
+        }
+        (Some(rank), _) => bail!(
+            "rank {} of {}: `kiln launch` runs one rank per GPU; pass --device cuda",
+            rank.rank,
+            rank.world_size
+        ),
+    };
+    let shard = launched.as_ref().map(|r| (r.rank, r.world_size));
+    if let Some(json) = args.json.as_ref().filter(|_| reporter) {
         check_absent(json).map_err(|e| anyhow::anyhow!("{e} (choose another --json)"))?;
     }
     let source = ModelSource::resolve(&args.model)?;
@@ -184,8 +209,14 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
             Box::new(ReferenceScheduler::new(generator, tokenizer))
         }
         SchedulerKind::Continuous => {
-            let options = EngineOptions::new(args.slots, max_seq, args.precision, args.mode);
-            let engine = Engine::new((&config, &loaded.weights), &args.backend, options)?;
+            let options = EngineOptions {
+                tensor_parallel: shard,
+                ..EngineOptions::new(args.slots, max_seq, args.precision, args.mode)
+            };
+            let mut engine = Engine::new((&config, &loaded.weights), &args.backend, options)?;
+            if let Some(world) = &world {
+                engine.join(world)?;
+            }
             let memory = engine.memory();
             eprintln!(
                 "kiln generate: {} programs over one arena of {} bytes (one per program: {}), \
@@ -205,11 +236,17 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
                 );
             }
             let options = (args.buckets.iter())
-                .map(|&(slots, positions)| {
-                    EngineOptions::new(slots, positions, args.precision, args.mode)
+                .map(|&(slots, positions)| EngineOptions {
+                    tensor_parallel: shard,
+                    ..EngineOptions::new(slots, positions, args.precision, args.mode)
                 })
                 .collect();
-            let engines = Engine::group((&config, &loaded.weights), &args.backend, options)?;
+            let mut engines = Engine::group((&config, &loaded.weights), &args.backend, options)?;
+            if let Some(world) = &world {
+                for engine in &mut engines {
+                    engine.join(world)?;
+                }
+            }
             if let Some(memory) = engines.first().map(Engine::memory) {
                 eprintln!(
                     "kiln generate: {} buckets over one arena of {} bytes, KV pools of {} bytes",
@@ -241,12 +278,13 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
                 .with_context(|| format!("prompt {index}"))
         })
         .collect::<Result<Vec<RequestId>>>()?;
-    let progress = match streamed {
+    let progress = match streamed || !reporter {
         true => indicatif::ProgressBar::hidden(),
         false => indicatif::ProgressBar::new(prompts.len() as u64),
     };
     // With stop strings the text is printed once it is done, cut before the stop string
     // (OpenAI's semantics: the stop string is not returned); otherwise as it comes.
+    let streamed = streamed && reporter;
     let print_now = streamed && args.stop.is_empty();
     let mut out = std::io::stdout().lock();
     while !scheduler.is_idle() {
@@ -296,6 +334,9 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         })
         .collect();
     let report = Report::new(records, started.elapsed().as_secs_f64() * 1e3);
+    if !reporter {
+        return Ok(()); // rank 0 reports for the launch
+    }
     let s = &report.summary;
     eprintln!(
         "kiln generate: {} request(s), {} tokens generated ({}), compile {:.0} ms, first token \

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_frontend::model::{ModelConfig, ModelWeights};
+use kiln_frontend::model::{shard_parameter, ModelConfig, ModelWeights};
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
 use kiln_ir::{Graph, InputKind};
@@ -72,7 +72,12 @@ impl Engine {
             })?;
             if engines.is_empty() {
                 for (name, var) in weights.named() {
-                    first.set(&name, var.value())?;
+                    match options.tensor_parallel {
+                        Some((rank, ranks)) => {
+                            first.set(&name, &shard_parameter(&name, var.value(), ranks, rank)?)?
+                        }
+                        None => first.set(&name, var.value())?,
+                    }
                 }
             }
             let mut allocated = 0;
@@ -125,6 +130,7 @@ fn programs(config: &ModelConfig, options: &EngineOptions, prefix: &str) -> Resu
             pool: Some(options.slots),
             cache_prefix: prefix.to_string(),
             precision: options.precision,
+            tensor_parallel: options.tensor_parallel.map(|(_, ranks)| ranks),
             ..ProgramOptions::default()
         };
         build(kind, config, &program_options)
@@ -147,6 +153,13 @@ fn programs(config: &ModelConfig, options: &EngineOptions, prefix: &str) -> Resu
 /// bucket past the pool, a length bucket past a slot.
 fn check_options(options: &EngineOptions) -> Result<()> {
     let refuse = |reason: String| Err(Error::Generate { reason });
+    if let Some((rank, ranks)) = options.tensor_parallel {
+        if rank >= ranks {
+            return refuse(format!(
+                "rank {rank} is not one of {ranks} tensor-parallel ranks"
+            ));
+        }
+    }
     if options.slots == 0 || options.max_seq == 0 {
         return refuse("an engine needs at least one slot of at least one position".into());
     }
@@ -166,13 +179,15 @@ fn check_options(options: &EngineOptions) -> Result<()> {
     Ok(())
 }
 
-/// The KV pool's bytes: layers × 2 (keys, values) × slots × Hkv × max_seq × D × element.
+/// The KV pool's bytes: layers × 2 (keys, values) × slots × Hkv × max_seq × D × element (a
+/// tensor-parallel rank's share of the heads).
 pub fn pool_bytes(config: &ModelConfig, options: &EngineOptions) -> u64 {
     let element = options.precision.weight_dtype().size_bytes();
+    let ranks = options.tensor_parallel.map_or(1, |(_, ranks)| ranks.max(1));
     let dims = [
         2 * config.num_hidden_layers,
         options.slots,
-        config.num_key_value_heads,
+        config.num_key_value_heads / ranks,
         options.max_seq,
         config.head_dim,
     ];
