@@ -379,12 +379,11 @@ fn main() -> Result<()> {
         // Only these run as ranks of a world; anything else would run N times over.
         if !matches!(
             cli.command,
-            Command::Train(_) | Command::Bench(_) | Command::Generate(_)
+            Command::Train(_) | Command::Bench(_) | Command::Generate(_) | Command::Serve(_)
         ) {
             anyhow::bail!(
                 "rank {} of {}: under `kiln launch` kiln runs `train` (data-parallel), \
-                 `generate` (tensor-parallel) and `bench` (a rank's program); tensor-parallel \
-                 serving is not built yet",
+                 `generate` and `serve` (tensor-parallel) and `bench` (a rank's program)",
                 rank.rank,
                 rank.world_size
             );

@@ -15,7 +15,7 @@
 use crate::error::{Error, Result};
 
 /// How one request chooses each next token from the logits.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// Divides the logits before the softmax: below 1 sharpens, above 1 flattens; 0 is greedy.
     pub temperature: f32,

@@ -28,7 +28,7 @@ use crate::stop::{FinishReason, StopCause, StopChecker, StopCriteria};
 use crate::tokenizer::{TextStream, Tokenizer};
 
 /// One request to generate.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,

@@ -18,7 +18,7 @@ use crate::generation_config::GenerationConfig;
 const REWRITTEN_TAIL_BYTES: usize = 16;
 
 /// What ends one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StopCriteria {
     /// Token ids that end the request when generated (the token itself is the last one).
     pub eos_token_ids: Vec<u32>,

@@ -28,7 +28,44 @@ pub trait Communicator: Send + Sync {
     /// same shapes. Every rank must call it with tensors of the same shapes, in the same order
     /// of calls.
     fn all_reduce(&self, tensors: &[Tensor]) -> Result<Vec<Tensor>>;
+
+    /// Rank 0's `bytes` on every rank (the others' `bytes` are not read), at most
+    /// [`MAX_BROADCAST`] of them: two all-reduces, rank 0 bringing the length and then each
+    /// byte as an f32 and the other ranks zeros, so the sums are exact. For host messages
+    /// (what a tensor-parallel server's ranks must all do next), not tensors.
+    fn broadcast(&self, bytes: &[u8]) -> Result<Vec<u8>> {
+        let root = self.rank() == 0;
+        if root && bytes.len() > MAX_BROADCAST {
+            return Err(Error::Collective {
+                rank: 0,
+                reason: format!("{} bytes to broadcast, past {MAX_BROADCAST}", bytes.len()),
+            });
+        }
+        let length = if root { bytes.len() as u32 } else { 0 };
+        let header = length.to_le_bytes().map(f32::from).to_vec();
+        let header = self.all_reduce(&[Tensor::from_vec(header, [4])?])?;
+        let sum = f32_values(&header[0])?;
+        let length = u32::from_le_bytes([0, 1, 2, 3].map(|i| sum[i] as u8)) as usize;
+        if length > MAX_BROADCAST {
+            return Err(Error::Collective {
+                rank: self.rank(),
+                reason: format!("rank 0 announced {length} bytes, past {MAX_BROADCAST}"),
+            });
+        }
+        if length == 0 {
+            return Ok(Vec::new());
+        }
+        let body: Vec<f32> = match root {
+            true => bytes.iter().map(|&b| f32::from(b)).collect(),
+            false => vec![0.0; length],
+        };
+        let body = self.all_reduce(&[Tensor::from_vec(body, [length])?])?;
+        Ok(f32_values(&body[0])?.iter().map(|&b| b as u8).collect())
+    }
 }
+
+/// The most bytes [`Communicator::broadcast`] carries.
+pub const MAX_BROADCAST: usize = 16 << 20;
 
 /// A world of one rank: every collective is the identity (a copy).
 #[derive(Clone, Copy, Debug, Default)]

@@ -124,3 +124,24 @@ fn ranks_bringing_different_sizes_are_refused_and_non_f32_too() {
         .to_string()
         .contains("f32"));
 }
+
+#[test]
+fn rank_zeros_bytes_reach_every_rank_exactly() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let message: Vec<u8> = (0..1000).map(|_| rng.random()).collect();
+    for sent in [message.clone(), Vec::new(), vec![255; 3]] {
+        let got = on_every_rank(World::ranks(3).unwrap(), |rank| {
+            // What the other ranks pass is not read.
+            let mine = if rank.rank() == 0 {
+                sent.clone()
+            } else {
+                vec![7; 5]
+            };
+            rank.broadcast(&mine)
+        });
+        for bytes in got {
+            assert_eq!(bytes.unwrap(), sent);
+        }
+    }
+    assert_eq!(Solo.broadcast(&message).unwrap(), message);
+}

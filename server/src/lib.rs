@@ -8,6 +8,7 @@
 //! deadline, cancels the rest and returns.
 
 pub mod error;
+pub mod lockstep;
 pub mod metrics;
 pub mod protocol;
 pub mod routes;
@@ -37,6 +38,9 @@ pub struct ServeOptions {
     pub max_waiting: usize,
     /// After a shutdown signal, how long requests in flight may run before they are cancelled.
     pub drain: Duration,
+    /// Rank 0 of a tensor-parallel group: the other ranks follow its scheduler
+    /// ([`lockstep`]); `None` for one engine.
+    pub group: Option<std::sync::Arc<dyn kiln_runtime::collective::Communicator>>,
 }
 
 /// Binds the port, builds the engine (on its own thread), prints `kiln serve: listening on
@@ -62,6 +66,7 @@ pub fn serve(options: ServeOptions, build: EngineBuilder) -> Result<()> {
         options.max_waiting,
         metrics.clone(),
         health.clone(),
+        options.group.clone(),
     )?;
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

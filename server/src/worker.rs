@@ -14,6 +14,7 @@ use kiln_engine::scheduler::{Event, Outcome, Request, RequestId, Scheduler};
 use kiln_engine::tokenizer::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::lockstep::{self, Call, Leader};
 use crate::metrics::Metrics;
 
 /// Builds the engine on the engine thread (an engine's programs stay on the thread that made
@@ -82,6 +83,7 @@ pub fn spawn(
     max_waiting: usize,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    group: Option<Arc<dyn kiln_runtime::collective::Communicator>>,
 ) -> anyhow::Result<(
     mpsc::UnboundedSender<Command>,
     EngineInfo,
@@ -118,6 +120,7 @@ pub fn spawn(
                 slots: info.slots,
                 metrics,
                 draining: None,
+                leader: group.map(Leader::new),
             };
             if let Err(error) = worker.run(inbox) {
                 *health.fatal.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -158,12 +161,23 @@ struct Worker<'t> {
     slots: usize,
     metrics: Arc<Metrics>,
     draining: Option<Instant>,
+    /// Rank 0 of a tensor-parallel group: what the other ranks must do alike.
+    leader: Option<Leader>,
 }
 
 impl Worker<'_> {
     /// Steps until drained (or until every sender is gone and nothing runs); `Err` when the
-    /// scheduler itself fails.
-    fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Command>) -> kiln_engine::Result<()> {
+    /// scheduler itself fails. A leader tells the other ranks to stop as it does.
+    fn run(mut self, inbox: mpsc::UnboundedReceiver<Command>) -> kiln_engine::Result<()> {
+        let result = self.steps(inbox);
+        let stopped = match &mut self.leader {
+            Some(leader) => leader.publish(Call::Stop),
+            None => Ok(()),
+        };
+        result.and(stopped)
+    }
+
+    fn steps(&mut self, mut inbox: mpsc::UnboundedReceiver<Command>) -> kiln_engine::Result<()> {
         loop {
             if self.scheduler.is_idle() {
                 if self.draining.is_some() {
@@ -180,7 +194,7 @@ impl Worker<'_> {
             // A client gone before its first token (whatever the path it left by).
             for (&id, client) in &mut self.clients {
                 if client.updates.is_closed() && !client.gone {
-                    client.gone = self.scheduler.cancel(id);
+                    client.gone = lockstep::cancel(&mut self.scheduler, &mut self.leader, id);
                 }
             }
             if self
@@ -189,10 +203,13 @@ impl Worker<'_> {
             {
                 let ids: Vec<RequestId> = self.clients.keys().copied().collect();
                 for id in ids {
-                    self.scheduler.cancel(id);
+                    lockstep::cancel(&mut self.scheduler, &mut self.leader, id);
                 }
             }
             if !self.scheduler.is_idle() {
+                if let Some(leader) = &mut self.leader {
+                    leader.publish(Call::Step)?;
+                }
                 let events = self.scheduler.step()?;
                 self.route(events);
             }
@@ -232,12 +249,12 @@ impl Worker<'_> {
                 if reply.send(answer.clone()).is_err() {
                     // The client left while waiting for the answer.
                     if let Ok(id) = answer {
-                        self.scheduler.cancel(id);
+                        lockstep::cancel(&mut self.scheduler, &mut self.leader, id);
                     }
                 }
             }
             Command::Cancel(id) => {
-                self.scheduler.cancel(id);
+                lockstep::cancel(&mut self.scheduler, &mut self.leader, id);
             }
             Command::Drain { deadline } => self.draining = Some(deadline),
         }
@@ -255,7 +272,8 @@ impl Worker<'_> {
             let waiting = queued.saturating_sub(free);
             return Err(Refusal::QueueFull { waiting });
         }
-        (self.scheduler.submit(request)).map_err(|e| Refusal::Invalid(e.to_string()))
+        (lockstep::submit(&mut self.scheduler, &mut self.leader, request))
+            .map_err(|e| Refusal::Invalid(e.to_string()))
     }
 
     /// Sends each event to its client; a client that is gone has its request cancelled.
@@ -279,12 +297,15 @@ impl Worker<'_> {
                     text: event.text,
                 };
                 if event.token.is_some() && client.updates.send(update).is_err() && !client.gone {
-                    client.gone = self.scheduler.cancel(event.id);
+                    client.gone = lockstep::cancel(&mut self.scheduler, &mut self.leader, event.id);
                 }
                 continue;
             };
             self.metrics
                 .finished(reason.as_str(), now - client.submitted);
+            if let Some(leader) = &mut self.leader {
+                leader.record(Call::Forget(event.id.0));
+            }
             if let Some(outcome) = self.scheduler.forget(event.id) {
                 let _ = client.updates.send(Update::Finished {
                     token: event.token,

@@ -34,7 +34,21 @@ pub struct HttpArgs {
 /// Positions of a slot when `--max-seq` is not given, at most.
 const DEFAULT_MAX_SEQ: usize = 2048;
 
+/// Serves `args`. Under `kiln launch` each rank runs its tensor-parallel shard of the engine on
+/// its own GPU: rank 0 serves HTTP and leads, the other ranks follow its scheduler
+/// (`kiln_server::lockstep`) until it stops.
 pub fn serve(args: HttpArgs) -> Result<()> {
+    let launched = crate::launch::Rank::from_env()?;
+    if let Some(rank) = &launched {
+        if !args.cuda {
+            bail!(
+                "rank {} of {}: `kiln launch` runs one rank per GPU; pass --device cuda",
+                rank.rank,
+                rank.world_size
+            );
+        }
+        crate::launch::nccl_built(Some(rank))?;
+    }
     let source = ModelSource::resolve(&args.model)?;
     let (config, _) = source.config()?;
     let positions = config.max_position_embeddings;
@@ -53,16 +67,31 @@ pub fn serve(args: HttpArgs) -> Result<()> {
             ModelSource::Preset(name) => name.clone(),
             ModelSource::Dir(dir) => served_name(dir),
         });
-    let options = EngineOptions::new(args.slots, max_seq, args.precision, args.mode);
+    let options = EngineOptions {
+        tensor_parallel: launched.as_ref().map(|r| (r.rank, r.world_size)),
+        ..EngineOptions::new(args.slots, max_seq, args.precision, args.mode)
+    };
+    // A launched rank's GPU, joined to the group's communicator first.
+    let group = match &launched {
+        Some(rank) => {
+            let device = kiln_runtime::cuda::CudaDevice::open(rank.local_rank)?;
+            let communicator = crate::launch::join_nccl(&device, Some(rank))?;
+            Some((device, communicator))
+        }
+        None => None,
+    };
     let (seed, label, cuda) = (args.seed, args.model.clone(), args.cuda);
+    let joined = group.clone();
     let build = Box::new(move || -> Result<Engine> {
         // The device opens (and loads its kernels) while the weights are read.
-        let opening = cuda.then(|| kiln_runtime::cuda::CudaDevice::open_in_background(0));
+        let opening = (cuda && joined.is_none())
+            .then(|| kiln_runtime::cuda::CudaDevice::open_in_background(0));
         let (config, loaded) = (source.load(seed, options.precision.weight_dtype()))
             .with_context(|| format!("loading model {label}"))?;
-        let backend = match opening {
-            Some(opening) => Backend::Cuda(opening.wait()?),
-            None => Backend::Cpu,
+        let backend = match (opening, &joined) {
+            (_, Some((device, _))) => Backend::Cuda(device.clone()),
+            (Some(opening), None) => Backend::Cuda(opening.wait()?),
+            (None, None) => Backend::Cpu,
         };
         if let Some(warning) = loaded.warning() {
             eprintln!("warning: {label}: {warning}");
@@ -76,8 +105,17 @@ pub fn serve(args: HttpArgs) -> Result<()> {
                 false => "the CPU",
             }
         );
-        Ok(Engine::new((&config, &loaded.weights), &backend, options)?)
+        let mut engine = Engine::new((&config, &loaded.weights), &backend, options)?;
+        if let Some((_, communicator)) = &joined {
+            engine.join(communicator)?;
+        }
+        Ok(engine)
     });
+    if let (Some(rank), Some((_, communicator))) = (&launched, &group) {
+        if rank.rank != 0 {
+            return follow(build, tokenizer, communicator.as_ref());
+        }
+    }
     kiln_server::serve(
         ServeOptions {
             host: args.host,
@@ -87,9 +125,31 @@ pub fn serve(args: HttpArgs) -> Result<()> {
             eos,
             max_waiting: args.max_waiting,
             drain: args.drain,
+            group: group.map(|(_, communicator)| communicator),
         },
         build,
     )
+}
+
+/// A rank other than 0 of a tensor-parallel server: its engine follows rank 0's scheduler
+/// until rank 0 stops. Signals are left to rank 0 (the launcher passes them on to every rank),
+/// which drains and then stops the followers.
+fn follow(
+    build: kiln_server::EngineBuilder,
+    tokenizer: Option<kiln_engine::tokenizer::Tokenizer>,
+    communicator: &dyn kiln_runtime::collective::Communicator,
+) -> Result<()> {
+    let ignored = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, ignored.clone())?;
+    }
+    let engine = build()?;
+    let mut scheduler = kiln_engine::scheduler::continuous::ContinuousBatchScheduler::new(
+        engine,
+        tokenizer.as_ref(),
+    );
+    kiln_server::lockstep::follow(&mut scheduler, communicator)?;
+    Ok(())
 }
 
 /// A directory's last component (`models/qwen-0.5b` → `qwen-0.5b`; `.` → the current
