@@ -11,7 +11,11 @@
 //! - `KILN_RENDEZVOUS_DEADLINE`, the Unix time (seconds) by which the id must be there: a rank
 //!   still waiting then stops with an error naming the file;
 //! - `NCCL_NVLS_ENABLE=0`: NVLink multicast stays off (on a shared host it can put every GPU
-//!   out of service), whatever the caller's environment says.
+//!   out of service), whatever the caller's environment says; `NCCL_RUNTIME_CONNECT=0`: NCCL
+//!   connects the ranks when the communicator is made, not on a first collective inside a
+//!   graph capture.
+//!
+//! A rank dies with the launcher (`PR_SET_PDEATHSIG`).
 //!
 //! Each rank leads a process group of its own. The launcher waits for every rank. The first
 //! that fails (exits non-zero, or dies by a signal) stops the others — SIGTERM to their
@@ -233,7 +237,8 @@ pub fn launch(options: &LaunchOptions) -> Result<()> {
     let signals = ForwardedSignals::install()?;
     let mut ranks: Vec<(usize, Child)> = Vec::with_capacity(nproc);
     for rank in 0..nproc {
-        let child = Command::new(&program)
+        let mut child = Command::new(&program);
+        child
             .args(args)
             .env(RANK, rank.to_string())
             .env(WORLD_SIZE, nproc.to_string())
@@ -241,10 +246,23 @@ pub fn launch(options: &LaunchOptions) -> Result<()> {
             .env(RENDEZVOUS, dir.path.join("nccl-id"))
             .env(RENDEZVOUS_DEADLINE, deadline.to_string())
             .env("NCCL_NVLS_ENABLE", "0")
+            // Every connection made when the communicator is created, none lazily on a first
+            // collective of some size inside a graph capture (which refuses allocations).
+            .env("NCCL_RUNTIME_CONNECT", "0")
             .stdin(Stdio::null())
             // Its own process group, so a signal reaches whatever the rank started too.
-            .process_group(0)
-            .spawn();
+            .process_group(0);
+        // SAFETY: prctl only, between fork and exec: a rank dies with the launcher rather
+        // than sit on its GPU orphaned.
+        let child = unsafe {
+            child.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        }
+        .spawn();
         match child {
             Ok(child) => ranks.push((rank, child)),
             Err(e) => {
@@ -271,9 +289,17 @@ pub fn launch(options: &LaunchOptions) -> Result<()> {
         }
         let mut finished = None;
         for (at, (rank, child)) in ranks.iter_mut().enumerate() {
-            if let Some(status) = child.try_wait().context("waiting for a rank")? {
-                finished = Some((at, *rank, status));
-                break;
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    finished = Some((at, *rank, status));
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let rank = *rank;
+                    stop(&mut ranks, options.grace);
+                    return Err(e).with_context(|| format!("waiting for rank {rank}"));
+                }
             }
         }
         match finished {

@@ -209,9 +209,10 @@ fn adamw_early(program: &Program) -> Vec<usize> {
     order
 }
 
-/// `order` with each `all_reduce` moved up to right after the last producer of its operands
-/// (collectives keep their order among themselves, so every rank issues them alike). Each
-/// still follows its producers, so the order stays topological.
+/// `order` with each `all_reduce` moved up to right after the last producer of its operands;
+/// collectives ready at once go in their order in `order`. Each still follows its producers, so
+/// the order stays topological. (The ranks issue their collectives alike because every rank
+/// plans the same graph, and planning is deterministic.)
 fn collectives_early(program: &Program, order: Vec<usize>) -> Vec<usize> {
     let is_collective = |op: usize| matches!(program.ops[op].op, Op::AllReduce);
     if !order.iter().any(|&op| is_collective(op)) {

@@ -47,10 +47,10 @@ pub trait Executable {
         None
     }
     /// Makes the program's `all_reduce` ops sum over `communicator`'s ranks, this executable
-    /// being rank `communicator.rank()` (every executable starts in a world of one). The CPU
-    /// executable sums through `communicator` itself; a device executable's collectives go
-    /// through its device's communicator (NCCL), which must be that rank of a world of that
-    /// size. An executable that cannot take part in collectives says so.
+    /// being rank `communicator.rank()`. The CPU executable sums through `communicator` itself
+    /// (until then, in a world of one); a device executable's collectives always go through
+    /// its device's communicator (NCCL), so this only checks that it is that rank of a world
+    /// of that size. An executable that cannot take part in collectives says so.
     fn join(&mut self, communicator: Arc<dyn Communicator>) -> Result<()> {
         Err(crate::Error::Collective {
             rank: communicator.rank(),

@@ -196,11 +196,15 @@ impl Rank {
                     .filter(|(_, b)| b.is_none())
                     .map(|(r, _)| r.to_string())
                     .collect();
-                return Err(self.error(format!(
+                let reason = format!(
                     "gave up after {:?} waiting {what} (ranks not there yet: {})",
                     self.world.deadline,
                     missing.join(", ")
-                )));
+                );
+                // This rank is out of step now: the others must not wait for it either.
+                round.aborted.get_or_insert((self.rank, reason.clone()));
+                self.world.turn.notify_all();
+                return Err(self.error(reason));
             }
             round = (self.world.turn.wait_timeout(round, end - now))
                 .unwrap_or_else(|poison| poison.into_inner())

@@ -5,13 +5,15 @@
 //! step over the group's communicator; the other ranks (followers, [`follow`]) make the same
 //! calls in the same order, so their schedulers hold the same requests in the same slots and
 //! their engines run the same programs. Every rank computes the same logits bit for bit, so
-//! their sampling agrees. When the leader stops it broadcasts [`Call::Stop`].
+//! their sampling agrees; after each step the ranks check that it did ([`agree`]: a rank whose
+//! tokens differ would go on to run other programs, and its collectives would never meet the
+//! others'). When the leader stops it broadcasts [`Call::Stop`].
 
 use std::sync::Arc;
 
 use kiln_engine::scheduler::continuous::ContinuousBatchScheduler;
-use kiln_engine::scheduler::{Request, RequestId, Scheduler};
-use kiln_runtime::collective::Communicator;
+use kiln_engine::scheduler::{Event, Request, RequestId, Scheduler};
+use kiln_runtime::collective::{Communicator, MAX_BROADCAST};
 use serde::{Deserialize, Serialize};
 
 /// One call on the scheduler, as the leader made it.
@@ -28,6 +30,8 @@ pub enum Call {
 pub struct Leader {
     communicator: Arc<dyn Communicator>,
     journal: Vec<Call>,
+    /// The most bytes of one message: [`MAX_BROADCAST`].
+    limit: usize,
 }
 
 impl Leader {
@@ -35,6 +39,7 @@ impl Leader {
         Leader {
             communicator,
             journal: Vec::new(),
+            limit: MAX_BROADCAST,
         }
     }
 
@@ -42,14 +47,63 @@ impl Leader {
         self.journal.push(call);
     }
 
-    /// Broadcasts the journal ending with `last` (a step, or the stop).
+    /// Broadcasts the journal ending with `last` (a step, or the stop), in as many messages
+    /// as [`MAX_BROADCAST`] asks (a follower makes each message's calls in turn).
     pub fn publish(&mut self, last: Call) -> kiln_engine::Result<()> {
         self.journal.push(last);
-        let message = serde_json::to_vec(&self.journal).map_err(|e| generate(e.to_string()))?;
-        self.journal.clear();
+        let encoded = (self.journal.iter())
+            .map(|call| serde_json::to_vec(call).map_err(|e| generate(e.to_string())))
+            .collect::<kiln_engine::Result<Vec<_>>>()?;
+        // `[a,b,...]`: the calls, a message at a time.
+        let mut message = Vec::new();
+        for call in encoded {
+            if call.len() + 2 > self.limit {
+                return Err(generate(format!(
+                    "a call of {} bytes to broadcast",
+                    call.len()
+                )));
+            }
+            if !message.is_empty() && message.len() + call.len() + 2 > self.limit {
+                message.push(b']');
+                self.communicator.broadcast(&message)?;
+                message.clear();
+            }
+            message.push(if message.is_empty() { b'[' } else { b',' });
+            message.extend_from_slice(&call);
+        }
+        message.push(b']');
         self.communicator.broadcast(&message)?;
+        self.journal.clear();
         Ok(())
     }
+
+    pub fn agree(&self, events: &[Event]) -> kiln_engine::Result<()> {
+        agree(&*self.communicator, events)
+    }
+}
+
+/// Checks that every rank's step gave the same events (request, token, finish): a checksum
+/// of them summed over the ranks is the world size times this rank's.
+pub fn agree(communicator: &dyn Communicator, events: &[Event]) -> kiln_engine::Result<()> {
+    const MODULUS: u64 = 65_521;
+    let checksum = events.iter().fold(0u64, |sum, event| {
+        let token = event.token.map_or(0, |t| u64::from(t) + 1);
+        let finished = u64::from(event.finished.is_some());
+        (sum * 31 + event.id.0 as u64 * 7 + token * 3 + finished) % MODULUS
+    });
+    // Exact in f32: at most 64 ranks of values below 2^16.
+    let mine = kiln_runtime::Tensor::from_vec(vec![checksum as f32], [1])?;
+    let sum = communicator.all_reduce(&[mine])?[0].to_vec::<f32>()?[0];
+    let ranks = communicator.world_size() as f32;
+    if sum != checksum as f32 * ranks {
+        return Err(generate(format!(
+            "rank {}'s step gave other tokens than the other ranks' (checksums {} summed to \
+             {sum}); the ranks are out of step",
+            communicator.rank(),
+            checksum
+        )));
+    }
+    Ok(())
 }
 
 /// Submits `request` (journaled for the followers).
@@ -91,7 +145,7 @@ pub fn follow(
                 Call::Submit(request) => drop(scheduler.submit(request)),
                 Call::Cancel(id) => drop(scheduler.cancel(RequestId(id))),
                 Call::Forget(id) => drop(scheduler.forget(RequestId(id))),
-                Call::Step => drop(scheduler.step()?),
+                Call::Step => agree(communicator, &scheduler.step()?)?,
                 Call::Stop => return Ok(()),
             }
         }

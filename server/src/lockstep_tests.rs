@@ -61,7 +61,10 @@ fn drive(
         if let Some(leader) = leader {
             leader.publish(Call::Step).unwrap();
         }
-        scheduler.step().unwrap();
+        let events = scheduler.step().unwrap();
+        if let Some(leader) = leader {
+            leader.agree(&events).unwrap();
+        }
         steps += 1;
         if steps == 2 {
             cancel(scheduler, leader, ids[1]);
@@ -115,5 +118,68 @@ fn a_follower_makes_the_leaders_calls_and_both_get_the_whole_engines_tokens() {
             followed[i].finish_reason, outcome.finish_reason,
             "request {i}"
         );
+    }
+}
+
+#[test]
+fn a_long_journal_goes_in_several_messages_and_diverged_steps_are_caught() {
+    let mut ranks = World::ranks(2).unwrap().into_iter();
+    let (zero, one): (Arc<dyn Communicator>, Arc<dyn Communicator>) = (
+        Arc::new(ranks.next().unwrap()),
+        Arc::new(ranks.next().unwrap()),
+    );
+    std::thread::scope(|s| {
+        let follower = s.spawn(|| {
+            let mut engine = engine(Some((1, 2)));
+            engine.join(&one).unwrap();
+            let mut scheduler = ContinuousBatchScheduler::new(engine, None);
+            follow(&mut scheduler, &*one).unwrap();
+            (0..6)
+                .map(|i| scheduler.phase(RequestId(i)))
+                .collect::<Vec<_>>()
+        });
+        let mut engine = engine(Some((0, 2)));
+        engine.join(&zero).unwrap();
+        let mut scheduler = ContinuousBatchScheduler::new(engine, None);
+        // Messages of at most 300 bytes: a few calls each.
+        let mut leader = Some(Leader {
+            limit: 300,
+            ..Leader::new(zero.clone())
+        });
+        for i in 0..6u32 {
+            submit(&mut scheduler, &mut leader, request(&[i + 1, 2, 3], 0.0, 3)).unwrap();
+        }
+        let leader_ref = leader.as_mut().unwrap();
+        leader_ref.publish(Call::Step).unwrap();
+        let events = scheduler.step().unwrap();
+        leader_ref.agree(&events).unwrap();
+        leader_ref.publish(Call::Stop).unwrap();
+        let led: Vec<_> = (0..6).map(|i| scheduler.phase(RequestId(i))).collect();
+        assert_eq!(follower.join().unwrap(), led);
+    });
+    // Ranks whose steps gave other tokens fail their check.
+    let ranks = World::ranks(2).unwrap();
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = (ranks.iter().enumerate())
+            .map(|(rank, world)| {
+                s.spawn(move || {
+                    let event = Event {
+                        id: RequestId(0),
+                        token: Some(10 + rank as u32),
+                        text: None,
+                        finished: None,
+                    };
+                    agree(world, &[event])
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for result in results {
+        let error = result.unwrap_err().to_string();
+        assert!(error.contains("the ranks are out of step"), "{error}");
     }
 }

@@ -211,6 +211,9 @@ impl Worker<'_> {
                     leader.publish(Call::Step)?;
                 }
                 let events = self.scheduler.step()?;
+                if let Some(leader) = &self.leader {
+                    leader.agree(&events)?;
+                }
                 self.route(events);
             }
             let running = self.scheduler.running().len();

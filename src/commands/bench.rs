@@ -288,8 +288,11 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         }
     }
     drop(weights);
-    // Data-parallel ranks take batches of their own.
-    let seed = args.seed + rank as u64;
+    // Data-parallel ranks take batches of their own; tensor-parallel ranks the same one.
+    let seed = match args.options.data_parallel {
+        Some(_) => args.seed + rank as u64,
+        None => args.seed,
+    };
     let inputs = example_inputs(
         &graph,
         &config,

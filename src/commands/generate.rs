@@ -288,7 +288,12 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     let print_now = streamed && args.stop.is_empty();
     let mut out = std::io::stdout().lock();
     while !scheduler.is_idle() {
-        for event in scheduler.step()? {
+        let events = scheduler.step()?;
+        if let Some(world) = &world {
+            // Every rank sampled the same tokens, or the ranks stop here.
+            kiln_server::lockstep::agree(world.as_ref(), &events)?;
+        }
+        for event in events {
             if print_now {
                 match (&event.text, event.token, tokenizer) {
                     (Some(piece), _, Some(_)) => write!(out, "{piece}")?,

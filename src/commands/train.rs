@@ -149,6 +149,12 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         ),
         _ => options.ranks = ranks,
     }
+    // The device (and a launch's communicator: every rank has met) before anything is written.
+    let (backend, world) = match (&launched, cuda) {
+        (Some(rank), _) => join_world(rank)?,
+        (None, true) => (Backend::cuda().context("--device cuda")?, None),
+        (None, false) => (Backend::Cpu, None),
+    };
     // Made or locked only once the model and the data are known to be good; by rank 0 alone
     // under `kiln launch` (the others write nothing).
     let writer = launched.as_ref().is_none_or(|r| r.rank == 0);
@@ -156,11 +162,6 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
     if let Some(state) = &checkpoint {
         check_same_data(state, &data)?;
     }
-    let (backend, world) = match (&launched, cuda) {
-        (Some(rank), _) => join_world(rank)?,
-        (None, true) => (Backend::cuda().context("--device cuda")?, None),
-        (None, false) => (Backend::Cpu, None),
-    };
     let compiling = Instant::now();
     let total = options.schedule.steps;
     let run_path = run_dir.as_ref().map(|d| d.path().to_path_buf());

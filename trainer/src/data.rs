@@ -265,18 +265,28 @@ impl Sampling {
         self,
         data: &TokenData,
         split: &Split,
-        (batch, seq): (usize, usize),
+        (batch, ranks, seq): (usize, usize, usize),
     ) -> Result<()> {
-        let need = batch * seq + 1;
-        let parts = [("training", &split.train), ("validation", &split.val)];
-        for (part, range) in parts {
+        // A training step takes `ranks · batch` rows (data parallelism), a validation batch
+        // `batch` (every rank validates alike).
+        let rows = |ranks: usize| match ranks {
+            1 => format!("--batch {batch}"),
+            _ => format!("{ranks} ranks × --batch {batch}"),
+        };
+        let parts = [
+            ("training", &split.train, ranks),
+            ("validation", &split.val, 1),
+        ];
+        for (part, range, ranks) in parts {
+            let need = batch * ranks * seq + 1;
             if self == Sampling::Sequential && !range.is_empty() && range.len() < need {
                 return Err(Error::Data {
                     path: data.path.clone(),
                     reason: format!(
                         "its {part} split holds {} ids, fewer than one sequential batch of \
-                         --batch {batch} × --seq {seq} + 1 = {need}",
-                        range.len()
+                         {} × --seq {seq} + 1 = {need}",
+                        range.len(),
+                        rows(ranks)
                     ),
                 });
             }

@@ -170,10 +170,16 @@ fn sequential_windows_follow_llm_c_and_wrap() {
     assert_eq!(batch(4), rows(30));
     assert_eq!(batch(5), rows(0));
     let split = data.split(5, 0.0).unwrap();
-    assert!(Sampling::Sequential.check(&data, &split, (2, 5)).is_ok());
+    assert!(Sampling::Sequential.check(&data, &split, (2, 1, 5)).is_ok());
     let err = Sampling::Sequential
-        .check(&data, &split, (10, 5))
+        .check(&data, &split, (10, 1, 5))
         .unwrap_err()
         .to_string();
     assert!(err.contains("--batch 10 × --seq 5 + 1 = 51"), "{err}");
+    // Data-parallel steps take every rank's rows; validation one rank's.
+    let err = Sampling::Sequential
+        .check(&data, &split, (5, 2, 5))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("training split holds 50 ids, fewer than one sequential batch of 2 ranks × --batch 5 × --seq 5 + 1 = 51"), "{err}");
 }

@@ -223,8 +223,7 @@ impl Session {
             });
         }
         let split = data.split(options.seq, options.val_fraction)?;
-        let rows = options.batch.saturating_mul(ranks);
-        (options.sampling).check(&data, &split, (rows, options.seq))?;
+        (options.sampling).check(&data, &split, (options.batch, ranks, options.seq))?;
         if options.accumulate == 0 {
             return Err(Error::Option {
                 flag: "--accumulate",

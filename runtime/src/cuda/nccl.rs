@@ -54,7 +54,8 @@ pub(crate) struct Nccl {
     size: usize,
 }
 
-struct Comm(sys::ncclComm_t);
+/// The handle, and the context it was made in (kept alive, and made current to destroy it).
+struct Comm(sys::ncclComm_t, Arc<cudarc::driver::CudaContext>);
 
 // SAFETY: the handle is used under `Nccl::comm`'s lock only; NCCL allows a communicator to
 // move between threads.
@@ -62,6 +63,8 @@ unsafe impl Send for Comm {}
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        // Its device's context, alive while this holds it, current for the destroy.
+        let _ = self.1.bind_to_thread();
         // SAFETY: made by ncclCommInitRank, destroyed once. A failure here has no one to go to.
         let _ = unsafe { result::comm_destroy(self.0) };
     }
@@ -98,7 +101,7 @@ impl Nccl {
         unsafe { result::comm_init_rank(&mut comm, ranks, id, this) }
             .map_err(|e| nccl_error(&format!("join as rank {rank} of {size}"), e))?;
         Ok(Nccl {
-            comm: Mutex::new(Comm(comm)),
+            comm: Mutex::new(Comm(comm, device.ctx.clone())),
             rank,
             size,
         })
