@@ -154,16 +154,44 @@ impl Nccl {
 }
 
 /// The host side of a rank's collectives, on its device's communicator
-/// ([`CudaDevice::join_nccl`]): tensors go up, are summed over the ranks, and come back.
+/// ([`CudaDevice::join_nccl`]): tensors go up, are summed over the ranks, and come back, through
+/// a scratch buffer and a stream of its own (kept: a tensor-parallel server sums a checksum
+/// every step).
 pub struct NcclCommunicator {
     device: Arc<CudaDevice>,
+    scratch: Mutex<Scratch>,
+}
+
+struct Scratch {
+    stream: Arc<cudarc::driver::CudaStream>,
+    /// Device bytes at `ptr`, `capacity` of them (0: none yet).
+    ptr: u64,
+    capacity: usize,
 }
 
 impl NcclCommunicator {
     /// `device`'s communicator; an error where the device has joined none.
     pub fn new(device: Arc<CudaDevice>) -> Result<Self> {
         device.communicator()?;
-        Ok(NcclCommunicator { device })
+        let stream = device.new_stream()?;
+        Ok(NcclCommunicator {
+            device,
+            scratch: Mutex::new(Scratch {
+                stream,
+                ptr: 0,
+                capacity: 0,
+            }),
+        })
+    }
+}
+
+impl Drop for NcclCommunicator {
+    fn drop(&mut self) {
+        if let Ok(scratch) = self.scratch.get_mut() {
+            if scratch.capacity > 0 {
+                self.device.free(scratch.ptr);
+            }
+        }
     }
 }
 
@@ -178,24 +206,34 @@ impl Communicator for NcclCommunicator {
 
     fn all_reduce(&self, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
         let device = &self.device;
-        let stream = device.new_stream()?;
+        let mut scratch =
+            (self.scratch.lock()).map_err(|_| nccl_error("all_reduce", "a thread panicked"))?;
         let mut sums = Vec::with_capacity(tensors.len());
         for tensor in tensors {
             let values = crate::collective::f32_values(tensor)?;
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let ptr = device.malloc(bytes.len().max(4))?;
-            let summed = (|| {
-                device.upload(ptr, &bytes, &stream)?;
-                device.all_reduce(&[(ptr, ptr, values.len())], &stream)?;
-                let mut back = vec![0u8; bytes.len()];
-                device.download(&mut back, ptr, Some(&stream))?;
-                let floats = back
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-                Tensor::from_vec(floats.collect(), tensor.shape().clone())
-            })();
-            device.free(ptr);
-            sums.push(summed?);
+            if bytes.len() > scratch.capacity {
+                if scratch.capacity > 0 {
+                    device.free(scratch.ptr);
+                    scratch.capacity = 0;
+                }
+                scratch.ptr = device.malloc(bytes.len())?;
+                scratch.capacity = bytes.len();
+            }
+            if bytes.is_empty() {
+                // Every rank brings the same shapes: none sums anything here.
+                sums.push(tensor.clone());
+                continue;
+            }
+            let (ptr, stream) = (scratch.ptr, &scratch.stream);
+            device.upload(ptr, &bytes, stream)?;
+            device.all_reduce(&[(ptr, ptr, values.len())], stream)?;
+            let mut back = vec![0u8; bytes.len()];
+            device.download(&mut back, ptr, Some(stream))?;
+            let floats = back
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            sums.push(Tensor::from_vec(floats.collect(), tensor.shape().clone())?);
         }
         device.check_released()?;
         Ok(sums)
