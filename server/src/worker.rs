@@ -210,11 +210,13 @@ impl Worker<'_> {
                 if let Some(leader) = &mut self.leader {
                     leader.publish(Call::Step)?;
                 }
-                let events = self.scheduler.step()?;
+                let stepped = self.scheduler.step();
                 if let Some(leader) = &self.leader {
-                    leader.agree(&events)?;
+                    // Paired with every follower's check, even after a failed step (whose
+                    // events then disagree with theirs, and every rank stops).
+                    leader.agree(stepped.as_deref().unwrap_or_default())?;
                 }
-                self.route(events);
+                self.route(stepped?);
             }
             let running = self.scheduler.running().len();
             self.metrics.load(running, self.scheduler.queued());

@@ -288,11 +288,13 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     let print_now = streamed && args.stop.is_empty();
     let mut out = std::io::stdout().lock();
     while !scheduler.is_idle() {
-        let events = scheduler.step()?;
+        let stepped = scheduler.step();
         if let Some(world) = &world {
-            // Every rank sampled the same tokens, or the ranks stop here.
-            kiln_server::lockstep::agree(world.as_ref(), &events)?;
+            // Every rank sampled the same tokens, or the ranks stop here (a failed step
+            // checks too, so the ranks' collectives stay paired).
+            kiln_server::lockstep::agree(world.as_ref(), stepped.as_deref().unwrap_or_default())?;
         }
+        let events = stepped?;
         for event in events {
             if print_now {
                 match (&event.text, event.token, tokenizer) {
