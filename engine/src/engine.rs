@@ -188,10 +188,7 @@ impl Engine {
         &mut self,
         communicator: &std::sync::Arc<dyn kiln_runtime::collective::Communicator>,
     ) -> Result<()> {
-        for executable in &mut self.executables {
-            executable.join(std::sync::Arc::clone(communicator))?;
-        }
-        Ok(())
+        Ok(kiln_runtime::join_all(&mut self.executables, communicator)?)
     }
 
     pub fn options(&self) -> &EngineOptions {

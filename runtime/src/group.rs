@@ -32,16 +32,24 @@ pub struct ExecutableGroup {
 }
 
 impl ExecutableGroup {
-    /// Every member joins `communicator`'s world ([`Executable::join`](crate::Executable::join)).
+    /// Every member joins `communicator`'s world ([`join_all`]).
     pub fn join(
         &mut self,
         communicator: &std::sync::Arc<dyn crate::collective::Communicator>,
     ) -> Result<()> {
-        for executable in &mut self.executables {
-            executable.join(std::sync::Arc::clone(communicator))?;
-        }
-        Ok(())
+        join_all(&mut self.executables, communicator)
     }
+}
+
+/// Each of `executables` joins `communicator`'s world ([`Executable::join`]).
+pub fn join_all(
+    executables: &mut [Box<dyn Executable>],
+    communicator: &std::sync::Arc<dyn crate::collective::Communicator>,
+) -> Result<()> {
+    for executable in executables {
+        executable.join(std::sync::Arc::clone(communicator))?;
+    }
+    Ok(())
 }
 
 /// The memory a group shares: its one arena and its shared input slots.

@@ -49,7 +49,7 @@ pub use backend::{Backend, Executable, RunMode};
 pub use device::Device;
 pub use device_io::{DeviceBuffer, DeviceIo, DeviceSpan};
 pub use error::{Error, Result};
-pub use group::{ExecutableGroup, GroupMemory, SharedInput};
+pub use group::{join_all, ExecutableGroup, GroupMemory, SharedInput};
 pub use interpret::{interpret, interpret_in};
 pub use launch::launch;
 pub use lower::LowerOptions;
