@@ -91,6 +91,25 @@ impl Rank {
         }))
     }
 
+    /// This rank's GPU (`KILN_LOCAL_RANK`) joined to the launch's NCCL communicator, and the
+    /// communicator's host side.
+    pub fn join(
+        &self,
+    ) -> Result<(
+        std::sync::Arc<kiln_runtime::cuda::CudaDevice>,
+        std::sync::Arc<dyn kiln_runtime::collective::Communicator>,
+    )> {
+        nccl_built(Some(self))?;
+        let device = kiln_runtime::cuda::CudaDevice::open(self.local_rank).with_context(|| {
+            format!(
+                "rank {} of {}: --device cuda {}",
+                self.rank, self.world_size, self.local_rank
+            )
+        })?;
+        let communicator = join_nccl(&device, Some(self))?;
+        Ok((device, communicator))
+    }
+
     /// The id every rank shares: rank 0 makes it (`make`) and publishes it; the others wait for
     /// it until the launcher's deadline.
     pub fn share_id<const N: usize>(

@@ -181,6 +181,34 @@ pub struct Engine {
     memory: EngineMemory,
 }
 
+/// Checks that every rank of a tensor-parallel group got the same events from its step (request, token, finish): a checksum
+/// of them summed over the ranks is the world size times this rank's.
+pub fn agree(
+    communicator: &dyn kiln_runtime::collective::Communicator,
+    events: &[crate::scheduler::Event],
+) -> Result<()> {
+    const MODULUS: u64 = 65_521;
+    let checksum = events.iter().fold(0u64, |sum, event| {
+        let token = event.token.map_or(0, |t| u64::from(t) + 1);
+        let finished = u64::from(event.finished.is_some());
+        (sum * 31 + event.id.0 as u64 * 7 + token * 3 + finished) % MODULUS
+    });
+    // Exact in f32: at most 64 ranks of values below 2^16.
+    let mine = kiln_runtime::Tensor::from_vec(vec![checksum as f32], [1])?;
+    let sum = communicator.all_reduce(&[mine])?[0].to_vec::<f32>()?[0];
+    let ranks = communicator.world_size() as f32;
+    if sum != checksum as f32 * ranks {
+        return Err(Error::Generate {
+            reason: format!(
+                "tensor-parallel rank {}'s step gave other tokens than the other ranks' \
+                 (checksums {checksum} summed to {sum}); the ranks are out of step",
+                communicator.rank()
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl Engine {
     /// Makes the engine's all-reduces sum over `communicator`'s ranks (a tensor-parallel
     /// engine's group; see the module doc).

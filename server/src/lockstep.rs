@@ -5,12 +5,14 @@
 //! step over the group's communicator; the other ranks (followers, [`follow`]) make the same
 //! calls in the same order, so their schedulers hold the same requests in the same slots and
 //! their engines run the same programs. Every rank computes the same logits bit for bit, so
-//! their sampling agrees; after each step the ranks check that it did ([`agree`]: a rank whose
+//! their sampling agrees; after each step the ranks check that it did
+//! ([`kiln_engine::engine::agree`]: a rank whose
 //! tokens differ would go on to run other programs, and its collectives would never meet the
 //! others'). When the leader stops it broadcasts [`Call::Stop`].
 
 use std::sync::Arc;
 
+use kiln_engine::engine::agree;
 use kiln_engine::scheduler::continuous::ContinuousBatchScheduler;
 use kiln_engine::scheduler::{Event, Request, RequestId, Scheduler};
 use kiln_runtime::collective::{Communicator, MAX_BROADCAST};
@@ -80,30 +82,6 @@ impl Leader {
     pub fn agree(&self, events: &[Event]) -> kiln_engine::Result<()> {
         agree(&*self.communicator, events)
     }
-}
-
-/// Checks that every rank's step gave the same events (request, token, finish): a checksum
-/// of them summed over the ranks is the world size times this rank's.
-pub fn agree(communicator: &dyn Communicator, events: &[Event]) -> kiln_engine::Result<()> {
-    const MODULUS: u64 = 65_521;
-    let checksum = events.iter().fold(0u64, |sum, event| {
-        let token = event.token.map_or(0, |t| u64::from(t) + 1);
-        let finished = u64::from(event.finished.is_some());
-        (sum * 31 + event.id.0 as u64 * 7 + token * 3 + finished) % MODULUS
-    });
-    // Exact in f32: at most 64 ranks of values below 2^16.
-    let mine = kiln_runtime::Tensor::from_vec(vec![checksum as f32], [1])?;
-    let sum = communicator.all_reduce(&[mine])?[0].to_vec::<f32>()?[0];
-    let ranks = communicator.world_size() as f32;
-    if sum != checksum as f32 * ranks {
-        return Err(generate(format!(
-            "rank {}'s step gave other tokens than the other ranks' (checksums {} summed to \
-             {sum}); the ranks are out of step",
-            communicator.rank(),
-            checksum
-        )));
-    }
-    Ok(())
 }
 
 /// Submits `request` (journaled for the followers).

@@ -292,7 +292,7 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
         if let Some(world) = &world {
             // Every rank sampled the same tokens, or the ranks stop here (a failed step
             // checks too, so the ranks' collectives stay paired).
-            kiln_server::lockstep::agree(world.as_ref(), stepped.as_deref().unwrap_or_default())?;
+            kiln_engine::engine::agree(world.as_ref(), stepped.as_deref().unwrap_or_default())?;
         }
         let events = stepped?;
         for event in events {

@@ -72,14 +72,10 @@ pub fn serve(args: HttpArgs) -> Result<()> {
         ..EngineOptions::new(args.slots, max_seq, args.precision, args.mode)
     };
     // A launched rank's GPU, joined to the group's communicator first.
-    let group = match &launched {
-        Some(rank) => {
-            let device = kiln_runtime::cuda::CudaDevice::open(rank.local_rank)?;
-            let communicator = crate::launch::join_nccl(&device, Some(rank))?;
-            Some((device, communicator))
-        }
-        None => None,
-    };
+    let group = launched
+        .as_ref()
+        .map(crate::launch::Rank::join)
+        .transpose()?;
     let (seed, label, cuda) = (args.seed, args.model.clone(), args.cuda);
     let joined = group.clone();
     let build = Box::new(move || -> Result<Engine> {

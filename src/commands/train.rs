@@ -151,7 +151,10 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
     }
     // The device (and a launch's communicator: every rank has met) before anything is written.
     let (backend, world) = match (&launched, cuda) {
-        (Some(rank), _) => join_world(rank)?,
+        (Some(rank), _) => {
+            let (device, world) = rank.join()?;
+            (Backend::Cuda(device), Some(world))
+        }
         (None, true) => (Backend::cuda().context("--device cuda")?, None),
         (None, false) => (Backend::Cpu, None),
     };
@@ -210,25 +213,6 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         run_dir.path().join(CURVES_FILE).display(),
     );
     Ok(())
-}
-
-/// This rank's GPU (`KILN_LOCAL_RANK`) joined to the launch's NCCL communicator, and the
-/// communicator's host side.
-fn join_world(
-    rank: &crate::launch::Rank,
-) -> Result<(
-    Backend,
-    Option<Arc<dyn kiln_runtime::collective::Communicator>>,
-)> {
-    crate::launch::nccl_built(Some(rank))?;
-    let device = kiln_runtime::cuda::CudaDevice::open(rank.local_rank).with_context(|| {
-        format!(
-            "rank {} of {}: --device cuda {}",
-            rank.rank, rank.world_size, rank.local_rank
-        )
-    })?;
-    let world = crate::launch::join_nccl(&device, Some(rank))?;
-    Ok((Backend::Cuda(device), Some(world)))
 }
 
 fn tensors(
