@@ -257,6 +257,8 @@ enum Numerics {
     F32,
     /// Mixed precision: bf16 GEMM inputs, f32 accumulation and master weights.
     Bf16Gemm,
+    /// Mixed precision with the MLP's gate and up products kept in bf16 (as autocast keeps them).
+    Bf16Swiglu,
     /// Inference: bf16 weights and KV caches, f32 activations and accumulation.
     Bf16,
 }
@@ -266,6 +268,7 @@ impl From<Numerics> for Precision {
         match numerics {
             Numerics::F32 => Precision::F32,
             Numerics::Bf16Gemm => Precision::Bf16Gemm,
+            Numerics::Bf16Swiglu => Precision::Bf16Swiglu,
             Numerics::Bf16 => Precision::Bf16,
         }
     }

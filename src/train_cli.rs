@@ -66,7 +66,8 @@ pub struct TrainCli {
     beta2: f64,
     #[arg(long, default_value_t = 1e-8, value_parser = non_negative, conflicts_with = "resume")]
     eps: f64,
-    /// f32, or bf16-gemm: bf16 GEMM inputs over f32 master weights.
+    /// f32; bf16-gemm: bf16 GEMM inputs over f32 master weights; bf16-swiglu: bf16-gemm with
+    /// the MLP's gate and up products kept in bf16.
     #[arg(long, value_enum, default_value_t = TrainPrecision::F32, conflicts_with = "resume")]
     precision: TrainPrecision,
     /// The fraction of the data (its end) held out for validation; 0 for none.
@@ -160,6 +161,7 @@ enum SamplingArg {
 enum TrainPrecision {
     F32,
     Bf16Gemm,
+    Bf16Swiglu,
 }
 
 impl TrainCli {
@@ -197,6 +199,7 @@ impl TrainCli {
                     precision: match self.precision {
                         TrainPrecision::F32 => "f32".into(),
                         TrainPrecision::Bf16Gemm => "bf16-gemm".into(),
+                        TrainPrecision::Bf16Swiglu => "bf16-swiglu".into(),
                     },
                     device: match cuda {
                         Some(true) => "cuda".into(),

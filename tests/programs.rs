@@ -258,7 +258,7 @@ fn train_values(
 }
 
 /// Six interpreted train steps on one batch lower the loss, in f32 and in mixed precision
-/// (bf16 GEMM inputs and FlashAttention).
+/// (bf16 GEMM inputs and FlashAttention; and with SwiGLU's gate and up kept in bf16).
 #[test]
 fn train_steps_reduce_the_loss() {
     let mut rng = testing::rng("train_steps_reduce_the_loss");
@@ -266,7 +266,7 @@ fn train_steps_reduce_the_loss() {
     let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
     let (batch, seq) = (2, 8);
     let ids = tokens(&mut rng, &config, batch, seq);
-    for precision in [Precision::F32, Precision::Bf16Gemm] {
+    for precision in [Precision::F32, Precision::Bf16Gemm, Precision::Bf16Swiglu] {
         let options = ProgramOptions {
             batch,
             seq,
@@ -309,8 +309,9 @@ fn train_steps_reduce_the_loss() {
 #[test]
 fn train_step_equals_oracle_gradients_and_adamw() {
     let mut rng = testing::rng("train_step_equals_oracle");
+    let precisions = [Precision::F32, Precision::Bf16Gemm, Precision::Bf16Swiglu];
     let cases = (configs().into_iter().zip([None, Some(0.5)]))
-        .flat_map(|case| [(case.clone(), Precision::F32), (case, Precision::Bf16Gemm)]);
+        .flat_map(|case| precisions.map(|precision| (case.clone(), precision)));
     for ((config, clip), precision) in cases {
         let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
         let (batch, seq) = (2, 6);
@@ -421,20 +422,25 @@ fn train_step_equals_oracle_gradients_and_adamw() {
 /// input gradients reads its rounded gradients as bf16, one normed input is cast once for q, k
 /// and v and once for gate and up, SwiGLU and its backward take and write rounded values, the
 /// norms write their normed rows rounded, each bf16 weight copy is written by its param's
-/// AdamW; and
-/// two fused steps give the unfused steps' bits in the loss and in every state (parameters,
-/// moments, bf16 copies).
+/// AdamW; where the precision keeps SwiGLU's gate and up in bf16, their GEMMs write them
+/// rounded, SwiGLU and its backward read them so, and no cast is left of them or of their
+/// gradients; and two fused steps give the unfused steps' bits in the loss and in every state
+/// (parameters, moments, bf16 copies).
 #[test]
 fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
     let mut rng = testing::rng("fused_mixed_precision_train");
-    for config in configs() {
+    let precisions = [Precision::Bf16Gemm, Precision::Bf16Swiglu];
+    for (config, precision) in configs()
+        .into_iter()
+        .flat_map(|c| precisions.map(|p| (c.clone(), p)))
+    {
         let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
         let (batch, seq) = (2, 5);
         let ids = tokens(&mut rng, &config, batch, seq);
         let options = |fusion| ProgramOptions {
             batch,
             seq,
-            precision: Precision::Bf16Gemm,
+            precision,
             fusion,
             ..Default::default()
         };
@@ -456,11 +462,16 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
                 .count()
         };
         let layers = config.num_hidden_layers;
+        // Gate's and up's products, rounded where the precision keeps them so.
+        let kept = match precision.swiglu_dtype() {
+            Some(_) => 2,
+            None => 0,
+        };
         assert_eq!(count(&unfused, "rounded_matmul"), 0);
-        assert_eq!(count(&fused, "rounded_matmul"), 2 * 7 * layers);
+        assert_eq!(count(&fused, "rounded_matmul"), (2 * 7 + kept) * layers);
         assert_eq!(
             count(&fused, "matmul"),
-            7 * layers,
+            (7 - kept) * layers,
             "the forward's products"
         );
         let casts: Vec<_> = (ops(&fused).into_iter())
@@ -477,10 +488,15 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         // rounded (1 + 1 + 2); both norms write their normed rows rounded for q/k/v and gate/up
         // (2), and the final norm for the LM head (1). The LM head's weight gradient (bf16, the
         // chunked loss's) is read unwidened too: by its AdamW when untied, by the sum with the
-        // embedding's gradient when tied.
+        // embedding's gradient when tied. Gate and up kept in bf16: their rounding and
+        // widening (2 + 2), and their gradients' (2 + 2) before the GEMMs round them again.
         let untied = usize::from(!config.tie_word_embeddings);
         let casts_gone = count(&unfused, "cast") - count(&fused, "cast");
-        assert_eq!(casts_gone, (3 + 7 + 7 + 7 + 3 + 4 + 2) * layers + 1 + 1);
+        assert_eq!(
+            casts_gone,
+            (3 + 7 + 7 + 7 + 3 + 4 + 2 + 4 * kept) * layers + 1 + 1,
+            "{precision:?}"
+        );
         assert_eq!(count(&fused, "rounded_swiglu"), layers);
         assert_eq!(count(&fused, "rounded_swiglu_backward"), layers);
         let norms = count(&fused, "rounded_rmsnorm") + count(&fused, "rounded_add_rmsnorm");
@@ -512,21 +528,31 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
             got.insert("step".into(), step);
             let unfused_loss = &interpret(&unfused, &mut want).unwrap()["loss"];
             let fused_loss = &interpret(&fused, &mut got).unwrap()["loss"];
-            assert_eq!(bits(fused_loss), bits(unfused_loss), "{:?}", config.family);
+            assert_eq!(
+                bits(fused_loss),
+                bits(unfused_loss),
+                "{:?} {precision:?}",
+                config.family
+            );
         }
         assert_eq!(
             got.keys().collect::<Vec<_>>(),
             want.keys().collect::<Vec<_>>()
         );
         for (name, tensor) in &want {
-            assert_eq!(bits(&got[name]), bits(tensor), "{:?} {name}", config.family);
+            assert_eq!(
+                bits(&got[name]),
+                bits(tensor),
+                "{:?} {precision:?} {name}",
+                config.family
+            );
         }
     }
 }
 
-/// Mixed precision (bf16 GEMM inputs, f32 accumulation, f32 master weights): the interpreted
-/// eval program equals the oracle in the same precision bit for bit, and stays within bf16
-/// rounding of the f32 run.
+/// Mixed precision (bf16 GEMM inputs, f32 accumulation, f32 master weights; and with SwiGLU's
+/// gate and up kept in bf16): the interpreted eval program equals the oracle in the same
+/// precision bit for bit, and stays within bf16 rounding of the f32 run.
 #[test]
 fn mixed_precision_eval_equals_oracle_bit_for_bit() {
     let mut rng = testing::rng("mixed_precision_eval");
@@ -534,27 +560,38 @@ fn mixed_precision_eval_equals_oracle_bit_for_bit() {
         let weights = random_weights(&config, rand::Rng::random(&mut rng)).unwrap();
         let (batch, seq) = (2, 5);
         let ids = Tensor::from_vec(tokens(&mut rng, &config, batch, seq), [batch, seq]).unwrap();
-        let oracle = evaluate(&config, &weights, &ids, true, Precision::Bf16Gemm).unwrap();
-        let interpreted =
-            evaluate_interpreted(&config, &weights, &ids, true, Precision::Bf16Gemm).unwrap();
-        assert_eq!(
-            bits(&oracle.logits),
-            bits(&interpreted.logits),
-            "{:?} logits",
-            config.family
-        );
-        for ((name, a), (_, b)) in oracle.grads.iter().zip(&interpreted.grads) {
-            assert_eq!(bits(a), bits(b), "{:?} grad {name}", config.family);
-        }
         let f32_run = evaluate(&config, &weights, &ids, false, Precision::F32).unwrap();
-        let error = testing::rel_l2(
-            &oracle.logits.to_f64_vec().unwrap(),
-            &f32_run.logits.to_f64_vec().unwrap(),
-        );
-        assert!(
-            error > 0.0 && error < 2e-2,
-            "{:?}: bf16 GEMMs change the logits by {error:e}",
-            config.family
-        );
+        let mut logits = Vec::new();
+        for precision in [Precision::Bf16Gemm, Precision::Bf16Swiglu] {
+            let oracle = evaluate(&config, &weights, &ids, true, precision).unwrap();
+            let interpreted =
+                evaluate_interpreted(&config, &weights, &ids, true, precision).unwrap();
+            assert_eq!(
+                bits(&oracle.logits),
+                bits(&interpreted.logits),
+                "{:?} {precision:?} logits",
+                config.family
+            );
+            for ((name, a), (_, b)) in oracle.grads.iter().zip(&interpreted.grads) {
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "{:?} {precision:?} grad {name}",
+                    config.family
+                );
+            }
+            let error = testing::rel_l2(
+                &oracle.logits.to_f64_vec().unwrap(),
+                &f32_run.logits.to_f64_vec().unwrap(),
+            );
+            assert!(
+                error > 0.0 && error < 2e-2,
+                "{:?} {precision:?}: bf16 GEMMs change the logits by {error:e}",
+                config.family
+            );
+            logits.push(bits(&oracle.logits));
+        }
+        // Keeping gate and up in bf16 rounds something the other precision does not.
+        assert_ne!(logits[0], logits[1], "{:?}", config.family);
     }
 }

@@ -151,8 +151,8 @@ uint32_t kiln_abi_version(void);
 const char *kiln_version(void);
 
 // Loads `model` (a Hugging Face directory or a preset name) on `device` in `precision`
-// ("f32", "bf16-gemm" or "bf16"; a preset's weights random from `seed`), exactly as
-// `kiln eval --model` loads it; the handle goes to `*out`.
+// ("f32", "bf16-gemm", "bf16-swiglu" or "bf16"; a preset's weights random from `seed`),
+// exactly as `kiln eval --model` loads it; the handle goes to `*out`.
 //
 // # Safety
 // `model` and `precision` are NUL-terminated strings; `out` is writable.

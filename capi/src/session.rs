@@ -48,15 +48,22 @@ impl DeviceKind {
     }
 }
 
-/// `"f32"`, `"bf16-gemm"` or `"bf16"`, as `--precision` spells them.
+/// `"f32"`, `"bf16-gemm"`, `"bf16-swiglu"` or `"bf16"`, as `--precision` spells them.
 pub fn parse_precision(text: &str) -> Result<Precision> {
-    [Precision::F32, Precision::Bf16Gemm, Precision::Bf16]
+    Precision::ALL
         .into_iter()
         .find(|p| p.name() == text)
         .ok_or_else(|| {
+            let names: Vec<String> = Precision::ALL
+                .iter()
+                .map(|p| format!("\"{}\"", p.name()))
+                .collect();
             Error::argument(
                 "precision",
-                format!("`{text}` is not a precision; expected \"f32\", \"bf16-gemm\" or \"bf16\""),
+                format!(
+                    "`{text}` is not a precision; expected one of {}",
+                    names.join(", ")
+                ),
             )
         })
 }

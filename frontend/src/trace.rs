@@ -298,7 +298,17 @@ impl Ops for Tracer {
     }
 
     fn swiglu(&self, gate: &ValueId, up: &ValueId) -> Result<ValueId> {
-        self.op1(Op::SwiGlu, &[*gate, *up])
+        // Gate and up rounded where the precision keeps them so, read back widened (the
+        // fusion pass has the GEMMs write them rounded and SwiGLU read them stored).
+        let rounded = |value: ValueId| match self.precision.swiglu_dtype() {
+            Some(dtype) => {
+                let wide = self.graph.borrow().value_type(value)?.dtype;
+                let narrow = self.cast_to(value, dtype)?;
+                self.cast_to(narrow, wide)
+            }
+            None => Ok(value),
+        };
+        self.op1(Op::SwiGlu, &[rounded(*gate)?, rounded(*up)?])
     }
 
     fn last_position(&self, x: &ValueId) -> Result<ValueId> {

@@ -22,9 +22,12 @@
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
 //!   itself: no copy;
 //! - `widened`: an operand an op may take stored in bf16 ([`Op::stored_operands`]) that is
-//!   `Cast{f32}` of a bf16 value read by that op alone is the bf16 value, widened as the op
-//!   reads it (mixed precision: AdamW's rounded weight gradients, the rounded input gradients
-//!   the backward sums, the rounded gradient SwiGLU's backward takes);
+//!   `Cast{f32}` of a bf16 value read by that op alone (or only ever as a stored operand) is
+//!   the bf16 value, widened as the op reads it (mixed precision: AdamW's rounded weight
+//!   gradients, the rounded input gradients the backward sums, the rounded gradient SwiGLU's
+//!   backward takes, and its rounded gate and up where the precision keeps them);
+//! - `round_trip`: `Cast{bf16}` of `Cast{f32}` of a bf16 value (through reshapes) is that
+//!   value: the backward's rounding of a rounded value's gradient for its GEMM;
 //! - `adamw_copy`: an `AdamW` whose new param a `CastInto` rounds into the param's persistent
 //!   bf16 copy (mixed precision) becomes one [`Op::AdamWCopy`], which writes the copy too;
 //! - `shared`, on the fused program: an op that repeats an earlier one (the same op on the
@@ -62,6 +65,7 @@ use adamw_copy::with_copies;
 use add_rmsnorm::with_add_rmsnorm;
 use embedding_onto::embedding_onto_fusions;
 use rope_kv::rope_kv_fusions;
+use round_trip::round_trip_rewrites;
 use rounded::rounded_fusions;
 use shared::shared_rewrites;
 use views::{view_rewrites, ViewRewrite};
@@ -71,6 +75,7 @@ mod adamw_copy;
 mod add_rmsnorm;
 mod embedding_onto;
 mod rope_kv;
+mod round_trip;
 mod rounded;
 mod shared;
 mod views;
@@ -174,7 +179,9 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     let taken: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
     fusions.extend(widened_fusions(graph, &users, &taken));
     let fusions = with_copies(graph, fusions);
-    let fused = rebuild(graph, &fusions, &view_rewrites(graph), &BTreeSet::new())?;
+    let mut rewrites = view_rewrites(graph);
+    rewrites.extend(round_trip_rewrites(graph));
+    let fused = rebuild(graph, &fusions, &rewrites, &BTreeSet::new())?;
     let shared = without_dead_ops(&rebuild(
         &fused,
         &[],

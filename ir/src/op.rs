@@ -349,14 +349,14 @@ impl Op {
 
     /// The operands an op computing in f32 may take stored in bf16 ([`stores`]), widened
     /// exactly where read: weights, biases, caches, an added term, the gradients AdamW and
-    /// SwiGLU's backward take, and the table an embedding's scatter goes onto.
+    /// SwiGLU's backward take, SwiGLU's gate and up (rounded products), and the table an
+    /// embedding's scatter goes onto.
     pub fn stored_operands(&self) -> &'static [usize] {
         match self {
             Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
-            Op::AddRmsNorm { .. }
-            | Op::Rope { .. }
-            | Op::SwiGluBackward
-            | Op::EmbeddingBackward { .. } => &[2],
+            Op::SwiGlu => &[0, 1],
+            Op::SwiGluBackward => &[0, 1, 2],
+            Op::AddRmsNorm { .. } | Op::Rope { .. } | Op::EmbeddingBackward { .. } => &[2],
             Op::Rounded(op) => op.stored_operands(),
             Op::CachedAttention { .. } => &[1, 2],
             _ => &[],
@@ -371,6 +371,17 @@ impl Op {
             Op::Rounded(op) => op.compute_operand(),
             _ => 0,
         }
+    }
+
+    /// The dtype the op computes in and its stored operands are widened to, for operands of
+    /// `dtypes`: its compute operand's ([`Op::compute_operand`]), or f32 where that operand is
+    /// itself a stored one held in bf16 (SwiGLU of rounded gate and up products computes in
+    /// f32, as a product of bf16 operands gives f32). `None` without that operand.
+    pub fn compute_dtype(&self, dtypes: &[DType]) -> Option<DType> {
+        let port = self.compute_operand();
+        let dtype = *dtypes.get(port)?;
+        let widened = dtype == DType::BF16 && self.stored_operands().contains(&port);
+        Some(if widened { DType::F32 } else { dtype })
     }
 
     /// The results `Op::Rounded` writes rounded to bf16 (f32 ones its kernels can write

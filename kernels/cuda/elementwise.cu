@@ -112,55 +112,51 @@ extern "C" __global__ void broadcast_to_f32(float* out, const float* src, i64 n,
 }
 
 // out = silu(gate) * up, as the CPU: gate / (1 + exp(-gate)) * up. In place over gate is fine
-// for an f32 out. O (O4 for four elements): the result's storage, f32 or bf16 rounded as
-// written (`_bf16_out`: mixed precision's input of the down GEMM).
+// where out and gate share a dtype. I (I4 for four elements): gate's and up's storage, f32 or
+// bf16 widened as read (`_bf16_in`: rounded GEMM products); O (O4): the result's storage, f32
+// or bf16 rounded as written (`_bf16_out`: mixed precision's input of the down GEMM).
 __device__ __forceinline__ float kiln_swiglu_one(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
-template <typename O>
-__device__ void kiln_swiglu(O* out, const float* gate, const float* up, i64 n) {
-    KILN_FOR_EACH(i, n) { kiln_store(out, i, kiln_swiglu_one(gate[i], up[i])); }
+template <typename O, typename I>
+__device__ void kiln_swiglu(O* out, const I* gate, const I* up, i64 n) {
+    KILN_FOR_EACH(i, n) {
+        kiln_store(out, i, kiln_swiglu_one(kiln_load(gate, i), kiln_load(up, i)));
+    }
 }
 
-template <typename O4>
-__device__ void kiln_swiglu_vec4(O4* out, const float4* gate, const float4* up, i64 n4) {
+template <typename O4, typename I4>
+__device__ void kiln_swiglu_vec4(O4* out, const I4* gate, const I4* up, i64 n4) {
     KILN_FOR_EACH(i, n4) {
-        const float4 g = gate[i];
-        const float4 u = up[i];
+        const float4 g = kiln_load4(gate, i);
+        const float4 u = kiln_load4(up, i);
         kiln_store4(out, i,
                     make_float4(kiln_swiglu_one(g.x, u.x), kiln_swiglu_one(g.y, u.y),
                                 kiln_swiglu_one(g.z, u.z), kiln_swiglu_one(g.w, u.w)));
     }
 }
 
-extern "C" __global__ void swiglu_f32(float* out, const float* gate, const float* up, i64 n) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu(out, gate, up, n);
-}
+// One entry point per storage of (out, gate and up), element by element and four at a time.
+#define KILN_SWIGLU(name, O, I, O4, I4)                                                        \
+    extern "C" __global__ void name(O* out, const I* gate, const I* up, i64 n) {              \
+        kiln_grid_dependency_wait();                                                           \
+        kiln_swiglu(out, gate, up, n);                                                         \
+    }                                                                                          \
+    extern "C" __global__ void name##_vec4(O4* out, const I4* gate, const I4* up, i64 n4) {   \
+        kiln_grid_dependency_wait();                                                           \
+        kiln_swiglu_vec4(out, gate, up, n4);                                                   \
+    }
 
-extern "C" __global__ void swiglu_f32_bf16_out(bf16_bits* out, const float* gate,
-                                               const float* up, i64 n) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu(out, gate, up, n);
-}
-
-extern "C" __global__ void swiglu_f32_vec4(float4* out, const float4* gate, const float4* up,
-                                           i64 n4) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_vec4(out, gate, up, n4);
-}
-
-extern "C" __global__ void swiglu_f32_bf16_out_vec4(uint2* out, const float4* gate,
-                                                    const float4* up, i64 n4) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_vec4(out, gate, up, n4);
-}
+KILN_SWIGLU(swiglu_f32, float, float, float4, float4)
+KILN_SWIGLU(swiglu_f32_bf16_out, bf16_bits, float, uint2, float4)
+KILN_SWIGLU(swiglu_f32_bf16_in, float, bf16_bits, float4, uint2)
+KILN_SWIGLU(swiglu_f32_bf16_in_bf16_out, bf16_bits, bf16_bits, uint2, uint2)
 
 // Gradients of swiglu: silu'(g) = s + g*s*(1 - s) with s = sigmoid(g), written as the CPU does.
-// The incoming gradient is a stored operand (G, G4: f32, or bf16 widened as read); both
-// results are of O (O4): f32, or bf16 rounded as written (`_bf16_out`: mixed precision's
-// inputs of the gate and up GEMMs' backward).
+// Gate and up are of I (I4), as the forward reads them; the incoming gradient is a stored
+// operand (G, G4: f32, or bf16 widened as read); both results are of O (O4): f32, or bf16
+// rounded as written (`_bf16_out`: mixed precision's inputs of the gate and up GEMMs' backward).
 __device__ __forceinline__ void kiln_swiglu_backward_one(float g, float u, float d,
                                                          float& grad_gate, float& grad_up) {
     const float sig = 1.0f / (1.0f + expf(-g));
@@ -169,23 +165,24 @@ __device__ __forceinline__ void kiln_swiglu_backward_one(float g, float u, float
     grad_up = d * (g / (1.0f + expf(-g)));
 }
 
-template <typename O, typename G>
-__device__ void kiln_swiglu_backward(O* grad_gate, O* grad_up, const float* gate,
-                                     const float* up, const G* grad_out, i64 n) {
+template <typename O, typename I, typename G>
+__device__ void kiln_swiglu_backward(O* grad_gate, O* grad_up, const I* gate, const I* up,
+                                     const G* grad_out, i64 n) {
     KILN_FOR_EACH(i, n) {
         float gg, gu;
-        kiln_swiglu_backward_one(gate[i], up[i], kiln_load(grad_out, i), gg, gu);
+        kiln_swiglu_backward_one(kiln_load(gate, i), kiln_load(up, i), kiln_load(grad_out, i),
+                                 gg, gu);
         kiln_store(grad_gate, i, gg);
         kiln_store(grad_up, i, gu);
     }
 }
 
-template <typename O4, typename G4>
-__device__ void kiln_swiglu_backward_vec4(O4* grad_gate, O4* grad_up, const float4* gate,
-                                          const float4* up, const G4* grad_out, i64 n4) {
+template <typename O4, typename I4, typename G4>
+__device__ void kiln_swiglu_backward_vec4(O4* grad_gate, O4* grad_up, const I4* gate,
+                                          const I4* up, const G4* grad_out, i64 n4) {
     KILN_FOR_EACH(i, n4) {
-        const float4 g = gate[i];
-        const float4 u = up[i];
+        const float4 g = kiln_load4(gate, i);
+        const float4 u = kiln_load4(up, i);
         const float4 d = kiln_load4(grad_out, i);
         float4 gg, gu;
         kiln_swiglu_backward_one(g.x, u.x, d.x, gg.x, gu.x);
@@ -197,55 +194,30 @@ __device__ void kiln_swiglu_backward_vec4(O4* grad_gate, O4* grad_up, const floa
     }
 }
 
-extern "C" __global__ void swiglu_backward_f32(float* grad_gate, float* grad_up,
-                                               const float* gate, const float* up,
-                                               const float* grad_out, i64 n) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
-}
+// One entry point per storage of (results, gate and up, incoming gradient).
+#define KILN_SWIGLU_BACKWARD(name, O, I, G, O4, I4, G4)                                        \
+    extern "C" __global__ void name(O* grad_gate, O* grad_up, const I* gate, const I* up,     \
+                                    const G* grad_out, i64 n) {                                \
+        kiln_grid_dependency_wait();                                                           \
+        kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);                       \
+    }                                                                                          \
+    extern "C" __global__ void name##_vec4(O4* grad_gate, O4* grad_up, const I4* gate,        \
+                                           const I4* up, const G4* grad_out, i64 n4) {         \
+        kiln_grid_dependency_wait();                                                           \
+        kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);                 \
+    }
 
-extern "C" __global__ void swiglu_backward_f32_bf16_grad(float* grad_gate, float* grad_up,
-                                                         const float* gate, const float* up,
-                                                         const bf16_bits* grad_out, i64 n) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
-}
-
-extern "C" __global__ void swiglu_backward_f32_bf16_out(bf16_bits* grad_gate, bf16_bits* grad_up,
-                                                        const float* gate, const float* up,
-                                                        const float* grad_out, i64 n) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
-}
-
-extern "C" __global__ void swiglu_backward_f32_bf16_grad_bf16_out(bf16_bits* grad_gate,
-        bf16_bits* grad_up, const float* gate, const float* up, const bf16_bits* grad_out,
-        i64 n) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
-}
-
-extern "C" __global__ void swiglu_backward_f32_vec4(float4* grad_gate, float4* grad_up,
-                                                    const float4* gate, const float4* up,
-                                                    const float4* grad_out, i64 n4) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
-}
-
-extern "C" __global__ void swiglu_backward_f32_bf16_grad_vec4(float4* grad_gate,
-        float4* grad_up, const float4* gate, const float4* up, const uint2* grad_out, i64 n4) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
-}
-
-extern "C" __global__ void swiglu_backward_f32_bf16_out_vec4(uint2* grad_gate, uint2* grad_up,
-        const float4* gate, const float4* up, const float4* grad_out, i64 n4) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
-}
-
-extern "C" __global__ void swiglu_backward_f32_bf16_grad_bf16_out_vec4(uint2* grad_gate,
-        uint2* grad_up, const float4* gate, const float4* up, const uint2* grad_out, i64 n4) {
-    kiln_grid_dependency_wait();
-    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
-}
+KILN_SWIGLU_BACKWARD(swiglu_backward_f32, float, float, float, float4, float4, float4)
+KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_grad, float, float, bf16_bits, float4, float4,
+                     uint2)
+KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_out, bf16_bits, float, float, uint2, float4,
+                     float4)
+KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_grad_bf16_out, bf16_bits, float, bf16_bits, uint2,
+                     float4, uint2)
+KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_in, float, bf16_bits, float, float4, uint2, float4)
+KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_in_bf16_grad, float, bf16_bits, bf16_bits, float4,
+                     uint2, uint2)
+KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_in_bf16_out, bf16_bits, bf16_bits, float, uint2,
+                     uint2, float4)
+KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_in_bf16_grad_bf16_out, bf16_bits, bf16_bits,
+                     bf16_bits, uint2, uint2, uint2)

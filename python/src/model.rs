@@ -19,7 +19,8 @@ use crate::thread_bound::ThreadBound;
 
 /// Loads a model: a Hugging Face directory (config.json + safetensors) or a preset name
 /// ("tiny", "qwen2.5-0.5b", ...; random weights from `seed`), for `device` "cpu" or "cuda",
-/// in `precision` "f32", "bf16-gemm" or "bf16" — exactly as `kiln eval --model` loads it.
+/// in `precision` "f32", "bf16-gemm", "bf16-swiglu" or "bf16" — exactly as `kiln eval
+/// --model` loads it.
 #[pyfunction]
 #[pyo3(signature = (model, device="cpu", precision="f32", seed=0))]
 pub fn load(
@@ -111,7 +112,7 @@ impl PyModel {
         Ok(self.model.get()?.device().name())
     }
 
-    /// "f32", "bf16-gemm" or "bf16".
+    /// "f32", "bf16-gemm", "bf16-swiglu" or "bf16".
     #[getter]
     fn precision(&self) -> PyResult<&'static str> {
         Ok(self.model.get()?.precision().name())

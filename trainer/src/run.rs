@@ -95,9 +95,10 @@ impl RunOptions {
         match self.precision.as_str() {
             "f32" => Ok(Precision::F32),
             "bf16-gemm" => Ok(Precision::Bf16Gemm),
+            "bf16-swiglu" => Ok(Precision::Bf16Swiglu),
             other => Err(Error::Option {
                 flag: "--precision",
-                reason: format!("training runs in f32 or bf16-gemm, not {other}"),
+                reason: format!("training runs in f32, bf16-gemm or bf16-swiglu, not {other}"),
             }),
         }
     }

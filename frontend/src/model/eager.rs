@@ -53,7 +53,12 @@ impl Ops for Eager {
         }
     }
     fn swiglu(&self, gate: &Var, up: &Var) -> Result<Var> {
-        ops::swiglu(gate, up)
+        // As the tracer: gate and up rounded where the precision keeps them so.
+        let rounded = |x: &Var| match self.precision.swiglu_dtype() {
+            Some(dtype) => ops::as_dtype(&ops::as_dtype(x, dtype)?, x.dtype()),
+            None => Ok(x.clone()),
+        };
+        ops::swiglu(&rounded(gate)?, &rounded(up)?)
     }
     fn last_position(&self, x: &Var) -> Result<Var> {
         let seq = x.dims().get(1).copied().unwrap_or(0);

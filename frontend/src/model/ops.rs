@@ -14,6 +14,10 @@ pub enum Precision {
     F32,
     /// Mixed precision: GEMM inputs rounded to bf16, f32 accumulation, f32 master weights.
     Bf16Gemm,
+    /// Mixed precision as `Bf16Gemm`, with the MLP's gate and up products rounded to bf16 as
+    /// they are written (as autocast keeps a GEMM's result): SwiGLU and its backward read them
+    /// widened, and the train step saves half the bytes for them.
+    Bf16Swiglu,
     /// Inference in bf16: weights and KV caches stored in bf16 as a bf16 checkpoint holds them
     /// (no f32 copy), activations rounded to bf16 where they enter a GEMM, everything else
     /// computed in f32 (norms, RoPE, attention, logits). Not for training.
@@ -25,8 +29,18 @@ impl Precision {
     pub fn gemm_dtype(self) -> Option<DType> {
         match self {
             Precision::F32 => None,
-            Precision::Bf16Gemm | Precision::Bf16 => Some(DType::BF16),
+            Precision::Bf16Gemm | Precision::Bf16Swiglu | Precision::Bf16 => Some(DType::BF16),
         }
+    }
+
+    /// Mixed precision: f32 master weights, bf16 GEMM inputs (`Bf16Gemm`, `Bf16Swiglu`).
+    pub fn mixed(self) -> bool {
+        matches!(self, Precision::Bf16Gemm | Precision::Bf16Swiglu)
+    }
+
+    /// The dtype SwiGLU's gate and up are rounded to before it reads them, if any.
+    pub fn swiglu_dtype(self) -> Option<DType> {
+        (self == Precision::Bf16Swiglu).then_some(DType::BF16)
     }
 
     /// Whether attention over a call's own keys with heads of `head_dim` runs under the
@@ -35,29 +49,38 @@ impl Precision {
     /// heads the device kernels take. Attention over a KV cache, bf16 inference and wider
     /// heads keep f32 attention.
     pub fn flash_attention(self, head_dim: usize) -> bool {
-        self == Precision::Bf16Gemm && head_dim <= kiln_kernels::attention::flash::MAX_HEAD_DIM
+        self.mixed() && head_dim <= kiln_kernels::attention::flash::MAX_HEAD_DIM
     }
 
     /// Whether the causal-LM loss takes the LM head with it in one op over vocabulary chunks
     /// (`linear_cross_entropy`), so the logits `[B·T,V]` and their gradient never exist
     /// whole: mixed precision, where they are the largest activations of a train step.
     pub fn chunked_loss(self) -> bool {
-        self == Precision::Bf16Gemm
+        self.mixed()
     }
 
     /// The dtype parameters and KV caches are stored in.
     pub fn weight_dtype(self) -> DType {
         match self {
-            Precision::F32 | Precision::Bf16Gemm => DType::F32,
+            Precision::F32 | Precision::Bf16Gemm | Precision::Bf16Swiglu => DType::F32,
             Precision::Bf16 => DType::BF16,
         }
     }
+
+    /// Every precision, in `--precision`'s order.
+    pub const ALL: [Precision; 4] = [
+        Precision::F32,
+        Precision::Bf16Gemm,
+        Precision::Bf16Swiglu,
+        Precision::Bf16,
+    ];
 
     /// The name of `--precision`'s value.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16Gemm => "bf16-gemm",
+            Precision::Bf16Swiglu => "bf16-swiglu",
             Precision::Bf16 => "bf16",
         }
     }

@@ -8,7 +8,8 @@ use petgraph::graph::NodeIndex;
 use super::{op_of, through_reshapes};
 use crate::{Graph, Op, ValueId};
 
-/// What the `views` rule makes of a `Contiguous` node (and the `shared` rule of a repeat).
+/// What the `views` rule makes of a `Contiguous` node (the `shared` rule of a repeat, the
+/// `round_trip` rule of a cast).
 pub(super) enum ViewRewrite {
     /// The dense value viewed as the contiguous result's shape.
     Reshape(ValueId),

@@ -1,7 +1,9 @@
 //! The `widened` rule (see the pass's module doc): an operand an op may take stored in bf16
 //! ([`Op::stored_operands`]) that is `Cast{f32}` of a bf16 value, the cast read by that op
-//! alone, is the bf16 value, widened exactly as the op reads it: the f32 copy never exists. The
-//! operand may be a reshape of the cast: the reshape then views the bf16 value.
+//! alone or only ever as a stored operand (SwiGLU and its backward reading one rounded gate),
+//! is the bf16 value, widened exactly as the op reads it: the f32 copy never exists. The
+//! operand may be a reshape of the cast, read by that op alone: the reshape then views the
+//! bf16 value.
 
 use std::collections::BTreeSet;
 
@@ -34,6 +36,7 @@ pub(super) fn widened_fusions(
             continue;
         };
         let (mut direct, mut viewed) = (Vec::new(), Vec::new());
+        let mut rewritten = false;
         for &port in op.stored_operands() {
             let Some(&operand) = operands.get(port) else {
                 continue;
@@ -52,7 +55,10 @@ pub(super) fn widened_fusions(
             let reader = if view { operand.node } else { node };
             let alone = only_read_by(users, widened, reader)
                 && (!view || only_read_by(users, operand, node));
-            if !of_dtype(graph, stored, DType::BF16) || !alone {
+            // A cast that several ops read, each as a stored operand, dies once each of them
+            // reads the bf16 value (dropped as dead then, so no fusion replaces it).
+            let shared = !view && !alone && read_stored_only(graph, users, widened);
+            if !of_dtype(graph, stored, DType::BF16) || !(alone || shared) {
                 continue;
             }
             let Ok(read) = TensorType::new(DType::BF16, types[port].dims().to_vec()) else {
@@ -63,13 +69,14 @@ pub(super) fn widened_fusions(
                 true => viewed.push((operand, widened.node, stored)),
                 false => {
                     operands[port] = stored;
-                    direct.push(widened.node);
+                    direct.extend(alone.then_some(widened.node));
+                    rewritten = true;
                 }
             }
         }
         // The op must type the same with its operands read stored.
         let results = graph.node(node).map(|n| n.outputs.clone());
-        if (direct.is_empty() && viewed.is_empty()) || op.infer(&types).ok() != results {
+        if (!rewritten && viewed.is_empty()) || op.infer(&types).ok() != results {
             continue;
         }
         for (view, cast, stored) in viewed {
@@ -84,7 +91,7 @@ pub(super) fn widened_fusions(
                 ends: vec![view],
             });
         }
-        if !direct.is_empty() {
+        if rewritten {
             direct.push(node);
             let results = results.map_or(0, |r| r.len());
             fusions.push(Fusion {
@@ -97,4 +104,19 @@ pub(super) fn widened_fusions(
         }
     }
     fusions
+}
+
+/// Whether every reader of `value` reads it only at ports it may take stored in bf16 (and no
+/// output or write is `value`).
+fn read_stored_only(graph: &Graph, users: &Users, value: ValueId) -> bool {
+    users.get(&value).is_some_and(|readers| {
+        readers.iter().all(|reader| {
+            reader.is_some_and(|node| {
+                op_of(graph, node).is_some_and(|op| {
+                    (graph.operands(node).iter().enumerate())
+                        .all(|(port, v)| *v != value || op.stored_operands().contains(&port))
+                })
+            })
+        })
+    })
 }

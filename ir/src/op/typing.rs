@@ -409,19 +409,26 @@ impl Op {
             }
             Op::KvCacheWrite => kv_cache_write_types(&rule),
             Op::RopeKvWrite { theta, bias } => rope_kv_write_types(&rule, *theta, *bias),
-            Op::SwiGlu => {
-                rule.arity(2)?;
-                let g = rule.float(0)?.clone();
-                rule.same(1, &g)?;
-                one(g)
-            }
-            Op::SwiGluBackward => {
-                rule.arity(3)?;
-                let g = rule.float(0)?.clone();
-                rule.same(1, &g)?;
-                // The gradient is stored data: bf16 where mixed precision rounded it.
-                rule.stored(2, g.dtype, g.dims())?;
-                Ok(vec![g.clone(), g])
+            // Gate and up (of one type) may be rounded products: bf16, widened as read, the op
+            // computing in f32. The gradient is stored data, bf16 where mixed precision
+            // rounded it.
+            Op::SwiGlu | Op::SwiGluBackward => {
+                let backward = matches!(self, Op::SwiGluBackward);
+                rule.arity(if backward { 3 } else { 2 })?;
+                let dtypes: Vec<DType> = operands.iter().map(|t| t.dtype).collect();
+                let compute = self.compute_dtype(&dtypes).unwrap_or(DType::F32);
+                if !matches!(compute, DType::F32 | DType::F64) {
+                    return Err(rule.type_error(0, "f32, f64 or bf16"));
+                }
+                rule.same(1, &operands[0])?;
+                let result = TensorType::new(compute, operands[0].dims().to_vec())?;
+                if backward {
+                    rule.stored(2, compute, result.dims())?;
+                }
+                match backward {
+                    true => Ok(vec![result.clone(), result]),
+                    false => one(result),
+                }
             }
             Op::SoftmaxBackward => {
                 rule.arity(2)?;

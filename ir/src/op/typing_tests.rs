@@ -417,7 +417,27 @@ fn swiglu_and_its_backward() {
         &[g.clone(), g.clone(), rounded.clone()],
         &[g.clone(), g.clone()],
     );
-    rejects_operand(Op::SwiGluBackward, &[g, rounded.clone(), rounded], 1);
+    rejects_operand(
+        Op::SwiGluBackward,
+        &[f32t(&[2, 5]), g.clone(), rounded.clone()],
+        1,
+    );
+    // Gate and up may be rounded products: the op computes in f32 all the same.
+    accepts(
+        Op::SwiGlu,
+        &[rounded.clone(), rounded.clone()],
+        &[g.clone()],
+    );
+    rejects_operand(Op::SwiGlu, &[g.clone(), rounded.clone()], 1);
+    accepts(
+        Op::SwiGluBackward,
+        &[rounded.clone(), rounded.clone(), rounded.clone()],
+        &[g.clone(), g.clone()],
+    );
+    // f64 (gradient checks) stores nothing narrower.
+    let wide = ty(DType::F64, &[2, 6]);
+    rejects_operand(Op::SwiGlu, &[wide.clone(), rounded.clone()], 1);
+    rejects_operand(Op::SwiGluBackward, &[wide.clone(), wide, rounded], 2);
 }
 
 #[test]
@@ -425,6 +445,7 @@ fn rounded_ops_give_their_rounded_results_as_bf16_and_take_only_roundable_ops() 
     let rounded = |op| Op::Rounded(Box::new(op));
     let (g, b) = (f32t(&[2, 6]), ty(DType::BF16, &[2, 6]));
     accepts(rounded(Op::SwiGlu), &[g.clone(), g.clone()], &[b.clone()]);
+    accepts(rounded(Op::SwiGlu), &[b.clone(), b.clone()], &[b.clone()]);
     accepts(
         rounded(Op::SwiGluBackward),
         &[g.clone(), g.clone(), b.clone()],

@@ -93,46 +93,84 @@ pub fn broadcast_to_f32(out: Addr, src: Addr, n: u64, src_len: u64) -> Launch {
     items("broadcast_to_f32", n, args)
 }
 
-/// `out = silu(gate)·up` for `n > 0` elements: `out` f32, or bf16 rounded as written
-/// (`out_stored`); `gate` and `up` f32. Four elements per access when `n` is a multiple of 4 and
-/// every pointer is aligned to its vector (16 bytes; 8 for a bf16 `out`).
-pub fn swiglu((out, out_stored): (Addr, Stored), gate: Addr, up: Addr, n: u64) -> Launch {
-    let vector = vec4(&[gate, up], &[n]) && all_aligned(&[out], out_stored.vector_bytes());
-    let (function, count) = match vector {
-        true => (
-            out_stored.pick("swiglu_f32_vec4", "swiglu_f32_bf16_out_vec4"),
-            n / 4,
-        ),
-        false => (out_stored.pick("swiglu_f32", "swiglu_f32_bf16_out"), n),
-    };
+/// `swiglu`'s entry points, indexed by [`Stored::bit`] of (gate and up, out) and the vector
+/// access: `swiglu_f32[_bf16_in][_bf16_out][_vec4]`.
+pub const SWIGLU: [&str; 8] = [
+    "swiglu_f32",
+    "swiglu_f32_vec4",
+    "swiglu_f32_bf16_out",
+    "swiglu_f32_bf16_out_vec4",
+    "swiglu_f32_bf16_in",
+    "swiglu_f32_bf16_in_vec4",
+    "swiglu_f32_bf16_in_bf16_out",
+    "swiglu_f32_bf16_in_bf16_out_vec4",
+];
+
+/// `swiglu_backward`'s entry points, indexed as [`SWIGLU`] by (gate and up, incoming gradient,
+/// results) and the vector access: `swiglu_backward_f32[_bf16_in][_bf16_grad][_bf16_out][_vec4]`.
+pub const SWIGLU_BACKWARD: [&str; 16] = [
+    "swiglu_backward_f32",
+    "swiglu_backward_f32_vec4",
+    "swiglu_backward_f32_bf16_out",
+    "swiglu_backward_f32_bf16_out_vec4",
+    "swiglu_backward_f32_bf16_grad",
+    "swiglu_backward_f32_bf16_grad_vec4",
+    "swiglu_backward_f32_bf16_grad_bf16_out",
+    "swiglu_backward_f32_bf16_grad_bf16_out_vec4",
+    "swiglu_backward_f32_bf16_in",
+    "swiglu_backward_f32_bf16_in_vec4",
+    "swiglu_backward_f32_bf16_in_bf16_out",
+    "swiglu_backward_f32_bf16_in_bf16_out_vec4",
+    "swiglu_backward_f32_bf16_in_bf16_grad",
+    "swiglu_backward_f32_bf16_in_bf16_grad_vec4",
+    "swiglu_backward_f32_bf16_in_bf16_grad_bf16_out",
+    "swiglu_backward_f32_bf16_in_bf16_grad_bf16_out_vec4",
+];
+
+/// The entry point of `table` for stored dtypes `stored` (most significant first) and the
+/// vector access.
+fn entry(table: &[&'static str], stored: &[Stored], vector: bool) -> &'static str {
+    let index = (stored.iter()).fold(0, |index, s| index * 2 + s.bit()) * 2 + usize::from(vector);
+    table[index]
+}
+
+/// `out = silu(gate) * up` for `n > 0` elements, computed in f32: `gate` and `up` f32, or bf16
+/// widened as read (`in_stored`: rounded GEMM products); `out` f32, or bf16 rounded as written
+/// (`out_stored`). Four elements per access when `n` is a multiple of 4 and every pointer is
+/// aligned to its vector.
+pub fn swiglu(
+    (out, out_stored): (Addr, Stored),
+    ([gate, up], in_stored): ([Addr; 2], Stored),
+    n: u64,
+) -> Launch {
+    let vector = n % 4 == 0
+        && all_aligned(&[gate, up], in_stored.vector_bytes())
+        && all_aligned(&[out], out_stored.vector_bytes());
+    let function = entry(&SWIGLU, &[in_stored, out_stored], vector);
+    let count = if vector { n / 4 } else { n };
     let args = vec![Arg::Ptr(out), Arg::Ptr(gate), Arg::Ptr(up), size_arg(count)];
     items(function, count, args)
 }
 
 /// Gradients of swiglu for `n > 0` elements: `grad_gate` and `grad_up` f32, or bf16 rounded as
-/// written (`out_stored`), from f32 `gate` and `up` and `grad_out` (f32, or bf16 widened as
-/// read). Four elements per access when `n` is a multiple of 4 and every pointer is aligned to
-/// its vector.
+/// written (`out_stored`), from `gate` and `up` (f32, or bf16 widened as read: `in_stored`) and
+/// `grad_out` (f32, or bf16 widened as read). Four elements per access when `n` is a multiple
+/// of 4 and every pointer is aligned to its vector.
 pub fn swiglu_backward(
     ([grad_gate, grad_up], out_stored): ([Addr; 2], Stored),
-    gate: Addr,
-    up: Addr,
+    ([gate, up], in_stored): ([Addr; 2], Stored),
     (grad_out, grad_stored): (Addr, Stored),
     n: u64,
 ) -> Launch {
-    let vector = vec4(&[gate, up], &[n])
+    let vector = n % 4 == 0
+        && all_aligned(&[gate, up], in_stored.vector_bytes())
         && all_aligned(&[grad_gate, grad_up], out_stored.vector_bytes())
         && all_aligned(&[grad_out], grad_stored.vector_bytes());
-    let function = match (grad_stored, out_stored, vector) {
-        (Stored::F32, Stored::F32, false) => "swiglu_backward_f32",
-        (Stored::BF16, Stored::F32, false) => "swiglu_backward_f32_bf16_grad",
-        (Stored::F32, Stored::BF16, false) => "swiglu_backward_f32_bf16_out",
-        (Stored::BF16, Stored::BF16, false) => "swiglu_backward_f32_bf16_grad_bf16_out",
-        (Stored::F32, Stored::F32, true) => "swiglu_backward_f32_vec4",
-        (Stored::BF16, Stored::F32, true) => "swiglu_backward_f32_bf16_grad_vec4",
-        (Stored::F32, Stored::BF16, true) => "swiglu_backward_f32_bf16_out_vec4",
-        (Stored::BF16, Stored::BF16, true) => "swiglu_backward_f32_bf16_grad_bf16_out_vec4",
-    };
+    let function = entry(
+        &SWIGLU_BACKWARD,
+        &[in_stored, grad_stored, out_stored],
+        vector,
+    );
     let count = if vector { n / 4 } else { n };
     let args = vec![
         Arg::Ptr(grad_gate),

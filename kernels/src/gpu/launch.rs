@@ -112,6 +112,14 @@ impl Stored {
         }
     }
 
+    /// 0 for f32, 1 for bf16: a digit of an index into a table of entry points.
+    pub fn bit(self) -> usize {
+        match self {
+            Stored::F32 => 0,
+            Stored::BF16 => 1,
+        }
+    }
+
     /// The kernel of this stored dtype: `f32` or its bf16 instantiation `bf16`.
     pub fn pick(self, f32: &'static str, bf16: &'static str) -> &'static str {
         match self {

@@ -69,7 +69,8 @@ pub(crate) fn conversions(op: &Op, operands: &[(DType, &[usize])]) -> Vec<(usize
         }
         _ => op.stored_operands(),
     };
-    let Some(&(compute, _)) = operands.get(op.compute_operand()) else {
+    let dtypes: Vec<DType> = operands.iter().map(|&(dtype, _)| dtype).collect();
+    let Some(compute) = op.compute_dtype(&dtypes) else {
         return vec![];
     };
     ports

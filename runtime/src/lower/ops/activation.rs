@@ -9,27 +9,26 @@ use crate::error::Result;
 pub(super) fn lower_activation(at: &Lowering<'_>) -> Result<Vec<Launch>> {
     match at.op {
         Op::SwiGlu => {
-            let gate = at.operand(0, "gate", F32)?;
-            let up = at.operand(1, "up", F32)?;
+            // Gate and up of one dtype (the type rule): f32, or rounded products.
+            let (gate, in_stored) = at.stored(0, "gate")?;
+            let (up, _) = at.stored(1, "up")?;
             let (out, stored) = at.rounded_result(0, "out")?;
             let n = size(gate.numel());
             Ok(vec![gpu::elementwise::swiglu(
                 (out.addr(), stored),
-                gate.addr(),
-                up.addr(),
+                ([gate.addr(), up.addr()], in_stored),
                 n,
             )])
         }
         Op::SwiGluBackward => {
-            let gate = at.operand(0, "gate", F32)?;
-            let up = at.operand(1, "up", F32)?;
+            let (gate, in_stored) = at.stored(0, "gate")?;
+            let (up, _) = at.stored(1, "up")?;
             let (grad, grad_stored) = at.stored(2, "grad")?;
             let (grad_gate, stored) = at.rounded_result(0, "grad_gate")?;
             let (grad_up, _) = at.rounded_result(1, "grad_up")?;
             Ok(vec![gpu::elementwise::swiglu_backward(
                 ([grad_gate.addr(), grad_up.addr()], stored),
-                gate.addr(),
-                up.addr(),
+                ([gate.addr(), up.addr()], in_stored),
                 (grad.addr(), grad_stored),
                 size(gate.numel()),
             )])

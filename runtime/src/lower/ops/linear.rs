@@ -204,8 +204,7 @@ pub(super) fn lower_linear(
         let (gate, up) = (temps, temps.add(temp_bytes / 2));
         launches.push(gpu::elementwise::swiglu(
             (out_of(0), gpu::Stored::F32),
-            gate,
-            up,
+            ([gate, up], gpu::Stored::F32),
             shape.m * n,
         ));
     }
