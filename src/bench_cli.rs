@@ -40,8 +40,8 @@ pub struct BenchCli {
     /// when fewer).
     #[arg(long)]
     max_seq: Option<usize>,
-    /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16: bf16 weights and caches
-    /// (inference).
+    /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16-swiglu: bf16-gemm with the
+    /// MLP's gate and up products in bf16; bf16: bf16 weights and caches (inference).
     #[arg(long, value_enum, default_value_t = Numerics::F32)]
     precision: Numerics,
     #[arg(long, value_enum, default_value_t = BenchDevice::Cuda)]

@@ -95,8 +95,8 @@ enum Command {
         /// Where planned and graph modes run.
         #[arg(long, value_enum, default_value_t = EvalDeviceArg::Cpu)]
         device: EvalDeviceArg,
-        /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16: bf16 weights and caches
-        /// (inference).
+        /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16-swiglu: bf16-gemm with the
+        /// MLP's gate and up products in bf16; bf16: bf16 weights and caches (inference).
         #[arg(long, value_enum, default_value_t = Numerics::F32)]
         precision: Numerics,
         /// Also write these intermediate values as trace.<name>: value names or globs (`*`,
@@ -211,8 +211,8 @@ struct ProgramArgs {
     /// when fewer).
     #[arg(long)]
     max_seq: Option<usize>,
-    /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16: bf16 weights and caches
-    /// (inference).
+    /// f32; bf16-gemm: bf16 GEMM inputs (mixed precision); bf16-swiglu: bf16-gemm with the
+    /// MLP's gate and up products in bf16; bf16: bf16 weights and caches (inference).
     #[arg(long, value_enum, default_value_t = Numerics::F32)]
     precision: Numerics,
     /// The fusion pass: on, or off for the unfused reference program.

@@ -320,7 +320,7 @@ fn set_refuses_out_of_range_ids_and_positions() {
 fn a_budgeted_train_step_equals_the_unbudgeted_one_bit_for_bit() {
     let mut rng = testing::rng("cpu_executable_budgeted_train");
     for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
-        for precision in [Precision::F32, Precision::Bf16Gemm] {
+        for precision in [Precision::F32, Precision::Bf16Gemm, Precision::Bf16Swiglu] {
             let what = format!("{:?} {precision:?}", config.family);
             // Rows enough that saved activations, not gradients, make the peak.
             let program_options = ProgramOptions {

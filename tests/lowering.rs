@@ -61,7 +61,7 @@ fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &
 #[test]
 fn tiny_programs_lower_with_every_write_in_place() {
     for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
-        for precision in [Precision::F32, Precision::Bf16Gemm, Precision::Bf16] {
+        for precision in Precision::ALL {
             // Caches of their own, and a KV pool of 5 slots.
             for pool in [None, Some(5)] {
                 let options = ProgramOptions {
@@ -124,7 +124,7 @@ fn the_hip_lowering_needs_no_vendor_gemm_and_names_only_portable_modules() {
     };
     let mut cases = vec![(official, large, ProgramKind::Train)];
     for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
-        for precision in [Precision::F32, Precision::Bf16Gemm, Precision::Bf16] {
+        for precision in Precision::ALL {
             for kind in [
                 ProgramKind::Prefill,
                 ProgramKind::Decode,

@@ -225,6 +225,27 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 rounded(Op::SwiGluBackward),
                 vec![f(&[b, t, h]), f(&[b, t, h]), bf(&[b, t, h])],
             ),
+            // `bf16-swiglu`: gate and up are rounded GEMM products, widened as read.
+            (
+                format!("swiglu bf16 gate and up {s}"),
+                Op::SwiGlu,
+                vec![bf(&[b, t, h]), bf(&[b, t, h])],
+            ),
+            (
+                format!("rounded_swiglu bf16 gate and up {s}"),
+                rounded(Op::SwiGlu),
+                vec![bf(&[b, t, h]), bf(&[b, t, h])],
+            ),
+            (
+                format!("swiglu_backward bf16 gate and up {s}"),
+                Op::SwiGluBackward,
+                vec![bf(&[b, t, h]), bf(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("rounded_swiglu_backward bf16 gate, up and grad {s}"),
+                rounded(Op::SwiGluBackward),
+                vec![bf(&[b, t, h]), bf(&[b, t, h]), bf(&[b, t, h])],
+            ),
             (format!("softmax {s}"), Op::Softmax, vec![f(&[b, t, h])]),
             (
                 format!("softmax_backward {s}"),
@@ -314,6 +335,16 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             "rounded_swiglu_backward bf16 grad [3,5]".to_string(),
             rounded(Op::SwiGluBackward),
             vec![f(&[3, 5]), f(&[3, 5]), bf(&[3, 5])],
+        ),
+        (
+            "rounded_swiglu bf16 gate and up [3,5]".to_string(),
+            rounded(Op::SwiGlu),
+            vec![bf(&[3, 5]), bf(&[3, 5])],
+        ),
+        (
+            "rounded_swiglu_backward bf16 gate, up and grad [3,5]".to_string(),
+            rounded(Op::SwiGluBackward),
+            vec![bf(&[3, 5]), bf(&[3, 5]), bf(&[3, 5])],
         ),
         (
             "adamw_copy bf16 grad [3,5]".to_string(),

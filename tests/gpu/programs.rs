@@ -52,7 +52,7 @@ fn gpu_run(
 /// neighbouring bf16: bf16's limit, 1e-2.
 pub(crate) fn program_limit(precision: Precision, kind: ProgramKind, name: &str) -> f64 {
     match (precision, kind) {
-        (Precision::Bf16Gemm | Precision::Bf16, _) => 1e-2,
+        (precision, _) if precision.gemm_dtype().is_some() => 1e-2,
         (_, ProgramKind::Train) if name != "loss" => 1e-4,
         _ => 1e-5,
     }
@@ -63,7 +63,7 @@ fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
     let Some(device) = device() else { return };
     let mut seed = 11;
     for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
-        for precision in [Precision::F32, Precision::Bf16Gemm, Precision::Bf16] {
+        for precision in Precision::ALL {
             let options = ProgramOptions {
                 batch: 2,
                 seq: 6,
@@ -129,6 +129,7 @@ fn tiny_programs_with_the_hip_lowering_match_the_cpu() {
         (ProgramKind::Decode, Precision::Bf16),
         (ProgramKind::Train, Precision::F32),
         (ProgramKind::Train, Precision::Bf16Gemm),
+        (ProgramKind::Train, Precision::Bf16Swiglu),
     ];
     let mut seed = 61;
     for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
@@ -491,7 +492,7 @@ fn programmatic_launch_gives_the_bits_of_plain_stream_order() {
 fn a_budgeted_train_step_gives_the_unbudgeted_bits_on_the_device() {
     let Some(device) = device() else { return };
     let config = ModelConfig::tiny_llama();
-    for precision in [Precision::F32, Precision::Bf16Gemm] {
+    for precision in [Precision::F32, Precision::Bf16Gemm, Precision::Bf16Swiglu] {
         let options = ProgramOptions {
             batch: 2,
             seq: 12,
