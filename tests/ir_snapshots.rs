@@ -61,3 +61,15 @@ fn tiny_train_bf16_gemm() {
         "ir_tiny_train_bf16_gemm",
     );
 }
+
+/// Mixed precision with SwiGLU's gate and up kept in bf16: their GEMMs are `rounded_matmul`s
+/// of bf16 results, `rounded_swiglu` and `rounded_swiglu_backward` read them as bf16, and no
+/// cast is left between them and their gradients' GEMMs.
+#[test]
+fn tiny_train_bf16_swiglu() {
+    snapshot_as(
+        ProgramKind::Train,
+        Precision::Bf16Swiglu,
+        "ir_tiny_train_bf16_swiglu",
+    );
+}

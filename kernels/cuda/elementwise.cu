@@ -137,21 +137,52 @@ __device__ void kiln_swiglu_vec4(O4* out, const I4* gate, const I4* up, i64 n4) 
     }
 }
 
-// One entry point per storage of (out, gate and up), element by element and four at a time.
-#define KILN_SWIGLU(name, O, I, O4, I4)                                                        \
-    extern "C" __global__ void name(O* out, const I* gate, const I* up, i64 n) {              \
-        kiln_grid_dependency_wait();                                                           \
-        kiln_swiglu(out, gate, up, n);                                                         \
-    }                                                                                          \
-    extern "C" __global__ void name##_vec4(O4* out, const I4* gate, const I4* up, i64 n4) {   \
-        kiln_grid_dependency_wait();                                                           \
-        kiln_swiglu_vec4(out, gate, up, n4);                                                   \
-    }
+extern "C" __global__ void swiglu_f32(float* out, const float* gate, const float* up, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu(out, gate, up, n);
+}
 
-KILN_SWIGLU(swiglu_f32, float, float, float4, float4)
-KILN_SWIGLU(swiglu_f32_bf16_out, bf16_bits, float, uint2, float4)
-KILN_SWIGLU(swiglu_f32_bf16_in, float, bf16_bits, float4, uint2)
-KILN_SWIGLU(swiglu_f32_bf16_in_bf16_out, bf16_bits, bf16_bits, uint2, uint2)
+extern "C" __global__ void swiglu_f32_vec4(float4* out, const float4* gate,
+        const float4* up, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_vec4(out, gate, up, n4);
+}
+
+extern "C" __global__ void swiglu_f32_bf16_out(bf16_bits* out, const float* gate,
+        const float* up, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu(out, gate, up, n);
+}
+
+extern "C" __global__ void swiglu_f32_bf16_out_vec4(uint2* out, const float4* gate,
+        const float4* up, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_vec4(out, gate, up, n4);
+}
+
+extern "C" __global__ void swiglu_f32_bf16_in(float* out, const bf16_bits* gate,
+        const bf16_bits* up, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu(out, gate, up, n);
+}
+
+extern "C" __global__ void swiglu_f32_bf16_in_vec4(float4* out, const uint2* gate,
+        const uint2* up, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_vec4(out, gate, up, n4);
+}
+
+extern "C" __global__ void swiglu_f32_bf16_in_bf16_out(bf16_bits* out, const bf16_bits* gate,
+        const bf16_bits* up, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu(out, gate, up, n);
+}
+
+extern "C" __global__ void swiglu_f32_bf16_in_bf16_out_vec4(uint2* out, const uint2* gate,
+        const uint2* up, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_vec4(out, gate, up, n4);
+}
 
 // Gradients of swiglu: silu'(g) = s + g*s*(1 - s) with s = sigmoid(g), written as the CPU does.
 // Gate and up are of I (I4), as the forward reads them; the incoming gradient is a stored
@@ -194,30 +225,105 @@ __device__ void kiln_swiglu_backward_vec4(O4* grad_gate, O4* grad_up, const I4* 
     }
 }
 
-// One entry point per storage of (results, gate and up, incoming gradient).
-#define KILN_SWIGLU_BACKWARD(name, O, I, G, O4, I4, G4)                                        \
-    extern "C" __global__ void name(O* grad_gate, O* grad_up, const I* gate, const I* up,     \
-                                    const G* grad_out, i64 n) {                                \
-        kiln_grid_dependency_wait();                                                           \
-        kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);                       \
-    }                                                                                          \
-    extern "C" __global__ void name##_vec4(O4* grad_gate, O4* grad_up, const I4* gate,        \
-                                           const I4* up, const G4* grad_out, i64 n4) {         \
-        kiln_grid_dependency_wait();                                                           \
-        kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);                 \
-    }
+extern "C" __global__ void swiglu_backward_f32(float* grad_gate, float* grad_up,
+        const float* gate, const float* up, const float* grad_out, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
+}
 
-KILN_SWIGLU_BACKWARD(swiglu_backward_f32, float, float, float, float4, float4, float4)
-KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_grad, float, float, bf16_bits, float4, float4,
-                     uint2)
-KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_out, bf16_bits, float, float, uint2, float4,
-                     float4)
-KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_grad_bf16_out, bf16_bits, float, bf16_bits, uint2,
-                     float4, uint2)
-KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_in, float, bf16_bits, float, float4, uint2, float4)
-KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_in_bf16_grad, float, bf16_bits, bf16_bits, float4,
-                     uint2, uint2)
-KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_in_bf16_out, bf16_bits, bf16_bits, float, uint2,
-                     uint2, float4)
-KILN_SWIGLU_BACKWARD(swiglu_backward_f32_bf16_in_bf16_grad_bf16_out, bf16_bits, bf16_bits,
-                     bf16_bits, uint2, uint2, uint2)
+extern "C" __global__ void swiglu_backward_f32_vec4(float4* grad_gate, float4* grad_up,
+        const float4* gate, const float4* up, const float4* grad_out, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_out(bf16_bits* grad_gate, bf16_bits* grad_up,
+        const float* gate, const float* up, const float* grad_out, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_out_vec4(uint2* grad_gate, uint2* grad_up,
+        const float4* gate, const float4* up, const float4* grad_out, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_grad(float* grad_gate, float* grad_up,
+        const float* gate, const float* up, const bf16_bits* grad_out, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_grad_vec4(float4* grad_gate, float4* grad_up,
+        const float4* gate, const float4* up, const uint2* grad_out, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_grad_bf16_out(
+        bf16_bits* grad_gate, bf16_bits* grad_up,
+        const float* gate, const float* up, const bf16_bits* grad_out, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_grad_bf16_out_vec4(
+        uint2* grad_gate, uint2* grad_up,
+        const float4* gate, const float4* up, const uint2* grad_out, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_in(float* grad_gate, float* grad_up,
+        const bf16_bits* gate, const bf16_bits* up, const float* grad_out, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_in_vec4(float4* grad_gate, float4* grad_up,
+        const uint2* gate, const uint2* up, const float4* grad_out, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_in_bf16_out(
+        bf16_bits* grad_gate, bf16_bits* grad_up,
+        const bf16_bits* gate, const bf16_bits* up, const float* grad_out, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_in_bf16_out_vec4(
+        uint2* grad_gate, uint2* grad_up,
+        const uint2* gate, const uint2* up, const float4* grad_out, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_in_bf16_grad(float* grad_gate, float* grad_up,
+        const bf16_bits* gate, const bf16_bits* up, const bf16_bits* grad_out, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_in_bf16_grad_vec4(
+        float4* grad_gate, float4* grad_up,
+        const uint2* gate, const uint2* up, const uint2* grad_out, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_in_bf16_grad_bf16_out(
+        bf16_bits* grad_gate, bf16_bits* grad_up,
+        const bf16_bits* gate, const bf16_bits* up, const bf16_bits* grad_out, i64 n) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward(grad_gate, grad_up, gate, up, grad_out, n);
+}
+
+extern "C" __global__ void swiglu_backward_f32_bf16_in_bf16_grad_bf16_out_vec4(
+        uint2* grad_gate, uint2* grad_up,
+        const uint2* gate, const uint2* up, const uint2* grad_out, i64 n4) {
+    kiln_grid_dependency_wait();
+    kiln_swiglu_backward_vec4(grad_gate, grad_up, gate, up, grad_out, n4);
+}

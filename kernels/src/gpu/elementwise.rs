@@ -95,7 +95,7 @@ pub fn broadcast_to_f32(out: Addr, src: Addr, n: u64, src_len: u64) -> Launch {
 
 /// `swiglu`'s entry points, indexed by [`Stored::bit`] of (gate and up, out) and the vector
 /// access: `swiglu_f32[_bf16_in][_bf16_out][_vec4]`.
-pub const SWIGLU: [&str; 8] = [
+const SWIGLU: [&str; 8] = [
     "swiglu_f32",
     "swiglu_f32_vec4",
     "swiglu_f32_bf16_out",
@@ -108,7 +108,7 @@ pub const SWIGLU: [&str; 8] = [
 
 /// `swiglu_backward`'s entry points, indexed as [`SWIGLU`] by (gate and up, incoming gradient,
 /// results) and the vector access: `swiglu_backward_f32[_bf16_in][_bf16_grad][_bf16_out][_vec4]`.
-pub const SWIGLU_BACKWARD: [&str; 16] = [
+const SWIGLU_BACKWARD: [&str; 16] = [
     "swiglu_backward_f32",
     "swiglu_backward_f32_vec4",
     "swiglu_backward_f32_bf16_out",
@@ -143,7 +143,7 @@ pub fn swiglu(
     ([gate, up], in_stored): ([Addr; 2], Stored),
     n: u64,
 ) -> Launch {
-    let vector = n % 4 == 0
+    let vector = n.is_multiple_of(4)
         && all_aligned(&[gate, up], in_stored.vector_bytes())
         && all_aligned(&[out], out_stored.vector_bytes());
     let function = entry(&SWIGLU, &[in_stored, out_stored], vector);
@@ -162,7 +162,7 @@ pub fn swiglu_backward(
     (grad_out, grad_stored): (Addr, Stored),
     n: u64,
 ) -> Launch {
-    let vector = n % 4 == 0
+    let vector = n.is_multiple_of(4)
         && all_aligned(&[gate, up], in_stored.vector_bytes())
         && all_aligned(&[grad_gate, grad_up], out_stored.vector_bytes())
         && all_aligned(&[grad_out], grad_stored.vector_bytes());

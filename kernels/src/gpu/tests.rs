@@ -338,11 +338,15 @@ fn every_launch() -> Vec<Launch> {
                     norm::add_rmsnorm_f32(at(0), (at(1), out), at(2), residual, weight, 3, 8, 1e-6);
                 launches.push(add.unwrap());
             }
-            launches.push(elementwise::swiglu((at(0), out), at(1), at(2), 8));
-            for grad in [F32, BF16] {
-                let outs = ([at(0), at(1)], out);
-                let launch = elementwise::swiglu_backward(outs, at(2), at(3), (at(4), grad), 8);
-                launches.push(launch);
+            for input in [F32, BF16] {
+                let gate_up = ([at(1), at(2)], input);
+                launches.push(elementwise::swiglu((at(0), out), gate_up, 8));
+                for grad in [F32, BF16] {
+                    let outs = ([at(0), at(1)], out);
+                    let gate_up = ([at(2), at(3)], input);
+                    let launch = elementwise::swiglu_backward(outs, gate_up, (at(4), grad), 8);
+                    launches.push(launch);
+                }
             }
         }
     }
