@@ -20,7 +20,8 @@
 #   clusters: bf16 decode (B=1, 8, 32) with split linears finished in thread block clusters
 #           and by reduce launches, alternating, two rounds, then the compiled PyTorch decode peer
 #   train:  mixed-precision train rows (0.5B T=512 and 2048, 1.5B T=512) of every build named in
-#           $BUILDS (kiln binaries in BIN_DIR; default `kiln`), alternating, two rounds, then the
+#           $BUILDS (kiln binaries in BIN_DIR; default `kiln`) in every precision named in
+#           $PRECISIONS (default bf16-gemm; e.g. "bf16-gemm bf16-swiglu"), alternating, two rounds, then the
 #           train peer (ANCHORS.md's train_anchor.py, given as BIN_DIR/train_anchor.py) for $PEER
 #           (presets of train_anchor.py; default none)
 #   portable: the HIP backend's lowering on this device (`--portable on`: kiln's tiled GEMM, the
@@ -217,12 +218,15 @@ PY
         for row in "qwen2.5-0.5b 512" "qwen2.5-0.5b 2048" "deepseek-r1-distill-qwen-1.5b 512"; do
           read -r model seq <<<"$row"
           for build in ${BUILDS:-kiln}; do
-            "$bin/$build" bench --model $model --program train --precision bf16-gemm --seq $seq \
-              --json >>"$out/train_$build.jsonl" 2>>"$out/train.log" \
-              || echo "FAILED: $build $model T=$seq (see train.log)"
-            python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
-              print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'beyond_params_and_state_bytes', 'arena_bytes', 'lower_bound_bytes', 'check') if k in r})" \
-              "$out/train_$build.jsonl" "round $round $build $model T=$seq"
+            for precision in ${PRECISIONS:-bf16-gemm}; do
+              rows="$out/train_${build}_$precision.jsonl"
+              "$bin/$build" bench --model $model --program train --precision $precision \
+                --seq $seq --json >>"$rows" 2>>"$out/train.log" \
+                || echo "FAILED: $build $precision $model T=$seq (see train.log)"
+              python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+                print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'beyond_params_and_state_bytes', 'arena_bytes', 'lower_bound_bytes', 'check') if k in r})" \
+                "$rows" "round $round $build $precision $model T=$seq"
+            done
           done
         done
       done
