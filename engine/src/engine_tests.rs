@@ -3,7 +3,7 @@
 //! lengths, arrivals mid-flight, stops and cancellations mid-flight, slots reused; sampled
 //! tokens by seed whatever the scheduler; the memory the engine reports; bad requests.
 
-use kiln_frontend::model::{random_weights, ModelConfig, ModelWeights, Precision};
+use kiln_frontend::model::{random_weights, shard_weights, ModelConfig, ModelWeights, Precision};
 use kiln_frontend::Var;
 use kiln_runtime::{Backend, RunMode};
 use rand::Rng;
@@ -446,7 +446,9 @@ fn a_finished_request_is_forgotten_once_its_outcome_is_taken() {
 }
 
 /// Tensor-parallel engines on simulated CPU ranks (threads joined by a `collective::World`):
-/// the workload's tokens, greedy and sampled, are the whole engine's on every rank.
+/// the workload's tokens, greedy and sampled, are the whole engine's on every rank, whether a
+/// rank is given the whole model's weights (rank 0: the engine keeps its part) or its part
+/// alone (rank 1, as `ModelSource::load_shard` reads it).
 #[test]
 fn tensor_parallel_ranks_generate_the_whole_engines_tokens() {
     use kiln_runtime::collective::{Communicator, World};
@@ -473,7 +475,11 @@ fn tensor_parallel_ranks_generate_the_whole_engines_tokens() {
                 .map(|(rank, world)| {
                     let (config, arrivals) = (&config, &arrivals);
                     s.spawn(move || {
-                        let weights = &random_weights(config, weight_seed).unwrap();
+                        let whole_weights = random_weights(config, weight_seed).unwrap();
+                        let weights = &match rank {
+                            0 => whole_weights,
+                            _ => shard_weights(config, &whole_weights, 2, rank).unwrap(),
+                        };
                         let world: Arc<dyn Communicator> = Arc::new(world);
                         let whole = options(3, RunMode::Graph);
                         let shard = EngineOptions {

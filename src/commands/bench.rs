@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_frontend::hf::source::ModelSource;
-use kiln_frontend::model::{shard_parameter, ModelConfig};
+use kiln_frontend::model::ModelConfig;
 use kiln_frontend::programs::{build, example_inputs, plan_program, ProgramKind, ProgramOptions};
 use kiln_planner::PlanOptions;
 use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
@@ -230,9 +230,13 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         planned.recomputed.iter().map(|r| r.bytes).sum::<u64>(),
     );
     startup.plan_ms = lap();
-    let (config, loaded) = source
-        .load(args.seed, args.options.precision.weight_dtype())
-        .with_context(|| format!("loading model {}", args.model))?;
+    // A tensor-parallel rank reads only its part of each split projection.
+    let dtype = args.options.precision.weight_dtype();
+    let loaded = match args.options.tensor_parallel {
+        Some(n) => source.load_shard(args.seed, dtype, (rank, n)),
+        None => source.load(args.seed, dtype),
+    };
+    let (config, loaded) = loaded.with_context(|| format!("loading model {}", args.model))?;
     startup.weights_ms = lap();
     let device = opening.wait()?;
     if parallel {
@@ -282,10 +286,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     startup.kernels = kernels.modules;
     startup.kernels_cached = kernels.hits;
     for (name, var) in weights.named() {
-        match args.options.tensor_parallel {
-            Some(n) => exe.set(&name, &shard_parameter(&name, var.value(), n, rank)?)?,
-            None => exe.set(&name, var.value())?,
-        }
+        exe.set(&name, var.value())?;
     }
     drop(weights);
     // Data-parallel ranks take batches of their own; tensor-parallel ranks the same one.

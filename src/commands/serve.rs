@@ -82,8 +82,13 @@ pub fn serve(args: HttpArgs) -> Result<()> {
         // The device opens (and loads its kernels) while the weights are read.
         let opening = (cuda && joined.is_none())
             .then(|| kiln_runtime::cuda::CudaDevice::open_in_background(0));
-        let (config, loaded) = (source.load(seed, options.precision.weight_dtype()))
-            .with_context(|| format!("loading model {label}"))?;
+        // A rank reads only its part of each split projection.
+        let dtype = options.precision.weight_dtype();
+        let loaded = match options.tensor_parallel {
+            Some(shard) => source.load_shard(seed, dtype, shard),
+            None => source.load(seed, dtype),
+        };
+        let (config, loaded) = loaded.with_context(|| format!("loading model {label}"))?;
         let backend = match (opening, &joined) {
             (_, Some((device, _))) => Backend::Cuda(device.clone()),
             (Some(opening), None) => Backend::Cuda(opening.wait()?),

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use kiln_frontend::model::{shard_parameter, ModelConfig, ModelWeights};
+use kiln_frontend::model::{
+    parameter_shapes, shard_parameter, sharded_config, ModelConfig, ModelWeights,
+};
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
 use kiln_frontend::Var;
 use kiln_ir::{Graph, InputKind};
@@ -24,7 +26,8 @@ struct Programs {
 
 impl Engine {
     /// Compiles every bucket's program for `config` on `backend` into one group and sets the
-    /// weights and an empty pool.
+    /// weights and an empty pool. A tensor-parallel rank takes the whole model's weights (it
+    /// keeps its part of each) or its part alone, as `ModelSource::load_shard` reads it.
     pub fn new(
         model: (&ModelConfig, &ModelWeights<Var>),
         backend: &Backend,
@@ -71,12 +74,23 @@ impl Engine {
                 reason: "an engine compiled no program".to_string(),
             })?;
             if engines.is_empty() {
+                // A rank takes the whole model's weights, split here, or its own part
+                // already (`ModelSource::load_shard`: only that part was read).
+                let own = match options.tensor_parallel {
+                    Some((_, ranks)) => sharded_config(config, ranks)?,
+                    None => config.clone(),
+                };
+                let shapes: BTreeMap<String, Vec<usize>> =
+                    parameter_shapes(&own).into_iter().collect();
                 for (name, var) in weights.named() {
+                    let value = var.value();
                     match options.tensor_parallel {
-                        Some((rank, ranks)) => {
-                            first.set(&name, &shard_parameter(&name, var.value(), ranks, rank)?)?
+                        Some((rank, ranks))
+                            if shapes.get(&name).map(Vec::as_slice) != Some(value.dims()) =>
+                        {
+                            first.set(&name, &shard_parameter(&name, value, ranks, rank)?)?
                         }
-                        None => first.set(&name, var.value())?,
+                        _ => first.set(&name, value)?,
                     }
                 }
             }

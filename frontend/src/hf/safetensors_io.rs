@@ -100,15 +100,57 @@ impl SafetensorsFile {
     /// dtype (exact when widening, rounded to nearest even when narrowing); integers convert to
     /// either integer dtype when every value fits; float ↔ integer is refused.
     pub fn tensor(&self, name: &str, dtype: DType) -> Result<Tensor> {
-        let path_text = self.path.display().to_string();
         let entry = self.entry(name)?;
-        let bytes = self
-            .map
+        self.decode(name, self.bytes(name, entry)?, dtype, &entry.shape)
+    }
+
+    /// The part `start..end` of dim `axis` of tensor `name` (all of every other dim), read as
+    /// [`SafetensorsFile::tensor`] reads a whole one: only the part's bytes are copied out of
+    /// the map and converted (a tensor-parallel rank's share of a projection).
+    pub fn tensor_part(
+        &self,
+        name: &str,
+        dtype: DType,
+        (axis, start, end): (usize, usize, usize),
+    ) -> Result<Tensor> {
+        let entry = self.entry(name)?;
+        let dims = &entry.shape;
+        let Some(&length) = dims.get(axis).filter(|&&n| start <= end && end <= n) else {
+            return Err(Error::Safetensors {
+                path: self.path.display().to_string(),
+                reason: format!(
+                    "tensor `{name}` {dims:?} has no part {start}..{end} of dim {axis}"
+                ),
+            });
+        };
+        let bytes = self.bytes(name, entry)?;
+        // Each of the `outer` blocks of dim `axis` holds `length` runs of `inner` bytes.
+        let outer: usize = dims[..axis].iter().product();
+        let inner = bytes.len() / (outer * length).max(1);
+        let mut part = Vec::with_capacity(outer * (end - start) * inner);
+        for block in bytes.chunks_exact((length * inner).max(1)).take(outer) {
+            part.extend_from_slice(&block[start * inner..end * inner]);
+        }
+        let mut shape = dims.clone();
+        shape[axis] = end - start;
+        self.decode(name, &part, dtype, &shape)
+    }
+
+    /// The stored bytes of `entry` (tensor `name`).
+    fn bytes(&self, name: &str, entry: &Entry) -> Result<&[u8]> {
+        (self.map)
             .get(self.header.data_start + entry.begin..self.header.data_start + entry.end)
             .ok_or_else(|| Error::Safetensors {
-                path: path_text.clone(),
+                path: self.path.display().to_string(),
                 reason: format!("tensor `{name}`: its bytes are no longer in the file"),
-            })?;
+            })
+    }
+
+    /// Stored `bytes` of tensor `name`, of its dtype, as a contiguous tensor of `dtype` and
+    /// `shape` (see [`SafetensorsFile::tensor`]).
+    fn decode(&self, name: &str, bytes: &[u8], dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        let path_text = self.path.display().to_string();
+        let entry = self.entry(name)?;
         let refuse = |expected: String, found: String| Error::TensorDType {
             path: path_text.clone(),
             name: name.to_string(),
@@ -145,7 +187,7 @@ impl SafetensorsFile {
                 ))
             }
         };
-        Ok(Tensor::from_buffer(buffer, entry.shape.as_slice())?)
+        Ok(Tensor::from_buffer(buffer, shape)?)
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {

@@ -247,3 +247,43 @@ fn reads_data_at_an_odd_address() {
         .unwrap();
     assert_eq!(read.to_vec::<f64>().unwrap(), values);
 }
+
+/// A part of one dim read from the file equals that slice of the whole tensor read, for every
+/// dim of a 3-D tensor, stored bf16 and read as f32 or bf16; a part past the dim is refused.
+#[test]
+fn a_tensors_part_is_the_slice_of_the_whole_tensor() {
+    let mut rng = rng("a_tensors_part_is_the_slice_of_the_whole_tensor");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("part.safetensors");
+    let dims = [3, 4, 5];
+    let values: Vec<f32> = (0..60).map(|_| rng.random_range(-2.0..2.0)).collect();
+    let stored = Tensor::from_vec(values, dims)
+        .unwrap()
+        .cast_to(DType::BF16)
+        .unwrap();
+    write_safetensors(&path, &[("t".to_string(), stored)], None).unwrap();
+    let file = SafetensorsFile::open(&path).unwrap();
+    for dtype in [DType::F32, DType::BF16] {
+        let whole = file.tensor("t", dtype).unwrap();
+        for (axis, start, end) in [(0, 1, 3), (1, 2, 4), (2, 0, 5), (2, 3, 3)] {
+            let part = file.tensor_part("t", dtype, (axis, start, end)).unwrap();
+            let want = whole
+                .slice(axis, start, end, 1)
+                .unwrap()
+                .contiguous()
+                .unwrap();
+            assert_eq!(part.dims(), want.dims(), "{dtype} {axis} {start}..{end}");
+            let bits = |t: &Tensor| -> Vec<u32> {
+                let wide = t.cast_to(DType::F32).unwrap().to_vec::<f32>().unwrap();
+                wide.iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(bits(&part), bits(&want), "{dtype} {axis} {start}..{end}");
+        }
+    }
+    for part in [(1, 3, 5), (3, 0, 1), (0, 2, 1)] {
+        let Err(err) = file.tensor_part("t", DType::F32, part) else {
+            panic!("{part:?} should be refused");
+        };
+        assert_contains(&err.to_string(), &["tensor `t`", "has no part"]);
+    }
+}

@@ -8,8 +8,8 @@ use kiln_ir::DType;
 use crate::error::{Error, Result};
 use crate::hf::config::load_config;
 use crate::hf::presets::{preset, PRESETS};
-use crate::hf::weights_io::{load_weights, LoadedWeights};
-use crate::model::{random_weights_as, ModelConfig};
+use crate::hf::weights_io::{load_weight_shard, load_weights, LoadedWeights};
+use crate::model::{random_weights_as, shard_weights, ModelConfig};
 
 /// A resolved `--model` argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +54,33 @@ impl ModelSource {
             ModelSource::Dir(dir) => load_weights(dir, &config, dtype)?,
             ModelSource::Preset(_) => LoadedWeights {
                 weights: random_weights_as(&config, seed, dtype)?,
+                ignored: Vec::new(),
+                non_finite: Vec::new(),
+            },
+        };
+        Ok((config, loaded))
+    }
+
+    /// As [`ModelSource::load`], rank `rank`'s weights under `ranks`-way tensor parallelism
+    /// (shaped as `config.shard(ranks)`; the config returned is the whole model's): a
+    /// directory's files give only the rank's part of each split projection
+    /// ([`load_weight_shard`]); a preset's random weights are made whole and split.
+    pub fn load_shard(
+        &self,
+        seed: u64,
+        dtype: DType,
+        (rank, ranks): (usize, usize),
+    ) -> Result<(ModelConfig, LoadedWeights)> {
+        let (config, _) = self.config()?;
+        let loaded = match self {
+            ModelSource::Dir(dir) => load_weight_shard(dir, &config, dtype, (rank, ranks))?,
+            ModelSource::Preset(_) => LoadedWeights {
+                weights: shard_weights(
+                    &config,
+                    &random_weights_as(&config, seed, dtype)?,
+                    ranks,
+                    rank,
+                )?,
                 ignored: Vec::new(),
                 non_finite: Vec::new(),
             },

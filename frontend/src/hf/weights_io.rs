@@ -24,7 +24,7 @@ use crate::autograd::Var;
 use crate::error::{Error, Result};
 use crate::hf::files::{read_text, INDEX_LIMIT};
 use crate::hf::safetensors_io::{write_safetensors_as, OrderedEntries, SafetensorsFile};
-use crate::model::{parameter_shapes, ModelConfig, ModelWeights};
+use crate::model::{parameter_shapes, shard_part, sharded_config, ModelConfig, ModelWeights};
 
 /// The single-file weights of a Hugging Face directory.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -118,6 +118,30 @@ fn count_non_finite(tensor: &Tensor) -> Result<(usize, usize)> {
 /// compute in; bf16 for bf16 inference, which reads a bf16 file as it is stored) and made a
 /// parameter leaf.
 pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<LoadedWeights> {
+    load(dir, config, dtype, None)
+}
+
+/// Rank `rank`'s weights under `ranks`-way tensor parallelism, as [`load_weights`] loads and
+/// checks the whole model: the files are checked against the whole model, but of each split
+/// projection only the rank's part ([`shard_part`]) is copied out of the files and converted.
+/// The weights are shaped as `config.shard(ranks)` has them, equal to
+/// [`shard_weights`](crate::model::shard_weights) of the whole model's; their non-finite
+/// counts are the rank's part's.
+pub fn load_weight_shard(
+    dir: &Path,
+    config: &ModelConfig,
+    dtype: DType,
+    (rank, ranks): (usize, usize),
+) -> Result<LoadedWeights> {
+    load(dir, config, dtype, Some((rank, ranks)))
+}
+
+fn load(
+    dir: &Path,
+    config: &ModelConfig,
+    dtype: DType,
+    shard: Option<(usize, usize)>,
+) -> Result<LoadedWeights> {
     if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16) {
         return Err(Error::Unsupported {
             path: dir.display().to_string(),
@@ -128,9 +152,13 @@ pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<Lo
     }
     let sources = Sources::open(dir)?;
     let ignored = sources.check(config)?;
-    let mut decoded = sources.decode_all(&parameter_shapes(config), dtype)?;
+    let built = match shard {
+        Some((_, ranks)) => sharded_config(config, ranks)?,
+        None => config.clone(),
+    };
+    let mut decoded = sources.decode_all(&parameter_shapes(config), dtype, shard)?;
     let mut non_finite = Vec::new();
-    let weights = ModelWeights::build(config, |name, dims| {
+    let weights = ModelWeights::build(&built, |name, dims| {
         let (tensor, (nans, infinities)) =
             decoded.remove(name).ok_or_else(|| Error::MissingTensor {
                 path: sources.listing.clone(),
@@ -291,6 +319,7 @@ impl Sources {
         &self,
         shapes: &[(String, Vec<usize>)],
         dtype: DType,
+        shard: Option<(usize, usize)>,
     ) -> Result<BTreeMap<String, Counted>> {
         let mut order: Vec<(usize, &str)> = (shapes.iter().enumerate())
             .filter(|(_, (name, _))| self.file_of(name).is_some())
@@ -312,7 +341,17 @@ impl Sources {
                                 return out;
                             };
                             let file = self.file_of(name).expect("filtered above");
-                            let read = file.tensor(name, dtype).and_then(|tensor| {
+                            let part = match shard {
+                                Some((rank, ranks)) => {
+                                    shard_part(name, &shapes[index].1, ranks, rank)
+                                }
+                                None => Ok(None),
+                            };
+                            let read = part.and_then(|part| match part {
+                                Some(part) => file.tensor_part(name, dtype, part),
+                                None => file.tensor(name, dtype),
+                            });
+                            let read = read.and_then(|tensor| {
                                 let counts = count_non_finite(&tensor)?;
                                 Ok((tensor, counts))
                             });
@@ -483,3 +522,7 @@ mod shard_tests;
 #[cfg(test)]
 #[path = "weights_io_ignored_tests.rs"]
 mod ignored_tests;
+
+#[cfg(test)]
+#[path = "weights_io_parallel_tests.rs"]
+mod parallel_tests;

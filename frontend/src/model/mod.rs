@@ -15,5 +15,5 @@ pub use transformer::{
 };
 pub use weights::{
     parameter_shapes, random_parameters, random_weights, random_weights_as, shard_parameter,
-    LayerWeights, ModelWeights,
+    shard_part, shard_weights, sharded_config, LayerWeights, ModelWeights,
 };

@@ -1,7 +1,9 @@
 //! Model parameters under their Hugging Face names.
 
+use std::collections::BTreeMap;
+
 use half::{bf16, f16};
-use kiln_ir::DType;
+use kiln_ir::{DType, Shape};
 use kiln_kernels::Buffer;
 use kiln_runtime::Tensor;
 use rand::{Rng, SeedableRng};
@@ -177,6 +179,21 @@ fn required<V>(value: Option<V>) -> V {
 /// every other parameter whole. The rows of a projection into heads are head after head, so
 /// rank `r` of `n` holds heads `r·H/n .. (r+1)·H/n`.
 pub fn shard_parameter(name: &str, tensor: &Tensor, ranks: usize, rank: usize) -> Result<Tensor> {
+    match shard_part(name, tensor.dims(), ranks, rank)? {
+        Some((axis, start, end)) => Ok(tensor.slice(axis, start, end, 1)?.contiguous()?),
+        None => Ok(tensor.clone()),
+    }
+}
+
+/// The part of parameter `name` of `dims` that rank `rank` of `ranks` holds, as (dim, start,
+/// end), or `None` where every rank holds it whole (see [`shard_parameter`]); an error where
+/// the dim does not split evenly.
+pub fn shard_part(
+    name: &str,
+    dims: &[usize],
+    ranks: usize,
+    rank: usize,
+) -> Result<Option<(usize, usize, usize)>> {
     let column_parallel = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"];
     let row_parallel = ["o_proj", "down_proj"];
     let projection = name.rsplit('.').nth(1).unwrap_or("");
@@ -185,22 +202,58 @@ pub fn shard_parameter(name: &str, tensor: &Tensor, ranks: usize, rank: usize) -
     } else if row_parallel.contains(&projection) && name.ends_with(".weight") {
         1
     } else {
-        return Ok(tensor.clone());
+        return Ok(None);
     };
-    let length = tensor.dims().get(axis).copied().unwrap_or(0);
+    let length = dims.get(axis).copied().unwrap_or(0);
     if ranks == 0 || rank >= ranks || length % ranks != 0 {
         return Err(Error::Operand {
             op: "shard_parameter",
             reason: format!(
                 "`{name}` {} cannot give rank {rank} of {ranks} an equal part of dim {axis}",
-                tensor.shape()
+                Shape::from(dims)
             ),
         });
     }
     let part = length / ranks;
-    Ok(tensor
-        .slice(axis, rank * part, (rank + 1) * part, 1)?
-        .contiguous()?)
+    Ok(Some((axis, rank * part, (rank + 1) * part)))
+}
+
+/// Rank `rank`'s weights of the whole model's `weights` under `ranks`-way tensor parallelism:
+/// each parameter's part ([`shard_parameter`]), shaped as `config.shard(ranks)` has them.
+pub fn shard_weights(
+    config: &ModelConfig,
+    weights: &ModelWeights<Var>,
+    ranks: usize,
+    rank: usize,
+) -> Result<ModelWeights<Var>> {
+    let parts: BTreeMap<String, Tensor> = (weights.named().into_iter())
+        .map(|(name, var)| {
+            Ok((
+                name.clone(),
+                shard_parameter(&name, var.value(), ranks, rank)?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let shard = sharded_config(config, ranks)?;
+    ModelWeights::build(&shard, |name, dims| match parts.get(name) {
+        Some(tensor) if tensor.dims() == dims => Var::leaf(tensor.clone()),
+        found => Err(Error::Operand {
+            op: "shard_weights",
+            reason: format!(
+                "rank {rank}'s `{name}` should be {} (found {:?})",
+                Shape::from(dims),
+                found.map(|t| t.dims().to_vec())
+            ),
+        }),
+    })
+}
+
+/// `config.shard(ranks)`, its refusal an error of the op that needs it.
+pub fn sharded_config(config: &ModelConfig, ranks: usize) -> Result<ModelConfig> {
+    config.shard(ranks).map_err(|reason| Error::Operand {
+        op: "shard_weights",
+        reason: format!("{ranks} tensor-parallel ranks: {reason}"),
+    })
 }
 
 /// Seeded random parameters in Hugging Face naming order, each generated in f32 and rounded to
