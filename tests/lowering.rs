@@ -95,9 +95,16 @@ fn official_programs_lower_with_every_write_in_place() {
     check(&config, &options, 1, "qwen2.5-0.5b");
     let bf16 = ProgramOptions {
         precision: Precision::Bf16,
-        ..options
+        ..options.clone()
     };
     check(&config, &bf16, 1, "qwen2.5-0.5b bf16");
+    // Mixed precision's train step with SwiGLU's gate and up in bf16 (its prefill and decode
+    // too).
+    let swiglu = ProgramOptions {
+        precision: Precision::Bf16Swiglu,
+        ..options
+    };
+    check(&config, &swiglu, 1, "qwen2.5-0.5b bf16-swiglu");
 }
 
 /// The HIP backend's lowering (`LowerOptions::portable`) of every tiny program and of the
