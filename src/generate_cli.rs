@@ -81,7 +81,7 @@ pub(crate) struct RunCli {
     #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
     mode: BenchMode,
     /// f32, or bf16: bf16 weights and KV caches, f32 activations (bf16-gemm: bf16 GEMM
-    /// inputs over f32 weights).
+    /// inputs over f32 weights; bf16-swiglu: bf16-gemm with SwiGLU's gate and up in bf16).
     #[arg(long, value_enum, default_value_t = Numerics::F32)]
     precision: Numerics,
 }

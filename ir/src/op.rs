@@ -363,8 +363,9 @@ impl Op {
         }
     }
 
-    /// The operand whose dtype the op computes in, the dtype its stored operands are widened
-    /// to: the first; a scatter's (`EmbeddingBackward`) gradient.
+    /// The operand whose dtype the op computes in ([`Op::compute_dtype`]: f32 where that
+    /// operand is itself stored in bf16), the dtype its stored operands are widened to: the
+    /// first; a scatter's (`EmbeddingBackward`) gradient.
     pub fn compute_operand(&self) -> usize {
         match self {
             Op::EmbeddingBackward { .. } => 1,

@@ -8,7 +8,7 @@ __version__: str
 ABI_VERSION: int
 
 Device = Literal["cpu", "cuda"]
-Precision = Literal["f32", "bf16-gemm", "bf16"]
+Precision = Literal["f32", "bf16-gemm", "bf16-swiglu", "bf16"]
 ProgramName = Literal["prefill", "decode", "train", "eval"]
 RunMode = Literal["eager", "graph"]
 EvalMode = Literal["oracle", "interpret", "planned", "graph"]

@@ -58,7 +58,7 @@ pub struct RunOptions {
     pub eps: f64,
     /// Decay norm weights and biases too (the usual recipe exempts them).
     pub decay_vectors: bool,
-    /// `f32` or `bf16-gemm`.
+    /// `f32`, `bf16-gemm` or `bf16-swiglu`.
     pub precision: String,
     /// `cpu` or `cuda`: where the run steps (a resume takes it unless told otherwise; each
     /// device's kernels round in their own way, so only a resume on the same device

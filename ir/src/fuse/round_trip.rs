@@ -1,13 +1,14 @@
-//! The `round_trip` rule (see the pass's module doc): `Cast{bf16}` of a bf16 value widened by
-//! `Cast{f32}` (through reshapes) is that bf16 value, viewed as the cast's shape: widening is
-//! exact, so rounding back gives the same bits. Mixed precision's backward makes such pairs
-//! where a rounded value's gradient is rounded for a GEMM (SwiGLU's rounded gate and up).
+//! The `round_trip` rule (see the pass's module doc): `Cast{bf16}` of a dense bf16 value
+//! widened by `Cast{f32}` (through reshapes) is that bf16 value, viewed as the cast's shape:
+//! widening is exact, so rounding back gives the same value (the same bits but for a NaN's
+//! payload). Mixed precision's backward makes such pairs where a rounded value's gradient is
+//! rounded for a GEMM (SwiGLU's rounded gate and up).
 
 use std::collections::BTreeMap;
 
 use petgraph::graph::NodeIndex;
 
-use super::views::ViewRewrite;
+use super::views::{is_dense, ViewRewrite};
 use super::{of_dtype, op_of, through_reshapes};
 use crate::{DType, Graph, Op};
 
@@ -23,7 +24,8 @@ pub(super) fn round_trip_rewrites(graph: &Graph) -> BTreeMap<NodeIndex, ViewRewr
             continue;
         };
         let stored = graph.operands(widened.node)[0];
-        if !of_dtype(graph, stored, DType::BF16) {
+        // A view that moves elements (a transpose, a slice) stays behind its copy.
+        if !of_dtype(graph, stored, DType::BF16) || !is_dense(graph, stored) {
             continue;
         }
         let same_shape = (graph.value_type(stored).ok())

@@ -19,7 +19,7 @@ pub(super) enum ViewRewrite {
 
 /// Whether `value` is dense row-major: the result of a non-view op or an input, or a reshape
 /// of one.
-fn is_dense(graph: &Graph, value: ValueId) -> bool {
+pub(super) fn is_dense(graph: &Graph, value: ValueId) -> bool {
     let root = through_reshapes(graph, value);
     !matches!(
         op_of(graph, root.node),

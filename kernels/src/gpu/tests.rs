@@ -435,6 +435,52 @@ fn vector_variants_need_alignment_and_whole_vectors() {
     );
 }
 
+/// SwiGLU and its backward pick the entry point of their storages by name: `_bf16_in` for
+/// bf16 gate and up, `_bf16_grad` for a bf16 incoming gradient, `_bf16_out` for bf16 results,
+/// `_vec4` where every pointer is aligned to its vector and the count is whole vectors.
+#[test]
+fn swiglu_entry_points_follow_their_storages() {
+    let name = |launch: Launch| match launch {
+        Launch::Kernel(kernel) => kernel.function,
+        other => panic!("{other:?}"),
+    };
+    let suffix = |on: bool, text: &str| if on { text.to_string() } else { String::new() };
+    let bf16 = |stored: Stored| stored == Stored::BF16;
+    for input in [Stored::F32, Stored::BF16] {
+        for out in [Stored::F32, Stored::BF16] {
+            for (n, aligned) in [(8, true), (8, false), (6, true)] {
+                // The vector form needs 8-byte alignment for bf16, 16 for f32: `unaligned`
+                // breaks both.
+                let at = if aligned { addr } else { unaligned };
+                let vector = n == 8 && aligned;
+                let tail = suffix(vector, "_vec4");
+                let forward = elementwise::swiglu((at(0), out), ([at(1), at(2)], input), n);
+                let want = format!(
+                    "swiglu_f32{}{}{tail}",
+                    suffix(bf16(input), "_bf16_in"),
+                    suffix(bf16(out), "_bf16_out")
+                );
+                assert_eq!(name(forward), want);
+                for grad in [Stored::F32, Stored::BF16] {
+                    let backward = elementwise::swiglu_backward(
+                        ([at(0), at(1)], out),
+                        ([at(2), at(3)], input),
+                        (at(4), grad),
+                        n,
+                    );
+                    let want = format!(
+                        "swiglu_backward_f32{}{}{}{tail}",
+                        suffix(bf16(input), "_bf16_in"),
+                        suffix(bf16(grad), "_bf16_grad"),
+                        suffix(bf16(out), "_bf16_out")
+                    );
+                    assert_eq!(name(backward), want);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn adamw_moves_four_floats_only_when_aligned_and_whole() {
     let hyper = AdamWHyper {

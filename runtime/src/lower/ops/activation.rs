@@ -9,9 +9,9 @@ use crate::error::Result;
 pub(super) fn lower_activation(at: &Lowering<'_>) -> Result<Vec<Launch>> {
     match at.op {
         Op::SwiGlu => {
-            // Gate and up of one dtype (the type rule): f32, or rounded products.
+            // Gate and up of one dtype: f32, or rounded products.
             let (gate, in_stored) = at.stored(0, "gate")?;
-            let (up, _) = at.stored(1, "up")?;
+            let up = at.operand(1, "up", gate.dtype)?;
             let (out, stored) = at.rounded_result(0, "out")?;
             let n = size(gate.numel());
             Ok(vec![gpu::elementwise::swiglu(
@@ -22,7 +22,7 @@ pub(super) fn lower_activation(at: &Lowering<'_>) -> Result<Vec<Launch>> {
         }
         Op::SwiGluBackward => {
             let (gate, in_stored) = at.stored(0, "gate")?;
-            let (up, _) = at.stored(1, "up")?;
+            let up = at.operand(1, "up", gate.dtype)?;
             let (grad, grad_stored) = at.stored(2, "grad")?;
             let (grad_gate, stored) = at.rounded_result(0, "grad_gate")?;
             let (grad_up, _) = at.rounded_result(1, "grad_up")?;
