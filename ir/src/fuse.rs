@@ -495,3 +495,7 @@ fn without_dead_ops(graph: &Graph) -> Result<Graph> {
     }
     rebuild(graph, &[], &BTreeMap::new(), &dead.into_iter().collect())
 }
+
+#[cfg(test)]
+#[path = "fuse_tests.rs"]
+mod tests;

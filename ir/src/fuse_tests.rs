@@ -1,0 +1,92 @@
+//! Tests of fusion rules on small hand-built graphs (the traced programs' rules are tested on
+//! whole programs in `tests/programs.rs`).
+
+use super::*;
+use crate::{Shape, TensorType};
+
+fn bf16(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::BF16, dims.to_vec()).unwrap()
+}
+
+fn ops(graph: &Graph) -> Vec<String> {
+    (graph.node_indices())
+        .filter_map(|n| op_of(graph, n).map(|op| op.name().to_string()))
+        .collect()
+}
+
+/// `round_trip`: rounding back a widened dense bf16 value (through reshapes) is that value,
+/// viewed as the rounding's shape; a widened transpose keeps its casts (the rounding is the
+/// copy that makes it dense).
+#[test]
+fn round_trip_drops_the_casts_of_a_dense_value_only() {
+    let mut g = Graph::new("round_trip");
+    let x = g.input("x", InputKind::Input, bf16(&[2, 3])).unwrap();
+    let wide = g.op1(Op::Cast { to: DType::F32 }, &[x]).unwrap();
+    let flat = g
+        .op1(
+            Op::Reshape {
+                shape: Shape::new(&[6]),
+            },
+            &[wide],
+        )
+        .unwrap();
+    let back = g.op1(Op::Cast { to: DType::BF16 }, &[flat]).unwrap();
+    g.output("back", back).unwrap();
+    let same = g.op1(Op::Cast { to: DType::BF16 }, &[wide]).unwrap();
+    g.output("same", same).unwrap();
+    let fused = fuse(&g).unwrap();
+    assert_eq!(ops(&fused), ["reshape"]);
+    let [(_, back), (_, same)] = fused.outputs() else {
+        panic!("two outputs")
+    };
+    assert_eq!(fused.value_type(*back).unwrap(), &bf16(&[6]));
+    assert_eq!(same, &fused.input_named("x").unwrap());
+
+    let mut g = Graph::new("round_trip_of_a_view");
+    let x = g.input("x", InputKind::Input, bf16(&[2, 3])).unwrap();
+    let t = g.op1(Op::Transpose { dim0: 0, dim1: 1 }, &[x]).unwrap();
+    let wide = g.op1(Op::Cast { to: DType::F32 }, &[t]).unwrap();
+    let back = g.op1(Op::Cast { to: DType::BF16 }, &[wide]).unwrap();
+    g.output("back", back).unwrap();
+    let fused = fuse(&g).unwrap();
+    assert_eq!(ops(&fused), ["transpose", "cast", "cast"]);
+}
+
+/// `widened`: a cast of a bf16 value that several ops read, each as a stored operand (SwiGLU
+/// and its backward reading rounded gate and up), is gone, each op reading the bf16 value;
+/// where another reader takes the gate's cast as an operand of its own dtype, that cast stays,
+/// and so does up's (SwiGLU reads gate and up of one dtype).
+#[test]
+fn widened_drops_a_cast_that_only_stored_operands_read() {
+    for f32_reader in [false, true] {
+        let mut g = Graph::new("widened");
+        let f32t = TensorType::new(DType::F32, vec![4]).unwrap();
+        let gate = g.input("gate", InputKind::Input, bf16(&[4])).unwrap();
+        let up = g.input("up", InputKind::Input, bf16(&[4])).unwrap();
+        let grad = g.input("grad", InputKind::Input, f32t).unwrap();
+        let gate_wide = g.op1(Op::Cast { to: DType::F32 }, &[gate]).unwrap();
+        let up_wide = g.op1(Op::Cast { to: DType::F32 }, &[up]).unwrap();
+        let out = g.op1(Op::SwiGlu, &[gate_wide, up_wide]).unwrap();
+        let grads = g
+            .op(Op::SwiGluBackward, &[gate_wide, up_wide, grad])
+            .unwrap();
+        g.output("out", out).unwrap();
+        g.output("grad_gate", grads[0]).unwrap();
+        if f32_reader {
+            let sum = g.op1(Op::Add, &[gate_wide, grad]).unwrap();
+            g.output("sum", sum).unwrap();
+        }
+        let fused = fuse(&g).unwrap();
+        let names = ops(&fused);
+        let casts = names.iter().filter(|n| *n == "cast").count();
+        assert_eq!(casts, if f32_reader { 2 } else { 0 }, "{names:?}");
+        let swiglu = (fused.node_indices())
+            .find(|&n| matches!(op_of(&fused, n), Some(Op::SwiGlu)))
+            .unwrap();
+        let read: Vec<DType> = (fused.operands(swiglu).iter())
+            .map(|v| fused.value_type(*v).unwrap().dtype)
+            .collect();
+        let want = if f32_reader { DType::F32 } else { DType::BF16 };
+        assert_eq!(read, [want, want], "{names:?}");
+    }
+}
