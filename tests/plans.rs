@@ -223,3 +223,55 @@ fn parallel_plans_put_every_all_reduce_on_the_communication_stream() {
         insta::assert_snapshot!("plan_tiny_train_data_parallel_text", dump::to_text(&planned, None));
     });
 }
+
+/// The official rank programs as PLANNER.md's table plans them (mixed precision, CUDA's
+/// workspaces, one compute stream and the communication stream): each arena within 1.01× of
+/// its lower bound, as the single-rank programs keep theirs.
+#[test]
+fn official_rank_programs_plan_within_one_percent_of_the_lower_bound() {
+    use kiln_frontend::model::Precision;
+    use kiln_frontend::programs::DataParallel;
+    let train = |model: &str| {
+        let options = ProgramOptions {
+            batch: 1,
+            seq: 512,
+            precision: Precision::Bf16Gemm,
+            data_parallel: Some(DataParallel {
+                bucket_bytes: 25 << 20,
+            }),
+            ..Default::default()
+        };
+        (model.to_string(), ProgramKind::Train, options)
+    };
+    let decode = ProgramOptions {
+        batch: 8,
+        max_seq: Some(1024),
+        precision: Precision::Bf16,
+        tensor_parallel: Some(2),
+        ..Default::default()
+    };
+    let cases = [
+        train("qwen2.5-0.5b"),
+        train("deepseek-r1-distill-qwen-1.5b"),
+        ("qwen2.5-0.5b".to_string(), ProgramKind::Decode, decode),
+    ];
+    for (model, kind, options) in cases {
+        let (config, _) = preset(&model).unwrap();
+        let graph = build(kind, &config, &options).unwrap();
+        let plan_options = PlanOptions {
+            streams: 1,
+            ..PlanOptions::default()
+        };
+        let planned = plan(&graph, &plan_options, &kiln_runtime::Workspaces::Cuda).unwrap();
+        verify_plan(&graph, &planned, &kiln_runtime::Workspaces::Cuda).unwrap();
+        let ratio = planned.arena_bytes as f64 / planned.lower_bound_bytes as f64;
+        eprintln!(
+            "{model} {}: arena {} B, lower bound {} B ({ratio:.4}, {})",
+            kind.name(),
+            planned.arena_bytes,
+            planned.lower_bound_bytes,
+            planned.offset_strategy
+        );
+        assert!(ratio <= 1.01, "{model} {}: {ratio}", kind.name());
+    }
+}

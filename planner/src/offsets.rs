@@ -120,6 +120,13 @@ pub fn portfolio() -> Vec<Greedy> {
             fit: Fit::First,
             key: |i| (i.start as u64, larger_first(i.size)),
         },
+        // Equal sizes (a model's layers repeat theirs) latest end first: the rank programs,
+        // whose collectives keep buffers busy past their last use on the compute stream.
+        Greedy {
+            name: "size-end-best-fit",
+            fit: Fit::Best,
+            key: |i| (larger_first(i.size), larger_first(i.end as u64)),
+        },
     ]
 }
 

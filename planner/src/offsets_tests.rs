@@ -42,7 +42,7 @@ fn first_fit_takes_the_lowest_gap_and_best_fit_the_tightest() {
 }
 
 #[test]
-fn the_portfolio_has_five_named_heuristics_in_a_fixed_order() {
+fn the_portfolio_has_six_named_heuristics_in_a_fixed_order() {
     let names: Vec<_> = portfolio().iter().map(|h| h.name()).collect();
     assert_eq!(
         names,
@@ -51,7 +51,8 @@ fn the_portfolio_has_five_named_heuristics_in_a_fixed_order() {
             "size-first-fit",
             "lifetime-first-fit",
             "area-first-fit",
-            "start-first-fit"
+            "start-first-fit",
+            "size-end-best-fit"
         ]
     );
 }
@@ -81,7 +82,7 @@ fn heuristics_differ_and_the_smallest_arena_wins_ties_to_the_first() {
         candidates,
     } = place_best(&items).unwrap();
     let arenas: Vec<u64> = candidates.iter().map(|c| c.1).collect();
-    assert_eq!(arenas, [1536, 1536, 1792, 1280, 1280]);
+    assert_eq!(arenas, [1536, 1536, 1792, 1280, 1280, 1536]);
     assert_eq!(name, "area-first-fit");
     assert_valid(&items, &offsets, &name);
     assert_eq!(arena_size(&items, &offsets), 1280);

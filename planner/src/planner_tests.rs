@@ -20,7 +20,7 @@ fn a_chain_reuses_bytes_down_to_the_lower_bound() {
     assert_eq!(plan.lower_bound_bytes, live_peak(&plan));
     assert_eq!(plan.schedule_strategy, NODE_ORDER);
     assert_eq!(plan.program, "chain");
-    assert_eq!(plan.offset_candidates.len(), 5);
+    assert_eq!(plan.offset_candidates.len(), 6);
     assert!(plan
         .offset_candidates
         .contains(&(plan.offset_strategy.clone(), plan.arena_bytes)));
