@@ -182,9 +182,10 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
         None => String::new(),
     };
     eprintln!(
-        "kiln train{who}: {} on {}, {tokens} tokens of {}, into {}; step {} of {total}; \
-         compiled in {:.1} s",
+        "kiln train{who}: {} in {} on {}, {tokens} tokens of {}, into {}; step {} of \
+         {total}; compiled in {:.1} s",
         session.options().model,
+        session.options().precision,
         backend.name(),
         data_path.display(),
         run_path
