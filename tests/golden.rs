@@ -9,8 +9,10 @@ use std::process::Command;
 use kiln_frontend::eval::evaluate;
 use kiln_frontend::hf::safetensors_io::SafetensorsFile;
 use kiln_frontend::hf::source::ModelSource;
-use kiln_frontend::model::Precision;
+use kiln_frontend::model::{ModelConfig, ModelWeights, Precision};
+use kiln_frontend::Var;
 use kiln_ir::DType;
+use kiln_runtime::Tensor;
 
 const CASES: [&str; 3] = ["qwen2_gqa_bias", "llama_mha_tied", "llama_bias_headdim"];
 
@@ -18,6 +20,28 @@ fn case_dir(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(case)
+}
+
+/// Case `case`'s model (config and weights loaded as `dtype`) and its tokens.
+fn case_inputs(case: &str, dtype: DType) -> (ModelConfig, ModelWeights<Var>, Tensor) {
+    let dir = case_dir(case);
+    let source = ModelSource::resolve(dir.to_str().unwrap()).unwrap();
+    let (config, loaded) = source.load(0, dtype).unwrap();
+    let tokens = SafetensorsFile::open(&dir.join("tokens.safetensors"))
+        .unwrap()
+        .tensor("tokens", DType::I64)
+        .unwrap();
+    (config, loaded.weights, tokens)
+}
+
+/// Tensor `name` of case `case`'s golden file (transformers in float64).
+fn golden(case: &str, name: &str) -> Vec<f64> {
+    SafetensorsFile::open(&case_dir(case).join("golden.safetensors"))
+        .unwrap()
+        .tensor(name, DType::F64)
+        .unwrap()
+        .to_f64_vec()
+        .unwrap()
 }
 
 fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
@@ -73,14 +97,7 @@ fn compare(case: &str, got: &dyn Fn(&str) -> Option<Vec<f64>>) {
 #[test]
 fn oracle_matches_transformers() {
     for case in CASES {
-        let dir = case_dir(case);
-        let source = ModelSource::resolve(dir.to_str().unwrap()).unwrap();
-        let (config, loaded) = source.load(0, DType::F32).unwrap();
-        let weights = loaded.weights;
-        let tokens = SafetensorsFile::open(&dir.join("tokens.safetensors"))
-            .unwrap()
-            .tensor("tokens", DType::I64)
-            .unwrap();
+        let (config, weights, tokens) = case_inputs(case, DType::F32);
         assert!(tokens.dims()[0] > 1, "{case}: batch > 1");
         let result = evaluate(&config, &weights, &tokens, true, Precision::F32).unwrap();
         let lookup = |name: &str| -> Option<Vec<f64>> {
@@ -96,7 +113,7 @@ fn oracle_matches_transformers() {
         };
         compare(case, &lookup);
         // Exactly the gradients transformers has: a tied model reports only the embedding.
-        let golden = SafetensorsFile::open(&dir.join("golden.safetensors")).unwrap();
+        let golden = SafetensorsFile::open(&case_dir(case).join("golden.safetensors")).unwrap();
         let want: Vec<String> = golden
             .names()
             .into_iter()
@@ -116,30 +133,13 @@ fn oracle_matches_transformers() {
 #[test]
 fn bf16_inference_is_within_bf16_tolerance_of_transformers() {
     for case in CASES {
-        let dir = case_dir(case);
-        let source = ModelSource::resolve(dir.to_str().unwrap()).unwrap();
-        let (config, loaded) = source.load(0, DType::BF16).unwrap();
-        let tokens = SafetensorsFile::open(&dir.join("tokens.safetensors"))
-            .unwrap()
-            .tensor("tokens", DType::I64)
-            .unwrap();
-        let result = evaluate(&config, &loaded.weights, &tokens, false, Precision::Bf16).unwrap();
-        let golden = SafetensorsFile::open(&dir.join("golden.safetensors")).unwrap();
-        let want = golden
-            .tensor("logits", DType::F64)
-            .unwrap()
-            .to_f64_vec()
-            .unwrap();
+        let (config, weights, tokens) = case_inputs(case, DType::BF16);
+        let result = evaluate(&config, &weights, &tokens, false, Precision::Bf16).unwrap();
+        let want = golden(case, "logits");
         let got = result.logits.to_f64_vec().unwrap();
         let error = rel_l2(&got, &want);
-        let (_, f32_weights) = source.load(0, DType::F32).unwrap();
-        let mixed = evaluate(
-            &config,
-            &f32_weights.weights,
-            &tokens,
-            false,
-            Precision::Bf16Gemm,
-        );
+        let (_, f32_weights, _) = case_inputs(case, DType::F32);
+        let mixed = evaluate(&config, &f32_weights, &tokens, false, Precision::Bf16Gemm);
         let mixed_error = rel_l2(&mixed.unwrap().logits.to_f64_vec().unwrap(), &want);
         eprintln!("{case}: bf16 logits {error:.2e}, mixed precision {mixed_error:.2e}");
         assert!(
@@ -163,24 +163,11 @@ fn bf16_inference_is_within_bf16_tolerance_of_transformers() {
 #[test]
 fn mixed_precision_training_is_within_bf16_tolerance_of_transformers() {
     for case in CASES {
-        let dir = case_dir(case);
-        let source = ModelSource::resolve(dir.to_str().unwrap()).unwrap();
-        let (config, loaded) = source.load(0, DType::F32).unwrap();
-        let tokens = SafetensorsFile::open(&dir.join("tokens.safetensors"))
-            .unwrap()
-            .tensor("tokens", DType::I64)
-            .unwrap();
-        let golden = SafetensorsFile::open(&dir.join("golden.safetensors")).unwrap();
-        let want = |name: &str| {
-            golden
-                .tensor(name, DType::F64)
-                .unwrap()
-                .to_f64_vec()
-                .unwrap()
-        };
+        let (config, weights, tokens) = case_inputs(case, DType::F32);
+        let want = |name: &str| golden(case, name);
         let mut errors = Vec::new();
         for precision in [Precision::Bf16Gemm, Precision::Bf16Swiglu] {
-            let result = evaluate(&config, &loaded.weights, &tokens, true, precision).unwrap();
+            let result = evaluate(&config, &weights, &tokens, true, precision).unwrap();
             let logits = rel_l2(&result.logits.to_f64_vec().unwrap(), &want("logits"));
             let mut worst: f64 = 0.0;
             for (name, grad) in &result.grads {

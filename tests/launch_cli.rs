@@ -20,20 +20,25 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-#[test]
-fn every_rank_gets_its_rank_one_rendezvous_and_nvls_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let script = "echo $KILN_RANK $KILN_WORLD_SIZE $KILN_LOCAL_RANK $NCCL_NVLS_ENABLE \
-                  $KILN_RENDEZVOUS $KILN_RENDEZVOUS_DEADLINE > \"$0/rank$KILN_RANK\"";
-    let out = launch(&[
+/// `kiln launch --nproc 3 -- sh -c SCRIPT DIR`: each rank runs `script` with `$0` = `dir`.
+fn launch_script(script: &str, dir: &Path) -> Output {
+    launch(&[
         "--nproc",
         "3",
         "--",
         "sh",
         "-c",
         script,
-        dir.path().to_str().unwrap(),
-    ]);
+        dir.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn every_rank_gets_its_rank_one_rendezvous_and_nvls_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "echo $KILN_RANK $KILN_WORLD_SIZE $KILN_LOCAL_RANK $NCCL_NVLS_ENABLE \
+                  $KILN_RENDEZVOUS $KILN_RENDEZVOUS_DEADLINE > \"$0/rank$KILN_RANK\"";
+    let out = launch_script(script, dir.path());
     assert!(out.status.success(), "{}", stderr(&out));
     let mut rendezvous = Vec::new();
     for rank in 0..3 {
@@ -66,15 +71,7 @@ fn a_failing_rank_stops_the_others_and_is_named() {
     let script =
         "if [ $KILN_RANK = 1 ]; then exit 3; fi; sleep 60; touch \"$0/finished$KILN_RANK\"";
     let started = Instant::now();
-    let out = launch(&[
-        "--nproc",
-        "3",
-        "--",
-        "sh",
-        "-c",
-        script,
-        dir.path().to_str().unwrap(),
-    ]);
+    let out = launch_script(script, dir.path());
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "{:?}",

@@ -232,11 +232,9 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     startup.plan_ms = lap();
     // A tensor-parallel rank reads only its part of each split projection.
     let dtype = args.options.precision.weight_dtype();
-    let loaded = match args.options.tensor_parallel {
-        Some(n) => source.load_shard(args.seed, dtype, (rank, n)),
-        None => source.load(args.seed, dtype),
-    };
-    let (config, loaded) = loaded.with_context(|| format!("loading model {}", args.model))?;
+    let shard = args.options.tensor_parallel.map(|ranks| (rank, ranks));
+    let (config, loaded) = (source.load_shard(args.seed, dtype, shard))
+        .with_context(|| format!("loading model {}", args.model))?;
     startup.weights_ms = lap();
     let device = opening.wait()?;
     if parallel {

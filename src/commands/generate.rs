@@ -179,11 +179,8 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
     };
     // A rank reads only its part of each split projection.
     let dtype = args.precision.weight_dtype();
-    let loaded = match shard {
-        Some(shard) => source.load_shard(args.seed, dtype, shard),
-        None => source.load(args.seed, dtype),
-    };
-    let (config, loaded) = loaded.with_context(|| format!("loading model {}", args.model))?;
+    let (config, loaded) = (source.load_shard(args.seed, dtype, shard))
+        .with_context(|| format!("loading model {}", args.model))?;
     if let Some(warning) = loaded.warning() {
         eprintln!("warning: {}: {warning}", args.model);
     }

@@ -84,11 +84,8 @@ pub fn serve(args: HttpArgs) -> Result<()> {
             .then(|| kiln_runtime::cuda::CudaDevice::open_in_background(0));
         // A rank reads only its part of each split projection.
         let dtype = options.precision.weight_dtype();
-        let loaded = match options.tensor_parallel {
-            Some(shard) => source.load_shard(seed, dtype, shard),
-            None => source.load(seed, dtype),
-        };
-        let (config, loaded) = loaded.with_context(|| format!("loading model {label}"))?;
+        let (config, loaded) = (source.load_shard(seed, dtype, options.tensor_parallel))
+            .with_context(|| format!("loading model {label}"))?;
         let backend = match (opening, &joined) {
             (_, Some((device, _))) => Backend::Cuda(device.clone()),
             (Some(opening), None) => Backend::Cuda(opening.wait()?),

@@ -8,7 +8,7 @@ use kiln_ir::DType;
 use crate::error::{Error, Result};
 use crate::hf::config::load_config;
 use crate::hf::presets::{preset, PRESETS};
-use crate::hf::weights_io::{load_weight_shard, load_weights, LoadedWeights};
+use crate::hf::weights_io::{load_weight_shard, LoadedWeights};
 use crate::model::{random_weights_as, shard_weights, ModelConfig};
 
 /// A resolved `--model` argument.
@@ -49,41 +49,34 @@ impl ModelSource {
     /// preset's weights are random from `seed`, exactly what `kiln init-model --seed --dtype`
     /// writes.
     pub fn load(&self, seed: u64, dtype: DType) -> Result<(ModelConfig, LoadedWeights)> {
-        let (config, _) = self.config()?;
-        let loaded = match self {
-            ModelSource::Dir(dir) => load_weights(dir, &config, dtype)?,
-            ModelSource::Preset(_) => LoadedWeights {
-                weights: random_weights_as(&config, seed, dtype)?,
-                ignored: Vec::new(),
-                non_finite: Vec::new(),
-            },
-        };
-        Ok((config, loaded))
+        self.load_shard(seed, dtype, None)
     }
 
     /// As [`ModelSource::load`], rank `rank`'s weights under `ranks`-way tensor parallelism
-    /// (shaped as `config.shard(ranks)`; the config returned is the whole model's): a
-    /// directory's files give only the rank's part of each split projection
-    /// ([`load_weight_shard`]); a preset's random weights are made whole and split.
+    /// (`shard`; `None`: the whole model), shaped as `config.shard(ranks)` has them (the config
+    /// returned is the whole model's): a directory's files give only the rank's part of each
+    /// split projection ([`load_weight_shard`]); a preset's random weights are made whole and
+    /// split.
     pub fn load_shard(
         &self,
         seed: u64,
         dtype: DType,
-        (rank, ranks): (usize, usize),
+        shard: Option<(usize, usize)>,
     ) -> Result<(ModelConfig, LoadedWeights)> {
         let (config, _) = self.config()?;
         let loaded = match self {
-            ModelSource::Dir(dir) => load_weight_shard(dir, &config, dtype, (rank, ranks))?,
-            ModelSource::Preset(_) => LoadedWeights {
-                weights: shard_weights(
-                    &config,
-                    &random_weights_as(&config, seed, dtype)?,
-                    ranks,
-                    rank,
-                )?,
-                ignored: Vec::new(),
-                non_finite: Vec::new(),
-            },
+            ModelSource::Dir(dir) => load_weight_shard(dir, &config, dtype, shard)?,
+            ModelSource::Preset(_) => {
+                let whole = random_weights_as(&config, seed, dtype)?;
+                LoadedWeights {
+                    weights: match shard {
+                        Some((rank, ranks)) => shard_weights(&config, &whole, ranks, rank)?,
+                        None => whole,
+                    },
+                    ignored: Vec::new(),
+                    non_finite: Vec::new(),
+                }
+            }
         };
         Ok((config, loaded))
     }

@@ -118,25 +118,16 @@ fn count_non_finite(tensor: &Tensor) -> Result<(usize, usize)> {
 /// compute in; bf16 for bf16 inference, which reads a bf16 file as it is stored) and made a
 /// parameter leaf.
 pub fn load_weights(dir: &Path, config: &ModelConfig, dtype: DType) -> Result<LoadedWeights> {
-    load(dir, config, dtype, None)
+    load_weight_shard(dir, config, dtype, None)
 }
 
-/// Rank `rank`'s weights under `ranks`-way tensor parallelism, as [`load_weights`] loads and
-/// checks the whole model: the files are checked against the whole model, but of each split
-/// projection only the rank's part ([`shard_part`]) is copied out of the files and converted.
-/// The weights are shaped as `config.shard(ranks)` has them, equal to
-/// [`shard_weights`](crate::model::shard_weights) of the whole model's; their non-finite
-/// counts are the rank's part's.
+/// Rank `rank`'s weights under `ranks`-way tensor parallelism (`shard`; `None`: the whole
+/// model, [`load_weights`]), loaded and checked as [`load_weights`] does: the files are
+/// checked against the whole model, but of each split projection only the rank's part
+/// ([`shard_part`]) is copied out of the files and converted. The weights are shaped as
+/// `config.shard(ranks)` has them, equal to [`shard_weights`](crate::model::shard_weights) of
+/// the whole model's; their non-finite counts are the rank's part's.
 pub fn load_weight_shard(
-    dir: &Path,
-    config: &ModelConfig,
-    dtype: DType,
-    (rank, ranks): (usize, usize),
-) -> Result<LoadedWeights> {
-    load(dir, config, dtype, Some((rank, ranks)))
-}
-
-fn load(
     dir: &Path,
     config: &ModelConfig,
     dtype: DType,

@@ -44,7 +44,7 @@ fn a_ranks_load_is_its_part_of_the_whole_load() {
                 for rank in 0..ranks {
                     let what =
                         format!("files sharded {sharded_files}, {dtype}, rank {rank} of {ranks}");
-                    let got = load_weight_shard(dir.path(), &config, dtype, (rank, ranks))
+                    let got = load_weight_shard(dir.path(), &config, dtype, Some((rank, ranks)))
                         .unwrap()
                         .weights;
                     let want = shard_weights(&config, &whole, ranks, rank).unwrap();
@@ -83,7 +83,7 @@ fn a_model_that_does_not_split_is_refused_by_name() {
             dir.path(),
             &named_tensors(&random(&config, "does_not_split")),
         );
-        let Err(err) = load_weight_shard(dir.path(), &config, DType::F32, (0, 2)) else {
+        let Err(err) = load_weight_shard(dir.path(), &config, DType::F32, Some((0, 2))) else {
             panic!("{reason}: the load should have failed");
         };
         let message = err.to_string();
