@@ -112,6 +112,7 @@ pub(crate) fn lower_op(
 /// The portable variant of a tensor-core module (`kiln_kernels::gpu::SOURCES`), or `module`.
 fn portable_module(module: &'static str) -> &'static str {
     match module {
+        "decode_mma" => "decode_mma_portable",
         "flash" => "flash_portable",
         "linear_mma" => "linear_mma_portable",
         other => other,
