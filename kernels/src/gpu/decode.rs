@@ -62,7 +62,8 @@ pub fn partials_bytes(dims: &AttentionDims) -> u64 {
 /// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
 /// (i64) of each batch row's cache row, with `partials` scratch of [`partials_bytes`]: the
 /// split launch, then the combine. A position outside `0..=Smax - T` or a slot outside the
-/// pool raises the `fault` word.
+/// pool raises the `fault` word. With `tensor_cores`, the split runs on tensor cores where
+/// it takes the operands (`decode_mma.cu`).
 pub fn cached_attention_f32(
     out: Addr,
     partials: Addr,
@@ -70,6 +71,7 @@ pub fn cached_attention_f32(
     cache_rows: CacheRows,
     (dims, scale, stored): (AttentionDims, f32, Stored),
     fault: Addr,
+    tensor_cores: bool,
 ) -> Result<Vec<Launch>> {
     let split_function = stored.pick(
         "cached_attention_split_f32",
@@ -100,7 +102,10 @@ pub fn cached_attention_f32(
         kv_heads,
         rows,
     );
-    let split = match mma_split(&dims, stored, [q, k_cache, v_cache]) {
+    let mma = tensor_cores
+        .then(|| mma_split(&dims, stored, [q, k_cache, v_cache]))
+        .flatten();
+    let split = match mma {
         Some(function) => Kernel::launch(
             MMA_MODULE,
             function,

@@ -323,6 +323,7 @@ fn check(
         cache_rows,
         (dims, 0.125, Stored::BF16),
         addr(7),
+        true,
     )
     .unwrap();
     let Launch::Kernel(split) = &launches[0] else {

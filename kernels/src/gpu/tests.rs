@@ -203,6 +203,7 @@ fn every_launch() -> Vec<Launch> {
             own,
             (dims, 0.5, F32),
             addr(9),
+            true,
         )
         .unwrap(),
         decode::cached_attention_f32(
@@ -212,6 +213,7 @@ fn every_launch() -> Vec<Launch> {
             pool,
             (dims, 0.5, BF16),
             addr(9),
+            false,
         )
         .unwrap(),
         attention::attention_f32(forward, dims, 0.5).unwrap(),
@@ -247,8 +249,15 @@ fn every_launch() -> Vec<Launch> {
     for head_dim in [64, 128] {
         let dims = AttentionDims { head_dim, ..dims };
         let bf16_caches = (dims, 0.5, BF16);
-        let launches_of =
-            decode::cached_attention_f32(addr(0), addr(1), [addr(2); 4], own, bf16_caches, addr(9));
+        let launches_of = decode::cached_attention_f32(
+            addr(0),
+            addr(1),
+            [addr(2); 4],
+            own,
+            bf16_caches,
+            addr(9),
+            true,
+        );
         launches.extend(launches_of.unwrap());
     }
     // Every head-dim instance of the flash kernels.

@@ -41,6 +41,10 @@ pub struct LowerOptions {
     /// mma.sync, ldmatrix and cp.async), the code the HIP backend runs; on NVIDIA devices
     /// this checks that code against the CPU reference.
     pub portable_mma: bool,
+    /// The cached attention's split over bf16 caches of 64 or 128 dims runs on tensor cores
+    /// (`kernels/cuda/decode_mma.cu`); off, on the CUDA cores (`decode.cu`), as every other
+    /// cache does.
+    pub attention_mma: bool,
 }
 
 impl LowerOptions {
@@ -62,6 +66,7 @@ impl Default for LowerOptions {
             clusters: true,
             vendor_gemm: true,
             portable_mma: false,
+            attention_mma: false,
         }
     }
 }
@@ -384,7 +389,7 @@ impl Lowering<'_> {
             | Op::FlashAttentionBackward { .. }
             | Op::CachedAttention { .. }
             | Op::KvCacheWrite
-            | Op::RopeKvWrite { .. } => attention::lower_attention(self),
+            | Op::RopeKvWrite { .. } => attention::lower_attention(self, options),
             Op::Embedding | Op::EmbeddingBackward { .. } => self.embedding(),
             Op::CrossEntropy { .. } | Op::CrossEntropyBackward { .. } => self.cross_entropy(),
             Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
