@@ -70,10 +70,6 @@ pub struct BenchCli {
     /// off for a reduce launch each.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     clusters: Switch,
-    /// The cached attention over bf16 caches of 64 or 128 dims on tensor cores (on), or on the
-    /// CUDA cores as every other cache (off; the default until measured).
-    #[arg(long, value_enum, default_value_t = Switch::Off)]
-    attention_mma: Switch,
     /// The HIP backend's code on this device: kiln's tiled GEMM instead of cuBLASLt, the
     /// portable tensor-core modules, no clusters (on), or the CUDA defaults (off).
     #[arg(long, value_enum, default_value_t = Switch::Off)]
@@ -138,7 +134,6 @@ impl BenchCli {
             fusion,
             pdl,
             clusters,
-            attention_mma,
             portable,
             profile,
             memory_budget,
@@ -209,7 +204,6 @@ impl BenchCli {
             linear_rows,
             pdl: pdl == Switch::On,
             clusters: clusters == Switch::On,
-            attention_mma: attention_mma == Switch::On,
             portable: portable == Switch::On,
             profile,
             memory_budget,

@@ -53,11 +53,6 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("cache", module!("rope.cuh", "cache.cu")),
     ("copy", module!("copy.cu")),
     ("decode", module!("decode.cu")),
-    ("decode_mma", module!("mma.cuh", "decode_mma.cu")),
-    (
-        "decode_mma_portable",
-        module!("portable_mma.cuh", "mma.cuh", "decode_mma.cu"),
-    ),
     ("elementwise", module!("elementwise.cu")),
     ("embedding", module!("embedding.cu")),
     ("flash", module!("mma.cuh", "flash.cu")),

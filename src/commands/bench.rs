@@ -42,8 +42,6 @@ pub struct BenchArgs {
     pub pdl: bool,
     /// Split skinny linears finished inside thread block clusters where the device has them.
     pub clusters: bool,
-    /// The cached attention over bf16 caches on tensor cores (`LowerOptions::attention_mma`).
-    pub attention_mma: bool,
     /// The HIP backend's lowering (`LowerOptions::portable`) on this device.
     pub portable: bool,
     /// Also time every step alone once (eager, one stream) and report the ops that take
@@ -74,8 +72,6 @@ pub struct BenchResult {
     pub pdl: bool,
     /// Whether split skinny linears finished inside thread block clusters.
     pub clusters: bool,
-    /// Whether the cached attention over bf16 caches ran on tensor cores.
-    pub attention_mma: bool,
     /// Whether the HIP backend's lowering ran (tiled GEMM, portable tensor-core modules).
     pub portable: bool,
     pub steps: usize,
@@ -278,7 +274,6 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     let options = LowerOptions {
         linear_rows: args.linear_rows.unwrap_or(defaults.linear_rows),
         clusters: defaults.clusters && args.clusters && device.supports_clusters(),
-        attention_mma: args.attention_mma,
         ..defaults
     };
     let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options)?;
@@ -428,7 +423,6 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         linear_rows: args.linear_rows,
         pdl,
         clusters: options.clusters,
-        attention_mma: options.attention_mma,
         portable: args.portable,
         steps: args.steps,
         median_ms: median,

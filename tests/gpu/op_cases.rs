@@ -557,8 +557,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     // positions anywhere in the cache, so chunks below, at and above each row's position, the
     // last one partial; the models' GQA ratios (Qwen2.5-0.5B 7, DeepSeek-1.5B 6), heads of 16
     // to 128 dims, staged by 16-byte vectors in both dtypes (the D = 6 cases above take the
-    // element path). bf16 caches of 64 and 128 dims take the tensor-core split
-    // (decode_mma.cu): groups of 1 to 16 query heads, so both halves of its mma rows.
+    // element path); groups of 1 to 16 query heads.
     for &(b, t, hq, hkv, d, smax) in &[
         (3, 1, 14, 2, 64, 300),
         (2, 2, 12, 2, 128, 100),

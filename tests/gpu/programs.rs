@@ -188,13 +188,9 @@ fn decode_replayed_at_many_positions_equals_the_full_forward() {
     // the bf16 cache where the full forward uses f32 ones (tests/bf16.rs measures ~4e-3).
     let tiny = ModelConfig::tiny();
     for (precision, limit) in [(Precision::F32, 1e-5), (Precision::Bf16, 2e-2)] {
-        let options = LowerOptions::default();
-        decode_at_many_positions(&device, &mut rng, (&tiny, precision, limit), options);
+        decode_at_many_positions(&device, &mut rng, (&tiny, precision, limit));
     }
-    // Heads of 64 dims over bf16 caches: the cached attention's split on the CUDA cores and on
-    // tensor cores (decode_mma.cu), each against the full forward, and against each other
-    // (the same f32 function in another order of sums; a logit can still move by a bf16 step
-    // where a rounded activation lands on the other side of a rounding boundary).
+    // Heads of 64 dims (the official models' width: 16-byte vectors over whole key chunks).
     let wide = ModelConfig {
         hidden_size: 128,
         num_attention_heads: 6,
@@ -202,32 +198,16 @@ fn decode_replayed_at_many_positions_equals_the_full_forward() {
         head_dim: 64,
         ..ModelConfig::tiny()
     };
-    let [cuda_cores, tensor_cores] = [false, true].map(|attention_mma| {
-        let options = LowerOptions {
-            attention_mma,
-            ..LowerOptions::default()
-        };
-        let mut rng = testing::rng("gpu_decode_wide");
-        decode_at_many_positions(&device, &mut rng, (&wide, Precision::Bf16, 2e-2), options)
-    });
-    let error = testing::rel_l2(&tensor_cores, &cuda_cores);
-    println!(
-        "bf16 decode, heads of 64 dims: tensor-core attention against the CUDA cores' {error:e}"
-    );
-    assert!(
-        error < 1e-3,
-        "tensor-core attention: relative error {error:e}"
-    );
+    decode_at_many_positions(&device, &mut rng, (&wide, Precision::Bf16, 2e-2));
 }
 
 /// Decode replayed at every position after a prefilled prompt, each step's logits against the
-/// full forward within `limit`; returns every step's logits.
+/// full forward within `limit`.
 fn decode_at_many_positions(
     device: &Arc<CudaDevice>,
     rng: &mut StdRng,
     (config, precision, limit): (&ModelConfig, Precision, f64),
-    lower: LowerOptions,
-) -> Vec<f64> {
+) {
     let config = config.clone();
     let (batch, total, prompt, max_seq) = (2, 24, 5, 32);
     let seed = rand::Rng::random(rng);
@@ -256,7 +236,7 @@ fn decode_at_many_positions(
     let compile = |kind| {
         let graph = build(kind, &config, &options).unwrap();
         let planned = gpu_plan(&graph, 1);
-        let mut exe = CudaExecutable::with_options(device, &graph, &planned, lower).unwrap();
+        let mut exe = CudaExecutable::new(device, &graph, &planned).unwrap();
         for (name, var) in weights.named() {
             exe.set(&name, var.value()).unwrap();
         }
@@ -293,7 +273,6 @@ fn decode_at_many_positions(
         }
     }
     let mut worst = 0.0f64;
-    let mut steps = Vec::new();
     for t in prompt..total {
         decode
             .set(
@@ -318,13 +297,11 @@ fn decode_at_many_positions(
             );
             worst = worst.max(error);
         }
-        steps.extend(logits);
     }
     println!(
-        "{precision:?} decode replayed at positions {prompt}..{total} (head dim {}, attention_mma {}): worst relative error {worst:e} vs the full forward",
-        config.head_dim, lower.attention_mma
+        "{precision:?} decode replayed at positions {prompt}..{total} (head dim {}): worst relative error {worst:e} vs the full forward",
+        config.head_dim
     );
-    steps
 }
 
 /// One NaN in `lm_head.weight` (the issue that `fmaxf` dropped NaN from the loss's row max):

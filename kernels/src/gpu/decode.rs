@@ -1,32 +1,14 @@
 //! Builders of `decode.cu`: attention over a KV cache split over keys (one block per chunk of
 //! [`key_chunk`] cache rows of one KV head and all its query heads, then one combine block per
-//! query head and row). Over bf16 caches of 64 or 128 dims the split runs on tensor cores
-//! (`decode_mma.cu`, the same function and partials).
+//! query head and row).
 
 use super::attention::AttentionDims;
 use super::cache::CacheRows;
-use super::launch::{all_aligned, grid_dim, size_arg, MAX_GRID_X, MAX_GRID_YZ};
+use super::launch::{grid_dim, size_arg, MAX_GRID_X, MAX_GRID_YZ};
 use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS};
 use crate::Result;
 
 const MODULE: &str = "decode";
-const MMA_MODULE: &str = "decode_mma";
-
-/// The tensor-core split's entry point for these operands, where it takes them: bf16 caches,
-/// heads of 64 or 128 dims, at most 16 query heads per KV head (the rows of one mma tile), q
-/// aligned to 8 bytes and the caches to 16 (its loads).
-fn mma_split(dims: &AttentionDims, stored: Stored, [q, k, v]: [Addr; 3]) -> Option<&'static str> {
-    let group = dims.q_heads / dims.kv_heads.max(1);
-    let fits = stored == Stored::BF16
-        && (1..=16).contains(&group)
-        && all_aligned(&[q], 8)
-        && all_aligned(&[k, v], 16);
-    match dims.head_dim {
-        64 if fits => Some("cached_attention_split_mma_d64"),
-        128 if fits => Some("cached_attention_split_mma_d128"),
-        _ => None,
-    }
-}
 
 /// Cache rows per block of the split kernel: 64 for heads of up to 64 dims, fewer for wider
 /// ones (the chunk's keys and values sit in shared memory), at least 16.
@@ -62,8 +44,7 @@ pub fn partials_bytes(dims: &AttentionDims) -> u64 {
 /// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
 /// (i64) of each batch row's cache row, with `partials` scratch of [`partials_bytes`]: the
 /// split launch, then the combine. A position outside `0..=Smax - T` or a slot outside the
-/// pool raises the `fault` word. With `tensor_cores`, the split runs on tensor cores where
-/// it takes the operands (`decode_mma.cu`).
+/// pool raises the `fault` word.
 pub fn cached_attention_f32(
     out: Addr,
     partials: Addr,
@@ -71,7 +52,6 @@ pub fn cached_attention_f32(
     cache_rows: CacheRows,
     (dims, scale, stored): (AttentionDims, f32, Stored),
     fault: Addr,
-    tensor_cores: bool,
 ) -> Result<Vec<Launch>> {
     let split_function = stored.pick(
         "cached_attention_split_f32",
@@ -97,62 +77,35 @@ pub fn cached_attention_f32(
     let heads = grid_dim(SPLIT, "Hq", dims.q_heads, MAX_GRID_YZ)?;
     let kv_heads = grid_dim(SPLIT, "Hkv", dims.kv_heads, MAX_GRID_YZ)?;
     let [cache_rows, slots] = cache_rows.args(dims.batch);
-    let grid = (
-        grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?,
-        kv_heads,
-        rows,
+    let split_args = vec![
+        Arg::Ptr(partials),
+        Arg::Ptr(q),
+        Arg::Ptr(k_cache),
+        Arg::Ptr(v_cache),
+        Arg::Ptr(positions),
+        cache_rows,
+        slots,
+        size_arg(dims.q_heads),
+        size_arg(dims.kv_heads),
+        size_arg(dims.q_len),
+        size_arg(dims.kv_len),
+        size_arg(dims.head_dim),
+        size_arg(key_chunk(dims.head_dim)),
+        Arg::F32(scale),
+        Arg::Ptr(fault),
+    ];
+    let split = Kernel::launch(
+        MODULE,
+        split_function,
+        (
+            grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?,
+            kv_heads,
+            rows,
+        ),
+        (BLOCK_THREADS, 1, 1),
+        shared as u32,
+        split_args,
     );
-    let mma = tensor_cores
-        .then(|| mma_split(&dims, stored, [q, k_cache, v_cache]))
-        .flatten();
-    let split = match mma {
-        Some(function) => Kernel::launch(
-            MMA_MODULE,
-            function,
-            grid,
-            (32, 1, 1),
-            0,
-            vec![
-                Arg::Ptr(partials),
-                Arg::Ptr(q),
-                Arg::Ptr(k_cache),
-                Arg::Ptr(v_cache),
-                Arg::Ptr(positions),
-                cache_rows,
-                slots,
-                size_arg(dims.q_heads),
-                size_arg(dims.kv_heads),
-                size_arg(dims.q_len),
-                size_arg(dims.kv_len),
-                Arg::F32(scale),
-                Arg::Ptr(fault),
-            ],
-        ),
-        None => Kernel::launch(
-            MODULE,
-            split_function,
-            grid,
-            (BLOCK_THREADS, 1, 1),
-            shared as u32,
-            vec![
-                Arg::Ptr(partials),
-                Arg::Ptr(q),
-                Arg::Ptr(k_cache),
-                Arg::Ptr(v_cache),
-                Arg::Ptr(positions),
-                cache_rows,
-                slots,
-                size_arg(dims.q_heads),
-                size_arg(dims.kv_heads),
-                size_arg(dims.q_len),
-                size_arg(dims.kv_len),
-                size_arg(dims.head_dim),
-                size_arg(key_chunk(dims.head_dim)),
-                Arg::F32(scale),
-                Arg::Ptr(fault),
-            ],
-        ),
-    };
     let combine_args = vec![
         Arg::Ptr(out),
         Arg::Ptr(partials),
@@ -185,7 +138,3 @@ pub fn cached_attention_f32(
     );
     Ok(vec![split, combine])
 }
-
-#[cfg(test)]
-#[path = "decode_mma_tests.rs"]
-mod mma_tests;

@@ -491,7 +491,7 @@ mod tests;
 
 #[cfg(test)]
 #[path = "linear_emulation.rs"]
-pub(super) mod emulation;
+mod emulation;
 
 #[cfg(test)]
 #[path = "linear_mma_tests.rs"]

@@ -84,7 +84,7 @@ fn round(value: f32) -> u32 {
 /// word i): a_i at row groupID (i < 2 or 4 <= i < 6) else groupID + 8, col 2·tig + (i & 1)
 /// (+ 8 for i >= 4); b_i at row 2·tig + (i & 1) (+ 8 for i >= 2), col groupID; c_i at row
 /// groupID (+ 8 for i >= 2), col 2·tig + (i & 1). D = A·B + C in f32.
-pub(in crate::gpu) fn mma(a: &[Vec4; WARP], b: &[[u32; 2]; WARP], c: &mut [[f32; 4]; WARP]) {
+fn mma(a: &[Vec4; WARP], b: &[[u32; 2]; WARP], c: &mut [[f32; 4]; WARP]) {
     let (mut am, mut bm) = ([[f32::NAN; 16]; 16], [[f32::NAN; 8]; 16]);
     let (mut a_seen, mut b_seen) = ([[0; 16]; 16], [[0; 8]; 16]);
     let element = |word: u32, i: usize| bf16_of(word >> (16 * (i & 1)));

@@ -203,7 +203,6 @@ fn every_launch() -> Vec<Launch> {
             own,
             (dims, 0.5, F32),
             addr(9),
-            true,
         )
         .unwrap(),
         decode::cached_attention_f32(
@@ -213,7 +212,6 @@ fn every_launch() -> Vec<Launch> {
             pool,
             (dims, 0.5, BF16),
             addr(9),
-            false,
         )
         .unwrap(),
         attention::attention_f32(forward, dims, 0.5).unwrap(),
@@ -244,21 +242,6 @@ fn every_launch() -> Vec<Launch> {
         ];
         let kernels = both.into_iter().flatten();
         launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
-    }
-    // The tensor-core split of the cached attention, one entry point per head dim.
-    for head_dim in [64, 128] {
-        let dims = AttentionDims { head_dim, ..dims };
-        let bf16_caches = (dims, 0.5, BF16);
-        let launches_of = decode::cached_attention_f32(
-            addr(0),
-            addr(1),
-            [addr(2); 4],
-            own,
-            bf16_caches,
-            addr(9),
-            true,
-        );
-        launches.extend(launches_of.unwrap());
     }
     // Every head-dim instance of the flash kernels.
     for head_dim in [8, 32, 64, 128] {
@@ -589,14 +572,9 @@ fn every_kernel_waits_for_its_producers_first() {
                 && ["kiln_linear_body<", "kiln_mma_body<"]
                     .iter()
                     .any(|call| first[..first.find('}').unwrap()].contains(call));
-            let split_body = match *module {
-                "decode" => "kiln_cached_attention_split(",
-                "decode_mma" | "decode_mma_portable" => "kiln_decode_mma_split<",
-                _ => "\0",
-            };
-            let attention_waits_in_body = first
-                .starts_with("// The body waits once the rows nothing writes are staged.")
-                && first[..first.find('}').unwrap()].contains(split_body);
+            let attention_waits_in_body = *module == "decode"
+                && first.starts_with("// The body waits once the rows nothing writes are staged.")
+                && first[..first.find('}').unwrap()].contains("kiln_cached_attention_split(");
             assert!(
                 first.starts_with("kiln_grid_dependency_wait();")
                     || waits_in_body
@@ -607,34 +585,21 @@ fn every_kernel_waits_for_its_producers_first() {
         }
     }
     assert!(kernels >= SOURCES.len(), "found {kernels} kernels");
-    // The attention split bodies: one wait, after the settled rows are staged and before q,
-    // the fault word and the partials.
-    for (module, body, settled, q) in [
-        (
-            "decode",
-            "void kiln_cached_attention_split(",
-            "kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, 0,",
-            "kiln_decode_stage_q(",
-        ),
-        (
-            "decode_mma",
-            "void kiln_decode_mma_split(",
-            "kiln_decode_mma_rows<D, C>(vs, v_chunk, 0, settled, count);",
-            "q_rows",
-        ),
-    ] {
-        let (_, source) = SOURCES.iter().find(|(name, _)| *name == module).unwrap();
-        let text = &source[source.find(body).unwrap()..];
-        let text = &text[..text.find("\n}\n").unwrap()];
-        let wait = text.find("kiln_grid_dependency_wait();").unwrap();
-        assert_eq!(text.matches("kiln_grid_dependency_wait();").count(), 1);
-        let settled = text.find(settled).unwrap();
-        for after in ["kiln_raise(fault)", q, "partials +"] {
-            assert!(
-                settled < wait && wait < text.find(after).unwrap(),
-                "{module}: {after}"
-            );
-        }
+    // The attention split body: one wait, after the settled rows are staged and before q, the
+    // fault word and the partials.
+    let (_, decode) = SOURCES.iter().find(|(name, _)| *name == "decode").unwrap();
+    let text = &decode[decode.find("void kiln_cached_attention_split(").unwrap()..];
+    let text = &text[..text.find("\n}\n").unwrap()];
+    let wait = text.find("kiln_grid_dependency_wait();").unwrap();
+    assert_eq!(text.matches("kiln_grid_dependency_wait();").count(), 1);
+    let settled = text
+        .find("kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, 0,")
+        .unwrap();
+    for after in ["kiln_raise(fault)", "kiln_decode_stage_q(", "partials +"] {
+        assert!(
+            settled < wait && wait < text.find(after).unwrap(),
+            "{after}"
+        );
     }
     // The bodies that wait: once after the first step's weight loads (x is staged after it),
     // and again (a no-op then) before the results, for a block whose k range is empty.

@@ -41,10 +41,6 @@ pub struct LowerOptions {
     /// mma.sync, ldmatrix and cp.async), the code the HIP backend runs; on NVIDIA devices
     /// this checks that code against the CPU reference.
     pub portable_mma: bool,
-    /// The cached attention's split over bf16 caches of 64 or 128 dims runs on tensor cores
-    /// (`kernels/cuda/decode_mma.cu`); off, on the CUDA cores (`decode.cu`), as every other
-    /// cache does.
-    pub attention_mma: bool,
 }
 
 impl LowerOptions {
@@ -66,7 +62,6 @@ impl Default for LowerOptions {
             clusters: true,
             vendor_gemm: true,
             portable_mma: false,
-            attention_mma: false,
         }
     }
 }
@@ -117,7 +112,6 @@ pub(crate) fn lower_op(
 /// The portable variant of a tensor-core module (`kiln_kernels::gpu::SOURCES`), or `module`.
 fn portable_module(module: &'static str) -> &'static str {
     match module {
-        "decode_mma" => "decode_mma_portable",
         "flash" => "flash_portable",
         "linear_mma" => "linear_mma_portable",
         other => other,
@@ -389,7 +383,7 @@ impl Lowering<'_> {
             | Op::FlashAttentionBackward { .. }
             | Op::CachedAttention { .. }
             | Op::KvCacheWrite
-            | Op::RopeKvWrite { .. } => attention::lower_attention(self, options),
+            | Op::RopeKvWrite { .. } => attention::lower_attention(self),
             Op::Embedding | Op::EmbeddingBackward { .. } => self.embedding(),
             Op::CrossEntropy { .. } | Op::CrossEntropyBackward { .. } => self.cross_entropy(),
             Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
