@@ -231,11 +231,11 @@ fn parallel_plans_put_every_all_reduce_on_the_communication_stream() {
 fn official_rank_programs_plan_within_one_percent_of_the_lower_bound() {
     use kiln_frontend::model::Precision;
     use kiln_frontend::programs::DataParallel;
-    let train = |model: &str| {
+    let train = |model: &str, precision| {
         let options = ProgramOptions {
             batch: 1,
             seq: 512,
-            precision: Precision::Bf16Gemm,
+            precision,
             data_parallel: Some(DataParallel {
                 bucket_bytes: 25 << 20,
             }),
@@ -251,8 +251,10 @@ fn official_rank_programs_plan_within_one_percent_of_the_lower_bound() {
         ..Default::default()
     };
     let cases = [
-        train("qwen2.5-0.5b"),
-        train("deepseek-r1-distill-qwen-1.5b"),
+        train("qwen2.5-0.5b", Precision::Bf16Gemm),
+        train("deepseek-r1-distill-qwen-1.5b", Precision::Bf16Gemm),
+        // 1.0198 with the greedy orders alone: the search after the portfolio closes it.
+        train("qwen2.5-0.5b", Precision::Bf16Swiglu),
         ("qwen2.5-0.5b".to_string(), ProgramKind::Decode, decode),
     ];
     for (model, kind, options) in cases {

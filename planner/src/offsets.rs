@@ -7,7 +7,8 @@
 //! disjoint byte ranges. Each heuristic places the items one by one in its own order, at the
 //! lowest gap (first fit) or the tightest gap (best fit, ties to the lowest) among the items
 //! already placed that conflict with the new one. All run; the smallest arena wins, ties to
-//! the first in [`portfolio`] order.
+//! the first in [`portfolio`] order. Where the winner is more than 1% above the lower bound,
+//! a bounded local search over its placement order follows ([`search`]).
 //!
 //! The lower bound is the peak over steps of the summed (aligned) sizes of the items live at
 //! that step (by lifetime). Items live at one step pairwise conflict, so any valid placement
@@ -136,25 +137,81 @@ impl OffsetHeuristic for Greedy {
     }
 
     fn place(&self, items: &[ArenaItem]) -> Vec<u64> {
+        place_in_order(items, &self.order(items), self.fit)
+    }
+}
+
+impl Greedy {
+    /// The items' indices in the order this heuristic places them.
+    fn order(&self, items: &[ArenaItem]) -> Vec<usize> {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by_key(|&i| ((self.key)(&items[i]), i));
-        let mut offsets = vec![0u64; items.len()];
-        // (offset, item) of placed items sorted by offset, so conflicting ones come out in byte
-        // order without sorting; a flat scan beats an interval tree at plan sizes.
-        let mut placed: Vec<(u64, usize)> = Vec::with_capacity(items.len());
-        for i in order {
-            let item = &items[i];
-            let busy = placed
-                .iter()
-                .filter(|&&(_, p)| items[p].conflicts(item))
-                .map(|&(offset, p)| (offset, offset + items[p].size));
-            let offset = find_gap(busy, item.size, self.fit);
-            offsets[i] = offset;
-            let at = placed.partition_point(|&(o, _)| o <= offset);
-            placed.insert(at, (offset, i));
-        }
-        offsets
+        order
     }
+}
+
+/// Places the items one by one in `order`, each at the gap `fit` picks among the placed items
+/// it conflicts with.
+fn place_in_order(items: &[ArenaItem], order: &[usize], fit: Fit) -> Vec<u64> {
+    let mut offsets = vec![0u64; items.len()];
+    // (offset, item) of placed items sorted by offset, so conflicting ones come out in byte
+    // order without sorting; a flat scan beats an interval tree at plan sizes.
+    let mut placed: Vec<(u64, usize)> = Vec::with_capacity(items.len());
+    for &i in order {
+        let item = &items[i];
+        let busy = placed
+            .iter()
+            .filter(|&&(_, p)| items[p].conflicts(item))
+            .map(|&(offset, p)| (offset, offset + items[p].size));
+        let offset = find_gap(busy, item.size, fit);
+        offsets[i] = offset;
+        let at = placed.partition_point(|&(o, _)| o <= offset);
+        placed.insert(at, (offset, i));
+    }
+    offsets
+}
+
+/// The most rounds of [`search`].
+const SEARCH_ROUNDS: usize = 512;
+
+/// Whether `arena` is within 1% of `lower`: where the search stops (and does not start).
+fn within_one_percent(arena: u64, lower: u64) -> bool {
+    u128::from(arena) * 100 <= u128::from(lower) * 101
+}
+
+/// A local search from a greedy heuristic's placement, for the plans the portfolio leaves
+/// more than 1% above the lower bound (placement fragmentation: the greedy orders stack items
+/// badly around the peak). Each round swaps two items of the placement order, drawn by a fixed
+/// pseudo-random sequence (so plans stay deterministic), places the items greedily again and
+/// keeps the new order unless its arena is larger (equal ones are kept, to move along
+/// plateaus). It stops within 1% of `lower` or after [`SEARCH_ROUNDS`] rounds; returns the
+/// smallest placement found and its arena.
+fn search(items: &[ArenaItem], heuristic: &Greedy, lower: u64) -> (Vec<u64>, u64) {
+    let mut order = heuristic.order(items);
+    let mut offsets = place_in_order(items, &order, heuristic.fit);
+    let mut arena = arena_size(items, &offsets);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64; // xorshift64
+    let mut draw = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    for _ in 0..SEARCH_ROUNDS {
+        if items.len() < 2 || within_one_percent(arena, lower) {
+            break;
+        }
+        let (a, b) = (draw(items.len()), draw(items.len()));
+        order.swap(a, b);
+        let tried = place_in_order(items, &order, heuristic.fit);
+        let tried_arena = arena_size(items, &tried);
+        if tried_arena <= arena {
+            (offsets, arena) = (tried, tried_arena);
+        } else {
+            order.swap(a, b);
+        }
+    }
+    (offsets, arena)
 }
 
 /// The offset for `size` bytes among `busy` byte ranges (sorted by start).
@@ -247,12 +304,26 @@ pub(crate) fn place_best(items: &[ArenaItem]) -> Result<Placement> {
         })?;
     let mut best: Option<(String, Vec<u64>, u64)> = None;
     let mut candidates = Vec::new();
+    let mut winner = None;
     for heuristic in portfolio() {
         let offsets = heuristic.place(items);
         let arena = arena_size(items, &offsets);
         candidates.push((heuristic.name().to_string(), arena));
         if best.as_ref().is_none_or(|(_, _, b)| arena < *b) {
             best = Some((heuristic.name().to_string(), offsets, arena));
+            winner = Some(heuristic);
+        }
+    }
+    // More than 1% above the lower bound: a local search from the winner's order.
+    let lower = lower_bound(items)?;
+    if let (Some((name, _, arena)), Some(heuristic)) = (&best, winner) {
+        if !within_one_percent(*arena, lower) {
+            let (offsets, searched) = search(items, &heuristic, lower);
+            let name = format!("{name}+search");
+            candidates.push((name.clone(), searched));
+            if searched < *arena {
+                best = Some((name, offsets, searched));
+            }
         }
     }
     let (strategy, offsets, _) = best.unwrap_or_default();
