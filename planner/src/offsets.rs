@@ -179,17 +179,21 @@ fn within_one_percent(arena: u64, lower: u64) -> bool {
     u128::from(arena) * 100 <= u128::from(lower) * 101
 }
 
-/// A local search from a greedy heuristic's placement, for the plans the portfolio leaves
-/// more than 1% above the lower bound (placement fragmentation: the greedy orders stack items
-/// badly around the peak). Each round swaps two items of the placement order, drawn by a fixed
-/// pseudo-random sequence (so plans stay deterministic), places the items greedily again and
-/// keeps the new order unless its arena is larger (equal ones are kept, to move along
-/// plateaus). It stops within 1% of `lower` or after [`SEARCH_ROUNDS`] rounds; returns the
-/// smallest placement found and its arena.
-fn search(items: &[ArenaItem], heuristic: &Greedy, lower: u64) -> (Vec<u64>, u64) {
+/// A local search from a greedy heuristic's placement (`start`: its offsets and arena), for
+/// the plans the portfolio leaves more than 1% above the lower bound (placement
+/// fragmentation: the greedy orders stack items badly around the peak). Each round swaps two
+/// items of the placement order, drawn by a fixed pseudo-random sequence (so plans stay
+/// deterministic), places the items greedily again and keeps the new order unless its arena
+/// is larger (equal ones are kept, to move along plateaus). It stops within 1% of `lower` or
+/// after [`SEARCH_ROUNDS`] rounds; returns the smallest placement found and its arena.
+fn search(
+    items: &[ArenaItem],
+    heuristic: &Greedy,
+    start: (Vec<u64>, u64),
+    lower: u64,
+) -> (Vec<u64>, u64) {
     let mut order = heuristic.order(items);
-    let mut offsets = place_in_order(items, &order, heuristic.fit);
-    let mut arena = arena_size(items, &offsets);
+    let (mut offsets, mut arena) = start;
     let mut state = 0x9e37_79b9_7f4a_7c15u64; // xorshift64
     let mut draw = |n: usize| {
         state ^= state << 13;
@@ -292,41 +296,38 @@ pub(crate) struct Placement {
     pub candidates: Vec<(String, u64)>,
 }
 
-/// Runs every heuristic of the portfolio and keeps the smallest arena (ties to the first).
-/// The items' total size must fit in `u64`; then no offset overflows, since an item never
-/// lands above the sum of the sizes placed before it.
-pub(crate) fn place_best(items: &[ArenaItem]) -> Result<Placement> {
+/// Runs every heuristic of the portfolio and keeps the smallest arena (ties to the first),
+/// then, where that is more than 1% above `lower` (the items' [`lower_bound`]), the
+/// [`search`] from it. The items' total size must fit in `u64`; then no offset overflows,
+/// since an item never lands above the sum of the sizes placed before it.
+pub(crate) fn place_best(items: &[ArenaItem], lower: u64) -> Result<Placement> {
     items
         .iter()
         .try_fold(0u64, |sum, i| sum.checked_add(i.size))
         .ok_or_else(|| Error::Overflow {
             what: "the total size of arena buffers".to_string(),
         })?;
-    let mut best: Option<(String, Vec<u64>, u64)> = None;
+    let mut best: Option<(Greedy, Vec<u64>, u64)> = None;
     let mut candidates = Vec::new();
-    let mut winner = None;
     for heuristic in portfolio() {
         let offsets = heuristic.place(items);
         let arena = arena_size(items, &offsets);
         candidates.push((heuristic.name().to_string(), arena));
         if best.as_ref().is_none_or(|(_, _, b)| arena < *b) {
-            best = Some((heuristic.name().to_string(), offsets, arena));
-            winner = Some(heuristic);
+            best = Some((heuristic, offsets, arena));
         }
     }
-    // More than 1% above the lower bound: a local search from the winner's order.
-    let lower = lower_bound(items)?;
-    if let (Some((name, _, arena)), Some(heuristic)) = (&best, winner) {
-        if !within_one_percent(*arena, lower) {
-            let (offsets, searched) = search(items, &heuristic, lower);
-            let name = format!("{name}+search");
-            candidates.push((name.clone(), searched));
-            if searched < *arena {
-                best = Some((name, offsets, searched));
-            }
+    let (heuristic, mut offsets, arena) = best.expect("the portfolio has heuristics");
+    let mut strategy = heuristic.name().to_string();
+    if !within_one_percent(arena, lower) {
+        let start = (offsets.clone(), arena);
+        let (searched_offsets, searched) = search(items, &heuristic, start, lower);
+        let name = format!("{strategy}+search");
+        candidates.push((name.clone(), searched));
+        if searched < arena {
+            (strategy, offsets) = (name, searched_offsets);
         }
     }
-    let (strategy, offsets, _) = best.unwrap_or_default();
     Ok(Placement {
         strategy,
         offsets,

@@ -25,6 +25,13 @@ fn assert_valid(items: &[ArenaItem], offsets: &[u64], name: &str) {
     }
 }
 
+/// Items of (256-byte units, start, steps after the start), as the property tests draw them.
+fn items_of(raw: &[(u64, usize, usize)]) -> Vec<ArenaItem> {
+    raw.iter()
+        .map(|&(units, start, len)| item(units * 256, start, start + len))
+        .collect()
+}
+
 #[test]
 fn first_fit_takes_the_lowest_gap_and_best_fit_the_tightest() {
     // Busy: [0,256) [512,1536) [1792,2048): gaps of 256 at 256 and at 1536.
@@ -80,7 +87,7 @@ fn heuristics_differ_and_the_smallest_arena_wins_ties_to_the_first() {
         strategy: name,
         offsets,
         candidates,
-    } = place_best(&items).unwrap();
+    } = place_best(&items, lower_bound(&items).unwrap()).unwrap();
     let arenas: Vec<u64> = candidates.iter().map(|c| c.1).collect();
     assert_eq!(arenas, [1536, 1536, 1792, 1280, 1280, 1536]);
     assert_eq!(name, "area-first-fit");
@@ -165,7 +172,7 @@ fn align_up_rounds_to_the_alignment_and_reports_overflow() {
 #[test]
 fn total_sizes_beyond_64_bits_are_an_error() {
     let items = [item(u64::MAX / 2 + 1, 0, 0), item(u64::MAX / 2 + 1, 1, 1)];
-    assert!(matches!(place_best(&items), Err(Error::Overflow { .. })));
+    assert!(matches!(place_best(&items, 0), Err(Error::Overflow { .. })));
 }
 
 proptest! {
@@ -173,10 +180,7 @@ proptest! {
     fn every_heuristic_places_overlapping_items_in_disjoint_bytes(
         raw in prop::collection::vec((0u64..40, 0usize..30, 0usize..12), 1..60)
     ) {
-        let items: Vec<ArenaItem> = raw
-            .iter()
-            .map(|&(units, start, len)| item(units * 256, start, start + len))
-            .collect();
+        let items = items_of(&raw);
         let bound = lower_bound(&items).unwrap();
         for h in portfolio() {
             let offsets = h.place(&items);
@@ -194,25 +198,24 @@ proptest! {
     fn the_search_is_valid_deterministic_and_never_worse(
         raw in prop::collection::vec((1u64..40, 0usize..30, 0usize..12), 2..60)
     ) {
-        let items: Vec<ArenaItem> = raw
-            .iter()
-            .map(|&(units, start, len)| item(units * 256, start, start + len))
-            .collect();
+        let items = items_of(&raw);
         let lower = lower_bound(&items).unwrap();
         for h in portfolio() {
-            let greedy = arena_size(&items, &h.place(&items));
-            let (offsets, arena) = search(&items, &h, lower);
+            let greedy = h.place(&items);
+            let start = (greedy.clone(), arena_size(&items, &greedy));
+            let (offsets, arena) = search(&items, &h, start.clone(), lower);
             assert_valid(&items, &offsets, h.name());
             prop_assert_eq!(arena, arena_size(&items, &offsets));
-            prop_assert!(arena <= greedy && arena >= lower);
-            prop_assert_eq!(search(&items, &h, lower), (offsets, arena));
+            prop_assert!(arena <= start.1 && arena >= lower);
+            prop_assert_eq!(search(&items, &h, start, lower), (offsets, arena));
         }
-        let placement = place_best(&items).unwrap();
+        let placement = place_best(&items, lower).unwrap();
         let chosen = arena_size(&items, &placement.offsets);
         let best = placement.candidates.iter().map(|(_, a)| *a).min().unwrap();
         prop_assert_eq!(chosen, best);
         let searched = placement.candidates.iter().any(|(n, _)| n.ends_with("+search"));
-        let portfolio_best = placement.candidates[..6].iter().map(|(_, a)| *a).min().unwrap();
+        let greedy = &placement.candidates[..portfolio().len()];
+        let portfolio_best = greedy.iter().map(|(_, a)| *a).min().unwrap();
         prop_assert_eq!(searched, !within_one_percent(portfolio_best, lower));
     }
 }
@@ -235,8 +238,11 @@ fn the_search_finds_what_the_greedy_orders_miss() {
     .map(|&(units, start, end)| item(units * 256, start, end))
     .collect();
     let lower = lower_bound(&items).unwrap();
-    let placement = place_best(&items).unwrap();
-    let greedy = placement.candidates[..6].iter().map(|(_, a)| *a).min();
+    let placement = place_best(&items, lower).unwrap();
+    let greedy = placement.candidates[..portfolio().len()]
+        .iter()
+        .map(|(_, a)| *a)
+        .min();
     assert_eq!((lower, greedy), (3840, Some(4096)));
     assert_valid(&items, &placement.offsets, &placement.strategy);
     assert_eq!(arena_size(&items, &placement.offsets), lower);

@@ -48,7 +48,7 @@ pub(crate) fn plan_behind(
         .with_barrier(barrier);
     let chosen = choose_schedule(&program, options.alignment)?;
     let streams = StreamPlan::new(&program, &chosen.order, &chosen.buffers, options.streams);
-    let arena = place_arena(&chosen.buffers, &streams, options.alignment)?;
+    let arena = place_arena(&chosen, &streams, options.alignment)?;
     let in_place_writes = in_place_writes(&program, &chosen.order, &chosen.buffers, &streams);
 
     let schedule = chosen
@@ -186,9 +186,10 @@ struct Arena {
     placement: Placement,
 }
 
-/// Places the arena buffers; across streams they share bytes only where happens-before
-/// allows it (`StreamPlan::busy_until`).
-fn place_arena(buffers: &Buffers, streams: &StreamPlan, alignment: u64) -> Result<Arena> {
+/// Places the chosen schedule's arena buffers; across streams they share bytes only where
+/// happens-before allows it (`StreamPlan::busy_until`).
+fn place_arena(chosen: &Chosen, streams: &StreamPlan, alignment: u64) -> Result<Arena> {
+    let buffers = &chosen.buffers;
     let (ids, items): (Vec<usize>, Vec<ArenaItem>) =
         arena_items(buffers, alignment, |b| ArenaItem {
             size: 0,
@@ -199,7 +200,8 @@ fn place_arena(buffers: &Buffers, streams: &StreamPlan, alignment: u64) -> Resul
         })?
         .into_iter()
         .unzip();
-    let placement = place_best(&items)?;
+    // The same sizes and lifetimes as the schedule's candidate: its peak is their bound.
+    let placement = place_best(&items, chosen.peak)?;
     let mut offset_of = vec![None; buffers.list.len()];
     for (&id, &offset) in ids.iter().zip(&placement.offsets) {
         offset_of[id] = Some(offset);
