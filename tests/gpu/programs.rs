@@ -208,15 +208,14 @@ fn decode_at_many_positions(
     rng: &mut StdRng,
     (config, precision, limit): (&ModelConfig, Precision, f64),
 ) {
-    let config = config.clone();
     let (batch, total, prompt, max_seq) = (2, 24, 5, 32);
     let seed = rand::Rng::random(rng);
-    let weights = random_weights_as(&config, seed, precision.weight_dtype()).unwrap();
+    let weights = random_weights_as(config, seed, precision.weight_dtype()).unwrap();
     let ids = testing::indices(rng, batch * total, config.vocab_size);
     let positions: Vec<i64> = (0..batch * total).map(|i| (i % total) as i64).collect();
     let full = forward(
         &Eager { precision },
-        &config,
+        config,
         &weights,
         &Var::constant(Tensor::from_vec(ids.clone(), [batch, total]).unwrap()),
         &Var::constant(Tensor::from_vec(positions, [batch, total]).unwrap()),
@@ -234,13 +233,13 @@ fn decode_at_many_positions(
         ..Default::default()
     };
     let compile = |kind| {
-        let graph = build(kind, &config, &options).unwrap();
+        let graph = build(kind, config, &options).unwrap();
         let planned = gpu_plan(&graph, 1);
         let mut exe = CudaExecutable::new(device, &graph, &planned).unwrap();
         for (name, var) in weights.named() {
             exe.set(&name, var.value()).unwrap();
         }
-        for (name, tensor) in example_inputs(&graph, &config, kind, &options, 0, 0).unwrap() {
+        for (name, tensor) in example_inputs(&graph, config, kind, &options, 0, 0).unwrap() {
             exe.set(&name, &tensor).unwrap();
         }
         exe
