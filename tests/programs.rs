@@ -482,8 +482,9 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         }
         // Per layer: q/k/v and gate/up share their casts (3 fewer); no linear's input or
         // weight gradient is rounded by a cast of its own (7 + 7); no rounded weight gradient
-        // is widened for its AdamW (7), nor the terms the backward adds to the first of q/k/v's
-        // and of gate/up's input gradients (2 + 1); SwiGLU writes its result rounded for the
+        // is widened for its AdamW (7), nor any term of the sums of q/k/v's and of gate/up's
+        // input gradients (3 + 2), nor the output gradient FlashAttention's backward rounds
+        // again as it reads it (1); SwiGLU writes its result rounded for the
         // down GEMM and its backward takes the rounded gradient and writes both of its own
         // rounded (1 + 1 + 2); both norms write their normed rows rounded for q/k/v and gate/up
         // (2), and the final norm for the LM head (1). The LM head's weight gradient (bf16, the
@@ -494,11 +495,13 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         let casts_gone = count(&unfused, "cast") - count(&fused, "cast");
         assert_eq!(
             casts_gone,
-            (3 + 7 + 7 + 7 + 3 + 4 + 2 + 4 * kept) * layers + 1 + 1,
+            (3 + 7 + 7 + 7 + 5 + 1 + 4 + 2 + 4 * kept) * layers + 1 + 1,
             "{precision:?}"
         );
         assert_eq!(count(&fused, "rounded_swiglu"), layers);
         assert_eq!(count(&fused, "rounded_swiglu_backward"), layers);
+        // RoPE writes q and k rounded: FlashAttention reads them so (the same bits).
+        assert_eq!(count(&fused, "rounded_rope"), 2 * layers);
         let norms = count(&fused, "rounded_rmsnorm") + count(&fused, "rounded_add_rmsnorm");
         assert_eq!(norms, 2 * layers + 1);
         // A tied embedding's gradient is the scatter onto the LM head's: one op, no add.

@@ -22,10 +22,12 @@
 //!   axis (decode's last position) — of a dense value becomes a `Reshape` of it, or the value
 //!   itself: no copy;
 //! - `widened`: an operand an op may take stored in bf16 ([`Op::stored_operands`]) that is
-//!   `Cast{f32}` of a bf16 value read by that op alone (or only ever as a stored operand) is
-//!   the bf16 value, widened as the op reads it (mixed precision: AdamW's rounded weight
-//!   gradients, the rounded input gradients the backward sums, the rounded gradient SwiGLU's
-//!   backward takes, and its rounded gate and up where the precision keeps them);
+//!   `Cast{f32}` of a bf16 value (through reshapes) read by that op alone (or only ever as a
+//!   stored operand) is the bf16 value, widened as the op reads it (mixed precision: AdamW's
+//!   rounded weight gradients, both rounded input gradients of each sum the backward makes,
+//!   the rounded gradient SwiGLU's backward takes, its rounded gate and up where the
+//!   precision keeps them, and the rounded `grad_out` FlashAttention's backward rounds again
+//!   on entry);
 //! - `round_trip`: `Cast{bf16}` of `Cast{f32}` of a bf16 value (through reshapes) is that
 //!   value: the backward's rounding of a rounded value's gradient for its GEMM;
 //! - `adamw_copy`: an `AdamW` whose new param a `CastInto` rounds into the param's persistent
@@ -43,7 +45,8 @@
 //!   backward rounds each gradient of a bf16 GEMM input to bf16 (`rounded_matmul`); SwiGLU's
 //!   result and its backward's gradients (`rounded_swiglu`, `rounded_swiglu_backward`) and
 //!   the normed rows (`rounded_rmsnorm`, `rounded_add_rmsnorm`: the sum stays f32) feed bf16
-//!   GEMMs;
+//!   GEMMs; a result read only where it is rounded on entry ([`Op::rounded_on_entry`]) is
+//!   written rounded too (`rounded_rope`: q and k, which FlashAttention rounds as it reads);
 //! - `embedding_onto`: an `Add` of an `EmbeddingBackward` read by the add alone and a term of
 //!   its shape (a tied embedding's gradient: the LM head's plus the embedding's, the LM
 //!   head's read as the `widened` rule left it) is one `EmbeddingBackward` onto that term.

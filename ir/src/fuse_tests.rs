@@ -53,9 +53,9 @@ fn round_trip_drops_the_casts_of_a_dense_value_only() {
 }
 
 /// `widened`: a cast of a bf16 value that several ops read, each as a stored operand (SwiGLU
-/// and its backward reading rounded gate and up), is gone, each op reading the bf16 value;
-/// where another reader takes the gate's cast as an operand of its own dtype, that cast stays,
-/// and so does up's (SwiGLU reads gate and up of one dtype).
+/// and its backward reading rounded gate and up, a sum), is gone, each op reading the bf16
+/// value; where another reader takes the gate's cast as an operand of its own dtype (a
+/// product), that cast stays, and so does up's (SwiGLU reads gate and up of one dtype).
 #[test]
 fn widened_drops_a_cast_that_only_stored_operands_read() {
     for f32_reader in [false, true] {
@@ -72,9 +72,12 @@ fn widened_drops_a_cast_that_only_stored_operands_read() {
             .unwrap();
         g.output("out", out).unwrap();
         g.output("grad_gate", grads[0]).unwrap();
+        // A sum reads either term stored: the cast may go all the same.
+        let sum = g.op1(Op::Add, &[gate_wide, grad]).unwrap();
+        g.output("sum", sum).unwrap();
         if f32_reader {
-            let sum = g.op1(Op::Add, &[gate_wide, grad]).unwrap();
-            g.output("sum", sum).unwrap();
+            let product = g.op1(Op::Mul, &[gate_wide, grad]).unwrap();
+            g.output("product", product).unwrap();
         }
         let fused = fuse(&g).unwrap();
         let names = ops(&fused);

@@ -9,7 +9,8 @@
 //! (RMSNorm weights, RoPE and Add biases, KV caches, the embedding table; [`stores`]), read
 //! widened and written rounded, as bf16 inference keeps them; mixed precision's rounded
 //! gradients are read so too (an added term, the gradients AdamW and SwiGLU's backward take,
-//! the LM head's gradient a tied embedding's scatter goes onto: [`Op::stored_operands`]).
+//! the LM head's gradient a tied embedding's scatter goes onto: [`Op::stored_operands`]), and
+//! an operand an op only reads rounded to bf16 may be given so ([`Op::rounded_on_entry`]).
 
 mod index_range;
 pub mod rope_kv;
@@ -53,7 +54,7 @@ pub enum Op {
     /// pass (`crate::fuse`), never traced; the f32 ones never exist. Mixed precision makes
     /// these where such a result is read only as a bf16 GEMM input: each gradient of a bf16
     /// GEMM input (`MatMul` of bf16 operands), SwiGLU's result and its backward's gradients,
-    /// RMSNorm's normed rows.
+    /// RMSNorm's normed rows; and RoPE's q and k, which FlashAttention reads rounded.
     Rounded(Box<Op>),
     /// `(a, b) -> a + b`; `b`'s shape is a suffix of `a`'s.
     Add,
@@ -87,15 +88,16 @@ pub enum Op {
     /// `(into, a) -> a` cast to `into`'s type (same shape): `Cast` computed in `into`'s storage
     /// when the planner can (a derived copy's update, written in its own slot).
     CastInto,
-    /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v [B,Hkv,S,D]) f32 -> (out [B,T,Hq,D], lse [B,Hq,T])`:
+    /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v [B,Hkv,S,D]) -> (out [B,T,Hq,D], lse [B,Hq,T])` f32:
     /// `Attention`'s math with `q`, `k` and `v` entering their products as their bf16
     /// roundings (f32 accumulation), and no probabilities kept: `lse` is each query row's
     /// log-sum-exp of its scaled scores, all the backward needs to rebuild them (the
-    /// FlashAttention contract; mixed-precision training and prefill).
+    /// FlashAttention contract; mixed-precision training and prefill). Each of `q`, `k`, `v`
+    /// is f32, or bf16: already its rounding ([`Op::rounded_on_entry`]).
     FlashAttention { scale: f64 },
-    /// `(q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)`, `grad_out` entering its
-    /// products as its bf16 rounding; the gradient of `FlashAttention` with each rounding taken
-    /// as the identity (as `Cast`'s is).
+    /// `(q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)` (f32 gradients),
+    /// `grad_out` entering its products as its bf16 rounding (f32, or bf16); the gradient of
+    /// `FlashAttention` with each rounding taken as the identity (as `Cast`'s is).
     FlashAttentionBackward { scale: f64 },
     /// `(q [B,Hq,T,D], k_cache [S,Hkv,Smax,D], v_cache, positions [B] int[, rows [B] int]) ->
     /// [B,T,Hq,D]`: query `t` of batch row `b` sits at `positions[b] + t` and attends its
@@ -217,6 +219,7 @@ impl Op {
                 Op::SwiGluBackward => "rounded_swiglu_backward",
                 Op::RmsNorm { .. } => "rounded_rmsnorm",
                 Op::AddRmsNorm { .. } => "rounded_add_rmsnorm",
+                Op::Rope { .. } => "rounded_rope",
                 _ => "rounded",
             },
             Op::Add => "add",
@@ -348,17 +351,33 @@ impl Op {
     }
 
     /// The operands an op computing in f32 may take stored in bf16 ([`stores`]), widened
-    /// exactly where read: weights, biases, caches, an added term, the gradients AdamW and
-    /// SwiGLU's backward take, SwiGLU's gate and up (rounded products), and the table an
-    /// embedding's scatter goes onto.
+    /// exactly where read: weights, biases, caches, the terms of a sum, the gradients AdamW and
+    /// SwiGLU's backward take, SwiGLU's gate and up (rounded products), the table an
+    /// embedding's scatter goes onto, and the operands an op only reads rounded to bf16
+    /// ([`Op::rounded_on_entry`]).
     pub fn stored_operands(&self) -> &'static [usize] {
         match self {
-            Op::Add | Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
+            Op::Add => &[0, 1],
+            Op::FlashAttention { .. } => &[0, 1, 2],
+            Op::FlashAttentionBackward { .. } => &[0, 1, 2, 5],
+            Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
             Op::SwiGlu => &[0, 1],
             Op::SwiGluBackward => &[0, 1, 2],
             Op::AddRmsNorm { .. } | Op::Rope { .. } | Op::EmbeddingBackward { .. } => &[2],
             Op::Rounded(op) => op.stored_operands(),
             Op::CachedAttention { .. } => &[1, 2],
+            _ => &[],
+        }
+    }
+
+    /// The operands an op reads only as their bf16 rounding (FlashAttention's q, k, v and
+    /// the backward's `grad_out`, rounded where they enter the tensor cores): a bf16 operand
+    /// there is already that rounding, so a producer whose f32 result only such ports read
+    /// may write it rounded (the fusion pass's `rounded` rule) and the op gives the same bits.
+    pub fn rounded_on_entry(&self) -> &'static [usize] {
+        match self {
+            Op::FlashAttention { .. } => &[0, 1, 2],
+            Op::FlashAttentionBackward { .. } => &[0, 1, 2, 5],
             _ => &[],
         }
     }
@@ -388,11 +407,12 @@ impl Op {
     /// The results `Op::Rounded` writes rounded to bf16 (f32 ones its kernels can write
     /// rounded; the others are written as the op writes them): a `MatMul`'s product (of bf16
     /// operands), SwiGLU's result and both gradients of its backward, RMSNorm's normed rows
-    /// (not the sum an `AddRmsNorm` also gives, which the residual stream reads); none of any
-    /// other op.
+    /// (not the sum an `AddRmsNorm` also gives, which the residual stream reads), RoPE's
+    /// rotated rows (read only where they are rounded on entry: FlashAttention's q and k);
+    /// none of any other op.
     pub fn rounded_results(&self) -> &'static [usize] {
         match self {
-            Op::MatMul { .. } | Op::SwiGlu | Op::RmsNorm { .. } => &[0],
+            Op::MatMul { .. } | Op::SwiGlu | Op::RmsNorm { .. } | Op::Rope { .. } => &[0],
             Op::SwiGluBackward => &[0, 1],
             Op::AddRmsNorm { .. } => &[1],
             _ => &[],

@@ -19,29 +19,53 @@ __device__ void kiln_binary(float* out, const float* a, const float* b, i64 n, i
     KILN_FOR_EACH(i, n) { out[i] = combine(a[i], b[i % b_len]); }
 }
 
-// B4: float4, or uint2 for a bf16 b (four elements in 8 bytes).
-template <typename B4, typename Combine>
-__device__ void kiln_binary_vec4(float4* out, const float4* a, const B4* b, i64 n4, i64 b_len4,
+// A4, B4: float4, or uint2 for a bf16 operand (four elements in 8 bytes).
+template <typename A4, typename B4, typename Combine>
+__device__ void kiln_binary_vec4(float4* out, const A4* a, const B4* b, i64 n4, i64 b_len4,
                                  Combine combine) {
     KILN_FOR_EACH(i, n4) {
-        const float4 x = a[i];
+        const float4 x = kiln_load4(a, i);
         const float4 y = kiln_load4(b, i % b_len4);
         out[i] = make_float4(combine(x.x, y.x), combine(x.y, y.y), combine(x.z, y.z),
                              combine(x.w, y.w));
     }
 }
 
+// out = a[i] + b[i % b_len], each term f32 or bf16 (widened): a bias stored in bf16, mixed
+// precision's rounded gradients. A bf16 `a` is never `out` (the sum is f32).
+template <typename A, typename B>
+__device__ void kiln_add(float* out, const A* a, const B* b, i64 n, i64 b_len) {
+    KILN_FOR_EACH(i, n) { out[i] = kiln_load(a, i) + kiln_load(b, i % b_len); }
+}
+
 extern "C" __global__ void add_f32(float* out, const float* a, const float* b, i64 n,
                                    i64 b_len) {
     kiln_grid_dependency_wait();
-    kiln_binary(out, a, b, n, b_len, KilnAdd());
+    kiln_add(out, a, b, n, b_len);
 }
 
-// out = a + b[i % b_len] with a bf16 b (a bias stored in bf16).
 extern "C" __global__ void add_f32_bf16(float* out, const float* a, const bf16_bits* b, i64 n,
                                         i64 b_len) {
     kiln_grid_dependency_wait();
-    KILN_FOR_EACH(i, n) { out[i] = a[i] + kiln_load(b, i % b_len); }
+    kiln_add(out, a, b, n, b_len);
+}
+
+extern "C" __global__ void add_bf16_bf16(float* out, const bf16_bits* a, const bf16_bits* b,
+                                         i64 n, i64 b_len) {
+    kiln_grid_dependency_wait();
+    kiln_add(out, a, b, n, b_len);
+}
+
+extern "C" __global__ void add_bf16_f32(float* out, const bf16_bits* a, const float* b, i64 n,
+                                        i64 b_len) {
+    kiln_grid_dependency_wait();
+    kiln_add(out, a, b, n, b_len);
+}
+
+extern "C" __global__ void add_f32_vec4(float4* out, const float4* a, const float4* b, i64 n4,
+                                        i64 b_len4) {
+    kiln_grid_dependency_wait();
+    kiln_binary_vec4(out, a, b, n4, b_len4, KilnAdd());
 }
 
 extern "C" __global__ void add_f32_bf16_vec4(float4* out, const float4* a, const uint2* b,
@@ -50,8 +74,14 @@ extern "C" __global__ void add_f32_bf16_vec4(float4* out, const float4* a, const
     kiln_binary_vec4(out, a, b, n4, b_len4, KilnAdd());
 }
 
-extern "C" __global__ void add_f32_vec4(float4* out, const float4* a, const float4* b, i64 n4,
-                                        i64 b_len4) {
+extern "C" __global__ void add_bf16_bf16_vec4(float4* out, const uint2* a, const uint2* b,
+                                              i64 n4, i64 b_len4) {
+    kiln_grid_dependency_wait();
+    kiln_binary_vec4(out, a, b, n4, b_len4, KilnAdd());
+}
+
+extern "C" __global__ void add_bf16_f32_vec4(float4* out, const uint2* a, const float4* b,
+                                             i64 n4, i64 b_len4) {
     kiln_grid_dependency_wait();
     kiln_binary_vec4(out, a, b, n4, b_len4, KilnAdd());
 }
@@ -82,25 +112,27 @@ extern "C" __global__ void scale_f32_vec4(float4* out, const float4* a, float al
     }
 }
 
-// out[j] = sum over i in increasing order of src[i, j]; src is [rows, cols], out is [cols].
-// Block (32, ROW_LANES): threadIdx.x picks a column of a 32-column group, threadIdx.y a
-// residue class of rows; the ROW_LANES partial sums are then added in increasing y.
-#define KILN_SUM_ROW_LANES 16
-extern "C" __global__ void sum_to_shape_f32(float* out, const float* src, i64 rows, i64 cols) {
+// out[j] = sum over i of src[i, j]; src is [rows, cols], out is [cols] (or the chunks'
+// partials [chunks, cols]): columns.cuh's split and order.
+struct KilnSumTerm {
+    const float* src;
+    i64 cols;
+    __device__ float operator()(i64 row, i64 col) const { return src[row * cols + col]; }
+};
+
+extern "C" __global__ void sum_to_shape_f32(float* out, const float* src, i64 rows, i64 cols,
+                                            i64 chunk_rows) {
     kiln_grid_dependency_wait();
-    __shared__ float partial[KILN_SUM_ROW_LANES][KILN_WARP];
-    const i64 col = (i64)blockIdx.x * KILN_WARP + threadIdx.x;
-    float sum = 0.0f;
-    if (col < cols) {
-        for (i64 row = threadIdx.y; row < rows; row += KILN_SUM_ROW_LANES) {
-            sum += src[row * cols + col];
-        }
-    }
-    partial[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < cols) {
-        float total = partial[0][threadIdx.x];
-        for (int lane = 1; lane < KILN_SUM_ROW_LANES; ++lane) total += partial[lane][threadIdx.x];
+    kiln_column_sums(out, rows, cols, chunk_rows, KilnSumTerm{src, cols});
+}
+
+// out[col] = Σ_c partials[c·cols + col] over the chunks c in increasing order (columns.cuh).
+extern "C" __global__ void column_sums_finish_f32(float* out, const float* partials, i64 chunks,
+                                                  i64 cols) {
+    kiln_grid_dependency_wait();
+    KILN_FOR_EACH(col, cols) {
+        float total = partials[col];
+        for (i64 c = 1; c < chunks; ++c) total += partials[c * cols + col];
         out[col] = total;
     }
 }

@@ -1,8 +1,9 @@
 // FlashAttention (the FlashAttention-2 algorithm) on tensor cores: causal GQA attention that
 // never writes its probabilities. The contract is kernels/src/attention/flash.rs's: q, k, v
-// and dO are f32 in the program, rounded to bf16 where they enter an mma, with f32
-// accumulation; the forward keeps each query row's log-sum-exp, the backward rebuilds the
-// probabilities block by block from it and rounds P and dS to bf16 where they enter products.
+// and dO are f32 in the program (or bf16: already that rounding), rounded to bf16 where they
+// enter an mma, with f32 accumulation; the forward keeps each query row's log-sum-exp, the
+// backward rebuilds the probabilities block by block from it and rounds P and dS to bf16
+// where they enter products.
 //
 // Layouts: q [B,Hq,T,hd], k and v [B,Hkv,S,hd], out and dO [B,T,Hq,hd], lse and delta
 // [B,Hq,T] (f32), grad_q [B,Hq,T,hd], grad_k and grad_v [B,Hkv,S,hd]. Query t sits at
@@ -10,9 +11,10 @@
 //
 // Staging. flash_attention_stage first writes each operand as bf16 rows of D elements (D =
 // the template's head dim, 16, 32, 64 or 128, >= hd; zeros past hd), dO re-laid as
-// [B,Hq,T,D]. So every tile kernel reads whole, aligned 16-byte rows: tiles go to shared
-// memory by cp.async (double-buffered: the next tile's copy is issued before the current one
-// is multiplied), and a warp's own 16 rows go to registers as A fragments once.
+// [B,Hq,T,D]; a bf16 q, k or v of hd = D is that already and is read where it is. So every
+// tile kernel reads whole, aligned 16-byte rows: tiles go to shared memory by cp.async
+// (double-buffered: the next tile's copy is issued before the current one is multiplied), and
+// a warp's own 16 rows go to registers as A fragments once.
 //
 // Work split. Every tile kernel has 4 warps; each warp owns 16 rows of the block's tile as the
 // A operand's rows, and the block walks the other axis in tiles:
@@ -173,13 +175,21 @@ __device__ __forceinline__ float kiln_flash_quad_max(float x) {
 
 // ---- staging ----
 
-// dst [rows][D] bf16 = src rows of hd f32, zeros past hd. Row r of dst reads src row r, or,
-// with bthd (dO, out's layout [B,T,Hq,hd] to [B,Hq,T,D]), row (b·T + t)·Hq + h for r = (b·Hq
-// + h)·T + t. Each thread writes 8 elements (16 bytes).
-extern "C" __global__ void flash_attention_stage(bf16_bits* dst, const float* src, i64 rows,
-                                                 i64 hd, i64 padded, i64 q_heads, i64 q_len,
-                                                 int bthd) {
-    kiln_grid_dependency_wait();
+// bf16 rounding of an operand element: f32 rounded, bf16 already the rounding.
+__device__ __forceinline__ float kiln_flash_rounded(const float* p, i64 i) {
+    return kiln_bf16_to_f32(kiln_f32_to_bf16(p[i]));
+}
+__device__ __forceinline__ float kiln_flash_rounded(const bf16_bits* p, i64 i) {
+    return kiln_bf16_to_f32(p[i]);
+}
+
+// dst [rows][D] bf16 = src rows of hd elements (S: f32, rounded as packed, or bf16: already
+// the rounding), zeros past hd. Row r of dst reads src row r, or, with bthd (dO, out's layout
+// [B,T,Hq,hd] to [B,Hq,T,D]), row (b·T + t)·Hq + h for r = (b·Hq + h)·T + t. Each thread
+// writes 8 elements (16 bytes).
+template <typename S>
+__device__ void kiln_flash_stage(bf16_bits* dst, const S* src, i64 rows, i64 hd, i64 padded,
+                                 i64 q_heads, i64 q_len, int bthd) {
     const i64 chunks = rows * (padded / 8);
     KILN_FOR_EACH(i, chunks) {
         const i64 r = i / (padded / 8), d0 = 8 * (i % (padded / 8));
@@ -188,15 +198,30 @@ extern "C" __global__ void flash_attention_stage(bf16_bits* dst, const float* sr
             const i64 bh = r / q_len, t = r % q_len;
             from = ((bh / q_heads) * q_len + t) * q_heads + bh % q_heads;
         }
-        const float* row = src + from * hd;
+        const S* row = src + from * hd;
         unsigned int w[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const i64 d = d0 + 2 * u;
-            w[u] = kiln_mma_pack(d < hd ? row[d] : 0.0f, d + 1 < hd ? row[d + 1] : 0.0f);
+            w[u] = kiln_mma_pack(d < hd ? kiln_load(row, d) : 0.0f,
+                                 d + 1 < hd ? kiln_load(row, d + 1) : 0.0f);
         }
         *(uint4*)(dst + r * padded + d0) = make_uint4(w[0], w[1], w[2], w[3]);
     }
+}
+
+extern "C" __global__ void flash_attention_stage(bf16_bits* dst, const float* src, i64 rows,
+                                                 i64 hd, i64 padded, i64 q_heads, i64 q_len,
+                                                 int bthd) {
+    kiln_grid_dependency_wait();
+    kiln_flash_stage(dst, src, rows, hd, padded, q_heads, q_len, bthd);
+}
+
+extern "C" __global__ void flash_attention_stage_bf16(bf16_bits* dst, const bf16_bits* src,
+                                                      i64 rows, i64 hd, i64 padded, i64 q_heads,
+                                                      i64 q_len, int bthd) {
+    kiln_grid_dependency_wait();
+    kiln_flash_stage(dst, src, rows, hd, padded, q_heads, q_len, bthd);
 }
 
 // ---- forward ----
@@ -363,11 +388,10 @@ extern "C" __global__ void flash_attention_forward_d128(float* out, float* lse,
 // ---- backward ----
 
 // delta[b,h,t] = Σ_d r(dO[b,t,h,d]) · out[b,t,h,d]: one warp per row (B·Hq·T rows), lanes
-// over d, the warp's butterfly sum.
-extern "C" __global__ void flash_attention_backward_delta(float* delta, const float* grad_out,
-                                                          const float* out, i64 q_heads,
-                                                          i64 q_len, i64 hd, i64 rows) {
-    kiln_grid_dependency_wait();
+// over d, the warp's butterfly sum. dO (G) is f32, or bf16 (already its rounding).
+template <typename G>
+__device__ void kiln_flash_delta(float* delta, const G* grad_out, const float* out, i64 q_heads,
+                                 i64 q_len, i64 hd, i64 rows) {
     const i64 row = (i64)blockIdx.x * (blockDim.x / KILN_WARP) + threadIdx.x / KILN_WARP;
     if (row >= rows) return;
     const i64 bh = row / q_len, t = row % q_len;
@@ -375,10 +399,25 @@ extern "C" __global__ void flash_attention_backward_delta(float* delta, const fl
     const i64 at = ((b * q_len + t) * q_heads + h) * hd;
     float sum = 0.0f;
     for (i64 d = threadIdx.x % KILN_WARP; d < hd; d += KILN_WARP) {
-        sum += kiln_bf16_to_f32(kiln_f32_to_bf16(grad_out[at + d])) * out[at + d];
+        sum += kiln_flash_rounded(grad_out, at + d) * out[at + d];
     }
     sum = kiln_warp_sum(sum);
     if (threadIdx.x % KILN_WARP == 0) delta[row] = sum;
+}
+
+extern "C" __global__ void flash_attention_backward_delta(float* delta, const float* grad_out,
+                                                          const float* out, i64 q_heads,
+                                                          i64 q_len, i64 hd, i64 rows) {
+    kiln_grid_dependency_wait();
+    kiln_flash_delta(delta, grad_out, out, q_heads, q_len, hd, rows);
+}
+
+extern "C" __global__ void flash_attention_backward_delta_bf16(float* delta,
+                                                               const bf16_bits* grad_out,
+                                                               const float* out, i64 q_heads,
+                                                               i64 q_len, i64 hd, i64 rows) {
+    kiln_grid_dependency_wait();
+    kiln_flash_delta(delta, grad_out, out, q_heads, q_len, hd, rows);
 }
 
 // Block (b·Hq + h, key tile): 64 keys of h's KV head, each warp 16 of them, against every

@@ -127,26 +127,22 @@ extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, float* rstd_
     if (threadIdx.x == 0) rstd_out[row] = rstd;
 }
 
-// grad_weight[j] = sum over rows of g[r, j] * (x[r, j] * rstd[r]); block (32, 16) as
-// sum_to_shape: 16 row residue classes per column, added in increasing class order.
-#define KILN_NORM_ROW_LANES 16
+// grad_weight[j] = sum over rows of g[r, j] * (x[r, j] * rstd[r]), or the chunks' partials:
+// columns.cuh's split and order.
+struct KilnNormWeightTerm {
+    const float* x;
+    const float* grad_out;
+    const float* rstd;
+    i64 hidden;
+    __device__ float operator()(i64 row, i64 col) const {
+        return grad_out[row * hidden + col] * (x[row * hidden + col] * rstd[row]);
+    }
+};
+
 extern "C" __global__ void rmsnorm_backward_weight_f32(float* grad_weight, const float* x,
                                                        const float* grad_out, const float* rstd,
-                                                       i64 rows, i64 hidden) {
+                                                       i64 rows, i64 hidden, i64 chunk_rows) {
     kiln_grid_dependency_wait();
-    __shared__ float partial[KILN_NORM_ROW_LANES][KILN_WARP];
-    const i64 col = (i64)blockIdx.x * KILN_WARP + threadIdx.x;
-    float sum = 0.0f;
-    if (col < hidden) {
-        for (i64 row = threadIdx.y; row < rows; row += KILN_NORM_ROW_LANES) {
-            sum += grad_out[row * hidden + col] * (x[row * hidden + col] * rstd[row]);
-        }
-    }
-    partial[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < hidden) {
-        float total = partial[0][threadIdx.x];
-        for (int lane = 1; lane < KILN_NORM_ROW_LANES; ++lane) total += partial[lane][threadIdx.x];
-        grad_weight[col] = total;
-    }
+    kiln_column_sums(grad_weight, rows, hidden, chunk_rows,
+                     KilnNormWeightTerm{x, grad_out, rstd, hidden});
 }

@@ -2,9 +2,10 @@
 // One thread per (token, head, i < D/2) pair of elements.
 
 // x [B,T,H,D] (+ bias [H*D] when `has_bias`), positions [B,T] i64 -> out [B,H,T,D].
-// The bias B is f32 or bf16 (a stored operand).
-template <typename B>
-__device__ void kiln_rope(float* out, const float* x, const i64* positions, const B* bias,
+// The bias B is f32 or bf16 (a stored operand); out O is f32, or bf16 rounded as written
+// (`_bf16_out`: q and k read only rounded, by FlashAttention).
+template <typename O, typename B>
+__device__ void kiln_rope(O* out, const float* x, const i64* positions, const B* bias,
                           int has_bias, i64 batch, i64 seq, i64 heads, i64 head_dim, float theta,
                           int* fault) {
     const i64 half = head_dim / 2;
@@ -13,8 +14,8 @@ __device__ void kiln_rope(float* out, const float* x, const i64* positions, cons
         const KilnRopePair p = kiln_rope_pair(x, positions, bias, has_bias, index, seq, heads,
                                               head_dim, theta, fault);
         const i64 dst = ((p.b * heads + p.h) * seq + p.t) * head_dim + p.i;
-        out[dst] = p.lo;
-        out[dst + half] = p.hi;
+        kiln_store(out, dst, p.lo);
+        kiln_store(out, dst + half, p.hi);
     }
 }
 
@@ -28,6 +29,22 @@ extern "C" __global__ void rope_f32(float* out, const float* x, const i64* posit
 extern "C" __global__ void rope_f32_bf16(float* out, const float* x, const i64* positions,
                                          const bf16_bits* bias, int has_bias, i64 batch, i64 seq,
                                          i64 heads, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope(out, x, positions, bias, has_bias, batch, seq, heads, head_dim, theta, fault);
+}
+
+extern "C" __global__ void rope_f32_bf16_out(bf16_bits* out, const float* x,
+                                             const i64* positions, const float* bias,
+                                             int has_bias, i64 batch, i64 seq, i64 heads,
+                                             i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope(out, x, positions, bias, has_bias, batch, seq, heads, head_dim, theta, fault);
+}
+
+extern "C" __global__ void rope_f32_bf16_bf16_out(bf16_bits* out, const float* x,
+                                                  const i64* positions, const bf16_bits* bias,
+                                                  int has_bias, i64 batch, i64 seq, i64 heads,
+                                                  i64 head_dim, float theta, int* fault) {
     kiln_grid_dependency_wait();
     kiln_rope(out, x, positions, bias, has_bias, batch, seq, heads, head_dim, theta, fault);
 }

@@ -17,6 +17,7 @@ mod launch;
 pub mod activation;
 pub mod attention;
 pub mod cache;
+pub mod columns;
 pub mod copy;
 pub mod decode;
 pub mod elementwise;
@@ -53,7 +54,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("cache", module!("rope.cuh", "cache.cu")),
     ("copy", module!("copy.cu")),
     ("decode", module!("decode.cu")),
-    ("elementwise", module!("elementwise.cu")),
+    ("elementwise", module!("columns.cuh", "elementwise.cu")),
     ("embedding", module!("embedding.cu")),
     ("flash", module!("mma.cuh", "flash.cu")),
     (
@@ -79,7 +80,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         ),
     ),
     ("loss", module!("loss.cu")),
-    ("norm", module!("norm.cuh", "norm.cu")),
+    ("norm", module!("norm.cuh", "columns.cuh", "norm.cu")),
     ("optim", module!("optim.cu")),
     ("rope", module!("rope.cuh", "rope.cu")),
 ];

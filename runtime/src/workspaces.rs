@@ -7,8 +7,12 @@
 //!   row of `S` scores; attention over a cache takes the probabilities `[B,Hq,T,Smax]`.
 //! - CUDA: the GEMM attention backward's dS, masked probs and transposed `grad_out`
 //!   ([`AttentionDims::backward_workspace_bytes`]); decode attention's per-chunk partials
-//!   ([`decode::partials_bytes`]); one rstd per row for the norm backwards; one loss per row
-//!   for cross-entropy; one vocabulary chunk of logits (and of their gradient) for the chunked
+//!   ([`decode::partials_bytes`]); FlashAttention's operands staged as the bf16 rows its
+//!   kernels read (those not already such rows) and the backward's scratch
+//!   ([`flash::backward_workspace_bytes`]); one rstd per row for the norm backwards and the
+//!   row chunks' partial sums of theirs and of `SumToShape`
+//!   ([`partials_bytes`](kiln_kernels::gpu::columns::partials_bytes)); one loss per row for
+//!   cross-entropy; one vocabulary chunk of logits (and of their gradient) for the chunked
 //!   LM-head loss ([`LinearLoss`](kiln_kernels::gpu::loss::LinearLoss)); f64 partial sums of
 //!   gradient clipping
 //!   ([`clip_workspace_bytes`](kiln_kernels::gpu::optim::clip_workspace_bytes)).
@@ -18,6 +22,7 @@ use kiln_ir::{DType, Op, TensorType};
 use kiln_kernels::gpu::attention::AttentionDims;
 use kiln_kernels::gpu::decode;
 use kiln_kernels::gpu::flash;
+use kiln_kernels::gpu::Stored;
 use kiln_planner::WorkspaceNeeds;
 
 /// Whose kernels a plan is made for.
@@ -120,12 +125,42 @@ fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
         | Op::LinearCrossEntropyBackward { ignore_index } => {
             return linear_loss_bytes(op, operands, *ignore_index)
         }
+        Op::FlashAttention { .. } | Op::FlashAttentionBackward { .. } => {
+            return flash_bytes(op, operands)
+        }
         _ => {}
     }
     if operands.first().map(|t| t.dtype) != Some(DType::F32) {
         return 0;
     }
-    let attention = || match (dims(operands, 0), dims(operands, 1)) {
+    let attention = || attention_dims(operands);
+    let rows = |port: usize| match dims(operands, port).split_last() {
+        Some((_, rest)) => product(rest),
+        None => 0,
+    };
+    match op {
+        Op::AttentionBackward { .. } => attention().map_or(0, |d| d.backward_workspace_bytes()),
+        Op::CachedAttention { .. } => attention().map_or(0, |d| decode::partials_bytes(&d)),
+        Op::RmsNormBackward { .. } | Op::AddRmsNormBackward { .. } => {
+            let hidden = dims(operands, 0).last().map_or(0, |&h| h as u64);
+            kiln_kernels::gpu::norm::backward_workspace(rows(0), hidden).1
+        }
+        Op::SumToShape { shape } => {
+            let cols = product(shape.dims());
+            let rows = product(dims(operands, 0)).checked_div(cols).unwrap_or(0);
+            kiln_kernels::gpu::columns::partials_bytes(rows, cols)
+        }
+        Op::CrossEntropy { .. } => rows(0).saturating_mul(4),
+        Op::ClipGradNorm { .. } => kiln_kernels::gpu::optim::clip_workspace_bytes(
+            operands.iter().map(|t| product(t.dims())),
+        ),
+        _ => 0,
+    }
+}
+
+/// The sizes of an attention of `q [B,Hq,T,D]` and `k [B,Hkv,S,D]` (operands 0 and 1).
+fn attention_dims(operands: &[TensorType]) -> Option<AttentionDims> {
+    match (dims(operands, 0), dims(operands, 1)) {
         (&[batch, q_heads, q_len, head_dim], &[_, kv_heads, kv_len, _]) => Some(AttentionDims {
             batch: batch as u64,
             q_heads: q_heads as u64,
@@ -135,25 +170,24 @@ fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
             head_dim: head_dim as u64,
         }),
         _ => None,
+    }
+}
+
+/// FlashAttention's workspace: q, k, v staged where they are not bf16 rows of the kernels'
+/// head dim, and the backward's grad_out and scratch
+/// ([`forward_workspace_bytes`](flash::forward_workspace_bytes)).
+fn flash_bytes(op: &Op, operands: &[TensorType]) -> u64 {
+    let stored = |port: usize| match operands.get(port).map(|t| t.dtype) {
+        Some(DType::BF16) => Stored::BF16,
+        _ => Stored::F32,
     };
-    let rows = |port: usize| match dims(operands, port).split_last() {
-        Some((_, rest)) => product(rest),
-        None => 0,
+    let stored = [stored(0), stored(1), stored(2)];
+    let Some(d) = attention_dims(operands) else {
+        return 0;
     };
     match op {
-        Op::AttentionBackward { .. } => attention().map_or(0, |d| d.backward_workspace_bytes()),
-        Op::FlashAttention { .. } => attention().map_or(0, |d| flash::forward_workspace_bytes(&d)),
-        Op::FlashAttentionBackward { .. } => {
-            attention().map_or(0, |d| flash::backward_workspace_bytes(&d))
-        }
-        Op::CachedAttention { .. } => attention().map_or(0, |d| decode::partials_bytes(&d)),
-        Op::RmsNormBackward { .. } | Op::AddRmsNormBackward { .. } | Op::CrossEntropy { .. } => {
-            rows(0).saturating_mul(4)
-        }
-        Op::ClipGradNorm { .. } => kiln_kernels::gpu::optim::clip_workspace_bytes(
-            operands.iter().map(|t| product(t.dims())),
-        ),
-        _ => 0,
+        Op::FlashAttention { .. } => flash::forward_workspace_bytes(&d, stored),
+        _ => flash::backward_workspace_bytes(&d, stored),
     }
 }
 

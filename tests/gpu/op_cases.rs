@@ -79,6 +79,17 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::Add,
                 vec![f(&[b, t, h]), bf(&[b, t, h])],
             ),
+            // Mixed precision's sums of two rounded gradients, both read widened.
+            (
+                format!("add bf16 terms {s}"),
+                Op::Add,
+                vec![bf(&[b, t, h]), bf(&[b, t, h])],
+            ),
+            (
+                format!("add bf16 first term {s}"),
+                Op::Add,
+                vec![bf(&[b, t, h]), f(&[h])],
+            ),
             (
                 format!("rounded_matmul NN {s}"),
                 rounded(mm(false, false)),
@@ -291,6 +302,28 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             ]);
         }
     }
+    // Column sums of many rows, split over chunks of rows (2, 7 and 16 chunks, the last
+    // shorter in the second): the bias gradients and the norms' weight gradients.
+    for &(rows, h) in &[(300, 896), (1000, 96), (2048, 128)] {
+        let s = format!("rows={rows} H={h}");
+        cases.extend([
+            (
+                format!("sum_to_shape {s}"),
+                Op::SumToShape { shape: [h].into() },
+                vec![f(&[rows, h])],
+            ),
+            (
+                format!("rmsnorm_backward {s}"),
+                Op::RmsNormBackward { eps: 1e-6 },
+                vec![f(&[rows, h]), f(&[h]), f(&[rows, h])],
+            ),
+            (
+                format!("add_rmsnorm_backward {s}"),
+                Op::AddRmsNormBackward { eps: 1e-6 },
+                vec![f(&[rows, h]), f(&[h]), f(&[rows, h]), f(&[rows, h])],
+            ),
+        ]);
+    }
     // Gradient clipping: one gradient, several of odd sizes, and one split into many partials.
     for grads in [
         vec![f(&[5])],
@@ -409,6 +442,27 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                     theta: 1e4,
                     bias: true,
                 },
+                vec![
+                    f(&[b, t, hkv, d]),
+                    In::Ids(vec![b, t], 4096),
+                    bf(&[hkv * d]),
+                ],
+            ),
+            // Mixed precision's q and k, written rounded for FlashAttention.
+            (
+                format!("rounded_rope {s}"),
+                rounded(Op::Rope {
+                    theta: 1e6,
+                    bias: false,
+                }),
+                vec![f(&[b, t, hq, d]), In::Ids(vec![b, t], 4096)],
+            ),
+            (
+                format!("rounded_rope bf16 bias {s}"),
+                rounded(Op::Rope {
+                    theta: 1e4,
+                    bias: true,
+                }),
                 vec![
                     f(&[b, t, hkv, d]),
                     In::Ids(vec![b, t], 4096),
@@ -641,6 +695,17 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
         };
         let mut backward = qkv();
         backward.extend([f(&[b, t, hq, d]), f(&[b, hq, t]), f(&[b, t, hq, d])]);
+        // q, k, v and grad_out given as their bf16 roundings (mixed precision's rounded RoPE
+        // and output gradient): read where they are at exact head dims, staged otherwise.
+        let rounded_qkv = || {
+            vec![
+                bf(&[b, hq, t, d]),
+                bf(&[b, hkv, keys, d]),
+                bf(&[b, hkv, keys, d]),
+            ]
+        };
+        let mut rounded_backward = rounded_qkv();
+        rounded_backward.extend([f(&[b, t, hq, d]), f(&[b, hq, t]), bf(&[b, t, hq, d])]);
         cases.extend([
             (
                 format!("flash_attention {s}"),
@@ -651,6 +716,16 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 format!("flash_attention_backward {s}"),
                 Op::FlashAttentionBackward { scale },
                 backward,
+            ),
+            (
+                format!("flash_attention bf16 operands {s}"),
+                Op::FlashAttention { scale },
+                rounded_qkv(),
+            ),
+            (
+                format!("flash_attention_backward bf16 operands {s}"),
+                Op::FlashAttentionBackward { scale },
+                rounded_backward,
             ),
         ]);
     }

@@ -3,7 +3,9 @@
 //! that cast alone reads) is one [`Op::Rounded`]: its kernel writes those results rounded, the
 //! f32 ones never exist. Mixed precision's backward rounds each gradient of a bf16 GEMM input
 //! so; SwiGLU's result and its backward's gradients are rounded for the down and gate/up
-//! GEMMs, and the normed rows for the GEMMs they feed.
+//! GEMMs, and the normed rows for the GEMMs they feed. A result that only ports rounding it on
+//! entry read ([`Op::rounded_on_entry`]: RoPE's q and k, which FlashAttention takes) is written
+//! rounded too, those readers taking the bf16 value: the same bits, half the bytes.
 
 use petgraph::graph::NodeIndex;
 
@@ -57,7 +59,8 @@ pub(super) fn rounded_fusions(graph: &Graph, users: &Users) -> Vec<Fusion> {
 }
 
 /// The `Cast{bf16}` that alone reads f32 `value` (through a reshape that the cast alone reads)
-/// and the nodes it replaces: the cast's value and [reshape,] cast.
+/// and the nodes it replaces: the cast's value and [reshape,] cast; or `value` itself and no
+/// node where only ports that round it on entry read it ([`Op::rounded_on_entry`]).
 fn rounding_cast(
     graph: &Graph,
     users: &Users,
@@ -65,6 +68,9 @@ fn rounding_cast(
 ) -> Option<(ValueId, Vec<NodeIndex>)> {
     if !of_dtype(graph, value, DType::F32) {
         return None;
+    }
+    if read_rounded_only(graph, users, value) {
+        return Some((value, Vec::new()));
     }
     let reader = users.get(&value)?.as_slice();
     let &[Some(mut reader)] = reader else {
@@ -93,4 +99,19 @@ fn rounding_cast(
         },
         nodes,
     ))
+}
+
+/// Whether `value` has readers, each an op reading it only at ports that round it on entry
+/// (no output or write is `value`).
+fn read_rounded_only(graph: &Graph, users: &Users, value: ValueId) -> bool {
+    users.get(&value).is_some_and(|readers| {
+        readers.iter().all(|reader| {
+            reader.is_some_and(|node| {
+                op_of(graph, node).is_some_and(|op| {
+                    (graph.operands(node).iter().enumerate())
+                        .all(|(port, v)| *v != value || op.rounded_on_entry().contains(&port))
+                })
+            })
+        })
+    })
 }

@@ -2,8 +2,8 @@
 //! ([`Op::stored_operands`]) that is `Cast{f32}` of a bf16 value, the cast read by that op
 //! alone or only ever as a stored operand (SwiGLU and its backward reading one rounded gate),
 //! is the bf16 value, widened exactly as the op reads it: the f32 copy never exists. The
-//! operand may be a reshape of the cast, read by that op alone: the reshape then views the
-//! bf16 value.
+//! operand may be reshapes of the cast, each read by the next alone and the last by that op
+//! alone: the first reshape then views the bf16 value.
 
 use std::collections::BTreeSet;
 
@@ -41,20 +41,31 @@ pub(super) fn widened_fusions(
             let Some(&operand) = operands.get(port) else {
                 continue;
             };
-            // The operand may be a reshape of the cast: the reshape then views the bf16
-            // value instead.
-            let view = matches!(op_of(graph, operand.node), Some(Op::Reshape { .. }));
-            let widened = match view {
-                true => graph.operands(operand.node)[0],
-                false => operand,
-            };
+            // The operand may be reshapes of the cast, each read by the next alone: the first
+            // then views the bf16 value instead.
+            let mut chain = vec![node];
+            let mut widened = operand;
+            while let Some(Op::Reshape { .. }) = op_of(graph, widened.node) {
+                chain.push(widened.node);
+                widened = graph.operands(widened.node)[0];
+            }
+            let view = chain.len() > 1;
             let Some(Op::Cast { to: DType::F32 }) = op_of(graph, widened.node) else {
                 continue;
             };
             let stored = graph.operands(widened.node)[0];
-            let reader = if view { operand.node } else { node };
-            let alone = only_read_by(users, widened, reader)
-                && (!view || only_read_by(users, operand, node));
+            let first_view = ValueId {
+                node: chain[chain.len() - 1],
+                port: 0,
+            };
+            let alone = only_read_by(users, widened, chain[chain.len() - 1])
+                && (chain.windows(2)).all(|pair| {
+                    let link = ValueId {
+                        node: pair[1],
+                        port: 0,
+                    };
+                    only_read_by(users, link, pair[0])
+                });
             // A cast that several ops read, each as a stored operand, dies once each of them
             // reads the bf16 value (dropped as dead then, so no fusion replaces it).
             let shared = !view && !alone && read_stored_only(graph, users, widened);
@@ -66,7 +77,7 @@ pub(super) fn widened_fusions(
             };
             types[port] = read;
             match view {
-                true => viewed.push((operand, widened.node, stored)),
+                true => viewed.push((first_view, widened.node, stored)),
                 false => {
                     operands[port] = stored;
                     direct.extend(alone.then_some(widened.node));

@@ -218,11 +218,22 @@ impl Op {
             }
             Op::Add | Op::Mul => {
                 rule.arity(2)?;
-                let a = rule.float(0)?;
-                let b = &operands[1];
-                // Add's `b` (a bias) may be stored data; Mul's operands share a's dtype.
+                let (a, b) = (&operands[0], &operands[1]);
+                // Add's terms may be stored data (a bias, mixed precision's rounded gradients):
+                // bf16 terms are widened, a bf16 `a` gives f32. Mul's operands share a's dtype.
+                let dtype = match self {
+                    Op::Add => self.compute_dtype(&[a.dtype, b.dtype]).unwrap_or(a.dtype),
+                    _ => a.dtype,
+                };
+                if !matches!(dtype, DType::F32 | DType::F64) {
+                    let expected = match self {
+                        Op::Add => "f32, f64 or bf16",
+                        _ => "f32 or f64",
+                    };
+                    return Err(rule.type_error(0, expected));
+                }
                 let dtype_ok = match self {
-                    Op::Add => stores(a.dtype, b.dtype),
+                    Op::Add => stores(dtype, a.dtype) && stores(dtype, b.dtype),
                     _ => b.dtype == a.dtype,
                 };
                 if !dtype_ok || !is_suffix(b.dims(), a.dims()) {
@@ -230,7 +241,7 @@ impl Op {
                         rule.type_error(1, format!("{} with a suffix of {}", a.dtype, a.shape))
                     );
                 }
-                one(a.clone())
+                one(TensorType::new(dtype, a.dims())?)
             }
             Op::Scale { .. } | Op::Softmax | Op::Contiguous => {
                 rule.arity(1)?;
@@ -399,13 +410,25 @@ impl Op {
                 })?;
                 // (probs, grad_out), or (out, lse, grad_out).
                 let saved: &[&TensorType] = match flash {
-                    true => &[&forward[0], &forward[1], &forward[0]],
+                    true => &[&forward[0], &forward[1]],
                     false => &[&forward[1], &forward[0]],
                 };
                 for (port, ty) in (3..).zip(saved) {
                     rule.same(port, ty)?;
                 }
-                Ok(operands[..3].to_vec())
+                if !flash {
+                    return Ok(operands[..3].to_vec());
+                }
+                // Flash: grad_out f32 or its bf16 rounding; the gradients f32.
+                let grad_out = &operands[5];
+                if grad_out.dims() != forward[0].dims()
+                    || !matches!(grad_out.dtype, DType::F32 | DType::BF16)
+                {
+                    return Err(rule.type_error(5, format!("f32 or bf16 {}", forward[0].shape)));
+                }
+                (operands[..3].iter())
+                    .map(|t| TensorType::new(DType::F32, t.dims()))
+                    .collect()
             }
             Op::KvCacheWrite => kv_cache_write_types(&rule),
             Op::RopeKvWrite { theta, bias } => rope_kv_write_types(&rule, *theta, *bias),

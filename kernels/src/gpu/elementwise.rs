@@ -1,8 +1,10 @@
-//! Builders of `elementwise.cu`: f32 add, mul, scale, sum_to_shape, broadcast_to, swiglu.
-//! Counts are in elements; every launch is correct in place (`out == a`).
+//! Builders of `elementwise.cu`: f32 add (of f32 or bf16 terms), mul, scale, sum_to_shape,
+//! broadcast_to, swiglu. Counts are in elements; every launch is correct in place (`out == a`
+//! of the same dtype).
 
 use super::launch::{all_aligned, grid_stride, size_arg};
-use super::{Addr, Arg, Kernel, Launch, Stored};
+use super::{Addr, Arg, Launch, Stored};
+use crate::Result;
 
 const MODULE: &str = "elementwise";
 
@@ -36,21 +38,32 @@ fn binary(
     }
 }
 
-/// `out = a + b[i % b_len]` (b's shape a suffix of a's), `n > 0` elements.
-pub fn add_f32(out: Addr, a: Addr, b: Addr, n: u64, b_len: u64) -> Launch {
-    binary("add_f32", "add_f32_vec4", out, a, b, n, b_len)
-}
-
-/// `out = a + b[i % b_len]` with `b` stored in bf16 (a bias, or a rounded gradient; widened),
-/// `n > 0` elements; four at a time when the counts allow and `b` is 8-byte aligned.
-pub fn add_f32_bf16(out: Addr, a: Addr, b: Addr, n: u64, b_len: u64) -> Launch {
+/// `out = a + b[i % b_len]` (b's shape a suffix of a's), `n > 0` elements, each term f32 or
+/// stored in bf16 (a bias, or a rounded gradient; widened); four at a time when the counts
+/// allow and every pointer is aligned to its vector. A bf16 `a` is never `out`.
+pub fn add(
+    out: Addr,
+    (a, a_stored): (Addr, Stored),
+    (b, b_stored): (Addr, Stored),
+    n: u64,
+    b_len: u64,
+) -> Launch {
+    let (scalar, vector) = match (a_stored, b_stored) {
+        (Stored::F32, Stored::F32) => ("add_f32", "add_f32_vec4"),
+        (Stored::F32, Stored::BF16) => ("add_f32_bf16", "add_f32_bf16_vec4"),
+        (Stored::BF16, Stored::BF16) => ("add_bf16_bf16", "add_bf16_bf16_vec4"),
+        (Stored::BF16, Stored::F32) => ("add_bf16_f32", "add_bf16_f32_vec4"),
+    };
     let args = vec![Arg::Ptr(out), Arg::Ptr(a), Arg::Ptr(b)];
-    if vec4(&[out, a], &[n, b_len]) && all_aligned(&[b], 8) {
+    let aligned = all_aligned(&[out], 16)
+        && all_aligned(&[a], a_stored.vector_bytes())
+        && all_aligned(&[b], b_stored.vector_bytes());
+    if aligned && n.is_multiple_of(4) && b_len.is_multiple_of(4) {
         let args = [args, vec![size_arg(n / 4), size_arg(b_len / 4)]].concat();
-        items("add_f32_bf16_vec4", n / 4, args)
+        items(vector, n / 4, args)
     } else {
         let args = [args, vec![size_arg(n), size_arg(b_len)]].concat();
-        items("add_f32_bf16", n, args)
+        items(scalar, n, args)
     }
 }
 
@@ -70,21 +83,17 @@ pub fn scale_f32(out: Addr, a: Addr, alpha: f32, n: u64) -> Launch {
     }
 }
 
-/// Row residue classes of [`sum_to_shape_f32`] (the C kernel's `KILN_SUM_ROW_LANES`).
-const SUM_ROW_LANES: u32 = 16;
-
-/// `out[j] = Σ_i src[i, j]` for `src [rows, cols]`, `cols > 0` (`rows` may be 0).
-pub fn sum_to_shape_f32(out: Addr, src: Addr, rows: u64, cols: u64) -> Launch {
-    let grid = (cols.div_ceil(32) as u32, 1, 1);
-    let args = vec![Arg::Ptr(out), Arg::Ptr(src), size_arg(rows), size_arg(cols)];
-    Kernel::launch(
-        MODULE,
-        "sum_to_shape_f32",
-        grid,
-        (32, SUM_ROW_LANES, 1),
-        0,
-        args,
-    )
+/// `out[j] = Σ_i src[i, j]` for `src [rows, cols]`, `cols > 0` (`rows` may be 0), split over
+/// chunks of rows with the partials in `workspace` (of
+/// [`columns::partials_bytes`](super::columns::partials_bytes)).
+pub fn sum_to_shape_f32(
+    out: Addr,
+    src: Addr,
+    [rows, cols]: [u64; 2],
+    workspace: Addr,
+) -> Result<Vec<Launch>> {
+    let function = (MODULE, "sum_to_shape_f32");
+    super::columns::column_sums(function, out, vec![Arg::Ptr(src)], [rows, cols], workspace)
 }
 
 /// `out[i] = src[i % src_len]`, `n > 0` elements.

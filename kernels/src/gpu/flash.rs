@@ -1,13 +1,15 @@
 //! Builders of `flash.cu`: FlashAttention forward (out and the per-row log-sum-exp) and
 //! backward (Δ, dK/dV per key tile, dQ per query tile), under the contract of
-//! `kiln_kernels::attention::flash`. Head dims up to 128: the operands are first staged in the
-//! workspace as bf16 rows of the smallest padded head dim (16, 32, 64, 128) that holds them,
-//! and each tile kernel is that dim's instance.
+//! `kiln_kernels::attention::flash`. Head dims up to 128: the tile kernels read bf16 rows of
+//! the smallest padded head dim (16, 32, 64, 128) that holds them, and each is that dim's
+//! instance. An operand is staged in the workspace as such rows unless it already is one: a
+//! bf16 q, k or v (the rounding the kernels take) of a padded head dim, 16-byte aligned, is
+//! read where it is; `grad_out` is always staged (it is re-laid head-major).
 
 use super::attention::AttentionDims;
 use super::embedding::zero_f32;
-use super::launch::{grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X, MAX_GRID_YZ};
-use super::{Addr, Arg, Kernel, Launch, BLOCK_THREADS, SLOT_ALIGN};
+use super::launch::{all_aligned, grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X, MAX_GRID_YZ};
+use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS, SLOT_ALIGN};
 use crate::{Error, Result};
 
 const MODULE: &str = "flash";
@@ -108,14 +110,27 @@ fn staged_bytes(rows: u64, d: u64) -> u64 {
     (rows * d * 2).next_multiple_of(SLOT_ALIGN)
 }
 
-/// `flash_attention_stage`: `rows` rows of `hd` f32 at `src` as bf16 rows of `d` at `dst`;
-/// `bthd` re-lays `[B,T,Hq,hd]` (q_heads, q_len of `dims`) as `[B,Hq,T,d]`.
-fn stage(dst: Addr, src: Addr, rows: u64, d: u64, dims: &AttentionDims, bthd: bool) -> Launch {
-    const STAGE: &str = "flash_attention_stage";
+/// Whether an operand of storage `stored` (f32, or bf16: already rounded) is staged for the
+/// kernels of padded head dim `d`: f32 always (the rounding), bf16 where its rows are not yet
+/// of `d` elements.
+fn staged(stored: Stored, head_dim: u64, d: u64) -> bool {
+    stored == Stored::F32 || head_dim != d
+}
+
+/// `flash_attention_stage`: `rows` rows of `hd` elements at `src` (f32, or bf16) as bf16 rows
+/// of `d` at `dst`; `bthd` re-lays `[B,T,Hq,hd]` (q_heads, q_len of `dims`) as `[B,Hq,T,d]`.
+fn stage(
+    dst: Addr,
+    (src, stored): (Addr, Stored),
+    rows: u64,
+    d: u64,
+    dims: &AttentionDims,
+    bthd: bool,
+) -> Launch {
     let chunks = rows * (d / 8);
     Kernel::launch(
         MODULE,
-        STAGE,
+        stored.pick("flash_attention_stage", "flash_attention_stage_bf16"),
         (grid_stride_blocks(chunks), 1, 1),
         (BLOCK_THREADS, 1, 1),
         0,
@@ -132,7 +147,8 @@ fn stage(dst: Addr, src: Addr, rows: u64, d: u64, dims: &AttentionDims, bthd: bo
     )
 }
 
-/// Where the staged operands (and the backward's scratch) lie in a workspace, in this order.
+/// Where the staged operands (and the backward's scratch) lie in a workspace, in this order;
+/// an operand read where it is takes no bytes.
 #[derive(Clone, Copy, Debug)]
 struct Regions {
     q: Addr,
@@ -149,7 +165,8 @@ struct Regions {
 }
 
 impl Regions {
-    fn new(base: Addr, dims: &AttentionDims, d: u64) -> Regions {
+    /// `stored`: the storage of q, k and v.
+    fn new(base: Addr, dims: &AttentionDims, d: u64, stored: [Stored; 3]) -> Regions {
         let q_rows = dims.batch * dims.q_heads * dims.q_len;
         let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
         let partial = match dims.q_heads > dims.kv_heads {
@@ -157,10 +174,14 @@ impl Regions {
                 .next_multiple_of(SLOT_ALIGN),
             false => 0,
         };
+        let operand = |stored: Stored, rows: u64| match staged(stored, dims.head_dim, d) {
+            true => staged_bytes(rows, d),
+            false => 0,
+        };
         let sizes = [
-            staged_bytes(q_rows, d),
-            staged_bytes(kv_rows, d),
-            staged_bytes(kv_rows, d),
+            operand(stored[0], q_rows),
+            operand(stored[1], kv_rows),
+            operand(stored[2], kv_rows),
             staged_bytes(q_rows, d),
             (q_rows * 4).next_multiple_of(SLOT_ALIGN),
             partial,
@@ -191,23 +212,53 @@ impl Regions {
     }
 }
 
-/// Workspace of [`flash_attention_f32`]: q, k and v staged as bf16 rows of the padded head dim.
-pub fn forward_workspace_bytes(dims: &AttentionDims) -> u64 {
+/// Workspace of [`flash_attention_f32`] with q, k, v of storages `stored`: those staged as
+/// bf16 rows of the padded head dim.
+pub fn forward_workspace_bytes(dims: &AttentionDims, stored: [Stored; 3]) -> u64 {
     padded("flash_attention_f32", dims.head_dim).map_or(0, |d| {
-        Regions::new(Addr { slot: 0, offset: 0 }, dims, d).forward_bytes()
+        Regions::new(Addr { slot: 0, offset: 0 }, dims, d, stored).forward_bytes()
     })
 }
 
-/// Workspace of [`flash_attention_backward_f32`]: q, k, v and grad_out staged, Δ, and the
-/// per-query-head dK, dV of GQA groups.
-pub fn backward_workspace_bytes(dims: &AttentionDims) -> u64 {
+/// Workspace of [`flash_attention_backward_f32`] with q, k, v of storages `stored`: those
+/// staged, grad_out staged, Δ, and the per-query-head dK, dV of GQA groups.
+pub fn backward_workspace_bytes(dims: &AttentionDims, stored: [Stored; 3]) -> u64 {
     padded("flash_attention_backward_f32", dims.head_dim).map_or(0, |d| {
-        Regions::new(Addr { slot: 0, offset: 0 }, dims, d).end
+        Regions::new(Addr { slot: 0, offset: 0 }, dims, d, stored).end
     })
+}
+
+/// Where the kernels read an operand: staged into `region` first (pushed onto `launches`), or
+/// where it is (a bf16 operand of `d`-element rows, 16-byte aligned for the tiles' copies).
+fn rows_of(
+    launches: &mut Vec<Launch>,
+    region: Addr,
+    (src, stored): (Addr, Stored),
+    rows: u64,
+    d: u64,
+    dims: &AttentionDims,
+    (function, name): (&'static str, &'static str),
+) -> Result<Addr> {
+    if staged(stored, dims.head_dim, d) {
+        launches.push(stage(region, (src, stored), rows, d, dims, false));
+        return Ok(region);
+    }
+    if !all_aligned(&[src], 16) {
+        return Err(Error::Argument {
+            op: function,
+            argument: name,
+            reason: format!(
+                "a bf16 operand at byte offset {} is not 16-byte aligned",
+                src.offset
+            ),
+        });
+    }
+    Ok(src)
 }
 
 /// The forward's operands, results and workspace: `q [B,Hq,T,D]`, `k`, `v [B,Hkv,S,D]`
-/// (f32), `out [B,T,Hq,D]`, `lse [B,Hq,T]`, `workspace` of [`forward_workspace_bytes`].
+/// (f32, or bf16: `stored`), `out [B,T,Hq,D]`, `lse [B,Hq,T]` (f32), `workspace` of
+/// [`forward_workspace_bytes`].
 #[derive(Clone, Copy, Debug)]
 pub struct FlashForward {
     pub q: Addr,
@@ -216,33 +267,61 @@ pub struct FlashForward {
     pub out: Addr,
     pub lse: Addr,
     pub workspace: Addr,
+    /// The storage of q, k and v.
+    pub stored: [Stored; 3],
 }
 
-/// q, k, v staged, then one launch: a block per (b·Hq + h, tile of 64 query rows). Nothing
-/// when there is no query row.
+/// q, k, v staged where they are not rows the kernels read, then one launch: a block per
+/// (b·Hq + h, tile of 64 query rows). Nothing when there is no query row.
 pub fn flash_attention_f32(
     at: FlashForward,
     dims: AttentionDims,
     scale: f32,
 ) -> Result<Vec<Launch>> {
-    let d = check("flash_attention_f32", &dims)?;
+    const FUNCTION: &str = "flash_attention_f32";
+    let d = check(FUNCTION, &dims)?;
     let q_rows = dims.batch * dims.q_heads * dims.q_len;
     if q_rows == 0 {
         return Ok(vec![]);
     }
-    let regions = Regions::new(at.workspace, &dims, d);
+    let regions = Regions::new(at.workspace, &dims, d, at.stored);
     let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
-    let mut launches = vec![
-        stage(regions.q, at.q, q_rows, d, &dims, false),
-        stage(regions.k, at.k, kv_rows, d, &dims, false),
-        stage(regions.v, at.v, kv_rows, d, &dims, false),
-    ];
+    let mut launches = Vec::new();
+    let [q_stored, k_stored, v_stored] = at.stored;
+    let l = &mut launches;
+    let q = rows_of(
+        l,
+        regions.q,
+        (at.q, q_stored),
+        q_rows,
+        d,
+        &dims,
+        (FUNCTION, "q"),
+    )?;
+    let k = rows_of(
+        l,
+        regions.k,
+        (at.k, k_stored),
+        kv_rows,
+        d,
+        &dims,
+        (FUNCTION, "k"),
+    )?;
+    let v = rows_of(
+        l,
+        regions.v,
+        (at.v, v_stored),
+        kv_rows,
+        d,
+        &dims,
+        (FUNCTION, "v"),
+    )?;
     let mut args = vec![
         Arg::Ptr(at.out),
         Arg::Ptr(at.lse),
-        Arg::Ptr(regions.q),
-        Arg::Ptr(regions.k),
-        Arg::Ptr(regions.v),
+        Arg::Ptr(q),
+        Arg::Ptr(k),
+        Arg::Ptr(v),
     ];
     args.extend(size_args(&dims, scale));
     let heads = (dims.batch * dims.q_heads, "B·Hq");
@@ -268,9 +347,12 @@ pub struct FlashBackward {
     pub grad_k: Addr,
     pub grad_v: Addr,
     pub workspace: Addr,
+    /// The storage of q, k, v and grad_out (f32, or bf16: already rounded).
+    pub stored: [Stored; 4],
 }
 
-/// q, k, v and grad_out staged, Δ (a warp per query row), dK and dV (a block per (b·Hq + h,
+/// q, k, v staged where they are not rows the kernels read, grad_out staged, Δ (a warp per
+/// query row), dK and dV (a block per (b·Hq + h,
 /// tile of 64 keys), every key written, zeros where no query sees it; per query head and then
 /// summed over each GQA group in head order), dQ (a block per query tile).
 pub fn flash_attention_backward_f32(
@@ -278,10 +360,11 @@ pub fn flash_attention_backward_f32(
     dims: AttentionDims,
     scale: f32,
 ) -> Result<Vec<Launch>> {
-    const DELTA: &str = "flash_attention_backward_delta";
+    const FUNCTION: &str = "flash_attention_backward_f32";
     const REDUCE: &str = "flash_attention_backward_reduce";
-    let d = check("flash_attention_backward_f32", &dims)?;
-    let regions = Regions::new(at.workspace, &dims, d);
+    let d = check(FUNCTION, &dims)?;
+    let [q_stored, k_stored, v_stored, grad_out_stored] = at.stored;
+    let regions = Regions::new(at.workspace, &dims, d, [q_stored, k_stored, v_stored]);
     let q_rows = dims.batch * dims.q_heads * dims.q_len;
     let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
     let mut launches = Vec::new();
@@ -297,21 +380,52 @@ pub fn flash_attention_backward_f32(
             _ => vec![zero_f32(at.grad_k, n), zero_f32(at.grad_v, n)],
         });
     }
-    launches.push(stage(regions.k, at.k, kv_rows, d, &dims, false));
-    launches.push(stage(regions.v, at.v, kv_rows, d, &dims, false));
+    let l = &mut launches;
+    let k = rows_of(
+        l,
+        regions.k,
+        (at.k, k_stored),
+        kv_rows,
+        d,
+        &dims,
+        (FUNCTION, "k"),
+    )?;
+    let v = rows_of(
+        l,
+        regions.v,
+        (at.v, v_stored),
+        kv_rows,
+        d,
+        &dims,
+        (FUNCTION, "v"),
+    )?;
+    let mut q = regions.q;
     if q_rows > 0 {
-        launches.push(stage(regions.q, at.q, q_rows, d, &dims, false));
-        launches.push(stage(regions.grad_out, at.grad_out, q_rows, d, &dims, true));
+        q = rows_of(
+            l,
+            regions.q,
+            (at.q, q_stored),
+            q_rows,
+            d,
+            &dims,
+            (FUNCTION, "q"),
+        )?;
+        let grad_out = (at.grad_out, grad_out_stored);
+        launches.push(stage(regions.grad_out, grad_out, q_rows, d, &dims, true));
         let warps = u64::from(BLOCK_THREADS) / 32;
+        let delta = grad_out_stored.pick(
+            "flash_attention_backward_delta",
+            "flash_attention_backward_delta_bf16",
+        );
         let blocks = grid_dim(
-            DELTA,
+            delta,
             "B·Hq·T rows / warps",
             q_rows.div_ceil(warps),
             MAX_GRID_X,
         )?;
         launches.push(Kernel::launch(
             MODULE,
-            DELTA,
+            delta,
             (blocks, 1, 1),
             (BLOCK_THREADS, 1, 1),
             0,
@@ -326,7 +440,7 @@ pub fn flash_attention_backward_f32(
             ],
         ));
     }
-    let staged = [regions.q, regions.k, regions.v, regions.grad_out].map(Arg::Ptr);
+    let staged = [q, k, v, regions.grad_out].map(Arg::Ptr);
     let saved = [at.lse, regions.delta].map(Arg::Ptr);
     // One query head per block: a group's heads write partials, summed after.
     let grouped = dims.q_heads > dims.kv_heads;

@@ -208,6 +208,9 @@ pub const SLOT_ALIGN: u64 = 256;
 /// Threads per block of the kernels that loop over items or rows.
 pub const BLOCK_THREADS: u32 = 256;
 
+/// Streaming multiprocessors of an H200 (and an H100 SXM): what the split rules fill.
+pub const SMS: u64 = 132;
+
 /// Blocks of a grid-stride launch over `items` (at least 1): one item per thread up to a cap,
 /// past which threads loop. Depends on the size alone, never on data.
 pub fn grid_stride_blocks(items: u64) -> u32 {

@@ -28,7 +28,7 @@
 //! without a measurement yet).
 
 use super::launch::{
-    all_aligned, grid_dim, grid_stride, size_arg, MAX_CLUSTER_BLOCKS, MAX_GRID_X, MAX_GRID_YZ,
+    all_aligned, grid_dim, grid_stride, size_arg, MAX_CLUSTER_BLOCKS, MAX_GRID_X, MAX_GRID_YZ, SMS,
 };
 use super::{Addr, Arg, GemmDType, Kernel, Launch, Stored};
 use crate::{Error, Result};
@@ -46,8 +46,6 @@ const OP: &str = "skinny_linear";
 const THREADS: u32 = 256;
 /// Virtual columns per block: 32 teams of 8 lanes, 4 columns each (`KILN_LINEAR_COLS`).
 const TILE_COLUMNS: u64 = 128;
-/// Streaming multiprocessors of an H200.
-const SMS: u64 = 132;
 /// k ranges are multiples of this (8 lanes × one 8-element vector) ...
 const SPLIT_ALIGN: u64 = 64;
 /// ... and no shorter than this.

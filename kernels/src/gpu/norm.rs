@@ -1,8 +1,8 @@
 //! Builders of `norm.cu`: RMSNorm, fused add + RMSNorm, and the backward (a row pass that also
 //! saves each row's rstd, then a column pass for grad_weight).
 
-use super::launch::{block_per, grid_dim, size_arg, MAX_GRID_X};
-use super::{Addr, Arg, Kernel, Launch, Stored};
+use super::launch::{block_per, size_arg};
+use super::{Addr, Arg, Launch, Stored};
 use crate::Result;
 
 const MODULE: &str = "norm";
@@ -109,38 +109,29 @@ pub fn rmsnorm_backward_rows_f32(
     block_per(MODULE, FUNCTION, "rows", rows, args)
 }
 
-/// Row residue classes of the column pass (the C kernel's `KILN_NORM_ROW_LANES`).
-const ROW_LANES: u32 = 16;
+/// Where the column pass's partials start in the norm backwards' workspace (after each row's
+/// rstd, aligned), and the workspace's bytes: `rows` f32 alone where the column pass has one
+/// chunk of rows.
+pub fn backward_workspace(rows: u64, hidden: u64) -> (u64, u64) {
+    match super::columns::partials_bytes(rows, hidden) {
+        0 => (rows * 4, rows * 4),
+        partials => {
+            let start = (rows * 4).next_multiple_of(super::SLOT_ALIGN);
+            (start, start + partials)
+        }
+    }
+}
 
-/// `grad_weight[j] = Σ_r grad_out[r,j] · (x[r,j] · rstd[r])` (`hidden > 0`; `rows` may be 0).
+/// `grad_weight[j] = Σ_r grad_out[r,j] · (x[r,j] · rstd[r])` (`hidden > 0`; `rows` may be 0),
+/// split over chunks of rows with the partials in `workspace` (of
+/// [`columns::partials_bytes`](super::columns::partials_bytes)).
 pub fn rmsnorm_backward_weight_f32(
     grad_weight: Addr,
-    x: Addr,
-    grad_out: Addr,
-    rstd: Addr,
-    rows: u64,
-    hidden: u64,
-) -> Result<Launch> {
-    const FUNCTION: &str = "rmsnorm_backward_weight_f32";
-    let args = vec![
-        Arg::Ptr(grad_weight),
-        Arg::Ptr(x),
-        Arg::Ptr(grad_out),
-        Arg::Ptr(rstd),
-        size_arg(rows),
-        size_arg(hidden),
-    ];
-    let grid = (
-        grid_dim(FUNCTION, "hidden", hidden.div_ceil(32), MAX_GRID_X)?,
-        1,
-        1,
-    );
-    Ok(Kernel::launch(
-        MODULE,
-        FUNCTION,
-        grid,
-        (32, ROW_LANES, 1),
-        0,
-        args,
-    ))
+    [x, grad_out, rstd]: [Addr; 3],
+    [rows, hidden]: [u64; 2],
+    workspace: Addr,
+) -> Result<Vec<Launch>> {
+    let args = [x, grad_out, rstd].map(Arg::Ptr).to_vec();
+    let function = (MODULE, "rmsnorm_backward_weight_f32");
+    super::columns::column_sums(function, grad_weight, args, [rows, hidden], workspace)
 }

@@ -1,7 +1,7 @@
 //! Builder of `optim.cu`: one AdamW step in place (step and learning rate read on the
 //! device), and the two launches of gradient clipping.
 
-use super::launch::{all_aligned, size_arg};
+use super::launch::{all_aligned, size_arg, SMS};
 use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS};
 
 /// AdamW hyper-parameters as the IR holds them (f64); the learning rate is a device scalar.
@@ -16,7 +16,7 @@ pub struct AdamWHyper {
 /// The most blocks of an AdamW launch: 8 blocks of 256 threads on each of an H200's 132 SMs,
 /// one full wave. Past it threads loop, so the per-thread f64 bias corrections are paid once
 /// per thread, not once per element (the element count alone decides the grid).
-const MAX_BLOCKS: u64 = 8 * 132;
+const MAX_BLOCKS: u64 = 8 * SMS;
 
 /// The device tensors of one AdamW step: `param`, `m`, `v` (f32) updated in place from `grad`
 /// (f32, or bf16 widened as read), times the f32 scalar `scale` when given, the i64 scalar

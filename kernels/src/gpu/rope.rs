@@ -31,10 +31,10 @@ impl RopeDims {
 }
 
 /// `out [B,H,T,D] = rope(x [B,T,H,D] + bias [H·D])` at `positions [B,T]` (i64), `theta`
-/// rounded to f32 as the CPU. Some pair must exist. A negative position raises the `fault`
-/// word.
+/// rounded to f32 as the CPU; `out` f32, or bf16 rounded as written (`out_stored`). Some pair
+/// must exist. A negative position raises the `fault` word.
 pub fn rope_f32(
-    out: Addr,
+    (out, out_stored): (Addr, Stored),
     [x, positions]: [Addr; 2],
     (bias, stored): (Option<Addr>, Stored),
     (dims, theta): (RopeDims, f32),
@@ -50,7 +50,12 @@ pub fn rope_f32(
     ];
     args.extend(dims.args());
     args.extend([Arg::F32(theta), Arg::Ptr(fault)]);
-    let function = stored.pick("rope_f32", "rope_f32_bf16");
+    let function = match (stored, out_stored) {
+        (Stored::F32, Stored::F32) => "rope_f32",
+        (Stored::BF16, Stored::F32) => "rope_f32_bf16",
+        (Stored::F32, Stored::BF16) => "rope_f32_bf16_out",
+        (Stored::BF16, Stored::BF16) => "rope_f32_bf16_bf16_out",
+    };
     grid_stride(MODULE, function, dims.pairs(), args)
 }
 

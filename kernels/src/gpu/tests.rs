@@ -142,7 +142,6 @@ fn every_launch() -> Vec<Launch> {
         copy::cast_bf16_to_f32(addr(0), addr(1), 3),
         copy::cast_f32_to_bf16(addr(0), addr(1), 8),
         copy::cast_bf16_to_f32(addr(0), addr(1), 8),
-        elementwise::sum_to_shape_f32(addr(0), addr(1), 4, 3),
         elementwise::broadcast_to_f32(addr(0), addr(1), 12, 3),
         embedding::embedding_f32(addr(0), (addr(1), F32), addr(2), [3, 4, 10], addr(9)).unwrap(),
         embedding::embedding_f32(addr(0), (addr(1), BF16), addr(2), [3, 4, 10], addr(9)).unwrap(),
@@ -164,7 +163,6 @@ fn every_launch() -> Vec<Launch> {
         loss::cross_entropy_mean_f32(addr(0), addr(1), addr(2), 3, -100),
         loss::cross_entropy_backward_f32(addr(0), [addr(1); 3], ([3, 7], -100), addr(9)).unwrap(),
         norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
-        norm::rmsnorm_backward_weight_f32(addr(0), addr(1), addr(2), addr(3), 3, 8).unwrap(),
         optim::adamw(adamw_update(Stored::F32, None, Some(addr(7))), 9, hyper),
         optim::adamw(adamw_update(Stored::F32, Some(addr(6)), None), 12, hyper),
         optim::adamw(adamw_update(Stored::BF16, None, Some(addr(7))), 9, hyper),
@@ -172,21 +170,35 @@ fn every_launch() -> Vec<Launch> {
         optim::clip_grad_norm_partial(addr(0), 1000, addr(1)),
         optim::clip_grad_norm_finish(addr(0), 7, 1.0, [addr(1), addr(2)]),
         rope::rope_f32(
-            addr(0),
+            (addr(0), F32),
             [addr(1), addr(2)],
             (Some(addr(3)), F32),
             (rope_dims, 1e4),
             addr(9),
         ),
         rope::rope_f32(
-            addr(0),
+            (addr(0), F32),
             [addr(1), addr(2)],
             (Some(addr(3)), BF16),
             (rope_dims, 1e4),
             addr(9),
         ),
         rope::rope_f32(
-            addr(0),
+            (addr(0), BF16),
+            [addr(1), addr(2)],
+            (Some(addr(3)), F32),
+            (rope_dims, 1e4),
+            addr(9),
+        ),
+        rope::rope_f32(
+            (addr(0), BF16),
+            [addr(1), addr(2)],
+            (Some(addr(3)), BF16),
+            (rope_dims, 1e4),
+            addr(9),
+        ),
+        rope::rope_f32(
+            (addr(0), F32),
             [addr(1), addr(2)],
             (None, F32),
             (rope_dims, 1e4),
@@ -194,6 +206,14 @@ fn every_launch() -> Vec<Launch> {
         ),
         rope::rope_backward_f32(addr(0), [addr(1), addr(2)], (rope_dims, 1e4), addr(9)),
     ];
+    // Column sums of one chunk of rows and of several (partials, then the finish).
+    for rows in [4, 2048] {
+        let sums = [rows, 896];
+        launches.extend(elementwise::sum_to_shape_f32(addr(0), addr(1), sums, addr(8)).unwrap());
+        let operands = [addr(1), addr(2), addr(3)];
+        let norm = norm::rmsnorm_backward_weight_f32(addr(0), operands, sums, addr(8));
+        launches.extend(norm.unwrap());
+    }
     // The kernels of the multi-launch builders (their GEMMs are checked by the lowering tests).
     let pipelines = [
         decode::cached_attention_f32(
@@ -243,11 +263,22 @@ fn every_launch() -> Vec<Launch> {
         let kernels = both.into_iter().flatten();
         launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
     }
-    // Every head-dim instance of the flash kernels.
+    // Every head-dim instance of the flash kernels, with f32 and bf16 operands (staged from
+    // either).
     for head_dim in [8, 32, 64, 128] {
         let dims = AttentionDims { head_dim, ..dims };
-        launches.extend(flash::flash_attention_f32(flash_forward, dims, 0.5).unwrap());
-        launches.extend(flash::flash_attention_backward_f32(flash_backward, dims, 0.5).unwrap());
+        for stored in [F32, BF16] {
+            let forward = flash::FlashForward {
+                stored: [stored; 3],
+                ..flash_forward
+            };
+            let backward = flash::FlashBackward {
+                stored: [stored; 4],
+                ..flash_backward
+            };
+            launches.extend(flash::flash_attention_f32(forward, dims, 0.5).unwrap());
+            launches.extend(flash::flash_attention_backward_f32(backward, dims, 0.5).unwrap());
+        }
     }
     // Every main kernel of the skinny linear layer (one row on CUDA cores, 8 to 32 padded rows
     // on tensor cores), k split (so with its reduce kernel: no clusters).
@@ -324,8 +355,11 @@ fn every_launch() -> Vec<Launch> {
     }
     // Scalar and vector variants of the elementwise kernels.
     for at in [addr, unaligned] {
-        launches.push(elementwise::add_f32(at(0), at(1), at(2), 8, 4));
-        launches.push(elementwise::add_f32_bf16(at(0), at(1), at(2), 8, 4));
+        for a in [F32, BF16] {
+            for b in [F32, BF16] {
+                launches.push(elementwise::add(at(0), (at(1), a), (at(2), b), 8, 4));
+            }
+        }
         launches.push(elementwise::mul_f32(at(0), at(1), at(2), 8, 4));
         launches.push(elementwise::scale_f32(at(0), at(1), 2.0, 8));
         for out in [F32, BF16] {
@@ -421,17 +455,51 @@ fn vector_variants_need_alignment_and_whole_vectors() {
         other => panic!("{other:?}"),
     };
     assert_eq!(
-        name(elementwise::add_f32(addr(0), addr(1), addr(2), 8, 4)),
+        name(elementwise::add(
+            addr(0),
+            (addr(1), F32),
+            (addr(2), F32),
+            8,
+            4
+        )),
         "add_f32_vec4"
     );
     assert_eq!(
-        name(elementwise::add_f32(addr(0), addr(1), addr(2), 6, 3)),
+        name(elementwise::add(
+            addr(0),
+            (addr(1), F32),
+            (addr(2), F32),
+            6,
+            3
+        )),
         "add_f32"
     );
     let offset = Addr { slot: 1, offset: 8 };
     assert_eq!(
-        name(elementwise::add_f32(addr(0), offset, addr(2), 8, 4)),
+        name(elementwise::add(
+            addr(0),
+            (offset, F32),
+            (addr(2), F32),
+            8,
+            4
+        )),
         "add_f32"
+    );
+    // A bf16 term's vector is 8 bytes.
+    assert_eq!(
+        name(elementwise::add(
+            addr(0),
+            (offset, BF16),
+            (offset, BF16),
+            8,
+            4
+        )),
+        "add_bf16_bf16_vec4"
+    );
+    let odd = Addr { slot: 1, offset: 4 };
+    assert_eq!(
+        name(elementwise::add(addr(0), (odd, BF16), (addr(2), F32), 8, 4)),
+        "add_bf16_f32"
     );
 }
 

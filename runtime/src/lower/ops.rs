@@ -305,10 +305,12 @@ impl Lowering<'_> {
         }
         match self.op {
             Op::Add | Op::Mul => {
-                let a = self.operand(0, "a", F32)?;
-                let (b, stored) = match self.op {
-                    Op::Add => self.stored(1, "b")?,
-                    _ => (self.operand(1, "b", F32)?, gpu::Stored::F32),
+                let ((a, a_stored), (b, b_stored)) = match self.op {
+                    Op::Add => (self.stored(0, "a")?, self.stored(1, "b")?),
+                    _ => (
+                        (self.operand(0, "a", F32)?, gpu::Stored::F32),
+                        (self.operand(1, "b", F32)?, gpu::Stored::F32),
+                    ),
                 };
                 let out = self.result(0, "out", F32)?;
                 let (n, b_len) = (size(a.numel()), size(b.numel()));
@@ -319,12 +321,11 @@ impl Lowering<'_> {
                         a.shape()
                     )));
                 }
-                let build = match (self.op, stored) {
-                    (Op::Add, gpu::Stored::BF16) => gpu::elementwise::add_f32_bf16,
-                    (Op::Add, gpu::Stored::F32) => gpu::elementwise::add_f32,
-                    _ => gpu::elementwise::mul_f32,
-                };
-                Ok(vec![build(out.addr(), a.addr(), b.addr(), n, b_len)])
+                let (a, b) = ((a.addr(), a_stored), (b.addr(), b_stored));
+                Ok(vec![match self.op {
+                    Op::Add => gpu::elementwise::add(out.addr(), a, b, n, b_len),
+                    _ => gpu::elementwise::mul_f32(out.addr(), a.0, b.0, n, b_len),
+                }])
             }
             Op::Scale { alpha } => {
                 let a = self.operand(0, "a", F32)?;
@@ -343,12 +344,16 @@ impl Lowering<'_> {
                 let out = self.result(0, "out", F32)?;
                 let cols = size(out.numel());
                 let rows = size(src.numel()) / cols;
-                Ok(vec![gpu::elementwise::sum_to_shape_f32(
-                    out.addr(),
-                    src.addr(),
-                    rows,
-                    cols,
-                )])
+                // The row chunks' partials (see the builder).
+                let bytes = gpu::columns::partials_bytes(rows, cols);
+                let workspace = self.workspace(bytes, out.addr())?;
+                let (out, src) = (out.addr(), src.addr());
+                Ok(gpu::elementwise::sum_to_shape_f32(
+                    out,
+                    src,
+                    [rows, cols],
+                    workspace,
+                )?)
             }
             Op::BroadcastTo { .. } => {
                 let src = self.operand(0, "a", F32)?;

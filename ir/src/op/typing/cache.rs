@@ -10,36 +10,49 @@ use crate::op::rope_kv::{RopeKvParts, K, K_CACHE, Q, V, V_CACHE};
 use crate::{stores, DType, Error, Op, Result, TensorType};
 
 /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v) -> (out [B,T,Hq,D], probs [B,Hq,T,S])`, `S >= T`; with
-/// `flash`, f32 only and `(out, lse [B,Hq,T])`.
+/// `flash`, `(out, lse [B,Hq,T])` f32, each of q, k, v f32 or bf16 (read rounded to bf16).
 pub(super) fn attention_types(rule: &Rule<'_>, flash: bool) -> Result<Vec<TensorType>> {
     rule.arity(3)?;
-    let q = rule.float(0)?;
+    // FlashAttention computes in f32 whatever its operands' storage (f32 or their rounding).
+    let rounded = |port: usize| matches!(rule.operands[port].dtype, DType::F32 | DType::BF16);
+    let q = match flash {
+        true if rounded(0) => &rule.operands[0],
+        true => return Err(rule.type_error(0, "f32 or bf16 [B,Hq,T,D]")),
+        false => rule.float(0)?,
+    };
+    let dtype = if flash { DType::F32 } else { q.dtype };
     let &[b, hq, t, d] = rule.rank(0, 4, "[B,Hq,T,D]")? else {
         unreachable!("rank checked")
     };
-    if flash && q.dtype != DType::F32 {
-        return Err(rule.type_error(0, "f32 [B,Hq,T,D]"));
-    }
     let k = &rule.operands[1];
     let &[kb, hkv, s, kd] = rule.rank(1, 4, "[B,Hkv,S,D]")? else {
         unreachable!("rank checked")
     };
-    if k.dtype != q.dtype || kb != b || kd != d || hkv == 0 || hq % hkv != 0 || s < t {
-        let expected = format!(
-            "{} [{b},Hkv,S,{d}] with Hkv dividing {hq} and S >= T",
-            q.dtype
-        );
+    let k_dtype_ok = if flash {
+        rounded(1)
+    } else {
+        k.dtype == q.dtype
+    };
+    if !k_dtype_ok || kb != b || kd != d || hkv == 0 || hq % hkv != 0 || s < t {
+        let dtypes = if flash { "f32 or bf16" } else { q.dtype.name() };
+        let expected = format!("{dtypes} [{b},Hkv,S,{d}] with Hkv dividing {hq} and S >= T");
         return Err(rule.type_error(1, expected));
     }
-    rule.same(2, k)?;
+    match flash {
+        true if rule.operands[2].dims() != k.dims() || !rounded(2) => {
+            return Err(rule.type_error(2, format!("f32 or bf16 {}", k.shape)));
+        }
+        true => {}
+        false => rule.same(2, k)?,
+    }
     let kept = if flash {
         vec![b, hq, t]
     } else {
         vec![b, hq, t, s]
     };
     Ok(vec![
-        TensorType::new(q.dtype, [b, t, hq, d])?,
-        TensorType::new(q.dtype, kept)?,
+        TensorType::new(dtype, [b, t, hq, d])?,
+        TensorType::new(dtype, kept)?,
     ])
 }
 

@@ -27,6 +27,7 @@ pub(crate) fn forward() -> FlashForward {
         out: addr(3),
         lse: addr(4),
         workspace: addr(5),
+        stored: [Stored::F32; 3],
     }
 }
 
@@ -43,6 +44,7 @@ pub(crate) fn backward() -> FlashBackward {
         grad_k: addr(7),
         grad_v: addr(8),
         workspace: addr(9),
+        stored: [Stored::F32; 4],
     }
 }
 
@@ -86,7 +88,7 @@ fn each_head_dim_runs_the_smallest_instance_that_holds_it() {
 #[test]
 fn staged_operands_and_scratch_do_not_overlap() {
     let (dims, d) = (dims(70, 130, 40), 64);
-    let regions = Regions::new(addr(9), &dims, d);
+    let regions = Regions::new(addr(9), &dims, d, [Stored::F32; 3]);
     let starts = [
         regions.q,
         regions.k,
@@ -113,14 +115,20 @@ fn staged_operands_and_scratch_do_not_overlap() {
         assert_eq!(starts[i].offset % SLOT_ALIGN, 0);
     }
     assert!(regions.partial_v.offset + sizes[6] <= regions.end);
-    assert_eq!(backward_workspace_bytes(&dims), regions.end);
-    assert_eq!(forward_workspace_bytes(&dims), regions.grad_out.offset);
+    assert_eq!(
+        backward_workspace_bytes(&dims, [Stored::F32; 3]),
+        regions.end
+    );
+    assert_eq!(
+        forward_workspace_bytes(&dims, [Stored::F32; 3]),
+        regions.grad_out.offset
+    );
     // Without GQA there are no partials.
     let mha = AttentionDims {
         kv_heads: 6,
         ..dims
     };
-    let plain = Regions::new(addr(9), &mha, d);
+    let plain = Regions::new(addr(9), &mha, d, [Stored::F32; 3]);
     assert_eq!(plain.end, plain.partial_k.offset);
 }
 
@@ -185,4 +193,71 @@ fn wide_heads_and_bad_groupings_are_refused() {
     four.kv_heads = 4; // does not divide 6 query heads
     assert!(flash_attention_f32(forward(), four, 0.5).is_err());
     assert!(flash_attention_backward_f32(backward(), dims(5, 4, 64), 0.5).is_err());
+}
+
+/// A bf16 q, k or v of a padded head dim is read where it is (no stage, no workspace); one of
+/// another head dim is staged from bf16; grad_out is always staged, from its own storage.
+#[test]
+fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
+    let bf16 = FlashForward {
+        stored: [Stored::BF16; 3],
+        ..forward()
+    };
+    let launches = flash_attention_f32(bf16, dims(70, 90, 64), 0.5).unwrap();
+    assert_eq!(names(&launches), ["flash_attention_forward_d64"]);
+    let args = &kernel(&launches[0]).args;
+    assert!(matches!(args[2..5], [Arg::Ptr(q), Arg::Ptr(k), Arg::Ptr(v)]
+        if [q, k, v] == [addr(0), addr(1), addr(2)]));
+    assert_eq!(
+        forward_workspace_bytes(&dims(70, 90, 64), [Stored::BF16; 3]),
+        0
+    );
+    // Only k in bf16: q and v staged from f32.
+    let mixed = FlashForward {
+        stored: [Stored::F32, Stored::BF16, Stored::F32],
+        ..forward()
+    };
+    let launches = flash_attention_f32(mixed, dims(70, 90, 64), 0.5).unwrap();
+    assert_eq!(
+        names(&launches),
+        [
+            "flash_attention_stage",
+            "flash_attention_stage",
+            "flash_attention_forward_d64"
+        ]
+    );
+    // Head dim 40 pads to 64: bf16 rows are staged too.
+    let launches = flash_attention_f32(bf16, dims(70, 90, 40), 0.5).unwrap();
+    assert_eq!(names(&launches)[..3], ["flash_attention_stage_bf16"; 3]);
+    // The backward: grad_out staged (re-laid) from bf16, Δ from bf16.
+    let backward = FlashBackward {
+        stored: [Stored::BF16; 4],
+        ..backward()
+    };
+    let launches = flash_attention_backward_f32(backward, dims(70, 130, 64), 0.5).unwrap();
+    assert_eq!(
+        names(&launches),
+        [
+            "flash_attention_stage_bf16",
+            "flash_attention_backward_delta_bf16",
+            "flash_attention_backward_kv_d64",
+            "flash_attention_backward_reduce",
+            "flash_attention_backward_q_d64"
+        ]
+    );
+    let all = backward_workspace_bytes(&dims(70, 130, 64), [Stored::F32; 3]);
+    let none = backward_workspace_bytes(&dims(70, 130, 64), [Stored::BF16; 3]);
+    let (q, kv) = (2 * 6 * 70 * 64 * 2, 2 * 2 * 130 * 64 * 2);
+    assert_eq!(all - none, q + 2 * kv);
+}
+
+#[test]
+fn a_bf16_operand_read_where_it_is_must_be_aligned_for_the_tile_copies() {
+    let unaligned = FlashForward {
+        k: Addr { slot: 1, offset: 8 },
+        stored: [Stored::BF16; 3],
+        ..forward()
+    };
+    let error = flash_attention_f32(unaligned, dims(70, 90, 64), 0.5).unwrap_err();
+    assert!(error.to_string().contains("16-byte aligned"), "{error}");
 }

@@ -122,41 +122,49 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             Ok(attention::attention_backward_f32(addresses, dims, scale)?)
         }
         Op::FlashAttention { scale } => {
-            let q = at.operand(0, "q", F32)?;
-            let k = at.operand(1, "k", F32)?;
+            let (q, q_stored) = at.stored(0, "q")?;
+            let (k, k_stored) = at.stored(1, "k")?;
+            let (v, v_stored) = at.stored(2, "v")?;
+            let stored = [q_stored, k_stored, v_stored];
             let dims = attention_dims(at, q.dims(), k.dims())?;
             let out = at.result(0, "out", F32)?;
-            // q, k, v staged as bf16 rows (see the builder).
-            let workspace = at.workspace(flash::forward_workspace_bytes(&dims), out.addr())?;
+            // q, k, v staged as bf16 rows where they are not (see the builder).
+            let bytes = flash::forward_workspace_bytes(&dims, stored);
+            let workspace = at.workspace(bytes, out.addr())?;
             let addresses = FlashForward {
                 q: q.addr(),
                 k: k.addr(),
-                v: at.operand(2, "v", F32)?.addr(),
+                v: v.addr(),
                 out: out.addr(),
                 lse: at.result(1, "lse", F32)?.addr(),
                 workspace,
+                stored,
             };
             let scale = Lowering::f32_attribute(*scale);
             Ok(flash::flash_attention_f32(addresses, dims, scale)?)
         }
         Op::FlashAttentionBackward { scale } => {
-            let q = at.operand(0, "q", F32)?;
-            let k = at.operand(1, "k", F32)?;
+            let (q, q_stored) = at.stored(0, "q")?;
+            let (k, k_stored) = at.stored(1, "k")?;
+            let (v, v_stored) = at.stored(2, "v")?;
+            let (grad_out, grad_out_stored) = at.stored(5, "grad_out")?;
             let dims = attention_dims(at, q.dims(), k.dims())?;
             let grad_q = at.result(0, "grad_q", F32)?;
             // The staged operands, Δ and the per-head dK, dV (see the builder).
-            let workspace = at.workspace(flash::backward_workspace_bytes(&dims), grad_q.addr())?;
+            let bytes = flash::backward_workspace_bytes(&dims, [q_stored, k_stored, v_stored]);
+            let workspace = at.workspace(bytes, grad_q.addr())?;
             let addresses = FlashBackward {
                 q: q.addr(),
                 k: k.addr(),
-                v: at.operand(2, "v", F32)?.addr(),
+                v: v.addr(),
                 out: at.operand(3, "out", F32)?.addr(),
                 lse: at.operand(4, "lse", F32)?.addr(),
-                grad_out: at.operand(5, "grad_out", F32)?.addr(),
+                grad_out: grad_out.addr(),
                 grad_q: grad_q.addr(),
                 grad_k: at.result(1, "grad_k", F32)?.addr(),
                 grad_v: at.result(2, "grad_v", F32)?.addr(),
                 workspace,
+                stored: [q_stored, k_stored, v_stored, grad_out_stored],
             };
             let scale = Lowering::f32_attribute(*scale);
             Ok(flash::flash_attention_backward_f32(addresses, dims, scale)?)

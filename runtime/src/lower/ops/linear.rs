@@ -192,11 +192,8 @@ pub(super) fn lower_linear(
             accumulate: false,
         }));
         if let Some((b, stored)) = bias[g] {
-            let add = match stored {
-                gpu::Stored::BF16 => gpu::elementwise::add_f32_bf16,
-                gpu::Stored::F32 => gpu::elementwise::add_f32,
-            };
-            launches.push(add(target, target, b.addr(), shape.m * n, n));
+            let (a, b) = ((target, gpu::Stored::F32), (b.addr(), stored));
+            launches.push(gpu::elementwise::add(target, a, b, shape.m * n, n));
         }
     }
     if swiglu {

@@ -64,8 +64,10 @@ pub(super) fn lower_norm(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             if hidden == 0 {
                 return Ok(vec![]);
             }
-            // Each row's rstd, saved by the row pass for the column pass.
-            let rstd = at.workspace(rows * 4, grad_weight.addr())?;
+            // Each row's rstd, saved by the row pass for the column pass, then the column
+            // pass's partials.
+            let (partials, bytes) = norm::backward_workspace(rows, hidden);
+            let rstd = at.workspace(bytes, grad_weight.addr())?;
             let eps = Lowering::f32_attribute(*eps);
             let mut launches = Vec::new();
             if rows > 0 {
@@ -79,13 +81,11 @@ pub(super) fn lower_norm(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 };
                 launches.push(norm::rmsnorm_backward_rows_f32(rows_at, rows, hidden, eps)?);
             }
-            launches.push(norm::rmsnorm_backward_weight_f32(
+            launches.extend(norm::rmsnorm_backward_weight_f32(
                 grad_weight.addr(),
-                x.addr(),
-                grad_out.addr(),
-                rstd,
-                rows,
-                hidden,
+                [x.addr(), grad_out.addr(), rstd],
+                [rows, hidden],
+                rstd.add(partials),
             )?);
             Ok(launches)
         }
@@ -120,11 +120,11 @@ pub(super) fn lower_rope(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 }
                 false => (None, Stored::F32),
             };
-            let out = at.result(0, "out", F32)?;
+            let (out, out_stored) = at.rounded_result(0, "out")?;
             let dims = rope_dims(at, x.dims(), [0, 1, 2, 3], "x")?;
             let theta = Lowering::f32_attribute(*theta);
             Ok(vec![rope::rope_f32(
-                out.addr(),
+                (out.addr(), out_stored),
                 [x.addr(), positions.addr()],
                 (bias, stored),
                 (dims, theta),
