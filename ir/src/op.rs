@@ -54,7 +54,8 @@ pub enum Op {
     /// pass (`crate::fuse`), never traced; the f32 ones never exist. Mixed precision makes
     /// these where such a result is read only as a bf16 GEMM input: each gradient of a bf16
     /// GEMM input (`MatMul` of bf16 operands), SwiGLU's result and its backward's gradients,
-    /// RMSNorm's normed rows; and RoPE's q and k, which FlashAttention reads rounded.
+    /// RMSNorm's normed rows; and RoPE's q and k and v made head-major, which FlashAttention
+    /// reads rounded.
     Rounded(Box<Op>),
     /// `(a, b) -> a + b`; `b`'s shape is a suffix of `a`'s.
     Add,
@@ -220,6 +221,7 @@ impl Op {
                 Op::RmsNorm { .. } => "rounded_rmsnorm",
                 Op::AddRmsNorm { .. } => "rounded_add_rmsnorm",
                 Op::Rope { .. } => "rounded_rope",
+                Op::Contiguous => "rounded_contiguous",
                 _ => "rounded",
             },
             Op::Add => "add",
@@ -408,11 +410,15 @@ impl Op {
     /// rounded; the others are written as the op writes them): a `MatMul`'s product (of bf16
     /// operands), SwiGLU's result and both gradients of its backward, RMSNorm's normed rows
     /// (not the sum an `AddRmsNorm` also gives, which the residual stream reads), RoPE's
-    /// rotated rows (read only where they are rounded on entry: FlashAttention's q and k);
-    /// none of any other op.
+    /// rotated rows and a `Contiguous` copy (read only where they are rounded on entry:
+    /// FlashAttention's q, k and head-major v); none of any other op.
     pub fn rounded_results(&self) -> &'static [usize] {
         match self {
-            Op::MatMul { .. } | Op::SwiGlu | Op::RmsNorm { .. } | Op::Rope { .. } => &[0],
+            Op::MatMul { .. }
+            | Op::SwiGlu
+            | Op::RmsNorm { .. }
+            | Op::Rope { .. }
+            | Op::Contiguous => &[0],
             Op::SwiGluBackward => &[0, 1],
             Op::AddRmsNorm { .. } => &[1],
             _ => &[],

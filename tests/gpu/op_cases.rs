@@ -180,6 +180,13 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::Cast { to: DType::F32 },
                 vec![bf(&[b, t, h])],
             ),
+            // A dense copy rounded (the strided one: v made head-major in the mixed-precision
+            // train programs).
+            (
+                format!("rounded_contiguous {s}"),
+                rounded(Op::Contiguous),
+                vec![f(&[b, t, h])],
+            ),
             (
                 format!("rmsnorm {s}"),
                 Op::RmsNorm { eps: 1e-6 },

@@ -1,4 +1,5 @@
-//! Builders of `copy.cu`: strided → row-major copies (rank ≤ 6) and f32 ↔ bf16 casts.
+//! Builders of `copy.cu`: strided → row-major copies (rank ≤ 6), also rounding f32 to bf16,
+//! and f32 ↔ bf16 casts.
 
 use super::launch::{all_aligned, grid_stride, size_arg};
 use super::{Addr, Arg, Launch};
@@ -31,6 +32,28 @@ pub fn strided_copy(
             })
         }
     };
+    strided(function, dst, src, dims, strides)
+}
+
+/// [`strided_copy`] of an f32 view into a row-major bf16 `dst`, each element rounded to
+/// nearest even as [`cast_f32_to_bf16`] rounds it.
+pub fn strided_round_f32_to_bf16(
+    dst: Addr,
+    src: Addr,
+    dims: &[usize],
+    strides: &[usize],
+) -> Result<Launch> {
+    strided("strided_round_f32_to_bf16", dst, src, dims, strides)
+}
+
+/// A launch of the strided copy kernel `function`.
+fn strided(
+    function: &'static str,
+    dst: Addr,
+    src: Addr,
+    dims: &[usize],
+    strides: &[usize],
+) -> Result<Launch> {
     if dims.len() > MAX_COPY_RANK || strides.len() != dims.len() {
         return Err(Error::Argument {
             op: function,

@@ -353,6 +353,8 @@ fn every_launch() -> Vec<Launch> {
     for bytes in [2, 4, 8] {
         launches.push(copy::strided_copy(addr(0), addr(1), &[2, 3], &[1, 2], bytes).unwrap());
     }
+    let round = copy::strided_round_f32_to_bf16(addr(0), addr(1), &[2, 3], &[1, 2]);
+    launches.push(round.unwrap());
     // Scalar and vector variants of the elementwise kernels.
     for at in [addr, unaligned] {
         for a in [F32, BF16] {

@@ -265,17 +265,26 @@ impl Lowering<'_> {
         value as f32
     }
 
-    /// `Contiguous`: a device copy of a dense operand, or the strided copy kernel.
+    /// `Contiguous`: a device copy of a dense operand, or the strided copy kernel; rounded, an
+    /// f32 operand cast to bf16 as it is copied.
     fn contiguous(&self) -> Result<Vec<Launch>> {
         let src = self.port(self.i, "operand", 0, "a")?;
         let dst = self.port(self.o, "result", 0, "out")?;
-        self.expect_dtype(dst, "out", &[src.dtype])?;
+        let out_dtype = if self.rounded { DType::BF16 } else { src.dtype };
+        if self.rounded {
+            self.expect_dtype(src, "a", &[F32])?;
+        }
+        self.expect_dtype(dst, "out", &[out_dtype])?;
         self.expect_contiguous(dst, "out")?;
         if src.numel() == 0 {
             return Ok(vec![]);
         }
+        let n = size(src.numel());
         if src.is_contiguous() {
-            return Ok(copy_unless_same(dst.addr(), src.addr(), byte_len(src)));
+            return Ok(match self.rounded {
+                true => vec![gpu::copy::cast_f32_to_bf16(dst.addr(), src.addr(), n)],
+                false => copy_unless_same(dst.addr(), src.addr(), byte_len(src)),
+            });
         }
         let (dims, strides) = collapse(src.dims(), src.strides());
         if dims.len() > gpu::copy::MAX_COPY_RANK {
@@ -286,13 +295,11 @@ impl Lowering<'_> {
                 gpu::copy::MAX_COPY_RANK
             )));
         }
-        let launch = gpu::copy::strided_copy(
-            dst.addr(),
-            src.addr(),
-            &dims,
-            &strides,
-            src.dtype.size_bytes(),
-        )?;
+        let (dst, src_at) = (dst.addr(), src.addr());
+        let launch = match self.rounded {
+            true => gpu::copy::strided_round_f32_to_bf16(dst, src_at, &dims, &strides)?,
+            false => gpu::copy::strided_copy(dst, src_at, &dims, &strides, src.dtype.size_bytes())?,
+        };
         Ok(vec![launch])
     }
 
