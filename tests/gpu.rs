@@ -2,6 +2,8 @@
 //! prints `SKIPPED: <why>` and returns: a skip is not a pass, and these tests only count when
 //! run on a GPU machine, where `KILN_REQUIRE_GPU=1` makes a skip fail.
 //!
+//! 0. Without a device too: every op case below plans, runs on the interpreter and lowers for
+//!    the CUDA and HIP backends (the one test here that runs on the CPU machine).
 //! 1. Every op, alone in a one-op program, on fresh random inputs of several shapes: the GPU's
 //!    results against the reference interpreter (f32 relative error <= 1e-5; bf16 results
 //!    <= 1e-2), with every slot poisoned (0xFF bytes, NaN) first, so an element the kernel
@@ -152,16 +154,13 @@ fn special_values_agree(what: &str, got: &[f64], want: &[f64], may_spread: bool)
     testing::rel_l2(&g, &w)
 }
 
-/// Builds the one-op graph for `op` on `ins`, runs it on the GPU (eager, then a fresh
-/// executable replayed) and on the interpreter; returns the worst relative error. With
-/// `special`, one element of one float input is set to it first (see [`inject`]).
-fn check_op(
-    device: &Arc<CudaDevice>,
+/// The one-op graph of `op` on `ins` (inputs `in0`, `in1`, ..., results `out0`, ...), fresh
+/// random values of its inputs, and its result count.
+fn one_op(
     rng: &mut StdRng,
     name: &str,
     (op, ins): (&Op, &[In]),
-    special: Option<f64>,
-) -> f64 {
+) -> (Graph, BTreeMap<String, Tensor>, usize) {
     let mut graph = Graph::new(name);
     let mut values = BTreeMap::new();
     let mut operands = Vec::new();
@@ -215,6 +214,24 @@ fn check_op(
         operands.push(graph.input(&input_name, kind, ty).unwrap());
         values.insert(input_name, tensor);
     }
+    let results = graph.op(op.clone(), &operands).unwrap();
+    for (port, value) in results.iter().enumerate() {
+        graph.output(&format!("out{port}"), *value).unwrap();
+    }
+    (graph, values, results.len())
+}
+
+/// Builds the one-op graph for `op` on `ins`, runs it on the GPU (eager, then a fresh
+/// executable replayed) and on the interpreter; returns the worst relative error. With
+/// `special`, one element of one float input is set to it first (see [`inject`]).
+fn check_op(
+    device: &Arc<CudaDevice>,
+    rng: &mut StdRng,
+    name: &str,
+    (op, ins): (&Op, &[In]),
+    special: Option<f64>,
+) -> f64 {
+    let (graph, mut values, results) = one_op(rng, name, (op, ins));
     let injected = special.map(|value| inject(rng, &mut values, value));
     // Through the GEMM and the flash attention, a special v (forward), q, k or grad_out
     // (backward) reaches masked rows (kernels/src/gpu/attention.rs, kernels/cuda/flash.cu).
@@ -234,10 +251,6 @@ fn check_op(
         Some(what) => format!("{name} with {what}"),
         None => name.to_string(),
     };
-    let results = graph.op(op.clone(), &operands).unwrap();
-    for (port, value) in results.iter().enumerate() {
-        graph.output(&format!("out{port}"), *value).unwrap();
-    }
     let planned = plan(
         &graph,
         &PlanOptions::default(),
@@ -252,20 +265,11 @@ fn check_op(
             exe.set(name, tensor).unwrap();
         }
         exe.run(mode).unwrap();
-        (0..results.len())
+        (0..results)
             .map(|port| exe.get(&format!("out{port}")).unwrap())
             .collect::<Vec<_>>()
     };
-    // Fused linears of up to 32 rows on the skinny kernels (the default sends 2 rows and more
-    // to cuBLASLt, which the tiny programs check); more rows take cuBLASLt here too.
-    let linear_rows = match op {
-        Op::Linear { .. } => 32,
-        _ => LowerOptions::default().linear_rows,
-    };
-    let cuda = LowerOptions {
-        linear_rows,
-        ..LowerOptions::default()
-    };
+    let cuda = case_options(op, LowerOptions::default());
     let eager = run(RunMode::Eager, cuda);
     let replayed = run(RunMode::Graph, cuda);
     // A split linear finishes inside its clusters or by a reduce launch: the same sums in the
@@ -277,10 +281,7 @@ fn check_op(
     let reduced = matches!(op, Op::Linear { .. }).then(|| run(RunMode::Graph, unclustered));
     // The HIP backend's code on this device: kiln's tiled GEMM for cuBLASLt's, the portable
     // emulation of mma.sync, ldmatrix and cp.async in the tensor-core modules.
-    let hip = LowerOptions {
-        linear_rows,
-        ..LowerOptions::portable()
-    };
+    let hip = case_options(op, LowerOptions::portable());
     let portable = run(RunMode::Graph, hip);
     let mut worst = 0.0f64;
     for (port, got) in eager.iter().enumerate() {
@@ -333,6 +334,43 @@ fn check_op(
         worst = worst.max(error).max(portable_error);
     }
     worst
+}
+
+/// The lowering options of an op case: fused linears of up to 32 rows on the skinny kernels
+/// (the default sends 2 rows and more to cuBLASLt, which the tiny programs check); more rows
+/// take cuBLASLt here too.
+fn case_options(op: &Op, options: LowerOptions) -> LowerOptions {
+    match op {
+        Op::Linear { .. } => LowerOptions {
+            linear_rows: 32,
+            ..options
+        },
+        _ => options,
+    }
+}
+
+/// What the CPU machine can check of every op case (CI has no GPU): each one-op program
+/// plans for the CUDA backend, runs on the interpreter, and lowers for the device (CUDA's and
+/// HIP's lowering: kernels of their modules, every address inside its slot). Not the GPU's
+/// results: `every_op_matches_the_cpu_reference` below checks those where a GPU exists.
+#[test]
+fn every_op_case_plans_interprets_and_lowers_without_a_device() {
+    let mut rng = testing::rng("gpu_op_cases_on_the_cpu");
+    for (name, op, ins) in &op_cases::cases() {
+        let (graph, mut values, _) = one_op(&mut rng, name, (op, ins));
+        let planned = plan(
+            &graph,
+            &PlanOptions::default(),
+            &kiln_runtime::Workspaces::Cuda,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        interpret(&graph, &mut values).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for options in [LowerOptions::default(), LowerOptions::portable()] {
+            let options = case_options(op, options);
+            let lowered = kiln_runtime::lower_for_device(&graph, &planned, options);
+            lowered.unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
 }
 
 #[test]

@@ -387,6 +387,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::AllReduce
         | Op::Linear { .. }
         | Op::Rounded(_)
+        | Op::AlsoRounded(_)
         | Op::Slice { .. } => {
             return Err(site.error("has no gradient rule but is on the path to the loss"))
         }

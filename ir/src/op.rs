@@ -57,6 +57,13 @@ pub enum Op {
     /// RMSNorm's normed rows; and RoPE's q and k and v made head-major, which FlashAttention
     /// reads rounded.
     Rounded(Box<Op>),
+    /// `op`, its results as they are, then a bf16 copy of each of those it has a rounded form
+    /// of ([`Op::rounded_results`]), rounded as it is written: the op and `Cast{bf16}` of
+    /// those results in one, made by the fusion pass, never traced. Mixed precision makes
+    /// these where a result is read both as it is and rounded: the backward's gradients out of
+    /// the norms and RoPE, which the residual stream and the bias gradients read in f32 and
+    /// the GEMMs rounded.
+    AlsoRounded(Box<Op>),
     /// `(a, b) -> a + b`; `b`'s shape is a suffix of `a`'s.
     Add,
     /// `(a, b) -> a ⊙ b`; `b`'s shape is a suffix of `a`'s.
@@ -222,7 +229,17 @@ impl Op {
                 Op::AddRmsNorm { .. } => "rounded_add_rmsnorm",
                 Op::Rope { .. } => "rounded_rope",
                 Op::Contiguous => "rounded_contiguous",
+                Op::RopeBackward { .. } => "rounded_rope_backward",
+                Op::RmsNormBackward { .. } => "rounded_rmsnorm_backward",
+                Op::AddRmsNormBackward { .. } => "rounded_add_rmsnorm_backward",
                 _ => "rounded",
+            },
+            Op::AlsoRounded(op) => match **op {
+                Op::RmsNormBackward { .. } => "also_rounded_rmsnorm_backward",
+                Op::AddRmsNormBackward { .. } => "also_rounded_add_rmsnorm_backward",
+                Op::RopeBackward { .. } => "also_rounded_rope_backward",
+                Op::Contiguous => "also_rounded_contiguous",
+                _ => "also_rounded",
             },
             Op::Add => "add",
             Op::Mul => "mul",
@@ -276,7 +293,10 @@ impl Op {
             // The name says which op is rounded (an op with no rounded form, which the type
             // rule rejects, is printed whole).
             Op::Rounded(op) if self.name() == "rounded" => vec![("op", op.to_string())],
-            Op::Rounded(op) => op.attributes(),
+            Op::AlsoRounded(op) if self.name() == "also_rounded" => {
+                vec![("op", op.to_string())]
+            }
+            Op::Rounded(op) | Op::AlsoRounded(op) => op.attributes(),
             Op::MatMul {
                 transpose_a,
                 transpose_b,
@@ -366,7 +386,7 @@ impl Op {
             Op::SwiGlu => &[0, 1],
             Op::SwiGluBackward => &[0, 1, 2],
             Op::AddRmsNorm { .. } | Op::Rope { .. } | Op::EmbeddingBackward { .. } => &[2],
-            Op::Rounded(op) => op.stored_operands(),
+            Op::Rounded(op) | Op::AlsoRounded(op) => op.stored_operands(),
             Op::CachedAttention { .. } => &[1, 2],
             _ => &[],
         }
@@ -390,7 +410,7 @@ impl Op {
     pub fn compute_operand(&self) -> usize {
         match self {
             Op::EmbeddingBackward { .. } => 1,
-            Op::Rounded(op) => op.compute_operand(),
+            Op::Rounded(op) | Op::AlsoRounded(op) => op.compute_operand(),
             _ => 0,
         }
     }
@@ -411,29 +431,47 @@ impl Op {
     /// operands), SwiGLU's result and both gradients of its backward, RMSNorm's normed rows
     /// (not the sum an `AddRmsNorm` also gives, which the residual stream reads), RoPE's
     /// rotated rows and a `Contiguous` copy (read only where they are rounded on entry:
-    /// FlashAttention's q, k and head-major v); none of any other op.
+    /// FlashAttention's q, k and head-major v), the input gradients of the norms and RoPE
+    /// (the GEMMs' gradient inputs); none of any other op.
     pub fn rounded_results(&self) -> &'static [usize] {
         match self {
             Op::MatMul { .. }
             | Op::SwiGlu
             | Op::RmsNorm { .. }
             | Op::Rope { .. }
-            | Op::Contiguous => &[0],
+            | Op::Contiguous
+            | Op::RmsNormBackward { .. }
+            | Op::AddRmsNormBackward { .. }
+            | Op::RopeBackward { .. } => &[0],
             Op::SwiGluBackward => &[0, 1],
             Op::AddRmsNorm { .. } => &[1],
             _ => &[],
         }
     }
 
-    /// Whether `Op::Rounded` takes this op: one with results it can write rounded.
+    /// Whether `Op::Rounded` and `Op::AlsoRounded` take this op: one with results it can
+    /// write rounded.
     pub fn roundable(&self) -> bool {
         !self.rounded_results().is_empty()
     }
 
-    /// The op a `Rounded` op rounds; any other op itself.
+    /// Whether `Op::AlsoRounded` takes this op: its kernels write a rounded copy of its
+    /// rounded results beside the f32 ones (the input gradients of the norms and RoPE, and v's
+    /// made token-major again).
+    pub fn also_roundable(&self) -> bool {
+        matches!(
+            self,
+            Op::RmsNormBackward { .. }
+                | Op::AddRmsNormBackward { .. }
+                | Op::RopeBackward { .. }
+                | Op::Contiguous
+        )
+    }
+
+    /// The op a `Rounded` or `AlsoRounded` op rounds; any other op itself.
     pub fn unrounded(&self) -> &Op {
         match self {
-            Op::Rounded(op) => op,
+            Op::Rounded(op) | Op::AlsoRounded(op) => op,
             op => op,
         }
     }

@@ -51,7 +51,7 @@ pub fn backward_start(graph: &Graph, seed: ValueId) -> Option<NodeIndex> {
 /// Ops recomputed at the cost of the bytes they move: elementwise ops, casts, norms, RoPE,
 /// gathers and views, and those of them that write rounded results.
 pub fn cheap(op: &Op) -> bool {
-    if let Op::Rounded(op) = op {
+    if let Op::Rounded(op) | Op::AlsoRounded(op) = op {
         return cheap(op);
     }
     matches!(

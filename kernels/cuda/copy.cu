@@ -2,19 +2,30 @@
 // as raw bits, or f32 rounded to bf16 as copied), and f32 <-> bf16 casts (round to nearest
 // even, NaN kept as NaN).
 
-// Element conversions of the strided copy: the bits as they are, or f32 rounded to bf16.
-struct KilnBits {
-    template <typename T> __device__ T operator()(T v) const { return v; }
+// Where the strided copy puts element `i`: the bits as they are, f32 rounded to bf16, or both
+// (the f32 value and its rounding, mixed precision's gradient read both ways).
+template <typename T> struct KilnStoreBits {
+    T* dst;
+    __device__ void operator()(i64 i, T v) const { dst[i] = v; }
 };
-struct KilnRoundBf16 {
-    __device__ bf16_bits operator()(float v) const { return kiln_f32_to_bf16(v); }
+struct KilnStoreRounded {
+    bf16_bits* dst;
+    __device__ void operator()(i64 i, float v) const { dst[i] = kiln_f32_to_bf16(v); }
+};
+struct KilnStoreBoth {
+    float* dst;
+    bf16_bits* rounded;
+    __device__ void operator()(i64 i, float v) const {
+        dst[i] = v;
+        rounded[i] = kiln_f32_to_bf16(v);
+    }
 };
 
 // dims/strides are padded at the front to rank 6 (dim 1, stride 0); strides in elements;
 // src points at the view's first element.
-template <typename D, typename S, typename Convert>
-__device__ void kiln_strided_copy(D* dst, const S* src, i64 n, const i64 dims[6],
-                                  const i64 strides[6], Convert convert) {
+template <typename S, typename Store>
+__device__ void kiln_strided_copy(const S* src, i64 n, const i64 dims[6], const i64 strides[6],
+                                  Store store) {
     KILN_FOR_EACH(index, n) {
         i64 rest = index;
         i64 offset = 0;
@@ -23,28 +34,28 @@ __device__ void kiln_strided_copy(D* dst, const S* src, i64 n, const i64 dims[6]
             rest /= dims[axis];
         }
         offset += rest * strides[0];
-        dst[index] = convert(src[offset]);
+        store(index, src[offset]);
     }
 }
 
-#define KILN_STRIDED_CALL(dst, src, convert)                                                 \
+#define KILN_STRIDED_CALL(src, store)                                                        \
     const i64 dims[6] = {d0, d1, d2, d3, d4, d5};                                            \
     const i64 strides[6] = {s0, s1, s2, s3, s4, s5};                                         \
-    kiln_strided_copy(dst, src, n, dims, strides, convert)
+    kiln_strided_copy(src, n, dims, strides, store)
 
 extern "C" __global__ void strided_copy_b16(unsigned short* dst, const unsigned short* src,
                                             i64 n, i64 d0, i64 d1, i64 d2, i64 d3, i64 d4,
                                             i64 d5, i64 s0, i64 s1, i64 s2, i64 s3, i64 s4,
                                             i64 s5) {
     kiln_grid_dependency_wait();
-    KILN_STRIDED_CALL(dst, src, KilnBits());
+    KILN_STRIDED_CALL(src, KilnStoreBits<unsigned short>{dst});
 }
 
 extern "C" __global__ void strided_copy_b32(unsigned int* dst, const unsigned int* src, i64 n,
                                             i64 d0, i64 d1, i64 d2, i64 d3, i64 d4, i64 d5,
                                             i64 s0, i64 s1, i64 s2, i64 s3, i64 s4, i64 s5) {
     kiln_grid_dependency_wait();
-    KILN_STRIDED_CALL(dst, src, KilnBits());
+    KILN_STRIDED_CALL(src, KilnStoreBits<unsigned int>{dst});
 }
 
 extern "C" __global__ void strided_copy_b64(unsigned long long* dst,
@@ -52,7 +63,7 @@ extern "C" __global__ void strided_copy_b64(unsigned long long* dst,
                                             i64 d1, i64 d2, i64 d3, i64 d4, i64 d5, i64 s0,
                                             i64 s1, i64 s2, i64 s3, i64 s4, i64 s5) {
     kiln_grid_dependency_wait();
-    KILN_STRIDED_CALL(dst, src, KilnBits());
+    KILN_STRIDED_CALL(src, KilnStoreBits<unsigned long long>{dst});
 }
 
 extern "C" __global__ void strided_round_f32_to_bf16(bf16_bits* dst, const float* src, i64 n,
@@ -60,7 +71,15 @@ extern "C" __global__ void strided_round_f32_to_bf16(bf16_bits* dst, const float
                                                      i64 d5, i64 s0, i64 s1, i64 s2, i64 s3,
                                                      i64 s4, i64 s5) {
     kiln_grid_dependency_wait();
-    KILN_STRIDED_CALL(dst, src, KilnRoundBf16());
+    KILN_STRIDED_CALL(src, KilnStoreRounded{dst});
+}
+
+extern "C" __global__ void strided_copy_f32_and_bf16(float* dst, bf16_bits* rounded,
+                                                     const float* src, i64 n, i64 d0, i64 d1,
+                                                     i64 d2, i64 d3, i64 d4, i64 d5, i64 s0,
+                                                     i64 s1, i64 s2, i64 s3, i64 s4, i64 s5) {
+    kiln_grid_dependency_wait();
+    KILN_STRIDED_CALL(src, (KilnStoreBoth{dst, rounded}));
 }
 
 extern "C" __global__ void cast_f32_to_bf16(bf16_bits* dst, const float* src, i64 n) {

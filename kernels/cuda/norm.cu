@@ -97,10 +97,12 @@ extern "C" __global__ void add_rmsnorm_f32_bf16_bf16_out(float* sum_out, bf16_bi
 
 // Per row: grad_x = rstd * w * g - x * rstd^3 * sum(g * w * x) / H (+ grad_sum when given),
 // and rstd saved to `rstd_out[row]` for the grad_weight kernel. `grad_sum` is read only when
-// `has_grad_sum` is nonzero (it may then alias nothing valid).
-extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, float* rstd_out,
-                                                     const float* x, const float* weight,
-                                                     const float* grad_out,
+// `has_grad_sum` is nonzero (it may then alias nothing valid). grad_x is written in f32 where
+// `grad_x` is not null and rounded to bf16 where `rounded` is not null (mixed precision's
+// input of the GEMMs it feeds), either or both.
+extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, bf16_bits* rounded,
+                                                     float* rstd_out, const float* x,
+                                                     const float* weight, const float* grad_out,
                                                      const float* grad_sum, int has_grad_sum,
                                                      i64 rows, i64 hidden, float eps) {
     kiln_grid_dependency_wait();
@@ -122,7 +124,8 @@ extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, float* rstd_
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
         float gx = rstd * weight[j] * g_row[j] - x_row[j] * through_rstd;
         if (has_grad_sum) gx += grad_sum[row * hidden + j];
-        grad_x[row * hidden + j] = gx;
+        if (grad_x != nullptr) grad_x[row * hidden + j] = gx;
+        if (rounded != nullptr) rounded[row * hidden + j] = kiln_f32_to_bf16(gx);
     }
     if (threadIdx.x == 0) rstd_out[row] = rstd;
 }

@@ -49,10 +49,19 @@ extern "C" __global__ void rope_f32_bf16_bf16_out(bf16_bits* out, const float* x
     kiln_rope(out, x, positions, bias, has_bias, batch, seq, heads, head_dim, theta, fault);
 }
 
-// grad_out [B,H,T,D], positions [B,T] -> grad_x [B,T,H,D] (the inverse rotation).
-extern "C" __global__ void rope_backward_f32(float* grad_x, const float* grad_out,
-                                             const i64* positions, i64 batch, i64 seq,
-                                             i64 heads, i64 head_dim, float theta, int* fault) {
+// grad_out [B,H,T,D], positions [B,T] -> grad_x [B,T,H,D] (the inverse rotation), in f32
+// where `grad_x` is not null and rounded to bf16 where `rounded` is not null (mixed
+// precision's input of the GEMMs it feeds), either or both.
+__device__ __forceinline__ void kiln_rope_backward_store(float* grad_x, bf16_bits* rounded,
+                                                         i64 at, float value) {
+    if (grad_x != nullptr) grad_x[at] = value;
+    if (rounded != nullptr) rounded[at] = kiln_f32_to_bf16(value);
+}
+
+extern "C" __global__ void rope_backward_f32(float* grad_x, bf16_bits* rounded,
+                                             const float* grad_out, const i64* positions,
+                                             i64 batch, i64 seq, i64 heads, i64 head_dim,
+                                             float theta, int* fault) {
     kiln_grid_dependency_wait();
     const i64 half = head_dim / 2;
     const i64 pairs = batch * seq * heads * half;
@@ -69,7 +78,7 @@ extern "C" __global__ void rope_backward_f32(float* grad_x, const float* grad_ou
         const i64 dst = (token * heads + h) * head_dim;
         float lo = grad_out[src + i];
         float hi = grad_out[src + i + half];
-        grad_x[dst + i] = lo * cos_a + hi * sin_a;
-        grad_x[dst + i + half] = hi * cos_a - lo * sin_a;
+        kiln_rope_backward_store(grad_x, rounded, dst + i, lo * cos_a + hi * sin_a);
+        kiln_rope_backward_store(grad_x, rounded, dst + i + half, hi * cos_a - lo * sin_a);
     }
 }

@@ -75,6 +75,8 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
             let widened = |t: &TensorType| product(t.dims()).saturating_mul(4);
             (operands.iter().take(2)).fold(0, |sum, t| sum.saturating_add(widened(t)))
         }
+        // The copies are rounded from the results themselves.
+        Op::AlsoRounded(inner) => cpu_kernel(inner, operands),
         // The f32 results it rounds, then the op's own scratch.
         Op::Rounded(inner) => {
             let results = inner.infer(operands).unwrap_or_default();
@@ -117,7 +119,7 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
 /// The CUDA backend's scratch (the lowering asks for exactly these).
 fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
     match op {
-        Op::Rounded(inner) => return cuda(inner, operands),
+        Op::Rounded(inner) | Op::AlsoRounded(inner) => return cuda(inner, operands),
         Op::Linear { biases, swiglu, .. } => {
             return crate::lower::linear_workspace_bytes(operands, biases.len(), *swiglu)
         }

@@ -19,6 +19,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     };
     let bf = |dims: &[usize]| In::F(DType::BF16, dims.to_vec());
     let rounded = |op| Op::Rounded(Box::new(op));
+    let also_rounded = |op| Op::AlsoRounded(Box::new(op));
     let mut cases: Vec<(String, Op, Vec<In>)> = Vec::new();
     for &(b, t, h) in &[(1, 1, 64), (2, 7, 96), (3, 33, 896)] {
         let n = b * t;
@@ -180,11 +181,16 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::Cast { to: DType::F32 },
                 vec![bf(&[b, t, h])],
             ),
-            // A dense copy rounded (the strided one: v made head-major in the mixed-precision
-            // train programs).
+            // A dense copy rounded, and both ways (the strided ones: v made head-major and its
+            // gradient token-major again in the mixed-precision train programs).
             (
                 format!("rounded_contiguous {s}"),
                 rounded(Op::Contiguous),
+                vec![f(&[b, t, h])],
+            ),
+            (
+                format!("also_rounded_contiguous {s}"),
+                also_rounded(Op::Contiguous),
                 vec![f(&[b, t, h])],
             ),
             (
@@ -210,6 +216,23 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             (
                 format!("add_rmsnorm_backward no grad_sum {s}"),
                 Op::AddRmsNormBackward { eps: 1e-6 },
+                vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h])],
+            ),
+            // Mixed precision's: the input gradient rounded for the GEMMs, and kept in f32 too
+            // where the residual stream reads it.
+            (
+                format!("also_rounded_add_rmsnorm_backward {s}"),
+                also_rounded(Op::AddRmsNormBackward { eps: 1e-6 }),
+                vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h]), f(&[b, t, h])],
+            ),
+            (
+                format!("rounded_add_rmsnorm_backward {s}"),
+                rounded(Op::AddRmsNormBackward { eps: 1e-6 }),
+                vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h])],
+            ),
+            (
+                format!("also_rounded_rmsnorm_backward {s}"),
+                also_rounded(Op::RmsNormBackward { eps: 1e-6 }),
                 vec![f(&[b, t, h]), f(&[h]), f(&[b, t, h])],
             ),
             (
@@ -479,6 +502,16 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             (
                 format!("rope_backward {s}"),
                 Op::RopeBackward { theta: 1e6 },
+                vec![f(&[b, hq, t, d]), In::Ids(vec![b, t], 4096)],
+            ),
+            (
+                format!("rounded_rope_backward {s}"),
+                rounded(Op::RopeBackward { theta: 1e6 }),
+                vec![f(&[b, hq, t, d]), In::Ids(vec![b, t], 4096)],
+            ),
+            (
+                format!("also_rounded_rope_backward {s}"),
+                also_rounded(Op::RopeBackward { theta: 1e6 }),
                 vec![f(&[b, hq, t, d]), In::Ids(vec![b, t], 4096)],
             ),
             (

@@ -1,11 +1,14 @@
 //! The `rounded` rule (see the pass's module doc): an op each of whose roundable results
-//! ([`Op::rounded_results`]) is read only by a `Cast{bf16}` (directly, or through a reshape
-//! that cast alone reads) is one [`Op::Rounded`]: its kernel writes those results rounded, the
+//! ([`Op::rounded_results`]) is read only by a `Cast{bf16}` (directly, or through reshapes
+//! each read by the next alone) is one [`Op::Rounded`]: its kernel writes those results rounded, the
 //! f32 ones never exist. Mixed precision's backward rounds each gradient of a bf16 GEMM input
 //! so; SwiGLU's result and its backward's gradients are rounded for the down and gate/up
 //! GEMMs, and the normed rows for the GEMMs they feed. A result that only ports rounding it on
 //! entry read ([`Op::rounded_on_entry`]: RoPE's q and k, which FlashAttention takes) is written
-//! rounded too, those readers taking the bf16 value: the same bits, half the bytes.
+//! rounded too, those readers taking the bf16 value: the same bits, half the bytes. Where such
+//! a result is read both rounded (by a cast of its own) and as it is, an op that can
+//! ([`Op::also_roundable`]: the norms' and RoPE's input gradients in the backward) becomes one
+//! [`Op::AlsoRounded`]: it writes the rounded copy beside the result, and the cast is gone.
 
 use petgraph::graph::NodeIndex;
 
@@ -23,43 +26,86 @@ pub(super) fn rounded_fusions(graph: &Graph, users: &Users) -> Vec<Fusion> {
         let Some(ports) = graph.node(node).map(|n| n.outputs.len()) else {
             continue;
         };
-        // Each result the op rounds is read by its cast alone; the others stay as they are.
-        let rounds = op.rounded_results();
-        let casts: Option<Vec<(ValueId, Vec<NodeIndex>)>> = (0..ports)
-            .map(|port| {
-                let value = ValueId { node, port };
-                match rounds.contains(&port) {
-                    true => rounding_cast(graph, users, value),
-                    false => Some((value, Vec::new())),
-                }
-            })
-            .collect();
-        let Some(casts) = casts else {
+        let operands = graph.operands(node);
+        let Some(types) = (operands.iter())
+            .map(|v| graph.value_type(*v).ok().cloned())
+            .collect::<Option<Vec<_>>>()
+        else {
             continue;
         };
-        // A product rounds from bf16 operands alone (the type rule's condition).
-        let operands = graph.operands(node);
-        let rounded = Op::Rounded(Box::new(op.clone()));
-        let types: Option<Vec<_>> = (operands.iter())
-            .map(|v| graph.value_type(*v).ok().cloned())
+        let rounds = op.rounded_results();
+        let value = |port| ValueId { node, port };
+        // Each result the op rounds is read by its cast alone (or where it is rounded on
+        // entry); the others stay as they are.
+        let alone: Option<Vec<(ValueId, Vec<NodeIndex>)>> = (0..ports)
+            .map(|port| match rounds.contains(&port) {
+                true => rounding_cast(graph, users, value(port)),
+                false => Some((value(port), Vec::new())),
+            })
             .collect();
-        if types.is_none_or(|t| rounded.infer(&t).is_err()) {
+        // A product rounds from bf16 operands alone (the type rule's condition).
+        let rounded = Op::Rounded(Box::new(op.clone()));
+        if let Some(casts) = alone.filter(|_| rounded.infer(&types).is_ok()) {
+            let nodes = casts.iter().flat_map(|(_, n)| n.iter().copied());
+            fusions.push(Fusion {
+                at: node,
+                replaced: std::iter::once(node).chain(nodes).collect(),
+                op: rounded,
+                operands,
+                ends: casts.into_iter().map(|(cast, _)| cast).collect(),
+            });
             continue;
         }
-        let nodes = casts.iter().flat_map(|(_, n)| n.iter().copied());
+        // Otherwise, where each result it rounds is also read by a cast of its own, the op
+        // writes the rounded copies beside its results.
+        let also = Op::AlsoRounded(Box::new(op.clone()));
+        let copies: Option<Vec<(ValueId, Vec<NodeIndex>)>> = (rounds.iter())
+            .map(|&port| cast_among_readers(graph, users, value(port)))
+            .collect();
+        let Some(copies) = copies.filter(|_| also.infer(&types).is_ok()) else {
+            continue;
+        };
+        let nodes = copies.iter().flat_map(|(_, n)| n.iter().copied());
         fusions.push(Fusion {
             at: node,
             replaced: std::iter::once(node).chain(nodes).collect(),
-            op: rounded,
+            op: also,
             operands,
-            ends: casts.into_iter().map(|(cast, _)| cast).collect(),
+            ends: (0..ports)
+                .map(value)
+                .chain(copies.iter().map(|(cast, _)| *cast))
+                .collect(),
         });
     }
     fusions
 }
 
-/// The `Cast{bf16}` that alone reads f32 `value` (through a reshape that the cast alone reads)
-/// and the nodes it replaces: the cast's value and [reshape,] cast; or `value` itself and no
+/// Among the readers of f32 `value`, directly or through reshapes, the first `Cast{bf16}` of
+/// it (in node order, depth first), and the node it replaces: the cast (reshapes it leaves
+/// unread are dropped as dead).
+fn cast_among_readers(
+    graph: &Graph,
+    users: &Users,
+    value: ValueId,
+) -> Option<(ValueId, Vec<NodeIndex>)> {
+    if !of_dtype(graph, value, DType::F32) {
+        return None;
+    }
+    users.get(&value)?.iter().flatten().find_map(|&reader| {
+        let cast = ValueId {
+            node: reader,
+            port: 0,
+        };
+        match op_of(graph, reader)? {
+            Op::Cast { to: DType::BF16 } => Some((cast, vec![reader])),
+            Op::Reshape { .. } => cast_among_readers(graph, users, cast),
+            _ => None,
+        }
+    })
+}
+
+/// The `Cast{bf16}` that alone reads f32 `value` (through reshapes, each read by the next
+/// alone) and the nodes it replaces: the cast's value and [reshapes,] cast; or `value` itself and no
 /// node where only ports that round it on entry read it ([`Op::rounded_on_entry`]).
 fn rounding_cast(
     graph: &Graph,
@@ -77,16 +123,16 @@ fn rounding_cast(
         return None;
     };
     let mut nodes = Vec::new();
-    if let Some(Op::Reshape { .. }) = op_of(graph, reader) {
+    while let Some(Op::Reshape { .. }) = op_of(graph, reader) {
         let view = ValueId {
             node: reader,
             port: 0,
         };
         nodes.push(reader);
-        let &[Some(cast)] = users.get(&view)?.as_slice() else {
+        let &[Some(next)] = users.get(&view)?.as_slice() else {
             return None;
         };
-        reader = cast;
+        reader = next;
     }
     let Some(Op::Cast { to: DType::BF16 }) = op_of(graph, reader) else {
         return None;

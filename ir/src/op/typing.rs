@@ -154,9 +154,12 @@ impl Op {
                 }
                 one(TensorType::new(grad.dtype, [*vocab, hidden])?)
             }
-            Op::Rounded(op) => {
+            Op::Rounded(op) | Op::AlsoRounded(op) => {
                 if !op.roundable() {
                     return Err(rule.attribute(format!("{op} has no rounded form")));
+                }
+                if matches!(self, Op::AlsoRounded(_)) && !op.also_roundable() {
+                    return Err(rule.attribute(format!("{op} writes no rounded copy too")));
                 }
                 // A product is rounded from bf16 operands (mixed precision's GEMMs) alone.
                 let bf16 = |t: &TensorType| t.dtype == DType::BF16;
@@ -164,15 +167,21 @@ impl Op {
                     return Err(rule.type_error(0, "bf16"));
                 }
                 let mut results = op.infer(operands)?;
-                let rounded = op.rounded_results();
-                for (_, result) in
-                    (results.iter_mut().enumerate()).filter(|(port, _)| rounded.contains(port))
-                {
+                let mut copies = Vec::new();
+                for &port in op.rounded_results() {
+                    let Some(result) = results.get_mut(port) else {
+                        continue;
+                    };
                     if result.dtype != DType::F32 {
                         return Err(rule.attribute(format!("{op} gives {result}, not f32")));
                     }
-                    result.dtype = DType::BF16;
+                    let rounded = TensorType::new(DType::BF16, result.dims())?;
+                    match self {
+                        Op::Rounded(_) => *result = rounded,
+                        _ => copies.push(rounded),
+                    }
                 }
+                results.extend(copies);
                 Ok(results)
             }
             Op::MatMul {

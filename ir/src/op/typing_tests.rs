@@ -480,6 +480,37 @@ fn rounded_ops_give_their_rounded_results_as_bf16_and_take_only_roundable_ops() 
     );
 }
 
+/// `AlsoRounded`: the op's results as they are, then a bf16 copy of each it rounds; only ops
+/// whose kernels write such copies.
+#[test]
+fn also_rounded_ops_append_bf16_copies_of_their_rounded_results() {
+    let also = |op| Op::AlsoRounded(Box::new(op));
+    let (g, b, weight) = (f32t(&[2, 6]), ty(DType::BF16, &[2, 6]), f32t(&[6]));
+    let backward = Op::AddRmsNormBackward { eps: 1e-6 };
+    accepts(
+        also(backward),
+        &[g.clone(), weight.clone(), g.clone(), g.clone()],
+        &[g.clone(), weight.clone(), b.clone()],
+    );
+    let (x, positions) = (f32t(&[1, 2, 3, 4]), ty(DType::I64, &[1, 3]));
+    let rope = Op::RopeBackward { theta: 1e4 };
+    accepts(
+        also(rope),
+        &[x, positions],
+        &[f32t(&[1, 3, 2, 4]), ty(DType::BF16, &[1, 3, 2, 4])],
+    );
+    accepts(also(Op::Contiguous), &[g.clone()], &[g.clone(), b]);
+    // SwiGLU has a rounded form, but no kernel writing both.
+    let err = also(Op::SwiGlu).infer(&[g.clone(), g.clone()]).unwrap_err();
+    assert!(matches!(err, Error::Attribute { .. }), "{err:?}");
+    let err = also(Op::Add).infer(&[g.clone(), g]).unwrap_err();
+    assert!(matches!(err, Error::Attribute { .. }), "{err:?}");
+    assert_eq!(
+        also(Op::RopeBackward { theta: 1e4 }).to_string(),
+        "also_rounded_rope_backward{theta=10000.0}"
+    );
+}
+
 #[test]
 fn softmax_backward() {
     let y = f32t(&[2, 5]);

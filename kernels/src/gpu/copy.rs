@@ -2,7 +2,7 @@
 //! and f32 ↔ bf16 casts.
 
 use super::launch::{all_aligned, grid_stride, size_arg};
-use super::{Addr, Arg, Launch};
+use super::{Addr, Arg, Forms, Launch};
 use crate::{Error, Result};
 
 const MODULE: &str = "copy";
@@ -32,24 +32,36 @@ pub fn strided_copy(
             })
         }
     };
-    strided(function, dst, src, dims, strides)
+    strided(function, vec![Arg::Ptr(dst)], src, dims, strides)
 }
 
-/// [`strided_copy`] of an f32 view into a row-major bf16 `dst`, each element rounded to
-/// nearest even as [`cast_f32_to_bf16`] rounds it.
-pub fn strided_round_f32_to_bf16(
-    dst: Addr,
+/// [`strided_copy`] of an f32 view into a row-major f32 `dst`, a bf16 one (each element
+/// rounded to nearest even as [`cast_f32_to_bf16`] rounds it), or both.
+pub fn strided_copy_f32(
+    dst: Forms,
     src: Addr,
     dims: &[usize],
     strides: &[usize],
 ) -> Result<Launch> {
-    strided("strided_round_f32_to_bf16", dst, src, dims, strides)
+    let (function, dst) = match (dst.f32, dst.rounded) {
+        (Some(dst), None) => ("strided_copy_b32", vec![Arg::Ptr(dst)]),
+        (None, Some(rounded)) => ("strided_round_f32_to_bf16", vec![Arg::Ptr(rounded)]),
+        (Some(_), Some(_)) => ("strided_copy_f32_and_bf16", dst.args().to_vec()),
+        (None, None) => {
+            return Err(Error::Argument {
+                op: "strided_copy_f32",
+                argument: "dst",
+                reason: "neither an f32 nor a bf16 destination".to_string(),
+            })
+        }
+    };
+    strided(function, dst, src, dims, strides)
 }
 
-/// A launch of the strided copy kernel `function`.
+/// A launch of the strided copy kernel `function` into `dst` (one pointer or two).
 fn strided(
     function: &'static str,
-    dst: Addr,
+    dst: Vec<Arg>,
     src: Addr,
     dims: &[usize],
     strides: &[usize],
@@ -70,7 +82,8 @@ fn strided(
     let padded_dims = std::iter::repeat_n(1, pad).chain(dims.iter().copied());
     let padded_strides = std::iter::repeat_n(0, pad).chain(strides.iter().copied());
     let n: u64 = dims.iter().map(|&d| d as u64).product();
-    let mut args = vec![Arg::Ptr(dst), Arg::Ptr(src), size_arg(n)];
+    let mut args = dst;
+    args.extend([Arg::Ptr(src), size_arg(n)]);
     args.extend(padded_dims.map(|d| size_arg(d as u64)));
     args.extend(padded_strides.map(|s| size_arg(s as u64)));
     Ok(grid_stride(MODULE, function, n, args))

@@ -129,6 +129,30 @@ impl Stored {
     }
 }
 
+/// Where a kernel writes a result it can give in f32, rounded to bf16, or both (mixed
+/// precision's `Rounded` and `AlsoRounded` ops): at least one is given; an absent one is a
+/// null pointer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Forms {
+    pub f32: Option<Addr>,
+    pub rounded: Option<Addr>,
+}
+
+impl Forms {
+    /// The f32 result alone.
+    pub fn f32(at: Addr) -> Forms {
+        Forms {
+            f32: Some(at),
+            rounded: None,
+        }
+    }
+
+    /// The two pointer arguments, f32 first.
+    pub fn args(&self) -> [Arg; 2] {
+        [self.f32, self.rounded].map(|at| at.map_or(Arg::Null, Arg::Ptr))
+    }
+}
+
 /// A (strided-batched) matrix product in row-major terms, for the vendor GEMM (or, on a backend
 /// without one, the tiled kernel [`gemm::tiled`](super::gemm::tiled) launches):
 /// for each batch `b < batch`, `C_b [m,n] = op(A_b) · op(B_b)` where `op(A_b)` is `[m,k]` and

@@ -2,7 +2,7 @@
 //! saves each row's rstd, then a column pass for grad_weight).
 
 use super::launch::{block_per, size_arg};
-use super::{Addr, Arg, Launch, Stored};
+use super::{Addr, Arg, Forms, Launch, Stored};
 use crate::Result;
 
 const MODULE: &str = "norm";
@@ -74,7 +74,8 @@ pub fn add_rmsnorm_f32(
 /// Where the backward's row pass reads and writes.
 #[derive(Clone, Copy, Debug)]
 pub struct RmsNormBackwardRows {
-    pub grad_x: Addr,
+    /// In f32, rounded to bf16 (the GEMMs' input in mixed precision), or both.
+    pub grad_x: Forms,
     /// `rows` f32: each row's rstd, for [`rmsnorm_backward_weight_f32`].
     pub rstd: Addr,
     pub x: Addr,
@@ -94,8 +95,8 @@ pub fn rmsnorm_backward_rows_f32(
     const FUNCTION: &str = "rmsnorm_backward_rows_f32";
     // Without grad_sum the kernel never reads its pointer; pass a valid one all the same.
     let grad_sum = at.grad_sum.unwrap_or(at.grad_out);
-    let args = vec![
-        Arg::Ptr(at.grad_x),
+    let mut args = at.grad_x.args().to_vec();
+    args.extend([
         Arg::Ptr(at.rstd),
         Arg::Ptr(at.x),
         Arg::Ptr(at.weight),
@@ -105,7 +106,7 @@ pub fn rmsnorm_backward_rows_f32(
         size_arg(rows),
         size_arg(hidden),
         Arg::F32(eps),
-    ];
+    ]);
     block_per(MODULE, FUNCTION, "rows", rows, args)
 }
 

@@ -2,7 +2,7 @@
 //! per pair of rotated elements.
 
 use super::launch::{grid_stride, size_arg};
-use super::{Addr, Arg, Launch, Stored};
+use super::{Addr, Arg, Forms, Launch, Stored};
 
 const MODULE: &str = "rope";
 
@@ -59,15 +59,16 @@ pub fn rope_f32(
     grid_stride(MODULE, function, dims.pairs(), args)
 }
 
-/// `grad_x [B,T,H,D]` from `grad_out [B,H,T,D]`; `dims` are grad_x's. A negative position
-/// raises the `fault` word.
+/// `grad_x [B,T,H,D]` from `grad_out [B,H,T,D]`, in f32, rounded to bf16, or both; `dims`
+/// are grad_x's. A negative position raises the `fault` word.
 pub fn rope_backward_f32(
-    grad_x: Addr,
+    grad_x: Forms,
     [grad_out, positions]: [Addr; 2],
     (dims, theta): (RopeDims, f32),
     fault: Addr,
 ) -> Launch {
-    let mut args = vec![Arg::Ptr(grad_x), Arg::Ptr(grad_out), Arg::Ptr(positions)];
+    let mut args = grad_x.args().to_vec();
+    args.extend([Arg::Ptr(grad_out), Arg::Ptr(positions)]);
     args.extend(dims.args());
     args.extend([Arg::F32(theta), Arg::Ptr(fault)]);
     grid_stride(MODULE, "rope_backward_f32", dims.pairs(), args)

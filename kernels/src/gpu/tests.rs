@@ -110,8 +110,20 @@ fn every_launch() -> Vec<Launch> {
         heads: 3,
         head_dim: 4,
     };
+    // A result written in f32, rounded to bf16, or both (`Rounded`, `AlsoRounded`).
+    let forms = [
+        Forms::f32(addr(0)),
+        Forms {
+            f32: None,
+            rounded: Some(addr(6)),
+        },
+        Forms {
+            f32: Some(addr(0)),
+            rounded: Some(addr(6)),
+        },
+    ];
     let rows = RmsNormBackwardRows {
-        grad_x: addr(0),
+        grad_x: forms[2],
         rstd: addr(1),
         x: addr(2),
         weight: addr(3),
@@ -162,7 +174,6 @@ fn every_launch() -> Vec<Launch> {
         loss::cross_entropy_rows_f32(addr(0), addr(1), addr(2), ([3, 7], -100), addr(9)).unwrap(),
         loss::cross_entropy_mean_f32(addr(0), addr(1), addr(2), 3, -100),
         loss::cross_entropy_backward_f32(addr(0), [addr(1); 3], ([3, 7], -100), addr(9)).unwrap(),
-        norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap(),
         optim::adamw(adamw_update(Stored::F32, None, Some(addr(7))), 9, hyper),
         optim::adamw(adamw_update(Stored::F32, Some(addr(6)), None), 12, hyper),
         optim::adamw(adamw_update(Stored::BF16, None, Some(addr(7))), 9, hyper),
@@ -204,8 +215,16 @@ fn every_launch() -> Vec<Launch> {
             (rope_dims, 1e4),
             addr(9),
         ),
-        rope::rope_backward_f32(addr(0), [addr(1), addr(2)], (rope_dims, 1e4), addr(9)),
     ];
+    for grad_x in forms {
+        let rows = RmsNormBackwardRows { grad_x, ..rows };
+        launches.push(norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap());
+        let positions = [addr(1), addr(2)];
+        let rope = rope::rope_backward_f32(grad_x, positions, (rope_dims, 1e4), addr(9));
+        launches.push(rope);
+        let copy = copy::strided_copy_f32(grad_x, addr(1), &[2, 3], &[1, 2]);
+        launches.push(copy.unwrap());
+    }
     // Column sums of one chunk of rows and of several (partials, then the finish).
     for rows in [4, 2048] {
         let sums = [rows, 896];
@@ -353,8 +372,7 @@ fn every_launch() -> Vec<Launch> {
     for bytes in [2, 4, 8] {
         launches.push(copy::strided_copy(addr(0), addr(1), &[2, 3], &[1, 2], bytes).unwrap());
     }
-    let round = copy::strided_round_f32_to_bf16(addr(0), addr(1), &[2, 3], &[1, 2]);
-    launches.push(round.unwrap());
+
     // Scalar and vector variants of the elementwise kernels.
     for at in [addr, unaligned] {
         for a in [F32, BF16] {

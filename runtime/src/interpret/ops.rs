@@ -150,6 +150,16 @@ fn run_kernels(
             }
             Ok(())
         }
+        Op::AlsoRounded(inner) => {
+            // The op's results where they go, then the copies (after them) rounded from them
+            // as `Cast` rounds.
+            let (results, copies) = o.split_at_mut(o.len() - inner.rounded_results().len());
+            run_kernels(&inner, i, results, workspace)?;
+            for (&port, copy) in inner.rounded_results().iter().zip(copies) {
+                copy::cast(&results[port].as_view(), copy)?;
+            }
+            Ok(())
+        }
         Op::Add => elementwise::add(&i[0], &i[1], &mut o[0]),
         Op::Mul => elementwise::mul(&i[0], &i[1], &mut o[0]),
         Op::Scale { alpha } => elementwise::scale(&i[0], alpha, &mut o[0]),

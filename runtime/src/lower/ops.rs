@@ -88,6 +88,7 @@ pub(crate) fn lower_op(
     let at = Lowering {
         op: op.unrounded(),
         rounded: matches!(op, Op::Rounded(_)),
+        also_rounded: matches!(op, Op::AlsoRounded(_)),
         i,
         o,
         workspace,
@@ -95,6 +96,9 @@ pub(crate) fn lower_op(
     };
     if at.rounded && !at.op.roundable() {
         return Err(at.unsupported("has no rounded form".to_string()));
+    }
+    if at.also_rounded && !at.op.also_roundable() {
+        return Err(at.unsupported("has no kernel writing a rounded copy too".to_string()));
     }
     let launches = at.launches(options)?;
     (launches.into_iter())
@@ -149,6 +153,9 @@ struct Lowering<'a> {
     op: &'a Op,
     /// Whether the f32 results are written rounded to bf16 (`Op::Rounded`).
     rounded: bool,
+    /// Whether they are written as they are and rounded (`Op::AlsoRounded`: the copies after
+    /// the op's results).
+    also_rounded: bool,
     i: &'a [DeviceTensor],
     o: &'a [DeviceTensor],
     workspace: Option<(Addr, u64)>,
@@ -237,6 +244,28 @@ impl Lowering<'_> {
         Ok((self.result(port, name, dtype)?, stored))
     }
 
+    /// Where the kernel writes result `port` of an op that may be rounded (a port it rounds,
+    /// [`Op::rounded_results`]): in f32, rounded to bf16 (`Rounded`), or both (`AlsoRounded`,
+    /// whose copy follows the op's results).
+    fn result_forms(&self, port: usize, name: &str) -> Result<gpu::Forms> {
+        let rounds = self.op.rounded_results();
+        let copy = rounds.iter().position(|&p| p == port);
+        Ok(match (self.rounded, self.also_rounded, copy) {
+            (true, _, Some(_)) => gpu::Forms {
+                f32: None,
+                rounded: Some(self.result(port, name, DType::BF16)?.addr()),
+            },
+            (_, true, Some(index)) => {
+                let at = self.o.len().saturating_sub(rounds.len()) + index;
+                gpu::Forms {
+                    f32: Some(self.result(port, name, F32)?.addr()),
+                    rounded: Some(self.result(at, name, DType::BF16)?.addr()),
+                }
+            }
+            _ => gpu::Forms::f32(self.result(port, name, F32)?.addr()),
+        })
+    }
+
     /// Result `port`, contiguous and of `dtype`.
     fn result(&self, port: usize, name: &str, dtype: DType) -> Result<&DeviceTensor> {
         let tensor = self.port(self.o, "result", port, name)?;
@@ -265,28 +294,42 @@ impl Lowering<'_> {
         value as f32
     }
 
-    /// `Contiguous`: a device copy of a dense operand, or the strided copy kernel; rounded, an
-    /// f32 operand cast to bf16 as it is copied.
+    /// `Contiguous`: a device copy of a dense operand, or the strided copy kernel; rounded (or
+    /// also rounded), an f32 operand rounded to bf16 as it is copied.
     fn contiguous(&self) -> Result<Vec<Launch>> {
         let src = self.port(self.i, "operand", 0, "a")?;
-        let dst = self.port(self.o, "result", 0, "out")?;
-        let out_dtype = if self.rounded { DType::BF16 } else { src.dtype };
-        if self.rounded {
-            self.expect_dtype(src, "a", &[F32])?;
+        let rounding = self.rounded || self.also_rounded;
+        let forms = match rounding {
+            true => {
+                self.expect_dtype(src, "a", &[F32])?;
+                self.result_forms(0, "out")?
+            }
+            false => {
+                let dst = self.port(self.o, "result", 0, "out")?;
+                self.expect_dtype(dst, "out", &[src.dtype])?;
+                gpu::Forms::f32(dst.addr())
+            }
+        };
+        for port in 0..self.o.len() {
+            self.expect_contiguous(self.port(self.o, "result", port, "out")?, "out")?;
         }
-        self.expect_dtype(dst, "out", &[out_dtype])?;
-        self.expect_contiguous(dst, "out")?;
         if src.numel() == 0 {
             return Ok(vec![]);
         }
-        let n = size(src.numel());
-        if src.is_contiguous() {
-            return Ok(match self.rounded {
-                true => vec![gpu::copy::cast_f32_to_bf16(dst.addr(), src.addr(), n)],
-                false => copy_unless_same(dst.addr(), src.addr(), byte_len(src)),
-            });
+        let (dims, strides) = match src.is_contiguous() {
+            true => (vec![src.numel()], vec![1]),
+            false => collapse(src.dims(), src.strides()),
+        };
+        match (forms.f32, forms.rounded, src.is_contiguous()) {
+            (Some(dst), None, true) => {
+                return Ok(copy_unless_same(dst, src.addr(), byte_len(src)));
+            }
+            (None, Some(dst), true) => {
+                let n = size(src.numel());
+                return Ok(vec![gpu::copy::cast_f32_to_bf16(dst, src.addr(), n)]);
+            }
+            _ => {}
         }
-        let (dims, strides) = collapse(src.dims(), src.strides());
         if dims.len() > gpu::copy::MAX_COPY_RANK {
             return Err(self.unsupported(format!(
                 "`a` (shape {}, strides {:?}) has more than {} dims that do not merge",
@@ -295,10 +338,12 @@ impl Lowering<'_> {
                 gpu::copy::MAX_COPY_RANK
             )));
         }
-        let (dst, src_at) = (dst.addr(), src.addr());
-        let launch = match self.rounded {
-            true => gpu::copy::strided_round_f32_to_bf16(dst, src_at, &dims, &strides)?,
-            false => gpu::copy::strided_copy(dst, src_at, &dims, &strides, src.dtype.size_bytes())?,
+        let launch = match (rounding, forms.f32) {
+            (false, Some(dst)) => {
+                let bytes = src.dtype.size_bytes();
+                gpu::copy::strided_copy(dst, src.addr(), &dims, &strides, bytes)?
+            }
+            _ => gpu::copy::strided_copy_f32(forms, src.addr(), &dims, &strides)?,
         };
         Ok(vec![launch])
     }
@@ -482,6 +527,7 @@ impl Lowering<'_> {
             }
             Op::MatMul { .. }
             | Op::Rounded(_)
+            | Op::AlsoRounded(_)
             | Op::Linear { .. }
             | Op::Contiguous
             | Op::Reshape { .. }

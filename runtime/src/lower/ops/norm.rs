@@ -58,7 +58,7 @@ pub(super) fn lower_norm(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 false => None,
             };
             let grad_x_name = if fused { "grad_input" } else { "grad_x" };
-            let grad_x = at.result(0, grad_x_name, F32)?;
+            let grad_x = at.result_forms(0, grad_x_name)?;
             let grad_weight = at.result(1, "grad_weight", F32)?;
             let [rows, hidden] = rows_hidden(x.dims(), x.numel());
             if hidden == 0 {
@@ -72,7 +72,7 @@ pub(super) fn lower_norm(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let mut launches = Vec::new();
             if rows > 0 {
                 let rows_at = RmsNormBackwardRows {
-                    grad_x: grad_x.addr(),
+                    grad_x,
                     rstd,
                     x: x.addr(),
                     weight: weight.addr(),
@@ -134,12 +134,12 @@ pub(super) fn lower_rope(at: &Lowering<'_>) -> Result<Vec<Launch>> {
         Op::RopeBackward { theta } => {
             let grad = at.operand(0, "grad", F32)?;
             let positions = at.operand(1, "positions", I64)?;
-            let grad_x = at.result(0, "grad_x", F32)?;
+            let grad_x = at.result_forms(0, "grad_x")?;
             // grad is [B,H,T,D].
             let dims = rope_dims(at, grad.dims(), [0, 2, 1, 3], "grad")?;
             let theta = Lowering::f32_attribute(*theta);
             Ok(vec![rope::rope_backward_f32(
-                grad_x.addr(),
+                grad_x,
                 [grad.addr(), positions.addr()],
                 (dims, theta),
                 at.fault,
