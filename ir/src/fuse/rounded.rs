@@ -1,14 +1,15 @@
 //! The `rounded` rule (see the pass's module doc): an op each of whose roundable results
 //! ([`Op::rounded_results`]) is read only by a `Cast{bf16}` (directly, or through reshapes
-//! each read by the next alone) is one [`Op::Rounded`]: its kernel writes those results rounded, the
-//! f32 ones never exist. Mixed precision's backward rounds each gradient of a bf16 GEMM input
-//! so; SwiGLU's result and its backward's gradients are rounded for the down and gate/up
-//! GEMMs, and the normed rows for the GEMMs they feed. A result that only ports rounding it on
-//! entry read ([`Op::rounded_on_entry`]: RoPE's q and k, which FlashAttention takes) is written
-//! rounded too, those readers taking the bf16 value: the same bits, half the bytes. Where such
-//! a result is read both rounded (by a cast of its own) and as it is, an op that can
-//! ([`Op::also_roundable`]: the norms' and RoPE's input gradients in the backward) becomes one
-//! [`Op::AlsoRounded`]: it writes the rounded copy beside the result, and the cast is gone.
+//! each read by the next alone) is one [`Op::Rounded`]: its kernel writes those results
+//! rounded, the f32 ones never exist. Mixed precision's backward rounds each gradient of a
+//! bf16 GEMM input so; SwiGLU's result and its backward's gradients are rounded for the down
+//! and gate/up GEMMs, and the normed rows for the GEMMs they feed. A result that only ports
+//! rounding it on entry read ([`Op::rounded_on_entry`]: RoPE's q and k, which FlashAttention
+//! takes) is written rounded too, those readers taking the bf16 value: the same bits, half the
+//! bytes. Where such a result is read both rounded (by a cast of its own) and as it is, an op
+//! that can ([`Op::also_roundable`]: the norms' and RoPE's input gradients in the backward)
+//! becomes one [`Op::AlsoRounded`]: it writes the rounded copy beside the result, and the
+//! cast is gone.
 
 use petgraph::graph::NodeIndex;
 
@@ -105,8 +106,8 @@ fn cast_among_readers(
 }
 
 /// The `Cast{bf16}` that alone reads f32 `value` (through reshapes, each read by the next
-/// alone) and the nodes it replaces: the cast's value and [reshapes,] cast; or `value` itself and no
-/// node where only ports that round it on entry read it ([`Op::rounded_on_entry`]).
+/// alone) and the nodes it replaces: the cast's value and [reshapes,] cast; or `value` itself
+/// and no node where only ports that round it on entry read it ([`Op::rounded_on_entry`]).
 fn rounding_cast(
     graph: &Graph,
     users: &Users,
