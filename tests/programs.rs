@@ -485,8 +485,9 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         // is widened for its AdamW (7), nor any term of the sums of q/k/v's and of gate/up's
         // input gradients (3 + 2), nor the output gradient FlashAttention's backward rounds
         // again as it reads it (1); the input gradients of both norms, of RoPE's q and k and
-        // of v's head-major copy, read rounded (and in f32), are written so by the ops that
-        // make them (2 + 2 + 1); SwiGLU writes its result rounded for the
+        // of v's head-major copy, and FlashAttention's output, read rounded (and in f32), are
+        // written so by the ops that make them (2 + 2 + 1 + 1); SwiGLU writes its result
+        // rounded for the
         // down GEMM and its backward takes the rounded gradient and writes both of its own
         // rounded (1 + 1 + 2); both norms write their normed rows rounded for q/k/v and gate/up
         // (2), and the final norm for the LM head (1). The LM head's weight gradient (bf16, the
@@ -497,7 +498,7 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         let casts_gone = count(&unfused, "cast") - count(&fused, "cast");
         assert_eq!(
             casts_gone,
-            (3 + 7 + 7 + 7 + 5 + 1 + 5 + 4 + 2 + 4 * kept) * layers + 1 + 1,
+            (3 + 7 + 7 + 7 + 5 + 1 + 6 + 4 + 2 + 4 * kept) * layers + 1 + 1,
             "{precision:?}"
         );
         assert_eq!(count(&fused, "rounded_swiglu"), layers);
@@ -517,6 +518,7 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         // again (both ways with a bias, rounded alone without).
         let copies = count(&fused, "also_rounded_contiguous") + count(&fused, "rounded_contiguous");
         assert_eq!(copies, 2 * layers);
+        assert_eq!(count(&fused, "also_rounded_flash_attention"), layers);
         let norms = count(&fused, "rounded_rmsnorm") + count(&fused, "rounded_add_rmsnorm");
         assert_eq!(norms, 2 * layers + 1);
         // A tied embedding's gradient is the scatter onto the LM head's: one op, no add.

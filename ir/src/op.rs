@@ -232,6 +232,7 @@ impl Op {
                 Op::RopeBackward { .. } => "rounded_rope_backward",
                 Op::RmsNormBackward { .. } => "rounded_rmsnorm_backward",
                 Op::AddRmsNormBackward { .. } => "rounded_add_rmsnorm_backward",
+                Op::FlashAttention { .. } => "rounded_flash_attention",
                 _ => "rounded",
             },
             Op::AlsoRounded(op) => match **op {
@@ -239,6 +240,7 @@ impl Op {
                 Op::AddRmsNormBackward { .. } => "also_rounded_add_rmsnorm_backward",
                 Op::RopeBackward { .. } => "also_rounded_rope_backward",
                 Op::Contiguous => "also_rounded_contiguous",
+                Op::FlashAttention { .. } => "also_rounded_flash_attention",
                 _ => "also_rounded",
             },
             Op::Add => "add",
@@ -432,7 +434,8 @@ impl Op {
     /// (not the sum an `AddRmsNorm` also gives, which the residual stream reads), RoPE's
     /// rotated rows and a `Contiguous` copy (read only where they are rounded on entry:
     /// FlashAttention's q, k and head-major v), the input gradients of the norms and RoPE
-    /// (the GEMMs' gradient inputs); none of any other op.
+    /// (the GEMMs' gradient inputs), FlashAttention's output (the o GEMM's input); none of any
+    /// other op.
     pub fn rounded_results(&self) -> &'static [usize] {
         match self {
             Op::MatMul { .. }
@@ -442,7 +445,8 @@ impl Op {
             | Op::Contiguous
             | Op::RmsNormBackward { .. }
             | Op::AddRmsNormBackward { .. }
-            | Op::RopeBackward { .. } => &[0],
+            | Op::RopeBackward { .. }
+            | Op::FlashAttention { .. } => &[0],
             Op::SwiGluBackward => &[0, 1],
             Op::AddRmsNorm { .. } => &[1],
             _ => &[],
@@ -456,8 +460,8 @@ impl Op {
     }
 
     /// Whether `Op::AlsoRounded` takes this op: its kernels write a rounded copy of its
-    /// rounded results beside the f32 ones (the input gradients of the norms and RoPE, and v's
-    /// made token-major again).
+    /// rounded results beside the f32 ones (the input gradients of the norms and RoPE, v's
+    /// made token-major again, and FlashAttention's output, which its backward reads in f32).
     pub fn also_roundable(&self) -> bool {
         matches!(
             self,
@@ -465,6 +469,7 @@ impl Op {
                 | Op::AddRmsNormBackward { .. }
                 | Op::RopeBackward { .. }
                 | Op::Contiguous
+                | Op::FlashAttention { .. }
         )
     }
 

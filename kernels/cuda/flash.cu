@@ -238,10 +238,11 @@ template <int D> struct KilnFlashTiles {
 // causal limit. Each thread keeps, for its rows g and g + 8, the running max m (of the scaled
 // scores) and its own part of the running sum l (summed over the quad at the end).
 template <int D>
-__device__ __forceinline__ void kiln_flash_forward(float* out, float* lse, const bf16_bits* q,
-                                                   const bf16_bits* k, const bf16_bits* v,
-                                                   i64 q_heads, i64 kv_heads, i64 q_len,
-                                                   i64 kv_len, i64 hd, float scale) {
+__device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounded, float* lse,
+                                                   const bf16_bits* q, const bf16_bits* k,
+                                                   const bf16_bits* v, i64 q_heads,
+                                                   i64 kv_heads, i64 q_len, i64 kv_len, i64 hd,
+                                                   float scale) {
     constexpr int N = KilnFlashTiles<D>::N;
     constexpr int TILE = N * (D + KILN_FLASH_PAD);
     __shared__ __align__(16) bf16_bits ks[2 * TILE];
@@ -341,7 +342,10 @@ __device__ __forceinline__ void kiln_flash_forward(float* out, float* lse, const
             const i64 row = c < 2 ? row0 : row1;
             const int d = 8 * n + 2 * t + (c & 1);
             if (row < q_len && d < hd) {
-                out[((b * q_len + row) * q_heads + h) * hd + d] = o[n][c] * (c < 2 ? inv0 : inv1);
+                const i64 at = ((b * q_len + row) * q_heads + h) * hd + d;
+                const float value = o[n][c] * (c < 2 ? inv0 : inv1);
+                if (out != nullptr) out[at] = value;
+                if (rounded != nullptr) rounded[at] = kiln_f32_to_bf16(value);
             }
         }
     }
@@ -354,35 +358,44 @@ __device__ __forceinline__ void kiln_flash_forward(float* out, float* lse, const
 }
 
 // The entry points, one per head dim (the argument checks of kernels/src/gpu/tests.rs read
-// these signatures). q, k, v are the staged copies.
-extern "C" __global__ void flash_attention_forward_d16(float* out, float* lse, const bf16_bits* q,
+// these signatures). q, k, v are the staged copies (or the operands, already bf16 rows of
+// D). out is written in f32 where `out` is not null and rounded to bf16 where `rounded` is not
+// null (mixed precision's input of the o GEMM), either or both.
+extern "C" __global__ void flash_attention_forward_d16(float* out, bf16_bits* rounded,
+                                                       float* lse, const bf16_bits* q,
                                                        const bf16_bits* k, const bf16_bits* v,
                                                        i64 q_heads, i64 kv_heads, i64 q_len,
                                                        i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<16>(out, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd, scale);
+    kiln_flash_forward<16>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd,
+                           scale);
 }
-extern "C" __global__ void flash_attention_forward_d32(float* out, float* lse, const bf16_bits* q,
+extern "C" __global__ void flash_attention_forward_d32(float* out, bf16_bits* rounded,
+                                                       float* lse, const bf16_bits* q,
                                                        const bf16_bits* k, const bf16_bits* v,
                                                        i64 q_heads, i64 kv_heads, i64 q_len,
                                                        i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<32>(out, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd, scale);
+    kiln_flash_forward<32>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd,
+                           scale);
 }
-extern "C" __global__ void flash_attention_forward_d64(float* out, float* lse, const bf16_bits* q,
+extern "C" __global__ void flash_attention_forward_d64(float* out, bf16_bits* rounded,
+                                                       float* lse, const bf16_bits* q,
                                                        const bf16_bits* k, const bf16_bits* v,
                                                        i64 q_heads, i64 kv_heads, i64 q_len,
                                                        i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<64>(out, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd, scale);
+    kiln_flash_forward<64>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd,
+                           scale);
 }
-extern "C" __global__ void flash_attention_forward_d128(float* out, float* lse,
-                                                        const bf16_bits* q, const bf16_bits* k,
-                                                        const bf16_bits* v, i64 q_heads,
-                                                        i64 kv_heads, i64 q_len, i64 kv_len,
-                                                        i64 hd, float scale) {
+extern "C" __global__ void flash_attention_forward_d128(float* out, bf16_bits* rounded,
+                                                       float* lse, const bf16_bits* q,
+                                                       const bf16_bits* k, const bf16_bits* v,
+                                                       i64 q_heads, i64 kv_heads, i64 q_len,
+                                                       i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<128>(out, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd, scale);
+    kiln_flash_forward<128>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd,
+                           scale);
 }
 
 // ---- backward ----

@@ -762,6 +762,18 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::FlashAttention { scale },
                 rounded_qkv(),
             ),
+            // The output rounded for the o GEMM (prefill), and both ways (training, whose
+            // backward reads the f32 output).
+            (
+                format!("rounded_flash_attention {s}"),
+                rounded(Op::FlashAttention { scale }),
+                qkv(),
+            ),
+            (
+                format!("also_rounded_flash_attention bf16 operands {s}"),
+                also_rounded(Op::FlashAttention { scale }),
+                rounded_qkv(),
+            ),
             (
                 format!("flash_attention_backward bf16 operands {s}"),
                 Op::FlashAttentionBackward { scale },

@@ -9,7 +9,7 @@
 use super::attention::AttentionDims;
 use super::embedding::zero_f32;
 use super::launch::{all_aligned, grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X, MAX_GRID_YZ};
-use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS, SLOT_ALIGN};
+use super::{Addr, Arg, Forms, Kernel, Launch, Stored, BLOCK_THREADS, SLOT_ALIGN};
 use crate::{Error, Result};
 
 const MODULE: &str = "flash";
@@ -257,14 +257,14 @@ fn rows_of(
 }
 
 /// The forward's operands, results and workspace: `q [B,Hq,T,D]`, `k`, `v [B,Hkv,S,D]`
-/// (f32, or bf16: `stored`), `out [B,T,Hq,D]`, `lse [B,Hq,T]` (f32), `workspace` of
-/// [`forward_workspace_bytes`].
+/// (f32, or bf16: `stored`), `out [B,T,Hq,D]` (f32, rounded to bf16, or both), `lse
+/// [B,Hq,T]` (f32), `workspace` of [`forward_workspace_bytes`].
 #[derive(Clone, Copy, Debug)]
 pub struct FlashForward {
     pub q: Addr,
     pub k: Addr,
     pub v: Addr,
-    pub out: Addr,
+    pub out: Forms,
     pub lse: Addr,
     pub workspace: Addr,
     /// The storage of q, k and v.
@@ -316,13 +316,8 @@ pub fn flash_attention_f32(
         &dims,
         (FUNCTION, "v"),
     )?;
-    let mut args = vec![
-        Arg::Ptr(at.out),
-        Arg::Ptr(at.lse),
-        Arg::Ptr(q),
-        Arg::Ptr(k),
-        Arg::Ptr(v),
-    ];
+    let mut args = at.out.args().to_vec();
+    args.extend([at.lse, q, k, v].map(Arg::Ptr));
     args.extend(size_args(&dims, scale));
     let heads = (dims.batch * dims.q_heads, "B·Hq");
     launches.push(tile_launch(

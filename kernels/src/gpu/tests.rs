@@ -287,8 +287,11 @@ fn every_launch() -> Vec<Launch> {
     for head_dim in [8, 32, 64, 128] {
         let dims = AttentionDims { head_dim, ..dims };
         for stored in [F32, BF16] {
+            // The output in f32 alone, or both ways.
+            let out = if stored == BF16 { forms[2] } else { forms[0] };
             let forward = flash::FlashForward {
                 stored: [stored; 3],
+                out,
                 ..flash_forward
             };
             let backward = flash::FlashBackward {

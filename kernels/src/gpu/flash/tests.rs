@@ -24,7 +24,7 @@ pub(crate) fn forward() -> FlashForward {
         q: addr(0),
         k: addr(1),
         v: addr(2),
-        out: addr(3),
+        out: Forms::f32(addr(3)),
         lse: addr(4),
         workspace: addr(5),
         stored: [Stored::F32; 3],
@@ -206,7 +206,7 @@ fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
     let launches = flash_attention_f32(bf16, dims(70, 90, 64), 0.5).unwrap();
     assert_eq!(names(&launches), ["flash_attention_forward_d64"]);
     let args = &kernel(&launches[0]).args;
-    assert!(matches!(args[2..5], [Arg::Ptr(q), Arg::Ptr(k), Arg::Ptr(v)]
+    assert!(matches!(args[3..6], [Arg::Ptr(q), Arg::Ptr(k), Arg::Ptr(v)]
         if [q, k, v] == [addr(0), addr(1), addr(2)]));
     assert_eq!(
         forward_workspace_bytes(&dims(70, 90, 64), [Stored::BF16; 3]),

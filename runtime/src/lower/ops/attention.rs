@@ -127,16 +127,16 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let (v, v_stored) = at.stored(2, "v")?;
             let stored = [q_stored, k_stored, v_stored];
             let dims = attention_dims(at, q.dims(), k.dims())?;
-            let out = at.result(0, "out", F32)?;
+            let lse = at.result(1, "lse", F32)?.addr();
             // q, k, v staged as bf16 rows where they are not (see the builder).
             let bytes = flash::forward_workspace_bytes(&dims, stored);
-            let workspace = at.workspace(bytes, out.addr())?;
+            let workspace = at.workspace(bytes, lse)?;
             let addresses = FlashForward {
                 q: q.addr(),
                 k: k.addr(),
                 v: v.addr(),
-                out: out.addr(),
-                lse: at.result(1, "lse", F32)?.addr(),
+                out: at.result_forms(0, "out")?,
+                lse,
                 workspace,
                 stored,
             };
