@@ -173,11 +173,17 @@ fn the_backward_equals_attention_backward_of_the_rounded_inputs() {
             &mut view_mut(&mut workspace, &[c.s]),
         )
         .unwrap();
-        // Only the bf16 roundings of P and dS differ: bf16's step, 2^-8, bounds the error.
+        // Only the bf16 roundings of P and dS differ, each within bf16's unit roundoff 2^-8 of
+        // its term. A gradient that sums a few keys' terms of both signs (S = 6 to 9 here)
+        // loses relative accuracy to the cancellation: 1500 seeds gave up to 4.6e-3, past one
+        // unit roundoff in 2 of 13500 sums, so the bound is two.
         let names = ["grad_q", "grad_k", "grad_v"];
         for (name, (got, want)) in names.iter().zip(got.iter().zip(&want)) {
             let error = rel_l2(&widen(got), &widen(want));
-            assert!(error <= 4e-3, "{c:?} {name}: relative error {error:e}");
+            assert!(
+                error <= 2.0 * 2f64.powi(-8),
+                "{c:?} {name}: relative error {error:e}"
+            );
         }
     }
 }
