@@ -54,15 +54,16 @@ pub enum Op {
     /// pass (`crate::fuse`), never traced; the f32 ones never exist. Mixed precision makes
     /// these where such a result is read only as a bf16 GEMM input: each gradient of a bf16
     /// GEMM input (`MatMul` of bf16 operands), SwiGLU's result and its backward's gradients,
-    /// RMSNorm's normed rows; and RoPE's q and k and v made head-major, which FlashAttention
-    /// reads rounded.
+    /// RMSNorm's normed rows, prefill's attention output; and RoPE's q and k and v made
+    /// head-major, which FlashAttention reads rounded.
     Rounded(Box<Op>),
     /// `op`, its results as they are, then a bf16 copy of each of those it has a rounded form
     /// of ([`Op::rounded_results`]), rounded as it is written: the op and `Cast{bf16}` of
     /// those results in one, made by the fusion pass, never traced. Mixed precision makes
     /// these where a result is read both as it is and rounded: the backward's gradients out of
-    /// the norms and RoPE, which the residual stream and the bias gradients read in f32 and
-    /// the GEMMs rounded.
+    /// the norms and RoPE and v's made token-major, which the residual stream and the bias
+    /// gradients read in f32 and the GEMMs rounded; the train step's attention output, which
+    /// its backward reads in f32 and the o GEMM rounded.
     AlsoRounded(Box<Op>),
     /// `(a, b) -> a + b`; `b`'s shape is a suffix of `a`'s.
     Add,

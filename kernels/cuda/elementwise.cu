@@ -1,6 +1,7 @@
-// Elementwise f32 kernels: add, mul (b broadcast over a's leading dims), scale, sum_to_shape,
-// broadcast_to. All are correct in place (out == a): each element is read before it is written
-// by the same thread.
+// Elementwise f32 kernels: add (of f32 or bf16 terms), mul (b broadcast over a's leading dims),
+// scale, sum_to_shape (over chunks of rows, columns.cuh), broadcast_to. Each is correct in
+// place (out == a, of one dtype): each element is read before it is written by the same
+// thread.
 //
 // The `_vec4` variants move four elements per access; the builder uses them only when every
 // count is a multiple of 4 and every pointer is aligned to its vector (16 bytes; 8 for bf16).

@@ -61,7 +61,8 @@ __device__ __forceinline__ unsigned int kiln_flash_word(const bf16_bits* p) {
     return *(const unsigned int*)p;
 }
 
-// Rows [first, first + R) of a staged [count][D] bf16 matrix into a shared tile [R][D + pad]
+// Rows [first, first + R) of a [count][D] bf16 matrix (staged, or an operand already so) into a
+// shared tile [R][D + pad]
 // (rows past count zero-filled), issued as cp.async by the whole block.
 template <int D, int R>
 __device__ __forceinline__ void kiln_flash_tile(bf16_bits* dst, const bf16_bits* src, i64 first,

@@ -7,9 +7,9 @@
 //! rounding it on entry read ([`Op::rounded_on_entry`]: RoPE's q and k, which FlashAttention
 //! takes) is written rounded too, those readers taking the bf16 value: the same bits, half the
 //! bytes. Where such a result is read both rounded (by a cast of its own) and as it is, an op
-//! that can ([`Op::also_roundable`]: the norms' and RoPE's input gradients in the backward)
-//! becomes one [`Op::AlsoRounded`]: it writes the rounded copy beside the result, and the
-//! cast is gone.
+//! that can ([`Op::also_roundable`]: the norms' and RoPE's input gradients and v's made
+//! token-major in the backward, FlashAttention's output in training) becomes one
+//! [`Op::AlsoRounded`]: it writes the rounded copy beside the result, and the cast is gone.
 
 use petgraph::graph::NodeIndex;
 

@@ -3,8 +3,9 @@
 //! `kiln_kernels::attention::flash`. Head dims up to 128: the tile kernels read bf16 rows of
 //! the smallest padded head dim (16, 32, 64, 128) that holds them, and each is that dim's
 //! instance. An operand is staged in the workspace as such rows unless it already is one: a
-//! bf16 q, k or v (the rounding the kernels take) of a padded head dim, 16-byte aligned, is
-//! read where it is; `grad_out` is always staged (it is re-laid head-major).
+//! bf16 q, k or v (the rounding the kernels take) of a padded head dim is read where it is (it
+//! must start 16-byte aligned, as every slot does: the workspace has no room to stage it, so
+//! a misaligned one is refused); `grad_out` is always staged (it is re-laid head-major).
 
 use super::attention::AttentionDims;
 use super::embedding::zero_f32;

@@ -1,5 +1,6 @@
 //! Builders of `norm.cu`: RMSNorm, fused add + RMSNorm, and the backward (a row pass that also
-//! saves each row's rstd, then a column pass for grad_weight).
+//! saves each row's rstd, then a column pass for grad_weight, split over chunks of rows with a
+//! finish launch where the rows are many: `columns.rs`).
 
 use super::launch::{block_per, size_arg};
 use super::{Addr, Arg, Forms, Launch, Stored};
