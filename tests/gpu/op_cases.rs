@@ -726,58 +726,60 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     ] {
         let s = format!("B={b} Hq={hq} Hkv={hkv} T={t} S={keys} D={d}");
         let scale = 1.0 / (d as f64).sqrt();
-        let qkv = || {
+        // q, k, v and grad_out in f32, or given as their bf16 roundings (mixed precision's
+        // rounded RoPE and output gradient): read where they are at exact head dims, staged
+        // otherwise.
+        let operand = |dtype, dims: &[usize]| In::F(dtype, dims.to_vec());
+        let qkv = |dtype| {
+            let kv = [b, hkv, keys, d];
             vec![
-                f(&[b, hq, t, d]),
-                f(&[b, hkv, keys, d]),
-                f(&[b, hkv, keys, d]),
+                operand(dtype, &[b, hq, t, d]),
+                operand(dtype, &kv),
+                operand(dtype, &kv),
             ]
         };
-        let mut backward = qkv();
-        backward.extend([f(&[b, t, hq, d]), f(&[b, hq, t]), f(&[b, t, hq, d])]);
-        // q, k, v and grad_out given as their bf16 roundings (mixed precision's rounded RoPE
-        // and output gradient): read where they are at exact head dims, staged otherwise.
-        let rounded_qkv = || {
-            vec![
-                bf(&[b, hq, t, d]),
-                bf(&[b, hkv, keys, d]),
-                bf(&[b, hkv, keys, d]),
-            ]
+        let backward = |dtype| {
+            let mut operands = qkv(dtype);
+            let saved = [
+                f(&[b, t, hq, d]),
+                f(&[b, hq, t]),
+                operand(dtype, &[b, t, hq, d]),
+            ];
+            operands.extend(saved);
+            operands
         };
-        let mut rounded_backward = rounded_qkv();
-        rounded_backward.extend([f(&[b, t, hq, d]), f(&[b, hq, t]), bf(&[b, t, hq, d])]);
         cases.extend([
             (
                 format!("flash_attention {s}"),
                 Op::FlashAttention { scale },
-                qkv(),
+                qkv(DType::F32),
             ),
             (
                 format!("flash_attention_backward {s}"),
                 Op::FlashAttentionBackward { scale },
-                backward,
+                backward(DType::F32),
             ),
             (
                 format!("flash_attention bf16 operands {s}"),
                 Op::FlashAttention { scale },
-                rounded_qkv(),
+                qkv(DType::BF16),
             ),
             // The output rounded for the o GEMM (prefill), and both ways (training, whose
             // backward reads the f32 output).
             (
                 format!("rounded_flash_attention {s}"),
                 rounded(Op::FlashAttention { scale }),
-                qkv(),
+                qkv(DType::F32),
             ),
             (
                 format!("also_rounded_flash_attention bf16 operands {s}"),
                 also_rounded(Op::FlashAttention { scale }),
-                rounded_qkv(),
+                qkv(DType::BF16),
             ),
             (
                 format!("flash_attention_backward bf16 operands {s}"),
                 Op::FlashAttentionBackward { scale },
-                rounded_backward,
+                backward(DType::BF16),
             ),
         ]);
     }

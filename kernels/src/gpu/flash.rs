@@ -207,6 +207,31 @@ impl Regions {
         }
     }
 
+    /// Where the kernels read q, k and v (at `src`, of storages `stored`): each staged into its
+    /// region first (pushed onto `launches`) or read where it is ([`rows_of`]); none without
+    /// rows (the region's address then, which no kernel reads).
+    fn operands(
+        &self,
+        src: [Addr; 3],
+        stored: [Stored; 3],
+        dims: &AttentionDims,
+        (d, function): (u64, &'static str),
+        launches: &mut Vec<Launch>,
+    ) -> Result<[Addr; 3]> {
+        let q_rows = dims.batch * dims.q_heads * dims.q_len;
+        let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
+        let mut at = [self.q, self.k, self.v];
+        let rows = [q_rows, kv_rows, kv_rows];
+        for (i, name) in ["q", "k", "v"].into_iter().enumerate() {
+            if rows[i] > 0 {
+                let operand = (src[i], stored[i]);
+                let to = (at[i], rows[i]);
+                at[i] = rows_of(launches, to, operand, d, dims, (function, name))?;
+            }
+        }
+        Ok(at)
+    }
+
     /// The forward's part: the staged q, k, v.
     fn forward_bytes(&self) -> u64 {
         self.grad_out.offset - self.q.offset
@@ -229,13 +254,13 @@ pub fn backward_workspace_bytes(dims: &AttentionDims, stored: [Stored; 3]) -> u6
     })
 }
 
-/// Where the kernels read an operand: staged into `region` first (pushed onto `launches`), or
-/// where it is (a bf16 operand of `d`-element rows, 16-byte aligned for the tiles' copies).
+/// Where the kernels read an operand of `rows` rows: staged into `region` first (pushed onto
+/// `launches`), or where it is (a bf16 operand of `d`-element rows, 16-byte aligned for the
+/// tiles' copies).
 fn rows_of(
     launches: &mut Vec<Launch>,
-    region: Addr,
+    (region, rows): (Addr, u64),
     (src, stored): (Addr, Stored),
-    rows: u64,
     d: u64,
     dims: &AttentionDims,
     (function, name): (&'static str, &'static str),
@@ -286,37 +311,9 @@ pub fn flash_attention_f32(
         return Ok(vec![]);
     }
     let regions = Regions::new(at.workspace, &dims, d, at.stored);
-    let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
     let mut launches = Vec::new();
-    let [q_stored, k_stored, v_stored] = at.stored;
-    let l = &mut launches;
-    let q = rows_of(
-        l,
-        regions.q,
-        (at.q, q_stored),
-        q_rows,
-        d,
-        &dims,
-        (FUNCTION, "q"),
-    )?;
-    let k = rows_of(
-        l,
-        regions.k,
-        (at.k, k_stored),
-        kv_rows,
-        d,
-        &dims,
-        (FUNCTION, "k"),
-    )?;
-    let v = rows_of(
-        l,
-        regions.v,
-        (at.v, v_stored),
-        kv_rows,
-        d,
-        &dims,
-        (FUNCTION, "v"),
-    )?;
+    let src = [at.q, at.k, at.v];
+    let [q, k, v] = regions.operands(src, at.stored, &dims, (d, FUNCTION), &mut launches)?;
     let mut args = at.out.args().to_vec();
     args.extend([at.lse, q, k, v].map(Arg::Ptr));
     args.extend(size_args(&dims, scale));
@@ -376,36 +373,10 @@ pub fn flash_attention_backward_f32(
             _ => vec![zero_f32(at.grad_k, n), zero_f32(at.grad_v, n)],
         });
     }
-    let l = &mut launches;
-    let k = rows_of(
-        l,
-        regions.k,
-        (at.k, k_stored),
-        kv_rows,
-        d,
-        &dims,
-        (FUNCTION, "k"),
-    )?;
-    let v = rows_of(
-        l,
-        regions.v,
-        (at.v, v_stored),
-        kv_rows,
-        d,
-        &dims,
-        (FUNCTION, "v"),
-    )?;
-    let mut q = regions.q;
+    let src = [at.q, at.k, at.v];
+    let stored = [q_stored, k_stored, v_stored];
+    let [q, k, v] = regions.operands(src, stored, &dims, (d, FUNCTION), &mut launches)?;
     if q_rows > 0 {
-        q = rows_of(
-            l,
-            regions.q,
-            (at.q, q_stored),
-            q_rows,
-            d,
-            &dims,
-            (FUNCTION, "q"),
-        )?;
         let grad_out = (at.grad_out, grad_out_stored);
         launches.push(stage(regions.grad_out, grad_out, q_rows, d, &dims, true));
         let warps = u64::from(BLOCK_THREADS) / 32;
