@@ -179,9 +179,9 @@ fn attention_dims(operands: &[TensorType]) -> Option<AttentionDims> {
 /// head dim, and the backward's grad_out and scratch
 /// ([`forward_workspace_bytes`](flash::forward_workspace_bytes)).
 fn flash_bytes(op: &Op, operands: &[TensorType]) -> u64 {
-    let stored = |port: usize| match operands.get(port).map(|t| t.dtype) {
-        Some(DType::BF16) => Stored::BF16,
-        _ => Stored::F32,
+    let stored = |port: usize| {
+        let dtype = operands.get(port).map(|t| t.dtype);
+        dtype.and_then(Stored::of).unwrap_or(Stored::F32)
     };
     let stored = [stored(0), stored(1), stored(2)];
     let Some(d) = attention_dims(operands) else {

@@ -180,46 +180,24 @@ fn every_launch() -> Vec<Launch> {
         optim::adamw(adamw_update(Stored::BF16, Some(addr(6)), None), 12, hyper),
         optim::clip_grad_norm_partial(addr(0), 1000, addr(1)),
         optim::clip_grad_norm_finish(addr(0), 7, 1.0, [addr(1), addr(2)]),
-        rope::rope_f32(
-            (addr(0), F32),
-            [addr(1), addr(2)],
-            (Some(addr(3)), F32),
-            (rope_dims, 1e4),
-            addr(9),
-        ),
-        rope::rope_f32(
-            (addr(0), F32),
-            [addr(1), addr(2)],
-            (Some(addr(3)), BF16),
-            (rope_dims, 1e4),
-            addr(9),
-        ),
-        rope::rope_f32(
-            (addr(0), BF16),
-            [addr(1), addr(2)],
-            (Some(addr(3)), F32),
-            (rope_dims, 1e4),
-            addr(9),
-        ),
-        rope::rope_f32(
-            (addr(0), BF16),
-            [addr(1), addr(2)],
-            (Some(addr(3)), BF16),
-            (rope_dims, 1e4),
-            addr(9),
-        ),
-        rope::rope_f32(
-            (addr(0), F32),
-            [addr(1), addr(2)],
-            (None, F32),
-            (rope_dims, 1e4),
-            addr(9),
-        ),
     ];
+    // RoPE of every output and bias storage, and without a bias.
+    let positions = [addr(1), addr(2)];
+    let ropes = [
+        (F32, None),
+        (F32, Some(F32)),
+        (F32, Some(BF16)),
+        (BF16, Some(F32)),
+        (BF16, Some(BF16)),
+    ];
+    for (out, bias) in ropes {
+        let bias = (bias.map(|_| addr(3)), bias.unwrap_or(F32));
+        let rope = rope::rope_f32((addr(0), out), positions, bias, (rope_dims, 1e4), addr(9));
+        launches.push(rope);
+    }
     for grad_x in forms {
         let rows = RmsNormBackwardRows { grad_x, ..rows };
         launches.push(norm::rmsnorm_backward_rows_f32(rows, 3, 8, 1e-6).unwrap());
-        let positions = [addr(1), addr(2)];
         let rope = rope::rope_backward_f32(grad_x, positions, (rope_dims, 1e4), addr(9));
         launches.push(rope);
         let copy = copy::strided_copy_f32(grad_x, addr(1), &[2, 3], &[1, 2]);

@@ -316,20 +316,17 @@ impl Lowering<'_> {
         if src.numel() == 0 {
             return Ok(vec![]);
         }
-        let (dims, strides) = match src.is_contiguous() {
-            true => (vec![src.numel()], vec![1]),
-            false => collapse(src.dims(), src.strides()),
-        };
-        match (forms.f32, forms.rounded, src.is_contiguous()) {
-            (Some(dst), None, true) => {
-                return Ok(copy_unless_same(dst, src.addr(), byte_len(src)));
-            }
-            (None, Some(dst), true) => {
+        // A dense operand: a device copy, or a cast; both forms take the strided kernel over
+        // one dim.
+        let (dims, strides) = match (src.is_contiguous(), forms.f32, forms.rounded) {
+            (true, Some(dst), None) => return Ok(copy_unless_same(dst, src.addr(), byte_len(src))),
+            (true, None, Some(dst)) => {
                 let n = size(src.numel());
                 return Ok(vec![gpu::copy::cast_f32_to_bf16(dst, src.addr(), n)]);
             }
-            _ => {}
-        }
+            (true, ..) => (vec![src.numel()], vec![1]),
+            (false, ..) => collapse(src.dims(), src.strides()),
+        };
         if dims.len() > gpu::copy::MAX_COPY_RANK {
             return Err(self.unsupported(format!(
                 "`a` (shape {}, strides {:?}) has more than {} dims that do not merge",
