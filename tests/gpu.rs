@@ -336,6 +336,77 @@ fn check_op(
     worst
 }
 
+/// A rounded product is its f32 sum rounded once, also over a long k (the weight gradients'
+/// and the LM-head loss's chunks, where cuBLASLt may split k): every bf16 element is within
+/// one unit in the last place of the interpreter's rounding, and few differ at all. A split-k
+/// reduction in bf16 (cuBLASLt's in-place and output-type schemes) rounds each partial sum
+/// and moves most elements; another order of f32 sums moves about one in a thousand.
+#[test]
+fn a_rounded_product_is_its_f32_sum_rounded_once() {
+    let Some(device) = device() else { return };
+    let mut rng = testing::rng("gpu_rounded_product");
+    // A bf16 value's bits as an integer that orders like the value.
+    let ordered = |v: f64| {
+        let b = ((v as f32).to_bits() >> 16) as i32;
+        if b & 0x8000 != 0 {
+            -(b & 0x7fff)
+        } else {
+            b
+        }
+    };
+    for &(m, n, k) in &[(384, 896, 2048), (128, 896, 4096), (896, 128, 2048)] {
+        let op = Op::Rounded(Box::new(Op::MatMul {
+            transpose_a: true,
+            transpose_b: false,
+        }));
+        let ins = [
+            In::F(DType::BF16, vec![k, m]),
+            In::F(DType::BF16, vec![k, n]),
+        ];
+        let (graph, values, _) = one_op(&mut rng, "rounded_product", (&op, &ins));
+        let planned = plan(
+            &graph,
+            &PlanOptions::default(),
+            &kiln_runtime::Workspaces::Cuda,
+        )
+        .unwrap();
+        let want = interpret(&graph, &mut values.clone()).unwrap()["out0"]
+            .to_f64_vec()
+            .unwrap();
+        for (what, options) in [
+            ("cuBLASLt", LowerOptions::default()),
+            ("the tiled GEMM", LowerOptions::portable()),
+        ] {
+            let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options).unwrap();
+            for (name, tensor) in &values {
+                exe.set(name, tensor).unwrap();
+            }
+            exe.run(RunMode::Eager).unwrap();
+            let got = exe.get("out0").unwrap().to_f64_vec().unwrap();
+            let apart: Vec<i32> = (got.iter().zip(&want))
+                .map(|(&g, &w)| (ordered(g) - ordered(w)).abs())
+                .collect();
+            let moved = apart.iter().filter(|&&d| d > 0).count();
+            let worst = apart.iter().copied().max().unwrap_or(0);
+            println!(
+                "rounded product {m}x{n}, k = {k}, {what}: {moved} of {} elements one bf16 step \
+                 from the interpreter's, none further: {}",
+                got.len(),
+                worst <= 1
+            );
+            assert!(
+                worst <= 1,
+                "{what} {m}x{n}x{k}: an element {worst} bf16 steps away"
+            );
+            assert!(
+                moved * 50 <= got.len(),
+                "{what} {m}x{n}x{k}: {moved} of {} elements moved (over 2%)",
+                got.len()
+            );
+        }
+    }
+}
+
 /// The lowering options of an op case: fused linears of up to 32 rows on the skinny kernels
 /// (the default sends 2 rows and more to cuBLASLt, which the tiny programs check); more rows
 /// take cuBLASLt here too.
