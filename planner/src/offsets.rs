@@ -208,30 +208,34 @@ fn search(
         if items.len() < 2 || within_one_percent(arena, lower) {
             break;
         }
-        let before = order.clone();
-        if top_moves && round % 3 != 2 {
+        // The move, as the positions it changes: `order[..=to]` rotated right by one
+        // (the item at `to` placed first), or two positions swapped.
+        let (rotate, a, b) = if top_moves && round % 3 != 2 {
             // An item that reaches the arena's top: placed first, or swapped with another.
             let top: Vec<usize> = (0..order.len())
                 .filter(|&at| offsets[order[at]] + items[order[at]].size == arena)
                 .collect();
             let at = top[draw(top.len())];
-            if round % 3 == 0 {
-                let item = order.remove(at);
-                order.insert(0, item);
-            } else {
-                let other = draw(items.len());
-                order.swap(at, other);
+            match round % 3 == 0 {
+                true => (true, at, at),
+                false => (false, at, draw(items.len())),
             }
         } else {
-            let (a, b) = (draw(items.len()), draw(items.len()));
-            order.swap(a, b);
+            (false, draw(items.len()), draw(items.len()))
+        };
+        match rotate {
+            true => order[..=a].rotate_right(1),
+            false => order.swap(a, b),
         }
         let tried = place_in_order(items, &order, heuristic.fit);
         let tried_arena = arena_size(items, &tried);
         if tried_arena <= arena {
             (offsets, arena) = (tried, tried_arena);
         } else {
-            order = before;
+            match rotate {
+                true => order[..=a].rotate_left(1),
+                false => order.swap(a, b),
+            }
         }
     }
     (offsets, arena)

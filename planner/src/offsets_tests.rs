@@ -200,17 +200,16 @@ proptest! {
     ) {
         let items = items_of(&raw);
         let lower = lower_bound(&items).unwrap();
-        for (top_moves, h) in [false, true]
-            .into_iter()
-            .flat_map(|t| portfolio().into_iter().map(move |h| (t, h)))
-        {
-            let greedy = h.place(&items);
-            let start = (greedy.clone(), arena_size(&items, &greedy));
-            let (offsets, arena) = search(&items, &h, start.clone(), (lower, top_moves));
-            assert_valid(&items, &offsets, h.name());
-            prop_assert_eq!(arena, arena_size(&items, &offsets));
-            prop_assert!(arena <= start.1 && arena >= lower);
-            prop_assert_eq!(search(&items, &h, start, (lower, top_moves)), (offsets, arena));
+        for top_moves in [false, true] {
+            for h in portfolio() {
+                let greedy = h.place(&items);
+                let start = (greedy.clone(), arena_size(&items, &greedy));
+                let (offsets, arena) = search(&items, &h, start.clone(), (lower, top_moves));
+                assert_valid(&items, &offsets, h.name());
+                prop_assert_eq!(arena, arena_size(&items, &offsets));
+                prop_assert!(arena <= start.1 && arena >= lower);
+                prop_assert_eq!(search(&items, &h, start, (lower, top_moves)), (offsets, arena));
+            }
         }
         let placement = place_best(&items, lower).unwrap();
         let chosen = arena_size(&items, &placement.offsets);
