@@ -23,7 +23,7 @@
 #           $BUILDS (kiln binaries in BIN_DIR; default `kiln`) in every precision named in
 #           $PRECISIONS (default bf16-gemm; e.g. "bf16-gemm bf16-swiglu"), alternating, two rounds, then the
 #           train peer (ANCHORS.md's train_anchor.py, given as BIN_DIR/train_anchor.py) for $PEER
-#           (presets of train_anchor.py; default none)
+#           (presets of train_anchor.py; default none); $TRAIN_ROWS picks rows (MODEL:SEQ ...)
 #   portable: the HIP backend's lowering on this device (`--portable on`: kiln's tiled GEMM, the
 #           portable tensor-core code, no clusters) against the CUDA defaults, alternating:
 #           bf16 decode B=1 and 8, prefill T=512, bf16-GEMM train T=512 of Qwen2.5-0.5B, each
@@ -219,8 +219,8 @@ PY
       ;;
     train)
       for round in 1 2; do
-        for row in "qwen2.5-0.5b 512" "qwen2.5-0.5b 2048" "deepseek-r1-distill-qwen-1.5b 512"; do
-          read -r model seq <<<"$row"
+        for row in ${TRAIN_ROWS:-qwen2.5-0.5b:512 qwen2.5-0.5b:2048 deepseek-r1-distill-qwen-1.5b:512}; do
+          IFS=: read -r model seq <<<"$row"
           for build in ${BUILDS:-kiln}; do
             for precision in ${PRECISIONS:-bf16-gemm}; do
               rows="$out/train_${build}_$precision.jsonl"
