@@ -175,6 +175,8 @@ enum Command {
         /// source: instead of the plan, the arena bytes live at the peak and over the
         /// schedule by layer and category (saved activation, gradient, optimizer update,
         /// logits/loss, workspace); text, json or svg (stacked over the schedule).
+        /// launches: the launches one run issues on a CUDA device (lowered here, no device
+        /// needed), by op and by kernel; text or json.
         #[arg(long, value_enum)]
         by: Option<PlanBy>,
     },
@@ -329,6 +331,7 @@ impl EvalDeviceArg {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum PlanBy {
     Source,
+    Launches,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -522,6 +525,7 @@ fn main() -> Result<()> {
             let view = match by {
                 None => commands::PlanView::Plan,
                 Some(PlanBy::Source) => commands::PlanView::BySource,
+                Some(PlanBy::Launches) => commands::PlanView::Launches,
             };
             let plan_options = kiln_planner::PlanOptions {
                 streams,

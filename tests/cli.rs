@@ -87,3 +87,58 @@ fn cache_info_counts_entries_and_clear_removes_only_them() {
     assert!(cache("info").contains("0 entries, 0 bytes"));
     assert!(kernels.join("notes.txt").exists());
 }
+
+/// `kiln plan --by launches`: the launches of the tiny bf16 decode step, lowered without a
+/// device, add up by op and by launch to the total; a CPU plan or a CSV dump is refused.
+#[test]
+fn plan_by_launches_counts_every_launch() {
+    let args = [
+        "plan",
+        "--model",
+        "tiny",
+        "--program",
+        "decode",
+        "--precision",
+        "bf16",
+        "--by",
+        "launches",
+    ];
+    let out = kiln(&[&args[..], &["--backend", "cuda", "--format", "json"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let table: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let count = |key: &str| table[key].as_u64().unwrap();
+    let total = count("launches");
+    let parts = ["kernels", "gemms", "copies", "collectives"];
+    assert_eq!(total, parts.iter().map(|k| count(k)).sum::<u64>());
+    let column = |key: &str, at: usize| -> u64 {
+        let rows = table[key].as_array().unwrap();
+        rows.iter().map(|r| r[at].as_u64().unwrap()).sum()
+    };
+    assert_eq!(column("by_op", 2), total);
+    assert_eq!(column("by_launch", 1), total);
+    // One decode layer of the tiny model: its q/k/v linear and its attention launch.
+    let ops = table["by_op"].as_array().unwrap();
+    for op in ["linear", "cached_attention", "rope_kv_write"] {
+        assert!(
+            ops.iter().any(|r| r[0] == op && r[1].as_u64() > Some(0)),
+            "{op}: {table}"
+        );
+    }
+
+    let text = kiln(&[&args[..], &["--backend", "any"]].concat());
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains(&format!(
+            "run on a CUDA device (lowered here, with the defaults of an sm_90 device): {total}"
+        )),
+        "{text}"
+    );
+
+    let cpu = kiln(&[&args[..], &["--backend", "cpu"]].concat());
+    assert!(!cpu.status.success());
+    assert!(String::from_utf8_lossy(&cpu.stderr).contains("--backend cuda or any"));
+    let csv = kiln(&[&args[..], &["--format", "csv"]].concat());
+    assert!(!csv.status.success());
+    assert!(String::from_utf8_lossy(&csv.stderr).contains("text or json"));
+}

@@ -396,6 +396,21 @@ pub struct LoweringSummary {
     pub copied_writes: Vec<String>,
     /// The kernel modules the launches name.
     pub modules: std::collections::BTreeSet<&'static str>,
+    /// Per op name (its text before `{`): the steps that launch something, and their launches;
+    /// the write-backs under `write-back`.
+    pub by_op: BTreeMap<String, (usize, usize)>,
+    /// Per launch: `module.function` for kernels, `gemm`, `copy`, `all_reduce`.
+    pub by_launch: BTreeMap<String, usize>,
+}
+
+/// What a launch is called in [`LoweringSummary::by_launch`].
+fn launch_name(launch: &Launch) -> String {
+    match launch {
+        Launch::Kernel(kernel) => format!("{}.{}", kernel.module, kernel.function),
+        Launch::Gemm(_) => "gemm".to_string(),
+        Launch::Copy { .. } => "copy".to_string(),
+        Launch::AllReduce { .. } => "all_reduce".to_string(),
+    }
 }
 
 /// Lowers `plan` of `graph` for a device backend with `options` (no device needed) and checks
@@ -407,10 +422,22 @@ pub fn lower_for_device(
     options: LowerOptions,
 ) -> Result<LoweringSummary> {
     let program = DeviceProgram::new(graph, plan, options)?;
+    let mut by_op = BTreeMap::<String, (usize, usize)>::new();
+    let steps =
+        (program.steps.iter()).map(|s| (s.op.split('{').next().unwrap_or(&s.op), &s.launches));
+    for (op, launches) in steps.chain([("write-back", &program.write_backs)]) {
+        if !launches.is_empty() {
+            let entry = by_op.entry(op.to_string()).or_default();
+            entry.0 += usize::from(op != "write-back");
+            entry.1 += launches.len();
+        }
+    }
     let launches = (program.steps.iter().flat_map(|s| &s.launches)).chain(&program.write_backs);
     let (mut kernels, mut gemms, mut copies, mut collectives) = (0, 0, 0, 0);
     let mut modules = std::collections::BTreeSet::new();
+    let mut by_launch = BTreeMap::<String, usize>::new();
     for launch in launches {
+        *by_launch.entry(launch_name(launch)).or_default() += 1;
         match launch {
             Launch::Kernel(kernel) => {
                 kernels += 1;
@@ -430,5 +457,7 @@ pub fn lower_for_device(
         in_place_writes: program.in_place_writes,
         copied_writes: program.copied_writes,
         modules,
+        by_op,
+        by_launch,
     })
 }

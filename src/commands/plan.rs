@@ -10,7 +10,8 @@ use kiln_frontend::hf::source::ModelSource;
 use kiln_frontend::memory_sources::memory_sources;
 use kiln_frontend::programs::{build, plan_program, ProgramKind, ProgramOptions};
 use kiln_planner::{dump, PlanOptions};
-use kiln_runtime::Workspaces;
+use kiln_runtime::{LowerOptions, LoweringSummary, Workspaces};
+use serde::Serialize;
 
 /// How to render a plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +29,8 @@ pub enum PlanView {
     Plan,
     /// The live arena bytes by source (layer and category).
     BySource,
+    /// The launches one run issues on a CUDA device, by op and by kernel.
+    Launches,
 }
 
 /// Plans `kind` for `model` with workspaces sized for `workspaces`' kernels and renders
@@ -46,6 +49,14 @@ pub fn plan(
 ) -> Result<Option<String>> {
     if view == PlanView::BySource && format == PlanFormat::Csv {
         bail!("--by source renders as --format text, json or svg, not csv");
+    }
+    if view == PlanView::Launches {
+        if !matches!(format, PlanFormat::Text | PlanFormat::Json) {
+            bail!("--by launches renders as --format text or json");
+        }
+        if workspaces == Workspaces::Cpu {
+            bail!("--by launches lowers for CUDA: plan with --backend cuda or any, not cpu");
+        }
     }
     plan_options.validate()?;
     if let Some(out) = out {
@@ -79,6 +90,15 @@ pub fn plan(
         }
         (PlanView::BySource, PlanFormat::Json) => attribution().to_json(),
         (PlanView::BySource, _) => attribution().to_svg(),
+        (PlanView::Launches, format) => {
+            let summary = kiln_runtime::lower_for_device(&graph, &plan, LowerOptions::default())
+                .context("lowering the plan for CUDA")?;
+            let launches = launch_table(kind.name(), &summary);
+            match format {
+                PlanFormat::Json => serde_json::to_string_pretty(&launches)? + "\n",
+                _ => launches.to_text(),
+            }
+        }
         (PlanView::Plan, PlanFormat::Text) => {
             let mut text = dump::to_text(&plan, Some(elapsed));
             if verify {
@@ -104,5 +124,70 @@ pub fn plan(
             Ok(None)
         }
         None => Ok(Some(text)),
+    }
+}
+
+/// The launches one run of a program issues (`kiln plan --by launches`).
+#[derive(Serialize)]
+struct LaunchTable {
+    program: String,
+    launches: usize,
+    kernels: usize,
+    gemms: usize,
+    copies: usize,
+    collectives: usize,
+    /// Op name, steps that launch, launches; the most launches first.
+    by_op: Vec<(String, usize, usize)>,
+    /// Launch name, launches; the most first.
+    by_launch: Vec<(String, usize)>,
+}
+
+fn launch_table(program: &str, summary: &LoweringSummary) -> LaunchTable {
+    let mut by_op: Vec<(String, usize, usize)> = (summary.by_op.iter())
+        .map(|(op, &(steps, n))| (op.clone(), steps, n))
+        .collect();
+    by_op.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    let mut by_launch: Vec<(String, usize)> = (summary.by_launch.iter())
+        .map(|(name, &n)| (name.clone(), n))
+        .collect();
+    by_launch.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    LaunchTable {
+        program: program.to_string(),
+        launches: summary.kernels + summary.gemms + summary.copies + summary.collectives,
+        kernels: summary.kernels,
+        gemms: summary.gemms,
+        copies: summary.copies,
+        collectives: summary.collectives,
+        by_op,
+        by_launch,
+    }
+}
+
+impl LaunchTable {
+    fn to_text(&self) -> String {
+        use std::fmt::Write;
+        let mut text = format!(
+            "launches of one {} run on a CUDA device (lowered here, with the defaults of an sm_90 \
+             device): {}\n  kernels {}, vendor GEMMs {}, copies {}, collectives {}\n\n",
+            self.program, self.launches, self.kernels, self.gemms, self.copies, self.collectives
+        );
+        let width = (self.by_op.iter().map(|r| r.0.len()))
+            .chain(self.by_launch.iter().map(|r| r.0.len()))
+            .max()
+            .unwrap_or(0)
+            .max(6);
+        let _ = writeln!(text, "  {:width$}  {:>6}  {:>8}", "op", "steps", "launches");
+        for (op, steps, n) in &self.by_op {
+            let _ = writeln!(text, "  {op:width$}  {steps:>6}  {n:>8}");
+        }
+        let _ = writeln!(
+            text,
+            "\n  {:width$}  {:>6}  {:>8}",
+            "launch", "", "launches"
+        );
+        for (name, n) in &self.by_launch {
+            let _ = writeln!(text, "  {name:width$}  {:>6}  {n:>8}", "");
+        }
+        text
     }
 }
