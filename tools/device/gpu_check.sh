@@ -218,7 +218,7 @@ PY
       PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" ds-r1-qwen-1.5b 1 2>&1 | tee -a "$out/peer.log"
       ;;
     train)
-      for round in 1 2; do
+      for round in $(seq "${ROUNDS:-2}"); do
         for row in ${TRAIN_ROWS:-qwen2.5-0.5b:512 qwen2.5-0.5b:2048 deepseek-r1-distill-qwen-1.5b:512}; do
           IFS=: read -r model seq <<<"$row"
           for build in ${BUILDS:-kiln}; do
