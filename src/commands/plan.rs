@@ -1,6 +1,7 @@
 //! `kiln plan`: plan a program and dump the plan as text, JSON, CSV or SVG; with `--by
 //! source`, the arena bytes attributed to layer and category instead (text, JSON or a stacked
-//! SVG).
+//! SVG); with `--by launches`, the launches one run issues on a CUDA device, lowered here
+//! (text or JSON).
 
 use std::path::Path;
 
