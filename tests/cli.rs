@@ -111,22 +111,25 @@ fn plan_by_launches_counts_every_launch() {
     let total = count("launches");
     let parts = ["kernels", "gemms", "copies", "collectives"];
     assert_eq!(total, parts.iter().map(|k| count(k)).sum::<u64>());
-    let column = |key: &str, at: usize| -> u64 {
+    let column = |key: &str| -> u64 {
         let rows = table[key].as_array().unwrap();
-        rows.iter().map(|r| r[at].as_u64().unwrap()).sum()
+        rows.iter().map(|r| r["launches"].as_u64().unwrap()).sum()
     };
-    assert_eq!(column("by_op", 2), total);
-    assert_eq!(column("by_launch", 1), total);
-    // One decode layer of the tiny model: its q/k/v linear and its attention launch.
+    assert_eq!(column("by_op"), total);
+    assert_eq!(column("by_launch"), total);
+    // Each decode layer's q/k/v linear, RoPE and cache writes, and attention launch.
     let ops = table["by_op"].as_array().unwrap();
     for op in ["linear", "cached_attention", "rope_kv_write"] {
         assert!(
-            ops.iter().any(|r| r[0] == op && r[1].as_u64() > Some(0)),
+            ops.iter()
+                .any(|r| r["op"] == op && r["steps"].as_u64() > Some(0)),
             "{op}: {table}"
         );
     }
 
-    let text = kiln(&[&args[..], &["--backend", "any"]].concat());
+    let text = kiln(&[&args[..], &["--backend", "any", "--verify"]].concat());
+    let stderr = String::from_utf8_lossy(&text.stderr);
+    assert!(text.status.success(), "{stderr}");
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(
         text.contains(&format!(
@@ -134,6 +137,7 @@ fn plan_by_launches_counts_every_launch() {
         )),
         "{text}"
     );
+    assert!(text.contains("verified: "), "{text}");
 
     let cpu = kiln(&[&args[..], &["--backend", "cpu"]].concat());
     assert!(!cpu.status.success());

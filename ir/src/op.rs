@@ -514,6 +514,11 @@ impl Op {
     }
 }
 
+/// The op's name from its IR text ([`Op`]'s `Display`): what comes before its attributes.
+pub fn name_of_text(text: &str) -> &str {
+    text.split_once('{').map_or(text, |(name, _)| name)
+}
+
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())?;

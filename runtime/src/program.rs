@@ -423,8 +423,7 @@ pub fn lower_for_device(
 ) -> Result<LoweringSummary> {
     let program = DeviceProgram::new(graph, plan, options)?;
     let mut by_op = BTreeMap::<String, (usize, usize)>::new();
-    let steps =
-        (program.steps.iter()).map(|s| (s.op.split('{').next().unwrap_or(&s.op), &s.launches));
+    let steps = (program.steps.iter()).map(|s| (kiln_ir::name_of_text(&s.op), &s.launches));
     for (op, launches) in steps.chain([("write-back", &program.write_backs)]) {
         if !launches.is_empty() {
             let entry = by_op.entry(op.to_string()).or_default();

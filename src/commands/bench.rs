@@ -363,7 +363,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         profile = summed(
             steps
                 .iter()
-                .map(|(_, op, ms)| (op.split('{').next().unwrap_or(op).to_string(), *ms)),
+                .map(|(_, op, ms)| (kiln_ir::name_of_text(op).to_string(), *ms)),
         );
         let results: std::collections::HashMap<usize, _> = (graph.node_indices())
             .filter_map(|n| Some((n.index(), graph.node(n)?.outputs.first()?)))

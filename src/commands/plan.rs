@@ -97,7 +97,15 @@ pub fn plan(
             let launches = launch_table(kind.name(), &summary);
             match format {
                 PlanFormat::Json => serde_json::to_string_pretty(&launches)? + "\n",
-                _ => launches.to_text(),
+                _ => {
+                    let mut text = launches.to_text();
+                    if verify {
+                        text.push_str(
+                            "verified: the independent plan verifier accepts this plan\n",
+                        );
+                    }
+                    text
+                }
             }
         }
         (PlanView::Plan, PlanFormat::Text) => {
@@ -114,8 +122,13 @@ pub fn plan(
     match out {
         Some(out) => {
             write_file_atomically(out, text.as_bytes())?;
+            let what = match view {
+                PlanView::Plan => "plan",
+                PlanView::BySource => "plan's bytes by source",
+                PlanView::Launches => "plan's launches",
+            };
             eprintln!(
-                "wrote the {} plan ({} buffers, arena {} B, lower bound {} B) to {}",
+                "wrote the {} {what} ({} buffers, arena {} B, lower bound {} B) to {}",
                 kind.name(),
                 plan.buffers.len(),
                 plan.arena_bytes,
@@ -137,21 +150,43 @@ struct LaunchTable {
     gemms: usize,
     copies: usize,
     collectives: usize,
-    /// Op name, steps that launch, launches; the most launches first.
-    by_op: Vec<(String, usize, usize)>,
-    /// Launch name, launches; the most first.
-    by_launch: Vec<(String, usize)>,
+    /// The most launches first.
+    by_op: Vec<OpLaunches>,
+    /// The most launches first.
+    by_launch: Vec<NamedLaunches>,
+}
+
+/// The steps of one op name that launch something, and their launches.
+#[derive(Serialize)]
+struct OpLaunches {
+    op: String,
+    steps: usize,
+    launches: usize,
+}
+
+/// The launches of one kernel (`module.function`), or of the vendor GEMM, copies, collectives.
+#[derive(Serialize)]
+struct NamedLaunches {
+    launch: String,
+    launches: usize,
 }
 
 fn launch_table(program: &str, summary: &LoweringSummary) -> LaunchTable {
-    let mut by_op: Vec<(String, usize, usize)> = (summary.by_op.iter())
-        .map(|(op, &(steps, n))| (op.clone(), steps, n))
+    let mut by_op: Vec<OpLaunches> = (summary.by_op.iter())
+        .map(|(op, &(steps, launches))| OpLaunches {
+            op: op.clone(),
+            steps,
+            launches,
+        })
         .collect();
-    by_op.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
-    let mut by_launch: Vec<(String, usize)> = (summary.by_launch.iter())
-        .map(|(name, &n)| (name.clone(), n))
+    by_op.sort_by(|a, b| b.launches.cmp(&a.launches).then_with(|| a.op.cmp(&b.op)));
+    let mut by_launch: Vec<NamedLaunches> = (summary.by_launch.iter())
+        .map(|(launch, &launches)| NamedLaunches {
+            launch: launch.clone(),
+            launches,
+        })
         .collect();
-    by_launch.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    by_launch.sort_by(|a, b| (b.launches.cmp(&a.launches)).then_with(|| a.launch.cmp(&b.launch)));
     LaunchTable {
         program: program.to_string(),
         launches: summary.kernels + summary.gemms + summary.copies + summary.collectives,
@@ -172,22 +207,27 @@ impl LaunchTable {
              device): {}\n  kernels {}, vendor GEMMs {}, copies {}, collectives {}\n\n",
             self.program, self.launches, self.kernels, self.gemms, self.copies, self.collectives
         );
-        let width = (self.by_op.iter().map(|r| r.0.len()))
-            .chain(self.by_launch.iter().map(|r| r.0.len()))
+        let width = (self.by_op.iter().map(|r| r.op.len()))
+            .chain(self.by_launch.iter().map(|r| r.launch.len()))
             .max()
             .unwrap_or(0)
             .max(6);
         let _ = writeln!(text, "  {:width$}  {:>6}  {:>8}", "op", "steps", "launches");
-        for (op, steps, n) in &self.by_op {
-            let _ = writeln!(text, "  {op:width$}  {steps:>6}  {n:>8}");
+        for OpLaunches {
+            op,
+            steps,
+            launches,
+        } in &self.by_op
+        {
+            let _ = writeln!(text, "  {op:width$}  {steps:>6}  {launches:>8}");
         }
         let _ = writeln!(
             text,
             "\n  {:width$}  {:>6}  {:>8}",
             "launch", "", "launches"
         );
-        for (name, n) in &self.by_launch {
-            let _ = writeln!(text, "  {name:width$}  {:>6}  {n:>8}", "");
+        for NamedLaunches { launch, launches } in &self.by_launch {
+            let _ = writeln!(text, "  {launch:width$}  {:>6}  {launches:>8}", "");
         }
         text
     }

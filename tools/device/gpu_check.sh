@@ -19,11 +19,12 @@
 #           and off, alternating, then the compiled PyTorch decode peer (BIN_DIR/fast_decode.py)
 #   clusters: bf16 decode (B=1, 8, 32) with split linears finished in thread block clusters
 #           and by reduce launches, alternating, two rounds, then the compiled PyTorch decode peer
-#   train:  mixed-precision train rows (0.5B T=512 and 2048, 1.5B T=512) of every build named in
-#           $BUILDS (kiln binaries in BIN_DIR; default `kiln`) in every precision named in
-#           $PRECISIONS (default bf16-gemm; e.g. "bf16-gemm bf16-swiglu"), alternating, two rounds, then the
-#           train peer (ANCHORS.md's train_anchor.py, given as BIN_DIR/train_anchor.py) for $PEER
-#           (presets of train_anchor.py; default none); $TRAIN_ROWS picks rows (MODEL:SEQ ...)
+#   train:  mixed-precision train rows ($TRAIN_ROWS, MODEL:SEQ ...; default 0.5B T=512 and
+#           2048, 1.5B T=512) of every build named in $BUILDS (kiln binaries in BIN_DIR;
+#           default `kiln`) in every precision named in $PRECISIONS (default bf16-gemm; e.g.
+#           "bf16-gemm bf16-swiglu"), alternating, $ROUNDS rounds (default 2), then the train
+#           peer (ANCHORS.md's train_anchor.py, given as BIN_DIR/train_anchor.py) for $PEER
+#           (presets of train_anchor.py; default none)
 #   portable: the HIP backend's lowering on this device (`--portable on`: kiln's tiled GEMM, the
 #           portable tensor-core code, no clusters) against the CUDA defaults, alternating:
 #           bf16 decode B=1 and 8, prefill T=512, bf16-GEMM train T=512 of Qwen2.5-0.5B, each
@@ -218,9 +219,14 @@ PY
       PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" ds-r1-qwen-1.5b 1 2>&1 | tee -a "$out/peer.log"
       ;;
     train)
+      rows=${TRAIN_ROWS:-qwen2.5-0.5b:512 qwen2.5-0.5b:2048 deepseek-r1-distill-qwen-1.5b:512}
       for round in $(seq "${ROUNDS:-2}"); do
-        for row in ${TRAIN_ROWS:-qwen2.5-0.5b:512 qwen2.5-0.5b:2048 deepseek-r1-distill-qwen-1.5b:512}; do
+        for row in $rows; do
           IFS=: read -r model seq <<<"$row"
+          if ! [[ $seq =~ ^[0-9]+$ ]]; then
+            echo "FAILED: TRAIN_ROWS entry '$row' is no MODEL:SEQ"
+            continue
+          fi
           for build in ${BUILDS:-kiln}; do
             for precision in ${PRECISIONS:-bf16-gemm}; do
               rows="$out/train_${build}_$precision.jsonl"
