@@ -146,3 +146,32 @@ fn plan_by_launches_counts_every_launch() {
     assert!(!csv.status.success());
     assert!(String::from_utf8_lossy(&csv.stderr).contains("text or json"));
 }
+
+/// The launches of Qwen2.5-0.5B's bf16 decode (B=1) and prefill (T=512) steps by op and by
+/// kernel, as `kiln plan --by launches` lists them (issue 11 counts them against a target;
+/// reviewed like code).
+#[test]
+fn official_inference_launches_snapshot() {
+    for (program, shape) in [("decode", "--batch=1"), ("prefill", "--seq=512")] {
+        let out = kiln(&[
+            "plan",
+            "--model",
+            "qwen2.5-0.5b",
+            "--program",
+            program,
+            shape,
+            "--precision",
+            "bf16",
+            "--backend",
+            "cuda",
+            "--by",
+            "launches",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
+            insta::assert_snapshot!(format!("launches_qwen2_5_0_5b_{program}_bf16"), text);
+        });
+    }
+}
