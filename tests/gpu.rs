@@ -356,11 +356,12 @@ fn check_op(
 /// A rounded product is its f32 sum rounded once, also over a long k (the weight gradients'
 /// and the LM-head loss's chunks, where cuBLASLt may split k). Every bf16 element rounds a
 /// value within the error bound of an f32 sum in any order, `k · 2⁻²⁴ · Σ|a·b|`, of the exact
-/// sum (f64: the bf16 products are exact there, the sum's rounding negligible): no wrong sum. And at most 2% of the elements
-/// differ from the interpreter's: a split-k reduction in bf16 (cuBLASLt's in-place and
-/// output-type schemes) rounds each partial sum and moves most elements, which that loose
-/// bound would not see; another order of f32 sums moves about one in a thousand (326 of
-/// 344064 at 384×896, k = 2048, on an H100), a sum that nearly cancels by several bf16 steps.
+/// sum (f64: the bf16 products are exact there, the sum's rounding negligible): no wrong
+/// sum. And at most 2% of the elements differ from the interpreter's: a split-k reduction in
+/// bf16 (cuBLASLt's in-place and output-type schemes) rounds each partial sum and moves most
+/// elements, which that loose bound would not see; another order of f32 sums moves about one
+/// in a thousand (326 of 344064 at 384×896, k = 2048, on an H100), a sum that nearly cancels
+/// by several bf16 steps.
 #[test]
 fn a_rounded_product_is_its_f32_sum_rounded_once() {
     let Some(device) = device() else { return };

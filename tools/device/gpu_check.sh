@@ -219,9 +219,9 @@ PY
       PYTHONUNBUFFERED=1 python3 "$bin/fast_decode.py" ds-r1-qwen-1.5b 1 2>&1 | tee -a "$out/peer.log"
       ;;
     train)
-      rows=${TRAIN_ROWS:-qwen2.5-0.5b:512 qwen2.5-0.5b:2048 deepseek-r1-distill-qwen-1.5b:512}
+      train_rows=${TRAIN_ROWS:-qwen2.5-0.5b:512 qwen2.5-0.5b:2048 deepseek-r1-distill-qwen-1.5b:512}
       for round in $(seq "${ROUNDS:-2}"); do
-        for row in $rows; do
+        for row in $train_rows; do
           IFS=: read -r model seq <<<"$row"
           if ! [[ $seq =~ ^[0-9]+$ ]]; then
             echo "FAILED: TRAIN_ROWS entry '$row' is no MODEL:SEQ"
