@@ -33,6 +33,12 @@ extern "C" __global__ void zero_f32(float* out, i64 n) {
     KILN_FOR_EACH(i, n) { out[i] = 0.0f; }
 }
 
+// The same in bf16 (an empty sum rounded: the chunked loss's weight gradient of no rows).
+extern "C" __global__ void zero_bf16(bf16_bits* out, i64 n) {
+    kiln_grid_dependency_wait();
+    KILN_FOR_EACH(i, n) { out[i] = 0; }
+}
+
 // Onto a base B (f32, or bf16 widened): grad_weight = 0 + base everywhere first, as an add
 // after the scatter gives the rows no token names (0 + -0 is +0).
 template <typename B>

@@ -36,6 +36,12 @@ pub fn zero_f32(out: Addr, n: u64) -> Launch {
     grid_stride(MODULE, "zero_f32", n, args)
 }
 
+/// `out[0..n] = 0` (bf16; `n > 0`).
+pub fn zero_bf16(out: Addr, n: u64) -> Launch {
+    let args = vec![Arg::Ptr(out), size_arg(n)];
+    grid_stride(MODULE, "zero_bf16", n, args)
+}
+
 /// `out[0..n] = 0 + base[0..n]` (`out` f32, `base` f32 or bf16 widened; `n > 0`): the table
 /// before [`embedding_backward_f32`] onto a base.
 pub fn embedding_base_f32(out: Addr, (base, stored): (Addr, Stored), n: u64) -> Launch {

@@ -122,10 +122,8 @@ struct LossRegions {
     stats: Addr,
     row_loss: Addr,
     /// Backward: the chunk's logit gradient in the GEMM dtype (the logits themselves in f32),
-    /// a bf16 chunk of `grad_weight` before its rounding, the bf16 `grad_x` accumulator, and
-    /// `grad_loss / C`.
+    /// the bf16 `grad_x` accumulator, and `grad_loss / C`.
     grad_logits: Addr,
-    grad_weight: Addr,
     grad_x: Addr,
     scale: Addr,
     forward_end: u64,
@@ -157,7 +155,6 @@ impl LinearLoss {
         let backward = [
             logits,
             if bf16 { aligned(n * c * 2) } else { 0 },
-            if bf16 { aligned(c * h * 4) } else { 0 },
             if bf16 { aligned(n * h * 4) } else { 0 },
             aligned(4),
         ];
@@ -178,9 +175,8 @@ impl LinearLoss {
             stats: f[1],
             row_loss: f[2],
             grad_logits: if bf16 { b[1] } else { b[0] },
-            grad_weight: b[2],
-            grad_x: b[3],
-            scale: b[4],
+            grad_x: b[2],
+            scale: b[3],
             forward_end: forward.iter().sum(),
             backward_end: backward.iter().sum(),
         }
@@ -319,12 +315,12 @@ impl LinearLoss {
             launches.push(scale);
         }
         for chunk @ (start, width) in self.chunks() {
-            let rows_out = match bf16 {
-                true => r.grad_weight,
-                false => io.grad_weight.add(start * h * 4),
-            };
+            let rows_out = io.grad_weight.add(start * h * size);
             if n == 0 {
-                launches.push(super::embedding::zero_f32(rows_out, width * h));
+                launches.push(match bf16 {
+                    true => super::embedding::zero_bf16(rows_out, width * h),
+                    false => super::embedding::zero_f32(rows_out, width * h),
+                });
             } else {
                 launches.push(self.logits(io.x, io.weight, r.logits, chunk));
                 let args = vec![
@@ -341,10 +337,11 @@ impl LinearLoss {
                     Arg::Ptr(fault),
                 ];
                 launches.push(block_per(MODULE, grad_function, "rows", n, args)?);
-                // grad_weight[chunk] = dLᵀ · x: [width, H], summed over the N rows.
+                // grad_weight[chunk] = dLᵀ · x: [width, H], summed over the N rows in f32
+                // and rounded to the GEMM dtype as the GEMM writes it.
                 launches.push(Launch::Gemm(Gemm {
                     dtype: self.dtype,
-                    out: GemmDType::F32,
+                    out: self.dtype,
                     a: grad,
                     b: io.x,
                     c: rows_out,
@@ -383,10 +380,6 @@ impl LinearLoss {
                     stride_c: n * h,
                     accumulate: start > 0,
                 }));
-            }
-            if bf16 {
-                let rows_of = io.grad_weight.add(start * h * size);
-                launches.push(cast_f32_to_bf16(rows_of, r.grad_weight, width * h));
             }
         }
         if n > 0 && v == 0 {

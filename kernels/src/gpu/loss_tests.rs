@@ -101,7 +101,8 @@ impl Memory {
                 }
                 let c = i * g.ldc + j;
                 let prior = if g.accumulate { self.f32(g.c, c) } else { 0.0 };
-                self.set_f32(g.c, c, sum + prior);
+                // A bf16 D is the f32 sum rounded as it is written.
+                self.set_operand(g.out, g.c, c, sum + prior);
             }
         }
     }
@@ -231,10 +232,14 @@ impl Memory {
                     self.set_operand(GemmDType::BF16, dst, i, value);
                 }
             }
-            "zero_f32" => {
+            "zero_f32" | "zero_bf16" => {
+                let dtype = match k.function.ends_with("bf16") {
+                    true => GemmDType::BF16,
+                    false => GemmDType::F32,
+                };
                 let (out, n) = (ptr(0), int(1) as u64);
                 for i in 0..n {
-                    self.set_f32(out, i, 0.0);
+                    self.set_operand(dtype, out, i, 0.0);
                 }
             }
             other => panic!("no model of `{other}`"),
@@ -436,7 +441,7 @@ fn workspace_regions_are_one_chunk_and_the_rows_scratch() {
     assert_eq!(loss.forward_workspace_bytes(), n * c * 4 + n * 12 + n * 4);
     assert_eq!(
         loss.backward_workspace_bytes(),
-        n * c * 4 + n * c * 2 + c * h * 4 + n * h * 4 + 256
+        n * c * 4 + n * c * 2 + n * h * 4 + 256
     );
     let f32_loss = LinearLoss::new([2048, 896, 151_936], GemmDType::F32, IGNORE);
     assert_eq!(f32_loss.backward_workspace_bytes(), n * c * 4 + 256);
@@ -448,8 +453,11 @@ fn workspace_regions_are_one_chunk_and_the_rows_scratch() {
 
 #[test]
 fn empty_sizes_launch_only_what_has_elements() {
-    for [rows, hidden, vocab] in [[0, 4, 300], [3, 0, 300], [3, 4, 0]] {
-        let loss = LinearLoss::new([rows, hidden, vocab], GemmDType::F32, IGNORE);
+    for ([rows, hidden, vocab], dtype) in [[0, 4, 300], [3, 0, 300], [3, 4, 0]]
+        .into_iter()
+        .flat_map(|sizes| [(sizes, GemmDType::F32), (sizes, GemmDType::BF16)])
+    {
+        let loss = LinearLoss::new([rows, hidden, vocab], dtype, IGNORE);
         let forward = loss.forward(&FORWARD, addr(WORK), addr(FAULT)).unwrap();
         assert!(
             matches!(forward.last(), Some(Launch::Kernel(k)) if k.function == "cross_entropy_mean_f32")

@@ -158,6 +158,7 @@ fn every_launch() -> Vec<Launch> {
         embedding::embedding_f32(addr(0), (addr(1), F32), addr(2), [3, 4, 10], addr(9)).unwrap(),
         embedding::embedding_f32(addr(0), (addr(1), BF16), addr(2), [3, 4, 10], addr(9)).unwrap(),
         embedding::zero_f32(addr(0), 40),
+        embedding::zero_bf16(addr(0), 40),
         embedding::embedding_base_f32(addr(0), (addr(1), F32), 40),
         embedding::embedding_base_f32(addr(0), (addr(1), BF16), 40),
         embedding::embedding_backward_f32(addr(0), addr(1), addr(2), None, [3, 4, 10], addr(9))
