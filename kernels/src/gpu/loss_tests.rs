@@ -471,5 +471,14 @@ fn empty_sizes_launch_only_what_has_elements() {
         if hidden == 0 {
             assert!(backward.is_empty());
         }
+        if rows == 0 {
+            // No rows: the weight gradient is an empty sum, zero in its own dtype.
+            let elem = dtype.size_bytes() as usize;
+            let mut memory = Memory(vec![Vec::new(); GRAD_W + 1]);
+            memory.0[WORK] = vec![0xA5; loss.backward_workspace_bytes() as usize];
+            memory.0[GRAD_W] = vec![0xA5; (vocab * hidden) as usize * elem];
+            memory.run(&backward);
+            assert!(memory.0[GRAD_W].iter().all(|&b| b == 0), "{dtype:?}");
+        }
     }
 }
