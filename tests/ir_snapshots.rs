@@ -51,6 +51,17 @@ fn tiny_decode_bf16_fused() {
     snapshot_as(ProgramKind::Decode, Precision::Bf16, "ir_tiny_decode_bf16");
 }
 
+/// The fused bf16 prefill program: the same linears, RoPE and cache writes apart (the prompt's
+/// rows), and FlashAttention rounding to f16 over the prompt's own keys.
+#[test]
+fn tiny_prefill_bf16_fused() {
+    snapshot_as(
+        ProgramKind::Prefill,
+        Precision::Bf16,
+        "ir_tiny_prefill_bf16",
+    );
+}
+
 /// The mixed-precision train program: bf16 GEMM inputs, and FlashAttention forward (`out`,
 /// `lse`) and backward (from `out` and `lse`, no probabilities) in every layer.
 #[test]

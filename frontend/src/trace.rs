@@ -270,8 +270,8 @@ impl Ops for Tracer {
     ) -> Result<ValueId> {
         let head_dim = self.dims(q).last().copied().unwrap_or(0);
         let own_keys = match self.precision.flash_attention(head_dim) {
-            true => Op::FlashAttention { scale },
-            false => Op::Attention { scale },
+            Some(rounding) => Op::FlashAttention { scale, rounding },
+            None => Op::Attention { scale },
         };
         match &self.mode {
             AttentionMode::Plain => Ok(self.op(own_keys, &[*q, *k, *v])?[0]),

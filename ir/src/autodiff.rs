@@ -326,7 +326,12 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
             let r = graph.op(Op::AttentionBackward { scale }, &operands)?;
             vec![Some(r[0]), Some(r[1]), Some(r[2])]
         }
-        &Op::FlashAttention { scale } => {
+        &Op::FlashAttention { scale, rounding } => {
+            if rounding != DType::BF16 {
+                return Err(site.error(&format!(
+                    "rounds to {rounding}: only the bf16 FlashAttention has a backward"
+                )));
+            }
             if out[1].is_some() {
                 return Err(site.error("has a gradient on `lse`, which is not differentiable"));
             }

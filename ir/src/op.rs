@@ -98,12 +98,15 @@ pub enum Op {
     /// when the planner can (a derived copy's update, written in its own slot).
     CastInto,
     /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v [B,Hkv,S,D]) -> (out [B,T,Hq,D], lse [B,Hq,T])` f32:
-    /// `Attention`'s math with `q`, `k` and `v` entering their products as their bf16
-    /// roundings (f32 accumulation), and no probabilities kept: `lse` is each query row's
-    /// log-sum-exp of its scaled scores, all the backward needs to rebuild them (the
-    /// FlashAttention contract; mixed-precision training and prefill). Each of `q`, `k`, `v`
-    /// is f32, or bf16: already its rounding ([`Op::rounded_on_entry`]).
-    FlashAttention { scale: f64 },
+    /// `Attention`'s math with `q`, `k`, `v` and the probabilities entering their products
+    /// as their roundings to `rounding` (f32 accumulation), and no probabilities kept: `lse`
+    /// is each query row's log-sum-exp of its scaled scores, all the backward needs to
+    /// rebuild them (the FlashAttention contract). `rounding` is bf16 in mixed precision
+    /// (training and its prefill), where each of `q`, `k`, `v` is f32 or bf16 (already its
+    /// rounding: [`Op::rounded_on_entry`]), and f16 in bf16 inference's prefill (three more
+    /// mantissa bits: bf16 scores moved the logits of a tiny model past the golden bound), where
+    /// they are f32; only the bf16 contract has a backward.
+    FlashAttention { scale: f64, rounding: DType },
     /// `(q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)` (f32 gradients),
     /// `grad_out` entering its products as its bf16 rounding (f32, or bf16); the gradient of
     /// `FlashAttention` with each rounding taken as the identity (as `Cast`'s is).
@@ -320,9 +323,11 @@ impl Op {
                 vec![("theta", f(theta)), ("bias", bias.to_string())]
             }
             Op::RopeBackward { theta } => vec![("theta", f(theta))],
+            Op::FlashAttention { scale, rounding } => {
+                vec![("scale", f(scale)), ("rounding", rounding.to_string())]
+            }
             Op::Attention { scale }
             | Op::AttentionBackward { scale }
-            | Op::FlashAttention { scale }
             | Op::FlashAttentionBackward { scale }
             | Op::CachedAttention { scale } => vec![("scale", f(scale))],
             Op::CrossEntropy { ignore_index }
@@ -383,7 +388,10 @@ impl Op {
     pub fn stored_operands(&self) -> &'static [usize] {
         match self {
             Op::Add => &[0, 1],
-            Op::FlashAttention { .. } => &[0, 1, 2],
+            Op::FlashAttention {
+                rounding: DType::BF16,
+                ..
+            } => &[0, 1, 2],
             Op::FlashAttentionBackward { .. } => &[0, 1, 2, 5],
             Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
             Op::SwiGlu => &[0, 1],
@@ -395,13 +403,17 @@ impl Op {
         }
     }
 
-    /// The operands an op reads only as their bf16 rounding (FlashAttention's q, k, v and
-    /// the backward's `grad_out`, rounded where they enter the tensor cores): a bf16 operand
+    /// The operands an op reads only as their bf16 rounding (q, k, v of the bf16
+    /// FlashAttention and its backward's `grad_out`, rounded where they enter the tensor
+    /// cores; the f16 one rounds them otherwise): a bf16 operand
     /// there is already that rounding, so a producer whose f32 result only such ports read
     /// may write it rounded (the fusion pass's `rounded` rule) and the op gives the same bits.
     pub fn rounded_on_entry(&self) -> &'static [usize] {
         match self {
-            Op::FlashAttention { .. } => &[0, 1, 2],
+            Op::FlashAttention {
+                rounding: DType::BF16,
+                ..
+            } => &[0, 1, 2],
             Op::FlashAttentionBackward { .. } => &[0, 1, 2, 5],
             _ => &[],
         }

@@ -3,7 +3,9 @@
 // and dO are f32 in the program (or bf16: already that rounding), rounded to bf16 where they
 // enter an mma, with f32 accumulation; the forward keeps each query row's log-sum-exp, the
 // backward rebuilds the probabilities block by block from it and rounds P and dS to bf16
-// where they enter products.
+// where they enter products. The forward also rounds to f16 instead (the F16 instances: bf16
+// inference's prefill, kernels/src/attention/flash.rs): q, k, v staged as f16 rows, P rounded
+// to f16, the f16 mma; its tiles and fragments are bf16's, 16-bit elements either way.
 //
 // Layouts: q [B,Hq,T,hd], k and v [B,Hkv,S,hd], out and dO [B,T,Hq,hd], lse and delta
 // [B,Hq,T] (f32), grad_q [B,Hq,T,hd], grad_k and grad_v [B,Hkv,S,hd]. Query t sits at
@@ -99,7 +101,7 @@ __device__ __forceinline__ void kiln_flash_rows(unsigned int (&frag)[D / 16][4],
 // 16kk + 8, 16kk + 16, 16kk + 24) are b0, b1 of step kk, then of step kk + 1; with D = 16, or
 // !LDMATRIX (the backward kernels: the loaded fragments' registers would cost them a block per
 // SM), by two 4-byte loads a step.
-template <int D, int N, bool LDMATRIX = true>
+template <int D, int N, bool LDMATRIX = true, bool F16 = false>
 __device__ __forceinline__ void kiln_flash_qk(float (&acc)[N / 8][4],
                                               const unsigned int (&a)[D / 16][4],
                                               const bf16_bits* b) {
@@ -112,44 +114,48 @@ __device__ __forceinline__ void kiln_flash_qk(float (&acc)[N / 8][4],
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
                 const bf16_bits* row = b + (8 * j + g) * STRIDE + 16 * kk + 2 * t;
-                kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3],
-                              kiln_flash_word(row), kiln_flash_word(row + 8));
+                kiln_mma_16<F16>(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3],
+                                 kiln_flash_word(row), kiln_flash_word(row + 8));
             }
         } else {
 #pragma unroll
             for (int kk = 0; kk + 1 < D / 16; kk += 2) {
                 unsigned int bs[4];
                 kiln_ldmatrix_x4(bs, b + (8 * j + (lane & 7)) * STRIDE + 16 * kk + 8 * (lane >> 3));
-                kiln_mma_bf16(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3], bs[0], bs[1]);
-                kiln_mma_bf16(acc[j], a[kk + 1][0], a[kk + 1][1], a[kk + 1][2], a[kk + 1][3],
-                              bs[2], bs[3]);
+                kiln_mma_16<F16>(acc[j], a[kk][0], a[kk][1], a[kk][2], a[kk][3], bs[0], bs[1]);
+                kiln_mma_16<F16>(acc[j], a[kk + 1][0], a[kk + 1][1], a[kk + 1][2],
+                                 a[kk + 1][3], bs[2], bs[3]);
             }
         }
     }
 }
 
-// out[n] += P (16 rows x K, as K / 8 accumulator tiles, rounded to bf16) · B for D / 8 tiles
-// of 8 columns, B the shared tile `b` ([K][D + pad], row k = B's row k) read by ldmatrix.trans:
-// for each k16 step and pair of n8 tiles, matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7),
-// (rows 0-7, cols 8-15), (rows 8-15, cols 8-15) give b0, b1 of the first tile, then the second.
-template <int K, int D>
+// out[n] += P (16 rows x K, as K / 8 accumulator tiles, rounded to bf16, or f16) · B for
+// D / 8 tiles of 8 columns, B the shared tile `b` ([K][D + pad], row k = B's row k) read by
+// ldmatrix.trans: for each k16 step and pair of n8 tiles, matrices (rows 0-7, cols 0-7),
+// (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15) give b0, b1 of the
+// first tile, then the second.
+template <int K, int D, bool F16 = false>
 __device__ __forceinline__ void kiln_flash_pv(float (&out)[D / 8][4], const float (&p)[K / 8][4],
                                               const bf16_bits* b) {
     const int lane = threadIdx.x % KILN_WARP;
     const int row_in = (lane & 7) + ((lane >> 3) & 1) * 8, col_in = (lane >> 4) * 8;
+    const auto cvt = [](float low, float high) {
+        return F16 ? kiln_cvt_f16x2(low, high) : kiln_cvt_bf16x2(low, high);
+    };
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk) {
-        const unsigned int a0 = kiln_cvt_bf16x2(p[2 * kk][0], p[2 * kk][1]);
-        const unsigned int a1 = kiln_cvt_bf16x2(p[2 * kk][2], p[2 * kk][3]);
-        const unsigned int a2 = kiln_cvt_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-        const unsigned int a3 = kiln_cvt_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+        const unsigned int a0 = cvt(p[2 * kk][0], p[2 * kk][1]);
+        const unsigned int a1 = cvt(p[2 * kk][2], p[2 * kk][3]);
+        const unsigned int a2 = cvt(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        const unsigned int a3 = cvt(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
         for (int n = 0; n < D / 16; ++n) {
             unsigned int bs[4];
             kiln_ldmatrix_x4_trans(bs, b + (16 * kk + row_in) * (D + KILN_FLASH_PAD) + 16 * n +
                                            col_in);
-            kiln_mma_bf16(out[2 * n], a0, a1, a2, a3, bs[0], bs[1]);
-            kiln_mma_bf16(out[2 * n + 1], a0, a1, a2, a3, bs[2], bs[3]);
+            kiln_mma_16<F16>(out[2 * n], a0, a1, a2, a3, bs[0], bs[1]);
+            kiln_mma_16<F16>(out[2 * n + 1], a0, a1, a2, a3, bs[2], bs[3]);
         }
     }
 }
@@ -185,12 +191,15 @@ __device__ __forceinline__ float kiln_flash_rounded(const bf16_bits* p, i64 i) {
 }
 
 // dst [rows][D] bf16 = src rows of hd elements (S: f32, rounded as packed, or bf16: already
-// the rounding), zeros past hd. Row r of dst reads src row r, or, with bthd (dO, out's layout
-// [B,T,Hq,hd] to [B,Hq,T,D]), row (b·T + t)·Hq + h for r = (b·Hq + h)·T + t. Each thread
-// writes 8 elements (16 bytes).
-template <typename S>
+// the rounding), zeros past hd; with F16, f16 rows of the f32 src. Row r of dst reads src row
+// r, or, with bthd (dO, out's layout [B,T,Hq,hd] to [B,Hq,T,D]), row (b·T + t)·Hq + h for
+// r = (b·Hq + h)·T + t. Each thread writes 8 elements (16 bytes).
+template <typename S, bool F16 = false>
 __device__ void kiln_flash_stage(bf16_bits* dst, const S* src, i64 rows, i64 hd, i64 padded,
                                  i64 q_heads, i64 q_len, int bthd) {
+    const auto pack = [](float low, float high) {
+        return F16 ? kiln_mma_pack_f16(low, high) : kiln_mma_pack(low, high);
+    };
     const i64 chunks = rows * (padded / 8);
     KILN_FOR_EACH(i, chunks) {
         const i64 r = i / (padded / 8), d0 = 8 * (i % (padded / 8));
@@ -204,8 +213,8 @@ __device__ void kiln_flash_stage(bf16_bits* dst, const S* src, i64 rows, i64 hd,
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const i64 d = d0 + 2 * u;
-            w[u] = kiln_mma_pack(d < hd ? kiln_load(row, d) : 0.0f,
-                                 d + 1 < hd ? kiln_load(row, d + 1) : 0.0f);
+            w[u] = pack(d < hd ? kiln_load(row, d) : 0.0f,
+                        d + 1 < hd ? kiln_load(row, d + 1) : 0.0f);
         }
         *(uint4*)(dst + r * padded + d0) = make_uint4(w[0], w[1], w[2], w[3]);
     }
@@ -216,6 +225,13 @@ extern "C" __global__ void flash_attention_stage(bf16_bits* dst, const float* sr
                                                  int bthd) {
     kiln_grid_dependency_wait();
     kiln_flash_stage(dst, src, rows, hd, padded, q_heads, q_len, bthd);
+}
+
+extern "C" __global__ void flash_attention_stage_f16(bf16_bits* dst, const float* src, i64 rows,
+                                                     i64 hd, i64 padded, i64 q_heads, i64 q_len,
+                                                     int bthd) {
+    kiln_grid_dependency_wait();
+    kiln_flash_stage<float, true>(dst, src, rows, hd, padded, q_heads, q_len, bthd);
 }
 
 extern "C" __global__ void flash_attention_stage_bf16(bf16_bits* dst, const bf16_bits* src,
@@ -238,7 +254,7 @@ template <int D> struct KilnFlashTiles {
 // Block (b·Hq + h, query tile): 64 query rows of head h, key tiles of N up to the tile's
 // causal limit. Each thread keeps, for its rows g and g + 8, the running max m (of the scaled
 // scores) and its own part of the running sum l (summed over the quad at the end).
-template <int D>
+template <int D, bool F16 = false>
 __device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounded, float* lse,
                                                    const bf16_bits* q, const bf16_bits* k,
                                                    const bf16_bits* v, i64 q_heads,
@@ -286,7 +302,7 @@ __device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounde
         kiln_cp_async_wait<1>();
         __syncthreads();
         float s[N / 8][4];
-        kiln_flash_qk<D, N>(s, qa, ks + buffer * TILE);
+        kiln_flash_qk<D, N, true, F16>(s, qa, ks + buffer * TILE);
         // Every row of the block sees every key of the tile (block-uniform): no masks.
         const bool full = n0 + N <= kv_len && n0 + N - 1 <= offset + q0;
         const int last0 = full ? N - 1 : kiln_flash_last_key(row0, offset, n0, kv_len, N);
@@ -330,7 +346,7 @@ __device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounde
             o[n][2] *= alpha1;
             o[n][3] *= alpha1;
         }
-        kiln_flash_pv<N, D>(o, s, vs + buffer * TILE);
+        kiln_flash_pv<N, D, F16>(o, s, vs + buffer * TILE);
         __syncthreads(); // this buffer is refilled two tiles on
     }
     l0 = kiln_flash_quad_sum(l0);
@@ -397,6 +413,36 @@ extern "C" __global__ void flash_attention_forward_d128(float* out, bf16_bits* r
     kiln_grid_dependency_wait();
     kiln_flash_forward<128>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd,
                            scale);
+}
+
+// The f16 forward (q, k, v staged as f16 rows): the same signatures.
+extern "C" __global__ void flash_attention_forward_f16_d16(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<16, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+                                  hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_f16_d32(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<32, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+                                  hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_f16_d64(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<64, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+                                  hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_f16_d128(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<128, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+                                  hd, scale);
 }
 
 // ---- backward ----

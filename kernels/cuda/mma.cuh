@@ -1,8 +1,8 @@
 // Tensor-core helpers shared by the modules that multiply on tensor cores (linear_mma.cu,
-// flash.cu), and every other inline-PTX primitive those modules use: one m16n8k16 bf16
-// mma.sync with f32 accumulation, ldmatrix (.x4, plain and .trans), cp.async (16 and 4 bytes,
-// with its commit and wait), the bf16x2 conversion and ex2.approx; and the packing of two f32
-// into one bf16x2 fragment word.
+// flash.cu), and every other inline-PTX primitive those modules use: one m16n8k16 bf16 (or
+// f16) mma.sync with f32 accumulation, ldmatrix (.x4, plain and .trans), cp.async (16 and 4
+// bytes, with its commit and wait), the bf16x2 and f16x2 conversions and ex2.approx; and the
+// packing of two f32 into one bf16x2 (or f16x2) fragment word, with f16's conversions.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type";
 // g = lane / 4, t = lane % 4): A (16 x 16, row-major) a0 = row g, cols 2t, 2t+1; a1 = row g+8,
@@ -29,16 +29,69 @@
 #define KILN_MMA_EMULATED 1
 #endif
 
-// d += A * B for one m16n8k16 (bf16 in, f32 accumulate), A and B as their fragment registers.
-// Emulated: lane (g, t) computes its c0..c3 = (row g, col 2t), (g, 2t+1), (g+8, 2t),
-// (g+8, 2t+1). It needs A rows g and g+8 and B cols 2t and 2t+1 over k = 0..15. By the layouts
-// above, the word of k = 8h + 2q and 8h + 2q + 1 (h = 0, 1; q = 0..3; low and high half) is,
-// of A row r (r < 8), register a0 (h = 0) or a2 (h = 1) of lane 4r + q, and of row r + 8, a1
-// or a3 of the same lane; of B col n, b0 (h = 0) or b1 (h = 1) of lane 4n + q. Each product of
-// two bf16 is exact in f32; they are summed in k order 0..15 from zero, then added to d.
-__device__ __forceinline__ void kiln_mma_bf16(float (&d)[4], unsigned int a0, unsigned int a1,
-                                              unsigned int a2, unsigned int a3, unsigned int b0,
-                                              unsigned int b1) {
+// f16 bits -> f32: exact (subnormals as such, NaN payloads kept). hipRTC: the hardware
+// conversion of its _Float16 (in software, the emulated f16 mma's loops grow past what its
+// compiler unrolls).
+__device__ __forceinline__ float kiln_f16_to_f32(unsigned short bits) {
+#ifdef __HIPCC_RTC__
+    return (float)__builtin_bit_cast(_Float16, bits);
+#else
+    const unsigned int sign = ((unsigned int)bits & 0x8000u) << 16;
+    const unsigned int exp = ((unsigned int)bits >> 10) & 0x1fu, man = (unsigned int)bits & 0x3ffu;
+    const unsigned int wide = exp == 0x1fu ? 0xffu : exp + 112u; // an infinity or NaN stays one
+    const unsigned int normal = sign | (wide << 23) | (man << 13);
+    const unsigned int tiny = sign | __float_as_uint((float)man * 5.9604644775390625e-8f);
+    return __uint_as_float(exp == 0u ? tiny : normal); // man · 2^-24 below the normal range
+#endif
+}
+
+// f32 -> f16 bits, rounded to nearest even (to subnormals, and past 65504 to an infinity); NaN
+// stays NaN (quieted, its upper payload kept), as `half::f16::from_f32`. hipRTC: the hardware
+// conversion, as kiln_f16_to_f32.
+__device__ __forceinline__ unsigned short kiln_f32_to_f16(float value) {
+#ifdef __HIPCC_RTC__
+    return __builtin_bit_cast(unsigned short, (_Float16)value);
+#else
+    const unsigned int x = __float_as_uint(value);
+    const unsigned int sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu, man = x & 0x7fffffu;
+    const unsigned int special = 0x7c00u | (man != 0u ? 0x0200u | (man >> 13) : 0u);
+    const int e = (int)exp - 112; // the f16 exponent field
+    // The kept bits and the dropped ones: a normal result keeps 10 of the 23, a subnormal one
+    // (e <= 0) 24 - (14 - e) of the 24 with the implicit bit (none past 24 dropped: 0, as a
+    // value below half the least subnormal rounds to); the carry of a rounding up runs into
+    // the exponent field (to the next binade, or past 65504 to the infinity).
+    const unsigned int full = e > 0 ? man : (man | 0x800000u);
+    const int drop = e > 0 ? 13 : (14 - e < 25 ? 14 - e : 25);
+    const unsigned int kept = full >> drop, rest = full & ((1u << drop) - 1u);
+    const unsigned int half = 1u << (drop - 1);
+    const unsigned int up = rest > half || (rest == half && (kept & 1u)) ? 1u : 0u;
+    const unsigned int finite = (e > 0 ? ((unsigned int)e << 10) | kept : kept) + up;
+    const unsigned int bits = exp == 0xffu ? special : (e >= 0x1f ? 0x7c00u : finite);
+    return (unsigned short)(sign | bits);
+#endif
+}
+
+// A 16-bit float of a fragment word as f32: bf16, or f16 (F16).
+template <bool F16> __device__ __forceinline__ float kiln_mma_widen(unsigned int bits) {
+    if constexpr (F16) {
+        return kiln_f16_to_f32((unsigned short)(bits & 0xffffu));
+    } else {
+        return kiln_bf16_to_f32((bf16_bits)(bits & 0xffffu));
+    }
+}
+
+// d += A * B for one m16n8k16 (bf16 in, or f16 in with F16; f32 accumulate), A and B as their
+// fragment registers. Emulated: lane (g, t) computes its c0..c3 = (row g, col 2t), (g, 2t+1),
+// (g+8, 2t), (g+8, 2t+1). It needs A rows g and g+8 and B cols 2t and 2t+1 over k = 0..15. By
+// the layouts above, the word of k = 8h + 2q and 8h + 2q + 1 (h = 0, 1; q = 0..3; low and high
+// half) is, of A row r (r < 8), register a0 (h = 0) or a2 (h = 1) of lane 4r + q, and of row
+// r + 8, a1 or a3 of the same lane; of B col n, b0 (h = 0) or b1 (h = 1) of lane 4n + q. Each
+// product of two bf16 (or two f16) is exact in f32; they are summed in k order 0..15 from
+// zero, then added to d.
+template <bool F16>
+__device__ __forceinline__ void kiln_mma_16(float (&d)[4], unsigned int a0, unsigned int a1,
+                                           unsigned int a2, unsigned int a3, unsigned int b0,
+                                           unsigned int b1) {
 #ifdef KILN_MMA_EMULATED
     const int lane = threadIdx.x % KILN_WARP, g = lane / 4, t = lane % 4;
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -53,10 +106,10 @@ __device__ __forceinline__ void kiln_mma_bf16(float (&d)[4], unsigned int a0, un
 #pragma unroll
             for (int half = 0; half < 2; ++half) { // k = 8h + 2q + half
                 const int shift = 16 * half;
-                const float x_g = kiln_bf16_to_f32((bf16_bits)(row_g >> shift));
-                const float x_g8 = kiln_bf16_to_f32((bf16_bits)(row_g8 >> shift));
-                const float y_2t = kiln_bf16_to_f32((bf16_bits)(col_2t >> shift));
-                const float y_2t1 = kiln_bf16_to_f32((bf16_bits)(col_2t1 >> shift));
+                const float x_g = kiln_mma_widen<F16>(row_g >> shift);
+                const float x_g8 = kiln_mma_widen<F16>(row_g8 >> shift);
+                const float y_2t = kiln_mma_widen<F16>(col_2t >> shift);
+                const float y_2t1 = kiln_mma_widen<F16>(col_2t1 >> shift);
                 sum[0] = fmaf(x_g, y_2t, sum[0]);
                 sum[1] = fmaf(x_g, y_2t1, sum[1]);
                 sum[2] = fmaf(x_g8, y_2t, sum[2]);
@@ -67,12 +120,26 @@ __device__ __forceinline__ void kiln_mma_bf16(float (&d)[4], unsigned int a0, un
 #pragma unroll
     for (int c = 0; c < 4; ++c) d[c] += sum[c];
 #else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    if constexpr (F16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
 #endif
+}
+
+__device__ __forceinline__ void kiln_mma_bf16(float (&d)[4], unsigned int a0, unsigned int a1,
+                                              unsigned int a2, unsigned int a3, unsigned int b0,
+                                              unsigned int b1) {
+    kiln_mma_16<false>(d, a0, a1, a2, a3, b0, b1);
 }
 
 // ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8 x 8 matrices of 16-bit elements from shared
@@ -183,6 +250,21 @@ __device__ __forceinline__ unsigned int kiln_cvt_bf16x2(float low, float high) {
 #endif
 }
 
+// Two f32 rounded to nearest even as one f16x2 word (`low` in the low half). PTX: the hardware
+// conversion (cvt.rn.f16x2.f32, which rounds to subnormals and past 65504 to an infinity).
+// Emulated: kiln_f32_to_f16, with the canonical NaN 0x7fff as the conversion gives.
+__device__ __forceinline__ unsigned int kiln_cvt_f16x2(float low, float high) {
+#ifdef KILN_MMA_EMULATED
+    const unsigned int lo = low != low ? 0x7fffu : (unsigned int)kiln_f32_to_f16(low);
+    const unsigned int hi = high != high ? 0x7fffu : (unsigned int)kiln_f32_to_f16(high);
+    return lo | (hi << 16);
+#else
+    unsigned int word;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(high), "f"(low));
+    return word;
+#endif
+}
+
 // 2^x. PTX: the special function unit alone (ex2.approx.ftz: 2 ulp; results below f32's normal
 // range flush to 0, where the CPU reference keeps them subnormal). Emulated: exp2f (CUDA's and
 // HIP's device library), more accurate and keeping subnormal results: not the same bits.
@@ -200,4 +282,9 @@ __device__ __forceinline__ float kiln_exp2_approx(float x) {
 // same bits on every path (NaN as kiln_f32_to_bf16 makes it).
 __device__ __forceinline__ unsigned int kiln_mma_pack(float low, float high) {
     return (unsigned int)kiln_f32_to_bf16(low) | ((unsigned int)kiln_f32_to_bf16(high) << 16);
+}
+
+// The same in f16 (NaN as kiln_f32_to_f16 makes it).
+__device__ __forceinline__ unsigned int kiln_mma_pack_f16(float low, float high) {
+    return (unsigned int)kiln_f32_to_f16(low) | ((unsigned int)kiln_f32_to_f16(high) << 16);
 }

@@ -748,10 +748,11 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             operands.extend(saved);
             operands
         };
+        let flash = |rounding| Op::FlashAttention { scale, rounding };
         cases.extend([
             (
                 format!("flash_attention {s}"),
-                Op::FlashAttention { scale },
+                flash(DType::BF16),
                 qkv(DType::F32),
             ),
             (
@@ -761,20 +762,32 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             ),
             (
                 format!("flash_attention bf16 operands {s}"),
-                Op::FlashAttention { scale },
+                flash(DType::BF16),
                 qkv(DType::BF16),
             ),
             // The output rounded for the o GEMM (prefill), and both ways (training, whose
             // backward reads the f32 output).
             (
                 format!("rounded_flash_attention {s}"),
-                rounded(Op::FlashAttention { scale }),
+                rounded(flash(DType::BF16)),
                 qkv(DType::F32),
             ),
             (
                 format!("also_rounded_flash_attention bf16 operands {s}"),
-                also_rounded(Op::FlashAttention { scale }),
+                also_rounded(flash(DType::BF16)),
                 qkv(DType::BF16),
+            ),
+            // The forward rounding to f16 (bf16 inference's prefill), its output in f32 and
+            // rounded for the o GEMM.
+            (
+                format!("flash_attention f16 {s}"),
+                flash(DType::F16),
+                qkv(DType::F32),
+            ),
+            (
+                format!("rounded_flash_attention f16 {s}"),
+                rounded(flash(DType::F16)),
+                qkv(DType::F32),
             ),
             (
                 format!("flash_attention_backward bf16 operands {s}"),

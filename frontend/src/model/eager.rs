@@ -48,8 +48,8 @@ impl Ops for Eager {
     fn attention(&self, _layer: usize, q: &Var, k: &Var, v: &Var, scale: f64) -> Result<Var> {
         let head_dim = q.dims().last().copied().unwrap_or(0);
         match self.precision.flash_attention(head_dim) {
-            true => ops::flash_attention(q, k, v, scale),
-            false => ops::attention(q, k, v, scale),
+            Some(rounding) => ops::flash_attention(q, k, v, (scale, rounding)),
+            None => ops::attention(q, k, v, scale),
         }
     }
     fn swiglu(&self, gate: &Var, up: &Var) -> Result<Var> {

@@ -59,16 +59,17 @@ pub fn attention(q: &Var, k: &Var, v: &Var, scale: f64) -> Result<Var> {
     }))
 }
 
-/// [`attention`]'s result under the FlashAttention contract: `q`, `k`, `v` (f32) enter their
-/// products as bf16 roundings, and the backward rebuilds the probabilities from the saved
-/// log-sum-exp.
-pub fn flash_attention(q: &Var, k: &Var, v: &Var, scale: f64) -> Result<Var> {
+/// [`attention`]'s result under the FlashAttention contract: `q`, `k`, `v` (f32) and the
+/// probabilities enter their products as their roundings to `rounding` (bf16, or f16), and
+/// the backward (bf16's alone) rebuilds the probabilities from the saved log-sum-exp.
+pub fn flash_attention(q: &Var, k: &Var, v: &Var, (scale, rounding): (f64, DType)) -> Result<Var> {
     let [batch, q_heads, seq, head_dim, _] = dims("flash_attention", q, k)?;
     let out = empty([batch, seq, q_heads, head_dim], DType::F32);
     let lse = empty([batch, q_heads, seq], DType::F32);
     launch(&[q.value(), k.value(), v.value()], &[&out, &lse], |i, o| {
         let (out, lse) = o.split_at_mut(1);
-        flash::flash_attention(&i[0], &i[1], &i[2], scale, &mut out[0], &mut lse[0])
+        let attributes = (scale, rounding);
+        flash::flash_attention(&i[0], &i[1], &i[2], attributes, &mut out[0], &mut lse[0])
     })?;
     let saved = [q, k, v].map(|x| x.value().clone());
     let kept = out.clone();
@@ -77,6 +78,12 @@ pub fn flash_attention(q: &Var, k: &Var, v: &Var, scale: f64) -> Result<Var> {
         &[q, k, v],
         out,
         move |g| {
+            if rounding != DType::BF16 {
+                return Err(Error::Operand {
+                    op: "flash_attention",
+                    reason: format!("rounds to {rounding}: only the bf16 contract has a backward"),
+                });
+            }
             let [q_value, k_value, v_value] = &saved;
             let grads = [q_value, k_value, v_value].map(|x| empty(x.shape().clone(), DType::F32));
             launch(

@@ -392,15 +392,18 @@ impl Op {
                 }
                 one(TensorType::new(g.dtype, [b, t, h, d])?)
             }
-            Op::Attention { .. } => attention_types(&rule, false),
-            Op::FlashAttention { .. } => attention_types(&rule, true),
+            Op::Attention { .. } => attention_types(&rule, None),
+            Op::FlashAttention { rounding, .. } => attention_types(&rule, Some(*rounding)),
             Op::CachedAttention { .. } => cached_attention_types(&rule),
             Op::AttentionBackward { scale } | Op::FlashAttentionBackward { scale } => {
                 let flash = matches!(self, Op::FlashAttentionBackward { .. });
                 rule.arity(if flash { 6 } else { 5 })?;
                 // The forward rule checks q, k, v; its errors are renamed to this op.
                 let forward = match flash {
-                    true => Op::FlashAttention { scale: *scale },
+                    true => Op::FlashAttention {
+                        scale: *scale,
+                        rounding: DType::BF16,
+                    },
                     false => Op::Attention { scale: *scale },
                 };
                 let forward = forward.infer(&operands[..3]).map_err(|error| match error {

@@ -310,7 +310,10 @@ fn attention_backward() {
 
 #[test]
 fn flash_attention_keeps_the_log_sum_exp_not_the_probabilities() {
-    let op = || Op::FlashAttention { scale: 0.5 };
+    let op = || Op::FlashAttention {
+        scale: 0.5,
+        rounding: DType::BF16,
+    };
     let (q, kv) = (f32t(&[1, 4, 3, 8]), f32t(&[1, 2, 5, 8]));
     let forward = [q.clone(), kv.clone(), kv.clone()];
     let (out, lse) = (f32t(&[1, 3, 4, 8]), f32t(&[1, 4, 3]));
@@ -340,6 +343,18 @@ fn flash_attention_keeps_the_log_sum_exp_not_the_probabilities() {
     rejects_operand(backward(), &with([&out, &f32t(&[1, 4, 3, 5]), &out]), 4);
     rejects_operand(backward(), &with([&out, &lse, &f32t(&[1, 4, 3, 8])]), 5);
     assert!(backward().infer(&with([&out, &lse, &out])[..5]).is_err());
+
+    // Rounding to f16 takes f32 operands alone (a bf16 one is not its f16 rounding), and
+    // nothing but bf16 or f16 is a rounding.
+    let rounding = |rounding| Op::FlashAttention {
+        scale: 0.5,
+        rounding,
+    };
+    accepts(rounding(DType::F16), &forward, &[out.clone(), lse.clone()]);
+    let bf16_k = [q.clone(), ty(DType::BF16, &[1, 2, 5, 8]), kv.clone()];
+    accepts(op(), &bf16_k, &[out.clone(), lse.clone()]);
+    rejects_operand(rounding(DType::F16), &bf16_k, 1);
+    rejects_attribute(rounding(DType::F32), &forward, "bf16 or f16");
 }
 
 #[test]

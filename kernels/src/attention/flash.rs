@@ -2,7 +2,10 @@
 //! keeps each query row's log-sum-exp instead of its probabilities, with `q`, `k`, `v` (and
 //! `grad_out` in the backward) entering their products as their bf16 roundings and everything
 //! else in f32. The device kernels (kernels/cuda/flash.cu) compute the same function block by
-//! block; this is the reference they are checked against.
+//! block; this is the reference they are checked against. The forward also rounds to f16
+//! instead (`r` below the f16 rounding: bf16 inference's prefill, whose scores need the three
+//! more mantissa bits); an f32 element beyond f16's range rounds to an infinity there, as on
+//! the device.
 //!
 //! Forward, per query row, over the visible keys in tiles of [`key_tile`] (online softmax, as
 //! the device's kernel runs it):
@@ -32,7 +35,7 @@
 //! probabilities. The rounding's own gradient is taken as the identity, as `Cast`'s is.
 //! Reductions run in the fixed orders of `attention_backward`: bit-for-bit reproducible.
 
-use half::bf16;
+use half::{bf16, f16};
 
 use super::{axpy, check_qkv, dot, row, row_mut, Dims};
 use crate::error::{expect_shape, Error, Result};
@@ -41,6 +44,16 @@ use kiln_ir::DType;
 
 /// The bf16 rounding of every element of an f32 operand.
 fn rounded(op: &'static str, operand: &'static str, view: &TensorView<'_>) -> Result<Vec<f32>> {
+    rounded_to(round, op, operand, view)
+}
+
+/// `round` of every element of an f32 operand.
+fn rounded_to(
+    round: fn(f32) -> f32,
+    op: &'static str,
+    operand: &'static str,
+    view: &TensorView<'_>,
+) -> Result<Vec<f32>> {
     if view.dtype() != DType::F32 {
         return Err(Error::DType {
             op,
@@ -55,6 +68,23 @@ fn rounded(op: &'static str, operand: &'static str, view: &TensorView<'_>) -> Re
 
 fn round(x: f32) -> f32 {
     bf16::from_f32(x).to_f32()
+}
+
+fn round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+/// The rounding of the forward's products for `rounding` (bf16 or f16).
+fn rounding_of(op: &'static str, rounding: DType) -> Result<fn(f32) -> f32> {
+    match rounding {
+        DType::BF16 => Ok(round),
+        DType::F16 => Ok(round_f16),
+        _ => Err(Error::Argument {
+            op,
+            argument: "rounding",
+            reason: format!("{rounding}: flash attention rounds to bf16 or f16"),
+        }),
+    }
 }
 
 /// The widest head the device kernels take (kernels/src/gpu/flash.rs); programs attend wider
@@ -76,23 +106,24 @@ fn lse_shape(dims: &Dims) -> [usize; 3] {
 }
 
 /// Writes `out [B,T,Hq,D]` and `lse [B,Hq,T]` (f32) from f32 `q [B,Hq,T,D]`, `k`, `v
-/// [B,Hkv,S,D]`.
+/// [B,Hkv,S,D]`, the products' operands rounded to `rounding` (bf16 or f16).
 pub fn flash_attention(
     q: &TensorView<'_>,
     k: &TensorView<'_>,
     v: &TensorView<'_>,
-    scale: f64,
+    (scale, rounding): (f64, DType),
     out: &mut TensorViewMut<'_>,
     lse: &mut TensorViewMut<'_>,
 ) -> Result<()> {
     const OP: &str = "flash_attention";
+    let round = rounding_of(OP, rounding)?;
     let dims = check_qkv(OP, q, k, v)?;
     expect_shape(OP, "out", out.shape(), &dims.bthd_shape())?;
     expect_shape(OP, "lse", lse.shape(), &lse_shape(&dims))?;
     let (q, k, v) = (
-        rounded(OP, "q", q)?,
-        rounded(OP, "k", k)?,
-        rounded(OP, "v", v)?,
+        rounded_to(round, OP, "q", q)?,
+        rounded_to(round, OP, "k", k)?,
+        rounded_to(round, OP, "v", v)?,
     );
     let out = out.slice_mut::<f32>(OP, "out")?;
     let lse = lse.slice_mut::<f32>(OP, "lse")?;

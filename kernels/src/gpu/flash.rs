@@ -5,13 +5,15 @@
 //! instance. An operand is staged in the workspace as such rows unless it already is one: a
 //! bf16 q, k or v (the rounding the kernels take) of a padded head dim is read where it is (it
 //! must start 16-byte aligned, as every slot does: the workspace has no room to stage it, so
-//! a misaligned one is refused); `grad_out` is always staged (it is re-laid head-major).
+//! a misaligned one is refused); `grad_out` is always staged (it is re-laid head-major). The
+//! forward that rounds to f16 instead stages its f32 q, k, v as f16 rows (the same bytes).
 
 use super::attention::AttentionDims;
 use super::embedding::zero_f32;
 use super::launch::{all_aligned, grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X, MAX_GRID_YZ};
 use super::{Addr, Arg, Forms, Kernel, Launch, Stored, BLOCK_THREADS, SLOT_ALIGN};
 use crate::{Error, Result};
+use kiln_ir::DType;
 
 const MODULE: &str = "flash";
 /// Threads per block of the tile kernels (4 warps).
@@ -36,6 +38,8 @@ fn padded(function: &'static str, head_dim: u64) -> Result<u64> {
 #[derive(Clone, Copy, Debug)]
 enum TileKernel {
     Forward,
+    /// The forward rounding to f16.
+    ForwardF16,
     KeysValues,
     Queries,
 }
@@ -48,6 +52,12 @@ fn instance(kernel: TileKernel, d: u64) -> &'static str {
             "flash_attention_forward_d32",
             "flash_attention_forward_d64",
             "flash_attention_forward_d128",
+        ],
+        TileKernel::ForwardF16 => [
+            "flash_attention_forward_f16_d16",
+            "flash_attention_forward_f16_d32",
+            "flash_attention_forward_f16_d64",
+            "flash_attention_forward_f16_d128",
         ],
         TileKernel::KeysValues => [
             "flash_attention_backward_kv_d16",
@@ -119,19 +129,23 @@ fn staged(stored: Stored, head_dim: u64, d: u64) -> bool {
 }
 
 /// `flash_attention_stage`: `rows` rows of `hd` elements at `src` (f32, or bf16) as bf16 rows
-/// of `d` at `dst`; `bthd` re-lays `[B,T,Hq,hd]` (q_heads, q_len of `dims`) as `[B,Hq,T,d]`.
+/// of `d` at `dst` (f16 rows of an f32 `src` with `f16`); `bthd` re-lays `[B,T,Hq,hd]`
+/// (q_heads, q_len of `dims`) as `[B,Hq,T,d]`.
 fn stage(
     dst: Addr,
     (src, stored): (Addr, Stored),
-    rows: u64,
-    d: u64,
+    (rows, d): (u64, u64),
     dims: &AttentionDims,
-    bthd: bool,
+    (bthd, f16): (bool, bool),
 ) -> Launch {
     let chunks = rows * (d / 8);
+    let function = match f16 {
+        true => "flash_attention_stage_f16",
+        false => stored.pick("flash_attention_stage", "flash_attention_stage_bf16"),
+    };
     Kernel::launch(
         MODULE,
-        stored.pick("flash_attention_stage", "flash_attention_stage_bf16"),
+        function,
         (grid_stride_blocks(chunks), 1, 1),
         (BLOCK_THREADS, 1, 1),
         0,
@@ -208,14 +222,13 @@ impl Regions {
     }
 
     /// Where the kernels read q, k and v (at `src`, of storages `stored`): each staged into its
-    /// region first (pushed onto `launches`) or read where it is ([`rows_of`]); none without
-    /// rows (the region's address then, which no kernel reads).
+    /// region first (pushed onto `launches`; as f16 rows with `f16`) or read where it is
+    /// ([`rows_of`]); none without rows (the region's address then, which no kernel reads).
     fn operands(
         &self,
-        src: [Addr; 3],
-        stored: [Stored; 3],
+        (src, stored): ([Addr; 3], [Stored; 3]),
         dims: &AttentionDims,
-        (d, function): (u64, &'static str),
+        (d, f16, function): (u64, bool, &'static str),
         launches: &mut Vec<Launch>,
     ) -> Result<[Addr; 3]> {
         let q_rows = dims.batch * dims.q_heads * dims.q_len;
@@ -226,7 +239,7 @@ impl Regions {
             if rows[i] > 0 {
                 let operand = (src[i], stored[i]);
                 let to = (at[i], rows[i]);
-                at[i] = rows_of(launches, to, operand, d, dims, (function, name))?;
+                at[i] = rows_of(launches, to, operand, (d, f16), dims, (function, name))?;
             }
         }
         Ok(at)
@@ -255,18 +268,18 @@ pub fn backward_workspace_bytes(dims: &AttentionDims, stored: [Stored; 3]) -> u6
 }
 
 /// Where the kernels read an operand of `rows` rows: staged into `region` first (pushed onto
-/// `launches`), or where it is (a bf16 operand of `d`-element rows, 16-byte aligned for the
-/// tiles' copies).
+/// `launches`; an f32 one as f16 rows with `f16`), or where it is (a bf16 operand of
+/// `d`-element rows, 16-byte aligned for the tiles' copies).
 fn rows_of(
     launches: &mut Vec<Launch>,
     (region, rows): (Addr, u64),
     (src, stored): (Addr, Stored),
-    d: u64,
+    (d, f16): (u64, bool),
     dims: &AttentionDims,
     (function, name): (&'static str, &'static str),
 ) -> Result<Addr> {
     if staged(stored, dims.head_dim, d) {
-        launches.push(stage(region, (src, stored), rows, d, dims, false));
+        launches.push(stage(region, (src, stored), (rows, d), dims, (false, f16)));
         return Ok(region);
     }
     if !all_aligned(&[src], 16) {
@@ -284,7 +297,8 @@ fn rows_of(
 
 /// The forward's operands, results and workspace: `q [B,Hq,T,D]`, `k`, `v [B,Hkv,S,D]`
 /// (f32, or bf16: `stored`), `out [B,T,Hq,D]` (f32, rounded to bf16, or both), `lse
-/// [B,Hq,T]` (f32), `workspace` of [`forward_workspace_bytes`].
+/// [B,Hq,T]` (f32), `workspace` of [`forward_workspace_bytes`], and the dtype the products'
+/// operands are rounded to (bf16, or f16 for f32 q, k, v).
 #[derive(Clone, Copy, Debug)]
 pub struct FlashForward {
     pub q: Addr,
@@ -295,6 +309,7 @@ pub struct FlashForward {
     pub workspace: Addr,
     /// The storage of q, k and v.
     pub stored: [Stored; 3],
+    pub rounding: DType,
 }
 
 /// q, k, v staged where they are not rows the kernels read, then one launch: a block per
@@ -310,20 +325,34 @@ pub fn flash_attention_f32(
     if q_rows == 0 {
         return Ok(vec![]);
     }
+    let f16 = match at.rounding {
+        DType::BF16 => false,
+        DType::F16 if at.stored == [Stored::F32; 3] => true,
+        rounding => {
+            return Err(Error::Argument {
+                op: FUNCTION,
+                argument: "rounding",
+                reason: format!(
+                    "{rounding} with q, k, v stored {:?}: bf16 (of f32 or bf16 operands), or f16 \
+                     of f32 ones",
+                    at.stored
+                ),
+            })
+        }
+    };
     let regions = Regions::new(at.workspace, &dims, d, at.stored);
     let mut launches = Vec::new();
-    let src = [at.q, at.k, at.v];
-    let [q, k, v] = regions.operands(src, at.stored, &dims, (d, FUNCTION), &mut launches)?;
+    let operands = ([at.q, at.k, at.v], at.stored);
+    let [q, k, v] = regions.operands(operands, &dims, (d, f16, FUNCTION), &mut launches)?;
     let mut args = at.out.args().to_vec();
     args.extend([at.lse, q, k, v].map(Arg::Ptr));
     args.extend(size_args(&dims, scale));
     let heads = (dims.batch * dims.q_heads, "B·Hq");
-    launches.push(tile_launch(
-        instance(TileKernel::Forward, d),
-        heads,
-        dims.q_len,
-        args,
-    )?);
+    let forward = match f16 {
+        true => TileKernel::ForwardF16,
+        false => TileKernel::Forward,
+    };
+    launches.push(tile_launch(instance(forward, d), heads, dims.q_len, args)?);
     Ok(launches)
 }
 
@@ -373,12 +402,18 @@ pub fn flash_attention_backward_f32(
             _ => vec![zero_f32(at.grad_k, n), zero_f32(at.grad_v, n)],
         });
     }
-    let src = [at.q, at.k, at.v];
-    let stored = [q_stored, k_stored, v_stored];
-    let [q, k, v] = regions.operands(src, stored, &dims, (d, FUNCTION), &mut launches)?;
+    let operands = ([at.q, at.k, at.v], [q_stored, k_stored, v_stored]);
+    let [q, k, v] = regions.operands(operands, &dims, (d, false, FUNCTION), &mut launches)?;
     if q_rows > 0 {
         let grad_out = (at.grad_out, grad_out_stored);
-        launches.push(stage(regions.grad_out, grad_out, q_rows, d, &dims, true));
+        let rows = (q_rows, d);
+        launches.push(stage(
+            regions.grad_out,
+            grad_out,
+            rows,
+            &dims,
+            (true, false),
+        ));
         let warps = u64::from(BLOCK_THREADS) / 32;
         let delta = grad_out_stored.pick(
             "flash_attention_backward_delta",

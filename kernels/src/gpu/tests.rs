@@ -8,6 +8,7 @@ use super::norm::RmsNormBackwardRows;
 use super::optim::AdamWHyper;
 use super::rope::RopeDims;
 use super::*;
+use kiln_ir::DType;
 
 const F32: Stored = Stored::F32;
 const BF16: Stored = Stored::BF16;
@@ -262,9 +263,14 @@ fn every_launch() -> Vec<Launch> {
         launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
     }
     // Every head-dim instance of the flash kernels, with f32 and bf16 operands (staged from
-    // either).
+    // either), and of the f16 forward.
     for head_dim in [8, 32, 64, 128] {
         let dims = AttentionDims { head_dim, ..dims };
+        let f16 = flash::FlashForward {
+            rounding: DType::F16,
+            ..flash_forward
+        };
+        launches.extend(flash::flash_attention_f32(f16, dims, 0.5).unwrap());
         for stored in [F32, BF16] {
             // The output in f32 alone, or both ways.
             let out = if stored == BF16 { forms[2] } else { forms[0] };

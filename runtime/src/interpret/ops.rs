@@ -201,9 +201,16 @@ fn run_kernels(
                 &mut row,
             )
         }
-        Op::FlashAttention { scale } => {
+        Op::FlashAttention { scale, rounding } => {
             let (out, lse) = o.split_at_mut(1);
-            flash::flash_attention(&i[0], &i[1], &i[2], scale, &mut out[0], &mut lse[0])
+            flash::flash_attention(
+                &i[0],
+                &i[1],
+                &i[2],
+                (scale, rounding),
+                &mut out[0],
+                &mut lse[0],
+            )
         }
         Op::FlashAttentionBackward { scale } => {
             let (gq, rest) = o.split_at_mut(1);

@@ -10,14 +10,26 @@ use crate::op::rope_kv::{RopeKvParts, K, K_CACHE, Q, V, V_CACHE};
 use crate::{stores, DType, Error, Op, Result, TensorType};
 
 /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v) -> (out [B,T,Hq,D], probs [B,Hq,T,S])`, `S >= T`; with
-/// `flash`, `(out, lse [B,Hq,T])` f32, each of q, k, v f32 or bf16 (read rounded to bf16).
-pub(super) fn attention_types(rule: &Rule<'_>, flash: bool) -> Result<Vec<TensorType>> {
+/// `flash` (FlashAttention's rounding), `(out, lse [B,Hq,T])` f32, each of q, k, v f32, or
+/// bf16 under the bf16 contract (read rounded to bf16: already that); the rounding bf16 or f16.
+pub(super) fn attention_types(rule: &Rule<'_>, flash: Option<DType>) -> Result<Vec<TensorType>> {
     rule.arity(3)?;
+    if let Some(rounding) = flash.filter(|r| !matches!(r, DType::BF16 | DType::F16)) {
+        return Err(rule.attribute(format!("rounds to bf16 or f16, not {rounding}")));
+    }
     // FlashAttention computes in f32 whatever its operands' storage (f32 or their rounding).
-    let rounded = |port: usize| matches!(rule.operands[port].dtype, DType::F32 | DType::BF16);
+    let storages = match flash {
+        Some(DType::BF16) => "f32 or bf16",
+        _ => "f32",
+    };
+    let rounded = |port: usize| {
+        let dtype = rule.operands[port].dtype;
+        dtype == DType::F32 || (dtype == DType::BF16 && flash == Some(DType::BF16))
+    };
+    let flash = flash.is_some();
     let q = match flash {
         true if rounded(0) => &rule.operands[0],
-        true => return Err(rule.type_error(0, "f32 or bf16 [B,Hq,T,D]")),
+        true => return Err(rule.type_error(0, format!("{storages} [B,Hq,T,D]"))),
         false => rule.float(0)?,
     };
     let dtype = if flash { DType::F32 } else { q.dtype };
@@ -34,13 +46,13 @@ pub(super) fn attention_types(rule: &Rule<'_>, flash: bool) -> Result<Vec<Tensor
         k.dtype == q.dtype
     };
     if !k_dtype_ok || kb != b || kd != d || hkv == 0 || hq % hkv != 0 || s < t {
-        let dtypes = if flash { "f32 or bf16" } else { q.dtype.name() };
+        let dtypes = if flash { storages } else { q.dtype.name() };
         let expected = format!("{dtypes} [{b},Hkv,S,{d}] with Hkv dividing {hq} and S >= T");
         return Err(rule.type_error(1, expected));
     }
     match flash {
         true if rule.operands[2].dims() != k.dims() || !rounded(2) => {
-            return Err(rule.type_error(2, format!("f32 or bf16 {}", k.shape)));
+            return Err(rule.type_error(2, format!("{storages} {}", k.shape)));
         }
         true => {}
         false => rule.same(2, k)?,

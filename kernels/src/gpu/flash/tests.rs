@@ -28,6 +28,7 @@ pub(crate) fn forward() -> FlashForward {
         lse: addr(4),
         workspace: addr(5),
         stored: [Stored::F32; 3],
+        rounding: DType::BF16,
     }
 }
 
@@ -260,4 +261,34 @@ fn a_bf16_operand_read_where_it_is_must_be_aligned_for_the_tile_copies() {
     };
     let error = flash_attention_f32(unaligned, dims(70, 90, 64), 0.5).unwrap_err();
     assert!(error.to_string().contains("16-byte aligned"), "{error}");
+}
+
+/// The f16 forward stages each f32 operand as f16 rows (the bf16 stage's bytes) and runs the
+/// f16 instance; a bf16 operand, or a rounding other than bf16 and f16, is refused.
+#[test]
+fn the_f16_forward_stages_its_f32_operands_as_f16_rows() {
+    let f16 = FlashForward {
+        rounding: DType::F16,
+        ..forward()
+    };
+    for (head_dim, instance) in [
+        (40, "flash_attention_forward_f16_d64"),
+        (128, "flash_attention_forward_f16_d128"),
+    ] {
+        let launches = flash_attention_f32(f16, dims(70, 90, head_dim), 0.5).unwrap();
+        let mut want = vec!["flash_attention_stage_f16"; 3];
+        want.push(instance);
+        assert_eq!(names(&launches), want);
+    }
+    let bf16_k = FlashForward {
+        stored: [Stored::F32, Stored::BF16, Stored::F32],
+        ..f16
+    };
+    let error = flash_attention_f32(bf16_k, dims(70, 90, 64), 0.5).unwrap_err();
+    assert!(error.to_string().contains("f16 of f32 ones"), "{error}");
+    let f32_rounding = FlashForward {
+        rounding: DType::F32,
+        ..forward()
+    };
+    assert!(flash_attention_f32(f32_rounding, dims(70, 90, 64), 0.5).is_err());
 }

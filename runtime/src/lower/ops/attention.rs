@@ -121,7 +121,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let scale = Lowering::f32_attribute(*scale);
             Ok(attention::attention_backward_f32(addresses, dims, scale)?)
         }
-        Op::FlashAttention { scale } => {
+        Op::FlashAttention { scale, rounding } => {
             let (q, q_stored) = at.stored(0, "q")?;
             let (k, k_stored) = at.stored(1, "k")?;
             let (v, v_stored) = at.stored(2, "v")?;
@@ -139,6 +139,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 lse,
                 workspace,
                 stored,
+                rounding: *rounding,
             };
             let scale = Lowering::f32_attribute(*scale);
             Ok(flash::flash_attention_f32(addresses, dims, scale)?)
