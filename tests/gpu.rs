@@ -81,6 +81,7 @@ fn random(rng: &mut StdRng, ty: &TensorType) -> Tensor {
 }
 
 /// One operand of a one-op case: a float tensor of this type, or integers below `bound`.
+#[derive(Clone)]
 pub(crate) enum In {
     F(DType, Vec<usize>),
     /// Random floats bound as a param: a fused linear's weight (which must be one).

@@ -549,3 +549,19 @@ fn a_gradient_on_attention_probs_is_an_error() {
     let err = append_backward(&mut g, loss, seed, &[q]).unwrap_err();
     assert!(err.to_string().contains("probs"), "{err}");
 }
+
+#[test]
+fn flash_attention_rounding_to_f16_has_no_backward() {
+    let mut g = Graph::new("f16");
+    let q = param(&mut g, "q", f32t(&[1, 1, 2, 2]));
+    let kv = param(&mut g, "kv", f32t(&[1, 1, 2, 2]));
+    let op = Op::FlashAttention {
+        scale: 1.0,
+        rounding: DType::F16,
+    };
+    let attn = g.op(op, &[q, kv, kv]).unwrap();
+    let loss = sum_all(&mut g, attn[0]);
+    let seed = seed_for(&mut g, loss);
+    let err = append_backward(&mut g, loss, seed, &[q]).unwrap_err();
+    assert!(err.to_string().contains("only the bf16"), "{err}");
+}

@@ -17,7 +17,7 @@ pub mod rope_kv;
 mod typing;
 
 pub use index_range::{IndexRange, PADDING_SLOT};
-pub use typing::{stores, LINEAR_MAX_GROUPS};
+pub use typing::{stores, LINEAR_MAX_GROUPS, LINEAR_MAX_ROWS};
 
 use std::fmt;
 
@@ -237,6 +237,7 @@ impl Op {
                 Op::RmsNormBackward { .. } => "rounded_rmsnorm_backward",
                 Op::AddRmsNormBackward { .. } => "rounded_add_rmsnorm_backward",
                 Op::FlashAttention { .. } => "rounded_flash_attention",
+                Op::Linear { .. } => "rounded_linear",
                 _ => "rounded",
             },
             Op::AlsoRounded(op) => match **op {
@@ -405,9 +406,10 @@ impl Op {
 
     /// The operands an op reads only as their bf16 rounding (q, k, v of the bf16
     /// FlashAttention and its backward's `grad_out`, rounded where they enter the tensor
-    /// cores; the f16 one rounds them otherwise): a bf16 operand
-    /// there is already that rounding, so a producer whose f32 result only such ports read
-    /// may write it rounded (the fusion pass's `rounded` rule) and the op gives the same bits.
+    /// cores; the f16 one rounds them otherwise; a linear's `x`, its GEMM's input): a bf16
+    /// operand there is already that rounding, so a producer whose f32 result only such ports
+    /// read may write it rounded (the fusion pass's `rounded` rule) and the op gives the same
+    /// bits.
     pub fn rounded_on_entry(&self) -> &'static [usize] {
         match self {
             Op::FlashAttention {
@@ -415,6 +417,8 @@ impl Op {
                 ..
             } => &[0, 1, 2],
             Op::FlashAttentionBackward { .. } => &[0, 1, 2, 5],
+            Op::Linear { .. } => &[0],
+            Op::Rounded(op) | Op::AlsoRounded(op) => op.rounded_on_entry(),
             _ => &[],
         }
     }
@@ -447,8 +451,9 @@ impl Op {
     /// (not the sum an `AddRmsNorm` also gives, which the residual stream reads), RoPE's
     /// rotated rows and a `Contiguous` copy (read only where they are rounded on entry:
     /// FlashAttention's q, k and head-major v), the input gradients of the norms and RoPE
-    /// (the GEMMs' gradient inputs), FlashAttention's output (the o GEMM's input); none of any
-    /// other op.
+    /// (the GEMMs' gradient inputs), FlashAttention's output (the o GEMM's input), a linear's
+    /// SwiGLU result and the normed rows of its add + RMSNorm (the next linear's input: of more
+    /// rows than the skinny kernels take, the type rule's condition); none of any other op.
     pub fn rounded_results(&self) -> &'static [usize] {
         match self {
             Op::MatMul { .. }
@@ -459,9 +464,14 @@ impl Op {
             | Op::RmsNormBackward { .. }
             | Op::AddRmsNormBackward { .. }
             | Op::RopeBackward { .. }
-            | Op::FlashAttention { .. } => &[0],
+            | Op::FlashAttention { .. }
+            | Op::Linear { swiglu: true, .. } => &[0],
             Op::SwiGluBackward => &[0, 1],
-            Op::AddRmsNorm { .. } => &[1],
+            Op::AddRmsNorm { .. }
+            | Op::Linear {
+                add_rmsnorm: Some(_),
+                ..
+            } => &[1],
             _ => &[],
         }
     }

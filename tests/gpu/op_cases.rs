@@ -878,7 +878,33 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             add_rmsnorm: Some(1e-6),
         };
         let name = format!("linear add_rmsnorm M={m} K={k} N={n} bias={bias} weight {norm_dtype}");
+        if m > kiln_ir::LINEAR_MAX_ROWS {
+            // The normed rows rounded for the next linear (prefill), from a bf16 input too.
+            let mut bf16_in = ins.clone();
+            bf16_in[0] = bf(&[m, k]);
+            cases.push((format!("rounded_{name}"), rounded(op.clone()), ins.clone()));
+            cases.push((
+                format!("rounded_{name} x bf16"),
+                rounded(op.clone()),
+                bf16_in,
+            ));
+        }
         cases.push((name, op, ins));
+    }
+    // The SwiGLU result rounded for the down linear (prefill's rows), from f32 and bf16 inputs.
+    for (m, k, n, x_dtype) in [(33, 64, 40, DType::F32), (70, 96, 136, DType::BF16)] {
+        let mut ins = vec![In::F(x_dtype, vec![m, k])];
+        ins.extend([
+            In::W(DType::BF16, vec![n, k]),
+            In::W(DType::BF16, vec![n, k]),
+        ]);
+        let op = Op::Linear {
+            biases: vec![false, false],
+            swiglu: true,
+            add_rmsnorm: None,
+        };
+        let name = format!("rounded_linear M={m} K={k} N={n} swiglu x {x_dtype}");
+        cases.push((name, rounded(op), ins));
     }
     cases
 }

@@ -5,8 +5,9 @@
 //! bf16 GEMM input so; SwiGLU's result and its backward's gradients are rounded for the down
 //! and gate/up GEMMs, and the normed rows for the GEMMs they feed. A result that only ports
 //! rounding it on entry read ([`Op::rounded_on_entry`]: RoPE's q and k, which FlashAttention
-//! takes) is written rounded too, those readers taking the bf16 value: the same bits, half the
-//! bytes. Where such a result is read both rounded (by a cast of its own) and as it is, an op
+//! takes; the normed rows, SwiGLU's result and the attention's output a linear of many rows
+//! takes), directly or through reshapes, is written rounded too, those readers taking the bf16
+//! value: the same bits, half the bytes. Where such a result is read both rounded (by a cast of its own) and as it is, an op
 //! that can ([`Op::also_roundable`]: the norms' and RoPE's input gradients and v's made
 //! token-major in the backward, FlashAttention's output in training) becomes one
 //! [`Op::AlsoRounded`]: it writes the rounded copy beside the result, and the cast is gone.
@@ -148,16 +149,18 @@ fn rounding_cast(
     ))
 }
 
-/// Whether `value` has readers, each an op reading it only at ports that round it on entry
-/// (no output or write is `value`).
+/// Whether `value` has readers, each an op reading it only at ports that round it on entry,
+/// or a reshape whose view is read so (no output or write is `value` or such a view).
 fn read_rounded_only(graph: &Graph, users: &Users, value: ValueId) -> bool {
     users.get(&value).is_some_and(|readers| {
         readers.iter().all(|reader| {
-            reader.is_some_and(|node| {
-                op_of(graph, node).is_some_and(|op| {
-                    (graph.operands(node).iter().enumerate())
-                        .all(|(port, v)| *v != value || op.rounded_on_entry().contains(&port))
-                })
+            reader.is_some_and(|node| match op_of(graph, node) {
+                Some(Op::Reshape { .. }) => {
+                    read_rounded_only(graph, users, ValueId { node, port: 0 })
+                }
+                Some(op) => (graph.operands(node).iter().enumerate())
+                    .all(|(port, v)| *v != value || op.rounded_on_entry().contains(&port)),
+                None => false,
             })
         })
     })

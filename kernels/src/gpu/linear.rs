@@ -34,7 +34,7 @@ use super::{Addr, Arg, GemmDType, Kernel, Launch, Stored};
 use crate::{Error, Result};
 
 /// The most rows of `x` the kernels take.
-pub const LINEAR_MAX_ROWS: u64 = 32;
+pub const LINEAR_MAX_ROWS: u64 = kiln_ir::LINEAR_MAX_ROWS as u64;
 /// The fewest rows that run on tensor cores (`linear_mma.cu`); fewer run on CUDA cores.
 pub const LINEAR_MMA_MIN_ROWS: u64 = 2;
 /// The most weight groups of one launch.

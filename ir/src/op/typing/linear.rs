@@ -6,6 +6,11 @@ use crate::{DType, Error, Op, Result, TensorType};
 /// The most weight groups of one [`Op::Linear`].
 pub const LINEAR_MAX_GROUPS: usize = 3;
 
+/// The most rows of `x` the skinny linear kernels take (kernels/src/gpu/linear.rs). A linear of
+/// more rows runs on the vendor GEMM and its own SwiGLU and add + RMSNorm kernels, which can
+/// write their results rounded: only such a linear has a rounded form ([`Op::Rounded`]).
+pub const LINEAR_MAX_ROWS: usize = 32;
+
 pub(super) fn linear_types(
     rule: &Rule<'_>,
     biases: &[bool],

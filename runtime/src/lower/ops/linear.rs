@@ -1,6 +1,8 @@
 //! The fused linear layer (`Op::Linear`): the skinny kernel (`kernels/cuda/linear.cu`) for
-//! few rows, else the vendor GEMM with the input's cast, the biases, SwiGLU and the residual
-//! add + RMSNorm as kernels of their own — the unfused program's launches, in one op.
+//! few rows, else the vendor GEMM with the input's cast (none for a bf16 input), the biases,
+//! SwiGLU and the residual add + RMSNorm as kernels of their own — the unfused program's
+//! launches, in one op. Only that path writes a rounded linear's (`Op::Rounded`) SwiGLU result
+//! or normed rows in bf16: its type rule keeps it to more rows than the skinny kernel takes.
 
 use kiln_ir::{DType, TensorType};
 use kiln_kernels::gpu::linear::{
@@ -110,22 +112,25 @@ pub(super) fn lower_linear(
             false => None,
         });
     }
-    // With the norm epilogue the product goes to the sum, which the epilogue completes.
+    // With the norm epilogue the product goes to the sum, which the epilogue completes. The
+    // SwiGLU result and the normed rows may be rounded.
     let outs = (0..if swiglu { 1 } else { groups })
-        .map(|port| at.result(port, "out", F32))
+        .map(|port| at.rounded_result(port, "out"))
         .collect::<Result<Vec<_>>>()?;
-    let norm = match add_rmsnorm {
+    let (norm, normed_stored) = match add_rmsnorm {
         Some(eps) => {
             let (weight, stored) = at.stored(bias_port + 1, "norm_weight")?;
-            Some(NormEpilogue {
+            let (normed, normed_stored) = at.rounded_result(1, "normed")?;
+            let norm = NormEpilogue {
                 residual: at.operand(bias_port, "residual", F32)?.addr(),
                 weight: weight.addr(),
                 stored,
-                normed: at.result(1, "normed", F32)?.addr(),
+                normed: normed.addr(),
                 eps: Lowering::f32_attribute(eps),
-            })
+            };
+            (Some(norm), normed_stored)
         }
-        None => None,
+        None => (None, gpu::Stored::F32),
     };
     let dims: Vec<&[usize]> = weights.iter().map(|w| w.dims()).collect();
     let shape = Shape::of((x.dtype, x.dims()), &dims);
@@ -133,7 +138,7 @@ pub(super) fn lower_linear(
         return Ok(vec![]);
     }
     // Group g's result: its output, or with SwiGLU the one output for both.
-    let out_of = |g: usize| outs[if swiglu { 0 } else { g }].addr();
+    let out_of = |g: usize| outs[if swiglu { 0 } else { g }].0.addr();
     let mut skinny = shape.skinny(swiglu);
     skinny.x = x.addr();
     for (g, group) in skinny.groups.iter_mut().enumerate() {
@@ -143,6 +148,12 @@ pub(super) fn lower_linear(
     }
     let bf16_biases = bias.iter().flatten().all(|(b, _)| b.dtype == DType::BF16);
     if shape.m <= options.linear_rows && bf16_biases && skinny.fits() {
+        if at.rounded {
+            return Err(at.unsupported(format!(
+                "the skinny kernel writes f32 results: a rounded linear of {} rows",
+                shape.m
+            )));
+        }
         let bytes = skinny.workspace_bytes();
         let workspace = (bytes > 0).then_some(at.workspace(bytes, x.addr())?);
         return Ok(match norm {
@@ -200,7 +211,7 @@ pub(super) fn lower_linear(
         let n = shape.widths[0];
         let (gate, up) = (temps, temps.add(temp_bytes / 2));
         launches.push(gpu::elementwise::swiglu(
-            (out_of(0), gpu::Stored::F32),
+            (out_of(0), outs[0].1),
             ([gate, up], gpu::Stored::F32),
             shape.m * n,
         ));
@@ -209,7 +220,7 @@ pub(super) fn lower_linear(
         // sum = y + residual over y in place, then its norm.
         launches.push(gpu::norm::add_rmsnorm_f32(
             out_of(0),
-            (norm.normed, gpu::Stored::F32),
+            (norm.normed, normed_stored),
             out_of(0),
             norm.residual,
             (norm.weight, norm.stored),
