@@ -347,7 +347,11 @@ fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
             // q/k/v, o, gate/up with SwiGLU, down per layer, and the head. Past the skinny
             // kernels' 32 rows, o, gate/up and down (but the last, which the final norm's rows
             // leave through a slice) write the next linear's input rounded.
-            let rounded = match batch * seq > kiln_ir::LINEAR_MAX_ROWS {
+            let rows = match kind {
+                ProgramKind::Decode => batch,
+                _ => batch * seq,
+            };
+            let rounded = match rows > kiln_ir::LINEAR_MAX_ROWS {
                 true => 3 * layers - 1,
                 false => 0,
             };

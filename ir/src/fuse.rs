@@ -39,19 +39,21 @@
 //! and last, on that program (where ops read what `widened` retyped, and the casts of one
 //! value for several readers are one):
 //!
-//! - `rounded`: an op whose results of a rounded form ([`Op::rounded_results`]) are each read
-//!   only by a `Cast{bf16}` (through reshapes each read by the next alone) becomes one
-//!   [`Op::Rounded`], which writes them rounded: the f32 ones never exist. Mixed precision's
-//!   backward rounds each gradient of a bf16 GEMM input to bf16 (`rounded_matmul`); SwiGLU's
-//!   result and its backward's gradients (`rounded_swiglu`, `rounded_swiglu_backward`) and
-//!   the normed rows (`rounded_rmsnorm`, `rounded_add_rmsnorm`: the sum stays f32) feed bf16
-//!   GEMMs, and prefill's attention output the o GEMM (`rounded_flash_attention`); a result
-//!   read only where it is rounded on entry ([`Op::rounded_on_entry`]) is written rounded too
-//!   (`rounded_rope`, `rounded_contiguous`: q, k and the head-major v, which FlashAttention
-//!   rounds as it reads). Where such a result is read both rounded and as it is, an op whose
+//! - `rounded`: an op whose results of a rounded form ([`Op::rounded_results`]) are each read only
+//!   by a `Cast{bf16}` (through reshapes each read by the next alone) becomes one [`Op::Rounded`],
+//!   which writes them rounded: the f32 ones never exist. Mixed precision's backward rounds each
+//!   gradient of a bf16 GEMM input to bf16 (`rounded_matmul`); SwiGLU's result and its backward's
+//!   gradients (`rounded_swiglu`, `rounded_swiglu_backward`) and the normed rows
+//!   (`rounded_rmsnorm`, `rounded_add_rmsnorm`: the sum stays f32) feed bf16 GEMMs, and prefill's
+//!   attention output the o GEMM (`rounded_flash_attention`); a result read only where it is
+//!   rounded on entry ([`Op::rounded_on_entry`]), directly or through reshapes, is written rounded
+//!   too (`rounded_rope`, `rounded_contiguous`: q, k and the head-major v, which the bf16
+//!   FlashAttention rounds as it reads; in bf16 inference, a linear's input: `rounded_rmsnorm`,
+//!   `rounded_flash_attention`, and `rounded_linear`, a linear's SwiGLU result or normed rows past
+//!   the skinny kernels' rows). Where such a result is read both rounded and as it is, an op whose
 //!   kernel can write both ([`Op::also_roundable`]) becomes one [`Op::AlsoRounded`]
-//!   (`also_rounded_*`: the backward's input gradients of the norms and RoPE, v's gradient
-//!   made token-major, the train step's attention output);
+//!   (`also_rounded_*`: the backward's input gradients of the norms and RoPE, v's gradient made
+//!   token-major, the train step's attention output);
 //! - `embedding_onto`: an `Add` of an `EmbeddingBackward` read by the add alone and a term of
 //!   its shape (a tied embedding's gradient: the LM head's plus the embedding's, the LM
 //!   head's read as the `widened` rule left it) is one `EmbeddingBackward` onto that term.

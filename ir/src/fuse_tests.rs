@@ -93,3 +93,51 @@ fn widened_drops_a_cast_that_only_stored_operands_read() {
         assert_eq!(read, [want, want], "{names:?}");
     }
 }
+
+/// `rounded`: a result read only where it is rounded on entry, directly or through reshapes
+/// (a linear's input), is written rounded; where a reshape of it is also an output, or read by
+/// an op that takes it in f32, it stays f32.
+#[test]
+fn a_value_read_rounded_through_a_reshape_is_written_rounded_only_if_no_view_needs_f32() {
+    let linear = Op::Linear {
+        biases: vec![false],
+        swiglu: false,
+        add_rmsnorm: None,
+    };
+    let flat = Op::Reshape {
+        shape: Shape::new(&[40, 8]),
+    };
+    // f: 0, the view read by the linear alone; 1, the view also an output; 2, the view also
+    // read by a scale (f32).
+    let build = |f: usize| {
+        let mut g = Graph::new("rounded_views");
+        let x = g.input(
+            "x",
+            InputKind::Input,
+            TensorType::new(DType::F32, [4, 10, 8]).unwrap(),
+        );
+        let x = x.unwrap();
+        let w = g.input(
+            "w",
+            InputKind::Param,
+            TensorType::new(DType::F32, [8]).unwrap(),
+        );
+        let normed = g.op1(Op::RmsNorm { eps: 1e-6 }, &[x, w.unwrap()]).unwrap();
+        let view = g.op1(flat.clone(), &[normed]).unwrap();
+        let weight = g.input("lw", InputKind::Param, bf16(&[6, 8])).unwrap();
+        let y = g.op1(linear.clone(), &[view, weight]).unwrap();
+        g.output("y", y).unwrap();
+        match f {
+            1 => g.output("view", view).unwrap(),
+            2 => {
+                let scaled = g.op1(Op::Scale { alpha: 2.0 }, &[view]).unwrap();
+                g.output("scaled", scaled).unwrap()
+            }
+            _ => {}
+        }
+        fuse(&g).unwrap()
+    };
+    assert_eq!(ops(&build(0)), ["rounded_rmsnorm", "reshape", "linear"]);
+    assert_eq!(ops(&build(1)), ["rmsnorm", "reshape", "linear"]);
+    assert_eq!(ops(&build(2)), ["rmsnorm", "reshape", "linear", "scale"]);
+}

@@ -55,7 +55,9 @@ pub enum Op {
     /// these where such a result is read only as a bf16 GEMM input: each gradient of a bf16
     /// GEMM input (`MatMul` of bf16 operands), SwiGLU's result and its backward's gradients,
     /// RMSNorm's normed rows, prefill's attention output; and RoPE's q and k and v made
-    /// head-major, which FlashAttention reads rounded.
+    /// head-major, which the bf16 FlashAttention reads rounded. bf16 inference makes them
+    /// where a linear reads the result: the first norm, the attention's output, and a linear's
+    /// SwiGLU result or normed rows (of more rows than the skinny kernels take).
     Rounded(Box<Op>),
     /// `op`, its results as they are, then a bf16 copy of each of those it has a rounded form
     /// of ([`Op::rounded_results`]), rounded as it is written: the op and `Cast{bf16}` of
@@ -385,7 +387,8 @@ impl Op {
     /// exactly where read: weights, biases, caches, the terms of a sum, the gradients AdamW and
     /// SwiGLU's backward take, SwiGLU's gate and up (rounded products), the table an
     /// embedding's scatter goes onto, and the operands an op only reads rounded to bf16
-    /// ([`Op::rounded_on_entry`]).
+    /// ([`Op::rounded_on_entry`]) but a linear's `x`, which its type rule takes in bf16 as it
+    /// is (its GEMM's input).
     pub fn stored_operands(&self) -> &'static [usize] {
         match self {
             Op::Add => &[0, 1],

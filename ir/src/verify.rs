@@ -318,11 +318,14 @@ fn check_writes(graph: &Graph) -> Result<()> {
     Ok(())
 }
 
-/// Every weight of a fused `Linear` is a param no write of the program replaces.
+/// Every weight of a fused `Linear` (rounded or not) is a param no write of the program
+/// replaces.
 fn check_linear_weights(graph: &Graph) -> Result<()> {
     for node in graph.node_indices() {
-        let Some(NodeKind::Op(Op::Linear { biases, .. })) = graph.node(node).map(|n| &n.kind)
-        else {
+        let Some(NodeKind::Op(op)) = graph.node(node).map(|n| &n.kind) else {
+            continue;
+        };
+        let Op::Linear { biases, .. } = op.unrounded() else {
             continue;
         };
         for weight in graph.operands(node).iter().skip(1).take(biases.len()) {

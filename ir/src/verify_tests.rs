@@ -432,31 +432,36 @@ fn derive_refuses_what_is_not_a_state_of_a_params_shape() {
 }
 
 /// A fused linear's weights are params the program leaves unwritten: a weight that is a
-/// per-run input, or a param the program also writes, is refused.
+/// per-run input, or a param the program also writes, is refused; a rounded linear's too.
 #[test]
 fn linear_weights_rejects_a_weight_that_is_no_param_or_is_written() {
     let bf16 = |dims: &[usize]| TensorType::new(DType::BF16, dims).unwrap();
     let linear = Op::Linear {
-        biases: vec![false],
-        swiglu: false,
+        biases: vec![false, false],
+        swiglu: true,
         add_rmsnorm: None,
     };
-    let build = |kind: InputKind| {
-        let mut g = Graph::new("linear");
-        let x = g.input("x", InputKind::Input, f32t(&[2, 8])).unwrap();
-        let w = g.input("w", kind, bf16(&[3, 8])).unwrap();
-        let y = g.op1(linear.clone(), &[x, w]).unwrap();
-        g.output("y", y).unwrap();
-        (g, w)
-    };
-    let (graph, _) = build(InputKind::Param);
-    verify(&graph).unwrap();
-    let (graph, _) = build(InputKind::Input);
-    rejects(&graph, "linear weights", &["node 2 (linear", "not a param"]);
-    let (mut graph, w) = build(InputKind::Param);
-    let scaled = graph.op1(Op::Cast { to: DType::BF16 }, &[w]).unwrap();
-    graph.write("w", scaled).unwrap();
-    rejects(&graph, "linear weights", &["`w`", "writes"]);
+    let rounded = Op::Rounded(Box::new(linear.clone()));
+    for (op, name) in [(linear, "linear"), (rounded, "rounded_linear")] {
+        let build = |kind: InputKind| {
+            let mut g = Graph::new("linear");
+            let x = g.input("x", InputKind::Input, f32t(&[40, 8])).unwrap();
+            let w = g.input("w", kind, bf16(&[3, 8])).unwrap();
+            let up = g.input("up", InputKind::Param, bf16(&[3, 8])).unwrap();
+            let y = g.op1(op.clone(), &[x, w, up]).unwrap();
+            g.output("y", y).unwrap();
+            (g, w)
+        };
+        let (graph, _) = build(InputKind::Param);
+        verify(&graph).unwrap();
+        let (graph, _) = build(InputKind::Input);
+        let node = format!("node 3 ({name}");
+        rejects(&graph, "linear weights", &[&node, "not a param"]);
+        let (mut graph, w) = build(InputKind::Param);
+        let scaled = graph.op1(Op::Cast { to: DType::BF16 }, &[w]).unwrap();
+        graph.write("w", scaled).unwrap();
+        rejects(&graph, "linear weights", &["`w`", "writes"]);
+    }
 }
 
 /// A cached attention reads indices that are inputs and caches that are inputs or KV writes

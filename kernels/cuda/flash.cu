@@ -11,7 +11,7 @@
 // [B,Hq,T] (f32), grad_q [B,Hq,T,hd], grad_k and grad_v [B,Hkv,S,hd]. Query t sits at
 // position S - T + t and sees keys 0..=that.
 //
-// Staging. flash_attention_stage first writes each operand as bf16 rows of D elements (D =
+// Staging. flash_attention_stage first writes each operand as bf16 (f16) rows of D elements (D =
 // the template's head dim, 16, 32, 64 or 128, >= hd; zeros past hd), dO re-laid as
 // [B,Hq,T,D]; a bf16 q, k or v of hd = D is that already and is read where it is. So every
 // tile kernel reads whole, aligned 16-byte rows: tiles go to shared memory by cp.async
@@ -377,7 +377,7 @@ __device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounde
 // The entry points, one per head dim (the argument checks of kernels/src/gpu/tests.rs read
 // these signatures). q, k, v are the staged copies (or the operands, already bf16 rows of
 // D). out is written in f32 where `out` is not null and rounded to bf16 where `rounded` is not
-// null (mixed precision's input of the o GEMM), either or both.
+// null (the o GEMM's input: mixed precision, bf16 prefill), either or both.
 extern "C" __global__ void flash_attention_forward_d16(float* out, bf16_bits* rounded,
                                                        float* lse, const bf16_bits* q,
                                                        const bf16_bits* k, const bf16_bits* v,

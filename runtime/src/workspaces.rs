@@ -7,8 +7,8 @@
 //!   row of `S` scores; attention over a cache takes the probabilities `[B,Hq,T,Smax]`.
 //! - CUDA: the GEMM attention backward's dS, masked probs and transposed `grad_out`
 //!   ([`AttentionDims::backward_workspace_bytes`]); decode attention's per-chunk partials
-//!   ([`decode::partials_bytes`]); FlashAttention's operands staged as the bf16 rows its
-//!   kernels read (those not already such rows) and the backward's scratch
+//!   ([`decode::partials_bytes`]); FlashAttention's operands staged as the bf16 (or f16) rows
+//!   its kernels read (those not already such rows) and the backward's scratch
 //!   ([`flash::backward_workspace_bytes`]); one rstd per row for the norm backwards and the
 //!   row chunks' partial sums of theirs and of `SumToShape`
 //!   ([`partials_bytes`](kiln_kernels::gpu::columns::partials_bytes)); one loss per row for

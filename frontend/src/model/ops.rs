@@ -19,8 +19,9 @@ pub enum Precision {
     /// widened, and the train step saves half the bytes for them.
     Bf16Swiglu,
     /// Inference in bf16: weights and KV caches stored in bf16 as a bf16 checkpoint holds them
-    /// (no f32 copy), activations rounded to bf16 where they enter a GEMM, everything else
-    /// computed in f32 (norms, RoPE, attention, logits). Not for training.
+    /// (no f32 copy), activations rounded to bf16 where they enter a GEMM, prefill's attention
+    /// under the FlashAttention contract rounding to f16, everything else computed in f32
+    /// (norms, RoPE, decode's attention, logits). Not for training.
     Bf16,
 }
 

@@ -1,5 +1,6 @@
 //! Causal grouped-query attention: the probabilities-keeping kernels (f32 programs) and the
-//! FlashAttention contract (mixed precision; kiln_kernels::attention::flash).
+//! FlashAttention contract (mixed precision, and bf16 inference's prefill rounding to f16;
+//! kiln_kernels::attention::flash).
 
 use kiln_ir::DType;
 use kiln_kernels::attention as k;

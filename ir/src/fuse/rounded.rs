@@ -1,16 +1,16 @@
 //! The `rounded` rule (see the pass's module doc): an op each of whose roundable results
-//! ([`Op::rounded_results`]) is read only by a `Cast{bf16}` (directly, or through reshapes
-//! each read by the next alone) is one [`Op::Rounded`]: its kernel writes those results
-//! rounded, the f32 ones never exist. Mixed precision's backward rounds each gradient of a
-//! bf16 GEMM input so; SwiGLU's result and its backward's gradients are rounded for the down
-//! and gate/up GEMMs, and the normed rows for the GEMMs they feed. A result that only ports
-//! rounding it on entry read ([`Op::rounded_on_entry`]: RoPE's q and k, which FlashAttention
-//! takes; the normed rows, SwiGLU's result and the attention's output a linear of many rows
-//! takes), directly or through reshapes, is written rounded too, those readers taking the bf16
-//! value: the same bits, half the bytes. Where such a result is read both rounded (by a cast of its own) and as it is, an op
-//! that can ([`Op::also_roundable`]: the norms' and RoPE's input gradients and v's made
-//! token-major in the backward, FlashAttention's output in training) becomes one
-//! [`Op::AlsoRounded`]: it writes the rounded copy beside the result, and the cast is gone.
+//! ([`Op::rounded_results`]) is read only by a `Cast{bf16}` (directly, or through reshapes each
+//! read by the next alone) is one [`Op::Rounded`]: its kernel writes those results rounded, the f32
+//! ones never exist. Mixed precision's backward rounds each gradient of a bf16 GEMM input so;
+//! SwiGLU's result and its backward's gradients are rounded for the down and gate/up GEMMs, and the
+//! normed rows for the GEMMs they feed. A result that only ports rounding it on entry read
+//! ([`Op::rounded_on_entry`]: RoPE's q and k, which the bf16 FlashAttention takes; the normed rows,
+//! SwiGLU's result and the attention's output a linear of many rows takes), directly or through
+//! reshapes, is written rounded too, those readers taking the bf16 value: the same bits, half the
+//! bytes. Where such a result is read both rounded (by a cast of its own) and as it is, an op that
+//! can ([`Op::also_roundable`]: the norms' and RoPE's input gradients and v's made token-major in
+//! the backward, FlashAttention's output in training) becomes one [`Op::AlsoRounded`]: it writes
+//! the rounded copy beside the result, and the cast is gone.
 
 use petgraph::graph::NodeIndex;
 

@@ -825,3 +825,34 @@ fn linear_with_add_rmsnorm_gives_the_norms_results_of_the_residuals_shape() {
         "linear{biases=[false], swiglu=false, add_rmsnorm_eps=1e-6}"
     );
 }
+
+/// A linear writes its SwiGLU result or its normed rows rounded (the sum stays f32) where it
+/// has more rows than the skinny kernels take, and a linear with neither has no rounded form.
+#[test]
+fn a_rounded_linear_takes_more_rows_than_the_skinny_kernels() {
+    let bf = |dims: &[usize]| ty(DType::BF16, dims);
+    let rows = crate::LINEAR_MAX_ROWS;
+    let rounded = |swiglu, add_rmsnorm| {
+        Op::Rounded(Box::new(Op::Linear {
+            biases: vec![false; if swiglu { 2 } else { 1 }],
+            swiglu,
+            add_rmsnorm,
+        }))
+    };
+    let swiglu = |m: usize| vec![f32t(&[m, 8]), bf(&[6, 8]), bf(&[6, 8])];
+    accepts(
+        rounded(true, None),
+        &swiglu(rows + 1),
+        &[bf(&[rows + 1, 6])],
+    );
+    rejects_operand(rounded(true, None), &swiglu(rows), 0);
+    let m = rows + 1;
+    let norm = vec![bf(&[m, 8]), bf(&[6, 8]), f32t(&[m, 6]), bf(&[6])];
+    accepts(
+        rounded(false, Some(1e-6)),
+        &norm,
+        &[f32t(&[m, 6]), bf(&[m, 6])],
+    );
+    let plain = [f32t(&[m, 8]), bf(&[6, 8])];
+    rejects_attribute(rounded(false, None), &plain, "no rounded form");
+}

@@ -116,14 +116,14 @@ pub fn flash_attention(
     lse: &mut TensorViewMut<'_>,
 ) -> Result<()> {
     const OP: &str = "flash_attention";
-    let round = rounding_of(OP, rounding)?;
+    let to_rounding = rounding_of(OP, rounding)?;
     let dims = check_qkv(OP, q, k, v)?;
     expect_shape(OP, "out", out.shape(), &dims.bthd_shape())?;
     expect_shape(OP, "lse", lse.shape(), &lse_shape(&dims))?;
     let (q, k, v) = (
-        rounded_to(round, OP, "q", q)?,
-        rounded_to(round, OP, "k", k)?,
-        rounded_to(round, OP, "v", v)?,
+        rounded_to(to_rounding, OP, "q", q)?,
+        rounded_to(to_rounding, OP, "k", k)?,
+        rounded_to(to_rounding, OP, "v", v)?,
     );
     let out = out.slice_mut::<f32>(OP, "out")?;
     let lse = lse.slice_mut::<f32>(OP, "lse")?;
@@ -163,7 +163,7 @@ pub fn flash_attention(
                     for (&score, key) in scores.iter().zip(keys) {
                         let p = (score - reference).exp();
                         sum += p;
-                        axpy(out_row, round(p), row(&v, kv_base + key, head_dim));
+                        axpy(out_row, to_rounding(p), row(&v, kv_base + key, head_dim));
                     }
                 }
                 let inverse = 1.0 / sum;

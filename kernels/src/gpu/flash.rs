@@ -252,7 +252,7 @@ impl Regions {
 }
 
 /// Workspace of [`flash_attention_f32`] with q, k, v of storages `stored`: those staged as
-/// bf16 rows of the padded head dim.
+/// bf16 (or f16) rows of the padded head dim.
 pub fn forward_workspace_bytes(dims: &AttentionDims, stored: [Stored; 3]) -> u64 {
     padded("flash_attention_f32", dims.head_dim).map_or(0, |d| {
         Regions::new(Addr { slot: 0, offset: 0 }, dims, d, stored).forward_bytes()
@@ -321,10 +321,6 @@ pub fn flash_attention_f32(
 ) -> Result<Vec<Launch>> {
     const FUNCTION: &str = "flash_attention_f32";
     let d = check(FUNCTION, &dims)?;
-    let q_rows = dims.batch * dims.q_heads * dims.q_len;
-    if q_rows == 0 {
-        return Ok(vec![]);
-    }
     let f16 = match at.rounding {
         DType::BF16 => false,
         DType::F16 if at.stored == [Stored::F32; 3] => true,
@@ -340,6 +336,10 @@ pub fn flash_attention_f32(
             })
         }
     };
+    let q_rows = dims.batch * dims.q_heads * dims.q_len;
+    if q_rows == 0 {
+        return Ok(vec![]);
+    }
     let regions = Regions::new(at.workspace, &dims, d, at.stored);
     let mut launches = Vec::new();
     let operands = ([at.q, at.k, at.v], at.stored);

@@ -149,6 +149,7 @@ pub(super) fn lower_linear(
     let bf16_biases = bias.iter().flatten().all(|(b, _)| b.dtype == DType::BF16);
     if shape.m <= options.linear_rows && bf16_biases && skinny.fits() {
         if at.rounded {
+            // Unreached through the type rule (a rounded linear has more rows than fit).
             return Err(at.unsupported(format!(
                 "the skinny kernel writes f32 results: a rounded linear of {} rows",
                 shape.m
