@@ -48,8 +48,8 @@ impl Precision {
     /// the FlashAttention contract (q, k, v and the probabilities rounded inside, the
     /// log-sum-exp kept instead of the probabilities), if it runs under it: bf16 in mixed
     /// precision, whose GEMM inputs are bf16 roundings anyway; f16 in bf16 inference (its
-    /// prefill), where bf16 scores moved the golden test's logits 2.34e-2 → 3.56e-2 and f16's
-    /// to 2.44e-2 (BENCHMARKS.md); for heads the device kernels take. Attention over a KV
+    /// prefill), whose bf16 scores failed the golden bound and f16's keep it (tests/golden.rs,
+    /// BENCHMARKS.md); for heads the device kernels take. Attention over a KV
     /// cache, f32 runs and wider heads keep f32 attention.
     pub fn flash_attention(self, head_dim: usize) -> Option<DType> {
         let rounding = match self {
