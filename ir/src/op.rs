@@ -124,14 +124,24 @@ pub enum Op {
     /// `CachedAttention`) replaced by `new`; other cache rows are untouched. Pooled `rows`
     /// are distinct, but for [`PADDING_SLOT`] rows, which write nothing.
     KvCacheWrite,
-    /// A decode attention's inputs made ready in one op, made by the fusion pass
+    /// An attention's inputs made ready in one op, made by the fusion pass
     /// (`crate::fuse`), never traced: `(q [B,T,Hq,D], k [B,T,Hkv,D], v [B,Hkv,T,D], k_cache
     /// [S,Hkv,Smax,D], v_cache, rope_positions [B,T] int, positions [B] int[, rows [B] int][,
     /// q_bias [Hq·D], k_bias [Hkv·D]]) -> (q_rot [B,Hq,T,D], k_cache, v_cache)`: equal to its
     /// unfused ops `q_rot = Rope(q, rope_positions, q_bias)`, `Rope(k, rope_positions, k_bias)`
     /// written into `k_cache` and `v` into `v_cache` by `KvCacheWrite` at `positions` (and
     /// `rows`); the rotated keys never exist apart from the cache.
-    RopeKvWrite { theta: f64, bias: bool },
+    ///
+    /// With `staged` (f16: bf16 inference's prefill, ahead of the `FlashAttention` that rounds
+    /// to f16), `v` is token-major `[B,T,Hkv,D]` like `k` and the op also gives that
+    /// attention's operands: `-> (q_rot, k_cache, v_cache, k_rot, v_rows)`, `q_rot`, `k_rot
+    /// [B,Hkv,T,D]` and `v_rows` (`v` made head-major) rounded to `staged` (a `Cast` of each);
+    /// the caches get the f32 rotated keys and `v`, as unfused.
+    RopeKvWrite {
+        theta: f64,
+        bias: bool,
+        staged: Option<DType>,
+    },
     /// `(gate, up) -> silu(gate)·up`.
     SwiGlu,
     /// `(gate, up, grad) -> (grad_gate, grad_up)`; `grad` is a stored operand ([`stores`]):
@@ -322,8 +332,15 @@ impl Op {
             | Op::RmsNormBackward { eps }
             | Op::AddRmsNorm { eps }
             | Op::AddRmsNormBackward { eps } => vec![("eps", f(eps))],
-            Op::Rope { theta, bias } | Op::RopeKvWrite { theta, bias } => {
-                vec![("theta", f(theta)), ("bias", bias.to_string())]
+            Op::Rope { theta, bias } => vec![("theta", f(theta)), ("bias", bias.to_string())],
+            Op::RopeKvWrite {
+                theta,
+                bias,
+                staged,
+            } => {
+                let mut attributes = vec![("theta", f(theta)), ("bias", bias.to_string())];
+                attributes.extend(staged.map(|dtype| ("staged", dtype.to_string())));
+                attributes
             }
             Op::RopeBackward { theta } => vec![("theta", f(theta))],
             Op::FlashAttention { scale, rounding } => {

@@ -400,7 +400,7 @@ fn check_attention_caches(graph: &Graph) -> Result<()> {
                     let write = graph.operands(cache.node);
                     (write[0], write[2..].to_vec())
                 }
-                Some(&NodeKind::Op(Op::RopeKvWrite { theta, bias }))
+                Some(&NodeKind::Op(Op::RopeKvWrite { theta, bias, .. }))
                     if (1..=2).contains(&cache.port) =>
                 {
                     let write = graph.operands(cache.node);

@@ -147,3 +147,104 @@ extern "C" __global__ void rope_kv_write_bf16_f32(
                        q_bias, k_bias, has_bias, batch, seq, q_heads, kv_heads, capacity, head_dim,
                        theta, fault);
 }
+
+// The staged form (a prefill attention's: RopeKvWrite's `staged`): as kiln_rope_kv_write, but v
+// [B,T,Hkv,D] is token-major like k, and the rotated queries q_rows [B,Hq,T,D], the rotated
+// keys k_rows [B,Hkv,T,D] and v made head-major v_rows [B,Hkv,T,D] are written as f16 (rounded
+// to nearest even, as FlashAttention's staging rounds them): the rows its f16 kernels read. One
+// thread per query pair, key pair or element of v_rows.
+template <typename C, typename B>
+__device__ void kiln_rope_kv_stage(unsigned short* q_rows, unsigned short* k_rows,
+                                   unsigned short* v_rows, C* k_cache, C* v_cache, const float* q,
+                                   const float* k, const float* v, const i64* rope_positions,
+                                   const i64* positions, const i64* rows, i64 slots,
+                                   const B* q_bias, const B* k_bias, int has_bias, i64 batch,
+                                   i64 seq, i64 q_heads, i64 kv_heads, i64 capacity,
+                                   i64 head_dim, float theta, int* fault) {
+    const i64 half = head_dim / 2;
+    const i64 q_pairs = batch * seq * q_heads * half;
+    const i64 k_pairs = batch * seq * kv_heads * half;
+    const i64 values = batch * kv_heads * seq * head_dim;
+    KILN_FOR_EACH(index, q_pairs + k_pairs + values) {
+        if (index < q_pairs) {
+            const KilnRopePair p = kiln_rope_pair(q, rope_positions, q_bias, has_bias, index,
+                                                  seq, q_heads, head_dim, theta, fault);
+            const i64 dst = ((p.b * q_heads + p.h) * seq + p.t) * head_dim + p.i;
+            q_rows[dst] = kiln_f32_to_f16(p.lo);
+            q_rows[dst + half] = kiln_f32_to_f16(p.hi);
+        } else if (index < q_pairs + k_pairs) {
+            const KilnRopePair p = kiln_rope_pair(k, rope_positions, k_bias, has_bias,
+                                                  index - q_pairs, seq, kv_heads, head_dim,
+                                                  theta, fault);
+            const i64 at = kiln_cache_at(positions, rows, slots, p.b, p.h, p.t, p.i, kv_heads,
+                                         capacity, seq, head_dim, fault);
+            if (at >= 0) {
+                kiln_store(k_cache, at, p.lo);
+                kiln_store(k_cache, at + half, p.hi);
+            }
+            const i64 dst = ((p.b * kv_heads + p.h) * seq + p.t) * head_dim + p.i;
+            k_rows[dst] = kiln_f32_to_f16(p.lo);
+            k_rows[dst + half] = kiln_f32_to_f16(p.hi);
+        } else {
+            const i64 item = index - q_pairs - k_pairs;
+            const i64 d = item % head_dim;
+            const i64 t = (item / head_dim) % seq;
+            const i64 bh = item / (head_dim * seq);
+            const i64 b = bh / kv_heads, h = bh % kv_heads;
+            const float value = v[((b * seq + t) * kv_heads + h) * head_dim + d];
+            const i64 at = kiln_cache_at(positions, rows, slots, b, h, t, d, kv_heads, capacity,
+                                         seq, head_dim, fault);
+            if (at >= 0) kiln_store(v_cache, at, value);
+            v_rows[item] = kiln_f32_to_f16(value);
+        }
+    }
+}
+
+// Named as rope_kv_write's.
+extern "C" __global__ void rope_kv_stage_f32(
+    unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, float* k_cache,
+    float* v_cache, const float* q, const float* k, const float* v, const i64* rope_positions,
+    const i64* positions, const i64* rows, i64 slots, const float* q_bias, const float* k_bias,
+    int has_bias, i64 batch, i64 seq, i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim,
+    float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope_kv_stage(q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v, rope_positions,
+                       positions, rows, slots, q_bias, k_bias, has_bias, batch, seq, q_heads,
+                       kv_heads, capacity, head_dim, theta, fault);
+}
+
+extern "C" __global__ void rope_kv_stage_f32_bf16(
+    unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, float* k_cache,
+    float* v_cache, const float* q, const float* k, const float* v, const i64* rope_positions,
+    const i64* positions, const i64* rows, i64 slots, const bf16_bits* q_bias,
+    const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads, i64 kv_heads,
+    i64 capacity, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope_kv_stage(q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v, rope_positions,
+                       positions, rows, slots, q_bias, k_bias, has_bias, batch, seq, q_heads,
+                       kv_heads, capacity, head_dim, theta, fault);
+}
+
+extern "C" __global__ void rope_kv_stage_bf16(
+    unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, bf16_bits* k_cache,
+    bf16_bits* v_cache, const float* q, const float* k, const float* v,
+    const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
+    const bf16_bits* q_bias, const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq,
+    i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope_kv_stage(q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v, rope_positions,
+                       positions, rows, slots, q_bias, k_bias, has_bias, batch, seq, q_heads,
+                       kv_heads, capacity, head_dim, theta, fault);
+}
+
+extern "C" __global__ void rope_kv_stage_bf16_f32(
+    unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, bf16_bits* k_cache,
+    bf16_bits* v_cache, const float* q, const float* k, const float* v,
+    const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
+    const float* q_bias, const float* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
+    i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_rope_kv_stage(q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v, rope_positions,
+                       positions, rows, slots, q_bias, k_bias, has_bias, batch, seq, q_heads,
+                       kv_heads, capacity, head_dim, theta, fault);
+}

@@ -93,6 +93,48 @@ __device__ __forceinline__ bf16_bits kiln_f32_to_bf16(float value) {
     return (bf16_bits)(x >> 16);
 }
 
+// f16 bits -> f32: exact (subnormals as such, NaN payloads kept). hipRTC: the hardware
+// conversion of its _Float16 (in software, the emulated f16 mma's loops grow past what its
+// compiler unrolls).
+__device__ __forceinline__ float kiln_f16_to_f32(unsigned short bits) {
+#ifdef __HIPCC_RTC__
+    return (float)__builtin_bit_cast(_Float16, bits);
+#else
+    const unsigned int sign = ((unsigned int)bits & 0x8000u) << 16;
+    const unsigned int exp = ((unsigned int)bits >> 10) & 0x1fu, man = (unsigned int)bits & 0x3ffu;
+    const unsigned int wide = exp == 0x1fu ? 0xffu : exp + 112u; // an infinity or NaN stays one
+    const unsigned int normal = sign | (wide << 23) | (man << 13);
+    const unsigned int tiny = sign | __float_as_uint((float)man * 5.9604644775390625e-8f);
+    return __uint_as_float(exp == 0u ? tiny : normal); // man · 2^-24 below the normal range
+#endif
+}
+
+// f32 -> f16 bits, rounded to nearest even (to subnormals, and past 65504 to an infinity); NaN
+// stays NaN (quieted, its upper payload kept), as `half::f16::from_f32`. hipRTC: the hardware
+// conversion, as kiln_f16_to_f32.
+__device__ __forceinline__ unsigned short kiln_f32_to_f16(float value) {
+#ifdef __HIPCC_RTC__
+    return __builtin_bit_cast(unsigned short, (_Float16)value);
+#else
+    const unsigned int x = __float_as_uint(value);
+    const unsigned int sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu, man = x & 0x7fffffu;
+    const unsigned int special = 0x7c00u | (man != 0u ? 0x0200u | (man >> 13) : 0u);
+    const int e = (int)exp - 112; // the f16 exponent field
+    // The kept bits and the dropped ones: a normal result keeps 10 of the 23, a subnormal one
+    // (e <= 0) 24 - (14 - e) of the 24 with the implicit bit (none past 24 dropped: 0, as a
+    // value below half the least subnormal rounds to); the carry of a rounding up runs into
+    // the exponent field (to the next binade, or past 65504 to the infinity).
+    const unsigned int full = e > 0 ? man : (man | 0x800000u);
+    const int drop = e > 0 ? 13 : (14 - e < 25 ? 14 - e : 25);
+    const unsigned int kept = full >> drop, rest = full & ((1u << drop) - 1u);
+    const unsigned int half = 1u << (drop - 1);
+    const unsigned int up = rest > half || (rest == half && (kept & 1u)) ? 1u : 0u;
+    const unsigned int finite = (e > 0 ? ((unsigned int)e << 10) | kept : kept) + up;
+    const unsigned int bits = exp == 0xffu ? special : (e >= 0x1f ? 0x7c00u : finite);
+    return (unsigned short)(sign | bits);
+#endif
+}
+
 // Stored operands (weights, biases, caches) of kernels that compute in f32: f32 as is, or
 // bf16 widened exactly where read and rounded to nearest even where written. Kernels that take
 // either are templates over the stored type, instantiated once per dtype.

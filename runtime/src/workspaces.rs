@@ -22,7 +22,6 @@ use kiln_ir::{DType, Op, TensorType};
 use kiln_kernels::gpu::attention::AttentionDims;
 use kiln_kernels::gpu::decode;
 use kiln_kernels::gpu::flash;
-use kiln_kernels::gpu::Stored;
 use kiln_planner::WorkspaceNeeds;
 
 /// Whose kernels a plan is made for.
@@ -109,9 +108,11 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
                 .map_or((DType::F32, &[][..]), |t| (t.dtype, t.dims()));
             crate::interpret::linear::workspace_bytes(x, &weights, *swiglu)
         }
-        Op::RopeKvWrite { theta, bias } => {
-            crate::interpret::rope_kv::workspace_bytes(*theta, *bias, operands)
-        }
+        Op::RopeKvWrite {
+            theta,
+            bias,
+            staged,
+        } => crate::interpret::rope_kv::workspace_bytes((*theta, *bias, *staged), operands),
         _ => 0,
     }
 }
@@ -179,10 +180,7 @@ fn attention_dims(operands: &[TensorType]) -> Option<AttentionDims> {
 /// head dim, and the backward's grad_out and scratch
 /// ([`forward_workspace_bytes`](flash::forward_workspace_bytes)).
 fn flash_bytes(op: &Op, operands: &[TensorType]) -> u64 {
-    let stored = |port: usize| {
-        let dtype = operands.get(port).map(|t| t.dtype);
-        dtype.and_then(Stored::of).unwrap_or(Stored::F32)
-    };
+    let stored = |port: usize| operands.get(port).map_or(DType::F32, |t| t.dtype);
     let stored = [stored(0), stored(1), stored(2)];
     let Some(d) = attention_dims(operands) else {
         return 0;

@@ -587,6 +587,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::RopeKvWrite {
                     theta: 1e6,
                     bias: true,
+                    staged: None,
                 },
                 vec![
                     f(&[b, t, hq, d]),
@@ -606,6 +607,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::RopeKvWrite {
                     theta: 1e4,
                     bias: false,
+                    staged: None,
                 },
                 vec![
                     f(&[b, t, hq, d]),
@@ -622,6 +624,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 Op::RopeKvWrite {
                     theta: 1e4,
                     bias: true,
+                    staged: None,
                 },
                 vec![
                     f(&[b, t, hq, d]),
@@ -633,6 +636,45 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                     In::Ids(vec![b], smax - t + 1),
                     bf(&[hq * d]),
                     bf(&[hkv * d]),
+                ],
+            ),
+            // The staged form (bf16 inference's prefill): token-major v, f16 rows of q, k
+            // and v for FlashAttention beside the caches.
+            (
+                format!("rope_kv_write staged pooled bf16 {s}"),
+                Op::RopeKvWrite {
+                    theta: 1e6,
+                    bias: true,
+                    staged: Some(DType::F16),
+                },
+                vec![
+                    f(&[b, t, hq, d]),
+                    f(&[b, t, hkv, d]),
+                    f(&[b, t, hkv, d]),
+                    bf(&[b + 3, hkv, smax, d]),
+                    bf(&[b + 3, hkv, smax, d]),
+                    In::Ids(vec![b, t], 4096),
+                    In::Ids(vec![b], smax - t + 1),
+                    In::Slots(b, b + 3),
+                    bf(&[hq * d]),
+                    bf(&[hkv * d]),
+                ],
+            ),
+            (
+                format!("rope_kv_write staged {s}"),
+                Op::RopeKvWrite {
+                    theta: 1e4,
+                    bias: false,
+                    staged: Some(DType::F16),
+                },
+                vec![
+                    f(&[b, t, hq, d]),
+                    f(&[b, t, hkv, d]),
+                    f(&[b, t, hkv, d]),
+                    f(&[b, hkv, smax, d]),
+                    f(&[b, hkv, smax, d]),
+                    In::Ids(vec![b, t], 4096),
+                    In::Ids(vec![b], smax - t + 1),
                 ],
             ),
             (
@@ -788,6 +830,13 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 format!("rounded_flash_attention f16 {s}"),
                 rounded(flash(DType::F16)),
                 qkv(DType::F32),
+            ),
+            // Its operands given as f16 rows (the staged RoPE + KV write's): read where they
+            // are at exact head dims, copied to the padded rows otherwise.
+            (
+                format!("rounded_flash_attention f16 operands {s}"),
+                rounded(flash(DType::F16)),
+                qkv(DType::F16),
             ),
             (
                 format!("flash_attention_backward bf16 operands {s}"),

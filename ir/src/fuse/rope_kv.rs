@@ -1,17 +1,121 @@
-//! The `rope_kv` rule (see the pass's module doc): the RoPE of a decode attention's queries
-//! and keys and the cache writes of its keys and values become one [`Op::RopeKvWrite`].
+//! The `rope_kv` rule (see the pass's module doc): the RoPE of an attention's queries and
+//! keys and the cache writes of its keys and values become one [`Op::RopeKvWrite`] — at a
+//! decode's `CachedAttention`, and at a prefill's `FlashAttention`, where the op also stages
+//! that attention's operands.
 
 use petgraph::graph::NodeIndex;
 
 use super::{only_read_by, op_of, Fusion, Users};
-use crate::{Graph, Op, ValueId};
+use crate::{DType, Graph, Op, ValueId};
 
-/// The `rope_kv` rule at every `CachedAttention` it matches.
+/// The `rope_kv` rule at every `CachedAttention` and `FlashAttention` it matches.
 pub(super) fn rope_kv_fusions(graph: &Graph, users: &Users) -> Vec<Fusion> {
     graph
         .node_indices()
-        .filter_map(|node| rope_kv_fusion(graph, users, node))
+        .filter_map(|node| {
+            rope_kv_fusion(graph, users, node).or_else(|| staged_fusion(graph, users, node))
+        })
         .collect()
+}
+
+/// `FlashAttention{rounding}(Rope(q), Rope(k), Contiguous(Transpose{1,2}(v)))` at
+/// `attention`, the rotated keys and the head-major values each read by the attention and by
+/// one `KvCacheWrite` (the rotated queries and the transpose by their reader alone), both
+/// rotations of one theta, bias flag and positions, both writes at one set of indices; q, k
+/// and v f32 of one batch, length and head size, k and v of one shape; the attention rounding
+/// to f16 (bf16 inference's prefill: mixed precision's writes its bf16 operands through the
+/// `rounded` rule). The fused op stages q, k and v as f16 rows, which the flash kernels read
+/// where they are.
+fn staged_fusion(graph: &Graph, users: &Users, attention: NodeIndex) -> Option<Fusion> {
+    let Some(&Op::FlashAttention {
+        rounding: rounding @ DType::F16,
+        ..
+    }) = op_of(graph, attention)
+    else {
+        return None;
+    };
+    let [q_rot, k_rot, v_rows] = graph.operands(attention)[..] else {
+        return None;
+    };
+    let Some(&Op::Rope { theta, bias }) = op_of(graph, q_rot.node) else {
+        return None;
+    };
+    // The one write of `value` besides the attention: (its node, cache, indices).
+    let write_of = |value: ValueId| -> Option<(NodeIndex, ValueId, Vec<ValueId>)> {
+        let readers = users.get(&value)?;
+        let [first, second] = readers[..] else {
+            return None;
+        };
+        let write = match (first?, second?) {
+            (a, w) | (w, a) if a == attention && w != attention => w,
+            _ => return None,
+        };
+        let operands = graph.operands(write);
+        let is_write = op_of(graph, write) == Some(&Op::KvCacheWrite) && operands[1] == value;
+        is_write.then(|| (write, operands[0], operands[2..].to_vec()))
+    };
+    let (k_write, k_cache, indices) = write_of(k_rot)?;
+    let (v_write, v_cache, v_indices) = write_of(v_rows)?;
+    let transposed = graph.operands(v_rows.node).first().copied()?;
+    let (Some(Op::Contiguous), Some(&Op::Transpose { dim0: 1, dim1: 2 })) =
+        (op_of(graph, v_rows.node), op_of(graph, transposed.node))
+    else {
+        return None;
+    };
+    let v = graph.operands(transposed.node)[0];
+    let same_rope = op_of(graph, k_rot.node) == Some(&Op::Rope { theta, bias });
+    let (q_rope, k_rope) = (graph.operands(q_rot.node), graph.operands(k_rot.node));
+    if !same_rope
+        || v_indices != indices
+        || q_rope[1] != k_rope[1]
+        || !only_read_by(users, q_rot, attention)
+        || !only_read_by(users, transposed, v_rows.node)
+    {
+        return None;
+    }
+    // q [B,T,Hq,D], k and v [B,T,Hkv,D], all f32 (the fused op's type rule).
+    let typed = |v: ValueId| {
+        graph
+            .value_type(v)
+            .ok()
+            .map(|t| (t.dtype, t.dims().to_vec()))
+    };
+    let ((q_dtype, q_dims), k_type, v_type) = (typed(q_rope[0])?, typed(k_rope[0])?, typed(v)?);
+    let (&[b, t, _, d], &[kb, kt, _, kd]) = (&q_dims[..], &k_type.1[..]) else {
+        return None;
+    };
+    if (kb, kt, kd) != (b, t, d)
+        || v_type != k_type
+        || (q_dtype, k_type.0) != (DType::F32, DType::F32)
+    {
+        return None;
+    }
+    let mut operands = vec![q_rope[0], k_rope[0], v, k_cache, v_cache, q_rope[1]];
+    operands.extend(indices);
+    operands.extend(q_rope.get(2).copied());
+    operands.extend(k_rope.get(2).copied());
+    let replaced = vec![
+        q_rot.node,
+        k_rot.node,
+        transposed.node,
+        v_rows.node,
+        k_write,
+        v_write,
+    ];
+    let written = |node| ValueId { node, port: 0 };
+    // After every operand (the last node it replaces), before the attention.
+    let at = replaced.iter().copied().max()?;
+    (at < attention).then(|| Fusion {
+        at,
+        replaced,
+        op: Op::RopeKvWrite {
+            theta,
+            bias,
+            staged: Some(rounding),
+        },
+        operands,
+        ends: vec![q_rot, written(k_write), written(v_write), k_rot, v_rows],
+    })
 }
 
 /// Whether `value` is read by `reader` and otherwise only by outputs and writes.
@@ -84,7 +188,11 @@ fn rope_kv_fusion(graph: &Graph, users: &Users, attention: NodeIndex) -> Option<
         // After every operand: the last node it replaces.
         at: replaced.iter().copied().max()?,
         replaced,
-        op: Op::RopeKvWrite { theta, bias },
+        op: Op::RopeKvWrite {
+            theta,
+            bias,
+            staged: None,
+        },
         operands,
         ends: vec![q_rot, k_written, v_written],
     })

@@ -75,7 +75,7 @@ impl Op {
             (Op::KvCacheWrite, 3) => Some(IndexRange::slot_of(dim(0, 0)?)),
             (Op::CachedAttention { .. }, 4) => Some(IndexRange::slot_of(dim(1, 0)?)),
             (Op::Rope { .. } | Op::RopeBackward { .. }, 1) => Some(IndexRange::below(usize::MAX)),
-            (Op::RopeKvWrite { theta, bias }, _) => {
+            (Op::RopeKvWrite { theta, bias, .. }, _) => {
                 let parts = super::rope_kv::RopeKvParts::of(*theta, *bias, operands.len())?;
                 match parts.indices.iter().position(|&p| p == port) {
                     // The positions of the T new keys (k [B,T,Hkv,D]) in the cache.

@@ -12,6 +12,11 @@ pub const V_CACHE: usize = 4;
 pub const ROPE_POSITIONS: usize = 5;
 pub const POSITIONS: usize = 6;
 
+/// Ports of the staged form's results beyond `(q_rot, k_cache, v_cache)`: the rotated keys and
+/// the head-major values, each rounded as `q_rot` is.
+pub const K_ROT: usize = 3;
+pub const V_ROWS: usize = 4;
+
 /// Where the operands of each unfused op come from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeKvParts {

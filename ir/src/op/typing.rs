@@ -448,7 +448,11 @@ impl Op {
                     .collect()
             }
             Op::KvCacheWrite => kv_cache_write_types(&rule),
-            Op::RopeKvWrite { theta, bias } => rope_kv_write_types(&rule, *theta, *bias),
+            Op::RopeKvWrite {
+                theta,
+                bias,
+                staged,
+            } => rope_kv_write_types(&rule, (*theta, *bias), *staged),
             // Gate and up (of one type) may be rounded products: bf16, widened as read, the op
             // computing in f32. The gradient is stored data, bf16 where mixed precision
             // rounded it.

@@ -344,8 +344,8 @@ fn flash_attention_keeps_the_log_sum_exp_not_the_probabilities() {
     rejects_operand(backward(), &with([&out, &lse, &f32t(&[1, 4, 3, 8])]), 5);
     assert!(backward().infer(&with([&out, &lse, &out])[..5]).is_err());
 
-    // Rounding to f16 takes f32 operands alone (a bf16 one is not its f16 rounding), and
-    // nothing but bf16 or f16 is a rounding.
+    // Rounding to f16 takes f32 or f16 operands (a bf16 one is not its f16 rounding, nor an
+    // f16 one the bf16 rounding), and nothing but bf16 or f16 is a rounding.
     let rounding = |rounding| Op::FlashAttention {
         scale: 0.5,
         rounding,
@@ -354,6 +354,9 @@ fn flash_attention_keeps_the_log_sum_exp_not_the_probabilities() {
     let bf16_k = [q.clone(), ty(DType::BF16, &[1, 2, 5, 8]), kv.clone()];
     accepts(op(), &bf16_k, &[out.clone(), lse.clone()]);
     rejects_operand(rounding(DType::F16), &bf16_k, 1);
+    let f16_v = [q.clone(), kv.clone(), ty(DType::F16, &[1, 2, 5, 8])];
+    accepts(rounding(DType::F16), &f16_v, &[out.clone(), lse.clone()]);
+    rejects_operand(op(), &f16_v, 2);
     rejects_attribute(rounding(DType::F32), &forward, "bf16 or f16");
 }
 
@@ -746,7 +749,11 @@ fn cast_into_takes_its_destinations_type_and_a_float_of_its_shape() {
 
 #[test]
 fn rope_kv_write_types_its_parts_and_names_its_own_ports() {
-    let op = |bias| Op::RopeKvWrite { theta: 1e4, bias };
+    let op = |bias| Op::RopeKvWrite {
+        theta: 1e4,
+        bias,
+        staged: None,
+    };
     let bf = |dims: &[usize]| ty(DType::BF16, dims);
     // B=2, T=1, Hq=4, Hkv=2, D=8; a pool of 5 slots of 16 positions.
     let (q, k, v) = (
@@ -795,6 +802,52 @@ fn rope_kv_write_types_its_parts_and_names_its_own_ports() {
     assert!(op(true).index_range(5, &types).is_some());
     assert_eq!(op(true).index_range(8, &types), None);
     assert_eq!(op(true).alias(1), crate::Alias::MayOverwrite(3));
+}
+
+#[test]
+fn staged_rope_kv_write_takes_token_major_values_and_gives_the_flash_operands() {
+    let op = |staged| Op::RopeKvWrite {
+        theta: 1e4,
+        bias: false,
+        staged: Some(staged),
+    };
+    // B=2, T=3, Hq=4, Hkv=2, D=8; each batch row's own cache of 16 positions.
+    let (q, k) = (f32t(&[2, 3, 4, 8]), f32t(&[2, 3, 2, 8]));
+    let cache = ty(DType::BF16, &[2, 2, 16, 8]);
+    let operands = |v: &TensorType| {
+        vec![
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            cache.clone(),
+            cache.clone(),
+            i64t(&[2, 3]),
+            i64t(&[2]),
+        ]
+    };
+    let f16 = |dims: &[usize]| ty(DType::F16, dims);
+    let results = vec![
+        f16(&[2, 4, 3, 8]),
+        cache.clone(),
+        cache.clone(),
+        f16(&[2, 2, 3, 8]),
+        f16(&[2, 2, 3, 8]),
+    ];
+    accepts(op(DType::F16), &operands(&k), &results);
+    // v is token-major like k here; the head-major v of the plain form is refused.
+    rejects_operand(op(DType::F16), &operands(&f32t(&[2, 2, 3, 8])), 2);
+    // f32 operands alone, f16 rows alone.
+    let mut wide = operands(&k);
+    wide[0] = ty(DType::F64, &[2, 3, 4, 8]);
+    assert!(op(DType::F16).infer(&wide).is_err());
+    let mut bf16_k = operands(&ty(DType::BF16, &[2, 3, 2, 8]));
+    bf16_k[1] = ty(DType::BF16, &[2, 3, 2, 8]);
+    rejects_operand(op(DType::F16), &bf16_k, 1);
+    rejects_attribute(op(DType::BF16), &operands(&k), "f16 rows");
+    assert_eq!(
+        op(DType::F16).to_string(),
+        "rope_kv_write{theta=10000.0, bias=false, staged=f16}"
+    );
 }
 
 #[test]

@@ -55,7 +55,9 @@ pub fn kv_cache_write_f32(
 
 /// The addresses of one fused RoPE + KV-cache write (`RopeKvWrite`): `q [B,T,Hq,D]`,
 /// `k [B,T,Hkv,D]` and `v [B,Hkv,T,D]` f32, `rope_positions [B,T]` and `positions [B]` i64,
-/// the result `q_rot [B,Hq,T,D]` f32 and the caches `[S,Hkv,Smax,D]`, written in place.
+/// the result `q_rot [B,Hq,T,D]` f32 and the caches `[S,Hkv,Smax,D]`, written in place. The
+/// staged form (`staged`) takes `v [B,T,Hkv,D]` token-major and writes `q_rot` as f16, and
+/// the rotated keys and v head-major, `[B,Hkv,T,D]` f16, at the two addresses it gives.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeKvWrite {
     pub q_rot: Addr,
@@ -69,6 +71,8 @@ pub struct RopeKvWrite {
     pub rows: CacheRows,
     /// `q_bias [Hq·D]` and `k_bias [Hkv·D]`, when the rotations add biases.
     pub biases: Option<[Addr; 2]>,
+    /// The staged form's `k_rows` and `v_rows`.
+    pub staged: Option<[Addr; 2]>,
 }
 
 /// The sizes of one `RopeKvWrite`, `head_dim` even.
@@ -84,9 +88,10 @@ pub struct RopeKvDims {
 
 /// `q_rot = rope(q + q_bias)`, `rope(k + k_bias)` and `v` written at positions
 /// `positions[b]..+T` of batch row `b`'s cache rows, in one launch: exactly `rope_f32` and
-/// `kv_cache_write_f32` (the same device functions), `theta` rounded to f32 as the CPU. The
-/// caches and the biases are each stored as `stored` says (caches, biases). Faults as those
-/// two kernels raise them.
+/// `kv_cache_write_f32` (the same device functions), `theta` rounded to f32 as the CPU; the
+/// staged form also rounds q_rot, the rotated keys and v to f16 rows. The caches and the
+/// biases are each stored as `stored` says (caches, biases). Faults as those two kernels raise
+/// them.
 pub fn rope_kv_write_f32(
     at: RopeKvWrite,
     (dims, theta): (RopeKvDims, f32),
@@ -96,8 +101,9 @@ pub fn rope_kv_write_f32(
     let [rows, slots] = at.rows.args(dims.batch);
     // Without biases the kernel never reads their pointers; pass valid ones all the same.
     let [q_bias, k_bias] = at.biases.unwrap_or([at.q, at.q]);
-    let args = vec![
-        Arg::Ptr(at.q_rot),
+    let mut args = vec![Arg::Ptr(at.q_rot)];
+    args.extend(at.staged.into_iter().flatten().map(Arg::Ptr));
+    args.extend([
         Arg::Ptr(at.k_cache),
         Arg::Ptr(at.v_cache),
         Arg::Ptr(at.q),
@@ -118,12 +124,16 @@ pub fn rope_kv_write_f32(
         size_arg(dims.head_dim),
         Arg::F32(theta),
         Arg::Ptr(fault),
-    ];
-    let function = match (cache, bias) {
-        (Stored::F32, Stored::F32) => "rope_kv_write_f32",
-        (Stored::F32, Stored::BF16) => "rope_kv_write_f32_bf16",
-        (Stored::BF16, Stored::BF16) => "rope_kv_write_bf16",
-        (Stored::BF16, Stored::F32) => "rope_kv_write_bf16_f32",
+    ]);
+    let function = match (at.staged.is_some(), cache, bias) {
+        (false, Stored::F32, Stored::F32) => "rope_kv_write_f32",
+        (false, Stored::F32, Stored::BF16) => "rope_kv_write_f32_bf16",
+        (false, Stored::BF16, Stored::BF16) => "rope_kv_write_bf16",
+        (false, Stored::BF16, Stored::F32) => "rope_kv_write_bf16_f32",
+        (true, Stored::F32, Stored::F32) => "rope_kv_stage_f32",
+        (true, Stored::F32, Stored::BF16) => "rope_kv_stage_f32_bf16",
+        (true, Stored::BF16, Stored::BF16) => "rope_kv_stage_bf16",
+        (true, Stored::BF16, Stored::F32) => "rope_kv_stage_bf16_f32",
     };
     let pairs = dims.batch * dims.seq * (dims.q_heads + dims.kv_heads) * (dims.head_dim / 2);
     let values = dims.batch * dims.kv_heads * dims.seq * dims.head_dim;

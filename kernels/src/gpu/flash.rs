@@ -6,7 +6,8 @@
 //! bf16 q, k or v (the rounding the kernels take) of a padded head dim is read where it is (it
 //! must start 16-byte aligned, as every slot does: the workspace has no room to stage it, so
 //! a misaligned one is refused); `grad_out` is always staged (it is re-laid head-major). The
-//! forward that rounds to f16 instead stages its f32 q, k, v as f16 rows (the same bytes).
+//! forward that rounds to f16 instead stages its f32 q, k, v as f16 rows (the same bytes), and
+//! reads f16 ones where they are as the bf16 forward does bf16 ones.
 
 use super::attention::AttentionDims;
 use super::embedding::zero_f32;
@@ -121,27 +122,31 @@ fn staged_bytes(rows: u64, d: u64) -> u64 {
     (rows * d * 2).next_multiple_of(SLOT_ALIGN)
 }
 
-/// Whether an operand of storage `stored` (f32, or bf16: already rounded) is staged for the
-/// kernels of padded head dim `d`: f32 always (the rounding), bf16 where its rows are not yet
-/// of `d` elements.
-fn staged(stored: Stored, head_dim: u64, d: u64) -> bool {
-    stored == Stored::F32 || head_dim != d
+/// Whether an operand stored in `stored` (f32, or its rounding's 16-bit dtype: already
+/// rounded) is staged for the kernels of padded head dim `d`: f32 always (the rounding), a
+/// rounded one where its rows are not yet of `d` elements.
+fn staged(stored: DType, head_dim: u64, d: u64) -> bool {
+    stored == DType::F32 || head_dim != d
 }
 
-/// `flash_attention_stage`: `rows` rows of `hd` elements at `src` (f32, or bf16) as bf16 rows
-/// of `d` at `dst` (f16 rows of an f32 `src` with `f16`); `bthd` re-lays `[B,T,Hq,hd]`
-/// (q_heads, q_len of `dims`) as `[B,Hq,T,d]`.
+/// `flash_attention_stage`: `rows` rows of `hd` elements at `src` (f32, bf16 or f16) as rows of
+/// `d` at `dst` (bf16, or f16 with `f16`); `bthd` re-lays `[B,T,Hq,hd]` (q_heads, q_len of
+/// `dims`) as `[B,Hq,T,d]`.
 fn stage(
     dst: Addr,
-    (src, stored): (Addr, Stored),
+    (src, stored): (Addr, DType),
     (rows, d): (u64, u64),
     dims: &AttentionDims,
     (bthd, f16): (bool, bool),
 ) -> Launch {
     let chunks = rows * (d / 8);
-    let function = match f16 {
-        true => "flash_attention_stage_f16",
-        false => stored.pick("flash_attention_stage", "flash_attention_stage_bf16"),
+    let function = match (stored, f16) {
+        (DType::F32, true) => "flash_attention_stage_f16",
+        (DType::F32, false) => "flash_attention_stage",
+        // bf16 widened and rounded again is every bf16 bit pattern (a NaN stays a NaN), so the
+        // bf16 staging copies the rows of an f16 operand (already its rounding) too: zeros past
+        // hd are zeros in either.
+        _ => "flash_attention_stage_bf16",
     };
     Kernel::launch(
         MODULE,
@@ -181,7 +186,7 @@ struct Regions {
 
 impl Regions {
     /// `stored`: the storage of q, k and v.
-    fn new(base: Addr, dims: &AttentionDims, d: u64, stored: [Stored; 3]) -> Regions {
+    fn new(base: Addr, dims: &AttentionDims, d: u64, stored: [DType; 3]) -> Regions {
         let q_rows = dims.batch * dims.q_heads * dims.q_len;
         let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
         let partial = match dims.q_heads > dims.kv_heads {
@@ -189,7 +194,7 @@ impl Regions {
                 .next_multiple_of(SLOT_ALIGN),
             false => 0,
         };
-        let operand = |stored: Stored, rows: u64| match staged(stored, dims.head_dim, d) {
+        let operand = |stored: DType, rows: u64| match staged(stored, dims.head_dim, d) {
             true => staged_bytes(rows, d),
             false => 0,
         };
@@ -226,7 +231,7 @@ impl Regions {
     /// ([`rows_of`]); none without rows (the region's address then, which no kernel reads).
     fn operands(
         &self,
-        (src, stored): ([Addr; 3], [Stored; 3]),
+        (src, stored): ([Addr; 3], [DType; 3]),
         dims: &AttentionDims,
         (d, f16, function): (u64, bool, &'static str),
         launches: &mut Vec<Launch>,
@@ -253,7 +258,7 @@ impl Regions {
 
 /// Workspace of [`flash_attention_f32`] with q, k, v of storages `stored`: those staged as
 /// bf16 (or f16) rows of the padded head dim.
-pub fn forward_workspace_bytes(dims: &AttentionDims, stored: [Stored; 3]) -> u64 {
+pub fn forward_workspace_bytes(dims: &AttentionDims, stored: [DType; 3]) -> u64 {
     padded("flash_attention_f32", dims.head_dim).map_or(0, |d| {
         Regions::new(Addr { slot: 0, offset: 0 }, dims, d, stored).forward_bytes()
     })
@@ -261,7 +266,7 @@ pub fn forward_workspace_bytes(dims: &AttentionDims, stored: [Stored; 3]) -> u64
 
 /// Workspace of [`flash_attention_backward_f32`] with q, k, v of storages `stored`: those
 /// staged, grad_out staged, Δ, and the per-query-head dK, dV of GQA groups.
-pub fn backward_workspace_bytes(dims: &AttentionDims, stored: [Stored; 3]) -> u64 {
+pub fn backward_workspace_bytes(dims: &AttentionDims, stored: [DType; 3]) -> u64 {
     padded("flash_attention_backward_f32", dims.head_dim).map_or(0, |d| {
         Regions::new(Addr { slot: 0, offset: 0 }, dims, d, stored).end
     })
@@ -273,7 +278,7 @@ pub fn backward_workspace_bytes(dims: &AttentionDims, stored: [Stored; 3]) -> u6
 fn rows_of(
     launches: &mut Vec<Launch>,
     (region, rows): (Addr, u64),
-    (src, stored): (Addr, Stored),
+    (src, stored): (Addr, DType),
     (d, f16): (u64, bool),
     dims: &AttentionDims,
     (function, name): (&'static str, &'static str),
@@ -296,9 +301,9 @@ fn rows_of(
 }
 
 /// The forward's operands, results and workspace: `q [B,Hq,T,D]`, `k`, `v [B,Hkv,S,D]`
-/// (f32, or bf16: `stored`), `out [B,T,Hq,D]` (f32, rounded to bf16, or both), `lse
-/// [B,Hq,T]` (f32), `workspace` of [`forward_workspace_bytes`], and the dtype the products'
-/// operands are rounded to (bf16, or f16 for f32 q, k, v).
+/// (f32, or the rounding's dtype: `stored`), `out [B,T,Hq,D]` (f32, rounded to bf16, or
+/// both), `lse [B,Hq,T]` (f32), `workspace` of [`forward_workspace_bytes`], and the dtype the
+/// products' operands are rounded to (bf16 or f16).
 #[derive(Clone, Copy, Debug)]
 pub struct FlashForward {
     pub q: Addr,
@@ -308,7 +313,7 @@ pub struct FlashForward {
     pub lse: Addr,
     pub workspace: Addr,
     /// The storage of q, k and v.
-    pub stored: [Stored; 3],
+    pub stored: [DType; 3],
     pub rounding: DType,
 }
 
@@ -322,20 +327,25 @@ pub fn flash_attention_f32(
     const FUNCTION: &str = "flash_attention_f32";
     let d = check(FUNCTION, &dims)?;
     let f16 = match at.rounding {
-        DType::BF16 => false,
-        DType::F16 if at.stored == [Stored::F32; 3] => true,
+        DType::BF16 | DType::F16 => at.rounding == DType::F16,
         rounding => {
             return Err(Error::Argument {
                 op: FUNCTION,
                 argument: "rounding",
-                reason: format!(
-                    "{rounding} with q, k, v stored {:?}: bf16 (of f32 or bf16 operands), or f16 \
-                     of f32 ones",
-                    at.stored
-                ),
+                reason: format!("{rounding}: the products round to bf16 or f16"),
             })
         }
     };
+    if let Some(other) = (at.stored.iter()).find(|&&s| s != DType::F32 && s != at.rounding) {
+        return Err(Error::Argument {
+            op: FUNCTION,
+            argument: "stored",
+            reason: format!(
+                "{other} q, k or v with the {} rounding: each f32 or of the rounding's dtype",
+                at.rounding
+            ),
+        });
+    }
     let q_rows = dims.batch * dims.q_heads * dims.q_len;
     if q_rows == 0 {
         return Ok(vec![]);
@@ -386,7 +396,8 @@ pub fn flash_attention_backward_f32(
     const REDUCE: &str = "flash_attention_backward_reduce";
     let d = check(FUNCTION, &dims)?;
     let [q_stored, k_stored, v_stored, grad_out_stored] = at.stored;
-    let regions = Regions::new(at.workspace, &dims, d, [q_stored, k_stored, v_stored]);
+    let stored = [q_stored, k_stored, v_stored].map(Stored::dtype);
+    let regions = Regions::new(at.workspace, &dims, d, stored);
     let q_rows = dims.batch * dims.q_heads * dims.q_len;
     let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
     let mut launches = Vec::new();
@@ -402,10 +413,10 @@ pub fn flash_attention_backward_f32(
             _ => vec![zero_f32(at.grad_k, n), zero_f32(at.grad_v, n)],
         });
     }
-    let operands = ([at.q, at.k, at.v], [q_stored, k_stored, v_stored]);
+    let operands = ([at.q, at.k, at.v], stored);
     let [q, k, v] = regions.operands(operands, &dims, (d, false, FUNCTION), &mut launches)?;
     if q_rows > 0 {
-        let grad_out = (at.grad_out, grad_out_stored);
+        let grad_out = (at.grad_out, grad_out_stored.dtype());
         let rows = (q_rows, d);
         launches.push(stage(
             regions.grad_out,

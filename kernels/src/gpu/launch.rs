@@ -104,6 +104,13 @@ impl Stored {
         }
     }
 
+    pub fn dtype(self) -> DType {
+        match self {
+            Stored::F32 => DType::F32,
+            Stored::BF16 => DType::BF16,
+        }
+    }
+
     /// The bytes of four elements, a `_vec4` kernel's access.
     pub fn vector_bytes(self) -> u64 {
         match self {

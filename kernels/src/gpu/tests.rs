@@ -271,11 +271,16 @@ fn every_launch() -> Vec<Launch> {
             ..flash_forward
         };
         launches.extend(flash::flash_attention_f32(f16, dims, 0.5).unwrap());
+        let f16_rows = flash::FlashForward {
+            stored: [DType::F16; 3],
+            ..f16
+        };
+        launches.extend(flash::flash_attention_f32(f16_rows, dims, 0.5).unwrap());
         for stored in [F32, BF16] {
             // The output in f32 alone, or both ways.
             let out = if stored == BF16 { forms[2] } else { forms[0] };
             let forward = flash::FlashForward {
-                stored: [stored; 3],
+                stored: [stored.dtype(); 3],
                 out,
                 ..flash_forward
             };
@@ -401,7 +406,9 @@ fn every_launch() -> Vec<Launch> {
         capacity: 8,
         head_dim: 16,
     };
-    for (rows, biases) in [(own, None), (pool, Some([addr(10), addr(11)]))] {
+    let forms = [(own, None, None), (pool, Some([addr(10), addr(11)]), None)];
+    let staged = forms.map(|(rows, biases, _)| (rows, biases, Some([addr(12), addr(13)])));
+    for (rows, biases, staged) in forms.into_iter().chain(staged) {
         for stored in [(F32, F32), (F32, BF16), (BF16, BF16), (BF16, F32)] {
             let at = cache::RopeKvWrite {
                 q_rot: addr(0),
@@ -414,6 +421,7 @@ fn every_launch() -> Vec<Launch> {
                 positions: addr(8),
                 rows,
                 biases,
+                staged,
             };
             let dims = (rope_kv_dims, 1e4);
             launches.push(cache::rope_kv_write_f32(at, dims, stored, addr(9)));

@@ -60,7 +60,21 @@ pub(crate) fn run_op(
 /// or cache widened to f32, or the new rows of a bf16 cache rounded to bf16. The kernels then
 /// see operands of one dtype; widening is exact, so the result is that of a `Cast` first.
 pub(crate) fn conversions(op: &Op, operands: &[(DType, &[usize])]) -> Vec<(usize, DType)> {
-    let ports = match op {
+    let inner = match op {
+        Op::Rounded(inner) | Op::AlsoRounded(inner) => inner,
+        op => op,
+    };
+    let ports = match inner {
+        // The f16 FlashAttention's f16 operands are their rounding already: widened exactly.
+        Op::FlashAttention {
+            rounding: DType::F16,
+            ..
+        } => {
+            return (operands.iter().enumerate().take(3))
+                .filter(|(_, &(dtype, _))| dtype == DType::F16)
+                .map(|(port, _)| (port, DType::F32))
+                .collect();
+        }
         Op::KvCacheWrite => {
             return match (operands.first(), operands.get(1)) {
                 (Some(&(cache, _)), Some(&(new, _))) if cache != new => vec![(1, cache)],
@@ -320,9 +334,11 @@ fn run_kernels(
             add_rmsnorm: Some(eps),
             ..
         } => super::linear::linear_add_rmsnorm(i, o, (&biases, eps), workspace),
-        Op::RopeKvWrite { theta, bias } => {
-            super::rope_kv::rope_kv_write((theta, bias), i, o, workspace)
-        }
+        Op::RopeKvWrite {
+            theta,
+            bias,
+            staged,
+        } => super::rope_kv::rope_kv_write((theta, bias, staged), i, o, workspace),
         Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } => Err(Error::Argument {
             op: op.name(),
             argument: "op",

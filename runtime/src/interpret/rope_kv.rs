@@ -3,9 +3,9 @@
 //! conversions included), so a fused program equals its unfused one bit for bit on the CPU
 //! and the GPU's fused kernel is checked against it.
 
-use kiln_ir::rope_kv::{RopeKvParts, K, K_CACHE, V, V_CACHE};
-use kiln_ir::{Op, TensorType};
-use kiln_kernels::{Error, Result, TensorView, TensorViewMut};
+use kiln_ir::rope_kv::{RopeKvParts, K, K_CACHE, Q, V, V_CACHE};
+use kiln_ir::{DType, Op, TensorType};
+use kiln_kernels::{copy, Error, Result, TensorView, TensorViewMut};
 
 use super::ops::{conversion_bytes, run_op, typed_workspace};
 use crate::workspaces::Workspaces;
@@ -19,8 +19,20 @@ fn parts(theta: f64, bias: bool, operands: usize) -> Result<RopeKvParts> {
     })
 }
 
-/// Workspace bytes: the rotated keys, then the most any part takes.
-pub(crate) fn workspace_bytes(theta: f64, bias: bool, operands: &[TensorType]) -> u64 {
+/// `[B,T,H,D]` as `[B,H,T,D]`.
+fn head_major(dims: &[usize]) -> Vec<usize> {
+    match dims {
+        &[b, t, h, d] => vec![b, h, t, d],
+        other => other.to_vec(),
+    }
+}
+
+/// Workspace bytes: with `staged`, the f32 rotated queries and head-major values it rounds;
+/// the rotated keys; then the most any part takes.
+pub(crate) fn workspace_bytes(
+    (theta, bias, staged): (f64, bool, Option<DType>),
+    operands: &[TensorType],
+) -> u64 {
     let Ok(parts) = parts(theta, bias, operands.len()) else {
         return 0;
     };
@@ -37,6 +49,13 @@ pub(crate) fn workspace_bytes(theta: f64, bias: bool, operands: &[TensorType]) -
     else {
         return 0;
     };
+    let values = match staged {
+        Some(_) => TensorType::new(operands[V].dtype, head_major(operands[V].dims())),
+        None => Ok(operands[V].clone()),
+    };
+    let Ok(values) = values else {
+        return 0;
+    };
     let write = |cache: usize, new: TensorType| {
         let mut types = vec![operands[cache].clone(), new];
         types.extend(pick(&parts.indices));
@@ -46,41 +65,77 @@ pub(crate) fn workspace_bytes(theta: f64, bias: bool, operands: &[TensorType]) -
         Workspaces::Cpu.workspace_bytes(&parts.rope, &pick(&parts.q_rope)),
         Workspaces::Cpu.workspace_bytes(&parts.rope, &pick(&parts.k_rope)),
         write(K_CACHE, rotated.clone()),
-        write(V_CACHE, operands[V].clone()),
+        write(V_CACHE, values.clone()),
     ];
+    let staged_bytes = match staged {
+        Some(_) => [
+            (operands[Q].dtype, head_major(operands[Q].dims())),
+            (values.dtype, values.dims().to_vec()),
+        ]
+        .iter()
+        .fold(0u64, |sum, (dtype, dims)| {
+            sum.saturating_add(conversion_bytes(*dtype, dims))
+        }),
+        None => 0,
+    };
     let rotated_bytes = conversion_bytes(rotated.dtype, rotated.dims());
-    rotated_bytes.saturating_add(largest.into_iter().max().unwrap_or(0))
+    (staged_bytes.saturating_add(rotated_bytes))
+        .saturating_add(largest.into_iter().max().unwrap_or(0))
 }
 
-/// Runs `RopeKvWrite{theta, bias}` on operands `i` into results `o` (q_rot, k_cache, v_cache).
+/// The first `bytes` of `workspace` (as many as it has) and the rest.
+fn take(workspace: &mut [u8], bytes: u64) -> (&mut [u8], &mut [u8]) {
+    let at = (bytes as usize).min(workspace.len());
+    workspace.split_at_mut(at)
+}
+
+/// Runs `RopeKvWrite{theta, bias, staged}` on operands `i` into results `o` (q_rot, k_cache,
+/// v_cache[, k_rot, v_rows]).
 pub(crate) fn rope_kv_write(
-    (theta, bias): (f64, bool),
+    (theta, bias, staged): (f64, bool, Option<DType>),
     i: &[TensorView<'_>],
     o: &mut [TensorViewMut<'_>],
     workspace: &mut [u8],
 ) -> Result<()> {
     let parts = parts(theta, bias, i.len())?;
+    let op = Op::RopeKvWrite {
+        theta,
+        bias,
+        staged,
+    };
     let pick = |ports: &[usize]| ports.iter().map(|&p| i[p].clone()).collect::<Vec<_>>();
-    let [q_rot, k_cache, v_cache] = o else {
+    let results = if staged.is_some() { 5 } else { 3 };
+    if o.len() != results {
         return Err(Error::Argument {
             op: "rope_kv_write",
             argument: "results",
-            reason: format!("takes 3 results, got {}", o.len()),
+            reason: format!("takes {results} results, got {}", o.len()),
         });
+    }
+    let (written, rows) = o.split_at_mut(3);
+    let [q_out, k_cache, v_cache] = written else {
+        unreachable!("three results split off")
     };
-    run_op(
-        &parts.rope,
-        &pick(&parts.q_rope),
-        std::slice::from_mut(q_rot),
-        workspace,
-    )?;
-    // The rotated keys [B,Hkv,T,D], in k's dtype, ahead of the parts' own scratch.
-    let k = i[K].shape().dims();
-    let dims = [k[0], k[2], k[1], k[3]];
-    let split = (conversion_bytes(i[K].dtype(), &dims) as usize).min(workspace.len());
-    let (rotated_bytes, rest) = workspace.split_at_mut(split);
-    let op = Op::RopeKvWrite { theta, bias };
-    let mut rotated = typed_workspace(rotated_bytes, i[K].dtype(), &dims, &op)?;
+    // Scratch: [f32 q_rot, head-major v (staged)][rotated keys [B,Hkv,T,D]][the parts' own].
+    let (q_dims, k_dims) = (
+        head_major(i[Q].shape().dims()),
+        head_major(i[K].shape().dims()),
+    );
+    let staged_q = conversion_bytes(i[Q].dtype(), &q_dims);
+    let staged_v = conversion_bytes(i[V].dtype(), &k_dims);
+    let (q_bytes, rest) = take(workspace, if staged.is_some() { staged_q } else { 0 });
+    let (v_bytes, rest) = take(rest, if staged.is_some() { staged_v } else { 0 });
+    let (rotated_bytes, rest) = take(rest, conversion_bytes(i[K].dtype(), &k_dims));
+    let q_rope = pick(&parts.q_rope);
+    match staged {
+        None => run_op(&parts.rope, &q_rope, std::slice::from_mut(q_out), rest)?,
+        Some(_) => {
+            let mut q_rot = typed_workspace(q_bytes, i[Q].dtype(), &q_dims, &op)?;
+            run_op(&parts.rope, &q_rope, std::slice::from_mut(&mut q_rot), rest)?;
+            copy::cast(&q_rot.into_view(), q_out)?;
+        }
+    }
+    let mut rotated = typed_workspace(rotated_bytes, i[K].dtype(), &k_dims, &op)?;
     run_op(
         &parts.rope,
         &pick(&parts.k_rope),
@@ -98,6 +153,23 @@ pub(crate) fn rope_kv_write(
                 rest,
             )
         };
-    write(K_CACHE, rotated.into_view(), k_cache, rest)?;
-    write(V_CACHE, i[V].clone(), v_cache, rest)
+    let rotated = rotated.into_view();
+    write(K_CACHE, rotated.clone(), k_cache, rest)?;
+    let Some(_) = staged else {
+        return write(V_CACHE, i[V].clone(), v_cache, rest);
+    };
+    // The staged form's token-major v made head-major, as `Contiguous(Transpose{1,2}(v))`.
+    let mut values = typed_workspace(v_bytes, i[V].dtype(), &k_dims, &op)?;
+    let transposed = i[V].layout().transpose(1, 2)?;
+    copy::copy(
+        &TensorView::with_layout(i[V].data(), transposed)?,
+        &mut values,
+    )?;
+    let values = values.into_view();
+    write(V_CACHE, values.clone(), v_cache, rest)?;
+    let [k_rows, v_rows] = rows else {
+        unreachable!("five results checked")
+    };
+    copy::cast(&rotated, k_rows)?;
+    copy::cast(&values, v_rows)
 }

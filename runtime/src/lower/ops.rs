@@ -224,6 +224,14 @@ impl Lowering<'_> {
         Ok(tensor)
     }
 
+    /// Operand `port`, contiguous and of one of `dtypes`.
+    fn operand_of(&self, port: usize, name: &str, dtypes: &[DType]) -> Result<&DeviceTensor> {
+        let tensor = self.port(self.i, "operand", port, name)?;
+        self.expect_dtype(tensor, name, dtypes)?;
+        self.expect_contiguous(tensor, name)?;
+        Ok(tensor)
+    }
+
     /// Stored operand `port` (a weight, bias or cache), contiguous, f32 or bf16.
     fn stored(&self, port: usize, name: &str) -> Result<(&DeviceTensor, gpu::Stored)> {
         let tensor = self.port(self.i, "operand", port, name)?;

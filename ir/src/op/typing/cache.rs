@@ -10,8 +10,8 @@ use crate::op::rope_kv::{RopeKvParts, K, K_CACHE, Q, V, V_CACHE};
 use crate::{stores, DType, Error, Op, Result, TensorType};
 
 /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v) -> (out [B,T,Hq,D], probs [B,Hq,T,S])`, `S >= T`; with
-/// `flash` (FlashAttention's rounding), `(out, lse [B,Hq,T])` f32, each of q, k, v f32, or
-/// bf16 under the bf16 contract (read rounded to bf16: already that); the rounding bf16 or f16.
+/// `flash` (FlashAttention's rounding, bf16 or f16), `(out, lse [B,Hq,T])` f32, each of q, k, v
+/// f32 or of the rounding's dtype (read rounded to it: already that).
 pub(super) fn attention_types(rule: &Rule<'_>, flash: Option<DType>) -> Result<Vec<TensorType>> {
     rule.arity(3)?;
     if let Some(rounding) = flash.filter(|r| !matches!(r, DType::BF16 | DType::F16)) {
@@ -20,11 +20,12 @@ pub(super) fn attention_types(rule: &Rule<'_>, flash: Option<DType>) -> Result<V
     // FlashAttention computes in f32 whatever its operands' storage (f32 or their rounding).
     let storages = match flash {
         Some(DType::BF16) => "f32 or bf16",
+        Some(DType::F16) => "f32 or f16",
         _ => "f32",
     };
     let rounded = |port: usize| {
         let dtype = rule.operands[port].dtype;
-        dtype == DType::F32 || (dtype == DType::BF16 && flash == Some(DType::BF16))
+        dtype == DType::F32 || Some(dtype) == flash
     };
     let flash = flash.is_some();
     let q = match flash {
@@ -133,12 +134,18 @@ pub(super) fn kv_cache_write_types(rule: &Rule<'_>) -> Result<Vec<TensorType>> {
 }
 
 /// `RopeKvWrite`: the types of its unfused ops (each rule's errors renamed to this op and
-/// its operand ports), with q, k and v of one `[B,T,·,D]`.
+/// its operand ports), with q, k and v of one `[B,T,·,D]`; `staged`, f16, the dtype of its
+/// staged results (f32 operands then).
 pub(super) fn rope_kv_write_types(
     rule: &Rule<'_>,
-    theta: f64,
-    bias: bool,
+    (theta, bias): (f64, bool),
+    staged: Option<DType>,
 ) -> Result<Vec<TensorType>> {
+    if let Some(dtype) = staged.filter(|&d| d != DType::F16) {
+        return Err(rule.attribute(format!(
+            "stages the f16 rows of bf16 inference's prefill attention, not {dtype}"
+        )));
+    }
     let count = rule.operands.len();
     let Some(parts) = RopeKvParts::of(theta, bias, count) else {
         let [plain, pooled] = [false, true].map(|p| RopeKvParts::arity(bias, p));
@@ -148,15 +155,25 @@ pub(super) fn rope_kv_write_types(
             got: count,
         });
     };
+    // The staged form's v is token-major; its parts see it head-major (as unfused).
+    let (k, v) = (rule.operands[K].dims(), rule.operands[V].dims());
+    let operand = |port: usize| -> Result<TensorType> {
+        match (port, staged) {
+            (V, Some(_)) if v.len() == 4 => {
+                TensorType::new(rule.operands[V].dtype, [v[0], v[2], v[1], v[3]])
+            }
+            _ => Ok(rule.operands[port].clone()),
+        }
+    };
     // Part `op` on the operands at `ports` (`None`: the rotated keys, standing for k).
     let part = |op: &Op, ports: &[Option<usize>], rotated: Option<&TensorType>| {
         let types: Vec<TensorType> = ports
             .iter()
             .map(|port| match port {
-                Some(port) => rule.operands[*port].clone(),
-                None => rotated.cloned().expect("the k write follows the k rope"),
+                Some(port) => operand(*port),
+                None => Ok(rotated.cloned().expect("the k write follows the k rope")),
             })
-            .collect();
+            .collect::<Result<_>>()?;
         op.infer(&types).map_err(|error| match error {
             Error::Type {
                 port,
@@ -186,11 +203,7 @@ pub(super) fn rope_kv_write_types(
     let k_cache = write(K_CACHE, None, Some(&k_rot))?;
     let v_cache = write(V_CACHE, Some(V), None)?;
     // One batch, sequence and head size for q, k and v.
-    let (q, k, v) = (
-        rule.operands[Q].dims(),
-        rule.operands[K].dims(),
-        rule.operands[V].dims(),
-    );
+    let q = rule.operands[Q].dims();
     if q[0] != k[0] || q[1] != k[1] || q[3] != k[3] {
         let expected = format!(
             "{} [{},{},Hkv,{}]",
@@ -198,14 +211,27 @@ pub(super) fn rope_kv_write_types(
         );
         return Err(rule.type_error(K, expected));
     }
-    if v != [k[0], k[2], k[1], k[3]] || rule.operands[V].dtype != rule.operands[K].dtype {
-        let expected = format!(
-            "{} [{},{},{},{}]",
-            rule.operands[K].dtype, k[0], k[2], k[1], k[3]
-        );
+    let v_dims = match staged {
+        Some(_) => [k[0], k[1], k[2], k[3]],
+        None => [k[0], k[2], k[1], k[3]],
+    };
+    if v != v_dims || rule.operands[V].dtype != rule.operands[K].dtype {
+        let [b, x, y, d] = v_dims;
+        let expected = format!("{} [{b},{x},{y},{d}]", rule.operands[K].dtype);
         return Err(rule.type_error(V, expected));
     }
-    Ok(vec![q_rot, k_cache, v_cache])
+    let Some(dtype) = staged else {
+        return Ok(vec![q_rot, k_cache, v_cache]);
+    };
+    for (port, dims) in [(Q, "[B,T,Hq,D]"), (K, "[B,T,Hkv,D]")] {
+        if rule.operands[port].dtype != DType::F32 {
+            return Err(rule.type_error(port, format!("f32 {dims} (the staged form's)")));
+        }
+    }
+    let rows = |t: &TensorType| TensorType::new(dtype, t.dims());
+    let (q_rows, k_rows) = (rows(&q_rot)?, rows(&k_rot)?);
+    let v_rows = TensorType::new(dtype, k_rot.dims())?;
+    Ok(vec![q_rows, k_cache, v_cache, k_rows, v_rows])
 }
 
 /// Operand `port` is an integer `[batch]`.

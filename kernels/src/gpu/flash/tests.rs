@@ -27,7 +27,7 @@ pub(crate) fn forward() -> FlashForward {
         out: Forms::f32(addr(3)),
         lse: addr(4),
         workspace: addr(5),
-        stored: [Stored::F32; 3],
+        stored: [DType::F32; 3],
         rounding: DType::BF16,
     }
 }
@@ -89,7 +89,7 @@ fn each_head_dim_runs_the_smallest_instance_that_holds_it() {
 #[test]
 fn staged_operands_and_scratch_do_not_overlap() {
     let (dims, d) = (dims(70, 130, 40), 64);
-    let regions = Regions::new(addr(9), &dims, d, [Stored::F32; 3]);
+    let regions = Regions::new(addr(9), &dims, d, [DType::F32; 3]);
     let starts = [
         regions.q,
         regions.k,
@@ -117,11 +117,11 @@ fn staged_operands_and_scratch_do_not_overlap() {
     }
     assert!(regions.partial_v.offset + sizes[6] <= regions.end);
     assert_eq!(
-        backward_workspace_bytes(&dims, [Stored::F32; 3]),
+        backward_workspace_bytes(&dims, [DType::F32; 3]),
         regions.end
     );
     assert_eq!(
-        forward_workspace_bytes(&dims, [Stored::F32; 3]),
+        forward_workspace_bytes(&dims, [DType::F32; 3]),
         regions.grad_out.offset
     );
     // Without GQA there are no partials.
@@ -129,7 +129,7 @@ fn staged_operands_and_scratch_do_not_overlap() {
         kv_heads: 6,
         ..dims
     };
-    let plain = Regions::new(addr(9), &mha, d, [Stored::F32; 3]);
+    let plain = Regions::new(addr(9), &mha, d, [DType::F32; 3]);
     assert_eq!(plain.end, plain.partial_k.offset);
 }
 
@@ -201,7 +201,7 @@ fn wide_heads_and_bad_groupings_are_refused() {
 #[test]
 fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
     let bf16 = FlashForward {
-        stored: [Stored::BF16; 3],
+        stored: [DType::BF16; 3],
         ..forward()
     };
     let launches = flash_attention_f32(bf16, dims(70, 90, 64), 0.5).unwrap();
@@ -210,12 +210,12 @@ fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
     assert!(matches!(args[3..6], [Arg::Ptr(q), Arg::Ptr(k), Arg::Ptr(v)]
         if [q, k, v] == [addr(0), addr(1), addr(2)]));
     assert_eq!(
-        forward_workspace_bytes(&dims(70, 90, 64), [Stored::BF16; 3]),
+        forward_workspace_bytes(&dims(70, 90, 64), [DType::BF16; 3]),
         0
     );
     // Only k in bf16: q and v staged from f32.
     let mixed = FlashForward {
-        stored: [Stored::F32, Stored::BF16, Stored::F32],
+        stored: [DType::F32, DType::BF16, DType::F32],
         ..forward()
     };
     let launches = flash_attention_f32(mixed, dims(70, 90, 64), 0.5).unwrap();
@@ -246,8 +246,8 @@ fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
             "flash_attention_backward_q_d64"
         ]
     );
-    let all = backward_workspace_bytes(&dims(70, 130, 64), [Stored::F32; 3]);
-    let none = backward_workspace_bytes(&dims(70, 130, 64), [Stored::BF16; 3]);
+    let all = backward_workspace_bytes(&dims(70, 130, 64), [DType::F32; 3]);
+    let none = backward_workspace_bytes(&dims(70, 130, 64), [DType::BF16; 3]);
     let (q, kv) = (2 * 6 * 70 * 64 * 2, 2 * 2 * 130 * 64 * 2);
     assert_eq!(all - none, q + 2 * kv);
 }
@@ -256,15 +256,17 @@ fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
 fn a_bf16_operand_read_where_it_is_must_be_aligned_for_the_tile_copies() {
     let unaligned = FlashForward {
         k: Addr { slot: 1, offset: 8 },
-        stored: [Stored::BF16; 3],
+        stored: [DType::BF16; 3],
         ..forward()
     };
     let error = flash_attention_f32(unaligned, dims(70, 90, 64), 0.5).unwrap_err();
     assert!(error.to_string().contains("16-byte aligned"), "{error}");
 }
 
-/// The f16 forward stages each f32 operand as f16 rows (the bf16 stage's bytes) and runs the
-/// f16 instance; a bf16 operand, or a rounding other than bf16 and f16, is refused.
+/// The f16 forward stages each f32 operand as f16 rows (the bf16 stage's bytes), reads f16
+/// rows of its head dim where they are (and copies those of another through the bf16 stage,
+/// which gives back every 16-bit pattern), and runs the f16 instance; a bf16 operand, or a
+/// rounding other than bf16 and f16, is refused.
 #[test]
 fn the_f16_forward_stages_its_f32_operands_as_f16_rows() {
     let f16 = FlashForward {
@@ -280,12 +282,41 @@ fn the_f16_forward_stages_its_f32_operands_as_f16_rows() {
         want.push(instance);
         assert_eq!(names(&launches), want);
     }
-    let bf16_k = FlashForward {
-        stored: [Stored::F32, Stored::BF16, Stored::F32],
+    let rows = FlashForward {
+        stored: [DType::F16; 3],
         ..f16
     };
-    let error = flash_attention_f32(bf16_k, dims(70, 90, 64), 0.5).unwrap_err();
-    assert!(error.to_string().contains("f16 of f32 ones"), "{error}");
+    let launches = flash_attention_f32(rows, dims(70, 90, 64), 0.5).unwrap();
+    assert_eq!(names(&launches), ["flash_attention_forward_f16_d64"]);
+    let args = &kernel(&launches[0]).args;
+    assert!(matches!(args[3..6], [Arg::Ptr(q), Arg::Ptr(k), Arg::Ptr(v)]
+        if [q, k, v] == [addr(0), addr(1), addr(2)]));
+    assert_eq!(
+        forward_workspace_bytes(&dims(70, 90, 64), [DType::F16; 3]),
+        0
+    );
+    let launches = flash_attention_f32(rows, dims(70, 90, 40), 0.5).unwrap();
+    assert_eq!(names(&launches)[..3], ["flash_attention_stage_bf16"; 3]);
+    for stored in [
+        [DType::F32, DType::BF16, DType::F32],
+        [DType::F16, DType::F32, DType::F32],
+    ] {
+        let rounding = if stored[0] == DType::F16 {
+            DType::BF16
+        } else {
+            DType::F16
+        };
+        let mismatched = FlashForward {
+            stored,
+            rounding,
+            ..forward()
+        };
+        let error = flash_attention_f32(mismatched, dims(70, 90, 64), 0.5).unwrap_err();
+        assert!(
+            error.to_string().contains("of the rounding's dtype"),
+            "{error}"
+        );
+    }
     let f32_rounding = FlashForward {
         rounding: DType::F32,
         ..forward()

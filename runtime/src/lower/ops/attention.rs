@@ -2,11 +2,11 @@
 //! backward), the KV cache write and the fused RoPE + KV cache write.
 
 use kiln_ir::rope_kv::{self, RopeKvParts};
-use kiln_ir::Op;
+use kiln_ir::{DType, Op};
 use kiln_kernels::gpu::attention::{self, AttentionBackward, AttentionDims, AttentionForward};
 use kiln_kernels::gpu::flash::{self, FlashBackward, FlashForward};
-use kiln_kernels::gpu::Launch;
 use kiln_kernels::gpu::{cache, decode};
+use kiln_kernels::gpu::{Launch, Stored};
 
 use super::{byte_len, copy_unless_same, size, Lowering, F32, I64};
 use crate::error::Result;
@@ -122,10 +122,12 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             Ok(attention::attention_backward_f32(addresses, dims, scale)?)
         }
         Op::FlashAttention { scale, rounding } => {
-            let (q, q_stored) = at.stored(0, "q")?;
-            let (k, k_stored) = at.stored(1, "k")?;
-            let (v, v_stored) = at.stored(2, "v")?;
-            let stored = [q_stored, k_stored, v_stored];
+            // Each f32, or already its rounding (the builder refuses other pairs).
+            let dtypes = [F32, *rounding];
+            let q = at.operand_of(0, "q", &dtypes)?;
+            let k = at.operand_of(1, "k", &dtypes)?;
+            let v = at.operand_of(2, "v", &dtypes)?;
+            let stored = [q.dtype, k.dtype, v.dtype];
             let dims = attention_dims(at, q.dims(), k.dims())?;
             let lse = at.result(1, "lse", F32)?.addr();
             // q, k, v staged as bf16 rows where they are not (see the builder).
@@ -152,7 +154,8 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let dims = attention_dims(at, q.dims(), k.dims())?;
             let grad_q = at.result(0, "grad_q", F32)?;
             // The staged operands, Δ and the per-head dK, dV (see the builder).
-            let bytes = flash::backward_workspace_bytes(&dims, [q_stored, k_stored, v_stored]);
+            let stored = [q_stored, k_stored, v_stored].map(Stored::dtype);
+            let bytes = flash::backward_workspace_bytes(&dims, stored);
             let workspace = at.workspace(bytes, grad_q.addr())?;
             let addresses = FlashBackward {
                 q: q.addr(),
@@ -191,14 +194,23 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             }
             Ok(launches)
         }
-        Op::RopeKvWrite { theta, bias } => lower_rope_kv_write(at, *theta, *bias),
+        Op::RopeKvWrite {
+            theta,
+            bias,
+            staged,
+        } => lower_rope_kv_write(at, (*theta, *bias), *staged),
         _ => unreachable!("lower_attention lowers only the attention ops"),
     }
 }
 
 /// The fused RoPE + KV-cache write: one launch, the caches written in place (copied first
-/// when the planner gave a result its own slot, as `KvCacheWrite`).
-fn lower_rope_kv_write(at: &Lowering<'_>, theta: f64, bias: bool) -> Result<Vec<Launch>> {
+/// when the planner gave a result its own slot, as `KvCacheWrite`); the staged form's rows
+/// f16.
+fn lower_rope_kv_write(
+    at: &Lowering<'_>,
+    (theta, bias): (f64, bool),
+    staged: Option<DType>,
+) -> Result<Vec<Launch>> {
     let parts = RopeKvParts::of(theta, bias, at.i.len())
         .ok_or_else(|| at.unsupported(format!("{} operands", at.i.len())))?;
     let q = at.operand(rope_kv::Q, "q", F32)?;
@@ -220,7 +232,19 @@ fn lower_rope_kv_write(at: &Lowering<'_>, theta: f64, bias: bool) -> Result<Vec<
         }
         None => (None, cache_stored),
     };
-    let q_rot = at.result(0, "q_rot", F32)?;
+    let rows_dtype = match staged {
+        None => F32,
+        Some(DType::F16) => DType::F16,
+        Some(other) => return Err(at.unsupported(format!("{other} staged rows (f16 only)"))),
+    };
+    let q_rot = at.result(0, "q_rot", rows_dtype)?;
+    let staged = match staged {
+        Some(_) => Some([
+            at.result(rope_kv::K_ROT, "k_rot", rows_dtype)?.addr(),
+            at.result(rope_kv::V_ROWS, "v_rows", rows_dtype)?.addr(),
+        ]),
+        None => None,
+    };
     let k_out = at.result(1, "k_cache", k_cache.dtype)?;
     let v_out = at.result(2, "v_cache", k_cache.dtype)?;
     let [batch, seq, q_heads, head_dim] = dims4(at, q.dims(), "q")?;
@@ -244,6 +268,7 @@ fn lower_rope_kv_write(at: &Lowering<'_>, theta: f64, bias: bool) -> Result<Vec<
             positions: positions.addr(),
             rows,
             biases,
+            staged,
         };
         let dims = cache::RopeKvDims {
             batch,
