@@ -125,6 +125,11 @@ fn inject(rng: &mut StdRng, values: &mut BTreeMap<String, Tensor>, value: f64) -
             v[at] = half::bf16::from_f64(value);
             Tensor::from_vec(v, shape).unwrap()
         }
+        DType::F16 => {
+            let mut v = tensor.to_vec::<half::f16>().unwrap();
+            v[at] = half::f16::from_f64(value);
+            Tensor::from_vec(v, shape).unwrap()
+        }
         DType::F64 => {
             let mut v = tensor.to_vec::<f64>().unwrap();
             v[at] = value;
