@@ -51,8 +51,9 @@ fn tiny_decode_bf16_fused() {
     snapshot_as(ProgramKind::Decode, Precision::Bf16, "ir_tiny_decode_bf16");
 }
 
-/// The fused bf16 prefill program: the same linears, RoPE and cache writes apart (the prompt's
-/// rows), and FlashAttention rounding to f16 over the prompt's own keys.
+/// The fused bf16 prefill program: the same linears, one staged `rope_kv_write` per layer (the
+/// caches written, q, k and v made the f16 rows of the attention), and FlashAttention rounding
+/// to f16 over the prompt's own keys.
 #[test]
 fn tiny_prefill_bf16_fused() {
     snapshot_as(
