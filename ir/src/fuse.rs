@@ -16,8 +16,8 @@
 //!   (read by that `CachedAttention` alone) become one [`Op::RopeKvWrite`]: one launch
 //!   instead of four, the rotated keys written straight into the cache; at a prefill's
 //!   `FlashAttention`, the same ops and v's head-major copy become one staged `RopeKvWrite`,
-//!   which also writes q, k and v as the rows that attention's kernels read (rounded to its
-//!   rounding): one launch instead of eight;
+//!   which also writes q, k and v as the f16 rows that attention's kernels read: one launch
+//!   instead of eight (where the head dim is one of the kernels' own);
 //! - `add_rmsnorm`: a one-group linear read by an `AddRmsNorm` alone (the residual add and
 //!   the next layer's norm after o and down, the final norm) takes the norm as its epilogue;
 //! - `views`: a `Contiguous` of a view that moves no element — a transpose that only moves

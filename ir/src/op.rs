@@ -107,7 +107,8 @@ pub enum Op {
     /// (training and its prefill), where each of `q`, `k`, `v` is f32 or bf16 (already its
     /// rounding: [`Op::rounded_on_entry`]), and f16 in bf16 inference's prefill (three more
     /// mantissa bits: bf16 scores moved the logits of a tiny model past the golden bound), where
-    /// they are f32; only the bf16 contract has a backward.
+    /// each is f32 or f16 (the staged `RopeKvWrite`'s rows); only the bf16 contract has a
+    /// backward.
     FlashAttention { scale: f64, rounding: DType },
     /// `(q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)` (f32 gradients),
     /// `grad_out` entering its products as its bf16 rounding (f32, or bf16); the gradient of

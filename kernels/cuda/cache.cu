@@ -61,15 +61,19 @@ extern "C" __global__ void kv_cache_write_f32_bf16(bf16_bits* cache, const float
 // A decode attention's inputs in one launch (`RopeKvWrite`): q [B,T,Hq,D] rotated into
 // q_rot [B,Hq,T,D] as rope_f32 does, k [B,T,Hkv,D] rotated and written into k_cache, and
 // v [B,Hkv,T,D] written into v_cache, both as kv_cache_write does (the rotated keys are
-// rounded into the cache once, never stored apart). One thread per query pair, key pair or
-// value element. The caches C and biases B are each f32 or bf16.
-template <typename C, typename B>
-__device__ void kiln_rope_kv_write(float* q_rot, C* k_cache, C* v_cache, const float* q,
-                                   const float* k, const float* v, const i64* rope_positions,
-                                   const i64* positions, const i64* rows, i64 slots,
-                                   const B* q_bias, const B* k_bias, int has_bias, i64 batch,
-                                   i64 seq, i64 q_heads, i64 kv_heads, i64 capacity,
-                                   i64 head_dim, float theta, int* fault) {
+// rounded into the cache once, never stored apart). The STAGED form (a prefill attention's:
+// RopeKvWrite's `staged`) takes v [B,T,Hkv,D] token-major like k, and writes the rotated
+// queries as f16 q_rows [B,Hq,T,D] instead of q_rot, and also the rotated keys k_rows and v
+// made head-major v_rows, [B,Hkv,T,D] f16 (rounded to nearest even, as FlashAttention's
+// staging rounds them): the rows its f16 kernels read. One thread per query pair, key pair or
+// value element (of v_rows' order). The caches C and biases B are each f32 or bf16.
+template <bool STAGED, typename C, typename B>
+__device__ void kiln_rope_kv(float* q_rot, unsigned short* q_rows, unsigned short* k_rows,
+                             unsigned short* v_rows, C* k_cache, C* v_cache, const float* q,
+                             const float* k, const float* v, const i64* rope_positions,
+                             const i64* positions, const i64* rows, i64 slots, const B* q_bias,
+                             const B* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
+                             i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
     const i64 half = head_dim / 2;
     const i64 q_pairs = batch * seq * q_heads * half;
     const i64 k_pairs = batch * seq * kv_heads * half;
@@ -79,8 +83,13 @@ __device__ void kiln_rope_kv_write(float* q_rot, C* k_cache, C* v_cache, const f
             const KilnRopePair p = kiln_rope_pair(q, rope_positions, q_bias, has_bias, index,
                                                   seq, q_heads, head_dim, theta, fault);
             const i64 dst = ((p.b * q_heads + p.h) * seq + p.t) * head_dim + p.i;
-            q_rot[dst] = p.lo;
-            q_rot[dst + half] = p.hi;
+            if (STAGED) {
+                q_rows[dst] = kiln_f32_to_f16(p.lo);
+                q_rows[dst + half] = kiln_f32_to_f16(p.hi);
+            } else {
+                q_rot[dst] = p.lo;
+                q_rot[dst + half] = p.hi;
+            }
         } else if (index < q_pairs + k_pairs) {
             const KilnRopePair p = kiln_rope_pair(k, rope_positions, k_bias, has_bias,
                                                   index - q_pairs, seq, kv_heads, head_dim,
@@ -91,14 +100,22 @@ __device__ void kiln_rope_kv_write(float* q_rot, C* k_cache, C* v_cache, const f
                 kiln_store(k_cache, at, p.lo);
                 kiln_store(k_cache, at + half, p.hi);
             }
+            if (STAGED) {
+                const i64 dst = ((p.b * kv_heads + p.h) * seq + p.t) * head_dim + p.i;
+                k_rows[dst] = kiln_f32_to_f16(p.lo);
+                k_rows[dst + half] = kiln_f32_to_f16(p.hi);
+            }
         } else {
             const i64 item = index - q_pairs - k_pairs;
             const i64 d = item % head_dim;
             const i64 t = (item / head_dim) % seq;
             const i64 bh = item / (head_dim * seq);
-            const i64 at = kiln_cache_at(positions, rows, slots, bh / kv_heads, bh % kv_heads, t,
-                                         d, kv_heads, capacity, seq, head_dim, fault);
-            if (at >= 0) kiln_store(v_cache, at, v[item]);
+            const i64 b = bh / kv_heads, h = bh % kv_heads;
+            const float value = STAGED ? v[((b * seq + t) * kv_heads + h) * head_dim + d] : v[item];
+            const i64 at = kiln_cache_at(positions, rows, slots, b, h, t, d, kv_heads, capacity,
+                                         seq, head_dim, fault);
+            if (at >= 0) kiln_store(v_cache, at, value);
+            if (STAGED) v_rows[item] = kiln_f32_to_f16(value);
         }
     }
 }
@@ -110,9 +127,9 @@ extern "C" __global__ void rope_kv_write_f32(
     const float* q_bias, const float* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
     i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
     kiln_grid_dependency_wait();
-    kiln_rope_kv_write(q_rot, k_cache, v_cache, q, k, v, rope_positions, positions, rows, slots,
-                       q_bias, k_bias, has_bias, batch, seq, q_heads, kv_heads, capacity, head_dim,
-                       theta, fault);
+    kiln_rope_kv<false>(q_rot, nullptr, nullptr, nullptr, k_cache, v_cache, q, k, v,
+                        rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
+                        seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
 }
 
 extern "C" __global__ void rope_kv_write_f32_bf16(
@@ -121,9 +138,9 @@ extern "C" __global__ void rope_kv_write_f32_bf16(
     const bf16_bits* q_bias, const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq,
     i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
     kiln_grid_dependency_wait();
-    kiln_rope_kv_write(q_rot, k_cache, v_cache, q, k, v, rope_positions, positions, rows, slots,
-                       q_bias, k_bias, has_bias, batch, seq, q_heads, kv_heads, capacity, head_dim,
-                       theta, fault);
+    kiln_rope_kv<false>(q_rot, nullptr, nullptr, nullptr, k_cache, v_cache, q, k, v,
+                        rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
+                        seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
 }
 
 extern "C" __global__ void rope_kv_write_bf16(
@@ -132,9 +149,9 @@ extern "C" __global__ void rope_kv_write_bf16(
     const bf16_bits* q_bias, const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq,
     i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
     kiln_grid_dependency_wait();
-    kiln_rope_kv_write(q_rot, k_cache, v_cache, q, k, v, rope_positions, positions, rows, slots,
-                       q_bias, k_bias, has_bias, batch, seq, q_heads, kv_heads, capacity, head_dim,
-                       theta, fault);
+    kiln_rope_kv<false>(q_rot, nullptr, nullptr, nullptr, k_cache, v_cache, q, k, v,
+                        rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
+                        seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
 }
 
 extern "C" __global__ void rope_kv_write_bf16_f32(
@@ -143,64 +160,12 @@ extern "C" __global__ void rope_kv_write_bf16_f32(
     const float* q_bias, const float* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
     i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
     kiln_grid_dependency_wait();
-    kiln_rope_kv_write(q_rot, k_cache, v_cache, q, k, v, rope_positions, positions, rows, slots,
-                       q_bias, k_bias, has_bias, batch, seq, q_heads, kv_heads, capacity, head_dim,
-                       theta, fault);
+    kiln_rope_kv<false>(q_rot, nullptr, nullptr, nullptr, k_cache, v_cache, q, k, v,
+                        rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
+                        seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
 }
 
-// The staged form (a prefill attention's: RopeKvWrite's `staged`): as kiln_rope_kv_write, but v
-// [B,T,Hkv,D] is token-major like k, and the rotated queries q_rows [B,Hq,T,D], the rotated
-// keys k_rows [B,Hkv,T,D] and v made head-major v_rows [B,Hkv,T,D] are written as f16 (rounded
-// to nearest even, as FlashAttention's staging rounds them): the rows its f16 kernels read. One
-// thread per query pair, key pair or element of v_rows.
-template <typename C, typename B>
-__device__ void kiln_rope_kv_stage(unsigned short* q_rows, unsigned short* k_rows,
-                                   unsigned short* v_rows, C* k_cache, C* v_cache, const float* q,
-                                   const float* k, const float* v, const i64* rope_positions,
-                                   const i64* positions, const i64* rows, i64 slots,
-                                   const B* q_bias, const B* k_bias, int has_bias, i64 batch,
-                                   i64 seq, i64 q_heads, i64 kv_heads, i64 capacity,
-                                   i64 head_dim, float theta, int* fault) {
-    const i64 half = head_dim / 2;
-    const i64 q_pairs = batch * seq * q_heads * half;
-    const i64 k_pairs = batch * seq * kv_heads * half;
-    const i64 values = batch * kv_heads * seq * head_dim;
-    KILN_FOR_EACH(index, q_pairs + k_pairs + values) {
-        if (index < q_pairs) {
-            const KilnRopePair p = kiln_rope_pair(q, rope_positions, q_bias, has_bias, index,
-                                                  seq, q_heads, head_dim, theta, fault);
-            const i64 dst = ((p.b * q_heads + p.h) * seq + p.t) * head_dim + p.i;
-            q_rows[dst] = kiln_f32_to_f16(p.lo);
-            q_rows[dst + half] = kiln_f32_to_f16(p.hi);
-        } else if (index < q_pairs + k_pairs) {
-            const KilnRopePair p = kiln_rope_pair(k, rope_positions, k_bias, has_bias,
-                                                  index - q_pairs, seq, kv_heads, head_dim,
-                                                  theta, fault);
-            const i64 at = kiln_cache_at(positions, rows, slots, p.b, p.h, p.t, p.i, kv_heads,
-                                         capacity, seq, head_dim, fault);
-            if (at >= 0) {
-                kiln_store(k_cache, at, p.lo);
-                kiln_store(k_cache, at + half, p.hi);
-            }
-            const i64 dst = ((p.b * kv_heads + p.h) * seq + p.t) * head_dim + p.i;
-            k_rows[dst] = kiln_f32_to_f16(p.lo);
-            k_rows[dst + half] = kiln_f32_to_f16(p.hi);
-        } else {
-            const i64 item = index - q_pairs - k_pairs;
-            const i64 d = item % head_dim;
-            const i64 t = (item / head_dim) % seq;
-            const i64 bh = item / (head_dim * seq);
-            const i64 b = bh / kv_heads, h = bh % kv_heads;
-            const float value = v[((b * seq + t) * kv_heads + h) * head_dim + d];
-            const i64 at = kiln_cache_at(positions, rows, slots, b, h, t, d, kv_heads, capacity,
-                                         seq, head_dim, fault);
-            if (at >= 0) kiln_store(v_cache, at, value);
-            v_rows[item] = kiln_f32_to_f16(value);
-        }
-    }
-}
-
-// Named as rope_kv_write's.
+// The staged form, named as rope_kv_write's.
 extern "C" __global__ void rope_kv_stage_f32(
     unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, float* k_cache,
     float* v_cache, const float* q, const float* k, const float* v, const i64* rope_positions,
@@ -208,9 +173,9 @@ extern "C" __global__ void rope_kv_stage_f32(
     int has_bias, i64 batch, i64 seq, i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim,
     float theta, int* fault) {
     kiln_grid_dependency_wait();
-    kiln_rope_kv_stage(q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v, rope_positions,
-                       positions, rows, slots, q_bias, k_bias, has_bias, batch, seq, q_heads,
-                       kv_heads, capacity, head_dim, theta, fault);
+    kiln_rope_kv<true>(nullptr, q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v,
+                       rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
+                       seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
 }
 
 extern "C" __global__ void rope_kv_stage_f32_bf16(
@@ -220,9 +185,9 @@ extern "C" __global__ void rope_kv_stage_f32_bf16(
     const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads, i64 kv_heads,
     i64 capacity, i64 head_dim, float theta, int* fault) {
     kiln_grid_dependency_wait();
-    kiln_rope_kv_stage(q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v, rope_positions,
-                       positions, rows, slots, q_bias, k_bias, has_bias, batch, seq, q_heads,
-                       kv_heads, capacity, head_dim, theta, fault);
+    kiln_rope_kv<true>(nullptr, q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v,
+                       rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
+                       seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
 }
 
 extern "C" __global__ void rope_kv_stage_bf16(
@@ -232,9 +197,9 @@ extern "C" __global__ void rope_kv_stage_bf16(
     const bf16_bits* q_bias, const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq,
     i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
     kiln_grid_dependency_wait();
-    kiln_rope_kv_stage(q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v, rope_positions,
-                       positions, rows, slots, q_bias, k_bias, has_bias, batch, seq, q_heads,
-                       kv_heads, capacity, head_dim, theta, fault);
+    kiln_rope_kv<true>(nullptr, q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v,
+                       rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
+                       seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
 }
 
 extern "C" __global__ void rope_kv_stage_bf16_f32(
@@ -244,7 +209,7 @@ extern "C" __global__ void rope_kv_stage_bf16_f32(
     const float* q_bias, const float* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
     i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
     kiln_grid_dependency_wait();
-    kiln_rope_kv_stage(q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v, rope_positions,
-                       positions, rows, slots, q_bias, k_bias, has_bias, batch, seq, q_heads,
-                       kv_heads, capacity, head_dim, theta, fault);
+    kiln_rope_kv<true>(nullptr, q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v,
+                       rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
+                       seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
 }

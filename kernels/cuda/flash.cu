@@ -13,7 +13,7 @@
 //
 // Staging. flash_attention_stage first writes each operand as bf16 (f16) rows of D elements (D =
 // the template's head dim, 16, 32, 64 or 128, >= hd; zeros past hd), dO re-laid as
-// [B,Hq,T,D]; a bf16 q, k or v of hd = D is that already and is read where it is. So every
+// [B,Hq,T,D]; a bf16 (f16) q, k or v of hd = D is that already and is read where it is. So every
 // tile kernel reads whole, aligned 16-byte rows: tiles go to shared memory by cp.async
 // (double-buffered: the next tile's copy is issued before the current one is multiplied), and
 // a warp's own 16 rows go to registers as A fragments once.
@@ -191,7 +191,8 @@ __device__ __forceinline__ float kiln_flash_rounded(const bf16_bits* p, i64 i) {
 }
 
 // dst [rows][D] bf16 = src rows of hd elements (S: f32, rounded as packed, or bf16: already
-// the rounding), zeros past hd; with F16, f16 rows of the f32 src. Row r of dst reads src row
+// the rounding; the f16 forward's f16 rows go through the bf16 copy too), zeros past hd; with
+// F16, f16 rows of the f32 src. Row r of dst reads src row
 // r, or, with bthd (dO, out's layout [B,T,Hq,hd] to [B,Hq,T,D]), row (b·T + t)·Hq + h for
 // r = (b·Hq + h)·T + t. Each thread writes 8 elements (16 bytes).
 template <typename S, bool F16 = false>

@@ -176,7 +176,7 @@ fn attention_dims(operands: &[TensorType]) -> Option<AttentionDims> {
     }
 }
 
-/// FlashAttention's workspace: q, k, v staged where they are not bf16 rows of the kernels'
+/// FlashAttention's workspace: q, k, v staged where they are not 16-bit rows of the kernels'
 /// head dim, and the backward's grad_out and scratch
 /// ([`forward_workspace_bytes`](flash::forward_workspace_bytes)).
 fn flash_bytes(op: &Op, operands: &[TensorType]) -> u64 {

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{bind, bits, f32_bits, random_f32, random_ids, view, view_mut};
-use kiln_ir::{Graph, InputKind, Op, Shape};
+use kiln_ir::{DType, Graph, InputKind, Op, Shape};
 use kiln_kernels::matmul::Transpose;
 use kiln_kernels::{testing, TensorView};
 use kiln_runtime::{interpret, Tensor};
@@ -360,5 +360,116 @@ fn the_fused_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
         assert_eq!(bits(&fused_values[cache]), bits(&unfused_values[cache]));
         // The written rows changed the cache.
         assert_ne!(bits(&fused_values[cache]), bits(&values[cache]));
+    }
+}
+
+/// A bf16 prefill attention's RoPEs, cache writes and v's head-major copy over a pool of slots
+/// (a padding row among them), fused into one staged `rope_kv_write` (its FlashAttention then
+/// reads the op's f16 rows), give the unfused program's bits: the attention's output and both
+/// caches. The rule leaves the ops apart where the rotated keys are read elsewhere too, and
+/// ahead of a FlashAttention that rounds to bf16 (mixed precision's).
+#[test]
+fn the_staged_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
+    let mut rng = testing::rng("interpret_rope_kv_staged");
+    let (b, hq, hkv, t, pool, smax, d) = (3, 4, 2, 5, 5, 12, 16);
+    let bf16 = |rng: &mut rand::rngs::StdRng, dims: &[usize]| {
+        let (_, values) = random_f32(rng, dims);
+        let rounded: Vec<half::bf16> = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        Tensor::from_vec(rounded, Shape::new(dims)).unwrap()
+    };
+    let tensors = [
+        bf16(&mut rng, &[pool, hkv, smax, d]),
+        bf16(&mut rng, &[pool, hkv, smax, d]),
+        random_f32(&mut rng, &[b, t, hq, d]).0,
+        random_f32(&mut rng, &[b, t, hkv, d]).0,
+        random_f32(&mut rng, &[b, t, hkv, d]).0,
+        bf16(&mut rng, &[hq * d]),
+        bf16(&mut rng, &[hkv * d]),
+    ];
+    let positions = Tensor::from_vec(vec![2i64, 0, 7], [b]).unwrap();
+    let rows = Tensor::from_vec(vec![3i64, kiln_ir::PADDING_SLOT, 0], [b]).unwrap();
+    let rope_positions: Vec<i64> = [2i64, 0, 7]
+        .iter()
+        .flat_map(|&p| (p..p + t as i64).collect::<Vec<_>>())
+        .collect();
+    let rope_positions = Tensor::from_vec(rope_positions, [b, t]).unwrap();
+    // The program, with the rotated keys also an output, or the attention rounding to bf16.
+    let program = |keys_out: bool, rounding: DType| {
+        let mut graph = Graph::new("prefill");
+        let mut values = BTreeMap::new();
+        let mut input = |name: &str, kind: InputKind, tensor: &Tensor| {
+            bind(&mut graph, &mut values, name, kind, tensor)
+        };
+        let kc = input("k_cache", InputKind::State, &tensors[0]);
+        let vc = input("v_cache", InputKind::State, &tensors[1]);
+        let q = input("q", InputKind::Input, &tensors[2]);
+        let k = input("k", InputKind::Input, &tensors[3]);
+        let v = input("v", InputKind::Input, &tensors[4]);
+        let q_bias = input("q_bias", InputKind::Param, &tensors[5]);
+        let k_bias = input("k_bias", InputKind::Param, &tensors[6]);
+        let pos = input("positions", InputKind::Input, &positions);
+        let slots = input("rows", InputKind::Input, &rows);
+        let rope_pos = input("rope_positions", InputKind::Input, &rope_positions);
+        let rope = Op::Rope {
+            theta: 1e6,
+            bias: true,
+        };
+        let q_rot = graph.op1(rope.clone(), &[q, rope_pos, q_bias]).unwrap();
+        let k_rot = graph.op1(rope, &[k, rope_pos, k_bias]).unwrap();
+        let v_t = (graph.op1(Op::Transpose { dim0: 1, dim1: 2 }, &[v]))
+            .and_then(|v_t| graph.op1(Op::Contiguous, &[v_t]))
+            .unwrap();
+        let write = Op::KvCacheWrite;
+        let kc2 = graph.op1(write.clone(), &[kc, k_rot, pos, slots]).unwrap();
+        let vc2 = graph.op1(write, &[vc, v_t, pos, slots]).unwrap();
+        let flash = Op::FlashAttention {
+            scale: 0.3,
+            rounding,
+        };
+        let out = graph.op(flash, &[q_rot, k_rot, v_t]).unwrap();
+        graph.output("out", out[0]).unwrap();
+        if keys_out {
+            graph.output("k_rot", k_rot).unwrap();
+        }
+        graph.write("k_cache", kc2).unwrap();
+        graph.write("v_cache", vc2).unwrap();
+        (graph, values)
+    };
+    let ops = |graph: &Graph| -> Vec<String> {
+        (graph.node_indices())
+            .filter_map(|n| match &graph.node(n)?.kind {
+                kiln_ir::graph::NodeKind::Op(op) => Some(op.to_string()),
+                _ => None,
+            })
+            .collect()
+    };
+    let (graph, values) = program(false, DType::F16);
+    let fused = kiln_ir::fuse(&graph).unwrap();
+    kiln_ir::verify(&fused).unwrap();
+    assert_eq!(
+        ops(&fused),
+        [
+            "rope_kv_write{theta=1000000.0, bias=true, staged=f16}",
+            "flash_attention{scale=0.3, rounding=f16}"
+        ]
+    );
+    let (mut unfused_values, mut fused_values) = (values.clone(), values.clone());
+    let want = interpret(&graph, &mut unfused_values).unwrap();
+    let got = interpret(&fused, &mut fused_values).unwrap();
+    assert_eq!(bits(&got["out"]), bits(&want["out"]));
+    for cache in ["k_cache", "v_cache"] {
+        assert_eq!(bits(&fused_values[cache]), bits(&unfused_values[cache]));
+        assert_ne!(bits(&fused_values[cache]), bits(&values[cache]));
+    }
+    for (keys_out, rounding) in [(true, DType::F16), (false, DType::BF16)] {
+        let fused = kiln_ir::fuse(&program(keys_out, rounding).0).unwrap();
+        let rope_kv = ops(&fused)
+            .iter()
+            .filter(|op| op.starts_with("rope_kv"))
+            .count();
+        assert_eq!(
+            rope_kv, 0,
+            "keys read elsewhere: {keys_out}, rounding {rounding}"
+        );
     }
 }

@@ -678,6 +678,25 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 ],
             ),
             (
+                format!("rope_kv_write staged bf16 biases {s}"),
+                Op::RopeKvWrite {
+                    theta: 1e4,
+                    bias: true,
+                    staged: Some(DType::F16),
+                },
+                vec![
+                    f(&[b, t, hq, d]),
+                    f(&[b, t, hkv, d]),
+                    f(&[b, t, hkv, d]),
+                    f(&[b, hkv, smax, d]),
+                    f(&[b, hkv, smax, d]),
+                    In::Ids(vec![b, t], 4096),
+                    In::Ids(vec![b], smax - t + 1),
+                    bf(&[hq * d]),
+                    bf(&[hkv * d]),
+                ],
+            ),
+            (
                 format!("kv_cache_write pooled {s}"),
                 Op::KvCacheWrite,
                 vec![

@@ -22,10 +22,11 @@ pub(super) fn rope_kv_fusions(graph: &Graph, users: &Users) -> Vec<Fusion> {
 /// `attention`, the rotated keys and the head-major values each read by the attention and by
 /// one `KvCacheWrite` (the rotated queries and the transpose by their reader alone), both
 /// rotations of one theta, bias flag and positions, both writes at one set of indices; q, k
-/// and v f32 of one batch, length and head size, k and v of one shape; the attention rounding
-/// to f16 (bf16 inference's prefill: mixed precision's writes its bf16 operands through the
-/// `rounded` rule). The fused op stages q, k and v as f16 rows, which the flash kernels read
-/// where they are.
+/// and v f32 of one batch, length and head size, k and v of one shape; each write's result
+/// read after the fused op's place (by the program's writes, or later ops); the attention
+/// rounding to f16 (bf16 inference's prefill; mixed precision's bf16 attention gets rounded
+/// operands from the `rounded` rule instead). The fused op stages q, k and v as f16 rows, which
+/// the flash kernels read where they are.
 fn staged_fusion(graph: &Graph, users: &Users, attention: NodeIndex) -> Option<Fusion> {
     let Some(&Op::FlashAttention {
         rounding: rounding @ DType::F16,
@@ -103,9 +104,15 @@ fn staged_fusion(graph: &Graph, users: &Users, attention: NodeIndex) -> Option<F
         v_write,
     ];
     let written = |node| ValueId { node, port: 0 };
-    // After every operand (the last node it replaces), before the attention.
+    // After every operand (the last node it replaces), before the attention and every other
+    // reader of the writes.
     let at = replaced.iter().copied().max()?;
-    (at < attention).then(|| Fusion {
+    let read_later = |write: NodeIndex| {
+        (users.get(&written(write))).is_none_or(|readers| {
+            (readers.iter()).all(|reader| reader.is_none_or(|node| node > at))
+        })
+    };
+    (at < attention && read_later(k_write) && read_later(v_write)).then(|| Fusion {
         at,
         replaced,
         op: Op::RopeKvWrite {

@@ -839,7 +839,12 @@ fn staged_rope_kv_write_takes_token_major_values_and_gives_the_flash_operands() 
     // f32 operands alone, f16 rows alone.
     let mut wide = operands(&k);
     wide[0] = ty(DType::F64, &[2, 3, 4, 8]);
-    assert!(op(DType::F16).infer(&wide).is_err());
+    rejects_operand(op(DType::F16), &wide, 0);
+    rejects_operand(
+        op(DType::F16),
+        &operands(&ty(DType::BF16, &[2, 3, 2, 8])),
+        2,
+    );
     let mut bf16_k = operands(&ty(DType::BF16, &[2, 3, 2, 8]));
     bf16_k[1] = ty(DType::BF16, &[2, 3, 2, 8]);
     rejects_operand(op(DType::F16), &bf16_k, 1);

@@ -143,10 +143,11 @@ fn stage(
     let function = match (stored, f16) {
         (DType::F32, true) => "flash_attention_stage_f16",
         (DType::F32, false) => "flash_attention_stage",
-        // bf16 widened and rounded again is every bf16 bit pattern (a NaN stays a NaN), so the
-        // bf16 staging copies the rows of an f16 operand (already its rounding) too: zeros past
-        // hd are zeros in either.
-        _ => "flash_attention_stage_bf16",
+        // bf16 widened and rounded again is every bf16 bit pattern but some NaN payloads (a NaN
+        // stays a NaN), so the bf16 staging copies the rows of an f16 operand (already its
+        // rounding) too: zeros past hd are zeros in either.
+        (DType::BF16 | DType::F16, _) => "flash_attention_stage_bf16",
+        (other, _) => unreachable!("flash_attention_f32 refuses {other} operands"),
     };
     Kernel::launch(
         MODULE,
@@ -273,7 +274,7 @@ pub fn backward_workspace_bytes(dims: &AttentionDims, stored: [DType; 3]) -> u64
 }
 
 /// Where the kernels read an operand of `rows` rows: staged into `region` first (pushed onto
-/// `launches`; an f32 one as f16 rows with `f16`), or where it is (a bf16 operand of
+/// `launches`; an f32 one as f16 rows with `f16`), or where it is (a bf16 or f16 operand of
 /// `d`-element rows, 16-byte aligned for the tiles' copies).
 fn rows_of(
     launches: &mut Vec<Launch>,
@@ -292,7 +293,7 @@ fn rows_of(
             op: function,
             argument: name,
             reason: format!(
-                "a bf16 operand at byte offset {} is not 16-byte aligned",
+                "a 16-bit operand at byte offset {} is not 16-byte aligned",
                 src.offset
             ),
         });

@@ -104,6 +104,7 @@ impl Stored {
         }
     }
 
+    /// The dtype this storage is.
     pub fn dtype(self) -> DType {
         match self {
             Stored::F32 => DType::F32,

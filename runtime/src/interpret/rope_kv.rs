@@ -155,9 +155,9 @@ pub(crate) fn rope_kv_write(
         };
     let rotated = rotated.into_view();
     write(K_CACHE, rotated.clone(), k_cache, rest)?;
-    let Some(_) = staged else {
+    if staged.is_none() {
         return write(V_CACHE, i[V].clone(), v_cache, rest);
-    };
+    }
     // The staged form's token-major v made head-major, as `Contiguous(Transpose{1,2}(v))`.
     let mut values = typed_workspace(v_bytes, i[V].dtype(), &k_dims, &op)?;
     let transposed = i[V].layout().transpose(1, 2)?;

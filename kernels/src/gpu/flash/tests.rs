@@ -265,8 +265,9 @@ fn a_bf16_operand_read_where_it_is_must_be_aligned_for_the_tile_copies() {
 
 /// The f16 forward stages each f32 operand as f16 rows (the bf16 stage's bytes), reads f16
 /// rows of its head dim where they are (and copies those of another through the bf16 stage,
-/// which gives back every 16-bit pattern), and runs the f16 instance; a bf16 operand, or a
-/// rounding other than bf16 and f16, is refused.
+/// which gives back every 16-bit pattern but some NaN payloads), and runs the f16 instance; a
+/// bf16 operand with the f16 rounding, an f16 one with the bf16 rounding, or a rounding other
+/// than bf16 and f16, is refused.
 #[test]
 fn the_f16_forward_stages_its_f32_operands_as_f16_rows() {
     let f16 = FlashForward {

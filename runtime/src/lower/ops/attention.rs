@@ -130,7 +130,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             let stored = [q.dtype, k.dtype, v.dtype];
             let dims = attention_dims(at, q.dims(), k.dims())?;
             let lse = at.result(1, "lse", F32)?.addr();
-            // q, k, v staged as bf16 rows where they are not (see the builder).
+            // q, k, v staged as bf16 (or f16) rows where they are not (see the builder).
             let bytes = flash::forward_workspace_bytes(&dims, stored);
             let workspace = at.workspace(bytes, lse)?;
             let addresses = FlashForward {
