@@ -79,19 +79,18 @@ __device__ __forceinline__ void kiln_mma_16(float (&d)[4], unsigned int a0, unsi
 #pragma unroll
     for (int c = 0; c < 4; ++c) d[c] += sum[c];
 #else
+// The one instruction, of the operands' type (a string literal: "bf16" or "f16").
+#define KILN_MMA_16_PTX(type)                                                                  \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 "              \
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"          \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                             \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
     if constexpr (F16) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        KILN_MMA_16_PTX("f16");
     } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        KILN_MMA_16_PTX("bf16");
     }
+#undef KILN_MMA_16_PTX
 #endif
 }
 
