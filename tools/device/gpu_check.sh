@@ -33,9 +33,9 @@
 #   parallel: rank programs through NCCL against the plain ones (a world of one on one GPU;
 #           `kiln launch` over every GPU where there are several): JSON lines in parallel.jsonl
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
-#   profile: each kernel's time (ncu gpu__time_duration.sum) in one eager bf16 prefill (T=512)
-#           and decode (B=1) step of Qwen2.5-0.5B, as tables (tools/device/ncu_table.py) in
-#           OUT_DIR/ncu_<program>.md beside the CSVs
+#   profile: each kernel's time (ncu gpu__time_duration.sum, clocks and caches not reset) in one
+#           eager bf16 prefill (T=512) and decode (B=1) step of Qwen2.5-0.5B, as tables
+#           (tools/device/ncu_table.py) in OUT_DIR/ncu_<program>.md beside the CSVs
 set -uo pipefail
 bin=$1; out=$2; shift 2
 
@@ -293,7 +293,10 @@ PY
     profile)
       for program in "prefill --seq 512" "decode --batch 1"; do
         name=${program%% *}
-        ncu --metrics gpu__time_duration.sum --csv "$bin/kiln" bench --model qwen2.5-0.5b \
+        # The clocks left as replay runs them, and each kernel's caches as its predecessor
+        # left them (ncu's defaults, base clocks and flushed caches, overstate short kernels).
+        ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+          "$bin/kiln" bench --model qwen2.5-0.5b \
           --program $program --precision bf16 --mode eager --warmup 0 --steps 1 \
           >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err" || echo "ncu $name FAILED (see ncu_$name.err)"
         python3 "$(dirname "$0")/ncu_table.py" "$out/ncu_$name.csv" | tee "$out/ncu_$name.md"
