@@ -140,15 +140,12 @@ __device__ __forceinline__ void kiln_flash_pv(float (&out)[D / 8][4], const floa
                                               const bf16_bits* b) {
     const int lane = threadIdx.x % KILN_WARP;
     const int row_in = (lane & 7) + ((lane >> 3) & 1) * 8, col_in = (lane >> 4) * 8;
-    const auto cvt = [](float low, float high) {
-        return F16 ? kiln_cvt_f16x2(low, high) : kiln_cvt_bf16x2(low, high);
-    };
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk) {
-        const unsigned int a0 = cvt(p[2 * kk][0], p[2 * kk][1]);
-        const unsigned int a1 = cvt(p[2 * kk][2], p[2 * kk][3]);
-        const unsigned int a2 = cvt(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-        const unsigned int a3 = cvt(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+        const unsigned int a0 = kiln_cvt_16x2<F16>(p[2 * kk][0], p[2 * kk][1]);
+        const unsigned int a1 = kiln_cvt_16x2<F16>(p[2 * kk][2], p[2 * kk][3]);
+        const unsigned int a2 = kiln_cvt_16x2<F16>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        const unsigned int a3 = kiln_cvt_16x2<F16>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
         for (int n = 0; n < D / 16; ++n) {
             unsigned int bs[4];

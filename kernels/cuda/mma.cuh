@@ -191,34 +191,26 @@ template <int pending> __device__ __forceinline__ void kiln_cp_async_wait() {
 #endif
 }
 
-// Two f32 rounded to nearest even as one bf16x2 word (`low` in the low half). PTX: the
-// hardware conversion (cvt.rn.bf16x2.f32). Its bits are kiln_f32_to_bf16's for every value but
-// NaN: kiln_f32_to_bf16 keeps a NaN's sign and upper payload (quieted), the conversion gives the
-// canonical NaN 0x7fff (CUDA's CUDART_NAN_BF16, as its own software conversion in
-// cuda_bf16.hpp). Emulated: kiln_f32_to_bf16, with 0x7fff for a NaN, so the same bits.
-__device__ __forceinline__ unsigned int kiln_cvt_bf16x2(float low, float high) {
+// Two f32 rounded to nearest even as one bf16x2 word, or f16x2 with F16 (`low` in the low
+// half). PTX: the hardware conversion (cvt.rn.bf16x2.f32, cvt.rn.f16x2.f32: to f16 it rounds to
+// subnormals and past 65504 to an infinity). Its bits are kiln_f32_to_bf16's (kiln_f32_to_f16's)
+// for every value but NaN: those keep a NaN's sign and upper payload (quieted), the conversion
+// gives the canonical NaN 0x7fff (CUDA's CUDART_NAN_BF16, as its own software conversion in
+// cuda_bf16.hpp). Emulated: the software conversion, with 0x7fff for a NaN, so the same bits.
+template <bool F16> __device__ __forceinline__ unsigned int kiln_cvt_16x2(float low, float high) {
 #ifdef KILN_MMA_EMULATED
-    const unsigned int lo = low != low ? 0x7fffu : (unsigned int)kiln_f32_to_bf16(low);
-    const unsigned int hi = high != high ? 0x7fffu : (unsigned int)kiln_f32_to_bf16(high);
-    return lo | (hi << 16);
+    const auto round = [](float x) {
+        return x != x ? 0x7fffu
+                      : (unsigned int)(F16 ? kiln_f32_to_f16(x) : kiln_f32_to_bf16(x));
+    };
+    return round(low) | (round(high) << 16);
 #else
     unsigned int word;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(high), "f"(low));
-    return word;
-#endif
-}
-
-// Two f32 rounded to nearest even as one f16x2 word (`low` in the low half). PTX: the hardware
-// conversion (cvt.rn.f16x2.f32, which rounds to subnormals and past 65504 to an infinity).
-// Emulated: kiln_f32_to_f16, with the canonical NaN 0x7fff as the conversion gives.
-__device__ __forceinline__ unsigned int kiln_cvt_f16x2(float low, float high) {
-#ifdef KILN_MMA_EMULATED
-    const unsigned int lo = low != low ? 0x7fffu : (unsigned int)kiln_f32_to_f16(low);
-    const unsigned int hi = high != high ? 0x7fffu : (unsigned int)kiln_f32_to_f16(high);
-    return lo | (hi << 16);
-#else
-    unsigned int word;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(high), "f"(low));
+    if constexpr (F16) {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(high), "f"(low));
+    } else {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(word) : "f"(high), "f"(low));
+    }
     return word;
 #endif
 }

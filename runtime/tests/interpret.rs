@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{bind, bits, f32_bits, random_f32, random_ids, view, view_mut};
+use common::{bind, bits, f32_bits, op_texts, random_bf16, random_f32, random_ids, view, view_mut};
 use kiln_ir::{DType, Graph, InputKind, Op, Shape};
 use kiln_kernels::matmul::Transpose;
 use kiln_kernels::{testing, TensorView};
@@ -283,11 +283,6 @@ fn cache_write_then_cached_attention_matches_the_kernels_and_replaces_the_states
 fn the_fused_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
     let mut rng = testing::rng("interpret_rope_kv");
     let (b, hq, hkv, t, pool, smax, d) = (3, 4, 2, 1, 5, 6, 8);
-    let bf16 = |rng: &mut rand::rngs::StdRng, dims: &[usize]| {
-        let (_, values) = random_f32(rng, dims);
-        let rounded: Vec<half::bf16> = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
-        Tensor::from_vec(rounded, Shape::new(dims)).unwrap()
-    };
     let mut graph = Graph::new("decode");
     let mut values = BTreeMap::new();
     let mut input = |name: &str, kind: InputKind, tensor: &Tensor| {
@@ -296,12 +291,12 @@ fn the_fused_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
     let kc = input(
         "k_cache",
         InputKind::State,
-        &bf16(&mut rng, &[pool, hkv, smax, d]),
+        &random_bf16(&mut rng, &[pool, hkv, smax, d]),
     );
     let vc = input(
         "v_cache",
         InputKind::State,
-        &bf16(&mut rng, &[pool, hkv, smax, d]),
+        &random_bf16(&mut rng, &[pool, hkv, smax, d]),
     );
     let q = input(
         "q",
@@ -318,8 +313,16 @@ fn the_fused_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
         InputKind::Input,
         &random_f32(&mut rng, &[b, hkv, t, d]).0,
     );
-    let q_bias = input("q_bias", InputKind::Param, &bf16(&mut rng, &[hq * d]));
-    let k_bias = input("k_bias", InputKind::Param, &bf16(&mut rng, &[hkv * d]));
+    let q_bias = input(
+        "q_bias",
+        InputKind::Param,
+        &random_bf16(&mut rng, &[hq * d]),
+    );
+    let k_bias = input(
+        "k_bias",
+        InputKind::Param,
+        &random_bf16(&mut rng, &[hkv * d]),
+    );
     let positions = Tensor::from_vec(vec![2i64, 0, 5], [b]).unwrap();
     let pos = input("positions", InputKind::Input, &positions);
     let rows = Tensor::from_vec(vec![3i64, kiln_ir::PADDING_SLOT, 0], [b]).unwrap();
@@ -344,13 +347,8 @@ fn the_fused_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
 
     let fused = kiln_ir::fuse(&graph).unwrap();
     kiln_ir::verify(&fused).unwrap();
-    let names: Vec<&str> = fused
-        .node_indices()
-        .filter_map(|n| match &fused.node(n)?.kind {
-            kiln_ir::graph::NodeKind::Op(op) => Some(op.name()),
-            _ => None,
-        })
-        .collect();
+    let texts = op_texts(&fused);
+    let names: Vec<&str> = texts.iter().map(|t| kiln_ir::name_of_text(t)).collect();
     assert_eq!(names, ["rope_kv_write", "cached_attention"]);
     let (mut unfused_values, mut fused_values) = (values.clone(), values.clone());
     let want = interpret(&graph, &mut unfused_values).unwrap();
@@ -372,19 +370,14 @@ fn the_fused_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
 fn the_staged_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
     let mut rng = testing::rng("interpret_rope_kv_staged");
     let (b, hq, hkv, t, pool, smax, d) = (3, 4, 2, 5, 5, 12, 16);
-    let bf16 = |rng: &mut rand::rngs::StdRng, dims: &[usize]| {
-        let (_, values) = random_f32(rng, dims);
-        let rounded: Vec<half::bf16> = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
-        Tensor::from_vec(rounded, Shape::new(dims)).unwrap()
-    };
     let tensors = [
-        bf16(&mut rng, &[pool, hkv, smax, d]),
-        bf16(&mut rng, &[pool, hkv, smax, d]),
+        random_bf16(&mut rng, &[pool, hkv, smax, d]),
+        random_bf16(&mut rng, &[pool, hkv, smax, d]),
         random_f32(&mut rng, &[b, t, hq, d]).0,
         random_f32(&mut rng, &[b, t, hkv, d]).0,
         random_f32(&mut rng, &[b, t, hkv, d]).0,
-        bf16(&mut rng, &[hq * d]),
-        bf16(&mut rng, &[hkv * d]),
+        random_bf16(&mut rng, &[hq * d]),
+        random_bf16(&mut rng, &[hkv * d]),
     ];
     let positions = Tensor::from_vec(vec![2i64, 0, 7], [b]).unwrap();
     let rows = Tensor::from_vec(vec![3i64, kiln_ir::PADDING_SLOT, 0], [b]).unwrap();
@@ -435,19 +428,11 @@ fn the_staged_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
         graph.write("v_cache", vc2).unwrap();
         (graph, values)
     };
-    let ops = |graph: &Graph| -> Vec<String> {
-        (graph.node_indices())
-            .filter_map(|n| match &graph.node(n)?.kind {
-                kiln_ir::graph::NodeKind::Op(op) => Some(op.to_string()),
-                _ => None,
-            })
-            .collect()
-    };
     let (graph, values) = program(false, DType::F16);
     let fused = kiln_ir::fuse(&graph).unwrap();
     kiln_ir::verify(&fused).unwrap();
     assert_eq!(
-        ops(&fused),
+        op_texts(&fused),
         [
             "rope_kv_write{theta=1000000.0, bias=true, staged=f16}",
             "flash_attention{scale=0.3, rounding=f16}"
@@ -463,7 +448,7 @@ fn the_staged_rope_and_cache_write_equals_its_unfused_ops_bit_for_bit() {
     }
     for (keys_out, rounding) in [(true, DType::F16), (false, DType::BF16)] {
         let fused = kiln_ir::fuse(&program(keys_out, rounding).0).unwrap();
-        let rope_kv = ops(&fused)
+        let rope_kv = op_texts(&fused)
             .iter()
             .filter(|op| op.starts_with("rope_kv"))
             .count();

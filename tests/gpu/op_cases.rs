@@ -580,122 +580,6 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                     In::Slots(b, b + 3),
                 ],
             ),
-            // The fused RoPE + KV-cache write: bf16 caches and biases in a pool, f32 without
-            // biases, and f32 caches with bf16 biases.
-            (
-                format!("rope_kv_write pooled bf16 {s}"),
-                Op::RopeKvWrite {
-                    theta: 1e6,
-                    bias: true,
-                    staged: None,
-                },
-                vec![
-                    f(&[b, t, hq, d]),
-                    f(&[b, t, hkv, d]),
-                    f(&[b, hkv, t, d]),
-                    bf(&[b + 3, hkv, smax, d]),
-                    bf(&[b + 3, hkv, smax, d]),
-                    In::Ids(vec![b, t], 4096),
-                    In::Ids(vec![b], smax - t + 1),
-                    In::Slots(b, b + 3),
-                    bf(&[hq * d]),
-                    bf(&[hkv * d]),
-                ],
-            ),
-            (
-                format!("rope_kv_write {s}"),
-                Op::RopeKvWrite {
-                    theta: 1e4,
-                    bias: false,
-                    staged: None,
-                },
-                vec![
-                    f(&[b, t, hq, d]),
-                    f(&[b, t, hkv, d]),
-                    f(&[b, hkv, t, d]),
-                    f(&[b, hkv, smax, d]),
-                    f(&[b, hkv, smax, d]),
-                    In::Ids(vec![b, t], 4096),
-                    In::Ids(vec![b], smax - t + 1),
-                ],
-            ),
-            (
-                format!("rope_kv_write bf16 biases {s}"),
-                Op::RopeKvWrite {
-                    theta: 1e4,
-                    bias: true,
-                    staged: None,
-                },
-                vec![
-                    f(&[b, t, hq, d]),
-                    f(&[b, t, hkv, d]),
-                    f(&[b, hkv, t, d]),
-                    f(&[b, hkv, smax, d]),
-                    f(&[b, hkv, smax, d]),
-                    In::Ids(vec![b, t], 4096),
-                    In::Ids(vec![b], smax - t + 1),
-                    bf(&[hq * d]),
-                    bf(&[hkv * d]),
-                ],
-            ),
-            // The staged form (bf16 inference's prefill): token-major v, f16 rows of q, k
-            // and v for FlashAttention beside the caches.
-            (
-                format!("rope_kv_write staged pooled bf16 {s}"),
-                Op::RopeKvWrite {
-                    theta: 1e6,
-                    bias: true,
-                    staged: Some(DType::F16),
-                },
-                vec![
-                    f(&[b, t, hq, d]),
-                    f(&[b, t, hkv, d]),
-                    f(&[b, t, hkv, d]),
-                    bf(&[b + 3, hkv, smax, d]),
-                    bf(&[b + 3, hkv, smax, d]),
-                    In::Ids(vec![b, t], 4096),
-                    In::Ids(vec![b], smax - t + 1),
-                    In::Slots(b, b + 3),
-                    bf(&[hq * d]),
-                    bf(&[hkv * d]),
-                ],
-            ),
-            (
-                format!("rope_kv_write staged {s}"),
-                Op::RopeKvWrite {
-                    theta: 1e4,
-                    bias: false,
-                    staged: Some(DType::F16),
-                },
-                vec![
-                    f(&[b, t, hq, d]),
-                    f(&[b, t, hkv, d]),
-                    f(&[b, t, hkv, d]),
-                    f(&[b, hkv, smax, d]),
-                    f(&[b, hkv, smax, d]),
-                    In::Ids(vec![b, t], 4096),
-                    In::Ids(vec![b], smax - t + 1),
-                ],
-            ),
-            (
-                format!("rope_kv_write staged bf16 biases {s}"),
-                Op::RopeKvWrite {
-                    theta: 1e4,
-                    bias: true,
-                    staged: Some(DType::F16),
-                },
-                vec![
-                    f(&[b, t, hq, d]),
-                    f(&[b, t, hkv, d]),
-                    f(&[b, t, hkv, d]),
-                    f(&[b, hkv, smax, d]),
-                    f(&[b, hkv, smax, d]),
-                    In::Ids(vec![b, t], 4096),
-                    In::Ids(vec![b], smax - t + 1),
-                    bf(&[hq * d]),
-                    bf(&[hkv * d]),
-                ],
-            ),
             (
                 format!("kv_cache_write pooled {s}"),
                 Op::KvCacheWrite,
@@ -707,6 +591,46 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 ],
             ),
         ]);
+        // The fused RoPE + KV-cache write, plain and staged (bf16 inference's prefill: token-major
+        // v, f16 rows of q, k and v for FlashAttention beside the caches): bf16 caches and biases
+        // in a pool, f32 without biases, and f32 caches with bf16 biases.
+        for staged in [None, Some(DType::F16)] {
+            let v = match staged {
+                Some(_) => f(&[b, t, hkv, d]),
+                None => f(&[b, hkv, t, d]),
+            };
+            let prefix = if staged.is_some() {
+                "rope_kv_write staged"
+            } else {
+                "rope_kv_write"
+            };
+            let forms = [
+                ("pooled bf16 ", 1e6, true, true),
+                ("", 1e4, false, false),
+                ("bf16 biases ", 1e4, false, true),
+            ];
+            for (form, theta, pooled, bias) in forms {
+                let cache = match pooled {
+                    true => bf(&[b + 3, hkv, smax, d]),
+                    false => f(&[b, hkv, smax, d]),
+                };
+                let mut ins = vec![f(&[b, t, hq, d]), f(&[b, t, hkv, d]), v.clone()];
+                ins.extend([cache.clone(), cache]);
+                ins.extend([In::Ids(vec![b, t], 4096), In::Ids(vec![b], smax - t + 1)]);
+                ins.extend(pooled.then(|| In::Slots(b, b + 3)));
+                ins.extend(
+                    bias.then(|| [bf(&[hq * d]), bf(&[hkv * d])])
+                        .into_iter()
+                        .flatten(),
+                );
+                let op = Op::RopeKvWrite {
+                    theta,
+                    bias,
+                    staged,
+                };
+                cases.push((format!("{prefix} {form}{s}"), op, ins));
+            }
+        }
     }
     // Cached attention over caches of several key chunks (64 rows for D ≤ 64, 32 for 128):
     // positions anywhere in the cache, so chunks below, at and above each row's position, the

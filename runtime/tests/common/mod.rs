@@ -10,6 +10,23 @@ use kiln_kernels::{TensorView, TensorViewMut};
 use kiln_runtime::{interpret, Tensor};
 use rand::rngs::StdRng;
 
+/// A bf16 tensor: `random_f32`'s values rounded.
+pub fn random_bf16(rng: &mut StdRng, dims: &[usize]) -> Tensor {
+    let (_, values) = random_f32(rng, dims);
+    let rounded: Vec<half::bf16> = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    Tensor::from_vec(rounded, kiln_ir::Shape::new(dims)).unwrap()
+}
+
+/// The IR text of each op of `graph`, in node order (`Op`'s `Display`: name and attributes).
+pub fn op_texts(graph: &Graph) -> Vec<String> {
+    (graph.node_indices())
+        .filter_map(|n| match &graph.node(n)?.kind {
+            kiln_ir::graph::NodeKind::Op(op) => Some(op.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// An f32 tensor of uniform values in `[-1, 1)`, and the same values as a plain vector.
 pub fn random_f32(rng: &mut StdRng, dims: &[usize]) -> (Tensor, Vec<f32>) {
     let values = testing::to_f32(&testing::signed(rng, dims.iter().product()));

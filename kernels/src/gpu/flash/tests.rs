@@ -196,6 +196,17 @@ fn wide_heads_and_bad_groupings_are_refused() {
     assert!(flash_attention_backward_f32(backward(), dims(5, 4, 64), 0.5).is_err());
 }
 
+/// `at`'s forward over rows of the kernels' head dim 64 is the one launch of `instance`, reading
+/// q, k and v where they are: no stage, no workspace.
+fn reads_in_place(at: FlashForward, instance: &str) {
+    let launches = flash_attention_f32(at, dims(70, 90, 64), 0.5).unwrap();
+    assert_eq!(names(&launches), [instance]);
+    let args = &kernel(&launches[0]).args;
+    assert!(matches!(args[3..6], [Arg::Ptr(q), Arg::Ptr(k), Arg::Ptr(v)]
+        if [q, k, v] == [addr(0), addr(1), addr(2)]));
+    assert_eq!(forward_workspace_bytes(&dims(70, 90, 64), at.stored), 0);
+}
+
 /// A bf16 q, k or v of a padded head dim is read where it is (no stage, no workspace); one of
 /// another head dim is staged from bf16; grad_out is always staged, from its own storage.
 #[test]
@@ -204,15 +215,7 @@ fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
         stored: [DType::BF16; 3],
         ..forward()
     };
-    let launches = flash_attention_f32(bf16, dims(70, 90, 64), 0.5).unwrap();
-    assert_eq!(names(&launches), ["flash_attention_forward_d64"]);
-    let args = &kernel(&launches[0]).args;
-    assert!(matches!(args[3..6], [Arg::Ptr(q), Arg::Ptr(k), Arg::Ptr(v)]
-        if [q, k, v] == [addr(0), addr(1), addr(2)]));
-    assert_eq!(
-        forward_workspace_bytes(&dims(70, 90, 64), [DType::BF16; 3]),
-        0
-    );
+    reads_in_place(bf16, "flash_attention_forward_d64");
     // Only k in bf16: q and v staged from f32.
     let mixed = FlashForward {
         stored: [DType::F32, DType::BF16, DType::F32],
@@ -287,15 +290,7 @@ fn the_f16_forward_stages_its_f32_operands_as_f16_rows() {
         stored: [DType::F16; 3],
         ..f16
     };
-    let launches = flash_attention_f32(rows, dims(70, 90, 64), 0.5).unwrap();
-    assert_eq!(names(&launches), ["flash_attention_forward_f16_d64"]);
-    let args = &kernel(&launches[0]).args;
-    assert!(matches!(args[3..6], [Arg::Ptr(q), Arg::Ptr(k), Arg::Ptr(v)]
-        if [q, k, v] == [addr(0), addr(1), addr(2)]));
-    assert_eq!(
-        forward_workspace_bytes(&dims(70, 90, 64), [DType::F16; 3]),
-        0
-    );
+    reads_in_place(rows, "flash_attention_forward_f16_d64");
     let launches = flash_attention_f32(rows, dims(70, 90, 40), 0.5).unwrap();
     assert_eq!(names(&launches)[..3], ["flash_attention_stage_bf16"; 3]);
     for stored in [
