@@ -20,7 +20,8 @@
 //
 // Work split. Every tile kernel has 4 warps; each warp owns 16 rows of the block's tile as the
 // A operand's rows, and the block walks the other axis in tiles:
-//   forward  (B·Hq, T/64): S = Q·Kᵀ, online softmax, O += P·V over key tiles of N;
+//   forward  (B·Hq, T/64): S = Q·Kᵀ, online softmax, O += P·V over key tiles of N (or two
+//            groups of 4 warps over every other key tile, merged at the end, for small grids);
 //   delta    Δ = rowsum(r(dO) ∘ out), one warp per row;
 //   dK, dV   (B·Hq, S/64): for each query tile of BR that sees the block's keys, Sᵀ = K·Qᵀ,
 //            Pᵀ = exp(Sᵀ·scale − lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ(dPᵀ − Δ)·scale, dV += Pᵀ·dO,
@@ -50,7 +51,7 @@
 // it: hipRTC's compiler puts the shared arrays of functions it does not inline into one block
 // that every kernel of the module allocates (292 KB here, against gfx90a's 64 KB per block).
 
-#define KILN_FLASH_THREADS 128 // 4 warps
+#define KILN_FLASH_THREADS 128 // 4 warps (a group of them in the two-group forward)
 #define KILN_FLASH_ROWS 64     // the block's own rows: 16 per warp
 #define KILN_FLASH_PAD 8
 #define KILN_LOG2E 1.4426950408889634f
@@ -65,12 +66,13 @@ __device__ __forceinline__ unsigned int kiln_flash_word(const bf16_bits* p) {
 
 // Rows [first, first + R) of a [count][D] bf16 matrix (staged, or an operand already so) into a
 // shared tile [R][D + pad]
-// (rows past count zero-filled), issued as cp.async by the whole block.
+// (rows past count zero-filled), issued as cp.async by 128 threads, this one `thread` of them:
+// the whole block, or one warp group of the two-group forward.
 template <int D, int R>
 __device__ __forceinline__ void kiln_flash_tile(bf16_bits* dst, const bf16_bits* src, i64 first,
-                                                i64 count) {
+                                                i64 count, int thread = threadIdx.x) {
     constexpr int CHUNKS = D / 8; // 16-byte chunks per row
-    for (int i = threadIdx.x; i < R * CHUNKS; i += KILN_FLASH_THREADS) {
+    for (int i = thread; i < R * CHUNKS; i += KILN_FLASH_THREADS) {
         const int r = i / CHUNKS, c = i % CHUNKS;
         const bool valid = first + r < count;
         kiln_cp_async16(dst + r * (D + KILN_FLASH_PAD) + 8 * c,
@@ -243,45 +245,118 @@ extern "C" __global__ void flash_attention_stage_bf16(bf16_bits* dst, const bf16
 
 // Keys per tile of the forward and the dQ kernel, query rows per tile of the dK/dV kernel:
 // two tiles of each operand fit the 48 KB of static shared memory, and for D = 128 the dK/dV
-// accumulators fill the registers.
+// accumulators fill the registers. The two-group forward keeps two tiles of each operand per
+// group, so its key tiles are half as long from D = 64 on.
 template <int D> struct KilnFlashTiles {
     static constexpr int N = D > 64 ? 32 : 64;
     static constexpr int BR = D > 64 ? 16 : 64;
+    static constexpr int GROUP_N = D >= 64 ? N / 2 : N;
 };
 
-// Block (b·Hq + h, query tile): 64 query rows of head h, key tiles of N up to the tile's
-// causal limit. Each thread keeps, for its rows g and g + 8, the running max m (of the scaled
+// One key tile of the forward for this warp's rows row0 and row1 (lane quad position t): S =
+// Q·Kᵀ against the tile at n0 (`k_tile`, `v_tile` in shared memory), the online softmax's
+// update of the running max m, the thread's part of the running sum l and the output o, then
+// O += P·V. `full`: every row of the block sees every key of the tile (no masks).
+template <int D, int N, bool F16>
+__device__ __forceinline__ void kiln_flash_forward_tile(float (&o)[D / 8][4], float& m0,
+                                                        float& m1, float& l0, float& l1,
+                                                        const unsigned int (&qa)[D / 16][4],
+                                                        const bf16_bits* k_tile,
+                                                        const bf16_bits* v_tile, bool full,
+                                                        i64 row0, i64 row1, i64 offset, i64 n0,
+                                                        i64 kv_len, int t, float scale2) {
+    float s[N / 8][4];
+    kiln_flash_qk<D, N, true, F16>(s, qa, k_tile);
+    const int last0 = full ? N - 1 : kiln_flash_last_key(row0, offset, n0, kv_len, N);
+    const int last1 = full ? N - 1 : kiln_flash_last_key(row1, offset, n0, kv_len, N);
+    float top0 = kiln_flash_neg_inf(), top1 = kiln_flash_neg_inf();
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int key = 8 * j + 2 * t + (c & 1);
+            const bool seen = key <= (c < 2 ? last0 : last1);
+            s[j][c] = seen ? s[j][c] * scale2 : kiln_flash_neg_inf();
+        }
+        top0 = fmaxf(top0, fmaxf(s[j][0], s[j][1]));
+        top1 = fmaxf(top1, fmaxf(s[j][2], s[j][3]));
+    }
+    const float new0 = fmaxf(m0, kiln_flash_quad_max(top0));
+    const float new1 = fmaxf(m1, kiln_flash_quad_max(top1));
+    // A row with no key seen yet keeps 0 as its reference (its exps are all 0).
+    const float ref0 = new0 == kiln_flash_neg_inf() ? 0.0f : new0;
+    const float ref1 = new1 == kiln_flash_neg_inf() ? 0.0f : new1;
+    const float alpha0 = kiln_exp2_approx(m0 - ref0), alpha1 = kiln_exp2_approx(m1 - ref1);
+    m0 = new0;
+    m1 = new1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+        s[j][0] = kiln_exp2_approx(s[j][0] - ref0);
+        s[j][1] = kiln_exp2_approx(s[j][1] - ref0);
+        s[j][2] = kiln_exp2_approx(s[j][2] - ref1);
+        s[j][3] = kiln_exp2_approx(s[j][3] - ref1);
+        sum0 += s[j][0] + s[j][1];
+        sum1 += s[j][2] + s[j][3];
+    }
+    l0 = l0 * alpha0 + sum0;
+    l1 = l1 * alpha1 + sum1;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+        o[n][0] *= alpha0;
+        o[n][1] *= alpha0;
+        o[n][2] *= alpha1;
+        o[n][3] *= alpha1;
+    }
+    kiln_flash_pv<N, D, F16>(o, s, v_tile);
+}
+
+// Block (b·Hq + h, query tile): 64 query rows of head h, key tiles up to the tile's causal
+// limit. Each thread keeps, for its rows g and g + 8, the running max m (of the scaled
 // scores) and its own part of the running sum l (summed over the quad at the end).
-template <int D, bool F16 = false>
+//
+// GROUPS = 2 (8 warps): both warp groups hold the block's 64 rows, group g walks the key
+// tiles g, g + 2, ... (its own double-buffered K and V), and at the end group 1 leaves its m,
+// l and o in the tiles' shared memory for group 0 to merge as one more online-softmax step.
+// It is for grids of fewer blocks than SMs (the builder's choice, kernels/src/gpu/flash.rs):
+// twice the warps on each busy SM, each walking half the keys.
+template <int D, int GROUPS, bool F16 = false>
 __device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounded, float* lse,
                                                    const bf16_bits* q, const bf16_bits* k,
                                                    const bf16_bits* v, i64 q_heads,
                                                    i64 kv_heads, i64 q_len, i64 kv_len, i64 hd,
                                                    float scale) {
-    constexpr int N = KilnFlashTiles<D>::N;
+    static_assert(GROUPS == 1 || GROUPS == 2, "one or two warp groups");
+    constexpr int N = GROUPS == 1 ? KilnFlashTiles<D>::N : KilnFlashTiles<D>::GROUP_N;
     constexpr int TILE = N * (D + KILN_FLASH_PAD);
-    __shared__ __align__(16) bf16_bits ks[2 * TILE];
-    __shared__ __align__(16) bf16_bits vs[2 * TILE];
+    __shared__ __align__(16) bf16_bits ks[2 * GROUPS * TILE];
+    __shared__ __align__(16) bf16_bits vs[2 * GROUPS * TILE];
     const i64 bh = blockIdx.x;
     const i64 b = bh / q_heads, h = bh % q_heads;
     const i64 kvh = b * kv_heads + h / (q_heads / kv_heads);
     // Heaviest tiles (the last rows see the most keys) first.
     const i64 q0 = (i64)(gridDim.y - 1 - blockIdx.y) * KILN_FLASH_ROWS;
     const int warp = threadIdx.x / KILN_WARP, lane = threadIdx.x % KILN_WARP;
+    // The warp's 16 rows among the block's 64, its group, and this thread within the group.
+    const int rows_of = GROUPS == 1 ? warp : warp % 4;
+    const int group = GROUPS == 1 ? 0 : warp / 4;
+    const int member = GROUPS == 1 ? (int)threadIdx.x : (int)threadIdx.x % KILN_FLASH_THREADS;
     const int t = lane % 4;
-    const i64 row0 = q0 + 16 * warp + lane / 4, row1 = row0 + 8;
+    const i64 row0 = q0 + 16 * rows_of + lane / 4, row1 = row0 + 8;
     const i64 offset = kv_len - q_len; // query t sits at position offset + t
 
     i64 limit = offset + q0 + KILN_FLASH_ROWS; // keys the tile's last row sees, exclusive
     limit = limit < kv_len ? limit : kv_len;
     const bf16_bits* k_head = k + kvh * kv_len * D;
     const bf16_bits* v_head = v + kvh * kv_len * D;
-    kiln_flash_tile<D, N>(ks, k_head, 0, kv_len);
-    kiln_flash_tile<D, N>(vs, v_head, 0, kv_len);
+    bf16_bits* k_tiles = ks + group * 2 * TILE;
+    bf16_bits* v_tiles = vs + group * 2 * TILE;
+    kiln_flash_tile<D, N>(k_tiles, k_head, group * N, kv_len, member);
+    kiln_flash_tile<D, N>(v_tiles, v_head, group * N, kv_len, member);
     kiln_cp_async_commit();
 
     unsigned int qa[D / 16][4];
-    kiln_flash_rows<D>(qa, q + bh * q_len * D, q0 + 16 * warp, q_len);
+    kiln_flash_rows<D>(qa, q + bh * q_len * D, q0 + 16 * rows_of, q_len);
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -289,63 +364,73 @@ __device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounde
     const float scale2 = scale * KILN_LOG2E;
     float m0 = kiln_flash_neg_inf(), m1 = kiln_flash_neg_inf(), l0 = 0.0f, l1 = 0.0f;
 
-    for (i64 n0 = 0, tile = 0; n0 < limit; n0 += N, ++tile) {
+    // Every group takes as many steps as group 0 (the block's barriers); a group whose tile
+    // of the step is past the limit (group 1 on the last step) only waits.
+    for (i64 first = 0, tile = 0; first < limit; first += GROUPS * N, ++tile) {
+        const i64 n0 = first + group * N;
         const int buffer = (int)(tile & 1);
-        if (n0 + N < limit) {
-            // The next tile's copy goes out before this one is used.
-            kiln_flash_tile<D, N>(ks + (buffer ^ 1) * TILE, k_head, n0 + N, kv_len);
-            kiln_flash_tile<D, N>(vs + (buffer ^ 1) * TILE, v_head, n0 + N, kv_len);
+        if (n0 + GROUPS * N < limit) {
+            // The group's next tile's copy goes out before this one is used.
+            kiln_flash_tile<D, N>(k_tiles + (buffer ^ 1) * TILE, k_head, n0 + GROUPS * N,
+                                  kv_len, member);
+            kiln_flash_tile<D, N>(v_tiles + (buffer ^ 1) * TILE, v_head, n0 + GROUPS * N,
+                                  kv_len, member);
         }
         kiln_cp_async_commit();
         kiln_cp_async_wait<1>();
         __syncthreads();
-        float s[N / 8][4];
-        kiln_flash_qk<D, N, true, F16>(s, qa, ks + buffer * TILE);
-        // Every row of the block sees every key of the tile (block-uniform): no masks.
-        const bool full = n0 + N <= kv_len && n0 + N - 1 <= offset + q0;
-        const int last0 = full ? N - 1 : kiln_flash_last_key(row0, offset, n0, kv_len, N);
-        const int last1 = full ? N - 1 : kiln_flash_last_key(row1, offset, n0, kv_len, N);
-        float top0 = kiln_flash_neg_inf(), top1 = kiln_flash_neg_inf();
-#pragma unroll
-        for (int j = 0; j < N / 8; ++j) {
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int key = 8 * j + 2 * t + (c & 1);
-                const bool seen = key <= (c < 2 ? last0 : last1);
-                s[j][c] = seen ? s[j][c] * scale2 : kiln_flash_neg_inf();
-            }
-            top0 = fmaxf(top0, fmaxf(s[j][0], s[j][1]));
-            top1 = fmaxf(top1, fmaxf(s[j][2], s[j][3]));
+        if (GROUPS == 1 || n0 < limit) {
+            const bool full = n0 + N <= kv_len && n0 + N - 1 <= offset + q0;
+            kiln_flash_forward_tile<D, N, F16>(o, m0, m1, l0, l1, qa, k_tiles + buffer * TILE,
+                                               v_tiles + buffer * TILE, full, row0, row1,
+                                               offset, n0, kv_len, t, scale2);
         }
-        const float new0 = fmaxf(m0, kiln_flash_quad_max(top0));
-        const float new1 = fmaxf(m1, kiln_flash_quad_max(top1));
-        // A row with no key seen yet keeps 0 as its reference (its exps are all 0).
+        __syncthreads(); // this buffer is refilled two steps on
+    }
+    if constexpr (GROUPS == 2) {
+        // Slot s of the spill is 128 floats (one per member), in ks while it holds them, then
+        // in vs: o's D/2 values a thread, then m0, m1, l0, l1. No copy is in flight over it.
+        constexpr int SLOTS = D / 2 + 4, IN_KS = GROUPS * TILE / KILN_FLASH_THREADS;
+        static_assert(2 * IN_KS >= SLOTS, "the spill fits the tiles");
+        const auto slot = [&](int s) -> float& {
+            float* base = s < IN_KS ? (float*)ks + s * KILN_FLASH_THREADS
+                                    : (float*)vs + (s - IN_KS) * KILN_FLASH_THREADS;
+            return base[member];
+        };
+        kiln_cp_async_wait<0>();
+        __syncthreads();
+        if (group == 1) {
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) slot(4 * n + c) = o[n][c];
+            }
+            slot(D / 2) = m0;
+            slot(D / 2 + 1) = m1;
+            slot(D / 2 + 2) = l0;
+            slot(D / 2 + 3) = l1;
+        }
+        __syncthreads();
+        if (group == 1) return;
+        // Group 0's thread holds the same rows and columns as the member it reads.
+        const float other0 = slot(D / 2), other1 = slot(D / 2 + 1);
+        const float new0 = fmaxf(m0, other0), new1 = fmaxf(m1, other1);
         const float ref0 = new0 == kiln_flash_neg_inf() ? 0.0f : new0;
         const float ref1 = new1 == kiln_flash_neg_inf() ? 0.0f : new1;
-        const float alpha0 = kiln_exp2_approx(m0 - ref0), alpha1 = kiln_exp2_approx(m1 - ref1);
+        const float mine0 = kiln_exp2_approx(m0 - ref0), mine1 = kiln_exp2_approx(m1 - ref1);
+        const float theirs0 = kiln_exp2_approx(other0 - ref0);
+        const float theirs1 = kiln_exp2_approx(other1 - ref1);
         m0 = new0;
         m1 = new1;
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < N / 8; ++j) {
-            s[j][0] = kiln_exp2_approx(s[j][0] - ref0);
-            s[j][1] = kiln_exp2_approx(s[j][1] - ref0);
-            s[j][2] = kiln_exp2_approx(s[j][2] - ref1);
-            s[j][3] = kiln_exp2_approx(s[j][3] - ref1);
-            sum0 += s[j][0] + s[j][1];
-            sum1 += s[j][2] + s[j][3];
-        }
-        l0 = l0 * alpha0 + sum0;
-        l1 = l1 * alpha1 + sum1;
+        l0 = l0 * mine0 + slot(D / 2 + 2) * theirs0;
+        l1 = l1 * mine1 + slot(D / 2 + 3) * theirs1;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-            o[n][0] *= alpha0;
-            o[n][1] *= alpha0;
-            o[n][2] *= alpha1;
-            o[n][3] *= alpha1;
+            o[n][0] = o[n][0] * mine0 + slot(4 * n) * theirs0;
+            o[n][1] = o[n][1] * mine0 + slot(4 * n + 1) * theirs0;
+            o[n][2] = o[n][2] * mine1 + slot(4 * n + 2) * theirs1;
+            o[n][3] = o[n][3] * mine1 + slot(4 * n + 3) * theirs1;
         }
-        kiln_flash_pv<N, D, F16>(o, s, vs + buffer * TILE);
-        __syncthreads(); // this buffer is refilled two tiles on
     }
     l0 = kiln_flash_quad_sum(l0);
     l1 = kiln_flash_quad_sum(l1);
@@ -372,75 +457,122 @@ __device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounde
     }
 }
 
-// The entry points, one per head dim (the argument checks of kernels/src/gpu/tests.rs read
-// these signatures). q, k, v are the staged copies (or the operands, already bf16 rows of
-// D). out is written in f32 where `out` is not null and rounded to bf16 where `rounded` is not
-// null (the o GEMM's input: mixed precision, bf16 prefill), either or both.
-extern "C" __global__ void flash_attention_forward_d16(float* out, bf16_bits* rounded,
-                                                       float* lse, const bf16_bits* q,
-                                                       const bf16_bits* k, const bf16_bits* v,
-                                                       i64 q_heads, i64 kv_heads, i64 q_len,
-                                                       i64 kv_len, i64 hd, float scale) {
+// The entry points: one per head dim, plain and rounding to f16 (q, k, v staged as f16 rows),
+// each in one and two warp groups (the argument checks of kernels/src/gpu/tests.rs read these
+// signatures). q, k, v are the staged copies (or the operands, already rows of D). out is
+// written in f32 where `out` is not null and rounded to bf16 where `rounded` is not null (the
+// o GEMM's input: mixed precision, bf16 prefill), either or both.
+extern "C" __global__ void flash_attention_forward_d16(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<16>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd,
-                           scale);
+    kiln_flash_forward<16, 1>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
 }
-extern "C" __global__ void flash_attention_forward_d32(float* out, bf16_bits* rounded,
-                                                       float* lse, const bf16_bits* q,
-                                                       const bf16_bits* k, const bf16_bits* v,
-                                                       i64 q_heads, i64 kv_heads, i64 q_len,
-                                                       i64 kv_len, i64 hd, float scale) {
+extern "C" __global__ void flash_attention_forward_d32(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<32>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd,
-                           scale);
+    kiln_flash_forward<32, 1>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
 }
-extern "C" __global__ void flash_attention_forward_d64(float* out, bf16_bits* rounded,
-                                                       float* lse, const bf16_bits* q,
-                                                       const bf16_bits* k, const bf16_bits* v,
-                                                       i64 q_heads, i64 kv_heads, i64 q_len,
-                                                       i64 kv_len, i64 hd, float scale) {
+extern "C" __global__ void flash_attention_forward_d64(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<64>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd,
-                           scale);
+    kiln_flash_forward<64, 1>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
 }
-extern "C" __global__ void flash_attention_forward_d128(float* out, bf16_bits* rounded,
-                                                       float* lse, const bf16_bits* q,
-                                                       const bf16_bits* k, const bf16_bits* v,
-                                                       i64 q_heads, i64 kv_heads, i64 q_len,
-                                                       i64 kv_len, i64 hd, float scale) {
+extern "C" __global__ void flash_attention_forward_d128(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<128>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len, hd,
-                           scale);
+    kiln_flash_forward<128, 1>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
 }
-
-// The f16 forward (q, k, v staged as f16 rows): the same signatures.
+extern "C" __global__ void flash_attention_forward_groups_d16(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<16, 2>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_groups_d32(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<32, 2>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_groups_d64(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<64, 2>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_groups_d128(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<128, 2>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
+}
 extern "C" __global__ void flash_attention_forward_f16_d16(
     float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
     const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<16, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-                                  hd, scale);
+    kiln_flash_forward<16, 1, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
 }
 extern "C" __global__ void flash_attention_forward_f16_d32(
     float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
     const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<32, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-                                  hd, scale);
+    kiln_flash_forward<32, 1, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
 }
 extern "C" __global__ void flash_attention_forward_f16_d64(
     float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
     const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<64, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-                                  hd, scale);
+    kiln_flash_forward<64, 1, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
 }
 extern "C" __global__ void flash_attention_forward_f16_d128(
     float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
     const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
     kiln_grid_dependency_wait();
-    kiln_flash_forward<128, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-                                  hd, scale);
+    kiln_flash_forward<128, 1, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_f16_groups_d16(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<16, 2, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_f16_groups_d32(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<32, 2, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_f16_groups_d64(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<64, 2, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
+}
+extern "C" __global__ void flash_attention_forward_f16_groups_d128(
+    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
+    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
+    kiln_grid_dependency_wait();
+    kiln_flash_forward<128, 2, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
+        hd, scale);
 }
 
 // ---- backward ----

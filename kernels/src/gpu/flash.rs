@@ -11,7 +11,9 @@
 
 use super::attention::AttentionDims;
 use super::embedding::zero_f32;
-use super::launch::{all_aligned, grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X, MAX_GRID_YZ};
+use super::launch::{
+    all_aligned, grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X, MAX_GRID_YZ, SMS,
+};
 use super::{Addr, Arg, Forms, Kernel, Launch, Stored, BLOCK_THREADS, SLOT_ALIGN};
 use crate::{Error, Result};
 use kiln_ir::DType;
@@ -38,42 +40,91 @@ fn padded(function: &'static str, head_dim: u64) -> Result<u64> {
 /// The tile kernels of `flash.cu`, one instance per padded head dim.
 #[derive(Clone, Copy, Debug)]
 enum TileKernel {
-    Forward,
-    /// The forward rounding to f16.
-    ForwardF16,
+    /// The forward, rounding to f16 (or bf16), in two warp groups (or one).
+    Forward {
+        f16: bool,
+        groups: bool,
+    },
     KeysValues,
     Queries,
 }
 
-/// The name of `kernel`'s instance for the padded head dim `d` (16, 32, 64 or 128).
-fn instance(kernel: TileKernel, d: u64) -> &'static str {
-    let names: [&'static str; 4] = match kernel {
-        TileKernel::Forward => [
-            "flash_attention_forward_d16",
-            "flash_attention_forward_d32",
-            "flash_attention_forward_d64",
-            "flash_attention_forward_d128",
-        ],
-        TileKernel::ForwardF16 => [
-            "flash_attention_forward_f16_d16",
-            "flash_attention_forward_f16_d32",
-            "flash_attention_forward_f16_d64",
-            "flash_attention_forward_f16_d128",
-        ],
-        TileKernel::KeysValues => [
-            "flash_attention_backward_kv_d16",
-            "flash_attention_backward_kv_d32",
-            "flash_attention_backward_kv_d64",
-            "flash_attention_backward_kv_d128",
-        ],
-        TileKernel::Queries => [
-            "flash_attention_backward_q_d16",
-            "flash_attention_backward_q_d32",
-            "flash_attention_backward_q_d64",
-            "flash_attention_backward_q_d128",
-        ],
-    };
-    names[d.trailing_zeros() as usize - 4]
+impl TileKernel {
+    /// The forward for `dims`: in two warp groups where its blocks (`B·Hq·⌈T/64⌉`) are fewer
+    /// than the SMs. Below one wave the idle SMs cannot help; two groups put twice the warps
+    /// on each busy SM, each group down half the key tiles. At a wave or more the SMs are
+    /// already full, and the groups' half-size tiles (both groups' buffers share the 48 KB)
+    /// cost more barriers: slower at T = 2048 (BENCHMARKS.md, 2026-12-05).
+    fn forward(dims: &AttentionDims, f16: bool) -> TileKernel {
+        let blocks = dims.batch * dims.q_heads * dims.q_len.div_ceil(TILE_ROWS);
+        TileKernel::Forward {
+            f16,
+            groups: blocks < SMS,
+        }
+    }
+
+    /// Threads per block: 4 warps, 8 for the two-group forward.
+    fn threads(self) -> u32 {
+        match self {
+            TileKernel::Forward { groups: true, .. } => 2 * TILE_THREADS,
+            _ => TILE_THREADS,
+        }
+    }
+
+    /// The name of the kernel's instance for the padded head dim `d` (16, 32, 64 or 128).
+    fn instance(self, d: u64) -> &'static str {
+        let names: [&'static str; 4] = match self {
+            TileKernel::Forward {
+                f16: false,
+                groups: false,
+            } => [
+                "flash_attention_forward_d16",
+                "flash_attention_forward_d32",
+                "flash_attention_forward_d64",
+                "flash_attention_forward_d128",
+            ],
+            TileKernel::Forward {
+                f16: false,
+                groups: true,
+            } => [
+                "flash_attention_forward_groups_d16",
+                "flash_attention_forward_groups_d32",
+                "flash_attention_forward_groups_d64",
+                "flash_attention_forward_groups_d128",
+            ],
+            TileKernel::Forward {
+                f16: true,
+                groups: false,
+            } => [
+                "flash_attention_forward_f16_d16",
+                "flash_attention_forward_f16_d32",
+                "flash_attention_forward_f16_d64",
+                "flash_attention_forward_f16_d128",
+            ],
+            TileKernel::Forward {
+                f16: true,
+                groups: true,
+            } => [
+                "flash_attention_forward_f16_groups_d16",
+                "flash_attention_forward_f16_groups_d32",
+                "flash_attention_forward_f16_groups_d64",
+                "flash_attention_forward_f16_groups_d128",
+            ],
+            TileKernel::KeysValues => [
+                "flash_attention_backward_kv_d16",
+                "flash_attention_backward_kv_d32",
+                "flash_attention_backward_kv_d64",
+                "flash_attention_backward_kv_d128",
+            ],
+            TileKernel::Queries => [
+                "flash_attention_backward_q_d16",
+                "flash_attention_backward_q_d32",
+                "flash_attention_backward_q_d64",
+                "flash_attention_backward_q_d128",
+            ],
+        };
+        names[d.trailing_zeros() as usize - 4]
+    }
 }
 
 /// The attention rule (`Hkv` divides `Hq`, `T <= S`) and the padded head dim.
@@ -95,13 +146,15 @@ fn size_args(dims: &AttentionDims, scale: f32) -> [Arg; 6] {
     ]
 }
 
-/// A tile kernel over `(x, tiles of 64 rows)`.
+/// `kernel`'s instance for the padded head dim `d` over `(x, tiles of 64 rows)`.
 fn tile_launch(
-    function: &'static str,
+    kernel: TileKernel,
+    d: u64,
     x: (u64, &'static str),
     rows: u64,
     args: Vec<Arg>,
 ) -> Result<Launch> {
+    let function = kernel.instance(d);
     let grid = (
         grid_dim(function, x.1, x.0, MAX_GRID_X)?,
         grid_dim(function, "row tiles", rows.div_ceil(TILE_ROWS), MAX_GRID_YZ)?,
@@ -111,7 +164,7 @@ fn tile_launch(
         MODULE,
         function,
         grid,
-        (TILE_THREADS, 1, 1),
+        (kernel.threads(), 1, 1),
         0,
         args,
     ))
@@ -319,7 +372,8 @@ pub struct FlashForward {
 }
 
 /// q, k, v staged where they are not rows the kernels read, then one launch: a block per
-/// (b·Hq + h, tile of 64 query rows). Nothing when there is no query row.
+/// (b·Hq + h, tile of 64 query rows), of two warp groups below one wave
+/// ([`TileKernel::forward`]). Nothing when there is no query row.
 pub fn flash_attention_f32(
     at: FlashForward,
     dims: AttentionDims,
@@ -359,11 +413,8 @@ pub fn flash_attention_f32(
     args.extend([at.lse, q, k, v].map(Arg::Ptr));
     args.extend(size_args(&dims, scale));
     let heads = (dims.batch * dims.q_heads, "B·Hq");
-    let forward = match f16 {
-        true => TileKernel::ForwardF16,
-        false => TileKernel::Forward,
-    };
-    launches.push(tile_launch(instance(forward, d), heads, dims.q_len, args)?);
+    let forward = TileKernel::forward(&dims, f16);
+    launches.push(tile_launch(forward, d, heads, dims.q_len, args)?);
     Ok(launches)
 }
 
@@ -468,7 +519,8 @@ pub fn flash_attention_backward_f32(
     args.extend(size_args(&dims, scale));
     let heads = (dims.batch * dims.q_heads, "B·Hq");
     launches.push(tile_launch(
-        instance(TileKernel::KeysValues, d),
+        TileKernel::KeysValues,
+        d,
         heads,
         dims.kv_len,
         args,
@@ -499,7 +551,8 @@ pub fn flash_attention_backward_f32(
         args.extend(saved);
         args.extend(size_args(&dims, scale));
         launches.push(tile_launch(
-            instance(TileKernel::Queries, d),
+            TileKernel::Queries,
+            d,
             heads,
             dims.q_len,
             args,

@@ -263,9 +263,18 @@ fn every_launch() -> Vec<Launch> {
         launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
     }
     // Every head-dim instance of the flash kernels, with f32 and bf16 operands (staged from
-    // either), and of the f16 forward.
-    for head_dim in [8, 32, 64, 128] {
-        let dims = AttentionDims { head_dim, ..dims };
+    // either), and of the f16 forward; the forwards in two warp groups (8 blocks) and in one
+    // (T = 1088: 136 blocks).
+    for (head_dim, q_len) in [8, 32, 64, 128]
+        .into_iter()
+        .flat_map(|d| [(d, 3), (d, 1088)])
+    {
+        let dims = AttentionDims {
+            head_dim,
+            q_len,
+            kv_len: q_len + 2,
+            ..dims
+        };
         let f16 = flash::FlashForward {
             rounding: DType::F16,
             ..flash_forward

@@ -86,6 +86,46 @@ fn each_head_dim_runs_the_smallest_instance_that_holds_it() {
     }
 }
 
+/// The forward runs in two warp groups (8 warps a block) while its blocks are fewer than the
+/// SMs, in one (4 warps) from one wave on; plain and rounding to f16 alike.
+#[test]
+fn grids_below_one_wave_run_the_forward_in_two_warp_groups() {
+    let heads = |batch, q_heads, q_len| AttentionDims {
+        batch,
+        q_heads,
+        kv_heads: 1,
+        q_len,
+        kv_len: q_len,
+        head_dim: 64,
+    };
+    let cases = [
+        (heads(1, 14, 512), true),   // 0.5B prefill, T = 512: 112 blocks
+        (heads(1, 14, 2048), false), // T = 2048: 448
+        (heads(1, 131, 64), true),
+        (heads(1, 132, 64), false),
+        (heads(2, 6, 700), false), // 2 · 6 · 11 = 132 blocks: one wave
+        (heads(2, 6, 640), true),  // 2 · 6 · 10 = 120
+    ];
+    for (dims, groups) in cases {
+        let blocks = dims.batch * dims.q_heads * dims.q_len.div_ceil(64);
+        for rounding in [DType::BF16, DType::F16] {
+            let at = FlashForward {
+                rounding,
+                ..forward()
+            };
+            let launches = flash_attention_f32(at, dims, 0.5).unwrap();
+            let main = kernel(launches.last().unwrap());
+            assert_eq!(
+                main.function.contains("_groups_"),
+                groups,
+                "{blocks} blocks"
+            );
+            assert_eq!(main.block.0, if groups { 256 } else { 128 });
+            assert_eq!(main.grid.0 as u64 * main.grid.1 as u64, blocks);
+        }
+    }
+}
+
 #[test]
 fn staged_operands_and_scratch_do_not_overlap() {
     let (dims, d) = (dims(70, 130, 40), 64);
@@ -215,7 +255,7 @@ fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
         stored: [DType::BF16; 3],
         ..forward()
     };
-    reads_in_place(bf16, "flash_attention_forward_d64");
+    reads_in_place(bf16, "flash_attention_forward_groups_d64");
     // Only k in bf16: q and v staged from f32.
     let mixed = FlashForward {
         stored: [DType::F32, DType::BF16, DType::F32],
@@ -227,7 +267,7 @@ fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
         [
             "flash_attention_stage",
             "flash_attention_stage",
-            "flash_attention_forward_d64"
+            "flash_attention_forward_groups_d64"
         ]
     );
     // Head dim 40 pads to 64: bf16 rows are staged too.
@@ -278,8 +318,8 @@ fn the_f16_forward_stages_its_f32_operands_as_f16_rows() {
         ..forward()
     };
     for (head_dim, instance) in [
-        (40, "flash_attention_forward_f16_d64"),
-        (128, "flash_attention_forward_f16_d128"),
+        (40, "flash_attention_forward_f16_groups_d64"),
+        (128, "flash_attention_forward_f16_groups_d128"),
     ] {
         let launches = flash_attention_f32(f16, dims(70, 90, head_dim), 0.5).unwrap();
         let mut want = vec!["flash_attention_stage_f16"; 3];
@@ -290,7 +330,7 @@ fn the_f16_forward_stages_its_f32_operands_as_f16_rows() {
         stored: [DType::F16; 3],
         ..f16
     };
-    reads_in_place(rows, "flash_attention_forward_f16_d64");
+    reads_in_place(rows, "flash_attention_forward_f16_groups_d64");
     let launches = flash_attention_f32(rows, dims(70, 90, 40), 0.5).unwrap();
     assert_eq!(names(&launches)[..3], ["flash_attention_stage_bf16"; 3]);
     for stored in [
