@@ -698,7 +698,8 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     // after a prefix (T < S), GQA ratios 1 and > 1, head dims padded (5, 24, 40, 72) and
     // exact (16, 64, 128). The backward takes random out and lse: its kernels compute the same
     // function of any operands. The forward runs in two warp groups below 132 blocks
-    // (B·Hq·⌈T/64⌉) and in one from there: the last two cases (168 and 132 blocks).
+    // (B·Hq·⌈T/64⌉) and in one from there: the last four cases (168, 132, 168 and 144 blocks;
+    // head dims 64, 128, 24 padded to 32, and 16).
     for &(b, hq, hkv, t, keys, d) in &[
         (1, 2, 2, 1, 1, 64),
         (1, 3, 1, 2, 9, 5),
@@ -711,6 +712,8 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
         (1, 4, 4, 90, 97, 72),
         (2, 12, 2, 390, 390, 64),
         (1, 12, 2, 700, 760, 128),
+        (2, 12, 2, 390, 400, 24),
+        (1, 12, 4, 720, 720, 16),
     ] {
         let s = format!("B={b} Hq={hq} Hkv={hkv} T={t} S={keys} D={d}");
         let scale = 1.0 / (d as f64).sqrt();
