@@ -120,96 +120,39 @@ __device__ void kiln_rope_kv(float* q_rot, unsigned short* q_rows, unsigned shor
     }
 }
 
-// Named by the caches' dtype, then the biases' where they differ.
-extern "C" __global__ void rope_kv_write_f32(
-    float* q_rot, float* k_cache, float* v_cache, const float* q, const float* k,
-    const float* v, const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
-    const float* q_bias, const float* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
-    i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
-    kiln_grid_dependency_wait();
-    kiln_rope_kv<false>(q_rot, nullptr, nullptr, nullptr, k_cache, v_cache, q, k, v,
-                        rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
-                        seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
-}
-
-extern "C" __global__ void rope_kv_write_f32_bf16(
-    float* q_rot, float* k_cache, float* v_cache, const float* q, const float* k,
-    const float* v, const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
-    const bf16_bits* q_bias, const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq,
-    i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
-    kiln_grid_dependency_wait();
-    kiln_rope_kv<false>(q_rot, nullptr, nullptr, nullptr, k_cache, v_cache, q, k, v,
-                        rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
-                        seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
-}
-
-extern "C" __global__ void rope_kv_write_bf16(
-    float* q_rot, bf16_bits* k_cache, bf16_bits* v_cache, const float* q, const float* k,
-    const float* v, const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
-    const bf16_bits* q_bias, const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq,
-    i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
-    kiln_grid_dependency_wait();
-    kiln_rope_kv<false>(q_rot, nullptr, nullptr, nullptr, k_cache, v_cache, q, k, v,
-                        rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
-                        seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
-}
-
-extern "C" __global__ void rope_kv_write_bf16_f32(
-    float* q_rot, bf16_bits* k_cache, bf16_bits* v_cache, const float* q, const float* k,
-    const float* v, const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
-    const float* q_bias, const float* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
-    i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
-    kiln_grid_dependency_wait();
-    kiln_rope_kv<false>(q_rot, nullptr, nullptr, nullptr, k_cache, v_cache, q, k, v,
-                        rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
-                        seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
-}
+// The entry points: kiln_rope_kv as `name` for caches of C and biases of B, named by the caches'
+// dtype, then the biases' where they differ (the argument checks of kernels/src/gpu/tests.rs
+// expand the macros and read these signatures).
+#define KILN_ROPE_KV_WRITE_ENTRY(name, C, B)                                                      \
+    extern "C" __global__ void name(                                                            \
+        float* q_rot, C* k_cache, C* v_cache, const float* q, const float* k, const float* v,   \
+        const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,            \
+        const B* q_bias, const B* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,        \
+        i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {                    \
+        kiln_grid_dependency_wait();                                                            \
+        kiln_rope_kv<false>(q_rot, nullptr, nullptr, nullptr, k_cache, v_cache, q, k, v,        \
+                            rope_positions, positions, rows, slots, q_bias, k_bias, has_bias,   \
+                            batch, seq, q_heads, kv_heads, capacity, head_dim, theta, fault);   \
+    }
+KILN_ROPE_KV_WRITE_ENTRY(rope_kv_write_f32, float, float)
+KILN_ROPE_KV_WRITE_ENTRY(rope_kv_write_f32_bf16, float, bf16_bits)
+KILN_ROPE_KV_WRITE_ENTRY(rope_kv_write_bf16, bf16_bits, bf16_bits)
+KILN_ROPE_KV_WRITE_ENTRY(rope_kv_write_bf16_f32, bf16_bits, float)
 
 // The staged form, named as rope_kv_write's.
-extern "C" __global__ void rope_kv_stage_f32(
-    unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, float* k_cache,
-    float* v_cache, const float* q, const float* k, const float* v, const i64* rope_positions,
-    const i64* positions, const i64* rows, i64 slots, const float* q_bias, const float* k_bias,
-    int has_bias, i64 batch, i64 seq, i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim,
-    float theta, int* fault) {
-    kiln_grid_dependency_wait();
-    kiln_rope_kv<true>(nullptr, q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v,
-                       rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
-                       seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
-}
-
-extern "C" __global__ void rope_kv_stage_f32_bf16(
-    unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, float* k_cache,
-    float* v_cache, const float* q, const float* k, const float* v, const i64* rope_positions,
-    const i64* positions, const i64* rows, i64 slots, const bf16_bits* q_bias,
-    const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads, i64 kv_heads,
-    i64 capacity, i64 head_dim, float theta, int* fault) {
-    kiln_grid_dependency_wait();
-    kiln_rope_kv<true>(nullptr, q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v,
-                       rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
-                       seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
-}
-
-extern "C" __global__ void rope_kv_stage_bf16(
-    unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, bf16_bits* k_cache,
-    bf16_bits* v_cache, const float* q, const float* k, const float* v,
-    const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
-    const bf16_bits* q_bias, const bf16_bits* k_bias, int has_bias, i64 batch, i64 seq,
-    i64 q_heads, i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
-    kiln_grid_dependency_wait();
-    kiln_rope_kv<true>(nullptr, q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v,
-                       rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
-                       seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
-}
-
-extern "C" __global__ void rope_kv_stage_bf16_f32(
-    unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, bf16_bits* k_cache,
-    bf16_bits* v_cache, const float* q, const float* k, const float* v,
-    const i64* rope_positions, const i64* positions, const i64* rows, i64 slots,
-    const float* q_bias, const float* k_bias, int has_bias, i64 batch, i64 seq, i64 q_heads,
-    i64 kv_heads, i64 capacity, i64 head_dim, float theta, int* fault) {
-    kiln_grid_dependency_wait();
-    kiln_rope_kv<true>(nullptr, q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v,
-                       rope_positions, positions, rows, slots, q_bias, k_bias, has_bias, batch,
-                       seq, q_heads, kv_heads, capacity, head_dim, theta, fault);
-}
+#define KILN_ROPE_KV_STAGE_ENTRY(name, C, B)                                                      \
+    extern "C" __global__ void name(                                                            \
+        unsigned short* q_rows, unsigned short* k_rows, unsigned short* v_rows, C* k_cache,     \
+        C* v_cache, const float* q, const float* k, const float* v, const i64* rope_positions,  \
+        const i64* positions, const i64* rows, i64 slots, const B* q_bias, const B* k_bias,     \
+        int has_bias, i64 batch, i64 seq, i64 q_heads, i64 kv_heads, i64 capacity,              \
+        i64 head_dim, float theta, int* fault) {                                                \
+        kiln_grid_dependency_wait();                                                            \
+        kiln_rope_kv<true>(nullptr, q_rows, k_rows, v_rows, k_cache, v_cache, q, k, v,          \
+                           rope_positions, positions, rows, slots, q_bias, k_bias, has_bias,    \
+                           batch, seq, q_heads, kv_heads, capacity, head_dim, theta, fault);    \
+    }
+KILN_ROPE_KV_STAGE_ENTRY(rope_kv_stage_f32, float, float)
+KILN_ROPE_KV_STAGE_ENTRY(rope_kv_stage_f32_bf16, float, bf16_bits)
+KILN_ROPE_KV_STAGE_ENTRY(rope_kv_stage_bf16, bf16_bits, bf16_bits)
+KILN_ROPE_KV_STAGE_ENTRY(rope_kv_stage_bf16_f32, bf16_bits, float)

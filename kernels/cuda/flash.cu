@@ -457,123 +457,37 @@ __device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounde
     }
 }
 
-// The entry points: one per head dim, plain and rounding to f16 (q, k, v staged as f16 rows),
-// each in one and two warp groups (the argument checks of kernels/src/gpu/tests.rs read these
-// signatures). q, k, v are the staged copies (or the operands, already rows of D). out is
-// written in f32 where `out` is not null and rounded to bf16 where `rounded` is not null (the
-// o GEMM's input: mixed precision, bf16 prefill), either or both.
-extern "C" __global__ void flash_attention_forward_d16(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<16, 1>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_d32(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<32, 1>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_d64(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<64, 1>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_d128(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<128, 1>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_groups_d16(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<16, 2>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_groups_d32(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<32, 2>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_groups_d64(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<64, 2>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_groups_d128(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<128, 2>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_f16_d16(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<16, 1, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_f16_d32(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<32, 1, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_f16_d64(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<64, 1, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_f16_d128(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<128, 1, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_f16_groups_d16(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<16, 2, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_f16_groups_d32(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<32, 2, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_f16_groups_d64(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<64, 2, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
-extern "C" __global__ void flash_attention_forward_f16_groups_d128(
-    float* out, bf16_bits* rounded, float* lse, const bf16_bits* q, const bf16_bits* k,
-    const bf16_bits* v, i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_forward<128, 2, true>(out, rounded, lse, q, k, v, q_heads, kv_heads, q_len, kv_len,
-        hd, scale);
-}
+// The entry points: kiln_flash_forward<D, GROUPS, F16> as `name`, one per head dim, plain
+// and rounding to f16 (q, k, v staged as f16 rows), each in one and two warp groups (the
+// argument checks of kernels/src/gpu/tests.rs expand the macro and read these signatures). q, k,
+// v are the staged copies (or the operands, already rows of D). out is written in f32 where
+// `out` is not null and rounded to bf16 where `rounded` is not null (the o GEMM's input: mixed
+// precision, bf16 prefill), either or both.
+#define KILN_FLASH_FORWARD_ENTRY(name, D, GROUPS, F16)                                            \
+    extern "C" __global__ void name(float* out, bf16_bits* rounded, float* lse,                 \
+                                    const bf16_bits* q, const bf16_bits* k, const bf16_bits* v, \
+                                    i64 q_heads, i64 kv_heads, i64 q_len, i64 kv_len, i64 hd,   \
+                                    float scale) {                                              \
+        kiln_grid_dependency_wait();                                                            \
+        kiln_flash_forward<D, GROUPS, F16>(out, rounded, lse, q, k, v, q_heads, kv_heads,       \
+                                           q_len, kv_len, hd, scale);                           \
+    }
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_d16, 16, 1, false)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_d32, 32, 1, false)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_d64, 64, 1, false)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_d128, 128, 1, false)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_groups_d16, 16, 2, false)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_groups_d32, 32, 2, false)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_groups_d64, 64, 2, false)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_groups_d128, 128, 2, false)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_f16_d16, 16, 1, true)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_f16_d32, 32, 1, true)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_f16_d64, 64, 1, true)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_f16_d128, 128, 1, true)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_f16_groups_d16, 16, 2, true)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_f16_groups_d32, 32, 2, true)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_f16_groups_d64, 64, 2, true)
+KILN_FLASH_FORWARD_ENTRY(flash_attention_forward_f16_groups_d128, 128, 2, true)
 
 // ---- backward ----
 

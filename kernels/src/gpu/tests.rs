@@ -30,16 +30,103 @@ fn parameter_kind(declaration: &str) -> Option<&'static str> {
     }
 }
 
-/// The argument kind of each parameter of `extern "C" __global__ void function(...)` in
-/// `module`'s source, in order.
-/// `source` without the launch-bounds macros between `void` and a kernel's name.
-pub(crate) fn without_bounds(source: &str) -> String {
-    source.replace("KILN_NORM_BOUNDS ", "")
+/// `source` as the signature checks read it: without the launch-bounds macro between `void`
+/// and a kernel's name, and with each entry-point macro (`#define KILN_..._ENTRY(params)`, one
+/// kernel a use) expanded where it is used, its definition dropped.
+pub(crate) fn expanded(source: &str) -> String {
+    let source = source.replace("KILN_NORM_BOUNDS ", "");
+    let mut macros: Vec<(String, Vec<&str>, String)> = Vec::new();
+    let mut out = String::new();
+    let mut lines = source.lines();
+    while let Some(line) = lines.next() {
+        let head = line
+            .strip_prefix("#define ")
+            .and_then(|rest| rest.split_once('('));
+        if let Some((name, rest)) = head.filter(|(name, _)| name.ends_with("_ENTRY")) {
+            let (params, first) = rest.split_once(')').expect("a macro's parameter list");
+            let mut body = first.trim_end_matches('\\').to_string();
+            let mut last = line;
+            while last.ends_with('\\') {
+                last = lines.next().expect("a continued line");
+                body.push('\n');
+                body.push_str(last.trim_end_matches('\\'));
+            }
+            macros.push((
+                name.to_string(),
+                params.split(',').map(str::trim).collect(),
+                body,
+            ));
+            continue;
+        }
+        let used = macros
+            .iter()
+            .find(|(name, ..)| line.starts_with(&format!("{name}(")));
+        match used {
+            Some((name, params, body)) => {
+                let args = &line[name.len() + 1..line.rfind(')').expect("a closed use")];
+                let args: Vec<&str> = args.split(',').map(str::trim).collect();
+                assert_eq!(args.len(), params.len(), "{line}");
+                out.push_str(&substitute(body, params, &args));
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    assert!(
+        !out.contains("_ENTRY("),
+        "an entry-point macro used where it is not expanded"
+    );
+    out
 }
 
+/// `body` with each identifier among `params` outside string literals replaced by its argument,
+/// as the preprocessor does.
+fn substitute(body: &str, params: &[&str], args: &[&str]) -> String {
+    let mut out = String::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    for c in body.chars().chain(['\n']) {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c);
+            continue;
+        }
+        match params.iter().position(|p| *p == word).filter(|_| !quoted) {
+            Some(i) => out.push_str(args[i]),
+            None => out.push_str(&word),
+        }
+        word.clear();
+        quoted ^= c == '"';
+        out.push(c);
+    }
+    out.pop();
+    out
+}
+
+#[test]
+fn entry_point_macros_expand_into_one_kernel_a_use() {
+    let source = "\
+#define KILN_PAIR_ENTRY(name, C)                 \\
+    extern \"C\" __global__ void name(C* x) {      \\
+        kiln_twice<C>(x);                        \\
+    }
+KILN_PAIR_ENTRY(pair_f32, float)
+KILN_PAIR_ENTRY(pair_bf16, bf16_bits)
+";
+    let text = expanded(source);
+    assert!(!text.contains("#define"));
+    assert_eq!(text.matches("extern \"C\" __global__ void ").count(), 2);
+    assert!(text.contains("void pair_f32(float* x) {"));
+    assert!(text.contains("kiln_twice<bf16_bits>(x);"));
+    // Names are replaced as whole identifiers only, and not within string literals.
+    assert!(!text.contains("pair_f32_"), "{text}");
+    assert!(!text.contains("extern \"float\""), "{text}");
+}
+
+/// The argument kind of each parameter of `extern "C" __global__ void function(...)` in
+/// `module`'s source, in order.
 fn parameter_kinds(module: &str, function: &str) -> Option<Vec<Option<&'static str>>> {
     let (_, source) = SOURCES.iter().find(|(name, _)| *name == module)?;
-    let source = without_bounds(source);
+    let source = expanded(source);
     let head = format!("extern \"C\" __global__ void {function}(");
     let start = source.find(&head)? + head.len();
     let params = &source[start..start + source[start..].find(')')?];
@@ -460,7 +547,7 @@ fn every_builder_launches_a_kernel_of_its_module_with_its_signature() {
     }
     // Every kernel of every module is reachable from some builder.
     for (module, source) in SOURCES {
-        for piece in without_bounds(source)
+        for piece in expanded(source)
             .split("extern \"C\" __global__ void ")
             .skip(1)
         {
@@ -657,6 +744,7 @@ fn clipping_splits_each_gradient_by_its_size_alone() {
 fn every_kernel_waits_for_its_producers_first() {
     let mut kernels = 0;
     for (module, source) in SOURCES {
+        let source = &expanded(source);
         for (at, _) in source.match_indices("extern \"C\" __global__") {
             let body = &source[at + source[at..].find('{').expect("a kernel has a body") + 1..];
             let first = body.trim_start();
