@@ -14,7 +14,7 @@ use super::embedding::zero_f32;
 use super::launch::{
     all_aligned, grid_dim, grid_stride_blocks, size_arg, MAX_GRID_X, MAX_GRID_YZ, SMS,
 };
-use super::{Addr, Arg, Forms, Kernel, Launch, Stored, BLOCK_THREADS, SLOT_ALIGN};
+use super::{Addr, Arg, Forms, Kernel, Launch, BLOCK_THREADS, SLOT_ALIGN};
 use crate::{Error, Result};
 use kiln_ir::DType;
 
@@ -131,6 +131,22 @@ impl TileKernel {
 fn check(function: &'static str, dims: &AttentionDims) -> Result<u64> {
     dims.check(function)?;
     padded(function, dims.head_dim)
+}
+
+/// Each operand `stored` f32 (rounded by the kernels' stagings) or in the `rounding`'s dtype
+/// (already rounded).
+fn check_stored(function: &'static str, stored: &[DType], rounding: DType) -> Result<()> {
+    match stored.iter().find(|&&s| s != DType::F32 && s != rounding) {
+        Some(other) => Err(Error::Argument {
+            op: function,
+            argument: "stored",
+            reason: format!(
+                "a {other} operand with the {rounding} rounding: each f32 or of the rounding's \
+                 dtype"
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The size arguments every tile kernel takes after its pointers: `q_heads, kv_heads, q_len,
@@ -391,16 +407,7 @@ pub fn flash_attention_f32(
             })
         }
     };
-    if let Some(other) = (at.stored.iter()).find(|&&s| s != DType::F32 && s != at.rounding) {
-        return Err(Error::Argument {
-            op: FUNCTION,
-            argument: "stored",
-            reason: format!(
-                "{other} q, k or v with the {} rounding: each f32 or of the rounding's dtype",
-                at.rounding
-            ),
-        });
-    }
+    check_stored(FUNCTION, &at.stored, at.rounding)?;
     let q_rows = dims.batch * dims.q_heads * dims.q_len;
     if q_rows == 0 {
         return Ok(vec![]);
@@ -432,7 +439,7 @@ pub struct FlashBackward {
     pub grad_v: Addr,
     pub workspace: Addr,
     /// The storage of q, k, v and grad_out (f32, or bf16: already rounded).
-    pub stored: [Stored; 4],
+    pub stored: [DType; 4],
 }
 
 /// q, k, v staged where they are not rows the kernels read, grad_out staged, Δ (a warp per
@@ -447,8 +454,9 @@ pub fn flash_attention_backward_f32(
     const FUNCTION: &str = "flash_attention_backward_f32";
     const REDUCE: &str = "flash_attention_backward_reduce";
     let d = check(FUNCTION, &dims)?;
+    check_stored(FUNCTION, &at.stored, DType::BF16)?;
     let [q_stored, k_stored, v_stored, grad_out_stored] = at.stored;
-    let stored = [q_stored, k_stored, v_stored].map(Stored::dtype);
+    let stored = [q_stored, k_stored, v_stored];
     let regions = Regions::new(at.workspace, &dims, d, stored);
     let q_rows = dims.batch * dims.q_heads * dims.q_len;
     let kv_rows = dims.batch * dims.kv_heads * dims.kv_len;
@@ -468,7 +476,7 @@ pub fn flash_attention_backward_f32(
     let operands = ([at.q, at.k, at.v], stored);
     let [q, k, v] = regions.operands(operands, &dims, (d, false, FUNCTION), &mut launches)?;
     if q_rows > 0 {
-        let grad_out = (at.grad_out, grad_out_stored.dtype());
+        let grad_out = (at.grad_out, grad_out_stored);
         let rows = (q_rows, d);
         launches.push(stage(
             regions.grad_out,
@@ -478,10 +486,10 @@ pub fn flash_attention_backward_f32(
             (true, false),
         ));
         let warps = u64::from(BLOCK_THREADS) / 32;
-        let delta = grad_out_stored.pick(
-            "flash_attention_backward_delta",
-            "flash_attention_backward_delta_bf16",
-        );
+        let delta = match grad_out_stored {
+            DType::BF16 => "flash_attention_backward_delta_bf16",
+            _ => "flash_attention_backward_delta",
+        };
         let blocks = grid_dim(
             delta,
             "B·Hq·T rows / warps",

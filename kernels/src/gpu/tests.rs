@@ -381,7 +381,7 @@ fn every_launch() -> Vec<Launch> {
                 ..flash_forward
             };
             let backward = flash::FlashBackward {
-                stored: [stored; 4],
+                stored: [stored.dtype(); 4],
                 ..flash_backward
             };
             launches.extend(flash::flash_attention_f32(forward, dims, 0.5).unwrap());

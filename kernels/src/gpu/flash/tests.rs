@@ -45,7 +45,7 @@ pub(crate) fn backward() -> FlashBackward {
         grad_k: addr(7),
         grad_v: addr(8),
         workspace: addr(9),
-        stored: [Stored::F32; 4],
+        stored: [DType::F32; 4],
     }
 }
 
@@ -234,6 +234,18 @@ fn wide_heads_and_bad_groupings_are_refused() {
     four.kv_heads = 4; // does not divide 6 query heads
     assert!(flash_attention_f32(forward(), four, 0.5).is_err());
     assert!(flash_attention_backward_f32(backward(), dims(5, 4, 64), 0.5).is_err());
+    // The backward rounds to bf16: an f16 operand is not its rounding.
+    let f16_grad = FlashBackward {
+        stored: [DType::F32, DType::F32, DType::F32, DType::F16],
+        ..backward()
+    };
+    let error = flash_attention_backward_f32(f16_grad, dims(4, 4, 64), 0.5).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("f16 operand with the bf16 rounding"),
+        "{error}"
+    );
 }
 
 /// `at`'s forward over rows of the kernels' head dim 64 is the one launch of `instance`, reading
@@ -275,7 +287,7 @@ fn bf16_rows_of_the_kernels_head_dim_are_read_where_they_are() {
     assert_eq!(names(&launches)[..3], ["flash_attention_stage_bf16"; 3]);
     // The backward: grad_out staged (re-laid) from bf16, Δ from bf16.
     let backward = FlashBackward {
-        stored: [Stored::BF16; 4],
+        stored: [DType::BF16; 4],
         ..backward()
     };
     let launches = flash_attention_backward_f32(backward, dims(70, 130, 64), 0.5).unwrap();

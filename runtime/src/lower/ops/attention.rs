@@ -5,8 +5,8 @@ use kiln_ir::rope_kv::{self, RopeKvParts};
 use kiln_ir::{DType, Op};
 use kiln_kernels::gpu::attention::{self, AttentionBackward, AttentionDims, AttentionForward};
 use kiln_kernels::gpu::flash::{self, FlashBackward, FlashForward};
+use kiln_kernels::gpu::Launch;
 use kiln_kernels::gpu::{cache, decode};
-use kiln_kernels::gpu::{Launch, Stored};
 
 use super::{byte_len, copy_unless_same, size, Lowering, F32, I64};
 use crate::error::Result;
@@ -147,15 +147,16 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
             Ok(flash::flash_attention_f32(addresses, dims, scale)?)
         }
         Op::FlashAttentionBackward { scale } => {
-            let (q, q_stored) = at.stored(0, "q")?;
-            let (k, k_stored) = at.stored(1, "k")?;
-            let (v, v_stored) = at.stored(2, "v")?;
-            let (grad_out, grad_out_stored) = at.stored(5, "grad_out")?;
+            // Each f32, or already its bf16 rounding.
+            let dtypes = [F32, DType::BF16];
+            let q = at.operand_of(0, "q", &dtypes)?;
+            let k = at.operand_of(1, "k", &dtypes)?;
+            let v = at.operand_of(2, "v", &dtypes)?;
+            let grad_out = at.operand_of(5, "grad_out", &dtypes)?;
             let dims = attention_dims(at, q.dims(), k.dims())?;
             let grad_q = at.result(0, "grad_q", F32)?;
             // The staged operands, Δ and the per-head dK, dV (see the builder).
-            let stored = [q_stored, k_stored, v_stored].map(Stored::dtype);
-            let bytes = flash::backward_workspace_bytes(&dims, stored);
+            let bytes = flash::backward_workspace_bytes(&dims, [q.dtype, k.dtype, v.dtype]);
             let workspace = at.workspace(bytes, grad_q.addr())?;
             let addresses = FlashBackward {
                 q: q.addr(),
@@ -168,7 +169,7 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
                 grad_k: at.result(1, "grad_k", F32)?.addr(),
                 grad_v: at.result(2, "grad_v", F32)?.addr(),
                 workspace,
-                stored: [q_stored, k_stored, v_stored, grad_out_stored],
+                stored: [q.dtype, k.dtype, v.dtype, grad_out.dtype],
             };
             let scale = Lowering::f32_attribute(*scale);
             Ok(flash::flash_attention_backward_f32(addresses, dims, scale)?)
