@@ -74,6 +74,10 @@ pub struct BenchCli {
     /// portable tensor-core modules, no clusters (on), or the CUDA defaults (off).
     #[arg(long, value_enum, default_value_t = Switch::Off)]
     portable: Switch,
+    /// Each cuBLASLt GEMM on the fastest of the library's candidate algorithms, timed when
+    /// the program is bound (on), or on its heuristic's first choice (off).
+    #[arg(long, value_enum, default_value_t = Switch::Off)]
+    gemm_tune: Switch,
     /// Also time each step alone once and list the costliest ops (one stream).
     #[arg(long)]
     profile: bool,
@@ -135,6 +139,7 @@ impl BenchCli {
             pdl,
             clusters,
             portable,
+            gemm_tune,
             profile,
             memory_budget,
             data_parallel,
@@ -205,6 +210,7 @@ impl BenchCli {
             pdl: pdl == Switch::On,
             clusters: clusters == Switch::On,
             portable: portable == Switch::On,
+            gemm_tune: gemm_tune == Switch::On,
             profile,
             memory_budget,
         };

@@ -17,6 +17,7 @@
 
 mod driver;
 mod gemm;
+mod gemm_tuning;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod staging;

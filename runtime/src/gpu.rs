@@ -109,8 +109,14 @@ pub trait Driver: Send + Sync + Sized + 'static {
         cluster_blocks: u64,
     ) -> Result<Self::Function>;
     fn launch(&self, call: KernelCall<'_, Self::Function>, stream: &Self::Stream) -> Result<()>;
-    /// `gemm` bound to the addresses of A, B and C.
-    fn prepare_gemm(&self, gemm: &Gemm, pointers: (u64, u64, u64)) -> Result<Self::Gemm>;
+    /// `gemm` bound to the addresses of A, B and C; with `tune`, its algorithm the fastest of
+    /// the vendor's candidates, timed on scratch memory (nothing at the addresses is written).
+    fn prepare_gemm(
+        &self,
+        gemm: &Gemm,
+        pointers: (u64, u64, u64),
+        tune: bool,
+    ) -> Result<Self::Gemm>;
     fn gemm(&self, gemm: &Self::Gemm, workspace: (u64, usize), stream: &Self::Stream)
         -> Result<()>;
 

@@ -79,6 +79,8 @@ pub(crate) struct DeviceProgram {
     pub lower_bound_bytes: u64,
     /// The slot of the steps' fault words (word `i` at byte `4 i` belongs to step `i`).
     pub fault_slot: u32,
+    /// Whether the vendor GEMMs' algorithms are chosen by timing (`LowerOptions::tune_gemms`).
+    pub tune_gemms: bool,
 }
 
 impl DeviceProgram {
@@ -127,24 +129,8 @@ fn extents(launch: &Launch) -> Vec<(Addr, u64)> {
     match launch {
         Launch::Copy { dst, src, bytes } => vec![(*dst, *bytes), (*src, *bytes)],
         Launch::Gemm(g) => {
-            let size = g.dtype.size_bytes();
-            let (a_rows, b_rows) = (
-                if g.transpose_a { g.k } else { g.m },
-                if g.transpose_b { g.n } else { g.k },
-            );
-            let span = |rows: u64, ld: u64, cols: u64, stride: u64, elem: u64| {
-                if rows == 0 || g.batch == 0 {
-                    return 0;
-                }
-                ((g.batch - 1) * stride + (rows - 1) * ld + cols) * elem
-            };
-            let a_cols = if g.transpose_a { g.m } else { g.k };
-            let b_cols = if g.transpose_b { g.k } else { g.n };
-            vec![
-                (g.a, span(a_rows, g.lda, a_cols, g.stride_a, size)),
-                (g.b, span(b_rows, g.ldb, b_cols, g.stride_b, size)),
-                (g.c, span(g.m, g.ldc, g.n, g.stride_c, g.out.size_bytes())),
-            ]
+            let [a, b, c] = g.spans();
+            vec![(g.a, a), (g.b, b), (g.c, c)]
         }
         Launch::Kernel(_) => launch.addresses().into_iter().map(|a| (a, 0)).collect(),
         Launch::AllReduce { buffers } => (buffers.iter())
@@ -363,6 +349,7 @@ impl<'g> Builder<'g> {
             arena_bytes: plan.arena_bytes,
             lower_bound_bytes: plan.lower_bound_bytes,
             fault_slot,
+            tune_gemms: options.tune_gemms,
         };
         program.check_addresses()?;
         Ok(program)

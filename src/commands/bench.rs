@@ -44,6 +44,8 @@ pub struct BenchArgs {
     pub clusters: bool,
     /// The HIP backend's lowering (`LowerOptions::portable`) on this device.
     pub portable: bool,
+    /// cuBLASLt's algorithms chosen by timing its candidates (`LowerOptions::tune_gemms`).
+    pub gemm_tune: bool,
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
@@ -74,6 +76,8 @@ pub struct BenchResult {
     pub clusters: bool,
     /// Whether the HIP backend's lowering ran (tiled GEMM, portable tensor-core modules).
     pub portable: bool,
+    /// Whether cuBLASLt's algorithms were chosen by timing its candidates.
+    pub gemm_tune: bool,
     pub steps: usize,
     pub median_ms: f64,
     pub p95_ms: f64,
@@ -274,6 +278,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
     let options = LowerOptions {
         linear_rows: args.linear_rows.unwrap_or(defaults.linear_rows),
         clusters: defaults.clusters && args.clusters && device.supports_clusters(),
+        tune_gemms: args.gemm_tune && defaults.vendor_gemm,
         ..defaults
     };
     let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options)?;
@@ -424,6 +429,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         pdl,
         clusters: options.clusters,
         portable: args.portable,
+        gemm_tune: options.tune_gemms,
         steps: args.steps,
         median_ms: median,
         p95_ms: percentile(&times, 0.95),

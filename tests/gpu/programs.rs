@@ -116,10 +116,68 @@ fn tiny_programs_match_the_cpu_and_replay_equals_eager() {
     }
 }
 
+/// The tiny `cases` of both families lowered with `options` on this device: two replays on
+/// two streams (so state carries), every output and write within the CUDA lowering's limits of
+/// the interpreter. Returns the bits of every value, case after case.
+fn tiny_cases_match_the_cpu_with(
+    device: &Arc<CudaDevice>,
+    options: LowerOptions,
+    cases: &[(ProgramKind, Precision)],
+    what: &str,
+) -> Vec<BTreeMap<String, Vec<u64>>> {
+    let mut seed = 61;
+    let mut all = Vec::new();
+    for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
+        for &(kind, precision) in cases {
+            let program = ProgramOptions {
+                batch: 2,
+                seq: 6,
+                max_seq: Some(12),
+                precision,
+                ..Default::default()
+            };
+            seed += 1;
+            let graph = build(kind, &config, &program).unwrap();
+            let values = program_inputs(&graph, &config, kind, &program, seed);
+            let mut cpu_values = values.clone();
+            interpret(&graph, &mut cpu_values).unwrap();
+            let want = interpret(&graph, &mut cpu_values).unwrap();
+            let planned = gpu_plan(&graph, 2);
+            let mut exe = CudaExecutable::with_options(device, &graph, &planned, options).unwrap();
+            for (name, tensor) in &values {
+                if graph.input_named(name).is_some() {
+                    exe.set(name, tensor).unwrap();
+                }
+            }
+            for _ in 0..2 {
+                exe.run(RunMode::Graph).unwrap();
+            }
+            let mut got_bits = BTreeMap::new();
+            let names = graph.outputs().iter().chain(graph.writes());
+            for (name, _) in names {
+                let got = exe.get(name).unwrap();
+                let reference = want.get(name).unwrap_or_else(|| &cpu_values[name]);
+                let error =
+                    testing::rel_l2(&got.to_f64_vec().unwrap(), &reference.to_f64_vec().unwrap());
+                let case = format!("{:?} {} {precision:?}: {name}", config.family, kind.name());
+                let limit = program_limit(precision, kind, name);
+                assert!(error <= limit, "{case} ({what}): relative error {error:e}");
+                got_bits.insert(name.clone(), bits(&got));
+            }
+            println!(
+                "{:?} {} {precision:?}: {what} matches the CPU",
+                config.family,
+                kind.name()
+            );
+            all.push(got_bits);
+        }
+    }
+    all
+}
+
 /// The HIP backend's lowering (`LowerOptions::portable`: kiln's tiled GEMM for cuBLASLt, the
 /// portable emulation in the tensor-core modules, no clusters) runs the tiny programs on this
-/// device within the limits of the CUDA lowering against the interpreter: two replays on two
-/// streams, so state carries.
+/// device within the limits of the CUDA lowering against the interpreter.
 #[test]
 fn tiny_programs_with_the_hip_lowering_match_the_cpu() {
     let Some(device) = device() else { return };
@@ -131,53 +189,34 @@ fn tiny_programs_with_the_hip_lowering_match_the_cpu() {
         (ProgramKind::Train, Precision::Bf16Gemm),
         (ProgramKind::Train, Precision::Bf16Swiglu),
     ];
-    let mut seed = 61;
-    for config in [ModelConfig::tiny(), ModelConfig::tiny_llama()] {
-        for (kind, precision) in cases {
-            let options = ProgramOptions {
-                batch: 2,
-                seq: 6,
-                max_seq: Some(12),
-                precision,
-                ..Default::default()
-            };
-            seed += 1;
-            let graph = build(kind, &config, &options).unwrap();
-            let values = program_inputs(&graph, &config, kind, &options, seed);
-            let mut cpu_values = values.clone();
-            interpret(&graph, &mut cpu_values).unwrap();
-            let want = interpret(&graph, &mut cpu_values).unwrap();
-            let planned = gpu_plan(&graph, 2);
-            let hip = LowerOptions::portable();
-            let mut exe = CudaExecutable::with_options(&device, &graph, &planned, hip).unwrap();
-            for (name, tensor) in &values {
-                if graph.input_named(name).is_some() {
-                    exe.set(name, tensor).unwrap();
-                }
-            }
-            for _ in 0..2 {
-                exe.run(RunMode::Graph).unwrap();
-            }
-            let names = graph.outputs().iter().chain(graph.writes());
-            for (name, _) in names {
-                let got = exe.get(name).unwrap();
-                let reference = want.get(name).unwrap_or_else(|| &cpu_values[name]);
-                let error =
-                    testing::rel_l2(&got.to_f64_vec().unwrap(), &reference.to_f64_vec().unwrap());
-                let what = format!("{:?} {} {precision:?}: {name}", config.family, kind.name());
-                let limit = program_limit(precision, kind, name);
-                assert!(
-                    error <= limit,
-                    "{what} (hip lowering): relative error {error:e}"
-                );
-            }
-            println!(
-                "{:?} {} {precision:?}: the HIP lowering matches the CPU",
-                config.family,
-                kind.name()
-            );
-        }
-    }
+    let hip = LowerOptions::portable();
+    tiny_cases_match_the_cpu_with(&device, hip, &cases, "the HIP lowering");
+}
+
+/// cuBLASLt's algorithms chosen by timing its candidates (`tune_gemms`), every linear on
+/// cuBLASLt (`linear_rows` 0): the tiny programs within the CUDA lowering's limits of the
+/// interpreter, and a second build of each (its choices kept from the first) gives the first's
+/// bits.
+#[test]
+fn tuned_gemms_match_the_cpu_and_keep_their_choice() {
+    let Some(device) = device() else { return };
+    let cases = [
+        (ProgramKind::Prefill, Precision::F32),
+        (ProgramKind::Prefill, Precision::Bf16),
+        (ProgramKind::Decode, Precision::Bf16),
+        (ProgramKind::Train, Precision::Bf16Swiglu),
+    ];
+    let tuned = LowerOptions {
+        tune_gemms: true,
+        linear_rows: 0,
+        ..LowerOptions::default()
+    };
+    let first = tiny_cases_match_the_cpu_with(&device, tuned, &cases, "tuned GEMMs");
+    let again = tiny_cases_match_the_cpu_with(&device, tuned, &cases, "tuned GEMMs again");
+    assert!(
+        first == again,
+        "a second build of a tuned program gave other bits"
+    );
 }
 
 #[test]

@@ -25,6 +25,13 @@
 #           "bf16-gemm bf16-swiglu"), alternating, $ROUNDS rounds (default 2), then the train
 #           peer (ANCHORS.md's train_anchor.py, given as BIN_DIR/train_anchor.py) for $PEER
 #           (presets of train_anchor.py; default none)
+#   prefill: bf16 prefill rows (Qwen2.5-0.5B T=512 and 2048, DeepSeek-1.5B T=512) of every
+#           build named in $BUILDS (kiln binaries in BIN_DIR; default `kiln`), alternating,
+#           $ROUNDS rounds (default 2), each with its `check` to compare between builds
+#   tune:   cuBLASLt's algorithms chosen by timing (`--gemm-tune on`) against its heuristic's
+#           (off), alternating, two rounds: bf16 prefill (0.5B T=512 and 2048, 1.5B T=512), bf16
+#           decode B=32 (its linears on cuBLASLt) and bf16-swiglu train (0.5B T=512 and 2048),
+#           each with its `check` and the time to bind (the tuning's cost)
 #   portable: the HIP backend's lowering on this device (`--portable on`: kiln's tiled GEMM, the
 #           portable tensor-core code, no clusters) against the CUDA defaults, alternating:
 #           bf16 decode B=1 and 8, prefill T=512, bf16-GEMM train T=512 of Qwen2.5-0.5B, each
@@ -245,6 +252,41 @@ PY
       done
       for preset in ${PEER:-}; do
         PYTHONUNBUFFERED=1 python3 "$bin/train_anchor.py" $preset 512 2048 2>&1 | tee -a "$out/train_peer.log"
+      done
+      ;;
+    prefill)
+      for round in $(seq "${ROUNDS:-2}"); do
+        for row in qwen2.5-0.5b:512 qwen2.5-0.5b:2048 deepseek-r1-distill-qwen-1.5b:512; do
+          IFS=: read -r model seq <<<"$row"
+          for build in ${BUILDS:-kiln}; do
+            rows="$out/prefill_$build.jsonl"
+            "$bin/$build" bench --model $model --program prefill --precision bf16 --seq $seq \
+              --json >>"$rows" 2>>"$out/prefill.log" \
+              || echo "FAILED: $build $model T=$seq (see prefill.log)"
+            python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+              print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'check') if k in r})" \
+              "$rows" "round $round $build $model T=$seq"
+          done
+        done
+      done
+      ;;
+    tune)
+      for round in 1 2; do
+        for args in "--model qwen2.5-0.5b --program prefill --precision bf16 --seq 512" \
+                    "--model qwen2.5-0.5b --program prefill --precision bf16 --seq 2048" \
+                    "--model deepseek-r1-distill-qwen-1.5b --program prefill --precision bf16 --seq 512" \
+                    "--model qwen2.5-0.5b --program decode --precision bf16 --batch 32" \
+                    "--model qwen2.5-0.5b --program train --precision bf16-swiglu --seq 512" \
+                    "--model qwen2.5-0.5b --program train --precision bf16-swiglu --seq 2048"; do
+          for tune in off on; do
+            "$bin/kiln" bench $args --gemm-tune $tune --json >>"$out/tune.jsonl" 2>>"$out/tune.log" \
+              || echo "FAILED: $args --gemm-tune $tune (see tune.log)"
+            python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+              print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'check', 'gemm_tune') if k in r}, \
+              'bind_ms', round(r['startup']['bind_ms']))" \
+              "$out/tune.jsonl" "round $round $args --gemm-tune $tune"
+          done
+        done
       done
       ;;
     portable)

@@ -281,3 +281,24 @@ fn bad_descriptors_are_refused_naming_the_field() {
     };
     assert_eq!(kernel(&aligned).function, "gemm_bf16");
 }
+
+/// A descriptor's extents run from each address through its last batch's last row.
+#[test]
+fn spans_reach_the_last_row_of_the_last_batch() {
+    let mut gemm = dense(3, 5, 7);
+    assert_eq!(gemm.spans(), [3 * 7 * 4, 7 * 5 * 4, 3 * 5 * 4]);
+    // B transposed ([n,k], ld 8), three batches of C with a gap, bf16 in and out.
+    gemm = Gemm {
+        dtype: GemmDType::BF16,
+        out: GemmDType::BF16,
+        transpose_b: true,
+        ldb: 8,
+        batch: 3,
+        stride_c: 20,
+        ..gemm
+    };
+    let b = (2 * 7 * 5 + 4 * 8 + 7) * 2;
+    let c = (2 * 20 + 2 * 5 + 5) * 2;
+    assert_eq!(gemm.spans(), [(2 * 21 + 2 * 7 + 7) * 2, b, c]);
+    assert_eq!(Gemm { batch: 0, ..gemm }.spans(), [0; 3]);
+}

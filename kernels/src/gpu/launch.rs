@@ -192,6 +192,32 @@ pub struct Gemm {
     pub accumulate: bool,
 }
 
+impl Gemm {
+    /// The bytes A, B and C reach from their addresses: through the last batch's last row.
+    pub fn spans(&self) -> [u64; 3] {
+        let span = |rows: u64, ld: u64, cols: u64, stride: u64, elem: u64| {
+            if rows == 0 || self.batch == 0 {
+                return 0;
+            }
+            ((self.batch - 1) * stride + (rows - 1) * ld + cols) * elem
+        };
+        let (size, out) = (self.dtype.size_bytes(), self.out.size_bytes());
+        let (a_rows, a_cols) = match self.transpose_a {
+            true => (self.k, self.m),
+            false => (self.m, self.k),
+        };
+        let (b_rows, b_cols) = match self.transpose_b {
+            true => (self.n, self.k),
+            false => (self.k, self.n),
+        };
+        [
+            span(a_rows, self.lda, a_cols, self.stride_a, size),
+            span(b_rows, self.ldb, b_cols, self.stride_b, size),
+            span(self.m, self.ldc, self.n, self.stride_c, out),
+        ]
+    }
+}
+
 /// One unit of device work.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Launch {

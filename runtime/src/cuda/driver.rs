@@ -11,7 +11,7 @@ use cudarc::driver::sys::{
 use cudarc::driver::{result, CudaEvent, CudaFunction, CudaGraph, CudaStream};
 use kiln_kernels::gpu::{Gemm, MAX_PORTABLE_CLUSTER_BLOCKS};
 
-use super::{error, gemm, CudaDevice, TimingEvent, GEMM_WORKSPACE_BYTES};
+use super::{error, gemm, gemm_tuning, CudaDevice, TimingEvent, GEMM_WORKSPACE_BYTES};
 use crate::device_io::DeviceSpan;
 use crate::error::{Error, Result};
 use crate::gpu::{Driver, KernelCall};
@@ -323,8 +323,17 @@ impl Driver for CudaDevice {
         .map_err(|e| error("kernel launch", e))
     }
 
-    fn prepare_gemm(&self, gemm: &Gemm, pointers: (u64, u64, u64)) -> Result<gemm::PreparedGemm> {
-        gemm::prepare(&self.lt, gemm, pointers, GEMM_WORKSPACE_BYTES)
+    fn prepare_gemm(
+        &self,
+        gemm: &Gemm,
+        pointers: (u64, u64, u64),
+        tune: bool,
+    ) -> Result<gemm::PreparedGemm> {
+        let candidates = if tune { gemm::MAX_CANDIDATES } else { 1 };
+        let (mut prepared, algos) =
+            gemm::prepare(&self.lt, gemm, pointers, GEMM_WORKSPACE_BYTES, candidates)?;
+        gemm_tuning::tune(self, gemm, &mut prepared, &algos)?;
+        Ok(prepared)
     }
 
     fn gemm(

@@ -81,6 +81,14 @@ impl LtHandle {
     }
 }
 
+/// The most candidate algorithms [`prepare`] asks the heuristic for.
+pub(crate) const MAX_CANDIDATES: usize = 8;
+
+/// One of cuBLASLt's algorithms for a prepared matmul (an opaque value, valid for its
+/// descriptor and layouts).
+#[derive(Clone, Copy)]
+pub(crate) struct Algo(sys::cublasLtMatmulAlgo_t);
+
 /// One matmul, ready to issue: its descriptor and layouts (destroyed on drop), the algorithm
 /// chosen for them, its operands' device addresses and the stream it is issued on.
 pub struct PreparedGemm {
@@ -97,6 +105,13 @@ pub struct PreparedGemm {
 // SAFETY: the descriptors are plain heap objects of cuBLASLt, used from one thread at a time
 // (the executable that owns them).
 unsafe impl Send for PreparedGemm {}
+
+impl PreparedGemm {
+    /// Issues with `algo` (one of [`prepare`]'s candidates for this matmul) from now on.
+    pub(crate) fn set_algo(&mut self, algo: Algo) {
+        self.algo = algo.0;
+    }
+}
 
 fn data_type(dtype: GemmDType) -> sys::cudaDataType {
     match dtype {
@@ -148,14 +163,16 @@ fn alignment(pointer: u64, ld_bytes: u64, stride_bytes: u64) -> u32 {
 }
 
 /// Prepares `gemm` with resolved pointers `a`, `b`, `c`, for a workspace of
-/// `workspace_bytes`: descriptor, layouts and the algorithm cuBLASLt's heuristic picks
-/// (`cublasLtMatmulAlgoGetHeuristic`). Whatever was created is destroyed on every error path.
+/// `workspace_bytes`: descriptor, layouts and the algorithm cuBLASLt's heuristic puts first
+/// (`cublasLtMatmulAlgoGetHeuristic`), with the first `candidates` (at least one) of its
+/// algorithms in its order. Whatever was created is destroyed on every error path.
 pub(crate) fn prepare(
     handle: &LtHandle,
     gemm: &Gemm,
     (a, b, c): (u64, u64, u64),
     workspace_bytes: usize,
-) -> Result<PreparedGemm> {
+    candidates: usize,
+) -> Result<(PreparedGemm, Vec<Algo>)> {
     let errors = &handle.handle.errors;
     let created = lt::create_matmul_desc(
         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -238,7 +255,7 @@ pub(crate) fn prepare(
         P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
     ];
     // SAFETY: documented attribute types (u64, u32).
-    let heuristic = unsafe {
+    let algos = unsafe {
         lt::set_matmul_pref_attribute(
             pref.handle,
             sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -255,7 +272,11 @@ pub(crate) fn prepare(
             )
             .map_err(|e| error("alignment preference", e))?;
         }
-        lt::get_matmul_algo_heuristic(
+        let requested = candidates.clamp(1, MAX_CANDIDATES);
+        let mut results =
+            [std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>(); MAX_CANDIDATES];
+        let mut returned = 0;
+        sys::cublasLtMatmulAlgoGetHeuristic(
             handle.handle.handle,
             desc.handle,
             layouts[0].handle,
@@ -263,18 +284,34 @@ pub(crate) fn prepare(
             layouts[2].handle,
             layouts[2].handle,
             pref.handle,
+            requested as i32,
+            results.as_mut_ptr(),
+            &mut returned,
         )
-        .map_err(|e| error(&format!("no algorithm for {gemm:?}"), e))?
+        .result()
+        .map_err(|e| error(&format!("no algorithm for {gemm:?}"), e))?;
+        let usable = results[..(returned.max(0) as usize).min(requested)].iter();
+        let algos: Vec<Algo> = (usable.filter(|r| r.state.result().is_ok()))
+            .map(|r| Algo(r.algo))
+            .collect();
+        if algos.is_empty() {
+            return Err(error(
+                &format!("no algorithm for {gemm:?}"),
+                "none returned",
+            ));
+        }
+        algos
     };
-    Ok(PreparedGemm {
+    let prepared = PreparedGemm {
         desc,
         layouts,
-        algo: heuristic.algo,
+        algo: algos[0].0,
         a,
         b,
         c,
         beta: f32::from(u8::from(gemm.accumulate)),
-    })
+    };
+    Ok((prepared, algos))
 }
 
 /// Issues a prepared GEMM on `stream` with that stream's own `workspace` (address, bytes): a

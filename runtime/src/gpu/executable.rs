@@ -188,7 +188,7 @@ impl<D: Driver> GpuExecutable<D> {
             }
             Launch::Gemm(g) => {
                 let pointers = (self.address(g.a), self.address(g.b), self.address(g.c));
-                Resolved::Gemm(self.device.prepare_gemm(g, pointers)?)
+                Resolved::Gemm((self.device).prepare_gemm(g, pointers, self.program.tune_gemms)?)
             }
             Launch::Copy { dst, src, bytes } => Resolved::Copy {
                 dst: self.address(*dst),

@@ -362,7 +362,7 @@ impl Driver for HipDevice {
         check(rc, "kernel launch")
     }
 
-    fn prepare_gemm(&self, _gemm: &Gemm, _pointers: (u64, u64, u64)) -> Result<NoGemm> {
+    fn prepare_gemm(&self, _gemm: &Gemm, _: (u64, u64, u64), _: bool) -> Result<NoGemm> {
         let reason = "no vendor GEMM on HIP: lower with `vendor_gemm` off (kiln's tiled GEMM)";
         Err(error("GEMM", reason))
     }

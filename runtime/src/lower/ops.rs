@@ -41,6 +41,11 @@ pub struct LowerOptions {
     /// mma.sync, ldmatrix and cp.async), the code the HIP backend runs; on NVIDIA devices
     /// this checks that code against the CPU reference.
     pub portable_mma: bool,
+    /// Each vendor GEMM runs the fastest of cuBLASLt's candidate algorithms for it, timed once
+    /// when the executable is bound (the same shape gets the same choice for the rest of the
+    /// process); off, the first its heuristic names. Off by default until measured
+    /// (BENCHMARKS.md).
+    pub tune_gemms: bool,
 }
 
 impl LowerOptions {
@@ -62,6 +67,7 @@ impl Default for LowerOptions {
             clusters: true,
             vendor_gemm: true,
             portable_mma: false,
+            tune_gemms: false,
         }
     }
 }
