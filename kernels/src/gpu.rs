@@ -56,10 +56,15 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("decode", module!("decode.cu")),
     ("elementwise", module!("columns.cuh", "elementwise.cu")),
     ("embedding", module!("embedding.cu")),
-    ("flash", module!("mma.cuh", "flash.cu")),
+    ("flash", module!("mma.cuh", "flash.cu", "flash_backward.cu")),
     (
         "flash_portable",
-        module!("portable_mma.cuh", "mma.cuh", "flash.cu"),
+        module!(
+            "portable_mma.cuh",
+            "mma.cuh",
+            "flash.cu",
+            "flash_backward.cu"
+        ),
     ),
     ("gemm", module!("gemm.cu")),
     (

@@ -1,5 +1,5 @@
-//! Builders of `flash.cu`: FlashAttention forward (out and the per-row log-sum-exp) and
-//! backward (Δ, dK/dV per key tile, dQ per query tile), under the contract of
+//! Builders of `flash.cu` and `flash_backward.cu`: FlashAttention forward (out and the per-row
+//! log-sum-exp) and backward (Δ, dK/dV per key tile, dQ per query tile), under the contract of
 //! `kiln_kernels::attention::flash`. Head dims up to 128: the tile kernels read bf16 rows of
 //! the smallest padded head dim (16, 32, 64, 128) that holds them, and each is that dim's
 //! instance. An operand is staged in the workspace as such rows unless it already is one: a
@@ -37,7 +37,7 @@ fn padded(function: &'static str, head_dim: u64) -> Result<u64> {
     }
 }
 
-/// The tile kernels of `flash.cu`, one instance per padded head dim.
+/// The tile kernels of the `flash` module, one instance per padded head dim.
 #[derive(Clone, Copy, Debug)]
 enum TileKernel {
     /// The forward, rounding to f16 (or bf16), in two warp groups (or one).
