@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs kiln's GPU checks and benchmarks on a CUDA machine, from binaries built elsewhere.
-# Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR [tests|sanitize|nan|bench|portable|parallel|anchor]...
+# Usage: tools/device/gpu_check.sh BIN_DIR OUT_DIR MODE... (the modes below)
 #   BIN_DIR holds `kiln`, the `gpu` test binary (cargo test --release --no-run --test gpu) and
 #   `runtime` (kiln-runtime's unit tests: cargo test --release --no-run -p kiln-runtime --lib),
 #   built with --features nccl so the NCCL checks (a world of one on this GPU) run too.
 #   tests:    the GPU tests (tests/gpu.rs, the CUDA executable's unit tests) with
 #             KILN_REQUIRE_GPU=1 (a skip fails), `kiln demo`, `kiln eval` against the oracle
-#   sanitize: compute-sanitizer memcheck and racecheck over the tiny programs, 1 and 2 streams
+#   sanitize: compute-sanitizer memcheck and racecheck over the tiny programs, 1 and 2 streams,
+#             and memcheck with cuBLASLt's algorithms chosen by timing
 #   nan:      one NaN in the tiny model's lm_head.weight: `kiln eval` loss on the CPU and GPU
 #   bench:  `kiln bench` rows of BENCHMARKS.md (JSON lines in OUT_DIR/bench.jsonl)
 #   fused:  bf16 inference rows (fused, unfused, skinny-kernel limits) and the compiled PyTorch
@@ -104,6 +105,16 @@ for what in "$@"; do
             done
           done
         done
+      done
+      # cuBLASLt's algorithms chosen by timing: its scratch memory and captured graphs, every
+      # linear on cuBLASLt.
+      for program in prefill train; do
+        compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/kiln" bench --model tiny \
+          --program $program --precision bf16-gemm --batch 2 --seq 8 --linear-rows 0 \
+          --gemm-tune on --warmup 0 --steps 1 >"$out/sanitize_last.log" 2>&1
+        code=$?
+        echo "compute-sanitizer memcheck $program --gemm-tune on: exit $code, $(grep -E 'ERROR SUMMARY' "$out/sanitize_last.log" | tr '\n' ' ')"
+        [ $code -ne 0 ] && cp "$out/sanitize_last.log" "$out/sanitize_tune_${program}.log"
       done
       ;;
     nan)
@@ -262,7 +273,7 @@ PY
             rows="$out/prefill_$build.jsonl"
             "$bin/$build" bench --model $model --program prefill --precision bf16 --seq $seq \
               --json >>"$rows" 2>>"$out/prefill.log" \
-              || echo "FAILED: $build $model T=$seq (see prefill.log)"
+              || { echo "FAILED: $build $model T=$seq (see prefill.log)"; continue; }
             python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
               print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'check') if k in r})" \
               "$rows" "round $round $build $model T=$seq"
@@ -280,7 +291,7 @@ PY
                     "--model qwen2.5-0.5b --program train --precision bf16-swiglu --seq 2048"; do
           for tune in off on; do
             "$bin/kiln" bench $args --gemm-tune $tune --json >>"$out/tune.jsonl" 2>>"$out/tune.log" \
-              || echo "FAILED: $args --gemm-tune $tune (see tune.log)"
+              || { echo "FAILED: $args --gemm-tune $tune (see tune.log)"; continue; }
             python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
               print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'check', 'gemm_tune') if k in r}, \
               'bind_ms', round(r['startup']['bind_ms']))" \

@@ -87,7 +87,7 @@ pub(crate) const MAX_CANDIDATES: usize = 8;
 /// One of cuBLASLt's algorithms for a prepared matmul (an opaque value, valid for its
 /// descriptor and layouts).
 #[derive(Clone, Copy)]
-pub(crate) struct Algo(sys::cublasLtMatmulAlgo_t);
+pub(crate) struct Algo(pub(crate) sys::cublasLtMatmulAlgo_t);
 
 /// One matmul, ready to issue: its descriptor and layouts (destroyed on drop), the algorithm
 /// chosen for them, its operands' device addresses and the stream it is issued on.
@@ -110,6 +110,12 @@ impl PreparedGemm {
     /// Issues with `algo` (one of [`prepare`]'s candidates for this matmul) from now on.
     pub(crate) fn set_algo(&mut self, algo: Algo) {
         self.algo = algo.0;
+    }
+
+    /// The algorithm it issues with.
+    #[cfg(test)]
+    pub(crate) fn algo(&self) -> sys::cublasLtMatmulAlgo_t {
+        self.algo
     }
 }
 
@@ -295,10 +301,11 @@ pub(crate) fn prepare(
             .map(|r| Algo(r.algo))
             .collect();
         if algos.is_empty() {
-            return Err(error(
-                &format!("no algorithm for {gemm:?}"),
-                "none returned",
-            ));
+            return Err(Error::Device {
+                backend: "cuda",
+                what: format!("cuBLASLt: no algorithm for {gemm:?}"),
+                reason: "its heuristic returned none".into(),
+            });
         }
         algos
     };

@@ -1,30 +1,43 @@
 //! A vendor GEMM's algorithm chosen by timing (`LowerOptions::tune_gemms`): cuBLASLt's
 //! heuristic names up to [`MAX_CANDIDATES`](super::gemm::MAX_CANDIDATES) algorithms for a
 //! matmul, in the order it expects them to run fastest, and for the small matmuls of a
-//! prefill (512 rows against 128 or 896 columns) its first is not always the fastest. Each
-//! candidate runs on the matmul's own A and B, into scratch memory of C's extent (nothing the
-//! program owns is written: C may hold live values when a member of a group is bound), with a
-//! workspace and a stream of the tuner's own; the fastest mean of the rounds wins, the
-//! heuristic's order breaking ties. The choice is kept for the rest of the process under the
-//! matmul's description (shapes, types, strides and the pointers' alignments), so that every
-//! executable of a program, and every later build of it, runs the same algorithm and gives
-//! the same bits.
+//! prefill (512 rows against 128 or 896 columns) its first is not always the fastest.
+//!
+//! Each candidate runs reading the matmul's A and B (whatever they hold when the program is
+//! bound) and writing scratch memory of C's extent at C's alignment: nothing the program owns
+//! is written, since C may hold live values when a member of a group is bound. It has a
+//! workspace and a stream of the tuner's own. Its issues are captured into a graph (thread-local
+//! capture: other threads' calls are not affected), as a replayed program runs them, with no
+//! host time between them. Each timed graph is launched while the one before it still runs, so
+//! the interval holds no launch latency either. The rounds take the candidates in turn, so a
+//! clock change falls on all of them; the first round only warms. The least mean time wins,
+//! the heuristic's order breaking ties.
+//!
+//! The choice is kept for the rest of the process under the matmul's description (shapes,
+//! types, strides and the pointers' alignments), so every executable of a program, and every
+//! later build of it, runs the same algorithm and gives the same bits. Another process may
+//! time them otherwise. Where timing fails (no memory for the scratch, say), the heuristic's
+//! first stays, and nothing is kept.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaStream};
 use kiln_kernels::gpu::{Addr, Gemm};
 
 use super::gemm::{self, Algo, PreparedGemm};
-use super::{CudaDevice, GEMM_WORKSPACE_BYTES};
+use super::{error, CudaDevice, GEMM_WORKSPACE_BYTES};
 use crate::error::Result;
 use crate::gpu::Driver;
 
-/// Issues of a candidate before it is timed, timed rounds, and issues a round.
-const WARMUP: usize = 1;
+/// Timed rounds after the warm-up round.
 const ROUNDS: usize = 3;
-const ISSUES: usize = 3;
+/// The work a candidate's graph holds, in microseconds at [`FLOPS_PER_MICRO`]; the issues a
+/// graph holds are kept within [`ISSUES`].
+const GRAPH_MICROS: f64 = 100.0;
+const FLOPS_PER_MICRO: f64 = 4e8;
+const ISSUES: (usize, usize) = (2, 20);
 
 /// The choices made so far, by [`key`].
 static CHOSEN: LazyLock<Mutex<BTreeMap<String, Algo>>> = LazyLock::new(Default::default);
@@ -42,6 +55,13 @@ fn key(device: &CudaDevice, gemm: &Gemm, (a, b, c): (u64, u64, u64)) -> String {
     let residues = [a, b, c].map(|pointer| pointer % 256);
     let ordinal = device.ordinal();
     format!("{} {ordinal} {shape:?} {residues:?}", device.describe())
+}
+
+/// The issues in one candidate's graph: about [`GRAPH_MICROS`] of work.
+fn issues(gemm: &Gemm) -> usize {
+    let flops = 2.0 * (gemm.m * gemm.n) as f64 * (gemm.k * gemm.batch) as f64;
+    let fit = (GRAPH_MICROS * FLOPS_PER_MICRO / flops.max(1.0)).ceil();
+    (fit.min(ISSUES.1 as f64) as usize).max(ISSUES.0)
 }
 
 /// Device memory of the tuner's, freed when dropped.
@@ -72,30 +92,31 @@ pub(crate) fn tune(
     gemm: &Gemm,
     prepared: &mut PreparedGemm,
     candidates: &[Algo],
-) -> Result<()> {
+) {
     if candidates.len() < 2 {
-        return Ok(());
+        return;
     }
     let key = key(device, gemm, (prepared.a, prepared.b, prepared.c));
-    let known = CHOSEN.lock().map(|chosen| chosen.get(&key).copied());
-    let algo = match known.ok().flatten() {
+    let known = CHOSEN
+        .lock()
+        .ok()
+        .and_then(|chosen| chosen.get(&key).copied());
+    let algo = match known {
         Some(algo) => algo,
-        None => {
-            let algo = fastest(device, gemm, prepared, candidates)?;
-            if let Ok(mut chosen) = CHOSEN.lock() {
-                // Another thread may have chosen first: keep its choice, and use it.
-                *chosen.entry(key).or_insert(algo)
-            } else {
-                algo
-            }
-        }
+        None => match fastest(device, gemm, prepared, candidates) {
+            // Another thread may have chosen first: keep its choice, and use it.
+            Ok(algo) => match CHOSEN.lock() {
+                Ok(mut chosen) => *chosen.entry(key).or_insert(algo),
+                Err(_) => algo,
+            },
+            Err(_) => candidates[0],
+        },
     };
     prepared.set_algo(algo);
-    Ok(())
 }
 
-/// The candidate with the least mean time over the best of [`ROUNDS`] rounds, C redirected
-/// to scratch memory at the real C's alignment for the timing; `prepared` keeps its addresses.
+/// The candidate with the least mean time, C redirected to scratch memory at the real C's
+/// alignment for the timing; `prepared` keeps its addresses and the heuristic's first.
 fn fastest(
     device: &CudaDevice,
     gemm: &Gemm,
@@ -108,10 +129,79 @@ fn fastest(
     let scratch = Scratch::new(device, c_bytes + 256)?;
     let real_c = prepared.c;
     prepared.c = scratch.ptr + real_c % 256;
-    let timed = time_each(device, prepared, candidates, (&stream, workspace.ptr));
+    let timed = time_each(
+        device,
+        (gemm, prepared, candidates),
+        (&stream, workspace.ptr),
+    );
     prepared.c = real_c;
-    device.synchronize(&stream)?;
-    Ok(candidates[pick(&timed?)])
+    prepared.set_algo(candidates[0]);
+    // The scratch is freed (dropped) only after the stream's work.
+    let synced = device.synchronize(&stream);
+    let times = timed?;
+    synced?;
+    Ok(candidates[pick(&times)])
+}
+
+/// Each candidate's least mean time over the rounds in milliseconds, or `None` where cuBLASLt
+/// refused to issue it.
+fn time_each(
+    device: &CudaDevice,
+    (gemm, prepared, candidates): (&Gemm, &mut PreparedGemm, &[Algo]),
+    (stream, workspace): (&Arc<CudaStream>, u64),
+) -> Result<Vec<Option<f32>>> {
+    let count = issues(gemm);
+    let mut graphs = Vec::with_capacity(candidates.len());
+    for &algo in candidates {
+        prepared.set_algo(algo);
+        graphs.push(capture(device, prepared, count, (stream, workspace))?);
+    }
+    let (start, end) = (device.timing_event()?, device.timing_event()?);
+    let launch = |graph: &CudaGraph| graph.launch().map_err(|e| error("tuning graph", e));
+    let mut best = vec![f32::INFINITY; graphs.len()];
+    for round in 0..=ROUNDS {
+        for (i, graph) in graphs.iter().enumerate() {
+            let Some(graph) = graph else { continue };
+            // The timed launch queues behind a running one: no launch latency in between.
+            launch(graph)?;
+            start.record(stream)?;
+            launch(graph)?;
+            end.record(stream)?;
+            let ms = start.elapsed_ms(&end)?;
+            if round > 0 {
+                best[i] = best[i].min(ms / count as f32);
+            }
+        }
+    }
+    Ok((graphs.iter().zip(best))
+        .map(|(graph, time)| graph.as_ref().map(|_| time))
+        .collect())
+}
+
+/// `count` issues of `prepared` captured on `stream` as a graph, or `None` where cuBLASLt
+/// refuses to issue it.
+fn capture(
+    device: &CudaDevice,
+    prepared: &PreparedGemm,
+    count: usize,
+    (stream, workspace): (&Arc<CudaStream>, u64),
+) -> Result<Option<CudaGraph>> {
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    stream
+        .begin_capture(mode)
+        .map_err(|e| error("begin the tuning capture", e))?;
+    let raw = stream.cu_stream() as _;
+    let issued = (0..count).try_for_each(|_| {
+        gemm::issue(&device.lt, prepared, (workspace, GEMM_WORKSPACE_BYTES), raw)
+    });
+    let flags = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+    let graph = stream.end_capture(flags);
+    match (issued, graph) {
+        (Ok(()), Ok(graph)) => Ok(graph),
+        (Ok(()), Err(e)) => Err(error("end the tuning capture", e)),
+        // Refused: the capture is ended, what it held discarded.
+        (Err(_), _) => Ok(None),
+    }
 }
 
 /// The index of the least time, the earliest among equals; a candidate that failed to issue
@@ -128,54 +218,6 @@ fn pick(times: &[Option<f32>]) -> usize {
     best.0
 }
 
-/// Each candidate's best round mean in milliseconds, or `None` where cuBLASLt refused to
-/// issue it.
-fn time_each(
-    device: &CudaDevice,
-    prepared: &mut PreparedGemm,
-    candidates: &[Algo],
-    (stream, workspace): (&Arc<CudaStream>, u64),
-) -> Result<Vec<Option<f32>>> {
-    let (start, end) = (device.timing_event()?, device.timing_event()?);
-    let handle = &device.lt;
-    let raw = stream.cu_stream() as _;
-    let mut times = Vec::with_capacity(candidates.len());
-    for &algo in candidates {
-        prepared.set_algo(algo);
-        let issue = |prepared: &PreparedGemm| {
-            gemm::issue(handle, prepared, (workspace, GEMM_WORKSPACE_BYTES), raw)
-        };
-        if (0..WARMUP).try_for_each(|_| issue(prepared)).is_err() {
-            times.push(None);
-            continue;
-        }
-        let mut best = f32::INFINITY;
-        for _ in 0..ROUNDS {
-            start.record(stream)?;
-            for _ in 0..ISSUES {
-                issue(prepared)?;
-            }
-            end.record(stream)?;
-            best = best.min(start.elapsed_ms(&end)? / ISSUES as f32);
-        }
-        times.push(Some(best));
-    }
-    prepared.set_algo(candidates[0]);
-    Ok(times)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::pick;
-
-    #[test]
-    fn the_fastest_candidate_wins_and_the_heuristic_breaks_ties() {
-        assert_eq!(pick(&[Some(3.0), Some(1.0), Some(2.0)]), 1);
-        assert_eq!(pick(&[Some(1.0), Some(2.0), Some(1.0)]), 0);
-        assert_eq!(pick(&[Some(2.0), Some(1.5), Some(1.5)]), 1);
-        // Refused candidates have no time; with none timed the first stays.
-        assert_eq!(pick(&[None, Some(4.0), None]), 1);
-        assert_eq!(pick(&[None, None]), 0);
-        assert_eq!(pick(&[Some(f32::NAN), Some(1.0)]), 1);
-    }
-}
+#[path = "gemm_tuning_tests.rs"]
+mod tests;
