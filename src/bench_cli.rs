@@ -75,7 +75,8 @@ pub struct BenchCli {
     #[arg(long, value_enum, default_value_t = Switch::Off)]
     portable: Switch,
     /// Each cuBLASLt GEMM on the fastest of the library's candidate algorithms, timed when
-    /// the program is bound (on), or on its heuristic's first choice (off).
+    /// the program is bound (on), or on its heuristic's first choice (off). No effect with
+    /// `--portable on`, which has no cuBLASLt.
     #[arg(long, value_enum, default_value_t = Switch::Off)]
     gemm_tune: Switch,
     /// Also time each step alone once and list the costliest ops (one stream).

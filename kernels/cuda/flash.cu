@@ -18,8 +18,9 @@
 // (double-buffered: the next tile's copy is issued before the current one is multiplied), and
 // a warp's own 16 rows go to registers as A fragments once.
 //
-// Work split. Every tile kernel has 4 warps; each warp owns 16 rows of the block's tile as the
-// A operand's rows, and the block walks the other axis in tiles:
+// Work split. Every tile kernel has 4 warps (the two-group forward 8: two groups of 4), each
+// warp owning 16 rows of the block's tile as the A operand's rows, and the block (or group)
+// walks the other axis in tiles:
 //   forward  (B·Hq, T/64): S = Q·Kᵀ, online softmax, O += P·V over key tiles of N (or two
 //            groups of 4 warps over every other key tile, merged at the end, for small grids);
 //   delta    Δ = rowsum(r(dO) ∘ out), one warp per row;
@@ -49,7 +50,8 @@
 // common.cuh's width-32 shuffles, so a 64-lane wavefront holds two of them. The kernel bodies
 // are __forceinline__ so that each static __shared__ tile belongs to the one kernel that calls
 // it: hipRTC's compiler puts the shared arrays of functions it does not inline into one block
-// that every kernel of the module allocates (292 KB here, against gfx90a's 64 KB per block).
+// that every kernel of the module allocates (hundreds of KB here, against gfx90a's 64 KB per
+// block).
 
 #define KILN_FLASH_THREADS 128 // 4 warps (a group of them in the two-group forward)
 #define KILN_FLASH_ROWS 64     // the block's own rows: 16 per warp

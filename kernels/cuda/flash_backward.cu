@@ -255,68 +255,27 @@ __device__ __forceinline__ void kiln_flash_backward_q(float* grad_q, const bf16_
     }
 }
 
-// The backward's entry points, one per head dim; q, k, v, grad_out are the staged copies.
-extern "C" __global__ void flash_attention_backward_kv_d16(
-    float* grad_k, float* grad_v, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
-    i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_backward_kv<16>(grad_k, grad_v, q, k, v, grad_out, lse, delta, q_heads, kv_heads,
-                               q_len, kv_len, hd, scale);
-}
-extern "C" __global__ void flash_attention_backward_q_d16(
-    float* grad_q, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
-    i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_backward_q<16>(grad_q, q, k, v, grad_out, lse, delta, q_heads, kv_heads, q_len,
-                              kv_len, hd, scale);
-}
-extern "C" __global__ void flash_attention_backward_kv_d32(
-    float* grad_k, float* grad_v, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
-    i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_backward_kv<32>(grad_k, grad_v, q, k, v, grad_out, lse, delta, q_heads, kv_heads,
-                               q_len, kv_len, hd, scale);
-}
-extern "C" __global__ void flash_attention_backward_q_d32(
-    float* grad_q, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
-    i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_backward_q<32>(grad_q, q, k, v, grad_out, lse, delta, q_heads, kv_heads, q_len,
-                              kv_len, hd, scale);
-}
-extern "C" __global__ void flash_attention_backward_kv_d64(
-    float* grad_k, float* grad_v, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
-    i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_backward_kv<64>(grad_k, grad_v, q, k, v, grad_out, lse, delta, q_heads, kv_heads,
-                               q_len, kv_len, hd, scale);
-}
-extern "C" __global__ void flash_attention_backward_q_d64(
-    float* grad_q, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
-    i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_backward_q<64>(grad_q, q, k, v, grad_out, lse, delta, q_heads, kv_heads, q_len,
-                              kv_len, hd, scale);
-}
-extern "C" __global__ void flash_attention_backward_kv_d128(
-    float* grad_k, float* grad_v, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
-    i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_backward_kv<128>(grad_k, grad_v, q, k, v, grad_out, lse, delta, q_heads, kv_heads,
-                               q_len, kv_len, hd, scale);
-}
-extern "C" __global__ void flash_attention_backward_q_d128(
-    float* grad_q, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-    const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads, i64 kv_heads,
-    i64 q_len, i64 kv_len, i64 hd, float scale) {
-    kiln_grid_dependency_wait();
-    kiln_flash_backward_q<128>(grad_q, q, k, v, grad_out, lse, delta, q_heads, kv_heads, q_len,
-                              kv_len, hd, scale);
-}
+// The backward's entry points, the dK/dV and the dQ kernel per head dim (the argument checks
+// of kernels/src/gpu/tests.rs expand the macro and read these signatures); q, k, v, grad_out
+// are the staged copies.
+#define KILN_FLASH_BACKWARD_ENTRY(kv_name, q_name, D)                                             \
+    extern "C" __global__ void kv_name(                                                         \
+        float* grad_k, float* grad_v, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v, \
+        const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads,           \
+        i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {                             \
+        kiln_grid_dependency_wait();                                                            \
+        kiln_flash_backward_kv<D>(grad_k, grad_v, q, k, v, grad_out, lse, delta, q_heads,       \
+                                  kv_heads, q_len, kv_len, hd, scale);                          \
+    }                                                                                           \
+    extern "C" __global__ void q_name(                                                          \
+        float* grad_q, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,              \
+        const bf16_bits* grad_out, const float* lse, const float* delta, i64 q_heads,           \
+        i64 kv_heads, i64 q_len, i64 kv_len, i64 hd, float scale) {                             \
+        kiln_grid_dependency_wait();                                                            \
+        kiln_flash_backward_q<D>(grad_q, q, k, v, grad_out, lse, delta, q_heads, kv_heads,      \
+                                 q_len, kv_len, hd, scale);                                     \
+    }
+KILN_FLASH_BACKWARD_ENTRY(flash_attention_backward_kv_d16, flash_attention_backward_q_d16, 16)
+KILN_FLASH_BACKWARD_ENTRY(flash_attention_backward_kv_d32, flash_attention_backward_q_d32, 32)
+KILN_FLASH_BACKWARD_ENTRY(flash_attention_backward_kv_d64, flash_attention_backward_q_d64, 64)
+KILN_FLASH_BACKWARD_ENTRY(flash_attention_backward_kv_d128, flash_attention_backward_q_d128, 128)

@@ -1,9 +1,9 @@
-// Tensor-core helpers shared by the modules that multiply on tensor cores (linear_mma.cu,
-// flash.cu), and every other inline-PTX primitive those modules use: one m16n8k16 bf16 (or
-// f16) mma.sync with f32 accumulation, ldmatrix (.x4, plain and .trans), cp.async (16 and 4
-// bytes, with its commit and wait), the bf16x2 and f16x2 conversions and ex2.approx; and the
-// packing of two f32 into one bf16x2 (or f16x2) fragment word (f16's conversions are
-// common.cuh's).
+// Tensor-core helpers shared by the modules that multiply on tensor cores (linear_mma.cu;
+// flash.cu and flash_backward.cu), and every other inline-PTX primitive those modules use: one
+// m16n8k16 bf16 (or f16) mma.sync with f32 accumulation, ldmatrix (.x4, plain and .trans),
+// cp.async (16 and 4 bytes, with its commit and wait), the bf16x2 and f16x2 conversions and
+// ex2.approx; and the packing of two f32 into one bf16x2 (or f16x2) fragment word (f16's
+// conversions are common.cuh's).
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type";
 // g = lane / 4, t = lane % 4): A (16 x 16, row-major) a0 = row g, cols 2t, 2t+1; a1 = row g+8,

@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 pub use crate::gpu::KernelReport;
 use crate::gpu::{GpuExecutable, Modules, ReleaseErrors};
 use crate::kernel_cache::{Compiler, KernelCache};
+pub use gemm_tuning::tuned_gemms;
 
 /// A planned program bound to a CUDA device.
 pub type CudaExecutable = GpuExecutable<CudaDevice>;

@@ -211,12 +211,17 @@ fn tuned_gemms_match_the_cpu_and_keep_their_choice() {
         linear_rows: 0,
         ..LowerOptions::default()
     };
+    let before = kiln_runtime::cuda::tuned_gemms();
     let first = tiny_cases_match_the_cpu_with(&device, tuned, &cases, "tuned GEMMs");
+    let tuned_now = kiln_runtime::cuda::tuned_gemms();
+    assert!(tuned_now > before, "no matmul was tuned");
     let again = tiny_cases_match_the_cpu_with(&device, tuned, &cases, "tuned GEMMs again");
     assert!(
         first == again,
         "a second build of a tuned program gave other bits"
     );
+    // The second builds found every choice made.
+    assert_eq!(kiln_runtime::cuda::tuned_gemms(), tuned_now);
 }
 
 #[test]

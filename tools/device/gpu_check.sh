@@ -69,12 +69,15 @@ for what in "$@"; do
     tests)
       KILN_REQUIRE_GPU=1 "$bin/gpu" --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_tests.log"
       echo "gpu tests exit: ${PIPESTATUS[0]}"
-      # The device executable's unit tests (kiln-runtime's gpu:: module); a filter that
-      # selects none is a failure, not a pass.
-      KILN_REQUIRE_GPU=1 "$bin/runtime" --test-threads=1 --nocapture gpu:: 2>&1 | tee "$out/runtime_cuda_tests.log"
-      echo "runtime cuda tests exit: ${PIPESTATUS[0]}"
-      grep -q "^test result: ok. 0 passed" "$out/runtime_cuda_tests.log" \
-        && echo "FAILED: no runtime gpu:: test ran (the filter matches none)"
+      # The device executable's unit tests (kiln-runtime's gpu:: module) and the GEMM
+      # tuner's; a filter that selects none is a failure, not a pass.
+      for filter in gpu:: cuda::gemm_tuning; do
+        log="$out/runtime_cuda_tests_${filter//:/_}.log"
+        KILN_REQUIRE_GPU=1 "$bin/runtime" --test-threads=1 --nocapture "$filter" 2>&1 | tee "$log"
+        echo "runtime $filter tests exit: ${PIPESTATUS[0]}"
+        grep -q "^test result: ok. 0 passed" "$log" \
+          && echo "FAILED: no runtime $filter test ran (the filter matches none)"
+      done
       "$bin/kiln" demo 2>&1 | tee "$out/demo.log"
       echo "demo exit: ${PIPESTATUS[0]}"
       # kiln eval on the GPU (planned and replayed) against the oracle on the CPU.

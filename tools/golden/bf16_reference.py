@@ -6,12 +6,13 @@ kiln's bf16 inference is checked against the float64 logits of tests/golden
 bfloat16 on the same models and tokens, so the two can be compared. For each case it prints
 the relative L2 error of the logits against golden.safetensors:
 
-  f64 on bf16 weights  the weights rounded to bf16, every step in float64 (the weights'
-                       rounding alone: kiln's test prints the same measure as "f32 on the bf16
-                       weights")
-  bf16 (DEVICE)        `from_pretrained` then `.to(torch.bfloat16)`, SDPA attention: what a
-                       user of transformers runs in bf16 (norms upcast inside, as transformers
-                       does), on each device given
+  bf16 (DEVICE)        `from_pretrained(..., dtype=torch.bfloat16)`, SDPA attention: what a
+                       user of transformers runs in bf16 (its norms computed in float32 inside,
+                       RoPE's frequencies kept in float32), on each device given
+  f64 on bf16 weights  the weights rounded to bf16, then every step in float64 but RoPE's
+                       angles (float32, as transformers computes them and make_golden.py keeps
+                       them): the weights' rounding alone. kiln's test prints its own measure of
+                       it ("f32 on the bf16 weights": the same weights, every step in f32).
 
 Usage: python3 bf16_reference.py GOLDEN_DIR [DEVICE ...]   (GOLDEN_DIR: tests/golden; devices
 cpu and/or cuda, default cpu)
@@ -24,7 +25,13 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-CASES = ["qwen2_gqa_bias", "llama_mha_tied", "llama_bias_headdim"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_golden import CASES, rmsnorm_forward_keep_dtype  # noqa: E402
+
+NORMS = [
+    transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm,
+    transformers.models.llama.modeling_llama.LlamaRMSNorm,
+]
 
 
 def rel_l2(got, want):
@@ -32,20 +39,17 @@ def rel_l2(got, want):
     return (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
 
 
-def rmsnorm_forward_keep_dtype(self, hidden_states):
-    # As make_golden.py: transformers' RMSNorm computes in float32, which would round a
-    # float64 model.
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-    return self.weight * hidden_states
-
-
 def load(case_dir, dtype, device):
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        case_dir, attn_implementation="sdpa"
-    )
-    model.train(False)
-    return model.to(device=device, dtype=dtype)
+    """The case's model as `from_pretrained` gives it in `dtype` (older transformers call the
+    argument `torch_dtype`), on `device`."""
+    for argument in ("dtype", "torch_dtype"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            case_dir, attn_implementation="sdpa", **{argument: dtype}
+        )
+        if next(model.parameters()).dtype == dtype:
+            model.train(False)
+            return model.to(device)
+    raise SystemExit(f"{case_dir}: from_pretrained gave no {dtype} parameters")
 
 
 def logits(model, tokens):
@@ -53,37 +57,41 @@ def logits(model, tokens):
         return model(input_ids=tokens.to(model.device)).logits.cpu()
 
 
-def main():
-    golden_dir = sys.argv[1]
-    devices = sys.argv[2:] or ["cpu"]
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    rows = []
-    for case in CASES:
-        case_dir = os.path.join(golden_dir, case)
-        tokens = load_file(os.path.join(case_dir, "tokens.safetensors"))["tokens"]
-        want = load_file(os.path.join(case_dir, "golden.safetensors"))["logits"]
-        row = [case]
-        for device in devices:
-            row.append(rel_l2(logits(load(case_dir, torch.bfloat16, device), tokens), want))
-        # The bf16 weights in float64, norms kept in float64.
-        families = [transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm,
-                    transformers.models.llama.modeling_llama.LlamaRMSNorm]
-        saved = [family.forward for family in families]
-        for family in families:
-            family.forward = rmsnorm_forward_keep_dtype
+def rounded_weights_in_f64(case_dir, tokens):
+    """Logits of the case's weights rounded to bf16, in float64 (norms kept in float64)."""
+    saved = [norm.forward for norm in NORMS]
+    try:
+        for norm in NORMS:
+            norm.forward = rmsnorm_forward_keep_dtype
         model = load(case_dir, torch.float32, "cpu")
         with torch.no_grad():
             for param in model.parameters():
                 param.copy_(param.to(torch.bfloat16).to(param.dtype))
-        row.append(rel_l2(logits(model.to(torch.float64), tokens), want))
-        for family, forward in zip(families, saved):
-            family.forward = forward
-        rows.append(row)
+        return logits(model.to(torch.float64), tokens)
+    finally:
+        for norm, forward in zip(NORMS, saved):
+            norm.forward = forward
+
+
+def main():
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    golden_dir = sys.argv[1]
+    devices = sys.argv[2:] or ["cpu"]
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     header = ["case"] + [f"bf16 ({device})" for device in devices] + ["f64 on bf16 weights"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join([row[0]] + [f"{e:.3e}" for e in row[1:]]) + " |")
+    for case in CASES:
+        case_dir = os.path.join(golden_dir, case)
+        tokens = load_file(os.path.join(case_dir, "tokens.safetensors"))["tokens"]
+        want = load_file(os.path.join(case_dir, "golden.safetensors"))["logits"]
+        errors = [
+            rel_l2(logits(load(case_dir, torch.bfloat16, device), tokens), want)
+            for device in devices
+        ]
+        errors.append(rel_l2(rounded_weights_in_f64(case_dir, tokens), want))
+        print("| " + " | ".join([case] + [f"{e:.3e}" for e in errors]) + " |")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 //! The FlashAttention contract on the CPU: causal GQA attention (the module above's math) that
 //! keeps each query row's log-sum-exp instead of its probabilities, with `q`, `k`, `v` (and
 //! `grad_out` in the backward) entering their products as their bf16 roundings and everything
-//! else in f32. The device kernels (kernels/cuda/flash.cu) compute the same function block by
-//! block; this is the reference they are checked against. The forward also rounds to f16
+//! else in f32. The device kernels (kernels/cuda/flash.cu, flash_backward.cu) compute the same
+//! function block by block; this is the reference they are checked against. The forward also rounds to f16
 //! instead (`r` below the f16 rounding: bf16 inference's prefill, whose scores need the three
 //! more mantissa bits); an f32 element beyond f16's range rounds to an infinity there, as on
 //! the device.
@@ -19,8 +19,11 @@
 //!
 //! With one tile and no rounding of `exp(score − m)` this is `attention` of the rounded inputs;
 //! the rounding is where the device's tensor cores take the probabilities, so the reference
-//! rounds there too (and in the same tiles, as the maximum they are taken against depends on
-//! them).
+//! rounds there too, in the tiles of the device's one-group forward (the maximum they are
+//! taken against depends on them). Its two-group forward (grids below one wave) walks tiles of
+//! half the length from head dim 64 on, every other one in each group, and merges the groups'
+//! sums at the end: its probabilities are rounded against other maxima, within the same bound
+//! of the reference.
 //!
 //! Backward, the probabilities rebuilt from `lse`, and `P` and `dS` rounded to bf16 where they
 //! enter their products, as the device's tensor cores take them:
@@ -92,7 +95,7 @@ fn rounding_of(op: &'static str, rounding: DType) -> Result<fn(f32) -> f32> {
 pub const MAX_HEAD_DIM: usize = 128;
 
 /// Keys per tile of the forward: 64, or 32 for head dims above 64 (kernels/cuda/flash.cu's
-/// tiles).
+/// tiles in its one-group forward).
 pub fn key_tile(head_dim: usize) -> usize {
     if head_dim > 64 {
         32

@@ -19,7 +19,7 @@ use crate::{Error, Result};
 use kiln_ir::DType;
 
 const MODULE: &str = "flash";
-/// Threads per block of the tile kernels (4 warps).
+/// Threads per block of the tile kernels (4 warps; the two-group forward has twice as many).
 const TILE_THREADS: u32 = 128;
 /// Query (or key) rows per block of the tile kernels.
 const TILE_ROWS: u64 = 64;
@@ -133,16 +133,17 @@ fn check(function: &'static str, dims: &AttentionDims) -> Result<u64> {
     padded(function, dims.head_dim)
 }
 
-/// Each operand `stored` f32 (rounded by the kernels' stagings) or in the `rounding`'s dtype
-/// (already rounded).
+/// Each operand (q, k, v, then grad_out) `stored` f32 (rounded by the kernels' stagings) or in
+/// the `rounding`'s dtype (already rounded).
 fn check_stored(function: &'static str, stored: &[DType], rounding: DType) -> Result<()> {
-    match stored.iter().find(|&&s| s != DType::F32 && s != rounding) {
-        Some(other) => Err(Error::Argument {
+    let names = ["q", "k", "v", "grad_out"];
+    match (names.iter().zip(stored)).find(|(_, &s)| s != DType::F32 && s != rounding) {
+        Some((name, other)) => Err(Error::Argument {
             op: function,
             argument: "stored",
             reason: format!(
-                "a {other} operand with the {rounding} rounding: each f32 or of the rounding's \
-                 dtype"
+                "{name} is {other} under the {rounding} rounding: each operand f32 or of the \
+                 rounding's dtype"
             ),
         }),
         None => Ok(()),

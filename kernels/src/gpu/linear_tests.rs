@@ -259,12 +259,7 @@ fn refused_workspace(spec: &SkinnyLinear, workspace: Option<Addr>) -> &'static s
 
 /// The parameter count of `extern "C" __global__ void function(...)` in `module`.
 fn parameters(module: &str, function: &str) -> Option<usize> {
-    let (_, source) = SOURCES.iter().find(|(name, _)| *name == module)?;
-    let source = crate::gpu::tests::expanded(source);
-    let head = format!("extern \"C\" __global__ void {function}(");
-    let start = source.find(&head)? + head.len();
-    let params = &source[start..start + source[start..].find(')')?];
-    Some(params.split(',').count())
+    crate::gpu::tests::parameter_kinds(module, function).map(|kinds| kinds.len())
 }
 
 fn kernels(launches: Vec<Launch>) -> Vec<Kernel> {

@@ -42,6 +42,11 @@ const ISSUES: (usize, usize) = (2, 20);
 /// The choices made so far, by [`key`].
 static CHOSEN: LazyLock<Mutex<BTreeMap<String, Algo>>> = LazyLock::new(Default::default);
 
+/// How many matmul descriptions have had their algorithm chosen by timing in this process.
+pub fn tuned_gemms() -> usize {
+    CHOSEN.lock().map(|chosen| chosen.len()).unwrap_or(0)
+}
+
 /// What determines a matmul's candidates and their speed: the device, the descriptor without
 /// its addresses, and each pointer's alignment (the heuristic's preference).
 fn key(device: &CudaDevice, gemm: &Gemm, (a, b, c): (u64, u64, u64)) -> String {

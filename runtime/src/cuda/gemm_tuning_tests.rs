@@ -166,12 +166,16 @@ fn every_candidate_computes_the_product_and_the_choice_is_kept() {
             "{out:?} accumulate={accumulate}: {} candidates compute the product",
             algos.len()
         );
-        // Timing works here (`tune` would fall back to the heuristic's first).
+        // Timing works here (`tune` would fall back to the heuristic's first), and writes
+        // nothing of the program's: C keeps its bits.
+        device.upload(pc, bytes(&c0), &stream).unwrap();
+        device.synchronize(&stream).unwrap();
         let fastest = fastest(&device, &gemm, &mut prepared, &algos).unwrap();
-        assert!(
-            prepared.algo() == algos[0].0 && prepared.c == pc,
-            "timing leaves the matmul"
-        );
+        let left = prepared.algo() == algos[0].0 && prepared.c == pc;
+        assert!(left, "timing leaves the matmul as it was");
+        let mut kept = vec![0u8; std::mem::size_of_val(&c0[..])];
+        device.download(&mut kept, pc, Some(&stream)).unwrap();
+        assert!(kept == bytes(&c0), "timing wrote the matmul's C");
         tune(&device, &gemm, &mut prepared, &algos);
         let (mut again, candidates) = gemm::prepare(
             &device.lt,
