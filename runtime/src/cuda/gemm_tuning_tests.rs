@@ -112,15 +112,18 @@ fn every_candidate_computes_the_product_and_the_choice_is_kept() {
                 }
             })
             .collect();
-        let pointers = (pa, pb, pc);
-        let (mut prepared, algos) = gemm::prepare(
-            &device.lt,
-            &gemm,
-            pointers,
-            GEMM_WORKSPACE_BYTES,
-            MAX_CANDIDATES,
-        )
-        .unwrap();
+        let candidates = || {
+            let pointers = (pa, pb, pc);
+            gemm::prepare(
+                &device.lt,
+                &gemm,
+                pointers,
+                GEMM_WORKSPACE_BYTES,
+                MAX_CANDIDATES,
+            )
+            .unwrap()
+        };
+        let (mut prepared, algos) = candidates();
         for (index, &algo) in algos.iter().enumerate() {
             device.upload(pc, bytes(&c0), &stream).unwrap();
             prepared.set_algo(algo);
@@ -177,15 +180,8 @@ fn every_candidate_computes_the_product_and_the_choice_is_kept() {
         device.download(&mut kept, pc, Some(&stream)).unwrap();
         assert!(kept == bytes(&c0), "timing wrote the matmul's C");
         tune(&device, &gemm, &mut prepared, &algos);
-        let (mut again, candidates) = gemm::prepare(
-            &device.lt,
-            &gemm,
-            pointers,
-            GEMM_WORKSPACE_BYTES,
-            MAX_CANDIDATES,
-        )
-        .unwrap();
-        tune(&device, &gemm, &mut again, &candidates);
+        let (mut again, algos_again) = candidates();
+        tune(&device, &gemm, &mut again, &algos_again);
         assert!(
             prepared.algo() == again.algo(),
             "the same choice for the same matmul"
