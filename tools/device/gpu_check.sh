@@ -29,6 +29,7 @@
 #   prefill: bf16 prefill rows (Qwen2.5-0.5B T=512 and 2048, DeepSeek-1.5B T=512) of every
 #           build named in $BUILDS (kiln binaries in BIN_DIR; default `kiln`), alternating,
 #           $ROUNDS rounds (default 2), each with its `check` to compare between builds
+#   decode: the same for bf16 decode rows (Qwen2.5-0.5B B=1, 8 and 32, DeepSeek-1.5B B=1)
 #   tune:   cuBLASLt's algorithms chosen by timing (`--gemm-tune on`) against its heuristic's
 #           (off), alternating, two rounds: bf16 prefill (0.5B T=512 and 2048, 1.5B T=512), bf16
 #           decode B=32 (its linears on cuBLASLt) and bf16-swiglu train (0.5B T=512 and 2048),
@@ -41,8 +42,9 @@
 #   parallel: rank programs through NCCL against the plain ones (a world of one on one GPU;
 #           `kiln launch` over every GPU where there are several): JSON lines in parallel.jsonl
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
-#   profile: each kernel's time (ncu gpu__time_duration.sum, clocks and caches not reset) in one
-#           eager bf16 prefill (T=512) and decode (B=1) step of Qwen2.5-0.5B, as tables
+#   profile: each kernel's time and DRAM bytes (ncu gpu__time_duration.sum and dram__bytes.sum,
+#           clocks and caches not reset) in one eager bf16 prefill (T=512), decode (B=1) and
+#           bf16-swiglu train (T=2048) step of Qwen2.5-0.5B, as tables
 #           (tools/device/ncu_table.py) in OUT_DIR/ncu_<program>.md beside the CSVs
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -268,18 +270,23 @@ PY
         PYTHONUNBUFFERED=1 python3 "$bin/train_anchor.py" $preset 512 2048 2>&1 | tee -a "$out/train_peer.log"
       done
       ;;
-    prefill)
+    prefill|decode)
+      # Prefill T=512 and 2048 (1.5B T=512), or decode B=1, 8 and 32 (1.5B B=1), bf16.
+      case $what in
+        prefill) rows="qwen2.5-0.5b:--seq:512 qwen2.5-0.5b:--seq:2048 deepseek-r1-distill-qwen-1.5b:--seq:512" ;;
+        decode) rows="qwen2.5-0.5b:--batch:1 qwen2.5-0.5b:--batch:8 qwen2.5-0.5b:--batch:32 deepseek-r1-distill-qwen-1.5b:--batch:1" ;;
+      esac
       for round in $(seq "${ROUNDS:-2}"); do
-        for row in qwen2.5-0.5b:512 qwen2.5-0.5b:2048 deepseek-r1-distill-qwen-1.5b:512; do
-          IFS=: read -r model seq <<<"$row"
+        for row in $rows; do
+          IFS=: read -r model flag size <<<"$row"
           for build in ${BUILDS:-kiln}; do
-            rows="$out/prefill_$build.jsonl"
-            "$bin/$build" bench --model $model --program prefill --precision bf16 --seq $seq \
-              --json >>"$rows" 2>>"$out/prefill.log" \
-              || { echo "FAILED: $build $model T=$seq (see prefill.log)"; continue; }
+            jsonl="$out/${what}_$build.jsonl"
+            "$bin/$build" bench --model $model --program $what --precision bf16 $flag $size \
+              --json >>"$jsonl" 2>>"$out/$what.log" \
+              || { echo "FAILED: $build $model $flag $size (see $what.log)"; continue; }
             python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
               print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'check') if k in r})" \
-              "$rows" "round $round $build $model T=$seq"
+              "$jsonl" "round $round $build $model $flag $size"
           done
         done
       done
@@ -347,13 +354,16 @@ PY
       done
       ;;
     profile)
-      for program in "prefill --seq 512" "decode --batch 1"; do
+      for program in "prefill --seq 512" "decode --batch 1" "train --seq 2048"; do
         name=${program%% *}
+        precision=bf16
+        [ "$name" = train ] && precision=bf16-swiglu
         # The clocks left as replay runs them, and each kernel's caches as its predecessor
         # left them (ncu's defaults, base clocks and flushed caches, overstate short kernels).
-        ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        ncu --clock-control none --cache-control none \
+          --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
           "$bin/kiln" bench --model qwen2.5-0.5b \
-          --program $program --precision bf16 --mode eager --warmup 0 --steps 1 \
+          --program $program --precision $precision --mode eager --warmup 0 --steps 1 \
           >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err" || echo "ncu $name FAILED (see ncu_$name.err)"
         python3 "$(dirname "$0")/ncu_table.py" "$out/ncu_$name.csv" | tee "$out/ncu_$name.md"
       done
