@@ -11,6 +11,11 @@
 //! written to a temporary file in the same directory, synced, then renamed over the name, so
 //! a reader (another process filling the cache at the same time, say) sees a whole entry or
 //! none. Neither compiler needs a GPU, so all of this is tested on the CPU machine.
+//!
+//! Records: small values under a key of the caller's (the GEMM algorithm chosen by timing for
+//! a matmul on a device and library version, `runtime/src/cuda/gemm_tuning.rs`), kept in the
+//! same directory in the same entry format, so that a later process makes the same choice.
+//! `info` and `clear` count and remove them with the modules.
 
 use std::ffi::{CStr, CString};
 use std::io::Write;
@@ -24,6 +29,7 @@ use crate::error::{Error, Result};
 const MAGIC: &[u8; 10] = b"KILNCUBIN\x01";
 const HEADER: usize = MAGIC.len() + 32 + 8 + 32;
 const EXTENSION: &str = "kcubin";
+const RECORD_EXTENSION: &str = "krecord";
 
 /// A runtime compiler of kiln's kernel modules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,7 +182,7 @@ impl KernelCache {
         })
     }
 
-    /// The entries and their bytes.
+    /// The entries (modules and records) and their bytes.
     pub fn info(&self) -> Result<CacheInfo> {
         let (mut entries, mut bytes) = (0, 0);
         for path in self.entries()? {
@@ -190,13 +196,41 @@ impl KernelCache {
         })
     }
 
-    /// Removes every entry (nothing else in the directory); returns how many.
+    /// Removes every entry, modules and records (nothing else in the directory); returns how
+    /// many.
     pub fn clear(&self) -> Result<usize> {
         let entries = self.entries()?;
         for path in &entries {
             std::fs::remove_file(path).map_err(|e| io_error(path, "remove", &e))?;
         }
         Ok(entries.len())
+    }
+
+    /// The record of `kind` under `key` ([`KernelCache::store_record`]): `Ok(None)` when there
+    /// is none (or no cache), `Err(reason)` when there is one that cannot be trusted.
+    pub fn record(&self, kind: &str, key: &str) -> std::result::Result<Option<Vec<u8>>, String> {
+        let Some(dir) = &self.dir else {
+            return Ok(None);
+        };
+        let hash = record_key(kind, key);
+        let path = dir.join(record_name(kind, &hash));
+        read_entry(&path, &hash).map_err(|reason| format!("{}: {reason}", path.display()))
+    }
+
+    /// Keeps `payload` as the record of `kind` under `key`, replacing any; nothing without a
+    /// cache. The error names the file.
+    pub fn store_record(
+        &self,
+        kind: &str,
+        key: &str,
+        payload: &[u8],
+    ) -> std::result::Result<(), String> {
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        let hash = record_key(kind, key);
+        let path = dir.join(record_name(kind, &hash));
+        write_entry(&path, &hash, payload).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     fn entries(&self) -> Result<Vec<PathBuf>> {
@@ -210,7 +244,9 @@ impl KernelCache {
         };
         let mut paths: Vec<PathBuf> = (listing.filter_map(|entry| entry.ok()))
             .map(|entry| entry.path())
-            .filter(|path| path.extension().is_some_and(|e| e == EXTENSION))
+            .filter(|path| {
+                (path.extension()).is_some_and(|e| e == EXTENSION || e == RECORD_EXTENSION)
+            })
             .collect();
         paths.sort();
         Ok(paths)
@@ -257,9 +293,26 @@ fn key(name: &str, source: &str, options: &[String], arch: &str, version: &str) 
     hash.finalize().into()
 }
 
+fn hex(key: &[u8; 32]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn file_name(name: &str, key: &[u8; 32]) -> String {
-    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{name}-{hex}.{EXTENSION}")
+    format!("{name}-{}.{EXTENSION}", hex(key))
+}
+
+/// A record's key: SHA-256 over its kind and the caller's key, apart from every module's.
+fn record_key(kind: &str, key: &str) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    for part in [RECORD_EXTENSION, kind, key] {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    hash.finalize().into()
+}
+
+fn record_name(kind: &str, key: &[u8; 32]) -> String {
+    format!("{kind}-{}.{RECORD_EXTENSION}", hex(key))
 }
 
 /// The entry's code; `None` when there is no entry; `Err(reason)` when there is one that

@@ -188,3 +188,51 @@ fn two_processes_filling_one_cache_leave_valid_entries() {
         assert_eq!(got.origin, Origin::Hit, "{name}");
     }
 }
+
+/// Records (no compiler needed): read back under their kind and key, replaced by a later
+/// store; another key or kind has none; a record whose bytes changed is refused with its
+/// file named, never read; `info` counts records and `clear` removes them; no cache keeps
+/// nothing.
+#[test]
+fn records_read_back_and_a_changed_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = KernelCache::at(dir.path());
+    assert_eq!(cache.record("gemm", "a key"), Ok(None));
+    cache.store_record("gemm", "a key", b"first").unwrap();
+    cache.store_record("gemm", "a key", b"second").unwrap();
+    cache.store_record("gemm", "another", b"other").unwrap();
+    assert_eq!(cache.record("gemm", "a key"), Ok(Some(b"second".to_vec())));
+    assert_eq!(cache.record("gemm", "another"), Ok(Some(b"other".to_vec())));
+    assert_eq!(cache.record("gemm", "a third"), Ok(None));
+    assert_eq!(cache.record("other kind", "a key"), Ok(None));
+    assert_eq!(cache.info().unwrap().entries, 2);
+
+    let files: Vec<_> = (std::fs::read_dir(dir.path()).unwrap())
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(
+        files.iter().all(|p| p.extension().unwrap() == "krecord"),
+        "{files:?}"
+    );
+    for file in &files {
+        let mut bytes = std::fs::read(file).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(file, bytes).unwrap();
+    }
+    let refused = cache.record("gemm", "a key").unwrap_err();
+    assert!(refused.contains("checksum"), "{refused}");
+    assert!(refused.contains(".krecord"), "{refused}");
+    for file in &files {
+        std::fs::write(file, b"garbage").unwrap();
+    }
+    for key in ["a key", "another"] {
+        let refused = cache.record("gemm", key).unwrap_err();
+        assert!(refused.contains("without the entry header"), "{refused}");
+    }
+
+    assert_eq!(cache.clear().unwrap(), 2);
+    assert_eq!(cache.record("gemm", "a key"), Ok(None));
+    let none = KernelCache::disabled();
+    none.store_record("gemm", "a key", b"value").unwrap();
+    assert_eq!(none.record("gemm", "a key"), Ok(None));
+}

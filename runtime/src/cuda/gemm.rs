@@ -89,6 +89,23 @@ pub(crate) const MAX_CANDIDATES: usize = 8;
 #[derive(Clone, Copy)]
 pub(crate) struct Algo(pub(crate) sys::cublasLtMatmulAlgo_t);
 
+impl Algo {
+    /// Its opaque words as bytes (little-endian), as the kernel cache records them.
+    pub(crate) fn bytes(&self) -> Vec<u8> {
+        self.0
+            .data
+            .iter()
+            .flat_map(|word| word.to_le_bytes())
+            .collect()
+    }
+}
+
+/// cuBLASLt's version (`cublasLtGetVersion`: major · 10000 + minor · 100 + patch).
+pub(crate) fn version() -> usize {
+    // SAFETY: no arguments; the library is loaded by the handle the device opened first.
+    unsafe { sys::cublasLtGetVersion() }
+}
+
 /// One matmul, ready to issue: its descriptor and layouts (destroyed on drop), the algorithm
 /// chosen for them, its operands' device addresses and the stream it is issued on.
 pub struct PreparedGemm {

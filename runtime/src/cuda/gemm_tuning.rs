@@ -13,11 +13,14 @@
 //! clock change falls on all of them; the first round only warms. The least mean time wins,
 //! the heuristic's order breaking ties.
 //!
-//! The choice is kept for the rest of the process under the matmul's description (shapes,
-//! types, strides and the pointers' alignments), so every executable of a program, and every
-//! later build of it, runs the same algorithm and gives the same bits. Another process may
-//! time them otherwise. Where timing fails (no memory for the scratch, say), the heuristic's
-//! first stays, and nothing is kept.
+//! The choice is kept for the rest of the process under the matmul's description (the
+//! device, cuBLASLt's version, shapes, types, strides and the pointers' alignments), so every
+//! executable of a program, and every later build of it, runs the same algorithm and gives the
+//! same bits; and on disk as a record of the kernel cache (`crate::kernel_cache`), so that
+//! later processes sharing the cache make the same choice without timing. A record is used
+//! only where it names one of the heuristic's candidates now; one that is not, or cannot be
+//! read, is timed again and replaced. Where timing fails (no memory for the scratch, say), the
+//! heuristic's first stays, and nothing is kept.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -30,6 +33,7 @@ use super::gemm::{self, Algo, PreparedGemm};
 use super::{error, CudaDevice, GEMM_WORKSPACE_BYTES};
 use crate::error::Result;
 use crate::gpu::Driver;
+use crate::kernel_cache::KernelCache;
 
 /// Timed rounds after the warm-up round.
 const ROUNDS: usize = 3;
@@ -47,8 +51,12 @@ pub fn tuned_gemms() -> usize {
     CHOSEN.lock().map(|chosen| chosen.len()).unwrap_or(0)
 }
 
-/// What determines a matmul's candidates and their speed: the device, the descriptor without
-/// its addresses, and each pointer's alignment (the heuristic's preference).
+/// The kernel cache's kind of record for a choice.
+const RECORD: &str = "gemm-algo";
+
+/// What determines a matmul's candidates and their speed: the device, cuBLASLt's version, the
+/// descriptor without its addresses, and each pointer's alignment (the heuristic's
+/// preference).
 fn key(device: &CudaDevice, gemm: &Gemm, (a, b, c): (u64, u64, u64)) -> String {
     let unplaced = Addr { slot: 0, offset: 0 };
     let shape = Gemm {
@@ -59,7 +67,28 @@ fn key(device: &CudaDevice, gemm: &Gemm, (a, b, c): (u64, u64, u64)) -> String {
     };
     let residues = [a, b, c].map(|pointer| pointer % 256);
     let ordinal = device.ordinal();
-    format!("{} {ordinal} {shape:?} {residues:?}", device.describe())
+    let version = gemm::version();
+    format!(
+        "{} {ordinal} cuBLASLt {version} {shape:?} {residues:?}",
+        device.describe()
+    )
+}
+
+/// The choice recorded in `cache` under `key`, where it is one of `candidates`.
+fn recorded(cache: &KernelCache, key: &str, candidates: &[Algo]) -> Option<Algo> {
+    let bytes = cache.record(RECORD, key).ok()??;
+    candidates
+        .iter()
+        .copied()
+        .find(|algo| algo.bytes() == bytes)
+}
+
+/// Records `algo` as the choice under `key`. A record that cannot be written costs later
+/// processes a timing, nothing else: it is reported, and the choice stands.
+fn record(cache: &KernelCache, key: &str, algo: Algo) {
+    if let Err(reason) = cache.store_record(RECORD, key, &algo.bytes()) {
+        eprintln!("warning: kernel cache: could not record a GEMM algorithm: {reason}");
+    }
 }
 
 /// The issues in one candidate's graph: about [`GRAPH_MICROS`] of work.
@@ -106,16 +135,21 @@ pub(crate) fn tune(
         .lock()
         .ok()
         .and_then(|chosen| chosen.get(&key).copied());
-    let algo = match known {
-        Some(algo) => algo,
-        None => match fastest(device, gemm, prepared, candidates) {
-            // Another thread may have chosen first: keep its choice, and use it.
-            Ok(algo) => match CHOSEN.lock() {
-                Ok(mut chosen) => *chosen.entry(key).or_insert(algo),
-                Err(_) => algo,
-            },
-            Err(_) => candidates[0],
+    let found = known.or_else(|| {
+        recorded(&device.cache, &key, candidates).or_else(|| {
+            let algo = fastest(device, gemm, prepared, candidates).ok()?;
+            record(&device.cache, &key, algo);
+            Some(algo)
+        })
+    });
+    let algo = match (known, found) {
+        (Some(algo), _) => algo,
+        // Another thread may have chosen first: keep its choice, and use it.
+        (None, Some(algo)) => match CHOSEN.lock() {
+            Ok(mut chosen) => *chosen.entry(key).or_insert(algo),
+            Err(_) => algo,
         },
+        (None, None) => candidates[0],
     };
     prepared.set_algo(algo);
 }

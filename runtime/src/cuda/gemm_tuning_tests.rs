@@ -1,4 +1,5 @@
-//! The tuner's parts on the CPU (the pick, the graphs' length), and on a device (skipped with
+//! The tuner's parts on the CPU (the pick, the graphs' length, the records on disk), and on a
+//! device (skipped with
 //! the reason printed where none can be used): every candidate cuBLASLt names for a matmul
 //! computes it, and the choice made is the one made again.
 
@@ -17,6 +18,44 @@ fn the_fastest_candidate_wins_and_the_heuristic_breaks_ties() {
     assert_eq!(pick(&[None, Some(4.0), None]), 1);
     assert_eq!(pick(&[None, None]), 0);
     assert_eq!(pick(&[Some(f32::NAN), Some(1.0)]), 1);
+}
+
+fn algo(first: u64) -> Algo {
+    let mut data = [0u64; 8];
+    data[0] = first;
+    data[7] = u64::MAX - first;
+    Algo(cudarc::cublaslt::sys::cublasLtMatmulAlgo_t { data })
+}
+
+/// A recorded choice is used where it is one of the heuristic's candidates now, never
+/// otherwise; a record that cannot be read is no choice (timed again, then replaced).
+#[test]
+fn a_recorded_choice_counts_only_among_the_candidates() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = KernelCache::at(dir.path());
+    let candidates = [algo(1), algo(2), algo(3)];
+    let first = |found: Option<Algo>| found.map(|a| a.0.data[0]);
+    assert_eq!(first(recorded(&cache, "k", &candidates)), None);
+    record(&cache, "k", algo(2));
+    assert_eq!(first(recorded(&cache, "k", &candidates)), Some(2));
+    assert_eq!(first(recorded(&cache, "another", &candidates)), None);
+    assert_eq!(first(recorded(&cache, "k", &[algo(1), algo(3)])), None);
+    record(&cache, "k", algo(9));
+    assert_eq!(first(recorded(&cache, "k", &candidates)), None);
+    record(&cache, "k", algo(3));
+    let file = std::fs::read_dir(dir.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() - 1;
+    bytes[at] ^= 0x80;
+    std::fs::write(&file, bytes).unwrap();
+    assert_eq!(first(recorded(&cache, "k", &candidates)), None);
+    record(&cache, "k", algo(1));
+    assert_eq!(first(recorded(&cache, "k", &candidates)), Some(1));
 }
 
 fn product(m: u64, n: u64, k: u64, out: GemmDType, accumulate: bool) -> Gemm {
