@@ -43,8 +43,8 @@
 #           `kiln launch` over every GPU where there are several): JSON lines in parallel.jsonl
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 #   profile: each kernel's time and DRAM bytes (ncu gpu__time_duration.sum and dram__bytes.sum,
-#           clocks and caches not reset) in one eager bf16 prefill (T=512), decode (B=1) and
-#           bf16-swiglu train (T=2048) step of Qwen2.5-0.5B, as tables
+#           clocks and caches not reset) in one eager bf16 decode (B=1) and prefill (T=512)
+#           step of Qwen2.5-0.5B, as tables
 #           (tools/device/ncu_table.py) in OUT_DIR/ncu_<program>.md beside the CSVs
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -354,16 +354,14 @@ PY
       done
       ;;
     profile)
-      for program in "prefill --seq 512" "decode --batch 1" "train --seq 2048"; do
+      for program in "decode --batch 1" "prefill --seq 512"; do
         name=${program%% *}
-        precision=bf16
-        [ "$name" = train ] && precision=bf16-swiglu
         # The clocks left as replay runs them, and each kernel's caches as its predecessor
         # left them (ncu's defaults, base clocks and flushed caches, overstate short kernels).
         ncu --clock-control none --cache-control none \
           --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
           "$bin/kiln" bench --model qwen2.5-0.5b \
-          --program $program --precision $precision --mode eager --warmup 0 --steps 1 \
+          --program $program --precision bf16 --mode eager --warmup 0 --steps 1 \
           >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err" || echo "ncu $name FAILED (see ncu_$name.err)"
         python3 "$(dirname "$0")/ncu_table.py" "$out/ncu_$name.csv" | tee "$out/ncu_$name.md"
       done
