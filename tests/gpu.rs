@@ -299,15 +299,13 @@ fn check_op(
     let cuda = case_options(op, LowerOptions::default());
     let eager = run(RunMode::Eager, cuda);
     let replayed = run(RunMode::Graph, cuda);
-    // A split linear finishes inside its clusters or by a reduce launch, a decode attention
-    // combines its chunks inside its clusters or by a combine launch: the same sums in the
+    // A split linear finishes inside its clusters or by a reduce launch: the same sums in the
     // same order, so the same bits.
     let unclustered = LowerOptions {
         clusters: false,
         ..cuda
     };
-    let clustered = matches!(op, Op::Linear { .. } | Op::CachedAttention { .. });
-    let reduced = clustered.then(|| run(RunMode::Graph, unclustered));
+    let reduced = matches!(op, Op::Linear { .. }).then(|| run(RunMode::Graph, unclustered));
     // The HIP backend's code on this device: kiln's tiled GEMM for cuBLASLt's, the portable
     // emulation of mma.sync, ldmatrix and cp.async in the tensor-core modules.
     let hip = case_options(op, LowerOptions::portable());

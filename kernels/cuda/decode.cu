@@ -1,11 +1,8 @@
 // Attention over a KV cache split over keys ("flash decoding"): decode has few query rows
 // (B·Hq·T blocks would leave most of the GPU idle), so each block takes one chunk of cache rows
 // of one KV head, for every query head of its group, and writes a partial result per query
-// row (chunk max m, sum of exp l, unnormalized output acc[D]); the chunks of each row are then
-// combined in chunk order, by a second kernel or, where the builder launches a row's chunks as
-// one thread block cluster, by the cluster's blocks once its barrier says every partial is
-// written. Both run kiln_decode_combine: the same bits either way. Every sum is in a fixed
-// order: the same bits on every run.
+// row (chunk max m, sum of exp l, unnormalized output acc[D]); a second kernel combines the
+// chunks of each row in chunk order. Every sum is in a fixed order: the same bits on every run.
 //
 // Layouts: q [B,Hq,T,D]; caches [S,Hkv,Smax,D]; positions [B] (query t of row b at position
 // positions[b] + t sees positions 0..=that of its cache row: rows[b] of a pool of `slots`, or b
@@ -129,78 +126,6 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
     }
 }
 
-// Query head h of row b·T + t from its chunks' partials, by the calling block (every thread
-// calls it; threads d < head_dim write out[.., d]; blockDim >= head_dim, a multiple of 32): out
-// = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M), M the largest chunk max. Empty chunks
-// (m = −inf, l = 0) add nothing; a row with no key at all (padding) is 0. Warp 0 takes the
-// chunks' (m, l) (lane c: chunks c, c + 32, ...; M and the sums by fixed butterflies) and leaves
-// each chunk's weight e^(m_c − M) and the total in `weights` (shared, splits + 2 floats), while
-// every thread's loads of its first KILN_DECODE_COMBINE chunks' acc_c[d] are in flight; after
-// one barrier each thread sums its chunks in chunk order. It ends with a barrier, so the block
-// may call it again.
-#define KILN_DECODE_COMBINE 16
-__device__ __forceinline__ void kiln_decode_combine(float* out, const float* partials,
-                                                    float* weights, i64 h, i64 row, i64 q_heads,
-                                                    i64 q_len, i64 head_dim, i64 splits) {
-    const i64 b = row / q_len, t = row % q_len;
-    const i64 q_index = (b * q_heads + h) * q_len + t;
-    const i64 stride = head_dim + 2;
-    const float* part = partials + q_index * splits * stride;
-    float* total_at = weights + splits;  // the total, then 1 for an empty row
-    const i64 d = threadIdx.x;
-    const bool active = d < head_dim;
-    float chunk[KILN_DECODE_COMBINE];
-#pragma unroll
-    for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-        chunk[u] = active && u < splits ? part[u * stride + 2 + d] : 0.0f;
-    }
-    if (threadIdx.x < KILN_WARP) {
-        const int lane = threadIdx.x;
-        float top = -__int_as_float(0x7f800000), sums = 0.0f;
-        for (i64 c = lane; c < splits; c += KILN_WARP) {
-            const float m = part[c * stride];
-            weights[c] = m;
-            top = kiln_max(top, m);
-            sums += part[c * stride + 1];
-        }
-        top = kiln_warp_max(top);
-        sums = kiln_warp_sum(sums);
-        float total = 0.0f;
-        for (i64 c = lane; c < splits; c += KILN_WARP) {
-            weights[c] = expf(weights[c] - top);
-            total += part[c * stride + 1] * weights[c];
-        }
-        total = kiln_warp_sum(total);
-        if (lane == 0) {
-            // No key at all (a padding row): every chunk is empty (m = -inf, l = 0) and the
-            // output is 0. Keys whose scores are all -inf give l = NaN, and NaN, as on the CPU.
-            total_at[0] = total;
-            total_at[1] = top == -__int_as_float(0x7f800000) && sums == 0.0f ? 1.0f : 0.0f;
-        }
-    }
-    __syncthreads();
-    if (active) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-            if (u < splits) acc += chunk[u] * weights[u];
-        }
-        for (i64 c0 = KILN_DECODE_COMBINE; c0 < splits; c0 += KILN_DECODE_COMBINE) {
-#pragma unroll
-            for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-                chunk[u] = c0 + u < splits ? part[(c0 + u) * stride + 2 + d] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
-                if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
-            }
-        }
-        float* out_row = out + ((b * q_len + t) * q_heads + h) * head_dim;
-        out_row[d] = total_at[1] != 0.0f ? 0.0f : acc / total_at[0];
-    }
-    __syncthreads();
-}
-
 // One block per (chunk, KV head, b·T + t): the `group` query heads of one KV head share its
 // chunk of cache rows, read once. Dynamic shared memory, in floats: q [group][D], keys
 // [chunk][D + 1] (padded: the score loop reads rows, not columns), values [chunk][D], scores
@@ -211,18 +136,13 @@ __device__ __forceinline__ void kiln_decode_combine(float* out, const float* par
 //    rows the step itself writes after it;
 // 2. one thread per (head, key) score, its dot product as four running sums;
 // 3. one warp per head: the chunk max m and sum l of exp(score - m) by fixed butterflies;
-// 4. one thread per (head, d): acc = sum over keys of p · v, as four running sums;
-// 5. with cluster_combine (the launch's clusters are each row's gridDim.x chunks of one KV
-//    head), after the cluster's barrier (kiln_cluster_sync orders every block's partials, in
-//    global memory, before the reads), block s combines query heads s, s + gridDim.x, ... of
-//    its group into `out` (kiln_decode_combine), as the combine kernel would.
+// 4. one thread per (head, d): acc = sum over keys of p · v, as four running sums.
 template <typename C>
-__device__ void kiln_cached_attention_split(float* out, float* partials, const float* q,
-                                            const C* k_cache, const C* v_cache,
-                                            const i64* positions, const i64* rows, i64 slots,
-                                            i64 q_heads, i64 kv_heads, i64 q_len, i64 capacity,
-                                            i64 head_dim, i64 chunk, float scale, int* fault,
-                                            int cluster_combine) {
+__device__ void kiln_cached_attention_split(float* partials, const float* q, const C* k_cache,
+                                            const C* v_cache, const i64* positions,
+                                            const i64* rows, i64 slots, i64 q_heads,
+                                            i64 kv_heads, i64 q_len, i64 capacity, i64 head_dim,
+                                            i64 chunk, float scale, int* fault) {
     const i64 split = blockIdx.x, kv = blockIdx.y, row = blockIdx.z;
     const i64 splits = gridDim.x;
     const i64 b = row / q_len, t = row % q_len;
@@ -286,10 +206,10 @@ __device__ void kiln_cached_attention_split(float* out, float* partials, const f
         }
         l = kiln_warp_sum(l);
         if (lane == 0) {
-            float* part = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits +
-                                      split) * (head_dim + 2);
-            part[0] = m;
-            part[1] = l;
+            float* out = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
+                                        (head_dim + 2);
+            out[0] = m;
+            out[1] = l;
         }
     }
     __syncthreads();
@@ -305,40 +225,100 @@ __device__ void kiln_cached_attention_split(float* out, float* partials, const f
             for (int u = 0; u < 4; ++u) sums[u] += p[key + u] * v[(key + u) * head_dim];
         }
         for (; key < (int)count; ++key) sums[0] += p[key] * v[key * head_dim];
-        float* part = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
-                                     (head_dim + 2);
-        part[2 + d] = kiln_decode_total(sums);
-    }
-    if (!cluster_combine) return;
-    kiln_cluster_sync();
-    // The chunk's shared memory is free: every thread of the block passed the barrier.
-    for (i64 h = split; h < group; h += splits) {
-        kiln_decode_combine(out, partials, kiln_shared, kv * group + h, row, q_heads, q_len,
-                            head_dim, splits);
+        float* out = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
+                                    (head_dim + 2);
+        out[2 + d] = kiln_decode_total(sums);
     }
 }
 
-// The split kernel over f32 or bf16 caches. The body waits once the rows nothing writes are
-// staged.
-#define KILN_DECODE_SPLIT_ENTRY(NAME, C)                                                        \
-    extern "C" __global__ void NAME(float* out, float* partials, const float* q,               \
-                                    const C* k_cache, const C* v_cache, const i64* positions,   \
-                                    const i64* rows, i64 slots, i64 q_heads, i64 kv_heads,      \
-                                    i64 q_len, i64 capacity, i64 head_dim, i64 chunk,           \
-                                    float scale, int* fault, int cluster_combine) {             \
-        kiln_cached_attention_split(out, partials, q, k_cache, v_cache, positions, rows, slots, \
-                                    q_heads, kv_heads, q_len, capacity, head_dim, chunk, scale, \
-                                    fault, cluster_combine);                                    \
-    }
-KILN_DECODE_SPLIT_ENTRY(cached_attention_split_f32, float)
-KILN_DECODE_SPLIT_ENTRY(cached_attention_split_f32_bf16, bf16_bits)
+extern "C" __global__ void cached_attention_split_f32(float* partials, const float* q,
+                                                      const float* k_cache,
+                                                      const float* v_cache,
+                                                      const i64* positions, const i64* rows,
+                                                      i64 slots, i64 q_heads, i64 kv_heads,
+                                                      i64 q_len, i64 capacity, i64 head_dim,
+                                                      i64 chunk, float scale, int* fault) {
+    // The body waits once the rows nothing writes are staged.
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
+}
 
-// The combine as a launch of its own: one block per (query head, b·T + t) of a thread per
-// output element d, rounded up to warps (dynamic shared memory: splits + 2 floats).
+extern "C" __global__ void cached_attention_split_f32_bf16(
+    float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
+    const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
+    i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
+    // The body waits once the rows nothing writes are staged.
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
+}
+
+// One block per (query head, b·T + t), a thread per output element d (blockDim >= head_dim,
+// a multiple of 32): out = sum_c acc_c · e^(m_c − M) / sum_c l_c · e^(m_c − M), M the largest
+// chunk max. Empty chunks (m = −inf, l = 0) add nothing; a row with no key at all (padding)
+// is 0. Warp 0 takes the chunks' (m, l) (lane c: chunks c, c + 32, ...; M and the sums by
+// fixed butterflies) and leaves each chunk's weight e^(m_c − M) and the total in shared memory
+// (splits + 2 floats, dynamic), while every thread's loads of its first KILN_DECODE_COMBINE
+// chunks' acc_c[d] are in flight; after one barrier each thread sums its chunks in chunk order.
+#define KILN_DECODE_COMBINE 16
 extern "C" __global__ void cached_attention_combine_f32(float* out, const float* partials,
                                                         i64 q_heads, i64 q_len, i64 head_dim,
                                                         i64 splits) {
     kiln_grid_dependency_wait();
-    kiln_decode_combine(out, partials, kiln_shared, blockIdx.y, blockIdx.z, q_heads, q_len,
-                        head_dim, splits);
+    const i64 h = blockIdx.y, row = blockIdx.z;
+    const i64 b = row / q_len, t = row % q_len;
+    const i64 q_index = (b * q_heads + h) * q_len + t;
+    const i64 stride = head_dim + 2;
+    const float* part = partials + q_index * splits * stride;
+    float* weights = kiln_shared;
+    float* total_at = kiln_shared + splits;  // the total, then 1 for an empty row
+    const i64 d = threadIdx.x;
+    const bool active = d < head_dim;
+    float chunk[KILN_DECODE_COMBINE];
+#pragma unroll
+    for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+        chunk[u] = active && u < splits ? part[u * stride + 2 + d] : 0.0f;
+    }
+    if (threadIdx.x < KILN_WARP) {
+        const int lane = threadIdx.x;
+        float top = -__int_as_float(0x7f800000), sums = 0.0f;
+        for (i64 c = lane; c < splits; c += KILN_WARP) {
+            const float m = part[c * stride];
+            weights[c] = m;
+            top = kiln_max(top, m);
+            sums += part[c * stride + 1];
+        }
+        top = kiln_warp_max(top);
+        sums = kiln_warp_sum(sums);
+        float total = 0.0f;
+        for (i64 c = lane; c < splits; c += KILN_WARP) {
+            weights[c] = expf(weights[c] - top);
+            total += part[c * stride + 1] * weights[c];
+        }
+        total = kiln_warp_sum(total);
+        if (lane == 0) {
+            // No key at all (a padding row): every chunk is empty (m = -inf, l = 0) and the
+            // output is 0. Keys whose scores are all -inf give l = NaN, and NaN, as on the CPU.
+            total_at[0] = total;
+            total_at[1] = top == -__int_as_float(0x7f800000) && sums == 0.0f ? 1.0f : 0.0f;
+        }
+    }
+    __syncthreads();
+    if (!active) return;
+    float acc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+        if (u < splits) acc += chunk[u] * weights[u];
+    }
+    for (i64 c0 = KILN_DECODE_COMBINE; c0 < splits; c0 += KILN_DECODE_COMBINE) {
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+            chunk[u] = c0 + u < splits ? part[(c0 + u) * stride + 2 + d] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_DECODE_COMBINE; ++u) {
+            if (c0 + u < splits) acc += chunk[u] * weights[c0 + u];
+        }
+    }
+    float* out_row = out + ((b * q_len + t) * q_heads + h) * head_dim;
+    out_row[d] = total_at[1] != 0.0f ? 0.0f : acc / total_at[0];
 }

@@ -632,8 +632,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             }
         }
     }
-    // Cached attention over caches of several key chunks (64 rows for D ≤ 64, 32 for 128),
-    // combined in clusters (2 to 16 chunks) or by a launch of their own (one, or more than 16):
+    // Cached attention over caches of several key chunks (64 rows for D ≤ 64, 32 for 128):
     // positions anywhere in the cache, so chunks below, at and above each row's position, the
     // last one partial; the models' GQA ratios (Qwen2.5-0.5B 7, DeepSeek-1.5B 6), heads of 16
     // to 128 dims, staged by 16-byte vectors in both dtypes (the D = 6 cases above take the
@@ -646,7 +645,8 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
         (2, 1, 16, 1, 64, 130),
         (3, 2, 4, 4, 128, 70),
         (5, 1, 9, 1, 64, 64),
-        // 16 chunks, a cluster of 16 (past the portable 8); 35, the combine launch.
+        // 16 chunks (the bench's 1024-row cache), and 35: the combine's loads past its first
+        // round of 16 chunks.
         (1, 1, 14, 2, 64, 1024),
         (2, 1, 12, 2, 128, 1100),
     ] {

@@ -30,9 +30,8 @@ pub struct LowerOptions {
     /// (`kernels/cuda/linear.cu`), larger ones the vendor GEMM; 0 sends all to the GEMM.
     pub linear_rows: u64,
     /// Split skinny linears finish inside their clusters of blocks, with no reduce launch
-    /// (`kernels/cuda/linear_common.cuh`), and a decode attention's chunks are combined inside
-    /// theirs, with no combine launch (`kernels/cuda/decode.cu`); only where the device has
-    /// thread block clusters (sm_90 and later: the CUDA executable clears it elsewhere).
+    /// (`kernels/cuda/linear_common.cuh`); only where the device has thread block clusters
+    /// (sm_90 and later: the CUDA executable clears it elsewhere).
     pub clusters: bool,
     /// GEMMs run on the vendor library (cuBLASLt); off, on kiln's tiled GEMM kernel
     /// (`kernels/cuda/gemm.cu`): the HIP backend's, which has no vendor GEMM.
@@ -453,7 +452,7 @@ impl Lowering<'_> {
             | Op::FlashAttentionBackward { .. }
             | Op::CachedAttention { .. }
             | Op::KvCacheWrite
-            | Op::RopeKvWrite { .. } => attention::lower_attention(self, options),
+            | Op::RopeKvWrite { .. } => attention::lower_attention(self),
             Op::Embedding | Op::EmbeddingBackward { .. } => self.embedding(),
             Op::CrossEntropy { .. } | Op::CrossEntropyBackward { .. } => self.cross_entropy(),
             Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {

@@ -8,7 +8,7 @@ use kiln_kernels::gpu::flash::{self, FlashBackward, FlashForward};
 use kiln_kernels::gpu::Launch;
 use kiln_kernels::gpu::{cache, decode};
 
-use super::{byte_len, copy_unless_same, size, LowerOptions, Lowering, F32, I64};
+use super::{byte_len, copy_unless_same, size, Lowering, F32, I64};
 use crate::error::Result;
 
 /// `[a, b, c, d]` of a rank-4 tensor.
@@ -52,7 +52,7 @@ fn attention_dims(at: &Lowering<'_>, q: &[usize], keys: &[usize]) -> Result<Atte
     })
 }
 
-pub(super) fn lower_attention(at: &Lowering<'_>, options: LowerOptions) -> Result<Vec<Launch>> {
+pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
     match at.op {
         Op::Attention { scale } => {
             let q = at.operand(0, "q", F32)?;
@@ -93,7 +93,6 @@ pub(super) fn lower_attention(at: &Lowering<'_>, options: LowerOptions) -> Resul
                 cache_rows,
                 (dims, scale, stored),
                 at.fault,
-                options.clusters,
             )?)
         }
         Op::AttentionBackward { scale } => {
