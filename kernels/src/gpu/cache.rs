@@ -1,8 +1,8 @@
 //! Builders of `cache.cu`: writing new K/V rows into a cache at device-held positions, alone
 //! and with the RoPE of the queries and keys.
 
-use super::launch::{grid_stride, size_arg};
-use super::{Addr, Arg, Launch, Stored};
+use super::launch::{grid_stride, size_arg, MAX_GRID_X};
+use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS};
 
 /// Which cache row each batch row reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,10 +88,10 @@ pub struct RopeKvDims {
 
 /// `q_rot = rope(q + q_bias)`, `rope(k + k_bias)` and `v` written at positions
 /// `positions[b]..+T` of batch row `b`'s cache rows, in one launch: exactly `rope_f32` and
-/// `kv_cache_write_f32` (the same device functions), `theta` rounded to f32 as the CPU; the
-/// staged form also rounds q_rot, the rotated keys and v to f16 rows. The caches and the
-/// biases are each stored as `stored` says (caches, biases). Faults as those two kernels raise
-/// them.
+/// `kv_cache_write_f32` (the same device functions; the staged form the same angle function
+/// and arithmetic, a block per token), `theta` rounded to f32 as the CPU; the staged form also
+/// rounds q_rot, the rotated keys and v to f16 rows. The caches and the biases are each stored
+/// as `stored` says (caches, biases). Faults as those two kernels raise them.
 pub fn rope_kv_write_f32(
     at: RopeKvWrite,
     (dims, theta): (RopeKvDims, f32),
@@ -135,6 +135,19 @@ pub fn rope_kv_write_f32(
         (true, Stored::BF16, Stored::BF16) => "rope_kv_stage_bf16",
         (true, Stored::BF16, Stored::F32) => "rope_kv_stage_bf16_f32",
     };
+    if at.staged.is_some() {
+        // A block per token at a time, its angles in shared memory (cache.cu).
+        let blocks = (dims.batch * dims.seq).clamp(1, MAX_GRID_X) as u32;
+        let shared = (dims.head_dim * 4) as u32;
+        return Kernel::launch(
+            "cache",
+            function,
+            (blocks, 1, 1),
+            (BLOCK_THREADS, 1, 1),
+            shared,
+            args,
+        );
+    }
     let pairs = dims.batch * dims.seq * (dims.q_heads + dims.kv_heads) * (dims.head_dim / 2);
     let values = dims.batch * dims.kv_heads * dims.seq * dims.head_dim;
     grid_stride("cache", function, pairs + values, args)
