@@ -4,6 +4,12 @@
 // The weight W is f32 or bf16 (a stored operand); x, residual and the sum are f32; the normed
 // rows O are f32, or bf16 rounded as written (`_bf16_out`: mixed precision's input of the GEMMs
 // they feed).
+// Elements a thread holds in registers: a row of up to KILN_NORM_HELD · blockDim columns is
+// read once, every load of the thread issued before its first use (a store between two loads
+// would keep the second waiting: the pointers may alias), and each element's arithmetic is the
+// loop's below, in the same order: the same bits. Longer rows take the loop.
+#define KILN_NORM_HELD 8
+
 template <typename O, typename W>
 __device__ void kiln_rmsnorm(O* out, const float* x, const W* weight, i64 rows, i64 hidden,
                              float eps) {
@@ -12,6 +18,26 @@ __device__ void kiln_rmsnorm(O* out, const float* x, const W* weight, i64 rows, 
     if (row >= rows) return;
     const float* x_row = x + row * hidden;
     float sum = 0.0f;
+    if (hidden <= KILN_NORM_HELD * (i64)blockDim.x) {
+        float held[KILN_NORM_HELD], w[KILN_NORM_HELD];
+#pragma unroll
+        for (int u = 0; u < KILN_NORM_HELD; ++u) {
+            const i64 j = threadIdx.x + u * (i64)blockDim.x;
+            held[u] = j < hidden ? x_row[j] : 0.0f;
+            w[u] = j < hidden ? kiln_load(weight, j) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_NORM_HELD; ++u) {
+            if (threadIdx.x + u * (i64)blockDim.x < hidden) sum += held[u] * held[u];
+        }
+        const float rstd = kiln_inverse_rms(kiln_block_sum(sum, scratch), hidden, eps);
+#pragma unroll
+        for (int u = 0; u < KILN_NORM_HELD; ++u) {
+            const i64 j = threadIdx.x + u * (i64)blockDim.x;
+            if (j < hidden) kiln_store(out, row * hidden + j, (held[u] * rstd) * w[u]);
+        }
+        return;
+    }
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) sum += x_row[j] * x_row[j];
     const float rstd = kiln_inverse_rms(kiln_block_sum(sum, scratch), hidden, eps);
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
@@ -45,7 +71,8 @@ extern "C" __global__ void rmsnorm_f32_bf16_bf16_out(bf16_bits* out, const float
     kiln_rmsnorm(out, x, weight, rows, hidden, eps);
 }
 
-// sum = x + residual; out = rmsnorm(sum). Each thread re-reads only the sums it wrote.
+// sum = x + residual; out = rmsnorm(sum). Rows of up to KILN_NORM_HELD · blockDim columns
+// are held in registers; on the loop's path each thread re-reads only the sums it wrote.
 template <typename O, typename W>
 __device__ void kiln_add_rmsnorm(float* sum_out, O* out, const float* x, const float* residual,
                                  const W* weight, i64 rows, i64 hidden, float eps) {
@@ -53,6 +80,31 @@ __device__ void kiln_add_rmsnorm(float* sum_out, O* out, const float* x, const f
     const i64 row = blockIdx.x;
     if (row >= rows) return;
     float squares = 0.0f;
+    if (hidden <= KILN_NORM_HELD * (i64)blockDim.x) {
+        float held[KILN_NORM_HELD], w[KILN_NORM_HELD];
+#pragma unroll
+        for (int u = 0; u < KILN_NORM_HELD; ++u) {
+            const i64 j = threadIdx.x + u * (i64)blockDim.x;
+            const bool inside = j < hidden;
+            held[u] = inside ? x[row * hidden + j] + residual[row * hidden + j] : 0.0f;
+            w[u] = inside ? kiln_load(weight, j) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_NORM_HELD; ++u) {
+            const i64 j = threadIdx.x + u * (i64)blockDim.x;
+            if (j < hidden) {
+                sum_out[row * hidden + j] = held[u];
+                squares += held[u] * held[u];
+            }
+        }
+        const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), hidden, eps);
+#pragma unroll
+        for (int u = 0; u < KILN_NORM_HELD; ++u) {
+            const i64 j = threadIdx.x + u * (i64)blockDim.x;
+            if (j < hidden) kiln_store(out, row * hidden + j, (held[u] * rstd) * w[u]);
+        }
+        return;
+    }
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
         float s = x[row * hidden + j] + residual[row * hidden + j];
         sum_out[row * hidden + j] = s;
