@@ -165,41 +165,6 @@ extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, bf16_bits* r
     const float* g_row = grad_out + row * hidden;
     float squares = 0.0f;
     float projection = 0.0f;
-    if (hidden <= KILN_NORM_HELD * (i64)blockDim.x) {
-        // The row held in registers (kiln_rmsnorm's note), grad_sum's loads issued with the
-        // others: the same arithmetic in the same order as the loops below.
-        float xs[KILN_NORM_HELD], gs[KILN_NORM_HELD], ws[KILN_NORM_HELD], sums[KILN_NORM_HELD];
-#pragma unroll
-        for (int u = 0; u < KILN_NORM_HELD; ++u) {
-            const i64 j = threadIdx.x + u * (i64)blockDim.x;
-            const bool inside = j < hidden;
-            xs[u] = inside ? x_row[j] : 0.0f;
-            gs[u] = inside ? g_row[j] : 0.0f;
-            ws[u] = inside ? weight[j] : 0.0f;
-            sums[u] = inside && has_grad_sum ? grad_sum[row * hidden + j] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < KILN_NORM_HELD; ++u) {
-            if (threadIdx.x + u * (i64)blockDim.x < hidden) {
-                squares += xs[u] * xs[u];
-                projection += gs[u] * ws[u] * xs[u];
-            }
-        }
-        const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), hidden, eps);
-        projection = kiln_block_sum(projection, scratch);
-        const float through_rstd = rstd * rstd * rstd * projection / (float)hidden;
-#pragma unroll
-        for (int u = 0; u < KILN_NORM_HELD; ++u) {
-            const i64 j = threadIdx.x + u * (i64)blockDim.x;
-            if (j >= hidden) continue;
-            float gx = rstd * ws[u] * gs[u] - xs[u] * through_rstd;
-            if (has_grad_sum) gx += sums[u];
-            if (grad_x != nullptr) grad_x[row * hidden + j] = gx;
-            if (rounded != nullptr) rounded[row * hidden + j] = kiln_f32_to_bf16(gx);
-        }
-        if (threadIdx.x == 0) rstd_out[row] = rstd;
-        return;
-    }
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
         float v = x_row[j];
         squares += v * v;
