@@ -4,81 +4,22 @@
 // The weight W is f32 or bf16 (a stored operand); x, residual and the sum are f32; the normed
 // rows O are f32, or bf16 rounded as written (`_bf16_out`: mixed precision's input of the GEMMs
 // they feed).
-// Elements a thread holds in registers: a row of up to KILN_NORM_HELD · blockDim columns is
-// read once, every load of the thread issued before its first use (a store between two loads
-// would keep the second waiting: the pointers may alias), and each element's arithmetic is the
-// loop's below, in the same order: the same bits. Longer rows take the loop.
+
+// One row per block: with ADD, sum = x + residual written to sum_out and out = rmsnorm(sum);
+// without, out = rmsnorm(x). A row of up to KILN_NORM_HELD · blockDim columns is held in
+// registers, read once, every load of the thread issued before its first use (a store between
+// two loads would keep the second waiting: the pointers may alias); longer rows take the loop,
+// where each thread re-reads only the values it read or wrote. Either way each element's
+// arithmetic is the same, in the same order: the same bits.
 #define KILN_NORM_HELD 8
 
-template <typename O, typename W>
-__device__ void kiln_rmsnorm(O* out, const float* x, const W* weight, i64 rows, i64 hidden,
-                             float eps) {
+template <bool ADD, typename O, typename W>
+__device__ void kiln_norm_row(float* sum_out, O* out, const float* x, const float* residual,
+                              const W* weight, i64 rows, i64 hidden, float eps) {
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
     if (row >= rows) return;
-    const float* x_row = x + row * hidden;
-    float sum = 0.0f;
-    if (hidden <= KILN_NORM_HELD * (i64)blockDim.x) {
-        float held[KILN_NORM_HELD], w[KILN_NORM_HELD];
-#pragma unroll
-        for (int u = 0; u < KILN_NORM_HELD; ++u) {
-            const i64 j = threadIdx.x + u * (i64)blockDim.x;
-            held[u] = j < hidden ? x_row[j] : 0.0f;
-            w[u] = j < hidden ? kiln_load(weight, j) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < KILN_NORM_HELD; ++u) {
-            if (threadIdx.x + u * (i64)blockDim.x < hidden) sum += held[u] * held[u];
-        }
-        const float rstd = kiln_inverse_rms(kiln_block_sum(sum, scratch), hidden, eps);
-#pragma unroll
-        for (int u = 0; u < KILN_NORM_HELD; ++u) {
-            const i64 j = threadIdx.x + u * (i64)blockDim.x;
-            if (j < hidden) kiln_store(out, row * hidden + j, (held[u] * rstd) * w[u]);
-        }
-        return;
-    }
-    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) sum += x_row[j] * x_row[j];
-    const float rstd = kiln_inverse_rms(kiln_block_sum(sum, scratch), hidden, eps);
-    for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        kiln_store(out, row * hidden + j, (x_row[j] * rstd) * kiln_load(weight, j));
-    }
-}
-
-extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* weight, i64 rows,
-                                       i64 hidden, float eps) {
-    kiln_grid_dependency_wait();
-    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
-}
-
-extern "C" __global__ void rmsnorm_f32_bf16(float* out, const float* x, const bf16_bits* weight,
-                                            i64 rows, i64 hidden, float eps) {
-    kiln_grid_dependency_wait();
-    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
-}
-
-extern "C" __global__ void rmsnorm_f32_bf16_out(bf16_bits* out, const float* x,
-                                                const float* weight, i64 rows, i64 hidden,
-                                                float eps) {
-    kiln_grid_dependency_wait();
-    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
-}
-
-extern "C" __global__ void rmsnorm_f32_bf16_bf16_out(bf16_bits* out, const float* x,
-                                                     const bf16_bits* weight, i64 rows,
-                                                     i64 hidden, float eps) {
-    kiln_grid_dependency_wait();
-    kiln_rmsnorm(out, x, weight, rows, hidden, eps);
-}
-
-// sum = x + residual; out = rmsnorm(sum). Rows of up to KILN_NORM_HELD · blockDim columns
-// are held in registers; on the loop's path each thread re-reads only the sums it wrote.
-template <typename O, typename W>
-__device__ void kiln_add_rmsnorm(float* sum_out, O* out, const float* x, const float* residual,
-                                 const W* weight, i64 rows, i64 hidden, float eps) {
-    __shared__ float scratch[KILN_WARP];
-    const i64 row = blockIdx.x;
-    if (row >= rows) return;
+    const i64 base = row * hidden;
     float squares = 0.0f;
     if (hidden <= KILN_NORM_HELD * (i64)blockDim.x) {
         float held[KILN_NORM_HELD], w[KILN_NORM_HELD];
@@ -86,14 +27,18 @@ __device__ void kiln_add_rmsnorm(float* sum_out, O* out, const float* x, const f
         for (int u = 0; u < KILN_NORM_HELD; ++u) {
             const i64 j = threadIdx.x + u * (i64)blockDim.x;
             const bool inside = j < hidden;
-            held[u] = inside ? x[row * hidden + j] + residual[row * hidden + j] : 0.0f;
+            if constexpr (ADD) {
+                held[u] = inside ? x[base + j] + residual[base + j] : 0.0f;
+            } else {
+                held[u] = inside ? x[base + j] : 0.0f;
+            }
             w[u] = inside ? kiln_load(weight, j) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < KILN_NORM_HELD; ++u) {
             const i64 j = threadIdx.x + u * (i64)blockDim.x;
             if (j < hidden) {
-                sum_out[row * hidden + j] = held[u];
+                if constexpr (ADD) sum_out[base + j] = held[u];
                 squares += held[u] * held[u];
             }
         }
@@ -101,34 +46,65 @@ __device__ void kiln_add_rmsnorm(float* sum_out, O* out, const float* x, const f
 #pragma unroll
         for (int u = 0; u < KILN_NORM_HELD; ++u) {
             const i64 j = threadIdx.x + u * (i64)blockDim.x;
-            if (j < hidden) kiln_store(out, row * hidden + j, (held[u] * rstd) * w[u]);
+            if (j < hidden) kiln_store(out, base + j, (held[u] * rstd) * w[u]);
         }
         return;
     }
+    // The values the second pass reads: the sums written, or x.
+    const float* normed = ADD ? sum_out : x;
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        float s = x[row * hidden + j] + residual[row * hidden + j];
-        sum_out[row * hidden + j] = s;
-        squares += s * s;
+        if constexpr (ADD) {
+            const float s = x[base + j] + residual[base + j];
+            sum_out[base + j] = s;
+            squares += s * s;
+        } else {
+            squares += x[base + j] * x[base + j];
+        }
     }
     const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), hidden, eps);
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
-        const i64 i = row * hidden + j;
-        kiln_store(out, i, (sum_out[i] * rstd) * kiln_load(weight, j));
+        kiln_store(out, base + j, (normed[base + j] * rstd) * kiln_load(weight, j));
     }
+}
+
+extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* weight, i64 rows,
+                                       i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_norm_row<false>(nullptr, out, x, nullptr, weight, rows, hidden, eps);
+}
+
+extern "C" __global__ void rmsnorm_f32_bf16(float* out, const float* x, const bf16_bits* weight,
+                                            i64 rows, i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_norm_row<false>(nullptr, out, x, nullptr, weight, rows, hidden, eps);
+}
+
+extern "C" __global__ void rmsnorm_f32_bf16_out(bf16_bits* out, const float* x,
+                                                const float* weight, i64 rows, i64 hidden,
+                                                float eps) {
+    kiln_grid_dependency_wait();
+    kiln_norm_row<false>(nullptr, out, x, nullptr, weight, rows, hidden, eps);
+}
+
+extern "C" __global__ void rmsnorm_f32_bf16_bf16_out(bf16_bits* out, const float* x,
+                                                     const bf16_bits* weight, i64 rows,
+                                                     i64 hidden, float eps) {
+    kiln_grid_dependency_wait();
+    kiln_norm_row<false>(nullptr, out, x, nullptr, weight, rows, hidden, eps);
 }
 
 extern "C" __global__ void add_rmsnorm_f32(float* sum_out, float* out, const float* x,
                                            const float* residual, const float* weight, i64 rows,
                                            i64 hidden, float eps) {
     kiln_grid_dependency_wait();
-    kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
+    kiln_norm_row<true>(sum_out, out, x, residual, weight, rows, hidden, eps);
 }
 
 extern "C" __global__ void add_rmsnorm_f32_bf16(float* sum_out, float* out, const float* x,
                                                 const float* residual, const bf16_bits* weight,
                                                 i64 rows, i64 hidden, float eps) {
     kiln_grid_dependency_wait();
-    kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
+    kiln_norm_row<true>(sum_out, out, x, residual, weight, rows, hidden, eps);
 }
 
 extern "C" __global__ void add_rmsnorm_f32_bf16_out(float* sum_out, bf16_bits* out,
@@ -136,7 +112,7 @@ extern "C" __global__ void add_rmsnorm_f32_bf16_out(float* sum_out, bf16_bits* o
                                                     const float* weight, i64 rows, i64 hidden,
                                                     float eps) {
     kiln_grid_dependency_wait();
-    kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
+    kiln_norm_row<true>(sum_out, out, x, residual, weight, rows, hidden, eps);
 }
 
 extern "C" __global__ void add_rmsnorm_f32_bf16_bf16_out(float* sum_out, bf16_bits* out,
@@ -144,7 +120,7 @@ extern "C" __global__ void add_rmsnorm_f32_bf16_bf16_out(float* sum_out, bf16_bi
                                                          const bf16_bits* weight, i64 rows,
                                                          i64 hidden, float eps) {
     kiln_grid_dependency_wait();
-    kiln_add_rmsnorm(sum_out, out, x, residual, weight, rows, hidden, eps);
+    kiln_norm_row<true>(sum_out, out, x, residual, weight, rows, hidden, eps);
 }
 
 // Per row: grad_x = rstd * w * g - x * rstd^3 * sum(g * w * x) / H (+ grad_sum when given),

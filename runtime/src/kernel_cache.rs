@@ -209,11 +209,9 @@ impl KernelCache {
     /// The record of `kind` under `key` ([`KernelCache::store_record`]): `Ok(None)` when there
     /// is none (or no cache), `Err(reason)` when there is one that cannot be trusted.
     pub fn record(&self, kind: &str, key: &str) -> std::result::Result<Option<Vec<u8>>, String> {
-        let Some(dir) = &self.dir else {
+        let Some((path, hash)) = self.record_entry(kind, key) else {
             return Ok(None);
         };
-        let hash = record_key(kind, key);
-        let path = dir.join(record_name(kind, &hash));
         read_entry(&path, &hash).map_err(|reason| format!("{}: {reason}", path.display()))
     }
 
@@ -225,12 +223,17 @@ impl KernelCache {
         key: &str,
         payload: &[u8],
     ) -> std::result::Result<(), String> {
-        let Some(dir) = &self.dir else {
+        let Some((path, hash)) = self.record_entry(kind, key) else {
             return Ok(());
         };
-        let hash = record_key(kind, key);
-        let path = dir.join(record_name(kind, &hash));
         write_entry(&path, &hash, payload).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The file of the record of `kind` under `key`, and its entry key; none without a cache.
+    fn record_entry(&self, kind: &str, key: &str) -> Option<(PathBuf, [u8; 32])> {
+        let hash = record_key(kind, key);
+        let dir = self.dir.as_ref()?;
+        Some((dir.join(record_name(kind, &hash)), hash))
     }
 
     fn entries(&self) -> Result<Vec<PathBuf>> {

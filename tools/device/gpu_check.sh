@@ -64,6 +64,14 @@ if [ -n "$nccl" ]; then
   export LD_LIBRARY_PATH="$ncclink:$LD_LIBRARY_PATH"
 fi
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+
+# The last JSON line of FILE printed as LABEL and the named fields it has.
+last_row() {
+  local file=$1 label=$2
+  shift 2
+  python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
+    print(sys.argv[2], {k: r[k] for k in sys.argv[3:] if k in r})" "$file" "$label" "$@"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 
 for what in "$@"; do
@@ -205,9 +213,7 @@ PY
       for batch in 1 2 3 4 5 6 8 9 12 16 17 20 24 28 32; do
         "$bin/kiln" bench --model qwen2.5-0.5b --program decode --precision bf16 --batch $batch \
           --json >>"$out/rows.jsonl" 2>>"$out/rows.log" || echo "FAILED: batch $batch (see rows.log)"
-        python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
-          print('decode bf16 batch', sys.argv[2], {k: v for k, v in r.items() if k in ('median_ms', 'p95_ms', 'launches_per_step', 'hbm_floor_ms')})" \
-          "$out/rows.jsonl" $batch
+        last_row "$out/rows.jsonl" "decode bf16 batch $batch" median_ms p95_ms launches_per_step hbm_floor_ms
       done
       ;;
     pdl)
@@ -217,9 +223,7 @@ PY
           for pdl in on off; do
             "$bin/kiln" bench --model $model --precision bf16 $args --pdl $pdl \
               --json >>"$out/pdl.jsonl" 2>>"$out/pdl.log" || echo "FAILED: $model $args (see pdl.log)"
-            python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
-              print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'hbm_floor_ms', 'pdl') if k in r})" \
-              "$out/pdl.jsonl" "$model $args --pdl $pdl"
+            last_row "$out/pdl.jsonl" "$model $args --pdl $pdl" median_ms p95_ms launches_per_step hbm_floor_ms pdl
           done
         done
       done
@@ -234,9 +238,8 @@ PY
               "$bin/kiln" bench --model $model --program decode --precision bf16 --batch $batch \
                 --clusters $clusters --json >>"$out/clusters.jsonl" 2>>"$out/clusters.log" \
                 || echo "FAILED: $model B=$batch --clusters $clusters (see clusters.log)"
-              python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
-                print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'clusters') if k in r})" \
-                "$out/clusters.jsonl" "round $round $model B=$batch --clusters $clusters"
+              last_row "$out/clusters.jsonl" "round $round $model B=$batch --clusters $clusters" \
+                median_ms p95_ms launches_per_step clusters
             done
           done
         done
@@ -259,9 +262,8 @@ PY
               "$bin/$build" bench --model $model --program train --precision $precision \
                 --seq $seq --json >>"$rows" 2>>"$out/train.log" \
                 || echo "FAILED: $build $precision $model T=$seq (see train.log)"
-              python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
-                print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'beyond_params_and_state_bytes', 'arena_bytes', 'lower_bound_bytes', 'check') if k in r})" \
-                "$rows" "round $round $build $precision $model T=$seq"
+              last_row "$rows" "round $round $build $precision $model T=$seq" median_ms p95_ms \
+                launches_per_step beyond_params_and_state_bytes arena_bytes lower_bound_bytes check
             done
           done
         done
@@ -284,9 +286,7 @@ PY
             "$bin/$build" bench --model $model --program $what --precision bf16 $flag $size \
               --json >>"$jsonl" 2>>"$out/$what.log" \
               || { echo "FAILED: $build $model $flag $size (see $what.log)"; continue; }
-            python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
-              print(sys.argv[2], {k: r[k] for k in ('median_ms', 'p95_ms', 'launches_per_step', 'check') if k in r})" \
-              "$jsonl" "round $round $build $model $flag $size"
+            last_row "$jsonl" "round $round $build $model $flag $size" median_ms p95_ms launches_per_step check
           done
         done
       done
@@ -318,9 +318,7 @@ PY
             --batch $batch --seq 512 --portable $portable --json \
             >>"$out/portable.jsonl" 2>>"$out/portable.log" \
             || echo "FAILED: $program $precision B=$batch portable=$portable (see portable.log)"
-          python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
-            print(sys.argv[2], {k: r[k] for k in ('median_ms', 'launches_per_step', 'check') if k in r})" \
-            "$out/portable.jsonl" "$program $precision B=$batch portable=$portable"
+          last_row "$out/portable.jsonl" "$program $precision B=$batch portable=$portable" median_ms launches_per_step check
         done
       done
       ;;
@@ -332,9 +330,7 @@ PY
       row() { # label, then kiln bench arguments
         local label=$1; shift
         "$@" --json >>"$out/parallel.jsonl" 2>>"$out/parallel.log" || echo "FAILED: $label (see parallel.log)"
-        python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
-          print(sys.argv[2], {k: r[k] for k in ('median_ms', 'tokens_per_second', 'ranks', 'launches_per_step', 'check') if k in r})" \
-          "$out/parallel.jsonl" "$label"
+        last_row "$out/parallel.jsonl" "$label" median_ms tokens_per_second ranks launches_per_step check
       }
       train="--model qwen2.5-0.5b --program train --precision bf16-gemm --batch 1 --seq 512"
       decode="--model qwen2.5-0.5b --program decode --precision bf16 --context 512"
