@@ -304,6 +304,15 @@ enum CacheAction {
     Info,
     /// Remove every entry (nothing else in the directory).
     Clear,
+    /// Compile every kernel module for an architecture into the cache, no GPU needed (NVRTC
+    /// for sm_NN, hipRTC for gfxNNN), so that the first start on such a device loads them
+    /// instead of compiling. Entries are keyed by the compiler's version too: fill with the
+    /// version the GPU machine has.
+    Fill {
+        /// The device architecture: sm_90 (H100, H200), sm_80 (A100), gfx90a (MI200), ...
+        #[arg(long, default_value = "sm_90")]
+        arch: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -487,6 +496,7 @@ fn main() -> Result<()> {
                 CacheAction::Clear => {
                     println!("kernel cache {dir}: removed {} entries", cache.clear()?);
                 }
+                CacheAction::Fill { arch } => println!("{}", commands::fill_cache(&cache, &arch)?),
             }
         }
         Command::Compile { program, print_ir } => {

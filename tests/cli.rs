@@ -55,6 +55,22 @@ fn demo_rejects_bad_arguments() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("beyond the model's 128 positions"));
 }
 
+/// `kiln cache fill` refuses an architecture it cannot name a compiler for, before it
+/// compiles or writes anything (filling for real: runtime/tests/kernel_cache.rs).
+#[test]
+fn cache_fill_refuses_an_unknown_architecture() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["cache", "fill", "--arch", "sm90"])
+        .env("KILN_CACHE_DIR", dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("architecture `sm90`"), "{stderr}");
+    assert!(!dir.path().join("kernels").exists());
+}
+
 /// `kiln cache info|clear` on the cache `KILN_CACHE_DIR` names: entries are counted and removed,
 /// and nothing else in the directory is touched.
 #[test]

@@ -320,13 +320,6 @@ impl CudaDevice {
             (self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)))
                 .map_err(|e| error(format!("load module `{name}`"), e))
         };
-        let panicked = || error("kernel compile", "a thread panicked");
-        Ok(Modules::load(
-            &self.cache,
-            Compiler::Nvrtc,
-            self.arch,
-            load,
-            panicked,
-        ))
+        Ok(Modules::load(&self.cache, Compiler::Nvrtc, self.arch, load))
     }
 }

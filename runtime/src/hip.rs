@@ -167,13 +167,11 @@ impl HipDevice {
                     errors: errors.clone(),
                 })
             };
-            let panicked = || error("kernel compile", "a thread panicked");
             *modules = Some(Modules::load(
                 &self.cache,
                 Compiler::Hiprtc,
                 self.arch,
                 load,
-                panicked,
             ));
         }
         Ok(())

@@ -63,6 +63,43 @@ impl Compiler {
         }
     }
 
+    /// The compiler of `arch`: NVRTC for an NVIDIA `sm_NN` (or `sm_NNa`), hipRTC for an AMD
+    /// `gfxNNN`.
+    pub fn of_arch(arch: &str) -> Result<Compiler> {
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let nvidia =
+            (arch.strip_prefix("sm_")).is_some_and(|n| digits(n.strip_suffix('a').unwrap_or(n)));
+        let amd = (arch.strip_prefix("gfx"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric()));
+        match (nvidia, amd) {
+            (true, _) => Ok(Compiler::Nvrtc),
+            (_, true) => Ok(Compiler::Hiprtc),
+            _ => Err(Error::Device {
+                backend: "kernel cache",
+                what: format!("architecture `{arch}`"),
+                reason: "expected sm_NN (NVIDIA, NVRTC) or gfxNNN (AMD, hipRTC)".to_string(),
+            }),
+        }
+    }
+
+    /// Why the compiler's library cannot be loaded, if it cannot.
+    pub fn unavailable(self) -> Option<String> {
+        match self {
+            // SAFETY: only probes whether the library can be loaded.
+            Compiler::Nvrtc => (!unsafe { sys::is_culib_present() }).then(|| {
+                "libnvrtc could not be loaded: install NVIDIA's NVRTC (the CUDA toolkit, or \
+                 the nvidia-cuda-nvrtc wheel) and put its directory on LD_LIBRARY_PATH"
+                    .to_string()
+            }),
+            Compiler::Hiprtc => crate::hiprtc::unavailable(),
+        }
+    }
+
+    /// The compiler's name and version as the cache's keys hold them (`NVRTC 13.0`).
+    pub fn describe(self) -> Result<String> {
+        Ok(format!("{} {}", self.name(), self.version()?))
+    }
+
     /// Module `name` compiled for `arch` with the options the cache uses, and the compile log
     /// (its warnings; empty when there are none). No cache is read or written.
     pub fn compile(self, name: &str, source: &str, arch: &str) -> Result<(Vec<u8>, String)> {
@@ -151,8 +188,7 @@ impl KernelCache {
         arch: &str,
     ) -> Result<Compiled> {
         let options = compiler.options(arch);
-        let version = format!("{} {}", compiler.name(), compiler.version()?);
-        let key = key(name, source, &options, arch, &version);
+        let key = key(name, source, &options, arch, &compiler.describe()?);
         let path = self.dir.as_ref().map(|dir| dir.join(file_name(name, &key)));
         let mut origin = Origin::Compiled;
         if let Some(path) = &path {
@@ -179,6 +215,32 @@ impl KernelCache {
             code,
             origin,
             write_error,
+        })
+    }
+
+    /// Every module of `sources` (name, text) for `arch`, as [`KernelCache::module`] gives
+    /// it, the missing ones compiled in parallel; in the order of `sources`.
+    pub fn modules(
+        &self,
+        compiler: Compiler,
+        arch: &str,
+        sources: &[(&'static str, &'static str)],
+    ) -> Vec<Result<Compiled>> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (sources.iter())
+                .map(|(name, source)| scope.spawn(|| self.module(compiler, name, source, arch)))
+                .collect();
+            (handles.into_iter().zip(sources))
+                .map(|(handle, (name, _))| {
+                    handle.join().unwrap_or_else(|_| {
+                        Err(Error::Device {
+                            backend: "kernel cache",
+                            what: format!("compiling `{name}`"),
+                            reason: "the compiling thread panicked".to_string(),
+                        })
+                    })
+                })
+                .collect()
         })
     }
 

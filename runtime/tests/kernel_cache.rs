@@ -236,3 +236,56 @@ fn records_read_back_and_a_changed_one_is_refused() {
     none.store_record("gemm", "a key", b"value").unwrap();
     assert_eq!(none.record("gemm", "a key"), Ok(None));
 }
+
+/// Several modules through the cache at once (`kiln cache fill`, a device's first kernel):
+/// each in its place in the list, compiled the first time and read back the second.
+#[test]
+fn modules_compile_in_parallel_and_hit_after() {
+    if !nvrtc("modules in parallel") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = KernelCache::at(dir.path());
+    let sources: Vec<(&'static str, &'static str)> =
+        SMALL.iter().map(|&name| (name, source(name))).collect();
+    let first = cache.modules(Compiler::Nvrtc, "sm_90", &sources);
+    let second = cache.modules(Compiler::Nvrtc, "sm_90", &sources);
+    for ((name, source), (first, second)) in sources.iter().zip(first.into_iter().zip(second)) {
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert_eq!(first.origin, Origin::Compiled, "{name}");
+        assert_eq!(second.origin, Origin::Hit, "{name}");
+        assert_eq!(first.code, second.code, "{name}");
+        let (alone, _) = Compiler::Nvrtc.compile(name, source, "sm_90").unwrap();
+        assert_eq!(first.code, alone, "{name}: not the module at its place");
+    }
+    assert_eq!(cache.info().unwrap().entries, SMALL.len());
+}
+
+/// The compiler an architecture names; anything else is refused with the forms it takes.
+#[test]
+fn an_architecture_names_its_compiler() {
+    for arch in ["sm_90", "sm_80", "sm_90a", "sm_100"] {
+        assert_eq!(Compiler::of_arch(arch).unwrap(), Compiler::Nvrtc, "{arch}");
+    }
+    for arch in ["gfx90a", "gfx942", "gfx1100"] {
+        assert_eq!(Compiler::of_arch(arch).unwrap(), Compiler::Hiprtc, "{arch}");
+    }
+    for arch in [
+        "",
+        "sm90",
+        "sm_",
+        "sm_9x",
+        "sm_90ab",
+        "gfx",
+        "gfx-90",
+        "compute_90",
+        "SM_90",
+    ] {
+        let error = Compiler::of_arch(arch).unwrap_err().to_string();
+        assert!(error.contains(&format!("`{arch}`")), "{arch}: {error}");
+        assert!(
+            error.contains("sm_NN") && error.contains("gfxNNN"),
+            "{error}"
+        );
+    }
+}

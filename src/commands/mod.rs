@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_serve;
+mod cache;
 mod compile;
 mod eval;
 mod generate;
@@ -14,6 +15,7 @@ mod train;
 
 pub use bench::{bench, table as bench_table, BenchArgs};
 pub use bench_serve::{bench_serve, serve_table, ServeArgs};
+pub use cache::fill_cache;
 pub use compile::compile;
 pub use eval::{eval, EvalDevice, EvalEngine, EvalMode, Trace};
 pub use generate::{generate, GenerateArgs, Input, Prompt, SchedulerKind};

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::kernel_cache::{Compiled, Compiler, KernelCache, Origin};
+use crate::kernel_cache::{Compiler, KernelCache, Origin};
 
 /// How the kernel modules were obtained.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -35,18 +35,10 @@ impl<M> Modules<M> {
         compiler: Compiler,
         arch: &str,
         load: impl Fn(&str, Vec<u8>) -> Result<M>,
-        panicked: impl Fn() -> Error,
     ) -> Self {
         let start = Instant::now();
         let sources = kiln_kernels::gpu::SOURCES;
-        let compiled: Vec<Result<Compiled>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (sources.iter())
-                .map(|(name, source)| scope.spawn(|| cache.module(compiler, name, source, arch)))
-                .collect();
-            (handles.into_iter())
-                .map(|h| h.join().unwrap_or_else(|_| Err(panicked())))
-                .collect()
-        });
+        let compiled = cache.modules(compiler, arch, sources);
         let mut report = KernelReport {
             modules: sources.len(),
             ..KernelReport::default()
