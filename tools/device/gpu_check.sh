@@ -4,6 +4,9 @@
 #   BIN_DIR holds `kiln`, the `gpu` test binary (cargo test --release --no-run --test gpu) and
 #   `runtime` (kiln-runtime's unit tests: cargo test --release --no-run -p kiln-runtime --lib),
 #   built with --features nccl so the NCCL checks (a world of one on this GPU) run too.
+#   A fresh machine compiles every kernel module at the first start (about a minute): a cache
+#   filled beside the build (`kiln cache fill --arch sm_90`, with the NVRTC version the device
+#   has), carried along and named by KILN_CACHE_DIR, is read instead.
 #   tests:    the GPU tests (tests/gpu.rs, the CUDA executable's unit tests) with
 #             KILN_REQUIRE_GPU=1 (a skip fails), `kiln demo`, `kiln eval` against the oracle
 #   sanitize: compute-sanitizer memcheck and racecheck over the tiny programs, 1 and 2 streams,
