@@ -77,7 +77,7 @@ pub struct BenchCli {
     /// Each cuBLASLt GEMM on the fastest of the library's candidate algorithms, timed when
     /// the program is bound (on), or on its heuristic's first choice (off). No effect with
     /// `--portable on`, which has no cuBLASLt.
-    #[arg(long, value_enum, default_value_t = Switch::Off)]
+    #[arg(long, value_enum, default_value_t = Switch::On)]
     gemm_tune: Switch,
     /// Also time each step alone once and list the costliest ops (one stream).
     #[arg(long)]

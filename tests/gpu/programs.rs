@@ -193,10 +193,10 @@ fn tiny_programs_with_the_hip_lowering_match_the_cpu() {
     tiny_cases_match_the_cpu_with(&device, hip, &cases, "the HIP lowering");
 }
 
-/// cuBLASLt's algorithms chosen by timing its candidates (`tune_gemms`), every linear on
-/// cuBLASLt (`linear_rows` 0): the tiny programs within the CUDA lowering's limits of the
-/// interpreter, and a second build of each (its choices kept from the first) gives the first's
-/// bits.
+/// cuBLASLt's algorithms chosen by timing its candidates (`tune_gemms`, the default), every
+/// linear on cuBLASLt (`linear_rows` 0): the tiny programs within the CUDA lowering's limits of
+/// the interpreter, and a second build of each (its choices kept from the first) gives the
+/// first's bits.
 #[test]
 fn tuned_gemms_match_the_cpu_and_keep_their_choice() {
     let Some(device) = device() else { return };
@@ -211,10 +211,11 @@ fn tuned_gemms_match_the_cpu_and_keep_their_choice() {
         linear_rows: 0,
         ..LowerOptions::default()
     };
-    let before = kiln_runtime::cuda::tuned_gemms();
     let first = tiny_cases_match_the_cpu_with(&device, tuned, &cases, "tuned GEMMs");
+    // Tuning is the default, so the tests before this one in the process may have chosen
+    // for every matmul here already: what is asked is that some choice was made at all.
     let tuned_now = kiln_runtime::cuda::tuned_gemms();
-    assert!(tuned_now > before, "no matmul was tuned");
+    assert!(tuned_now > 0, "no matmul was tuned");
     let again = tiny_cases_match_the_cpu_with(&device, tuned, &cases, "tuned GEMMs again");
     assert!(
         first == again,

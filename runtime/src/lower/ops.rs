@@ -42,10 +42,9 @@ pub struct LowerOptions {
     /// this checks that code against the CPU reference.
     pub portable_mma: bool,
     /// Each vendor GEMM runs the fastest of cuBLASLt's candidate algorithms for it, timed once
-    /// when the executable is bound (the same shape gets the same choice for the rest of the
-    /// process); off, the first its heuristic names. Off by default: measured 0.6 to 2.6%
-    /// faster, but a timed choice (and so the bits) may differ between processes
-    /// (BENCHMARKS.md).
+    /// on a device and kept in the kernel cache (later binds and processes read the choice, so
+    /// they give the same bits); off, the first its heuristic names. On by default: measured
+    /// 0.6 to 2.6% faster (BENCHMARKS.md).
     pub tune_gemms: bool,
 }
 
@@ -68,7 +67,7 @@ impl Default for LowerOptions {
             clusters: true,
             vendor_gemm: true,
             portable_mma: false,
-            tune_gemms: false,
+            tune_gemms: true,
         }
     }
 }
