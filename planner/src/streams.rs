@@ -101,8 +101,12 @@ impl StreamPlan {
             if stream == 0 {
                 depends_on.extend(pending_join.iter_mut().filter_map(Option::take));
             }
-            // Write after read/write: every earlier user of a buffer overwritten in place.
-            for &b in &buffers.overwritten[step] {
+            // Write after read/write: every earlier user of a buffer overwritten in place, and of
+            // a persistent input the step updates (so that the update may go into the input's
+            // own storage: in_place.rs).
+            for b in (buffers.overwritten[step].iter().copied())
+                .chain(updated_inputs(program, buffers, op))
+            {
                 depends_on.extend(buffers.list[b].users.iter().take_while(|&&u| u < step));
             }
             let deps = latest_per_stream(&stream_of_step, stream, depends_on);
@@ -301,6 +305,24 @@ fn weight_gradient_chain(program: &Program, value: Value) -> Option<Vec<usize>> 
         }
     }
     (sinks > 0).then_some(chain)
+}
+
+/// The buffers of the persistent inputs `op` updates: each operand a result may overwrite
+/// (`Alias::MayOverwrite`) where that result is written back to the program's inputs.
+fn updated_inputs<'a>(
+    program: &'a Program,
+    buffers: &'a Buffers,
+    op: usize,
+) -> impl Iterator<Item = usize> + 'a {
+    let info = &program.ops[op];
+    (info.results.iter().enumerate()).filter_map(move |(port, &result)| {
+        let Alias::MayOverwrite(i) = info.op.alias(port) else {
+            return None;
+        };
+        let written = program.writes.iter().any(|&(_, v)| v == result);
+        let operand = *info.operands.get(i)?;
+        written.then_some(buffers.of_value[operand])
+    })
 }
 
 #[cfg(test)]

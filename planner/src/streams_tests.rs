@@ -53,16 +53,17 @@ fn two_streams_put_weight_gradients_and_their_updates_on_stream_one() {
     let g = backward();
     let (plan, buffers) = node_order_streams(&g, 2);
     assert_eq!(plan.stream_of_step, [0, 0, 1, 1, 1, 1, 0, 0]);
-    // gw2 waits for h; gw1 waits for dh only (h is already known through the first wait);
-    // o overwrites h in place, so it waits until gw1, the last reader of h on stream 1.
+    // gw2 waits for h; w2's update waits for dh, the other reader of w2, so that it may write
+    // w2 in place, and gw1 then knows dh (and h) already; o overwrites h in place, so it waits
+    // until gw1, the last reader of h on stream 1.
     assert_eq!(
         plan.waits,
         [
             vec![],
             vec![],
             vec![0],
-            vec![],
             vec![1],
+            vec![],
             vec![],
             vec![2],
             vec![]

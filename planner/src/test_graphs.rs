@@ -182,6 +182,14 @@ pub fn step_accesses(g: &Graph, plan: &Plan) -> Vec<(Vec<usize>, Vec<usize>)> {
         .map(|(v, b)| (v.as_str(), *b))
         .collect();
     let buffer = |v: ValueId| buffer_of[format!("{}.{}", v.node.index(), v.port).as_str()];
+    // A result written in place writes its input's buffer too.
+    let in_place: Vec<(ValueId, usize)> = (g.writes().iter())
+        .filter(|(name, _)| plan.in_place_writes.contains(name))
+        .filter_map(|(name, value)| {
+            let (input, ..) = g.inputs().into_iter().find(|(_, n, ..)| n == name)?;
+            Some((*value, buffer(input)))
+        })
+        .collect();
     plan.schedule
         .iter()
         .map(|step| {
@@ -193,7 +201,11 @@ pub fn step_accesses(g: &Graph, plan: &Plan) -> Vec<(Vec<usize>, Vec<usize>)> {
             let outputs = g.node(node).unwrap().outputs.len();
             let writes = (0..outputs)
                 .filter(|&port| !matches!(op.alias(port), kiln_ir::Alias::ViewOf(_)))
-                .map(|port| buffer(ValueId { node, port }))
+                .flat_map(|port| {
+                    let value = ValueId { node, port };
+                    let input = in_place.iter().find(|(v, _)| *v == value).map(|&(_, b)| b);
+                    std::iter::once(buffer(value)).chain(input)
+                })
                 .collect();
             (reads, writes)
         })
