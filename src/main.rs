@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use kiln::commands;
@@ -496,7 +496,11 @@ fn main() -> Result<()> {
                 CacheAction::Clear => {
                     println!("kernel cache {dir}: removed {} entries", cache.clear()?);
                 }
-                CacheAction::Fill { arch } => println!("{}", commands::fill_cache(&cache, &arch)?),
+                CacheAction::Fill { arch } => {
+                    let filled = commands::fill_cache(&cache, &arch)
+                        .with_context(|| format!("kernel cache {dir}"))?;
+                    println!("kernel cache {dir}: {filled}");
+                }
             }
         }
         Command::Compile { program, print_ir } => {

@@ -31,17 +31,13 @@ pub(crate) fn in_place_writes(
     }
     let in_place = |name: &str, value: Value| -> bool {
         // 1: an op that may overwrite the input itself.
-        let Producer::Op { op, port } = program.values[value].producer else {
-            return false;
-        };
-        let info = &program.ops[op];
-        let Alias::MayOverwrite(i) = info.op.alias(port) else {
+        let Some((op, operand)) = overwritten_operand(program, value) else {
             return false;
         };
         let Some(input) = program.inputs.iter().find(|input| input.name == name) else {
             return false;
         };
-        if info.operands.get(i) != Some(&input.value) {
+        if operand != input.value {
             return false;
         }
         // 2: the buffer holds the write and its views only.
@@ -67,6 +63,19 @@ pub(crate) fn in_place_writes(
         .filter(|(name, value)| in_place(name, *value))
         .map(|(name, _)| name.to_string())
         .collect()
+}
+
+/// The op that computes `value` and the operand it may overwrite there
+/// (`Alias::MayOverwrite`), if it may.
+pub(crate) fn overwritten_operand(program: &Program, value: Value) -> Option<(usize, Value)> {
+    let Producer::Op { op, port } = program.values[value].producer else {
+        return None;
+    };
+    let info = &program.ops[op];
+    let Alias::MayOverwrite(i) = info.op.alias(port) else {
+        return None;
+    };
+    Some((op, *info.operands.get(i)?))
 }
 
 /// `value` and every value that is (transitively) a view of it, ascending. Views come after

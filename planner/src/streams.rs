@@ -39,6 +39,7 @@
 use kiln_ir::{Alias, Op};
 
 use crate::buffers::Buffers;
+use crate::in_place::overwritten_operand;
 use crate::program::{Producer, Program, Value};
 
 /// Streams and events of one schedule.
@@ -66,6 +67,7 @@ impl StreamPlan {
             step_of_op[op] = step;
         }
         let (stream_of_op, chain_start) = assign_streams(program, order, compute);
+        let updated_inputs = updated_inputs(program, buffers);
         let stream_of_step: Vec<usize> = order.iter().map(|&op| stream_of_op[op]).collect();
         let steps = order.len();
         let mut steps_on = vec![Vec::new(); n];
@@ -104,9 +106,7 @@ impl StreamPlan {
             // Write after read/write: every earlier user of a buffer overwritten in place, and of
             // a persistent input the step updates (so that the update may go into the input's
             // own storage: in_place.rs).
-            for b in (buffers.overwritten[step].iter().copied())
-                .chain(updated_inputs(program, buffers, op))
-            {
+            for &b in buffers.overwritten[step].iter().chain(&updated_inputs[op]) {
                 depends_on.extend(buffers.list[b].users.iter().take_while(|&&u| u < step));
             }
             let deps = latest_per_stream(&stream_of_step, stream, depends_on);
@@ -307,22 +307,16 @@ fn weight_gradient_chain(program: &Program, value: Value) -> Option<Vec<usize>> 
     (sinks > 0).then_some(chain)
 }
 
-/// The buffers of the persistent inputs `op` updates: each operand a result may overwrite
-/// (`Alias::MayOverwrite`) where that result is written back to the program's inputs.
-fn updated_inputs<'a>(
-    program: &'a Program,
-    buffers: &'a Buffers,
-    op: usize,
-) -> impl Iterator<Item = usize> + 'a {
-    let info = &program.ops[op];
-    (info.results.iter().enumerate()).filter_map(move |(port, &result)| {
-        let Alias::MayOverwrite(i) = info.op.alias(port) else {
-            return None;
-        };
-        let written = program.writes.iter().any(|&(_, v)| v == result);
-        let operand = *info.operands.get(i)?;
-        written.then_some(buffers.of_value[operand])
-    })
+/// By op, the buffers of the persistent inputs it updates: the operand each written value's
+/// op may overwrite to compute it.
+fn updated_inputs(program: &Program, buffers: &Buffers) -> Vec<Vec<usize>> {
+    let mut updated = vec![Vec::new(); program.ops.len()];
+    for &(_, value) in &program.writes {
+        if let Some((op, operand)) = overwritten_operand(program, value) {
+            updated[op].push(buffers.of_value[operand]);
+        }
+    }
+    updated
 }
 
 #[cfg(test)]

@@ -5,19 +5,16 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use kiln_runtime::kernel_cache::{Compiler, KernelCache, Origin};
+use kiln_runtime::kernel_cache::{Compiled, Compiler, KernelCache, Origin};
 
 /// Fills `cache` with every module of `kiln_kernels::gpu::SOURCES` for `arch` (`sm_90`,
-/// `gfx90a`); returns the summary line. Modules already there are read and checked, not
-/// compiled again; a module that fails to compile or to be stored is named, and fails the
-/// command after the others are done.
+/// `gfx90a`); returns what it did (the caller names the cache). Modules already there are
+/// read and checked, not compiled again; a module that fails to compile or to be stored is
+/// named, and fails the command after the others are done.
 pub fn fill_cache(cache: &KernelCache, arch: &str) -> Result<String> {
-    let Some(dir) = cache.dir() else {
-        bail!("no cache directory: set KILN_CACHE_DIR, XDG_CACHE_HOME or HOME");
-    };
     let compiler = Compiler::of_arch(arch)?;
     if let Some(reason) = compiler.unavailable() {
-        bail!("cannot fill the kernel cache for {arch}: {reason}");
+        bail!("cannot compile for {arch}: {reason}");
     }
     let version = compiler.describe()?;
     let sources = kiln_kernels::gpu::SOURCES;
@@ -25,10 +22,10 @@ pub fn fill_cache(cache: &KernelCache, arch: &str) -> Result<String> {
     let (mut compiled, mut present, mut failures) = (0, 0, Vec::new());
     for ((name, _), module) in sources.iter().zip(cache.modules(compiler, arch, sources)) {
         match module {
-            Ok(module) if module.write_error.is_some() => {
-                let reason = module.write_error.unwrap_or_default();
-                failures.push(format!("`{name}`: compiled but not stored: {reason}"));
-            }
+            Ok(Compiled {
+                write_error: Some(reason),
+                ..
+            }) => failures.push(format!("`{name}`: compiled but not stored: {reason}")),
             Ok(module) => match module.origin {
                 Origin::Hit => present += 1,
                 Origin::Compiled | Origin::Rebuilt(_) => compiled += 1,
@@ -39,17 +36,15 @@ pub fn fill_cache(cache: &KernelCache, arch: &str) -> Result<String> {
     let seconds = start.elapsed().as_secs_f64();
     if !failures.is_empty() {
         bail!(
-            "kernel cache {}: {} of {} modules for {arch} ({version}) failed:\n  {}",
-            dir.display(),
+            "{} of {} modules for {arch} ({version}) failed:\n  {}",
             failures.len(),
             sources.len(),
             failures.join("\n  ")
         );
     }
     Ok(format!(
-        "kernel cache {}: {} modules for {arch} ({version}): {compiled} compiled, {present} \
-         already there, in {seconds:.1} s",
-        dir.display(),
+        "{} modules for {arch} ({version}): {compiled} compiled, {present} already there, in \
+         {seconds:.1} s",
         sources.len()
     ))
 }
