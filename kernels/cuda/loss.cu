@@ -1,7 +1,6 @@
 // Cross-entropy over rows of logits [N,V] with targets [N] (rows whose target is ignore_index
 // do not count), and its backward. One block per row; a row's max and sum of exponentials are
-// found in one pass (online: each thread keeps (max, sum) and rescales), then combined in a
-// fixed order.
+// found in one pass over it (kiln_row_max_sum), every sum in a fixed order.
 
 struct KilnMaxSum {
     float max;
@@ -19,39 +18,60 @@ __device__ __forceinline__ KilnMaxSum kiln_merge(KilnMaxSum a, KilnMaxSum b) {
     return r;
 }
 
-// (max, sum of exp(x - max)) of a row, the same in every thread of the block.
-__device__ KilnMaxSum kiln_row_max_sum(const float* row, i64 vocab) {
-    __shared__ float maxes[KILN_WARP];
-    __shared__ float sums[KILN_WARP];
+// (max, sum of exp(x - max)) of a row, the same in every thread of the block. The row goes in
+// segments of KILN_CE_HELD x 4 elements a thread, held in registers: the segment's max over
+// the block, then the sum of exp(x - max) over it (one exp an element), the segments merged
+// in order (kiln_merge). Thread t holds elements first + (u * blockDim.x + t) * 4 + e of a
+// segment (u < KILN_CE_HELD, e < 4), read as float4 where the row allows (a multiple of 4
+// elements from a 16-byte aligned start), else one at a time: the same elements either way, so
+// the same bits. Elements past the row are -inf.
+#define KILN_CE_HELD 8
+
+__device__ KilnMaxSum kiln_row_max_sum(const float* row, i64 width) {
+    __shared__ float scratch[KILN_WARP];
+    const bool vectors = width % 4 == 0 && ((unsigned long long)row & 15) == 0;
+    const i64 segment = (i64)KILN_CE_HELD * 4 * blockDim.x;
     KilnMaxSum acc;
     acc.max = -__int_as_float(0x7f800000);
     acc.sum = 0.0f;
-    for (i64 j = threadIdx.x; j < vocab; j += blockDim.x) {
-        KilnMaxSum one;
-        one.max = row[j];
-        one.sum = 1.0f;
-        acc = kiln_merge(acc, one);
+    for (i64 first = 0; first < width; first += segment) {
+        float held[KILN_CE_HELD][4];
+#pragma unroll
+        for (int u = 0; u < KILN_CE_HELD; ++u) {
+            const i64 j = first + ((i64)u * blockDim.x + threadIdx.x) * 4;
+            if (vectors && j < width) {
+                const float4 v = *(const float4*)(row + j);
+                held[u][0] = v.x;
+                held[u][1] = v.y;
+                held[u][2] = v.z;
+                held[u][3] = v.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    held[u][e] = j + e < width ? row[j + e] : -__int_as_float(0x7f800000);
+                }
+            }
+        }
+        float m = -__int_as_float(0x7f800000);
+#pragma unroll
+        for (int u = 0; u < KILN_CE_HELD; ++u) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) m = kiln_max(m, held[u][e]);
+        }
+        KilnMaxSum part;
+        part.max = kiln_block_max(m, scratch);
+        float sum = 0.0f;
+        if (part.max != -__int_as_float(0x7f800000)) {
+#pragma unroll
+            for (int u = 0; u < KILN_CE_HELD; ++u) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sum += expf(held[u][e] - part.max);
+            }
+        }
+        part.sum = kiln_block_sum(sum, scratch);
+        acc = kiln_merge(acc, part);
     }
-    for (int lane_mask = KILN_WARP / 2; lane_mask > 0; lane_mask >>= 1) {
-        KilnMaxSum other;
-        other.max = kiln_shfl_xor(acc.max, lane_mask);
-        other.sum = kiln_shfl_xor(acc.sum, lane_mask);
-        acc = kiln_merge(acc, other);
-    }
-    const int lane = threadIdx.x % KILN_WARP;
-    const int warp = threadIdx.x / KILN_WARP;
-    __syncthreads();
-    if (lane == 0) {
-        maxes[warp] = acc.max;
-        sums[warp] = acc.sum;
-    }
-    __syncthreads();
-    KilnMaxSum total = {maxes[0], sums[0]};
-    for (int w = 1; w < (int)(blockDim.x / KILN_WARP); ++w) {
-        KilnMaxSum next = {maxes[w], sums[w]};
-        total = kiln_merge(total, next);
-    }
-    return total;
+    return acc;
 }
 
 // Pass 1: row_loss[r] = log(sum) - (row[target] - max), 0 for an ignored row, NaN for a target
@@ -196,10 +216,21 @@ extern "C" __global__ void chunked_ce_scale_f32(float* scale, const i64* targets
     if (threadIdx.x == 0) scale[0] = grad_loss[0] / counted;
 }
 
+// Four gradient elements from element j on (j a multiple of 4, the row's start aligned to the
+// vector: float4, or 8 bytes of bf16).
+__device__ __forceinline__ void kiln_ce_grad_store(float* out, i64 j, float4 v) {
+    kiln_store4((float4*)out, j / 4, v);
+}
+__device__ __forceinline__ void kiln_ce_grad_store(bf16_bits* out, i64 j, float4 v) {
+    kiln_store4((uint2*)out, j / 4, v);
+}
+
 // grad[r, j] = (exp(logits[r, j] - lse[r]) - [first_column + j == target]) * scale, in the
 // GEMM dtype; 0 on an ignored row, NaN on a row whose target is outside 0..V (raising the fault
 // word). In place when Out is float (each element read, then written, by one thread). One
-// block per row.
+// block per row; KILN_CE_HELD vectors of four elements a thread, all loaded before the first is
+// written, where the rows allow (a multiple of 4 elements from starts aligned to the vectors),
+// else one element at a time: each element's value the same either way.
 template <typename Out>
 __device__ void kiln_chunked_ce_grad(Out* grad, const float* logits, const i64* targets,
                                      const float* lse, const float* scale, i64 rows, i64 width,
@@ -209,22 +240,49 @@ __device__ void kiln_chunked_ce_grad(Out* grad, const float* logits, const i64* 
     const i64 target = targets[r];
     const float* row = logits + r * width;
     Out* out = grad + r * width;
-    if (target == ignore_index) {
-        for (i64 j = threadIdx.x; j < width; j += blockDim.x) kiln_store(out, j, 0.0f);
-        return;
-    }
-    if (target < 0 || target >= vocab) {
+    const bool vectors = width % 4 == 0 && ((unsigned long long)row & 15) == 0 &&
+                         ((unsigned long long)out & (4 * sizeof(Out) - 1)) == 0;
+    float fill = 0.0f;  // an ignored row's gradient
+    if (target != ignore_index && (target < 0 || target >= vocab)) {
         if (threadIdx.x == 0) kiln_raise(fault);
-        for (i64 j = threadIdx.x; j < width; j += blockDim.x) {
-            kiln_store(out, j, __int_as_float(0x7fc00000));
-        }
+        fill = __int_as_float(0x7fc00000);
+    }
+    if (target == ignore_index || fill != 0.0f) {
+        for (i64 j = threadIdx.x; j < width; j += blockDim.x) kiln_store(out, j, fill);
         return;
     }
     const float row_lse = lse[r];
     const float per_row = scale[0];
-    for (i64 j = threadIdx.x; j < width; j += blockDim.x) {
-        const float one_hot = first_column + j == target ? 1.0f : 0.0f;
-        kiln_store(out, j, (expf(row[j] - row_lse) - one_hot) * per_row);
+    const i64 hot = target - first_column;  // the target's column in this chunk, if it is here
+    if (!vectors) {
+        for (i64 j = threadIdx.x; j < width; j += blockDim.x) {
+            const float one_hot = j == hot ? 1.0f : 0.0f;
+            kiln_store(out, j, (expf(row[j] - row_lse) - one_hot) * per_row);
+        }
+        return;
+    }
+    // KILN_CE_HELD vectors a thread loaded before the first is written.
+    const i64 span = (i64)KILN_CE_HELD * 4 * blockDim.x;
+    for (i64 first = 0; first < width; first += span) {
+        float4 x[KILN_CE_HELD];
+#pragma unroll
+        for (int u = 0; u < KILN_CE_HELD; ++u) {
+            const i64 j = first + ((i64)u * blockDim.x + threadIdx.x) * 4;
+            if (j < width) x[u] = *(const float4*)(row + j);
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_CE_HELD; ++u) {
+            const i64 j = first + ((i64)u * blockDim.x + threadIdx.x) * 4;
+            if (j >= width) continue;
+            const float e[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
+            float g[4];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const float one_hot = j + t == hot ? 1.0f : 0.0f;
+                g[t] = (expf(e[t] - row_lse) - one_hot) * per_row;
+            }
+            kiln_ce_grad_store(out, j, make_float4(g[0], g[1], g[2], g[3]));
+        }
     }
 }
 
