@@ -388,6 +388,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::LinearCrossEntropyBackward { .. }
         | Op::AdamW(_)
         | Op::AdamWCopy(_)
+        | Op::EmbeddingAdamW { .. }
         | Op::ClipGradNorm { .. }
         | Op::AllReduce
         | Op::Linear { .. }

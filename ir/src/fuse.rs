@@ -59,7 +59,13 @@
 //!   token-major, the train step's attention output);
 //! - `embedding_onto`: an `Add` of an `EmbeddingBackward` read by the add alone and a term of
 //!   its shape (a tied embedding's gradient: the LM head's plus the embedding's, the LM
-//!   head's read as the `widened` rule left it) is one `EmbeddingBackward` onto that term.
+//!   head's read as the `widened` rule left it) is one `EmbeddingBackward` onto that term;
+//!
+//! and on the program those make:
+//!
+//! - `embedding_adamw`: an `AdamW` or `AdamWCopy` (no gradient scale) of an `EmbeddingBackward`
+//!   read by that update alone is one [`Op::EmbeddingAdamW`]: the `[V,H]` gradient is never
+//!   written and read back, and the rows no id names are updated from the base (or 0) alone.
 //!
 //! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu, cache.cu)
 //! rather than CUDA C generated per matched subgraph: the patterns that matter are few and the same in
@@ -76,6 +82,7 @@ use crate::op::LINEAR_MAX_GROUPS;
 use crate::{DType, Graph, InputKind, Op, Result, ValueId};
 use adamw_copy::with_copies;
 use add_rmsnorm::with_add_rmsnorm;
+use embedding_adamw::embedding_adamw_fusions;
 use embedding_onto::embedding_onto_fusions;
 use rope_kv::rope_kv_fusions;
 use round_trip::round_trip_rewrites;
@@ -86,6 +93,7 @@ use widened::widened_fusions;
 
 mod adamw_copy;
 mod add_rmsnorm;
+mod embedding_adamw;
 mod embedding_onto;
 mod rope_kv;
 mod round_trip;
@@ -206,11 +214,19 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     let shared_users = self::users(&shared);
     let mut last = rounded_fusions(&shared, &shared_users);
     last.extend(embedding_onto_fusions(&shared, &shared_users));
-    match last.is_empty() {
-        true => Ok(shared),
+    let last = with_fusions(shared, &last)?;
+    // On that program, where a tied table's gradient is one scatter onto the LM head's.
+    let updates = embedding_adamw_fusions(&last, &self::users(&last));
+    with_fusions(last, &updates)
+}
+
+/// `graph` with `fusions` made and the ops left dead dropped (`graph` itself for none).
+fn with_fusions(graph: Graph, fusions: &[Fusion]) -> Result<Graph> {
+    match fusions.is_empty() {
+        true => Ok(graph),
         false => without_dead_ops(&rebuild(
-            &shared,
-            &last,
+            &graph,
+            fusions,
             &BTreeMap::new(),
             &BTreeSet::new(),
         )?),

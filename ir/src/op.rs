@@ -34,6 +34,19 @@ pub struct AdamWConfig {
     pub weight_decay: f64,
 }
 
+impl AdamWConfig {
+    /// The hyper-parameters as IR attributes.
+    fn attributes(&self) -> Vec<(&'static str, String)> {
+        let f = |x: f64| format!("{x:?}");
+        vec![
+            ("beta1", f(self.beta1)),
+            ("beta2", f(self.beta2)),
+            ("eps", f(self.eps)),
+            ("weight_decay", f(self.weight_decay)),
+        ]
+    }
+}
+
 /// An operation. Operands and results are listed per variant as `(operands) -> results`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -180,6 +193,17 @@ pub enum Op {
     /// persistent bf16 weight, its `CastInto` folded in by the fusion pass; never traced): one
     /// pass over the param instead of two.
     AdamWCopy(AdamWConfig),
+    /// `(param [V,H], m, v[, copy], step, lr, ids [...] int, grad [..., H][, base [V,H]]) ->
+    /// (param, m, v[, copy])`: `AdamW` (or `AdamWCopy` with `copy`) of an embedding table from
+    /// the gradient `EmbeddingBackward { onto }` of `ids` and `grad` (onto `base`, a stored
+    /// operand), which never exists: rows no id names take `0 + base` (or 0), the others the
+    /// scatter's sum plus their base row, in the scatter's order. Made by the fusion pass where
+    /// the scatter is read by the update alone; never traced.
+    EmbeddingAdamW {
+        config: AdamWConfig,
+        onto: bool,
+        copy: bool,
+    },
     /// `(grad_0, …, grad_n) -> (norm [] f32, scale [] f32)`: the global 2-norm of every
     /// gradient, and `min(1, max_norm / (norm + 1e-6))`, the factor
     /// `torch.nn.utils.clip_grad_norm_` multiplies them by.
@@ -292,6 +316,7 @@ impl Op {
             Op::LinearCrossEntropyBackward { .. } => "linear_cross_entropy_backward",
             Op::AdamW(_) => "adamw",
             Op::AdamWCopy(_) => "adamw_copy",
+            Op::EmbeddingAdamW { .. } => "embedding_adamw",
             Op::ClipGradNorm { .. } => "clip_grad_norm",
             Op::AllReduce => "all_reduce",
             Op::Reshape { .. } => "reshape",
@@ -358,12 +383,13 @@ impl Op {
                 vec![("ignore_index", ignore_index.to_string())]
             }
             Op::ClipGradNorm { max_norm } => vec![("max_norm", f(max_norm))],
-            Op::AdamW(c) | Op::AdamWCopy(c) => vec![
-                ("beta1", f(&c.beta1)),
-                ("beta2", f(&c.beta2)),
-                ("eps", f(&c.eps)),
-                ("weight_decay", f(&c.weight_decay)),
-            ],
+            Op::AdamW(c) | Op::AdamWCopy(c) => c.attributes(),
+            Op::EmbeddingAdamW { config, onto, copy } => {
+                let mut attributes = config.attributes();
+                attributes.push(("onto", onto.to_string()));
+                attributes.push(("copy", copy.to_string()));
+                attributes
+            }
             Op::Transpose { dim0, dim1 } => {
                 vec![("dim0", dim0.to_string()), ("dim1", dim1.to_string())]
             }
@@ -416,6 +442,9 @@ impl Op {
             } => &[0, 1, 2],
             Op::FlashAttentionBackward { .. } => &[0, 1, 2, 5],
             Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
+            // The base, last.
+            Op::EmbeddingAdamW { copy: false, .. } => &[7],
+            Op::EmbeddingAdamW { copy: true, .. } => &[8],
             Op::SwiGlu => &[0, 1],
             Op::SwiGluBackward => &[0, 1, 2],
             Op::AddRmsNorm { .. } | Op::Rope { .. } | Op::EmbeddingBackward { .. } => &[2],
@@ -525,12 +554,13 @@ impl Op {
         }
     }
 
-    /// An update's hyper-parameters and the port of its `step` operand (4; 5 where it writes
-    /// a copy too): `None` for every other op.
+    /// An update's hyper-parameters and the port of its `step` operand (`AdamW` 4, 5 where it
+    /// writes a copy too; `EmbeddingAdamW` 3, or 4): `None` for every other op.
     pub fn adamw(&self) -> Option<(&AdamWConfig, usize)> {
         match self {
             Op::AdamW(c) => Some((c, 4)),
             Op::AdamWCopy(c) => Some((c, 5)),
+            Op::EmbeddingAdamW { config, copy, .. } => Some((config, 3 + usize::from(*copy))),
             _ => None,
         }
     }
@@ -549,6 +579,7 @@ impl Op {
             (Op::AdamW(_) | Op::AdamWCopy(_), 1) => Alias::MayOverwrite(2),
             (Op::AdamW(_) | Op::AdamWCopy(_), 2) => Alias::MayOverwrite(3),
             (Op::AdamWCopy(_), 3) => Alias::MayOverwrite(4),
+            (Op::EmbeddingAdamW { .. }, i) => Alias::MayOverwrite(i),
             // The caches are written where they are.
             (Op::RopeKvWrite { .. }, 1) => Alias::MayOverwrite(3),
             (Op::RopeKvWrite { .. }, 2) => Alias::MayOverwrite(4),

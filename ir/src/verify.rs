@@ -442,9 +442,9 @@ fn check_derived(graph: &Graph) -> Result<()> {
                     Some(NodeKind::Op(Op::Cast { .. })) => operands == [param],
                     Some(NodeKind::Op(Op::CastInto)) => operands.get(1) == Some(&param),
                     // The update that writes the copy too: its results 0 and 3.
-                    Some(NodeKind::Op(Op::AdamWCopy(_))) => {
-                        (copy.port, param.node, param.port) == (3, copy.node, 0)
-                    }
+                    Some(NodeKind::Op(
+                        Op::AdamWCopy(_) | Op::EmbeddingAdamW { copy: true, .. },
+                    )) => (copy.port, param.node, param.port) == (3, copy.node, 0),
                     _ => false,
                 };
                 if !casts_param {

@@ -56,21 +56,20 @@ extern "C" __global__ void embedding_base_bf16(float* out, const bf16_bits* base
     kiln_embedding_base(out, base, n);
 }
 
-// One block per token n: only the first token carrying an id (its owner) writes that id's row,
-// as the sum of grad_out over every token with that id in increasing token order - the CPU's
-// order, starting from zero - plus the base's row where there is one (`has_base`; B f32 or
-// bf16). Rows no token names keep what `zero_f32` or `embedding_base_*` wrote; an id outside
-// 0..V adds nothing and raises the fault word.
+// One block per token n: only the first token carrying an id (its owner) finishes that id's
+// row, with the sum of grad_out over every token with that id in increasing token order (the
+// CPU's order, starting from zero): `finish(id, j, sum)` for each column j. Non-owners and ids
+// outside 0..V (which raise the fault word) do nothing.
 //
 // The owner finds the tokens with its id once per window of KILN_EMBED_WINDOW tokens (a bitmap
 // in shared memory), then each thread adds those tokens' gradients for its columns in token
-// order; a row's partial sum waits in the row itself between windows (the same additions in
-// the same order as one running sum).
+// order; a column's partial sum waits in `partial(n, id)[j]` between windows (the same
+// additions in the same order as one running sum).
 #define KILN_EMBED_WINDOW 4096
-template <typename B>
-__device__ void kiln_embedding_backward(float* grad_weight, const i64* ids,
-                                        const float* grad_out, const B* base, int has_base,
-                                        i64 tokens, i64 hidden, i64 vocab, int* fault) {
+template <typename Partial, typename Finish>
+__device__ void kiln_embedding_sums(const i64* ids, const float* grad_out, i64 tokens,
+                                    i64 hidden, i64 vocab, int* fault, Partial partial,
+                                    Finish finish) {
     __shared__ int earlier;
     __shared__ unsigned matches[KILN_EMBED_WINDOW / 32];
     const i64 n = blockIdx.x;
@@ -87,7 +86,7 @@ __device__ void kiln_embedding_backward(float* grad_weight, const i64* ids,
     }
     __syncthreads();
     if (earlier) return;
-    float* row = grad_weight + id * hidden;
+    float* row = partial(n, id);
     for (i64 start = n; start < tokens; start += KILN_EMBED_WINDOW) {
         const i64 count = min((i64)KILN_EMBED_WINDOW, tokens - start);
         const bool last = start + count == tokens;
@@ -106,10 +105,30 @@ __device__ void kiln_embedding_backward(float* grad_weight, const i64* ids,
                     acc += grad_out[m * hidden + j];
                 }
             }
-            row[j] = last && has_base ? acc + kiln_load(base, id * hidden + j) : acc;
+            if (last) {
+                finish(id, j, acc);
+            } else {
+                row[j] = acc;
+            }
         }
         __syncthreads();
     }
+}
+
+// The rows named by ids of grad_weight, after `zero_f32` or `embedding_base_*`: each the sum,
+// plus the base's row where there is one (`has_base`; B f32 or bf16). The partial sums wait in
+// the row itself.
+template <typename B>
+__device__ void kiln_embedding_backward(float* grad_weight, const i64* ids,
+                                        const float* grad_out, const B* base, int has_base,
+                                        i64 tokens, i64 hidden, i64 vocab, int* fault) {
+    kiln_embedding_sums(
+        ids, grad_out, tokens, hidden, vocab, fault,
+        [&](i64, i64 id) { return grad_weight + id * hidden; },
+        [&](i64 id, i64 j, float sum) {
+            const i64 at = id * hidden + j;
+            grad_weight[at] = has_base ? sum + kiln_load(base, at) : sum;
+        });
 }
 
 extern "C" __global__ void embedding_backward_f32(float* grad_weight, const i64* ids,
@@ -130,3 +149,157 @@ extern "C" __global__ void embedding_backward_f32_bf16_base(float* grad_weight, 
     kiln_embedding_backward(grad_weight, ids, grad_out, base, has_base, tokens, hidden, vocab,
                             fault);
 }
+
+// AdamW of an embedding table from the gradient `embedding_backward` would give it (onto a
+// base or zero), which is never written (the `EmbeddingAdamW` op), in four launches: `zero_f32`
+// clears the bitmap `named` (a bit per row), `embedding_mark` sets the bit of each id, then
+// `embedding_adamw_rest*` updates every row whose bit is clear from the gradient 0 + base (or
+// 0) and `embedding_adamw_named*` each named row from its sum plus its base row: the same
+// gradient elements as the scatter's table, through adamw.cuh's arithmetic, so the bits of
+// `embedding_backward` then `adamw`. The rows are disjoint, so the last two need no order.
+
+// One thread per token (grid-stride): sets bit `id` of `named`; an id outside 0..V sets none
+// and raises the fault word.
+extern "C" __global__ void embedding_mark(unsigned* named, const i64* ids, i64 tokens,
+                                          i64 vocab, int* fault) {
+    kiln_grid_dependency_wait();
+    KILN_FOR_EACH(n, tokens) {
+        const i64 id = ids[n];
+        if (id < 0 || id >= vocab) {
+            kiln_raise(fault);
+        } else {
+            atomicOr(&named[id / 32], 1u << (id % 32));
+        }
+    }
+}
+
+__device__ __forceinline__ bool kiln_named(const unsigned* named, i64 row) {
+    return (named[row / 32] >> (row % 32)) & 1u;
+}
+
+// The gradient element of a row no id names: 0 + base (-0 becomes +0, as the scatter's table
+// has it), or 0.
+template <typename B>
+__device__ __forceinline__ float kiln_unnamed_grad(const B* base, int has_base, i64 i) {
+    return has_base ? __fadd_rn(0.0f, kiln_load(base, i)) : 0.0f;
+}
+
+// Elements 0..n of the [V, hidden] table, grid-stride; the rows whose bit is set are skipped.
+template <typename B>
+__device__ void kiln_embedding_adamw_rest(float* param, float* m, float* v, bf16_bits* copy,
+                                          const unsigned* named, const B* base, int has_base,
+                                          const i64* step, const double* rate, i64 hidden,
+                                          i64 n, double weight_decay, double beta1,
+                                          double beta2, float m_weight, float beta2_f32,
+                                          float v_weight, float eps) {
+    const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
+                                           beta2_f32, v_weight, eps);
+    KILN_FOR_EACH(i, n) {
+        if (kiln_named(named, i / hidden)) continue;
+        float p = param[i], mi = m[i], vi = v[i];
+        kiln_adamw_one(p, mi, vi, kiln_unnamed_grad(base, has_base, i), h);
+        param[i] = p;
+        m[i] = mi;
+        v[i] = vi;
+        if (copy != nullptr) copy[i] = kiln_f32_to_bf16(p);
+    }
+}
+
+// The same four elements at a time: n4 = n / 4 vectors, hidden a multiple of 4 (a vector
+// never straddles two rows), every pointer aligned to its vector (B4: float4 for an f32 base,
+// uint2 for bf16).
+template <typename B4>
+__device__ void kiln_embedding_adamw_rest_vec4(float4* param, float4* m, float4* v,
+                                               uint2* copy, const unsigned* named,
+                                               const B4* base, int has_base, const i64* step,
+                                               const double* rate, i64 hidden, i64 n4,
+                                               double weight_decay, double beta1,
+                                               double beta2, float m_weight, float beta2_f32,
+                                               float v_weight, float eps) {
+    const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
+                                           beta2_f32, v_weight, eps);
+    const i64 hidden4 = hidden / 4;
+    KILN_FOR_EACH(i, n4) {
+        if (kiln_named(named, i / hidden4)) continue;
+        float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (has_base) {
+            const float4 b = kiln_load4(base, i);
+            g = make_float4(__fadd_rn(0.0f, b.x), __fadd_rn(0.0f, b.y), __fadd_rn(0.0f, b.z),
+                            __fadd_rn(0.0f, b.w));
+        }
+        float4 p = param[i], mi = m[i], vi = v[i];
+        kiln_adamw_one(p.x, mi.x, vi.x, g.x, h);
+        kiln_adamw_one(p.y, mi.y, vi.y, g.y, h);
+        kiln_adamw_one(p.z, mi.z, vi.z, g.z, h);
+        kiln_adamw_one(p.w, mi.w, vi.w, g.w, h);
+        param[i] = p;
+        m[i] = mi;
+        v[i] = vi;
+        if (copy != nullptr) kiln_store4(copy, i, p);
+    }
+}
+
+// One block per token: the owner of each id updates that row from its sum (+ its base row),
+// the partial sums between windows waiting in `partials` [tokens, hidden] (unused, and may be
+// null, for at most KILN_EMBED_WINDOW tokens).
+template <typename B>
+__device__ void kiln_embedding_adamw_named(float* param, float* m, float* v, bf16_bits* copy,
+                                           float* partials, const i64* ids,
+                                           const float* grad_out, const B* base, int has_base,
+                                           const i64* step, const double* rate, i64 tokens,
+                                           i64 hidden, i64 vocab, int* fault,
+                                           double weight_decay, double beta1, double beta2,
+                                           float m_weight, float beta2_f32, float v_weight,
+                                           float eps) {
+    const KilnAdamW h = kiln_adamw_scalars(step, rate, weight_decay, beta1, beta2, m_weight,
+                                           beta2_f32, v_weight, eps);
+    kiln_embedding_sums(
+        ids, grad_out, tokens, hidden, vocab, fault,
+        [&](i64 n, i64) { return partials + n * hidden; },
+        [&](i64 id, i64 j, float sum) {
+            const i64 i = id * hidden + j;
+            float p = param[i], mi = m[i], vi = v[i];
+            kiln_adamw_one(p, mi, vi, has_base ? sum + kiln_load(base, i) : sum, h);
+            param[i] = p;
+            m[i] = mi;
+            v[i] = vi;
+            if (copy != nullptr) copy[i] = kiln_f32_to_bf16(p);
+        });
+}
+
+// Entry points per base dtype (f32, or bf16 widened; without a base, any valid pointer and
+// has_base = 0).
+#define KILN_EMBEDDING_ADAMW_ENTRY(rest, rest_vec4, named_rows, B, B4)                                \
+    extern "C" __global__ void rest(float* param, float* m, float* v, bf16_bits* copy,            \
+                                    const unsigned* named, const B* base, int has_base,           \
+                                    const i64* step, const double* rate, i64 hidden, i64 n,       \
+                                    double weight_decay, double beta1, double beta2,              \
+                                    float m_weight, float beta2_f32, float v_weight, float eps) { \
+        kiln_grid_dependency_wait();                                                              \
+        kiln_embedding_adamw_rest(param, m, v, copy, named, base, has_base, step, rate, hidden,   \
+                                  n, weight_decay, beta1, beta2, m_weight, beta2_f32, v_weight,   \
+                                  eps);                                                           \
+    }                                                                                             \
+    extern "C" __global__ void rest_vec4(                                                         \
+        float4* param, float4* m, float4* v, uint2* copy, const unsigned* named, const B4* base, \
+        int has_base, const i64* step, const double* rate, i64 hidden, i64 n,                    \
+        double weight_decay, double beta1, double beta2, float m_weight, float beta2_f32,         \
+        float v_weight, float eps) {                                                              \
+        kiln_grid_dependency_wait();                                                              \
+        kiln_embedding_adamw_rest_vec4(param, m, v, copy, named, base, has_base, step, rate,      \
+                                       hidden, n, weight_decay, beta1, beta2, m_weight,           \
+                                       beta2_f32, v_weight, eps);                                 \
+    }                                                                                             \
+    extern "C" __global__ void named_rows(                                                        \
+        float* param, float* m, float* v, bf16_bits* copy, float* partials, const i64* ids,       \
+        const float* grad_out, const B* base, int has_base, const i64* step, const double* rate,  \
+        i64 tokens, i64 hidden, i64 vocab, int* fault, double weight_decay, double beta1,         \
+        double beta2, float m_weight, float beta2_f32, float v_weight, float eps) {              \
+        kiln_grid_dependency_wait();                                                              \
+        kiln_embedding_adamw_named(param, m, v, copy, partials, ids, grad_out, base, has_base,    \
+                                   step, rate, tokens, hidden, vocab, fault, weight_decay, beta1, \
+                                   beta2, m_weight, beta2_f32, v_weight, eps);                    \
+    }
+// (one line a use: the signature checks of kernels/src/gpu/tests.rs expand it so)
+KILN_EMBEDDING_ADAMW_ENTRY(embedding_adamw_rest_f32, embedding_adamw_rest_f32_vec4, embedding_adamw_named_f32, float, float4)
+KILN_EMBEDDING_ADAMW_ENTRY(embedding_adamw_rest_bf16, embedding_adamw_rest_bf16_vec4, embedding_adamw_named_bf16, bf16_bits, uint2)

@@ -55,7 +55,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("copy", module!("copy.cu")),
     ("decode", module!("decode.cu")),
     ("elementwise", module!("columns.cuh", "elementwise.cu")),
-    ("embedding", module!("embedding.cu")),
+    ("embedding", module!("adamw.cuh", "embedding.cu")),
     ("flash", module!("mma.cuh", "flash.cu", "flash_backward.cu")),
     (
         "flash_portable",
@@ -86,7 +86,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cuh", "columns.cuh", "norm.cu")),
-    ("optim", module!("optim.cu")),
+    ("optim", module!("adamw.cuh", "optim.cu")),
     ("rope", module!("rope.cuh", "rope.cu")),
 ];
 

@@ -29,6 +29,7 @@
 use crate::dispatch_real;
 use crate::element::Real;
 use crate::error::{expect_shape, Error, Result};
+use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
 
 /// Hyperparameters of AdamW; `Default` is torch's defaults.
@@ -95,6 +96,51 @@ fn torch_lerp<T: Real>(start: T, end: T, weight: T) -> T {
     }
 }
 
+/// One step's scalars: computed in f64 as Python computes them, then rounded to the tensors'
+/// dtype, as torch's kernels round a Python scalar.
+struct Step<T> {
+    decay: T,
+    m_weight: T,
+    beta2: T,
+    v_weight: T,
+    step_size: T,
+    bias_correction2_sqrt: T,
+    eps: T,
+}
+
+impl<T: Real> Step<T> {
+    fn new(step: u64, config: &AdamW) -> Self {
+        let step = step as f64;
+        let bias_correction1 = 1.0 - config.beta1.powf(step);
+        let bias_correction2 = 1.0 - config.beta2.powf(step);
+        Step {
+            decay: T::of(1.0 - config.lr * config.weight_decay),
+            m_weight: T::of(1.0 - config.beta1),
+            beta2: T::of(config.beta2),
+            v_weight: T::of(1.0 - config.beta2),
+            step_size: T::of(config.lr / bias_correction1),
+            bias_correction2_sqrt: T::of(bias_correction2.sqrt()),
+            eps: T::of(config.eps),
+        }
+    }
+
+    /// Elements `param`, `m`, `v` updated from their gradient elements `grad`.
+    fn update(&self, param: &mut [T], grad: impl Iterator<Item = T>, m: &mut [T], v: &mut [T]) {
+        for (((p, g), m), v) in param
+            .iter_mut()
+            .zip(grad)
+            .zip(m.iter_mut())
+            .zip(v.iter_mut())
+        {
+            *p *= self.decay;
+            *m = torch_lerp(*m, g, self.m_weight);
+            *v = *v * self.beta2 + self.v_weight * g * g;
+            let denom = v.sqrt() / self.bias_correction2_sqrt + self.eps;
+            *p -= self.step_size * *m / denom;
+        }
+    }
+}
+
 fn adamw_typed<T: Real>(
     param: &mut TensorViewMut<'_>,
     grad: &TensorView<'_>,
@@ -105,36 +151,13 @@ fn adamw_typed<T: Real>(
 ) -> Result<()> {
     const OP: &str = "adamw";
     let grad = grad.slice::<T>(OP, "grad")?;
-    let scale = grad_scale.map(|s| T::of(f64::from(s)));
     let param = param.slice_mut::<T>(OP, "param")?;
     let m = m.slice_mut::<T>(OP, "m")?;
     let v = v.slice_mut::<T>(OP, "v")?;
-
-    // Python-side scalars: f64 arithmetic, then rounded to the tensor dtype.
-    let decay = T::of(1.0 - config.lr * config.weight_decay);
-    let m_weight = T::of(1.0 - config.beta1);
-    let beta2 = T::of(config.beta2);
-    let v_weight = T::of(1.0 - config.beta2);
-    let step = step as f64;
-    let bias_correction1 = 1.0 - config.beta1.powf(step);
-    let bias_correction2 = 1.0 - config.beta2.powf(step);
-    let step_size = T::of(config.lr / bias_correction1);
-    let bias_correction2_sqrt = T::of(bias_correction2.sqrt());
-    let eps = T::of(config.eps);
-
-    for (((p, &g), m), v) in param
-        .iter_mut()
-        .zip(grad)
-        .zip(m.iter_mut())
-        .zip(v.iter_mut())
-    {
-        let g = scale.map_or(g, |s| g * s);
-        *p *= decay;
-        *m = torch_lerp(*m, g, m_weight);
-        *v = *v * beta2 + v_weight * g * g;
-        let denom = v.sqrt() / bias_correction2_sqrt + eps;
-        *p -= step_size * *m / denom;
-    }
+    let step = Step::new(step, config);
+    let scale = grad_scale.map(|s| T::of(f64::from(s)));
+    let grad = grad.iter().map(|&g| scale.map_or(g, |s| g * s));
+    step.update(param, grad, m, v);
     Ok(())
 }
 
@@ -164,6 +187,116 @@ pub fn adamw(
         param.dtype(),
         adamw_typed(param, grad, m, v, (step, grad_scale), config)
     )
+}
+
+/// One AdamW step of an embedding table `param` `[V, H]` (and its moments) from the gradient
+/// [`embedding_backward`](crate::embedding::embedding_backward) gives it for `ids`, `grad_out`
+/// and `base`, with the same bits, without that `[V, H]` gradient: each row's gradient is made
+/// in `row` (`[H]`, param's dtype) as the scatter makes it — zero, the row's tokens' gradients
+/// added in token order, then the base row added — and the row updated from it. `named`
+/// (scratch, at least `V / 8` rounded up bytes) holds a bit for each row some id names.
+pub fn embedding_adamw(
+    (param, m, v): (
+        &mut TensorViewMut<'_>,
+        &mut TensorViewMut<'_>,
+        &mut TensorViewMut<'_>,
+    ),
+    (ids, grad_out, base): (&TensorView<'_>, &TensorView<'_>, Option<&TensorView<'_>>),
+    (row, named): (&mut TensorViewMut<'_>, &mut [u8]),
+    step: u64,
+    config: &AdamW,
+) -> Result<()> {
+    const OP: &str = "embedding_adamw";
+    config.validate(OP)?;
+    if step == 0 {
+        let reason = "steps are counted from 1, got 0".to_string();
+        return Err(invalid(OP, "step", reason));
+    }
+    let dims = param.shape().dims().to_vec();
+    let &[vocab, hidden] = dims.as_slice() else {
+        let reason = format!("must be a table [V, H], got {}", param.shape());
+        return Err(invalid(OP, "param", reason));
+    };
+    expect_shape(OP, "m", m.shape(), &dims)?;
+    expect_shape(OP, "v", v.shape(), &dims)?;
+    expect_shape(OP, "row", row.shape(), &[hidden])?;
+    if let Some(base) = base {
+        expect_shape(OP, "base", base.shape(), &dims)?;
+    }
+    let mut want = ids.shape().dims().to_vec();
+    want.push(hidden);
+    expect_shape(OP, "grad_out", grad_out.shape(), &want)?;
+    if named.len() < vocab.div_ceil(8) {
+        let reason = format!("holds {} bytes, {} needed", named.len(), vocab.div_ceil(8));
+        return Err(invalid(OP, "named", reason));
+    }
+    let ids = Indices::of(OP, "ids", ids)?;
+    ids.check_below(OP, "ids", vocab, None)?;
+    let operands = (ids, grad_out, base);
+    dispatch_real!(
+        OP,
+        param.dtype(),
+        embedding_adamw_typed((param, m, v), operands, (row, named), step, config)
+    )
+}
+
+fn embedding_adamw_typed<T: Real>(
+    (param, m, v): (
+        &mut TensorViewMut<'_>,
+        &mut TensorViewMut<'_>,
+        &mut TensorViewMut<'_>,
+    ),
+    (ids, grad_out, base): (Indices<'_>, &TensorView<'_>, Option<&TensorView<'_>>),
+    (row, named): (&mut TensorViewMut<'_>, &mut [u8]),
+    step: u64,
+    config: &AdamW,
+) -> Result<()> {
+    const OP: &str = "embedding_adamw";
+    let param = param.slice_mut::<T>(OP, "param")?;
+    let m = m.slice_mut::<T>(OP, "m")?;
+    let v = v.slice_mut::<T>(OP, "v")?;
+    let row = row.slice_mut::<T>(OP, "row")?;
+    let grad_out = grad_out.slice::<T>(OP, "grad_out")?;
+    let base = base.map(|b| b.slice::<T>(OP, "base")).transpose()?;
+    let hidden = row.len();
+    let vocab = param.len().checked_div(hidden).unwrap_or(0);
+    let step = Step::new(step, config);
+    let mut update = |r: usize, row: &mut [T]| {
+        if let Some(base) = base {
+            for (g, &b) in row.iter_mut().zip(&base[r * hidden..(r + 1) * hidden]) {
+                *g += b;
+            }
+        }
+        let at = r * hidden..(r + 1) * hidden;
+        let grad = row.iter().copied();
+        step.update(&mut param[at.clone()], grad, &mut m[at.clone()], &mut v[at]);
+    };
+    let id = |n: usize| ids.get(n) as usize;
+    named.fill(0);
+    for n in 0..ids.len() {
+        named[id(n) / 8] |= 1 << (id(n) % 8);
+    }
+    let is_named = |named: &[u8], r: usize| named[r / 8] >> (r % 8) & 1 == 1;
+    for r in (0..vocab).filter(|&r| !is_named(named, r)) {
+        row.fill(T::zero());
+        update(r, row);
+    }
+    // Each named row once, at its first token: its tokens' gradients in token order.
+    for n in 0..ids.len() {
+        let r = id(n);
+        if !is_named(named, r) {
+            continue;
+        }
+        named[r / 8] &= !(1 << (r % 8));
+        row.fill(T::zero());
+        for k in (n..ids.len()).filter(|&k| id(k) == r) {
+            for (g, &s) in row.iter_mut().zip(&grad_out[k * hidden..(k + 1) * hidden]) {
+                *g += s;
+            }
+        }
+        update(r, row);
+    }
+    Ok(())
 }
 
 /// `torch.nn.utils.clip_grad_norm_`'s two numbers for f32 gradients: their global 2-norm and

@@ -391,3 +391,91 @@ fn clip_grad_norm_is_the_global_norm_and_torchs_factor() {
     let err = clip_grad_norm(&views, 0.0).unwrap_err();
     assert!(err.to_string().contains("`max_norm`"), "{err}");
 }
+
+/// The embedding update gives the bits of the scatter's table then AdamW, on fresh random
+/// tables with repeated ids, onto a base or not, the moments already nonzero (step 3).
+#[test]
+fn the_embedding_update_gives_the_bits_of_the_scatter_then_adamw() {
+    let mut rng = rng("embedding_adamw");
+    let (vocab, hidden, ids) = (13, 5, [4i64, 0, 4, 12, 7, 4, 0]);
+    let config = AdamW::default();
+    let f32s = |values: Vec<f64>| -> Vec<f32> { values.iter().map(|&x| x as f32).collect() };
+    for onto in [false, true] {
+        let n = vocab * hidden;
+        let (param, m) = (f32s(signed(&mut rng, n)), f32s(signed(&mut rng, n)));
+        let v = f32s(uniform(&mut rng, n, 0.0, 1.0));
+        let grad_out = f32s(signed(&mut rng, ids.len() * hidden));
+        let base = f32s(signed(&mut rng, n));
+        let ids_view = TensorView::contiguous(&ids[..], [ids.len()]).unwrap();
+        let grad_view = TensorView::contiguous(&grad_out[..], [ids.len(), hidden]).unwrap();
+        let base_view = TensorView::contiguous(&base[..], [vocab, hidden]).unwrap();
+        let base_view = onto.then_some(&base_view);
+        let dims = [vocab, hidden];
+
+        let mut table = vec![f32::NAN; n];
+        let mut want = (param.clone(), m.clone(), v.clone());
+        let mut table_view = TensorViewMut::contiguous(&mut table[..], dims).unwrap();
+        crate::embedding::embedding_backward(&ids_view, &grad_view, base_view, &mut table_view)
+            .unwrap();
+        adamw(
+            &mut TensorViewMut::contiguous(&mut want.0[..], dims).unwrap(),
+            &TensorView::contiguous(&table[..], dims).unwrap(),
+            &mut TensorViewMut::contiguous(&mut want.1[..], dims).unwrap(),
+            &mut TensorViewMut::contiguous(&mut want.2[..], dims).unwrap(),
+            (3, None),
+            &config,
+        )
+        .unwrap();
+
+        let mut got = (param, m, v);
+        let (mut row, mut named) = (vec![f32::NAN; hidden], vec![0xffu8; vocab.div_ceil(8)]);
+        embedding_adamw(
+            (
+                &mut TensorViewMut::contiguous(&mut got.0[..], dims).unwrap(),
+                &mut TensorViewMut::contiguous(&mut got.1[..], dims).unwrap(),
+                &mut TensorViewMut::contiguous(&mut got.2[..], dims).unwrap(),
+            ),
+            (&ids_view, &grad_view, base_view),
+            (
+                &mut TensorViewMut::contiguous(&mut row[..], [hidden]).unwrap(),
+                &mut named,
+            ),
+            3,
+            &config,
+        )
+        .unwrap();
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got.0), bits(&want.0), "param, onto {onto}");
+        assert_eq!(bits(&got.1), bits(&want.1), "m, onto {onto}");
+        assert_eq!(bits(&got.2), bits(&want.2), "v, onto {onto}");
+        assert_ne!(bits(&got.0), bits(&table), "the update moved the table");
+    }
+}
+
+#[test]
+fn the_embedding_update_refuses_an_id_outside_the_table() {
+    let (mut p, mut m, mut v) = (vec![0.5f32; 6], vec![0f32; 6], vec![0f32; 6]);
+    let (grad, ids) = ([1f32; 2], [3i64]);
+    let (mut row, mut named) = ([0f32; 2], [0u8; 1]);
+    let err = embedding_adamw(
+        (
+            &mut TensorViewMut::contiguous(&mut p[..], [3, 2]).unwrap(),
+            &mut TensorViewMut::contiguous(&mut m[..], [3, 2]).unwrap(),
+            &mut TensorViewMut::contiguous(&mut v[..], [3, 2]).unwrap(),
+        ),
+        (
+            &TensorView::contiguous(&ids[..], [1]).unwrap(),
+            &TensorView::contiguous(&grad[..], [1, 2]).unwrap(),
+            None,
+        ),
+        (
+            &mut TensorViewMut::contiguous(&mut row[..], [2]).unwrap(),
+            &mut named,
+        ),
+        1,
+        &AdamW::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("ids"), "{err}");
+    assert_eq!(p, [0.5; 6], "nothing is written");
+}

@@ -3,7 +3,7 @@
 //! own size functions where they have one.
 //!
 //! - CPU reference: a bf16 MatMul widens its operands to f32 (a rounded op keeps its f32
-//!   results there first); the attention backward takes one
+//!   results there first); an embedding update makes each row's gradient there; the attention backward takes one
 //!   row of `S` scores; attention over a cache takes the probabilities `[B,Hq,T,Smax]`.
 //! - CUDA: the GEMM attention backward's dS, masked probs and transposed `grad_out`
 //!   ([`AttentionDims::backward_workspace_bytes`]); decode attention's per-chunk partials
@@ -15,7 +15,8 @@
 //!   cross-entropy; one vocabulary chunk of logits (and of their gradient) for the chunked
 //!   LM-head loss ([`LinearLoss`](kiln_kernels::gpu::loss::LinearLoss)); f64 partial sums of
 //!   gradient clipping
-//!   ([`clip_workspace_bytes`](kiln_kernels::gpu::optim::clip_workspace_bytes)).
+//!   ([`clip_workspace_bytes`](kiln_kernels::gpu::optim::clip_workspace_bytes)); the bitmap of
+//!   an embedding update's named rows (and its owners' partial sums past one window of tokens).
 //! - Any: the larger of the two, so one plan runs on either backend.
 
 use kiln_ir::{DType, Op, TensorType};
@@ -113,6 +114,14 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
             bias,
             staged,
         } => crate::interpret::rope_kv::workspace_bytes((*theta, *bias, *staged), operands),
+        // One row of gradient in the param's dtype, then a bit for each row.
+        Op::EmbeddingAdamW { .. } => match dims(operands, 0) {
+            &[vocab, hidden] => {
+                let row = crate::interpret::ops::conversion_bytes(operands[0].dtype, &[hidden]);
+                row.saturating_add((vocab as u64).div_ceil(8))
+            }
+            _ => 0,
+        },
         _ => 0,
     }
 }
@@ -130,6 +139,15 @@ fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
         }
         Op::FlashAttention { .. } | Op::FlashAttentionBackward { .. } => {
             return flash_bytes(op, operands)
+        }
+        Op::EmbeddingAdamW { copy, .. } => {
+            let ids = 5 + usize::from(*copy);
+            let (tokens, hidden, vocab) = match dims(operands, 0) {
+                &[vocab, hidden] => (product(dims(operands, ids)), hidden, vocab),
+                _ => return 0,
+            };
+            let sizes = [tokens, hidden as u64, vocab as u64];
+            return kiln_kernels::gpu::embedding::embedding_adamw_workspace_bytes(sizes);
         }
         _ => {}
     }

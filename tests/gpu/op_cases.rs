@@ -387,6 +387,44 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             operands,
         ));
     }
+    // An embedding table's update from its scatter (no gradient table): without a base, onto
+    // an f32 or a bf16 one, with a bf16 copy or not; ids naming most rows of a small table and
+    // few of a large one; past the scatter's window; a hidden size the vectors do not divide.
+    let bases = [None, Some(DType::F32), Some(DType::BF16)];
+    let sizes = [
+        (50, 64, vec![2, 7]),
+        (3000, 96, vec![3, 33]),
+        (7, 40, vec![2, 4500]),
+    ];
+    let odd = [(11, 3, vec![9])];
+    for ((vocab, h, ids), base) in sizes
+        .into_iter()
+        .chain(odd)
+        .flat_map(|s| bases.map(|b| (s.clone(), b)))
+    {
+        for copy in [false, true] {
+            let mut operands = vec![f(&[vocab, h]), f(&[vocab, h]), In::Pos(vec![vocab, h])];
+            if copy {
+                operands.push(bf(&[vocab, h]));
+            }
+            operands.extend([In::Step, In::Scalar(DType::F64, 1e-2)]);
+            let mut grad = ids.clone();
+            grad.push(h);
+            operands.extend([In::Ids(ids.clone(), vocab), f(&grad)]);
+            operands.extend(base.map(|dtype| In::F(dtype, vec![vocab, h])));
+            let op = Op::EmbeddingAdamW {
+                config: adamw,
+                onto: base.is_some(),
+                copy,
+            };
+            let base = base.map_or("none".to_string(), |d| d.to_string());
+            cases.push((
+                format!("embedding_adamw base={base} copy={copy} [{vocab},{h}] ids {ids:?}"),
+                op,
+                operands,
+            ));
+        }
+    }
     // Odd element counts: the scalar kernels (the cases above take the vector ones).
     cases.extend([
         (

@@ -1,7 +1,7 @@
 //! Type rules: the result types of an op from its operand types, or an error that names the
 //! op, the operand and the mismatch.
 
-use super::Op;
+use super::{AdamWConfig, Op};
 use crate::{DType, Error, Result, Shape, TensorType};
 
 mod cache;
@@ -502,20 +502,7 @@ impl Op {
                 linear_cross_entropy_types(&rule)
             }
             Op::AdamW(c) | Op::AdamWCopy(c) => {
-                for (name, value) in [("beta1", c.beta1), ("beta2", c.beta2)] {
-                    if !(0.0..1.0).contains(&value) {
-                        return Err(
-                            rule.attribute(format!("{name} must be in [0, 1), got {value}"))
-                        );
-                    }
-                }
-                for (name, value) in [("eps", c.eps), ("weight_decay", c.weight_decay)] {
-                    if !(value.is_finite() && value >= 0.0) {
-                        return Err(
-                            rule.attribute(format!("{name} must be finite and >= 0, got {value}"))
-                        );
-                    }
-                }
+                adamw_config(&rule, c)?;
                 let step = matches!(self, Op::AdamWCopy(_)) as usize + 4;
                 if !(step + 2..=step + 3).contains(&operands.len()) {
                     return Err(Error::Arity {
@@ -540,6 +527,34 @@ impl Op {
                     // The copy: the param's bf16 rounding, written where it is.
                     rule.shaped(4, DType::BF16, param.dims())?;
                     results.push(operands[4].clone());
+                }
+                Ok(results)
+            }
+            Op::EmbeddingAdamW { config, onto, copy } => {
+                adamw_config(&rule, config)?;
+                let step = 3 + usize::from(*copy);
+                rule.arity(step + 4 + usize::from(*onto))?;
+                let param = rule.float(0)?.clone();
+                let &[_, hidden] = param.dims() else {
+                    return Err(rule.type_error(0, "a table [V,H]"));
+                };
+                for port in 1..3 {
+                    rule.same(port, &param)?;
+                }
+                let mut results = vec![param.clone(), param.clone(), param.clone()];
+                if *copy {
+                    rule.shaped(3, DType::BF16, param.dims())?;
+                    results.push(operands[3].clone());
+                }
+                rule.shaped(step, DType::I64, &[])?;
+                rule.shaped(step + 1, DType::F64, &[])?;
+                // The scatter's operands, as `EmbeddingBackward` types them.
+                let ids = rule.int(step + 2)?.dims().to_vec();
+                let mut want = ids;
+                want.push(hidden);
+                rule.shaped(step + 3, param.dtype, &want)?;
+                if *onto {
+                    rule.stored(step + 4, param.dtype, param.dims())?;
                 }
                 Ok(results)
             }
@@ -629,3 +644,18 @@ impl Op {
 #[cfg(test)]
 #[path = "typing_tests.rs"]
 mod tests;
+
+/// AdamW's hyper-parameters: betas in [0, 1), eps and weight decay finite and >= 0.
+fn adamw_config(rule: &Rule<'_>, c: &AdamWConfig) -> Result<()> {
+    for (name, value) in [("beta1", c.beta1), ("beta2", c.beta2)] {
+        if !(0.0..1.0).contains(&value) {
+            return Err(rule.attribute(format!("{name} must be in [0, 1), got {value}")));
+        }
+    }
+    for (name, value) in [("eps", c.eps), ("weight_decay", c.weight_decay)] {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(rule.attribute(format!("{name} must be finite and >= 0, got {value}")));
+        }
+    }
+    Ok(())
+}

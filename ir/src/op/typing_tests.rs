@@ -914,3 +914,45 @@ fn a_rounded_linear_takes_more_rows_than_the_skinny_kernels() {
     let plain = [f32t(&[m, 8]), bf(&[6, 8])];
     rejects_attribute(rounded(false, None), &plain, "no rounded form");
 }
+
+#[test]
+fn embedding_adamw_takes_the_update_then_the_scatter_and_returns_the_updated_state() {
+    let config = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    };
+    let table = f32t(&[7, 4]);
+    let copy = ty(DType::BF16, &[7, 4]);
+    let scatter = [i64t(&[2, 3]), f32t(&[2, 3, 4])];
+    let operands = |copied: bool, base: Option<TensorType>| {
+        let mut operands = vec![table.clone(), table.clone(), table.clone()];
+        operands.extend(copied.then(|| copy.clone()));
+        operands.extend([i64t(&[]), ty(DType::F64, &[])]);
+        operands.extend(scatter.clone());
+        operands.extend(base);
+        operands
+    };
+    let op = |onto, copy| Op::EmbeddingAdamW { config, onto, copy };
+    let state = vec![table.clone(), table.clone(), table.clone()];
+    let mut with_copy = state.clone();
+    with_copy.push(copy.clone());
+    accepts(op(false, false), &operands(false, None), &state);
+    accepts(
+        op(true, true),
+        &operands(true, Some(copy.clone())),
+        &with_copy,
+    );
+    accepts(
+        op(true, false),
+        &operands(false, Some(table.clone())),
+        &state,
+    );
+    // The scatter's gradient rows are the table's width; the base is the table's shape.
+    let mut narrow = operands(false, None);
+    narrow[6] = f32t(&[2, 3, 5]);
+    rejects_operand(op(false, false), &narrow, 6);
+    rejects_operand(op(true, false), &operands(false, Some(f32t(&[4, 7]))), 7);
+    rejects_arity(op(true, false), &operands(false, None), "8");
+}

@@ -60,7 +60,7 @@ pub fn adamw(update: AdamWUpdate, n: u64, hyper: AdamWHyper) -> Launch {
         ),
         false => (grad_dtype.pick("adamw_f32", "adamw_f32_bf16_grad"), n),
     };
-    let args = vec![
+    let mut args = vec![
         Arg::Ptr(param),
         Arg::Ptr(m),
         Arg::Ptr(v),
@@ -70,19 +70,40 @@ pub fn adamw(update: AdamWUpdate, n: u64, hyper: AdamWHyper) -> Launch {
         Arg::Ptr(lr),
         scale.map_or(Arg::Null, Arg::Ptr),
         size_arg(items),
-        Arg::F64(hyper.weight_decay),
-        Arg::F64(hyper.beta1),
-        Arg::F64(hyper.beta2),
-        Arg::F32((1.0 - hyper.beta1) as f32),
-        Arg::F32(hyper.beta2 as f32),
-        Arg::F32((1.0 - hyper.beta2) as f32),
-        Arg::F32(hyper.eps as f32),
     ];
+    args.extend(hyper.args());
+    update_launch("optim", function, items, args)
+}
+
+impl AdamWHyper {
+    /// The hyper-parameters as every update kernel takes them, last: weight decay and the
+    /// betas in f64, then the f32 scalars the CPU rounds once on the host (1 - beta1, beta2,
+    /// 1 - beta2, eps).
+    pub(super) fn args(&self) -> [Arg; 7] {
+        [
+            Arg::F64(self.weight_decay),
+            Arg::F64(self.beta1),
+            Arg::F64(self.beta2),
+            Arg::F32((1.0 - self.beta1) as f32),
+            Arg::F32(self.beta2 as f32),
+            Arg::F32((1.0 - self.beta2) as f32),
+            Arg::F32(self.eps as f32),
+        ]
+    }
+}
+
+/// A grid-stride update of `items` (elements or vectors) on at most [`MAX_BLOCKS`] blocks.
+pub(super) fn update_launch(
+    module: &'static str,
+    function: &'static str,
+    items: u64,
+    args: Vec<Arg>,
+) -> Launch {
     let blocks = items
         .div_ceil(u64::from(BLOCK_THREADS))
         .clamp(1, MAX_BLOCKS) as u32;
     Kernel::launch(
-        "optim",
+        module,
         function,
         (blocks, 1, 1),
         (BLOCK_THREADS, 1, 1),

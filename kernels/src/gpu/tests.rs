@@ -291,6 +291,29 @@ fn every_launch() -> Vec<Launch> {
         let copy = copy::strided_copy_f32(grad_x, addr(1), &[2, 3], &[1, 2]);
         launches.push(copy.unwrap());
     }
+    // An embedding's update: no base, an f32 or a bf16 one; with a copy or not; vectors or
+    // not (a hidden size of 4 or 3); within one window of tokens or past it.
+    let cases = [(None, None, 4, 3), (Some(F32), Some(addr(6)), 3, 3)];
+    let more = [
+        (Some(BF16), Some(addr(6)), 4, 5000),
+        (Some(BF16), None, 3, 3),
+    ];
+    for (base, copy, hidden, tokens) in cases.into_iter().chain(more) {
+        let update = embedding::EmbeddingAdamW {
+            param: addr(0),
+            m: addr(1),
+            v: addr(2),
+            copy,
+            step: addr(4),
+            lr: addr(5),
+            ids: addr(7),
+            grad_out: addr(3),
+            base: base.map(|stored| (addr(10), stored)),
+            workspace: addr(8),
+        };
+        let sizes = [tokens, hidden, 10];
+        launches.extend(embedding::embedding_adamw(update, sizes, hyper, addr(9)).unwrap());
+    }
     // Column sums of one chunk of rows and of several (partials, then the finish).
     for rows in [4, 2048] {
         let sums = [rows, 896];

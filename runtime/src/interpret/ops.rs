@@ -284,34 +284,30 @@ fn run_kernels(
             )
         }
         Op::AdamW(config) | Op::AdamWCopy(config) => {
-            // param, m and v are copied into the results, which are then updated there.
             let at = op.adamw().map_or(4, |(_, step)| step);
-            let step = adamw_step(&i[at])?;
-            let lr = scalar::<f64>(&i[at + 1], "lr")?;
             let grad_scale = i
                 .get(at + 2)
                 .map(|s| scalar::<f32>(s, "grad_scale"))
                 .transpose()?;
-            let config = AdamW {
-                lr,
-                beta1: config.beta1,
-                beta2: config.beta2,
-                eps: config.eps,
-                weight_decay: config.weight_decay,
-            };
-            let (new_param, rest) = o.split_at_mut(1);
-            let (new_m, rest) = rest.split_at_mut(1);
-            let (new_v, copy) = rest.split_at_mut(1);
-            copy::copy(&i[0], &mut new_param[0])?;
-            copy::copy(&i[2], &mut new_m[0])?;
-            copy::copy(&i[3], &mut new_v[0])?;
-            let (p, grad, m, v) = (&mut new_param[0], &i[1], &mut new_m[0], &mut new_v[0]);
-            kiln_kernels::optim::adamw(p, grad, m, v, (step, grad_scale), &config)?;
-            // The copy: the new param rounded, as `CastInto` rounds it.
-            match copy.first_mut() {
-                Some(copy) => copy::cast(&p.as_view(), copy),
-                None => Ok(()),
-            }
+            let (step, config) = adamw_config(&config, &i[at], &i[at + 1])?;
+            updated([&i[0], &i[2], &i[3]], o, |p, m, v| {
+                kiln_kernels::optim::adamw(p, &i[1], m, v, (step, grad_scale), &config)
+            })
+        }
+        // The gradient of each row made in a row of scratch, the named rows' bits after it.
+        Op::EmbeddingAdamW { config, copy, .. } => {
+            let at = 3 + usize::from(copy);
+            let (step, config) = adamw_config(&config, &i[at], &i[at + 1])?;
+            let dtype = i[0].dtype();
+            let row_dims = &i[0].shape().dims()[1..];
+            let row_bytes = conversion_bytes(dtype, row_dims) as usize;
+            let (row, named) = workspace.split_at_mut(row_bytes.min(workspace.len()));
+            let mut row = typed_workspace(row, dtype, row_dims, op)?;
+            let scatter = (&i[at + 2], &i[at + 3], i.get(at + 4));
+            updated([&i[0], &i[1], &i[2]], o, |p, m, v| {
+                let scratch = (&mut row, &mut *named);
+                kiln_kernels::optim::embedding_adamw((p, m, v), scatter, scratch, step, &config)
+            })
         }
         // The reference kernels run in a world of one rank, where the sum over the ranks is a
         // copy (the interpreter takes other worlds through its communicator: `interpret_in`).
@@ -391,7 +387,47 @@ fn misaligned(op: &'static str) -> Error {
     }
 }
 
-/// The optimizer step held by the i64 scalar operand; steps count from 1.
+/// An update's step (counted from 1) and hyper-parameters, from its `step` and `lr` operands.
+fn adamw_config(
+    config: &kiln_ir::AdamWConfig,
+    step: &TensorView<'_>,
+    lr: &TensorView<'_>,
+) -> Result<(u64, AdamW)> {
+    let config = AdamW {
+        lr: scalar::<f64>(lr, "lr")?,
+        beta1: config.beta1,
+        beta2: config.beta2,
+        eps: config.eps,
+        weight_decay: config.weight_decay,
+    };
+    Ok((adamw_step(step)?, config))
+}
+
+/// An update's results (`o`: param, m, v[, copy]): `param`, `m`, `v` copied there, then
+/// `update` on them; the copy, when there is one, takes the new param rounded, as `CastInto`
+/// rounds it.
+fn updated(
+    [param, m, v]: [&TensorView<'_>; 3],
+    o: &mut [TensorViewMut<'_>],
+    update: impl FnOnce(
+        &mut TensorViewMut<'_>,
+        &mut TensorViewMut<'_>,
+        &mut TensorViewMut<'_>,
+    ) -> Result<()>,
+) -> Result<()> {
+    let (new_param, rest) = o.split_at_mut(1);
+    let (new_m, rest) = rest.split_at_mut(1);
+    let (new_v, copy) = rest.split_at_mut(1);
+    copy::copy(param, &mut new_param[0])?;
+    copy::copy(m, &mut new_m[0])?;
+    copy::copy(v, &mut new_v[0])?;
+    update(&mut new_param[0], &mut new_m[0], &mut new_v[0])?;
+    match copy.first_mut() {
+        Some(copy) => copy::cast(&new_param[0].as_view(), copy),
+        None => Ok(()),
+    }
+}
+
 /// The one element of a scalar operand of AdamW.
 fn scalar<T: kiln_kernels::Element>(value: &TensorView<'_>, operand: &'static str) -> Result<T> {
     let element = value.slice::<T>("adamw", operand)?.first().copied();
@@ -402,6 +438,7 @@ fn scalar<T: kiln_kernels::Element>(value: &TensorView<'_>, operand: &'static st
     })
 }
 
+/// The optimizer step held by the i64 scalar operand; steps count from 1.
 fn adamw_step(step: &TensorView<'_>) -> Result<u64> {
     let step = step
         .slice::<i64>("adamw", "step")?

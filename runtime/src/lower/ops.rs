@@ -482,12 +482,7 @@ impl Lowering<'_> {
                 for (from, to) in [(param, new_param), (m, new_m), (v, new_v)] {
                     launches.extend(copy_unless_same(to.addr(), from.addr(), byte_len(from)));
                 }
-                let hyper = AdamWHyper {
-                    beta1: config.beta1,
-                    beta2: config.beta2,
-                    eps: config.eps,
-                    weight_decay: config.weight_decay,
-                };
+                let hyper = adamw_hyper(config);
                 let update = gpu::optim::AdamWUpdate {
                     param: new_param.addr(),
                     m: new_m.addr(),
@@ -500,6 +495,60 @@ impl Lowering<'_> {
                 };
                 let n = size(param.numel());
                 launches.push(gpu::optim::adamw(update, n, hyper));
+                Ok(launches)
+            }
+            Op::EmbeddingAdamW { config, onto, copy } => {
+                let at = 3 + usize::from(*copy);
+                let param = self.operand(0, "param", F32)?;
+                let m = self.operand(1, "m", F32)?;
+                let v = self.operand(2, "v", F32)?;
+                let ids = self.operand(at + 2, "ids", I64)?;
+                let grad = self.operand(at + 3, "grad", F32)?;
+                let base = match onto {
+                    true => {
+                        let (base, stored) = self.stored(at + 4, "base")?;
+                        Some((base.addr(), stored))
+                    }
+                    false => None,
+                };
+                let [vocab, hidden] = two_dims(self, param, "param")?;
+                let tokens = size(ids.numel());
+                let (new_param, new_m, new_v) = (
+                    self.result(0, "param", F32)?,
+                    self.result(1, "m", F32)?,
+                    self.result(2, "v", F32)?,
+                );
+                // Results not in place start as copies of their operands.
+                let mut launches = Vec::new();
+                for (from, to) in [(param, new_param), (m, new_m), (v, new_v)] {
+                    launches.extend(copy_unless_same(to.addr(), from.addr(), byte_len(from)));
+                }
+                if vocab * hidden == 0 {
+                    return Ok(launches);
+                }
+                let sizes = [tokens, hidden, vocab];
+                let bytes = gpu::embedding::embedding_adamw_workspace_bytes(sizes);
+                let update = gpu::embedding::EmbeddingAdamW {
+                    param: new_param.addr(),
+                    m: new_m.addr(),
+                    v: new_v.addr(),
+                    copy: match copy {
+                        true => Some(self.result(3, "copy", DType::BF16)?.addr()),
+                        false => None,
+                    },
+                    step: self.operand(at, "step", I64)?.addr(),
+                    lr: self.operand(at + 1, "lr", DType::F64)?.addr(),
+                    ids: ids.addr(),
+                    grad_out: grad.addr(),
+                    base,
+                    workspace: self.workspace(bytes, new_param.addr())?,
+                };
+                launches.extend(gpu::embedding::embedding_adamw(
+                    update,
+                    sizes,
+                    adamw_hyper(config),
+                    self.fault,
+                )?);
                 Ok(launches)
             }
             Op::AllReduce => {
@@ -617,4 +666,14 @@ fn collapse(dims: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<usize>) {
         }
     }
     (out_dims, out_strides)
+}
+
+/// An update's hyper-parameters as its kernels take them.
+fn adamw_hyper(config: &kiln_ir::AdamWConfig) -> AdamWHyper {
+    AdamWHyper {
+        beta1: config.beta1,
+        beta2: config.beta2,
+        eps: config.eps,
+        weight_decay: config.weight_decay,
+    }
 }

@@ -1,0 +1,166 @@
+//! The `embedding_adamw` rule (see the pass's module doc): an `AdamW` or `AdamWCopy` (no
+//! gradient scale) whose gradient is an `EmbeddingBackward`'s table, read by that update alone,
+//! is one [`Op::EmbeddingAdamW`] on the scatter's operands: the `[V,H]` gradient is never
+//! written and read again, and the rows no id names are updated from the base (or zero) alone.
+
+use super::{only_read_by, op_of, Fusion, Users};
+use crate::{Graph, Op, ValueId};
+
+/// The rule at every update it matches.
+pub(super) fn embedding_adamw_fusions(graph: &Graph, users: &Users) -> Vec<Fusion> {
+    let mut fusions = Vec::new();
+    for update in graph.node_indices() {
+        let (config, copy) = match op_of(graph, update) {
+            Some(&Op::AdamW(config)) => (config, false),
+            Some(&Op::AdamWCopy(config)) => (config, true),
+            _ => continue,
+        };
+        let operands = graph.operands(update);
+        let step = 4 + usize::from(copy);
+        if operands.len() != step + 2 {
+            continue; // a scaled (clipped) gradient
+        }
+        let grad = operands[1];
+        let Some(&Op::EmbeddingBackward { onto, .. }) = op_of(graph, grad.node) else {
+            continue;
+        };
+        if !only_read_by(users, grad, update) {
+            continue;
+        }
+        let op = Op::EmbeddingAdamW { config, onto, copy };
+        // param, m, v[, copy], step, lr, then the scatter's ids, grad[, base].
+        let mut fused: Vec<ValueId> = [0, 2, 3].iter().map(|&port| operands[port]).collect();
+        fused.extend(&operands[4..]);
+        fused.extend(graph.operands(grad.node));
+        let types: Option<Vec<_>> = (fused.iter())
+            .map(|v| graph.value_type(*v).ok().cloned())
+            .collect();
+        if types.is_none_or(|t| op.infer(&t).is_err()) {
+            continue;
+        }
+        fusions.push(Fusion {
+            at: update,
+            replaced: vec![grad.node, update],
+            op,
+            operands: fused,
+            ends: (0..3 + usize::from(copy))
+                .map(|port| ValueId { node: update, port })
+                .collect(),
+        });
+    }
+    fusions
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::graph::NodeKind;
+    use crate::{fuse, AdamWConfig, DType, Graph, InputKind, Op, TensorType, ValueId};
+
+    const CONFIG: AdamWConfig = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+
+    /// An embedding table's update from its scatter gradient: onto a bf16 base (a tied
+    /// table) or not, writing a bf16 copy or not; `scaled` gives the update a gradient
+    /// scale, `output` also outputs the gradient.
+    fn update(onto: bool, copy: bool, scaled: bool, output: bool) -> Graph {
+        let ty = |dtype, dims: &[usize]| TensorType::new(dtype, dims).unwrap();
+        let mut g = Graph::new("update");
+        let mut input = |name: &str, kind, t| g.input(name, kind, t).unwrap();
+        let param = input("embed", InputKind::Param, ty(DType::F32, &[7, 4]));
+        let m = input("embed.m", InputKind::State, ty(DType::F32, &[7, 4]));
+        let v = input("embed.v", InputKind::State, ty(DType::F32, &[7, 4]));
+        let copy_in = input("embed.bf16", InputKind::State, ty(DType::BF16, &[7, 4]));
+        let step = input("step", InputKind::Input, ty(DType::I64, &[]));
+        let lr = input("lr", InputKind::Input, ty(DType::F64, &[]));
+        let scale = input("scale", InputKind::Input, ty(DType::F32, &[]));
+        let ids = input("ids", InputKind::Input, ty(DType::I64, &[2, 3]));
+        let grad = input("grad", InputKind::Input, ty(DType::F32, &[2, 3, 4]));
+        let base = input("head", InputKind::Input, ty(DType::BF16, &[7, 4]));
+        let mut scatter_operands = vec![ids, grad];
+        if onto {
+            scatter_operands.push(base);
+        }
+        let scatter = (g.op1(Op::EmbeddingBackward { vocab: 7, onto }, &scatter_operands)).unwrap();
+        let mut operands = vec![param, scatter, m, v];
+        if copy {
+            operands.push(copy_in);
+        }
+        operands.extend([step, lr]);
+        if scaled {
+            operands.push(scale);
+        }
+        let op = match copy {
+            true => Op::AdamWCopy(CONFIG),
+            false => Op::AdamW(CONFIG),
+        };
+        let results = g.op(op, &operands).unwrap();
+        for (name, result) in ["embed", "embed.m", "embed.v", "embed.bf16"]
+            .iter()
+            .zip(results)
+        {
+            g.write(name, result).unwrap();
+        }
+        if output {
+            g.output("grad.embed", scatter).unwrap();
+        }
+        g
+    }
+
+    fn ops(graph: &Graph) -> Vec<(Op, Vec<ValueId>)> {
+        (graph.node_indices())
+            .filter_map(|n| match &graph.node(n)?.kind {
+                NodeKind::Op(op) => Some((op.clone(), graph.operands(n))),
+                NodeKind::Input { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_update_takes_its_scatter_onto_a_base_or_not_with_a_copy_or_not() {
+        for onto in [false, true] {
+            for copy in [false, true] {
+                let fused = fuse(&update(onto, copy, false, false)).unwrap();
+                crate::verify(&fused).unwrap();
+                let ops = ops(&fused);
+                assert_eq!(ops.len(), 1, "{ops:?}");
+                assert_eq!(
+                    ops[0].0,
+                    Op::EmbeddingAdamW {
+                        config: CONFIG,
+                        onto,
+                        copy
+                    }
+                );
+                // param, m, v[, copy], step, lr, ids, grad[, base].
+                let names: Vec<String> = (ops[0].1.iter())
+                    .map(|v| match &fused.node(v.node).unwrap().kind {
+                        NodeKind::Input { name, .. } => name.clone(),
+                        NodeKind::Op(op) => op.to_string(),
+                    })
+                    .collect();
+                let mut want = vec!["embed", "embed.m", "embed.v"];
+                want.extend(copy.then_some("embed.bf16"));
+                want.extend(["step", "lr", "ids", "grad"]);
+                want.extend(onto.then_some("head"));
+                assert_eq!(names, want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_scaled_update_or_a_gradient_read_elsewhere_stays_apart() {
+        for (scaled, output) in [(true, false), (false, true)] {
+            let fused = fuse(&update(true, true, scaled, output)).unwrap();
+            let names: Vec<&str> = ops(&fused).iter().map(|(op, _)| op.name()).collect();
+            assert_eq!(
+                names,
+                ["embedding_backward", "adamw_copy"],
+                "{scaled} {output}"
+            );
+        }
+    }
+}
