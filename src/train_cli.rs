@@ -106,6 +106,11 @@ pub struct TrainCli {
     /// eager: every launch issued each step; graph: captured once and replayed.
     #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
     mode: BenchMode,
+    /// Streams of the train step: 2 (the default on one GPU) runs the weight gradients'
+    /// GEMMs and their updates beside the rest of the backward, with the same bits; 1 (the
+    /// default on the CPU and in a data-parallel run) runs every op in one order.
+    #[arg(long)]
+    streams: Option<usize>,
 }
 
 fn non_negative(text: &str) -> std::result::Result<f64, String> {
@@ -224,6 +229,7 @@ impl TrainCli {
             out: self.out,
             cuda,
             mode: self.mode.into(),
+            streams: self.streams,
         })
     }
 }

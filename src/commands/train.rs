@@ -29,6 +29,8 @@ pub struct TrainArgs {
     /// `None`: a new run's CPU, a resumed run's device.
     pub cuda: Option<bool>,
     pub mode: RunMode,
+    /// The train step's streams (`None`: the session's default).
+    pub streams: Option<usize>,
 }
 
 /// The model and options of a run that starts from weights.
@@ -170,7 +172,7 @@ pub fn train(args: TrainArgs, stop: Arc<AtomicBool>) -> Result<()> {
     let run_path = run_dir.as_ref().map(|d| d.path().to_path_buf());
     let mut session = Session::new(
         &backend,
-        args.mode,
+        (args.mode, args.streams),
         (config, options),
         data,
         start,

@@ -196,14 +196,16 @@ pub struct Start {
 
 impl Session {
     /// Plans the train step (and the eval program when validating), binds them to `backend`
-    /// as one group and uploads `start`. `run_dir` must exist; its metrics file is cut back
+    /// as one group and uploads `start`. `streams`: the train step's streams (`None`: 2 on one
+    /// GPU, where the weight gradients' GEMMs and their updates run beside the rest of the
+    /// backward with the same bits, else 1; a data-parallel run takes 1). `run_dir` must exist; its metrics file is cut back
     /// to `start.step`; `None` for a rank other than 0 of a data-parallel run, which writes
     /// nothing. `world`: this rank's communicator in a data-parallel run, of
     /// `options.ranks` ranks.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         backend: &Backend,
-        mode: RunMode,
+        (mode, streams): (RunMode, Option<usize>),
         (config, options): (ModelConfig, RunOptions),
         data: TokenData,
         start: Start,
@@ -244,14 +246,32 @@ impl Session {
         if validates {
             roles.push((ProgramKind::Eval, Accumulation::None));
         }
+        let one_gpu = world.is_none() && !matches!(backend, Backend::Cpu);
+        let streams = match streams {
+            Some(0) => Err("must be at least 1".to_string()),
+            Some(n) if n > 1 && world.is_some() => Err("is 1 in a data-parallel run".to_string()),
+            Some(n) => Ok(n),
+            None => Ok(if one_gpu { 2 } else { 1 }),
+        }
+        .map_err(|reason| Error::Option {
+            flag: "--streams",
+            reason,
+        })?;
         let mut programs = Vec::new();
         for (kind, role) in roles {
             let program = options.program_options(kind, role, world.is_some())?;
             let graph = build(kind, &config, &program)?;
             let budget = options.memory_budget.filter(|_| kind == ProgramKind::Train);
             let workspaces = backend.workspaces();
-            let (graph, planned) =
-                plan_program(graph, &PlanOptions::default(), &workspaces, budget)?;
+            let plan_options = PlanOptions {
+                streams: if kind == ProgramKind::Train {
+                    streams
+                } else {
+                    1
+                },
+                ..PlanOptions::default()
+            };
+            let (graph, planned) = plan_program(graph, &plan_options, &workspaces, budget)?;
             programs.push((graph, planned));
         }
         let pairs: Vec<_> = programs.iter().map(|(g, p)| (g, p)).collect();

@@ -68,6 +68,17 @@ impl Fixture {
         name: Option<&str>,
         world: Option<Arc<dyn Communicator>>,
     ) -> Result<Session> {
+        self.session_on(options, name, world, None)
+    }
+
+    /// The same with the train step's `streams`.
+    fn session_on(
+        &self,
+        options: RunOptions,
+        name: Option<&str>,
+        world: Option<Arc<dyn Communicator>>,
+        streams: Option<usize>,
+    ) -> Result<Session> {
         let data = TokenData::open(&self.data, None, 97)?;
         let run_dir = name.map(|n| {
             let dir = self.dir.path().join(n);
@@ -81,7 +92,7 @@ impl Fixture {
         };
         Session::new(
             &Backend::Cpu,
-            RunMode::Eager,
+            (RunMode::Eager, streams),
             (ModelConfig::tiny(), options),
             data,
             start,
@@ -175,5 +186,57 @@ fn a_run_of_several_ranks_needs_its_world() {
     assert!(
         error.contains("takes 2 data-parallel ranks (each step 4 rows of --batch 2), not 1"),
         "{error}"
+    );
+}
+
+#[test]
+fn a_train_step_on_two_streams_gives_one_streams_bits() {
+    let fixture = Fixture::new();
+    let bits = |t: &Tensor| -> Vec<u64> {
+        t.to_f64_vec()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    for accumulate in [1, 2] {
+        let run = |streams| {
+            let options = options(2, 1, accumulate);
+            let mut session = fixture
+                .session_on(options, None, None, Some(streams))
+                .unwrap();
+            let losses: Vec<u64> = (0..3)
+                .map(|_| session.train_step().unwrap().loss.to_bits())
+                .collect();
+            let (params, moments) = session.state().unwrap();
+            let state: Vec<Vec<u64>> = params
+                .iter()
+                .chain(&moments)
+                .map(|(_, t)| bits(t))
+                .collect();
+            (losses, state)
+        };
+        assert_eq!(run(2), run(1), "accumulate {accumulate}");
+    }
+}
+
+#[test]
+fn the_streams_are_checked() {
+    let fixture = Fixture::new();
+    let refusal = |world: Option<Arc<dyn Communicator>>, streams| {
+        let ranks = world.as_ref().map_or(1, |w| w.world_size());
+        let session = fixture.session_on(options(2, ranks, 1), None, world, Some(streams));
+        session.err().unwrap().to_string()
+    };
+    let zero = refusal(None, 0);
+    assert!(
+        zero.contains("--streams") && zero.contains("at least 1"),
+        "{zero}"
+    );
+    let world: Arc<dyn Communicator> = Arc::new(World::ranks(1).unwrap().remove(0));
+    let ranks = refusal(Some(world), 2);
+    assert!(
+        ranks.contains("--streams") && ranks.contains("data-parallel"),
+        "{ranks}"
     );
 }
