@@ -83,6 +83,11 @@ pub struct BenchCli {
     /// Also time each step alone once and list the costliest ops (one stream).
     #[arg(long)]
     profile: bool,
+    /// Also run once eagerly on the plan's streams with an event after every step: where the
+    /// run ends, each stream's busy time, how long stream 0 waits for the others, the ops of
+    /// the last 5% (--json lists every step).
+    #[arg(long)]
+    timeline: bool,
     /// Train: the most arena bytes the plan may take (e.g. 3.3GiB); values the backward
     /// reads are recomputed there, the cheapest per byte first, until it fits.
     #[arg(long, value_parser = kiln::memory::parse_bytes)]
@@ -143,6 +148,7 @@ impl BenchCli {
             portable,
             gemm_tune,
             profile,
+            timeline,
             memory_budget,
             data_parallel,
             tensor_parallel,
@@ -217,6 +223,7 @@ impl BenchCli {
             portable: portable == Switch::On,
             gemm_tune: gemm_tune == Switch::On,
             profile,
+            timeline,
             memory_budget,
         };
         let result = commands::bench(&args)?;

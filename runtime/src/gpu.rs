@@ -16,7 +16,7 @@ use crate::device_io::DeviceSpan;
 use crate::error::{Error, Result};
 use crate::lower::LowerOptions;
 
-pub use executable::GpuExecutable;
+pub use executable::{GpuExecutable, TimedStep};
 pub use modules::KernelReport;
 pub(crate) use modules::Modules;
 

@@ -49,8 +49,22 @@ pub struct BenchArgs {
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
+    /// Also run once eagerly on the plan's streams with an event after every step, and
+    /// report how the streams overlap.
+    pub timeline: bool,
     /// Train: the most arena bytes; values the backward reads are recomputed to fit.
     pub memory_budget: Option<u64>,
+}
+
+/// One step of `--timeline`: a step starts once the step before it on its stream and the
+/// steps it waits for have ended (ms from the program's start; events after every step add
+/// gaps, so the times are longer than a replay's).
+#[derive(Serialize)]
+pub struct TimelineStep {
+    pub op: String,
+    pub stream: usize,
+    pub start_ms: f32,
+    pub end_ms: f32,
 }
 
 /// One benchmark's results (`--json` prints this).
@@ -105,6 +119,8 @@ pub struct BenchResult {
     /// With `--profile`: the same by op text and first result type (`cast{to=bf16} ->
     /// bf16[2048,896]`).
     pub profile_shapes: Vec<(String, usize, f64)>,
+    /// With `--timeline`: every step of one eager run on the plan's streams, in plan order.
+    pub timeline: Vec<TimelineStep>,
     /// Train: the loss of the last step; prefill/decode: max |logit| (a sanity check that the
     /// numbers are finite and not all zero).
     pub check: f64,
@@ -378,6 +394,17 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
             (result.map_or(op.clone(), |ty| format!("{op} -> {ty}")), *ms)
         }));
     }
+    let timeline = match args.timeline {
+        true => (exe.timeline()?.into_iter())
+            .map(|t| TimelineStep {
+                op: t.op,
+                stream: t.stream,
+                start_ms: t.start_ms,
+                end_ms: t.end_ms,
+            })
+            .collect(),
+        false => Vec::new(),
+    };
     let median = percentile(&times, 0.5);
 
     let check = match args.kind {
@@ -453,6 +480,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         copied_writes: copied.len(),
         profile,
         profile_shapes,
+        timeline,
         hbm_floor_ms: floor,
         floor_fraction: floor.map(|f| f / median),
         check,
@@ -573,6 +601,7 @@ pub fn table(r: &BenchResult) -> String {
             format!("{op:<56} {steps:>5} steps {ms:>9.3} ms"),
         ));
     }
+    rows.extend(timeline_rows(&r.timeline));
     let check = if r.program == "train" {
         "loss"
     } else {
@@ -583,6 +612,49 @@ pub fn table(r: &BenchResult) -> String {
     rows.iter()
         .map(|(k, v)| format!("{k:>width$}  {v}\n"))
         .collect()
+}
+
+/// The `--timeline` summary: where the run ends, each stream's busy time, how long stream 0
+/// stood waiting for the others, and the ops that end in the run's last 5%.
+fn timeline_rows(steps: &[TimelineStep]) -> Vec<(&'static str, String)> {
+    let Some(end) = steps.iter().map(|s| s.end_ms).reduce(f32::max) else {
+        return Vec::new();
+    };
+    let streams = steps.iter().map(|s| s.stream + 1).max().unwrap_or(1);
+    let mut busy = vec![0f32; streams];
+    let mut waited = 0f32;
+    let mut last_end = vec![0f32; streams];
+    for step in steps {
+        busy[step.stream] += step.end_ms - step.start_ms;
+        if step.stream == 0 {
+            waited += (step.start_ms - last_end[0]).max(0.0);
+        }
+        last_end[step.stream] = step.end_ms;
+    }
+    let busy: Vec<String> = (busy.iter().enumerate())
+        .map(|(i, ms)| format!("stream {i} {ms:.3}"))
+        .collect();
+    let mut rows = vec![(
+        "timeline",
+        format!(
+            "eager, an event after every step: ends at {end:.3} ms; busy ms: {}; stream 0 \
+             waits {waited:.3} ms on the others",
+            busy.join(", ")
+        ),
+    )];
+    let mut tail: Vec<&TimelineStep> = (steps.iter()).filter(|s| s.end_ms >= 0.95 * end).collect();
+    tail.sort_by(|a, b| b.end_ms.total_cmp(&a.end_ms));
+    for step in tail.iter().take(8) {
+        let op = kiln_ir::name_of_text(&step.op);
+        rows.push((
+            "at the end",
+            format!(
+                "{op:<28} stream {} {:>9.3} -> {:>9.3} ms",
+                step.stream, step.start_ms, step.end_ms
+            ),
+        ));
+    }
+    rows
 }
 
 /// (key, count, total ms) of `steps`' (key, ms), costliest first.

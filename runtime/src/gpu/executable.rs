@@ -72,6 +72,18 @@ struct ResolvedStep<D: Driver> {
     launches: Vec<Resolved<D>>,
 }
 
+/// One step of [`GpuExecutable::timeline`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimedStep {
+    /// The step's IR node index and op text.
+    pub node: usize,
+    pub op: String,
+    pub stream: usize,
+    /// Milliseconds from the program's start.
+    pub start_ms: f32,
+    pub end_ms: f32,
+}
+
 /// A planned program bound to a GPU (see the module doc).
 pub struct GpuExecutable<D: Driver> {
     device: Arc<D>,
@@ -242,6 +254,12 @@ impl<D: Driver> GpuExecutable<D> {
 
     /// Issues the whole program (fork, steps with their events, join, write-backs).
     fn issue_all(&self) -> Result<()> {
+        self.issue_all_with(|_, _| Ok(()))
+    }
+
+    /// [`issue_all`](Self::issue_all) with `after(step, stream)` called once each step's work
+    /// is issued on its stream.
+    fn issue_all_with(&self, mut after: impl FnMut(usize, &D::Stream) -> Result<()>) -> Result<()> {
         let device = &*self.device;
         let main = &self.streams[0];
         if self.streams.len() > 1 {
@@ -250,7 +268,7 @@ impl<D: Driver> GpuExecutable<D> {
                 device.wait(side, &self.fork)?;
             }
         }
-        for step in &self.steps {
+        for (index, step) in self.steps.iter().enumerate() {
             let stream = &self.streams[step.stream];
             for &event in &step.waits {
                 device.wait(stream, &self.events[event])?;
@@ -258,6 +276,7 @@ impl<D: Driver> GpuExecutable<D> {
             for launch in &step.launches {
                 self.issue(launch, step.stream)?;
             }
+            after(index, stream)?;
             for &event in &step.records {
                 device.record(&self.events[event], stream)?;
             }
@@ -315,6 +334,42 @@ impl<D: Driver> GpuExecutable<D> {
                 Ok((step.node, step.op.clone(), ms))
             })
             .collect()
+    }
+
+    /// Runs the program once eagerly on its streams with a timing event after every step;
+    /// returns each step's IR node, op text, stream, and start and end (ms from the program's
+    /// start; a step starts once the step before it on its stream and the steps it waits for
+    /// have ended). For seeing how the streams overlap and what the end waits on, not for
+    /// step timings (the events add gaps).
+    pub fn timeline(&self) -> Result<Vec<TimedStep>> {
+        let _issuing = issuing::<D>(&self.issue)?;
+        let device = &*self.device;
+        let start = device.new_timer()?;
+        let ends = (0..self.steps.len())
+            .map(|_| device.new_timer())
+            .collect::<Result<Vec<_>>>()?;
+        device.record_timer(&start, &self.streams[0])?;
+        self.issue_all_with(|index, stream| device.record_timer(&ends[index], stream))?;
+        let mut timed: Vec<TimedStep> = Vec::with_capacity(self.steps.len());
+        let mut stream_end = vec![0f32; self.streams.len()];
+        let mut event_end = vec![0f32; self.events.len()];
+        for ((step, planned), end) in self.steps.iter().zip(&self.program.steps).zip(&ends) {
+            let end_ms = device.elapsed_ms(&start, end)?;
+            let ready =
+                (step.waits.iter()).fold(stream_end[step.stream], |t, &e| t.max(event_end[e]));
+            stream_end[step.stream] = end_ms;
+            for &event in &step.records {
+                event_end[event] = end_ms;
+            }
+            timed.push(TimedStep {
+                node: planned.node,
+                op: planned.op.clone(),
+                stream: step.stream,
+                start_ms: ready.min(end_ms),
+                end_ms,
+            });
+        }
+        Ok(timed)
     }
 
     /// Captures the program into a graph, instantiates and uploads it (replacing any earlier

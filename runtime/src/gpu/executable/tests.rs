@@ -63,6 +63,20 @@ fn an_allocation_inside_a_capture_is_refused_and_the_stream_recovers() {
     assert_eq!(exe.get("out").unwrap().to_vec::<f32>().unwrap(), want());
 }
 
+/// A timeline runs the program (its output is the sum) and times each step from the start.
+#[test]
+fn a_timeline_runs_the_program_and_times_each_step() {
+    let Some(device) = device() else { return };
+    let exe = add_program(&device);
+    let timeline = exe.timeline().unwrap();
+    println!("timeline: {timeline:?}");
+    assert_eq!(timeline.len(), 1);
+    let step = &timeline[0];
+    assert_eq!((step.op.as_str(), step.stream), ("add", 0));
+    assert!(0.0 <= step.start_ms && step.start_ms <= step.end_ms && step.end_ms < 1e3);
+    assert_eq!(exe.get("out").unwrap().to_vec::<f32>().unwrap(), want());
+}
+
 /// `out = embedding(weight [10,4], ids [2,3])`, with the weights set.
 pub(super) fn embedding_program(device: &Arc<CudaDevice>, streams: usize) -> CudaExecutable {
     let mut graph = Graph::new("embedding");
