@@ -212,25 +212,35 @@ fn many_chains(chains: usize) -> Graph {
 
 #[test]
 fn stream_zero_joins_a_side_stream_when_its_next_chain_starts() {
-    let g = many_chains(4);
+    let chains = SIDE_LAG + 3;
+    let g = many_chains(chains);
     let (plan, buffers) = node_order_streams(&g, 2);
     // Steps: 0 h0; per chain k (base 1+4k): matmul, cast, cast on stream 1, softmax on 0.
-    assert_eq!(
-        plan.stream_of_step,
-        [0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0]
-    );
-    // Each chain waits for the activation it reads; stream 0 joins chain k-1 (its last cast)
-    // at the softmax right after chain k starts.
+    let mut streams = vec![0];
+    for _ in 0..chains {
+        streams.extend([1, 1, 1, 0]);
+    }
+    assert_eq!(plan.stream_of_step, streams);
+    // Each chain waits for the activation it reads; once chain k starts, the softmax right
+    // after it joins chain k - SIDE_LAG (its last cast), and no earlier softmax joins.
     assert_eq!(plan.waits[1], [0]);
-    assert_eq!(plan.waits[4], Vec::<usize>::new());
-    assert_eq!(plan.waits[8], [plan.records[3][0]]);
-    assert_eq!(plan.waits[12], [plan.records[7][0]]);
+    for k in 0..chains {
+        let softmax = 4 + 4 * k;
+        let want = match k.checked_sub(SIDE_LAG) {
+            Some(joined) => vec![plan.records[3 + 4 * joined][0]],
+            None => Vec::new(),
+        };
+        assert_eq!(plan.waits[softmax], want, "chain {k}");
+    }
     // Chain 0's bf16 gradient (value 3) is last read at step 3 on stream 1; stream 0 learns
-    // that at its join at step 8, so only step 4 may not reuse its bytes. Without joins no
-    // stream-0 step would ever come after it.
+    // that at its join at step 4 (SIDE_LAG + 1), so the stream-0 steps before it may not
+    // reuse its bytes. Without joins no stream-0 step would ever come after it.
     let rounded = &buffers.list[buffers.of_value[3]];
     assert_eq!((rounded.start, rounded.end), (2, 3));
-    assert_eq!(plan.busy_until(&rounded.users, rounded.end), [4, 3]);
+    assert_eq!(
+        plan.busy_until(&rounded.users, rounded.end),
+        [4 * SIDE_LAG, 3]
+    );
     let planned = crate::plan(
         &g,
         &PlanOptions {

@@ -261,15 +261,26 @@ pub fn hazards(g: &Graph, plan: &Plan) -> Vec<(usize, usize)> {
 }
 
 /// Joins the planner promises: when a chain (a side-stream matmul) starts, the next stream-0
-/// step comes after the side stream's previous step.
+/// step comes after the end of the chain `SIDE_LAG` chains before it on that stream (the side
+/// stream's last step before chain `SIDE_LAG - 1` back starts).
 pub fn joins(plan: &Plan) -> Vec<(usize, usize)> {
     let steps = &plan.schedule;
+    let mut starts: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
     let mut pairs = Vec::new();
     for (g, step) in steps.iter().enumerate() {
         if step.stream == 0 || !step.op.starts_with("matmul") {
             continue;
         }
-        let previous = (0..g).rev().find(|&p| steps[p].stream == step.stream);
+        let chains = starts.entry(step.stream).or_default();
+        chains.push(g);
+        let Some(&from) = chains
+            .len()
+            .checked_sub(crate::streams::SIDE_LAG)
+            .map(|k| &chains[k])
+        else {
+            continue;
+        };
+        let previous = (0..from).rev().find(|&p| steps[p].stream == step.stream);
         let next_main = (g + 1..steps.len()).find(|&t| steps[t].stream == 0);
         if let (Some(p), Some(t)) = (previous, next_main) {
             pairs.push((p, t));
