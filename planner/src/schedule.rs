@@ -13,7 +13,8 @@
 //!
 //! Every candidate is a permutation of the ops in which each op comes after the producers of
 //! its operands ([`check_order`] verifies it, so a scheduler bug is an error, not a wrong plan).
-//! The planner keeps the candidate with the lowest peak of live arena bytes.
+//! The planner keeps the candidate with the lowest peak of live arena bytes, ties to the first
+//! in [`candidates`]' order.
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
@@ -34,9 +35,19 @@ pub(crate) struct Candidate {
     pub order: Vec<usize>,
 }
 
-/// Every candidate for `program`, in the fixed order ties are broken by.
+/// Every candidate for `program`, in the fixed order ties are broken by: [`ADAMW_EARLY`] first
+/// where there are updates (where the forward's saved activations set the peak, the
+/// candidates tie, and node order would run every update after the whole backward, none of
+/// them beside it on a side stream), then [`NODE_ORDER`] and [`LIST`].
 pub(crate) fn candidates(program: &Program) -> Vec<Candidate> {
-    let mut out = vec![
+    let mut out = Vec::new();
+    if program.ops.iter().any(|o| o.op.adamw().is_some()) {
+        out.push(Candidate {
+            name: ADAMW_EARLY,
+            order: adamw_early(program),
+        });
+    }
+    out.extend([
         Candidate {
             name: NODE_ORDER,
             order: (0..program.ops.len()).collect(),
@@ -45,13 +56,7 @@ pub(crate) fn candidates(program: &Program) -> Vec<Candidate> {
             name: LIST,
             order: list_schedule(program),
         },
-    ];
-    if program.ops.iter().any(|o| o.op.adamw().is_some()) {
-        out.push(Candidate {
-            name: ADAMW_EARLY,
-            order: adamw_early(program),
-        });
-    }
+    ]);
     for candidate in &mut out {
         let order = collectives_early(program, std::mem::take(&mut candidate.order));
         candidate.order = defer_state_updates(program, order);

@@ -16,7 +16,7 @@ fn peak(program: &Program, order: &[usize]) -> u64 {
 }
 
 #[test]
-fn node_order_is_the_first_candidate_and_adamw_early_only_for_train_graphs() {
+fn adamw_early_comes_first_in_train_graphs_and_node_order_first_elsewhere() {
     let g = two_branches();
     let program = Program::new(&g)
         .unwrap()
@@ -30,7 +30,7 @@ fn node_order_is_the_first_candidate_and_adamw_early_only_for_train_graphs() {
         .unwrap()
         .with_workspaces(&crate::testing::TestWorkspaces);
     let names: Vec<_> = candidates(&program).iter().map(|c| c.name).collect();
-    assert_eq!(names, [NODE_ORDER, LIST, ADAMW_EARLY]);
+    assert_eq!(names, [ADAMW_EARLY, NODE_ORDER, LIST]);
     for c in candidates(&program) {
         check_order(&program, c.name, &c.order).unwrap();
     }
