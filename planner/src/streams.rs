@@ -6,9 +6,11 @@
 //! gives, and the backward computes on while a bucket's gradients are summed. Otherwise, with
 //! one stream every step runs on stream 0. With `n > 1`, weight-gradient
 //! GEMMs — MatMul results (rounded or not) that flow solely into AdamW grad operands or
-//! outputs named `grad.*`, through views, casts, contiguous copies and scales only — go
-//! round-robin on streams `1..n`, each with that chain of ops and the AdamW updates it feeds
-//! (a "chain"); everything else stays on stream 0.
+//! outputs named `grad.*`, through views, casts, contiguous copies and scales only — and the
+//! column sums of bias gradients (`SumToShape` results that flow so) go round-robin on streams
+//! `1..n`, each with that chain of ops and the AdamW updates it feeds (a "chain"); so does each
+//! other AdamW update, alone (a norm weight's, whose gradient comes with the norm's input
+//! gradient); everything else stays on stream 0.
 //!
 //! Events: a step waits for every step it depends on that runs on another stream: the ops
 //! that wrote its operands' data (read after write; through a view, the op that wrote the
@@ -258,11 +260,19 @@ fn assign_streams(program: &Program, order: &[usize], n: usize) -> (Vec<usize>, 
     let mut next = 0;
     for &op in order {
         let info = &program.ops[op];
-        let gemm = matches!(info.op.unrounded(), Op::MatMul { .. });
-        if !gemm || info.results.len() != 1 {
-            continue;
-        }
-        if let Some(chain) = weight_gradient_chain(program, info.results[0]) {
+        let root = matches!(
+            info.op.unrounded(),
+            Op::MatMul { .. } | Op::SumToShape { .. }
+        );
+        let chain = match (root, info.results.as_slice()) {
+            (true, &[result]) => weight_gradient_chain(program, result),
+            // An update whose gradient no chain makes (a norm's weight): alone.
+            _ if matches!(info.op, Op::AdamW(_) | Op::AdamWCopy(_)) && stream_of_op[op] == 0 => {
+                Some(Vec::new())
+            }
+            _ => None,
+        };
+        if let Some(chain) = chain {
             let stream = 1 + next % (n - 1);
             next += 1;
             stream_of_op[op] = stream;
