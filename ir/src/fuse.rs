@@ -525,6 +525,17 @@ fn without_dead_ops(graph: &Graph) -> Result<Graph> {
     rebuild(graph, &[], &BTreeMap::new(), &dead.into_iter().collect())
 }
 
+/// Every op of `graph` with its operands, in node order (the rules' tests read fused graphs so).
+#[cfg(test)]
+fn ops_with_operands(graph: &Graph) -> Vec<(Op, Vec<ValueId>)> {
+    (graph.node_indices())
+        .filter_map(|n| match &graph.node(n)?.kind {
+            NodeKind::Op(op) => Some((op.clone(), graph.operands(n))),
+            NodeKind::Input { .. } => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 #[path = "fuse_tests.rs"]
 mod tests;

@@ -1,4 +1,5 @@
-// Embedding gather and its deterministic scatter-add backward (no atomics).
+// Embedding gather, its deterministic scatter-add backward (no float atomics), and AdamW of a
+// table from that scatter without the scatter's table.
 
 // out[n, :] = weight[ids[n], :] (f32 rows; a bf16 table W widened exactly); one block per
 // token. An id outside 0..V gives a row of NaN and raises the fault word.

@@ -84,6 +84,19 @@ impl AdamW {
         }
         Ok(())
     }
+
+    /// [`validate`](Self::validate), and a step counted from 1.
+    fn validate_step(&self, op: &'static str, step: u64) -> Result<()> {
+        self.validate(op)?;
+        match step {
+            0 => Err(invalid(
+                op,
+                "step",
+                "steps are counted from 1, got 0".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// torch's `lerp` for a scalar weight: the formula depends on the weight's size, which decides
@@ -173,11 +186,7 @@ pub fn adamw(
     config: &AdamW,
 ) -> Result<()> {
     const OP: &str = "adamw";
-    config.validate(OP)?;
-    if step == 0 {
-        let reason = "steps are counted from 1, got 0".to_string();
-        return Err(invalid(OP, "step", reason));
-    }
+    config.validate_step(OP, step)?;
     let dims = param.shape().dims();
     expect_shape(OP, "grad", grad.shape(), dims)?;
     expect_shape(OP, "m", m.shape(), dims)?;
@@ -207,11 +216,7 @@ pub fn embedding_adamw(
     config: &AdamW,
 ) -> Result<()> {
     const OP: &str = "embedding_adamw";
-    config.validate(OP)?;
-    if step == 0 {
-        let reason = "steps are counted from 1, got 0".to_string();
-        return Err(invalid(OP, "step", reason));
-    }
+    config.validate_step(OP, step)?;
     let dims = param.shape().dims().to_vec();
     let &[vocab, hidden] = dims.as_slice() else {
         let reason = format!("must be a table [V, H], got {}", param.shape());

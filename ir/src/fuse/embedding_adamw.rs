@@ -53,8 +53,9 @@ pub(super) fn embedding_adamw_fusions(graph: &Graph, users: &Users) -> Vec<Fusio
 
 #[cfg(test)]
 mod tests {
+    use crate::fuse::ops_with_operands;
     use crate::graph::NodeKind;
-    use crate::{fuse, AdamWConfig, DType, Graph, InputKind, Op, TensorType, ValueId};
+    use crate::{fuse, AdamWConfig, DType, Graph, InputKind, Op, TensorType};
 
     const CONFIG: AdamWConfig = AdamWConfig {
         beta1: 0.9,
@@ -110,22 +111,13 @@ mod tests {
         g
     }
 
-    fn ops(graph: &Graph) -> Vec<(Op, Vec<ValueId>)> {
-        (graph.node_indices())
-            .filter_map(|n| match &graph.node(n)?.kind {
-                NodeKind::Op(op) => Some((op.clone(), graph.operands(n))),
-                NodeKind::Input { .. } => None,
-            })
-            .collect()
-    }
-
     #[test]
     fn an_update_takes_its_scatter_onto_a_base_or_not_with_a_copy_or_not() {
         for onto in [false, true] {
             for copy in [false, true] {
                 let fused = fuse(&update(onto, copy, false, false)).unwrap();
                 crate::verify(&fused).unwrap();
-                let ops = ops(&fused);
+                let ops = ops_with_operands(&fused);
                 assert_eq!(ops.len(), 1, "{ops:?}");
                 assert_eq!(
                     ops[0].0,
@@ -155,7 +147,10 @@ mod tests {
     fn a_scaled_update_or_a_gradient_read_elsewhere_stays_apart() {
         for (scaled, output) in [(true, false), (false, true)] {
             let fused = fuse(&update(true, true, scaled, output)).unwrap();
-            let names: Vec<&str> = ops(&fused).iter().map(|(op, _)| op.name()).collect();
+            let names: Vec<&str> = ops_with_operands(&fused)
+                .iter()
+                .map(|(op, _)| op.name())
+                .collect();
             assert_eq!(
                 names,
                 ["embedding_backward", "adamw_copy"],

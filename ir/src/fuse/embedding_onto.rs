@@ -48,8 +48,9 @@ pub(super) fn embedding_onto_fusions(graph: &Graph, users: &Users) -> Vec<Fusion
 
 #[cfg(test)]
 mod tests {
+    use crate::fuse::ops_with_operands;
     use crate::graph::NodeKind;
-    use crate::{fuse, DType, Graph, InputKind, Op, TensorType, ValueId};
+    use crate::{fuse, DType, Graph, InputKind, Op, TensorType};
 
     /// A tied embedding's gradient: the scatter of `grad` added to the LM head's bf16 gradient
     /// (widened by a cast), the scatter first or second; `keep` also outputs the scatter.
@@ -78,15 +79,6 @@ mod tests {
         g
     }
 
-    fn ops(graph: &Graph) -> Vec<(Op, Vec<ValueId>)> {
-        (graph.node_indices())
-            .filter_map(|n| match &graph.node(n)?.kind {
-                NodeKind::Op(op) => Some((op.clone(), graph.operands(n))),
-                NodeKind::Input { .. } => None,
-            })
-            .collect()
-    }
-
     #[test]
     fn the_scatter_goes_onto_the_lm_heads_gradient_in_either_order() {
         let onto = Op::EmbeddingBackward {
@@ -96,7 +88,7 @@ mod tests {
         for scatter_first in [true, false] {
             let fused = fuse(&tied(scatter_first, false)).unwrap();
             crate::verify(&fused).unwrap();
-            let ops = ops(&fused);
+            let ops = ops_with_operands(&fused);
             let (op, operands) = ops.last().unwrap();
             assert_eq!(*op, onto, "{ops:?}");
             let out = fused.outputs()[0].1;
@@ -113,9 +105,12 @@ mod tests {
     #[test]
     fn a_scatter_read_elsewhere_stays_a_scatter() {
         let fused = fuse(&tied(true, true)).unwrap();
-        let names: Vec<&str> = ops(&fused).iter().map(|(op, _)| op.name()).collect();
+        let names: Vec<&str> = ops_with_operands(&fused)
+            .iter()
+            .map(|(op, _)| op.name())
+            .collect();
         assert!(names.contains(&"add"), "{names:?}");
-        assert!(ops(&fused)
+        assert!(ops_with_operands(&fused)
             .iter()
             .all(|(op, _)| !matches!(op, Op::EmbeddingBackward { onto: true, .. })));
     }
