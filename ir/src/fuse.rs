@@ -275,6 +275,14 @@ fn of_dtype(graph: &Graph, value: ValueId, dtype: DType) -> bool {
     graph.value_type(value).is_ok_and(|t| t.dtype == dtype)
 }
 
+/// Whether `op` takes `operands` (old values of `graph`): its type rule accepts their types.
+fn takes(graph: &Graph, op: &Op, operands: &[ValueId]) -> bool {
+    let types: Option<Vec<_>> = (operands.iter())
+        .map(|v| graph.value_type(*v).ok().cloned())
+        .collect();
+    types.is_some_and(|t| op.infer(&t).is_ok())
+}
+
 /// Whether `value` is read by exactly `reader` and nothing else.
 fn only_read_by(users: &Users, value: ValueId, reader: NodeIndex) -> bool {
     users

@@ -140,8 +140,8 @@ fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
         Op::FlashAttention { .. } | Op::FlashAttentionBackward { .. } => {
             return flash_bytes(op, operands)
         }
-        Op::EmbeddingAdamW { copy, .. } => {
-            let ids = 5 + usize::from(*copy);
+        Op::EmbeddingAdamW { .. } => {
+            let ids = op.adamw().map_or(5, |(_, step)| step + 2);
             let (tokens, hidden, vocab) = match dims(operands, 0) {
                 &[vocab, hidden] => (product(dims(operands, ids)), hidden, vocab),
                 _ => return 0,

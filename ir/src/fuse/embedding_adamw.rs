@@ -3,7 +3,7 @@
 //! is one [`Op::EmbeddingAdamW`] on the scatter's operands: the `[V,H]` gradient is never
 //! written and read again, and the rows no id names are updated from the base (or zero) alone.
 
-use super::{only_read_by, op_of, Fusion, Users};
+use super::{only_read_by, op_of, takes, Fusion, Users};
 use crate::{Graph, Op, ValueId};
 
 /// The rule at every update it matches.
@@ -32,10 +32,7 @@ pub(super) fn embedding_adamw_fusions(graph: &Graph, users: &Users) -> Vec<Fusio
         let mut fused: Vec<ValueId> = [0, 2, 3].iter().map(|&port| operands[port]).collect();
         fused.extend(&operands[4..]);
         fused.extend(graph.operands(grad.node));
-        let types: Option<Vec<_>> = (fused.iter())
-            .map(|v| graph.value_type(*v).ok().cloned())
-            .collect();
-        if types.is_none_or(|t| op.infer(&t).is_err()) {
+        if !takes(graph, &op, &fused) {
             continue;
         }
         fusions.push(Fusion {

@@ -4,7 +4,7 @@
 //! onto the term: the scatter's table is the term to begin with, and no add reads and writes
 //! the `[V,H]` table again. Addition is commutative, so either operand may be the scatter.
 
-use super::{only_read_by, op_of, Fusion, Users};
+use super::{only_read_by, op_of, takes, Fusion, Users};
 use crate::{Graph, Op, ValueId};
 
 /// The rule at every add it matches.
@@ -27,10 +27,7 @@ pub(super) fn embedding_onto_fusions(graph: &Graph, users: &Users) -> Vec<Fusion
             fused.push(base);
             // The base is the whole table, of the scatter's dtype or stored in bf16.
             let op = Op::EmbeddingBackward { vocab, onto: true };
-            let types: Option<Vec<_>> = (fused.iter())
-                .map(|v| graph.value_type(*v).ok().cloned())
-                .collect();
-            if types.is_none_or(|t| op.infer(&t).is_err()) {
+            if !takes(graph, &op, &fused) {
                 continue;
             }
             fusions.push(Fusion {

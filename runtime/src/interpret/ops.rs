@@ -295,8 +295,8 @@ fn run_kernels(
             })
         }
         // The gradient of each row made in a row of scratch, the named rows' bits after it.
-        Op::EmbeddingAdamW { config, copy, .. } => {
-            let at = 3 + usize::from(copy);
+        Op::EmbeddingAdamW { config, .. } => {
+            let at = op.adamw().map_or(3, |(_, step)| step);
             let (step, config) = adamw_config(&config, &i[at], &i[at + 1])?;
             let dtype = i[0].dtype();
             let row_dims = &i[0].shape().dims()[1..];

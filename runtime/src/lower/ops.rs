@@ -498,7 +498,7 @@ impl Lowering<'_> {
                 Ok(launches)
             }
             Op::EmbeddingAdamW { config, onto, copy } => {
-                let at = 3 + usize::from(*copy);
+                let at = self.op.adamw().map_or(3, |(_, step)| step);
                 let param = self.operand(0, "param", F32)?;
                 let m = self.operand(1, "m", F32)?;
                 let v = self.operand(2, "v", F32)?;
