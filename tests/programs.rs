@@ -522,15 +522,22 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         let norms = count(&fused, "rounded_rmsnorm") + count(&fused, "rounded_add_rmsnorm");
         assert_eq!(norms, 2 * layers + 1);
         // A tied embedding's gradient is the scatter onto the LM head's, no add; the table's
-        // update takes the scatter in (`embedding_adamw`), so no gradient table is written.
+        // update takes the scatter in (`embedding_adamw`, its unnamed rows then its named
+        // rows), so no gradient table is written.
         let embedding_updates: Vec<_> = (ops(&fused).into_iter())
             .filter_map(|(op, _)| match op {
-                kiln_ir::Op::EmbeddingAdamW { onto, copy, .. } => Some((onto, copy)),
+                kiln_ir::Op::EmbeddingAdamW {
+                    onto, copy, rows, ..
+                } => Some((onto, copy, rows)),
                 _ => None,
             })
             .collect();
         let tied = untied == 0;
-        assert_eq!(embedding_updates, [(tied, tied)]);
+        let rows = [
+            kiln_ir::EmbeddingRows::Unnamed,
+            kiln_ir::EmbeddingRows::Named,
+        ];
+        assert_eq!(embedding_updates, rows.map(|rows| (tied, tied, rows)));
         assert_eq!(count(&fused, "embedding_backward"), 0);
         assert_eq!(count(&unfused, "add") - count(&fused, "add"), 1 - untied);
         let bf16_grads = (ops(&fused).into_iter())

@@ -64,8 +64,10 @@
 //! and on the program those make:
 //!
 //! - `embedding_adamw`: an `AdamW` or `AdamWCopy` (no gradient scale) of an `EmbeddingBackward`
-//!   read by that update alone is one [`Op::EmbeddingAdamW`]: the `[V,H]` gradient is never
-//!   written and read back, and the rows no id names are updated from the base (or 0) alone.
+//!   read by that update alone is two [`Op::EmbeddingAdamW`]s, the rows no id names and then,
+//!   on its results, the named rows: the `[V,H]` gradient is never written and read back, and
+//!   the unnamed rows are updated from the base (or 0) alone, which a tied table's LM head
+//!   gives at the backward's start (the planner computes both in the state's own storage).
 //!
 //! Why fixed fused ops with hand-written kernel templates (kernels/cuda/linear.cu, cache.cu)
 //! rather than CUDA C generated per matched subgraph: the patterns that matter are few and the same in
@@ -120,7 +122,9 @@ struct Candidate {
 
 /// One fused op to emit, at the position of `at` in the old graph: `op` on (old) `operands`,
 /// its results standing for the old values `ends` (viewed as their shapes where they differ),
-/// replacing the old nodes `replaced`.
+/// replacing the old nodes `replaced`. Fusions at one node are emitted in their list's order,
+/// so a later one may read, as its operands, the ends an earlier one stands for, and stand
+/// for them in turn (a chain of updates of one state).
 struct Fusion {
     at: NodeIndex,
     replaced: Vec<NodeIndex>,
@@ -418,7 +422,10 @@ fn rebuild(
         .flat_map(|f| f.replaced.iter().copied())
         .chain(dead.iter().copied())
         .collect();
-    let at: BTreeMap<NodeIndex, &Fusion> = fusions.iter().map(|f| (f.at, f)).collect();
+    let mut at: BTreeMap<NodeIndex, Vec<&Fusion>> = BTreeMap::new();
+    for fusion in fusions {
+        at.entry(fusion.at).or_default().push(fusion);
+    }
     let mut new = Graph::new(graph.name());
     let mut map: BTreeMap<ValueId, ValueId> = BTreeMap::new();
     // Operands precede their readers, so every value read is mapped by then.
@@ -432,7 +439,7 @@ fn rebuild(
         let Some(old) = graph.node(node) else {
             continue;
         };
-        if let Some(fusion) = at.get(&node) {
+        for fusion in at.get(&node).into_iter().flatten() {
             let operands = (fusion.operands.iter())
                 .map(|v| mapped(&map, v))
                 .collect::<Result<Vec<_>>>()?;

@@ -27,8 +27,8 @@ pub use fuse::fuse;
 pub use graph::{Graph, InputKind, ValueId};
 pub use layout::{Layout, LayoutError};
 pub use op::{
-    name_of_text, rope_kv, stores, AdamWConfig, Alias, IndexRange, Op, LINEAR_MAX_GROUPS,
-    LINEAR_MAX_ROWS, PADDING_SLOT,
+    name_of_text, rope_kv, stores, AdamWConfig, Alias, EmbeddingRows, IndexRange, Op,
+    LINEAR_MAX_GROUPS, LINEAR_MAX_ROWS, PADDING_SLOT,
 };
 pub use print::print;
 pub use shape::{Shape, Strides};

@@ -47,6 +47,24 @@ impl AdamWConfig {
     }
 }
 
+/// The rows of an embedding table an [`Op::EmbeddingAdamW`] updates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmbeddingRows {
+    /// The rows no id names.
+    Unnamed,
+    /// The rows some id names.
+    Named,
+}
+
+impl fmt::Display for EmbeddingRows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EmbeddingRows::Unnamed => "unnamed",
+            EmbeddingRows::Named => "named",
+        })
+    }
+}
+
 /// An operation. Operands and results are listed per variant as `(operands) -> results`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -193,16 +211,20 @@ pub enum Op {
     /// persistent bf16 weight, its `CastInto` folded in by the fusion pass; never traced): one
     /// pass over the param instead of two.
     AdamWCopy(AdamWConfig),
-    /// `(param [V,H], m, v[, copy], step, lr, ids [...] int, grad [..., H][, base [V,H]]) ->
-    /// (param, m, v[, copy])`: `AdamW` (or `AdamWCopy` with `copy`) of an embedding table from
-    /// the gradient `EmbeddingBackward { onto }` of `ids` and `grad` (onto `base`, a stored
-    /// operand), which never exists: rows no id names take `0 + base` (or 0), the others the
-    /// scatter's sum plus their base row, in the scatter's order. Made by the fusion pass where
-    /// the scatter is read by the update alone; never traced.
+    /// `(param [V,H], m, v[, copy], step, lr, ids [...] int[, grad [..., H]][, base [V,H]]) ->
+    /// (param, m, v[, copy])`: `AdamW` (or `AdamWCopy` with `copy`) of some `rows` of an
+    /// embedding table from the gradient `EmbeddingBackward { onto }` of `ids` and `grad` (onto
+    /// `base`, a stored operand), which never exists; the other rows pass through unchanged.
+    /// The rows no id names take `0 + base` (or 0) and need no `grad`; each named row takes the
+    /// scatter's sum plus its base row, in the scatter's order. Made by the fusion pass, the
+    /// unnamed rows' update then the named rows' on its results, where the scatter is read by
+    /// the update alone: the unnamed rows, most of the table, need only the base, which a tied
+    /// table's LM head gives at the backward's start. Never traced.
     EmbeddingAdamW {
         config: AdamWConfig,
         onto: bool,
         copy: bool,
+        rows: EmbeddingRows,
     },
     /// `(grad_0, …, grad_n) -> (norm [] f32, scale [] f32)`: the global 2-norm of every
     /// gradient, and `min(1, max_norm / (norm + 1e-6))`, the factor
@@ -384,10 +406,16 @@ impl Op {
             }
             Op::ClipGradNorm { max_norm } => vec![("max_norm", f(max_norm))],
             Op::AdamW(c) | Op::AdamWCopy(c) => c.attributes(),
-            Op::EmbeddingAdamW { config, onto, copy } => {
+            Op::EmbeddingAdamW {
+                config,
+                onto,
+                copy,
+                rows,
+            } => {
                 let mut attributes = config.attributes();
                 attributes.push(("onto", onto.to_string()));
                 attributes.push(("copy", copy.to_string()));
+                attributes.push(("rows", rows.to_string()));
                 attributes
             }
             Op::Transpose { dim0, dim1 } => {
@@ -443,8 +471,11 @@ impl Op {
             Op::FlashAttentionBackward { .. } => &[0, 1, 2, 5],
             Op::RmsNorm { .. } | Op::AdamW(_) | Op::AdamWCopy(_) => &[1],
             // The base, last.
-            Op::EmbeddingAdamW { copy: false, .. } => &[7],
-            Op::EmbeddingAdamW { copy: true, .. } => &[8],
+            Op::EmbeddingAdamW { copy, rows, .. } => match (copy, rows) {
+                (false, EmbeddingRows::Unnamed) => &[6],
+                (true, EmbeddingRows::Unnamed) | (false, EmbeddingRows::Named) => &[7],
+                (true, EmbeddingRows::Named) => &[8],
+            },
             Op::SwiGlu => &[0, 1],
             Op::SwiGluBackward => &[0, 1, 2],
             Op::AddRmsNorm { .. } | Op::Rope { .. } | Op::EmbeddingBackward { .. } => &[2],
@@ -563,6 +594,21 @@ impl Op {
             Op::EmbeddingAdamW { config, copy, .. } => Some((config, 3 + usize::from(*copy))),
             _ => None,
         }
+    }
+
+    /// `EmbeddingAdamW`'s ports of `ids`, `grad` (the named rows' update) and `base` (onto
+    /// one), after its state, `step` and `lr`: `None` for every other op.
+    pub fn embedding_update_ports(&self) -> Option<(usize, Option<usize>, Option<usize>)> {
+        let &Op::EmbeddingAdamW {
+            onto, copy, rows, ..
+        } = self
+        else {
+            return None;
+        };
+        let ids = 5 + usize::from(copy);
+        let grad = (rows == EmbeddingRows::Named).then_some(ids + 1);
+        let base = onto.then_some(grad.unwrap_or(ids) + 1);
+        Some((ids, grad, base))
     }
 
     /// The alias rule of result `output`.

@@ -152,12 +152,13 @@ extern "C" __global__ void embedding_backward_f32_bf16_base(float* grad_weight, 
 }
 
 // AdamW of an embedding table from the gradient `embedding_backward` would give it (onto a
-// base or zero), which is never written (the `EmbeddingAdamW` op), in four launches: `zero_f32`
-// clears the bitmap `named` (a bit per row), `embedding_mark` sets the bit of each id, then
-// `embedding_adamw_rest*` updates every row whose bit is clear from the gradient 0 + base (or
-// 0) and `embedding_adamw_named*` each named row from its sum plus its base row: the same
-// gradient elements as the scatter's table, through adamw.cuh's arithmetic, so the bits of
-// `embedding_backward` then `adamw`. The rows are disjoint, so the last two need no order.
+// base or zero), which is never written (the two `EmbeddingAdamW` ops). The unnamed rows' op
+// is three launches: `zero_f32` clears the bitmap `named` (a bit per row), `embedding_mark`
+// sets the bit of each id, then `embedding_adamw_rest*` updates every row whose bit is clear
+// from the gradient 0 + base (or 0). The named rows' op is `embedding_adamw_named*`, each
+// named row from its sum plus its base row. The same gradient elements as the scatter's
+// table, through adamw.cuh's arithmetic, so the bits of `embedding_backward` then `adamw`.
+// The rows are disjoint, so the two ops need no order.
 
 // One thread per token (grid-stride): sets bit `id` of `named`; an id outside 0..V sets none
 // and raises the fault word.

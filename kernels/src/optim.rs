@@ -26,8 +26,11 @@
 //! device input of the train program): a NaN or infinite rate gives non-finite parameters, on
 //! the CPU as on the GPU, and callers check theirs (`kiln train --lr`).
 
+use half::bf16;
+use kiln_ir::EmbeddingRows;
+
 use crate::dispatch_real;
-use crate::element::Real;
+use crate::element::{Element, Real};
 use crate::error::{expect_shape, Error, Result};
 use crate::indices::Indices;
 use crate::view::{TensorView, TensorViewMut};
@@ -198,70 +201,108 @@ pub fn adamw(
     )
 }
 
-/// One AdamW step of an embedding table `param` `[V, H]` (and its moments) from the gradient
-/// [`embedding_backward`](crate::embedding::embedding_backward) gives it for `ids`, `grad_out`
-/// and `base`, with the same bits, without that `[V, H]` gradient: each row's gradient is made
-/// in `row` (`[H]`, param's dtype) as the scatter makes it — zero, the row's tokens' gradients
-/// added in token order, then the base row added — and the row updated from it. `named`
-/// (scratch, at least `V / 8` rounded up bytes) holds a bit for each row some id names.
+/// The state an embedding update changes row by row: the table `param` `[V, H]`, its moments
+/// `m` and `v` (one real dtype), and, in mixed precision, its bf16 `copy`, whose updated rows
+/// become the rounding of their new `param` rows. Rows the update does not take stay as they
+/// are in all four.
+pub struct TableState<'s, 'a> {
+    pub param: &'s mut TensorViewMut<'a>,
+    pub m: &'s mut TensorViewMut<'a>,
+    pub v: &'s mut TensorViewMut<'a>,
+    pub copy: Option<&'s mut TensorViewMut<'a>>,
+}
+
+/// The scatter an embedding update takes its gradient from, as
+/// [`embedding_backward`](crate::embedding::embedding_backward) takes it: `ids`, `grad_out`
+/// `[ids..., H]` (the named rows' update alone reads it) and the `base` `[V, H]` it goes onto.
+pub struct Scatter<'s, 'a> {
+    pub ids: &'s TensorView<'a>,
+    pub grad_out: Option<&'s TensorView<'a>>,
+    pub base: Option<&'s TensorView<'a>>,
+}
+
+/// One AdamW step of the `rows` of an embedding table from the gradient
+/// [`embedding_backward`](crate::embedding::embedding_backward) gives it for the scatter, with
+/// the same bits, without that `[V, H]` gradient: each row's gradient is made in `row` (`[H]`,
+/// param's dtype) as the scatter makes it — the unnamed rows' `0 + base` (or 0), each named
+/// row once, its tokens' gradient rows added in token order onto zero, then its base row — and
+/// the row updated from it. `named` (scratch, at
+/// least `V / 8` rounded up bytes) holds a bit for each row some id names. The unnamed rows'
+/// update and then the named rows' is the whole table's.
 pub fn embedding_adamw(
-    (param, m, v): (
-        &mut TensorViewMut<'_>,
-        &mut TensorViewMut<'_>,
-        &mut TensorViewMut<'_>,
-    ),
-    (ids, grad_out, base): (&TensorView<'_>, &TensorView<'_>, Option<&TensorView<'_>>),
+    state: TableState<'_, '_>,
+    rows: EmbeddingRows,
+    scatter: Scatter<'_, '_>,
     (row, named): (&mut TensorViewMut<'_>, &mut [u8]),
     step: u64,
     config: &AdamW,
 ) -> Result<()> {
     const OP: &str = "embedding_adamw";
     config.validate_step(OP, step)?;
-    let dims = param.shape().dims().to_vec();
+    let dims = state.param.shape().dims().to_vec();
     let &[vocab, hidden] = dims.as_slice() else {
-        let reason = format!("must be a table [V, H], got {}", param.shape());
+        let reason = format!("must be a table [V, H], got {}", state.param.shape());
         return Err(invalid(OP, "param", reason));
     };
-    expect_shape(OP, "m", m.shape(), &dims)?;
-    expect_shape(OP, "v", v.shape(), &dims)?;
+    expect_shape(OP, "m", state.m.shape(), &dims)?;
+    expect_shape(OP, "v", state.v.shape(), &dims)?;
+    if let Some(copy) = &state.copy {
+        expect_shape(OP, "copy", copy.shape(), &dims)?;
+    }
     expect_shape(OP, "row", row.shape(), &[hidden])?;
-    if let Some(base) = base {
+    if let Some(base) = scatter.base {
         expect_shape(OP, "base", base.shape(), &dims)?;
     }
-    let mut want = ids.shape().dims().to_vec();
-    want.push(hidden);
-    expect_shape(OP, "grad_out", grad_out.shape(), &want)?;
+    match (rows, scatter.grad_out) {
+        (EmbeddingRows::Named, Some(grad_out)) => {
+            let mut want = scatter.ids.shape().dims().to_vec();
+            want.push(hidden);
+            expect_shape(OP, "grad_out", grad_out.shape(), &want)?;
+        }
+        (EmbeddingRows::Named, None) => {
+            return Err(invalid(
+                OP,
+                "grad_out",
+                "is needed for the named rows".into(),
+            ))
+        }
+        (EmbeddingRows::Unnamed, _) => {}
+    }
     if named.len() < vocab.div_ceil(8) {
         let reason = format!("holds {} bytes, {} needed", named.len(), vocab.div_ceil(8));
         return Err(invalid(OP, "named", reason));
     }
-    let ids = Indices::of(OP, "ids", ids)?;
+    let ids = Indices::of(OP, "ids", scatter.ids)?;
     ids.check_below(OP, "ids", vocab, None)?;
-    let operands = (ids, grad_out, base);
+    let scatter = (ids, scatter.grad_out, scatter.base);
     dispatch_real!(
         OP,
-        param.dtype(),
-        embedding_adamw_typed((param, m, v), operands, (row, named), step, config)
+        state.param.dtype(),
+        embedding_adamw_typed(state, rows, scatter, (row, named), step, config)
     )
 }
 
 fn embedding_adamw_typed<T: Real>(
-    (param, m, v): (
-        &mut TensorViewMut<'_>,
-        &mut TensorViewMut<'_>,
-        &mut TensorViewMut<'_>,
+    state: TableState<'_, '_>,
+    rows: EmbeddingRows,
+    (ids, grad_out, base): (
+        Indices<'_>,
+        Option<&TensorView<'_>>,
+        Option<&TensorView<'_>>,
     ),
-    (ids, grad_out, base): (Indices<'_>, &TensorView<'_>, Option<&TensorView<'_>>),
     (row, named): (&mut TensorViewMut<'_>, &mut [u8]),
     step: u64,
     config: &AdamW,
 ) -> Result<()> {
     const OP: &str = "embedding_adamw";
-    let param = param.slice_mut::<T>(OP, "param")?;
-    let m = m.slice_mut::<T>(OP, "m")?;
-    let v = v.slice_mut::<T>(OP, "v")?;
+    let param = state.param.slice_mut::<T>(OP, "param")?;
+    let m = state.m.slice_mut::<T>(OP, "m")?;
+    let v = state.v.slice_mut::<T>(OP, "v")?;
+    let mut copy = (state.copy)
+        .map(|c| c.slice_mut::<bf16>(OP, "copy"))
+        .transpose()?;
     let row = row.slice_mut::<T>(OP, "row")?;
-    let grad_out = grad_out.slice::<T>(OP, "grad_out")?;
+    let grad_out = grad_out.map(|g| g.slice::<T>(OP, "grad_out")).transpose()?;
     let base = base.map(|b| b.slice::<T>(OP, "base")).transpose()?;
     let hidden = row.len();
     let vocab = param.len().checked_div(hidden).unwrap_or(0);
@@ -274,7 +315,17 @@ fn embedding_adamw_typed<T: Real>(
         }
         let at = r * hidden..(r + 1) * hidden;
         let grad = row.iter().copied();
-        step.update(&mut param[at.clone()], grad, &mut m[at.clone()], &mut v[at]);
+        step.update(
+            &mut param[at.clone()],
+            grad,
+            &mut m[at.clone()],
+            &mut v[at.clone()],
+        );
+        if let Some(copy) = copy.as_deref_mut() {
+            for (c, &p) in copy[at.clone()].iter_mut().zip(&param[at]) {
+                *c = <bf16 as Element>::from_f64(Element::to_f64(p));
+            }
+        }
     };
     let id = |n: usize| ids.get(n) as usize;
     named.fill(0);
@@ -282,10 +333,14 @@ fn embedding_adamw_typed<T: Real>(
         named[id(n) / 8] |= 1 << (id(n) % 8);
     }
     let is_named = |named: &[u8], r: usize| named[r / 8] >> (r % 8) & 1 == 1;
-    for r in (0..vocab).filter(|&r| !is_named(named, r)) {
-        row.fill(T::zero());
-        update(r, row);
-    }
+    // The named rows' update has its gradient (checked); otherwise the unnamed rows'.
+    let (EmbeddingRows::Named, Some(grad_out)) = (rows, grad_out) else {
+        for r in (0..vocab).filter(|&r| !is_named(named, r)) {
+            row.fill(T::zero());
+            update(r, row);
+        }
+        return Ok(());
+    };
     // Each named row once, at its first token: its tokens' gradients in token order.
     for n in 0..ids.len() {
         let r = id(n);

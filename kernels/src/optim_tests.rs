@@ -392,18 +392,32 @@ fn clip_grad_norm_is_the_global_norm_and_torchs_factor() {
     assert!(err.to_string().contains("`max_norm`"), "{err}");
 }
 
-/// The embedding update gives the bits of the scatter's table then AdamW, on fresh random
-/// tables with repeated ids, onto a base or not, the moments already nonzero (step 3).
+/// The unnamed rows' embedding update and then the named rows' give the bits of the scatter's
+/// table then AdamW (and the bf16 copy, the rounding of the new table), on fresh random tables
+/// with repeated ids, onto a base or not, the moments already nonzero (step 3); each alone
+/// leaves the other rows as they were in all four tensors.
 #[test]
 fn the_embedding_update_gives_the_bits_of_the_scatter_then_adamw() {
     let mut rng = rng("embedding_adamw");
     let (vocab, hidden, ids) = (13, 5, [4i64, 0, 4, 12, 7, 4, 0]);
+    let named_rows = [0usize, 4, 7, 12];
     let config = AdamW::default();
     let f32s = |values: Vec<f64>| -> Vec<f32> { values.iter().map(|&x| x as f32).collect() };
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let rows_of = |x: &[f32], named: bool| -> Vec<u32> {
+        (0..vocab)
+            .filter(|r| named_rows.contains(r) == named)
+            .flat_map(|r| bits(&x[r * hidden..(r + 1) * hidden]))
+            .collect()
+    };
     for onto in [false, true] {
         let n = vocab * hidden;
         let (param, m) = (f32s(signed(&mut rng, n)), f32s(signed(&mut rng, n)));
         let v = f32s(uniform(&mut rng, n, 0.0, 1.0));
+        let copy: Vec<bf16> = f32s(signed(&mut rng, n))
+            .iter()
+            .map(|&x| bf16::from_f32(x))
+            .collect();
         let grad_out = f32s(signed(&mut rng, ids.len() * hidden));
         let base = f32s(signed(&mut rng, n));
         let ids_view = TensorView::contiguous(&ids[..], [ids.len()]).unwrap();
@@ -427,55 +441,105 @@ fn the_embedding_update_gives_the_bits_of_the_scatter_then_adamw() {
         )
         .unwrap();
 
-        let mut got = (param, m, v);
-        let (mut row, mut named) = (vec![f32::NAN; hidden], vec![0xffu8; vocab.div_ceil(8)]);
-        embedding_adamw(
-            (
-                &mut TensorViewMut::contiguous(&mut got.0[..], dims).unwrap(),
-                &mut TensorViewMut::contiguous(&mut got.1[..], dims).unwrap(),
-                &mut TensorViewMut::contiguous(&mut got.2[..], dims).unwrap(),
-            ),
-            (&ids_view, &grad_view, base_view),
-            (
+        let mut got = (param.clone(), m.clone(), v.clone(), copy.clone());
+        let update = |got: &mut (Vec<f32>, Vec<f32>, Vec<f32>, Vec<bf16>), rows| {
+            let (mut row, mut named) = (vec![f32::NAN; hidden], vec![0xffu8; vocab.div_ceil(8)]);
+            let state = TableState {
+                param: &mut TensorViewMut::contiguous(&mut got.0[..], dims).unwrap(),
+                m: &mut TensorViewMut::contiguous(&mut got.1[..], dims).unwrap(),
+                v: &mut TensorViewMut::contiguous(&mut got.2[..], dims).unwrap(),
+                copy: Some(&mut TensorViewMut::contiguous(&mut got.3[..], dims).unwrap()),
+            };
+            let scatter = Scatter {
+                ids: &ids_view,
+                grad_out: (rows == EmbeddingRows::Named).then_some(&grad_view),
+                base: base_view,
+            };
+            let scratch = (
                 &mut TensorViewMut::contiguous(&mut row[..], [hidden]).unwrap(),
-                &mut named,
-            ),
-            3,
-            &config,
-        )
-        .unwrap();
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                &mut named[..],
+            );
+            embedding_adamw(state, rows, scatter, scratch, 3, &config).unwrap();
+        };
+        update(&mut got, EmbeddingRows::Unnamed);
+        let copy_bits = |c: &[bf16]| -> Vec<f32> { c.iter().map(|x| x.to_f32()).collect() };
+        for (name, old, new) in [
+            ("param", &param, &got.0),
+            ("m", &m, &got.1),
+            ("v", &v, &got.2),
+        ] {
+            assert_eq!(
+                rows_of(new, true),
+                rows_of(old, true),
+                "{name}'s named rows, onto {onto}"
+            );
+            assert_ne!(
+                rows_of(new, false),
+                rows_of(old, false),
+                "{name}'s other rows"
+            );
+        }
+        let (old_copy, new_copy) = (copy_bits(&copy), copy_bits(&got.3));
+        assert_eq!(
+            rows_of(&new_copy, true),
+            rows_of(&old_copy, true),
+            "copy's named rows"
+        );
+        let after_unnamed = got.clone();
+        update(&mut got, EmbeddingRows::Named);
+        for (name, old, new) in [
+            ("param", &after_unnamed.0, &got.0),
+            ("m", &after_unnamed.1, &got.1),
+        ] {
+            assert_eq!(
+                rows_of(new, false),
+                rows_of(old, false),
+                "{name}'s unnamed rows, onto {onto}"
+            );
+        }
         assert_eq!(bits(&got.0), bits(&want.0), "param, onto {onto}");
         assert_eq!(bits(&got.1), bits(&want.1), "m, onto {onto}");
         assert_eq!(bits(&got.2), bits(&want.2), "v, onto {onto}");
+        let rounded: Vec<f32> = want.0.iter().map(|&p| bf16::from_f32(p).to_f32()).collect();
+        assert_eq!(
+            bits(&copy_bits(&got.3)),
+            bits(&rounded),
+            "copy, onto {onto}"
+        );
         assert_ne!(bits(&got.0), bits(&table), "the update moved the table");
     }
 }
 
 #[test]
-fn the_embedding_update_refuses_an_id_outside_the_table() {
+fn the_embedding_update_refuses_an_id_outside_the_table_or_named_rows_without_a_gradient() {
     let (mut p, mut m, mut v) = (vec![0.5f32; 6], vec![0f32; 6], vec![0f32; 6]);
-    let (grad, ids) = ([1f32; 2], [3i64]);
     let (mut row, mut named) = ([0f32; 2], [0u8; 1]);
-    let err = embedding_adamw(
-        (
-            &mut TensorViewMut::contiguous(&mut p[..], [3, 2]).unwrap(),
-            &mut TensorViewMut::contiguous(&mut m[..], [3, 2]).unwrap(),
-            &mut TensorViewMut::contiguous(&mut v[..], [3, 2]).unwrap(),
-        ),
-        (
-            &TensorView::contiguous(&ids[..], [1]).unwrap(),
-            &TensorView::contiguous(&grad[..], [1, 2]).unwrap(),
-            None,
-        ),
-        (
+    let grad = [1f32; 2];
+    let grad = TensorView::contiguous(&grad[..], [1, 2]).unwrap();
+    for (rows, grad_out, wrong) in [
+        (EmbeddingRows::Named, Some(&grad), "ids"),
+        (EmbeddingRows::Unnamed, None, "ids"),
+        (EmbeddingRows::Named, None, "grad_out"),
+    ] {
+        let ids = [if wrong == "ids" { 3i64 } else { 1 }];
+        let state = TableState {
+            param: &mut TensorViewMut::contiguous(&mut p[..], [3, 2]).unwrap(),
+            m: &mut TensorViewMut::contiguous(&mut m[..], [3, 2]).unwrap(),
+            v: &mut TensorViewMut::contiguous(&mut v[..], [3, 2]).unwrap(),
+            copy: None,
+        };
+        let ids_view = TensorView::contiguous(&ids[..], [1]).unwrap();
+        let scatter = Scatter {
+            ids: &ids_view,
+            grad_out,
+            base: None,
+        };
+        let scratch = (
             &mut TensorViewMut::contiguous(&mut row[..], [2]).unwrap(),
-            &mut named,
-        ),
-        1,
-        &AdamW::default(),
-    )
-    .unwrap_err();
-    assert!(err.to_string().contains("ids"), "{err}");
-    assert_eq!(p, [0.5; 6], "nothing is written");
+            &mut named[..],
+        );
+        let err = embedding_adamw(state, rows, scatter, scratch, 1, &AdamW::default()).unwrap_err();
+        assert!(err.to_string().contains(wrong), "{err}");
+        assert_eq!(p, [0.5; 6], "nothing is written");
+    }
 }

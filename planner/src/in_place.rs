@@ -1,12 +1,16 @@
 //! Which writes of persistent inputs (AdamW's params and moments, KV caches) a backend may
 //! compute directly in the input's own storage, with no output buffer and no copy back.
 //!
-//! A write `name ← value` is in place when all of these hold:
-//! 1. `value` is a result of an op that may overwrite (`Alias::MayOverwrite(i)`) its operand
-//!    `i`, and that operand is the input `name` itself;
-//! 2. the write's buffer holds `value` and views of it only;
-//! 3. every other op that reads the input (itself or through views) happens-before the writer:
-//!    earlier on its stream, or ordered before it by the plan's events.
+//! A write `name ← value` is computed by its chain of overwrites ([`overwrite_chain`]): the op
+//! of `value`, which may overwrite (`Alias::MayOverwrite(i)`) its operand `i`, and, while that
+//! operand is itself such a result read by nothing else, its op, and so on (an AdamW is a chain
+//! of one; the embedding update's unnamed rows and then its named rows a chain of two). The
+//! write is in place when all of these hold:
+//! 1. the chain ends at the input `name` itself: its first op overwrites that input;
+//! 2. the write's buffer holds `value`, views of it and the chain's other results only;
+//! 3. every op but the chain's first that reads the input (itself or through views)
+//!    happens-before the chain's first op: earlier on its stream, or ordered before it by the
+//!    plan's events.
 //!
 //! Otherwise the value lives in its own output buffer and is copied into the input after the
 //! last step. The plan verifier checks each in-place write against these rules independently.
@@ -30,8 +34,9 @@ pub(crate) fn in_place_writes(
         step_of_op[op] = step;
     }
     let in_place = |name: &str, value: Value| -> bool {
-        // 1: an op that may overwrite the input itself.
-        let Some((op, operand)) = overwritten_operand(program, value) else {
+        // 1: a chain that ends at the input itself.
+        let chain = overwrite_chain(program, value);
+        let Some(&(op, operand)) = chain.last() else {
             return false;
         };
         let Some(input) = program.inputs.iter().find(|input| input.name == name) else {
@@ -40,16 +45,17 @@ pub(crate) fn in_place_writes(
         if operand != input.value {
             return false;
         }
-        // 2: the buffer holds the write and its views only.
-        let views = views_of(program, value);
+        // 2: the buffer holds the write, its views and the chain's other results only.
+        let mut held = views_of(program, value);
+        held.extend(chain[..chain.len() - 1].iter().map(|&(_, operand)| operand));
         let buffer = buffers.of_value[value];
         let holds_only_the_write = (buffers.of_value.iter().enumerate())
             .filter(|(_, &b)| b == buffer)
-            .all(|(v, _)| views.contains(&v));
+            .all(|(v, _)| held.contains(&v));
         if !holds_only_the_write {
             return false;
         }
-        // 3: every other reader of the input finishes before the writer starts.
+        // 3: every other reader of the input finishes before the chain's first op starts.
         let writer = step_of_op[op];
         views_of(program, input.value).iter().all(|&v| {
             program.values[v].readers.iter().all(|&(reader, _)| {
@@ -76,6 +82,24 @@ pub(crate) fn overwritten_operand(program: &Program, value: Value) -> Option<(us
         return None;
     };
     Some((op, *info.operands.get(i)?))
+}
+
+/// The ops that compute `value` each over the operand it may overwrite, last first: `value`'s
+/// op, and while the operand it overwrites is a result of another such op, read by nothing but
+/// the chain's next op and neither an output nor a write, that op too. Empty when `value`'s op
+/// overwrites nothing. The last entry's operand is where the chain starts.
+pub(crate) fn overwrite_chain(program: &Program, mut value: Value) -> Vec<(usize, Value)> {
+    let mut chain = Vec::new();
+    while let Some((op, operand)) = overwritten_operand(program, value) {
+        chain.push((op, operand));
+        let info = &program.values[operand];
+        let only_this_op = info.readers.iter().all(|&(reader, _)| reader == op);
+        if !only_this_op || info.readers.len() != 1 || info.is_output || info.is_written {
+            break;
+        }
+        value = operand;
+    }
+    chain
 }
 
 /// `value` and every value that is (transitively) a view of it, ascending. Views come after
@@ -105,7 +129,8 @@ fn is_view(program: &Program, op: usize) -> bool {
 mod tests {
     use std::collections::BTreeMap;
 
-    use crate::test_graphs::synthetic_train;
+    use super::overwrite_chain;
+    use crate::test_graphs::{embedding_train, synthetic_train};
     use crate::{plan, verify_plan, PlanOptions};
 
     /// Per write: whether every reader of its input, other than the writer, runs before the
@@ -143,6 +168,64 @@ mod tests {
         // The moments are read by their update alone: always in place.
         assert!(want.iter().any(|w| w == "adamw.m.w0") && want.iter().any(|w| w == "adamw.v.w2"));
         verify_plan(&graph, &planned, &crate::testing::TestWorkspaces).unwrap();
+    }
+
+    /// The embedding update's two ops write each state in place, one buffer for both, with
+    /// one stream and two; the unnamed rows' op runs after the table's readers and before the
+    /// late gradient exists (on the side stream where there is one), and the verifier holds
+    /// every reader of the table to the chain's first op.
+    #[test]
+    fn a_chain_of_two_updates_writes_in_place_and_its_first_op_runs_early() {
+        for (tied, streams) in [false, true].into_iter().flat_map(|t| [(t, 1), (t, 2)]) {
+            let graph = embedding_train(tied, [12, 8, 6]);
+            let options = PlanOptions {
+                streams,
+                ..PlanOptions::default()
+            };
+            let planned = plan(&graph, &options, &crate::testing::TestWorkspaces).unwrap();
+            verify_plan(&graph, &planned, &crate::testing::TestWorkspaces).unwrap();
+            let writes = ["table", "adamw.m.table", "adamw.v.table"];
+            let what = format!("tied {tied}, {streams} streams");
+            assert_eq!(planned.in_place_writes, writes, "{what}");
+            let step_of = |name: &str| {
+                (planned.schedule.iter())
+                    .position(|s| s.op.contains(name))
+                    .unwrap()
+            };
+            let (unnamed, named) = (step_of("rows=unnamed"), step_of("rows=named"));
+            let last_softmax = (planned.schedule.iter())
+                .rposition(|s| s.op == "softmax")
+                .unwrap();
+            let logits = step_of("transpose_b=true");
+            assert!(
+                logits < unnamed && unnamed < last_softmax && last_softmax < named,
+                "{what}"
+            );
+            assert_eq!(planned.schedule[unnamed].stream, streams - 1, "{what}");
+            // Each state's buffer holds both updates' results.
+            let program = crate::program::Program::new(&graph).unwrap();
+            let buffer_of = |value: usize| {
+                let id = program.values[value].id;
+                let key = format!("{}.{}", id.node.index(), id.port);
+                let found = planned.value_buffers.iter().find(|(k, _)| *k == key);
+                found.unwrap().1
+            };
+            for (_, written) in graph.writes() {
+                let value = (program.values.iter()).position(|v| v.id == *written);
+                let chain = overwrite_chain(&program, value.unwrap());
+                assert_eq!(chain.len(), 2);
+                assert_eq!(buffer_of(chain[0].1), buffer_of(value.unwrap()));
+            }
+            if streams == 2 && !tied {
+                // Nothing the first op reads orders it after stream 0's readers of the table:
+                // its wait does. Without it the table may change under them.
+                let mut bad = planned.clone();
+                bad.schedule[unnamed].waits.clear();
+                let err = verify_plan(&graph, &bad, &crate::testing::TestWorkspaces).unwrap_err();
+                assert_eq!(err.rule, "in_place", "{err}");
+                assert!(err.detail.contains("does not happen before"), "{err}");
+            }
+        }
     }
 
     #[test]

@@ -68,19 +68,13 @@ pub(crate) fn candidates(program: &Program) -> Vec<Candidate> {
 /// overwrite, so that a device backend can make the update in that input's own memory (an
 /// update of a param must not run before a later op reads the old param). A state update is
 /// an op with an `Alias::MayOverwrite(i)` result whose operand `i` is a graph input (read
-/// directly or through views) and whose results nothing in the graph reads (AdamW: they are
-/// only written back), so moving it later keeps the order topological.
+/// directly or through views). It moves only where it stays before every reader of its
+/// results (AdamW's are only written back; the embedding update's unnamed rows are read by
+/// its named rows' update), so the order stays topological.
 fn defer_state_updates(program: &Program, mut order: Vec<usize>) -> Vec<usize> {
     use crate::program::Producer;
     for op in 0..program.ops.len() {
         let info = &program.ops[op];
-        if info
-            .results
-            .iter()
-            .any(|&r| !program.values[r].readers.is_empty())
-        {
-            continue;
-        }
         let overwritten: BTreeSet<Value> = (0..info.results.len())
             .filter_map(|port| match info.op.alias(port) {
                 Alias::MayOverwrite(i) => info.operands.get(i).copied(),
@@ -110,7 +104,12 @@ fn defer_state_updates(program: &Program, mut order: Vec<usize>) -> Vec<usize> {
             .filter(|&&(reader, _)| reader != op)
             .filter_map(|&(reader, _)| position(reader))
             .max();
-        if let Some(last) = last_reader.filter(|&last| last > at) {
+        let first_result_reader = (info.results.iter())
+            .flat_map(|&r| &program.values[r].readers)
+            .filter_map(|&(reader, _)| position(reader))
+            .min();
+        let movable = |last: &usize| *last > at && first_result_reader.is_none_or(|f| *last < f);
+        if let Some(last) = last_reader.filter(movable) {
             order.remove(at);
             order.insert(last, op);
         }

@@ -10,7 +10,8 @@
 //! column sums of bias gradients (`SumToShape` results that flow so) go round-robin on streams
 //! `1..n`, each with that chain of ops and the AdamW updates it feeds (a "chain"); so does each
 //! other AdamW update, alone (a norm weight's, whose gradient comes with the norm's input
-//! gradient); everything else stays on stream 0.
+//! gradient), and the embedding update of the rows no id names; everything else stays on
+//! stream 0.
 //!
 //! Events: a step waits for every step it depends on that runs on another stream: the ops
 //! that wrote its operands' data (read after write; through a view, the op that wrote the
@@ -40,10 +41,10 @@
 
 use std::collections::VecDeque;
 
-use kiln_ir::{Alias, Op};
+use kiln_ir::{Alias, EmbeddingRows, Op};
 
 use crate::buffers::Buffers;
-use crate::in_place::overwritten_operand;
+use crate::in_place::overwrite_chain;
 use crate::program::{Producer, Program, Value};
 
 /// Chains a side stream may run behind stream 0: when its next chain starts, stream 0 joins
@@ -266,10 +267,9 @@ fn assign_streams(program: &Program, order: &[usize], n: usize) -> (Vec<usize>, 
         );
         let chain = match (root, info.results.as_slice()) {
             (true, &[result]) => weight_gradient_chain(program, result),
-            // An update whose gradient no chain makes (a norm's weight): alone.
-            _ if matches!(info.op, Op::AdamW(_) | Op::AdamWCopy(_)) && stream_of_op[op] == 0 => {
-                Some(Vec::new())
-            }
+            // An update whose gradient no chain makes (a norm's weight, an embedding table's
+            // unnamed rows): alone.
+            _ if side_update(info.op) && stream_of_op[op] == 0 => Some(Vec::new()),
             _ => None,
         };
         if let Some(chain) = chain {
@@ -283,6 +283,21 @@ fn assign_streams(program: &Program, order: &[usize], n: usize) -> (Vec<usize>, 
         }
     }
     (stream_of_op, chain_start)
+}
+
+/// Whether `op` is an update that may run alone on a side stream: AdamW's, and the embedding
+/// update of the rows no id names (its named rows' update waits for the whole backward, and
+/// is last).
+fn side_update(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::AdamW(_)
+            | Op::AdamWCopy(_)
+            | Op::EmbeddingAdamW {
+                rows: EmbeddingRows::Unnamed,
+                ..
+            }
+    )
 }
 
 /// Whether `op`, reading its only operand, passes a gradient on unchanged in meaning: a view,
@@ -331,12 +346,12 @@ fn weight_gradient_chain(program: &Program, value: Value) -> Option<Vec<usize>> 
     (sinks > 0).then_some(chain)
 }
 
-/// By op, the buffers of the persistent inputs it updates: the operand each written value's
-/// op may overwrite to compute it.
+/// By op, the buffers of the persistent inputs it updates: the operand each op of a written
+/// value's chain of overwrites may overwrite to compute it.
 fn updated_inputs(program: &Program, buffers: &Buffers) -> Vec<Vec<usize>> {
     let mut updated = vec![Vec::new(); program.ops.len()];
     for &(_, value) in &program.writes {
-        if let Some((op, operand)) = overwritten_operand(program, value) {
+        for (op, operand) in overwrite_chain(program, value) {
             updated[op].push(buffers.of_value[operand]);
         }
     }

@@ -1,6 +1,8 @@
 //! Hand-built graphs and plan checks shared by the planner's tests.
 
-use kiln_ir::{AdamWConfig, DType, Graph, InputKind, Op, Shape, TensorType, ValueId};
+use kiln_ir::{
+    AdamWConfig, DType, EmbeddingRows, Graph, InputKind, Op, Shape, TensorType, ValueId,
+};
 
 use crate::{Plan, PlanOptions};
 
@@ -371,5 +373,54 @@ pub fn synthetic_train(layers: usize, tokens: usize, hidden: usize) -> Graph {
         grad = op1(&mut g, Op::Add, &[gated, a]);
     }
     g.output("grad.x", grad).unwrap();
+    g
+}
+
+/// An embedding's train step in miniature: `h = table[ids]`, logits `h·tableᵀ`, a backward
+/// `grad` for the gathered rows that comes late (after more work on `h`), and the table's
+/// update as the fusion pass makes it: its unnamed rows, then its named rows from `grad`, the
+/// second reading the first's results; both write `table`, `adamw.m.table` and
+/// `adamw.v.table`. When `tied`, the table is also the head: the head's gradient `head` (from
+/// the logits) is the base of both updates, so the unnamed rows wait for it; otherwise they
+/// need only the state.
+pub fn embedding_train(tied: bool, [vocab, hidden, tokens]: [usize; 3]) -> Graph {
+    let mut g = Graph::new("embedding-train");
+    let [table, m, v] = param_with_moments(&mut g, "table", &[vocab, hidden]);
+    let ids_type = TensorType::new(DType::I64, [tokens]).unwrap();
+    let ids = g.input("ids", InputKind::Input, ids_type).unwrap();
+    let [step, lr] = step_input(&mut g);
+    let h = op1(&mut g, Op::Embedding, &[table, ids]);
+    let transposed = Op::MatMul {
+        transpose_a: false,
+        transpose_b: true,
+    };
+    let logits = op1(&mut g, transposed, &[h, table]);
+    let probs = op1(&mut g, Op::Softmax, &[logits]);
+    let head = tied.then(|| matmul(&mut g, probs, h, true));
+    let mut grad = op1(&mut g, Op::Softmax, &[h]);
+    for _ in 0..4 {
+        grad = op1(&mut g, Op::Softmax, &[grad]);
+    }
+    if !tied {
+        g.output("probs", probs).unwrap();
+    }
+    let op = |rows| Op::EmbeddingAdamW {
+        config: adamw_config(),
+        onto: tied,
+        copy: false,
+        rows,
+    };
+    let mut operands = vec![table, m, v, step, lr, ids];
+    operands.extend(head);
+    let unnamed = g.op(op(EmbeddingRows::Unnamed), &operands).unwrap();
+    let mut operands = vec![unnamed[0], unnamed[1], unnamed[2], step, lr, ids, grad];
+    operands.extend(head);
+    let named = g.op(op(EmbeddingRows::Named), &operands).unwrap();
+    for (name, value) in ["table", "adamw.m.table", "adamw.v.table"]
+        .iter()
+        .zip(named)
+    {
+        g.write(name, value).unwrap();
+    }
     g
 }

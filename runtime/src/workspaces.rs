@@ -140,14 +140,14 @@ fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
         Op::FlashAttention { .. } | Op::FlashAttentionBackward { .. } => {
             return flash_bytes(op, operands)
         }
-        Op::EmbeddingAdamW { .. } => {
-            let ids = op.adamw().map_or(5, |(_, step)| step + 2);
+        &Op::EmbeddingAdamW { rows, .. } => {
+            let ids = op.embedding_update_ports().map_or(5, |(ids, ..)| ids);
             let (tokens, hidden, vocab) = match dims(operands, 0) {
                 &[vocab, hidden] => (product(dims(operands, ids)), hidden, vocab),
                 _ => return 0,
             };
             let sizes = [tokens, hidden as u64, vocab as u64];
-            return kiln_kernels::gpu::embedding::embedding_adamw_workspace_bytes(sizes);
+            return kiln_kernels::gpu::embedding::embedding_adamw_workspace_bytes(rows, sizes);
         }
         _ => {}
     }

@@ -1,7 +1,7 @@
 //! The one-op cases of `every_op_matches_the_cpu_reference`: every op at several shapes, the
 //! bf16 stored-operand variants and the fused linear's kernel paths.
 
-use kiln_ir::{AdamWConfig, DType, Op};
+use kiln_ir::{AdamWConfig, DType, EmbeddingRows, Op};
 
 use super::{f, In};
 
@@ -387,10 +387,12 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             operands,
         ));
     }
-    // An embedding table's update from its scatter (no gradient table): without a base, onto
+    // An embedding table's update from its scatter (no gradient table), its unnamed rows and
+    // its named rows: without a base, onto
     // an f32 or a bf16 one, with a bf16 copy or not; ids naming most rows of a small table and
     // few of a large one; past the scatter's window; a hidden size the vectors do not divide.
     let bases = [None, Some(DType::F32), Some(DType::BF16)];
+    let rows = [EmbeddingRows::Unnamed, EmbeddingRows::Named];
     let sizes = [
         (50, 64, vec![2, 7]),
         (3000, 96, vec![3, 33]),
@@ -402,24 +404,30 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
         .chain(odd)
         .flat_map(|s| bases.map(|b| (s.clone(), b)))
     {
-        for copy in [false, true] {
+        for (copy, rows) in [false, true].into_iter().flat_map(|c| rows.map(|r| (c, r))) {
             let mut operands = vec![f(&[vocab, h]), f(&[vocab, h]), In::Pos(vec![vocab, h])];
             if copy {
                 operands.push(bf(&[vocab, h]));
             }
             operands.extend([In::Step, In::Scalar(DType::F64, 1e-2)]);
-            let mut grad = ids.clone();
-            grad.push(h);
-            operands.extend([In::Ids(ids.clone(), vocab), f(&grad)]);
+            operands.push(In::Ids(ids.clone(), vocab));
+            if rows == EmbeddingRows::Named {
+                let mut grad = ids.clone();
+                grad.push(h);
+                operands.push(f(&grad));
+            }
             operands.extend(base.map(|dtype| In::F(dtype, vec![vocab, h])));
             let op = Op::EmbeddingAdamW {
                 config: adamw,
                 onto: base.is_some(),
                 copy,
+                rows,
             };
             let base = base.map_or("none".to_string(), |d| d.to_string());
             cases.push((
-                format!("embedding_adamw base={base} copy={copy} [{vocab},{h}] ids {ids:?}"),
+                format!(
+                    "embedding_adamw rows={rows} base={base} copy={copy} [{vocab},{h}] ids {ids:?}"
+                ),
                 op,
                 operands,
             ));

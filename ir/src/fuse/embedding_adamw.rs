@@ -1,12 +1,13 @@
 //! The `embedding_adamw` rule (see the pass's module doc): an `AdamW` or `AdamWCopy` (no
 //! gradient scale) whose gradient is an `EmbeddingBackward`'s table, read by that update alone,
-//! is one [`Op::EmbeddingAdamW`] on the scatter's operands: the `[V,H]` gradient is never
-//! written and read again, and the rows no id names are updated from the base (or zero) alone.
+//! is two [`Op::EmbeddingAdamW`]s on the scatter's operands, the unnamed rows' update and then
+//! the named rows' on its results: the `[V,H]` gradient is never written and read again, and
+//! the rows no id names are updated from the base (or zero) alone, as soon as the base exists.
 
 use super::{only_read_by, op_of, takes, Fusion, Users};
-use crate::{Graph, Op, ValueId};
+use crate::{EmbeddingRows, Graph, Op, ValueId};
 
-/// The rule at every update it matches.
+/// The rule at every update it matches: per update, the two fusions in their order.
 pub(super) fn embedding_adamw_fusions(graph: &Graph, users: &Users) -> Vec<Fusion> {
     let mut fusions = Vec::new();
     for update in graph.node_indices() {
@@ -27,23 +28,52 @@ pub(super) fn embedding_adamw_fusions(graph: &Graph, users: &Users) -> Vec<Fusio
         if !only_read_by(users, grad, update) {
             continue;
         }
-        let op = Op::EmbeddingAdamW { config, onto, copy };
-        // param, m, v[, copy], step, lr, then the scatter's ids, grad[, base].
-        let mut fused: Vec<ValueId> = [0, 2, 3].iter().map(|&port| operands[port]).collect();
-        fused.extend(&operands[4..]);
-        fused.extend(graph.operands(grad.node));
-        if !takes(graph, &op, &fused) {
+        let op = |rows| Op::EmbeddingAdamW {
+            config,
+            onto,
+            copy,
+            rows,
+        };
+        // The update's results: the unnamed rows' update stands for them first, then the
+        // named rows' update, which reads them.
+        let ends: Vec<ValueId> = (0..3 + usize::from(copy))
+            .map(|port| ValueId { node: update, port })
+            .collect();
+        // state, step, lr, then the scatter's ids[, grad][, base].
+        let [ids, scatter_grad] = graph.operands(grad.node)[..2] else {
+            continue;
+        };
+        let base = graph.operands(grad.node).get(2).copied();
+        let state: Vec<ValueId> = [0, 2, 3].iter().map(|&port| operands[port]).collect();
+        let mut unnamed = state.clone();
+        unnamed.extend(copy.then(|| operands[4]));
+        unnamed.extend(&operands[step..]);
+        unnamed.push(ids);
+        unnamed.extend(base);
+        let mut named = ends.clone();
+        named.extend(&operands[step..]);
+        named.extend([ids, scatter_grad]);
+        named.extend(base);
+        let ops = [
+            (op(EmbeddingRows::Unnamed), unnamed),
+            (op(EmbeddingRows::Named), named.clone()),
+        ];
+        // The named rows' update reads the unnamed rows' results, which have the state's types.
+        let mut typed = state;
+        typed.extend(copy.then(|| operands[4]));
+        typed.extend(&named[ends.len()..]);
+        if !takes(graph, &ops[0].0, &ops[0].1) || !takes(graph, &ops[1].0, &typed) {
             continue;
         }
-        fusions.push(Fusion {
-            at: update,
-            replaced: vec![grad.node, update],
-            op,
-            operands: fused,
-            ends: (0..3 + usize::from(copy))
-                .map(|port| ValueId { node: update, port })
-                .collect(),
-        });
+        for (op, operands) in ops {
+            fusions.push(Fusion {
+                at: update,
+                replaced: vec![grad.node, update],
+                op,
+                operands,
+                ends: ends.clone(),
+            });
+        }
     }
     fusions
 }
@@ -52,7 +82,9 @@ pub(super) fn embedding_adamw_fusions(graph: &Graph, users: &Users) -> Vec<Fusio
 mod tests {
     use crate::fuse::ops_with_operands;
     use crate::graph::NodeKind;
-    use crate::{fuse, AdamWConfig, DType, Graph, InputKind, Op, TensorType};
+    use crate::{
+        fuse, AdamWConfig, DType, EmbeddingRows, Graph, InputKind, Op, TensorType, ValueId,
+    };
 
     const CONFIG: AdamWConfig = AdamWConfig {
         beta1: 0.9,
@@ -109,33 +141,49 @@ mod tests {
     }
 
     #[test]
-    fn an_update_takes_its_scatter_onto_a_base_or_not_with_a_copy_or_not() {
+    fn an_update_becomes_its_unnamed_rows_then_its_named_rows_onto_a_base_or_not_with_a_copy_or_not(
+    ) {
         for onto in [false, true] {
             for copy in [false, true] {
                 let fused = fuse(&update(onto, copy, false, false)).unwrap();
                 crate::verify(&fused).unwrap();
                 let ops = ops_with_operands(&fused);
-                assert_eq!(ops.len(), 1, "{ops:?}");
-                assert_eq!(
-                    ops[0].0,
-                    Op::EmbeddingAdamW {
-                        config: CONFIG,
-                        onto,
-                        copy
-                    }
-                );
-                // param, m, v[, copy], step, lr, ids, grad[, base].
-                let names: Vec<String> = (ops[0].1.iter())
-                    .map(|v| match &fused.node(v.node).unwrap().kind {
-                        NodeKind::Input { name, .. } => name.clone(),
-                        NodeKind::Op(op) => op.to_string(),
-                    })
-                    .collect();
+                assert_eq!(ops.len(), 2, "{ops:?}");
+                let op = |rows| Op::EmbeddingAdamW {
+                    config: CONFIG,
+                    onto,
+                    copy,
+                    rows,
+                };
+                assert_eq!(ops[0].0, op(EmbeddingRows::Unnamed));
+                assert_eq!(ops[1].0, op(EmbeddingRows::Named));
+                let name = |v: &ValueId| match &fused.node(v.node).unwrap().kind {
+                    NodeKind::Input { name, .. } => name.clone(),
+                    NodeKind::Op(op) => format!("{}.{}", op.name(), v.port),
+                };
+                let names =
+                    |operands: &[ValueId]| -> Vec<String> { operands.iter().map(name).collect() };
+                // param, m, v[, copy], step, lr, ids[, base]: the scatter's gradient unread.
                 let mut want = vec!["embed", "embed.m", "embed.v"];
                 want.extend(copy.then_some("embed.bf16"));
-                want.extend(["step", "lr", "ids", "grad"]);
+                want.extend(["step", "lr", "ids"]);
                 want.extend(onto.then_some("head"));
-                assert_eq!(names, want);
+                assert_eq!(names(&ops[0].1), want);
+                // The first update's results, step, lr, ids, grad[, base].
+                let state = 3 + usize::from(copy);
+                let mut want: Vec<String> = (0..state)
+                    .map(|port| format!("embedding_adamw.{port}"))
+                    .collect();
+                want.extend(["step", "lr", "ids", "grad"].map(String::from));
+                want.extend(onto.then(|| "head".to_string()));
+                assert_eq!(names(&ops[1].1), want);
+                // The second update's results are written.
+                let second = (fused.node_indices())
+                    .filter(|&n| matches!(fused.node(n).unwrap().kind, NodeKind::Op(_)))
+                    .nth(1);
+                for (_, value) in fused.writes() {
+                    assert_eq!(Some(value.node), second);
+                }
             }
         }
     }

@@ -530,10 +530,11 @@ impl Op {
                 }
                 Ok(results)
             }
-            Op::EmbeddingAdamW { config, onto, copy } => {
+            Op::EmbeddingAdamW { config, copy, .. } => {
                 adamw_config(&rule, config)?;
                 let step = 3 + usize::from(*copy);
-                rule.arity(step + 4 + usize::from(*onto))?;
+                let (ids, grad, base) = self.embedding_update_ports().expect("an embedding update");
+                rule.arity(1 + base.or(grad).unwrap_or(ids))?;
                 let param = rule.float(0)?.clone();
                 let &[_, hidden] = param.dims() else {
                     return Err(rule.type_error(0, "a table [V,H]"));
@@ -549,12 +550,13 @@ impl Op {
                 rule.shaped(step, DType::I64, &[])?;
                 rule.shaped(step + 1, DType::F64, &[])?;
                 // The scatter's operands, as `EmbeddingBackward` types them.
-                let ids = rule.int(step + 2)?.dims().to_vec();
-                let mut want = ids;
+                let mut want = rule.int(ids)?.dims().to_vec();
                 want.push(hidden);
-                rule.shaped(step + 3, param.dtype, &want)?;
-                if *onto {
-                    rule.stored(step + 4, param.dtype, param.dims())?;
+                if let Some(grad) = grad {
+                    rule.shaped(grad, param.dtype, &want)?;
+                }
+                if let Some(base) = base {
+                    rule.stored(base, param.dtype, param.dims())?;
                 }
                 Ok(results)
             }

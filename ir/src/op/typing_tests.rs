@@ -4,7 +4,7 @@
 // `&[x.clone()]` reads as the operand list it is; `slice::from_ref(&x)` would not.
 #![allow(clippy::cloned_ref_to_slice_refs)]
 
-use crate::{AdamWConfig, DType, Error, Op, Shape, TensorType};
+use crate::{AdamWConfig, DType, EmbeddingRows, Error, Op, Shape, TensorType};
 
 fn f32t(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, dims).unwrap()
@@ -916,7 +916,7 @@ fn a_rounded_linear_takes_more_rows_than_the_skinny_kernels() {
 }
 
 #[test]
-fn embedding_adamw_takes_the_update_then_the_scatter_and_returns_the_updated_state() {
+fn embedding_adamw_takes_the_update_then_its_rows_scatter_operands_and_returns_the_state() {
     let config = AdamWConfig {
         beta1: 0.9,
         beta2: 0.999,
@@ -925,34 +925,42 @@ fn embedding_adamw_takes_the_update_then_the_scatter_and_returns_the_updated_sta
     };
     let table = f32t(&[7, 4]);
     let copy = ty(DType::BF16, &[7, 4]);
-    let scatter = [i64t(&[2, 3]), f32t(&[2, 3, 4])];
-    let operands = |copied: bool, base: Option<TensorType>| {
+    let (ids, grad) = (i64t(&[2, 3]), f32t(&[2, 3, 4]));
+    // The named rows' update takes the scatter's gradient, the unnamed rows' does not.
+    let operands = |copied: bool, rows, base: Option<TensorType>| {
         let mut operands = vec![table.clone(), table.clone(), table.clone()];
         operands.extend(copied.then(|| copy.clone()));
-        operands.extend([i64t(&[]), ty(DType::F64, &[])]);
-        operands.extend(scatter.clone());
+        operands.extend([i64t(&[]), ty(DType::F64, &[]), ids.clone()]);
+        operands.extend((rows == EmbeddingRows::Named).then(|| grad.clone()));
         operands.extend(base);
         operands
     };
-    let op = |onto, copy| Op::EmbeddingAdamW { config, onto, copy };
+    let op = |onto, copy, rows| Op::EmbeddingAdamW {
+        config,
+        onto,
+        copy,
+        rows,
+    };
     let state = vec![table.clone(), table.clone(), table.clone()];
     let mut with_copy = state.clone();
     with_copy.push(copy.clone());
-    accepts(op(false, false), &operands(false, None), &state);
-    accepts(
-        op(true, true),
-        &operands(true, Some(copy.clone())),
-        &with_copy,
-    );
-    accepts(
-        op(true, false),
-        &operands(false, Some(table.clone())),
-        &state,
-    );
-    // The scatter's gradient rows are the table's width; the base is the table's shape.
-    let mut narrow = operands(false, None);
+    for rows in [EmbeddingRows::Unnamed, EmbeddingRows::Named] {
+        accepts(op(false, false, rows), &operands(false, rows, None), &state);
+        let with_base = operands(true, rows, Some(copy.clone()));
+        accepts(op(true, true, rows), &with_base, &with_copy);
+        let with_base = operands(false, rows, Some(table.clone()));
+        accepts(op(true, false, rows), &with_base, &state);
+        // The base is the table's shape, and last.
+        let wrong = operands(false, rows, Some(f32t(&[4, 7])));
+        let last = wrong.len() - 1;
+        rejects_operand(op(true, false, rows), &wrong, last);
+        let arity = (wrong.len()).to_string();
+        rejects_arity(op(true, false, rows), &operands(false, rows, None), &arity);
+        assert_eq!(op(true, false, rows).stored_operands(), [last]);
+        assert_eq!(op(true, true, rows).stored_operands(), [last + 1]);
+    }
+    // The scatter's gradient rows are the table's width.
+    let mut narrow = operands(false, EmbeddingRows::Named, None);
     narrow[6] = f32t(&[2, 3, 5]);
-    rejects_operand(op(false, false), &narrow, 6);
-    rejects_operand(op(true, false), &operands(false, Some(f32t(&[4, 7]))), 7);
-    rejects_arity(op(true, false), &operands(false, None), "8");
+    rejects_operand(op(false, false, EmbeddingRows::Named), &narrow, 6);
 }

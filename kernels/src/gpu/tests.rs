@@ -9,6 +9,7 @@ use super::optim::AdamWHyper;
 use super::rope::RopeDims;
 use super::*;
 use kiln_ir::DType;
+use kiln_ir::EmbeddingRows;
 
 const F32: Stored = Stored::F32;
 const BF16: Stored = Stored::BF16;
@@ -307,12 +308,15 @@ fn every_launch() -> Vec<Launch> {
             step: addr(4),
             lr: addr(5),
             ids: addr(7),
-            grad_out: addr(3),
+            grad_out: Some(addr(3)),
             base: base.map(|stored| (addr(10), stored)),
             workspace: addr(8),
         };
         let sizes = [tokens, hidden, 10];
-        launches.extend(embedding::embedding_adamw(update, sizes, hyper, addr(9)).unwrap());
+        for rows in [EmbeddingRows::Unnamed, EmbeddingRows::Named] {
+            let update = embedding::embedding_adamw(update, rows, sizes, hyper, addr(9));
+            launches.extend(update.unwrap());
+        }
     }
     // Column sums of one chunk of rows and of several (partials, then the finish).
     for rows in [4, 2048] {

@@ -1,6 +1,6 @@
 //! The rule `in_place`: each write the plan computes in its input's storage satisfies the
-//! rules of the planner's `in_place.rs`, recomputed here from the graph and the plan's own
-//! schedule and events.
+//! rules of the planner's `in_place.rs` (its chain of overwrites included), recomputed here
+//! from the graph and the plan's own schedule and events.
 
 use std::collections::BTreeMap;
 
@@ -46,31 +46,34 @@ pub(super) fn check_in_place(
                 format!("{what}: the graph has no input `{name}`"),
             );
         };
-        // 1: computed by an op that may overwrite the input itself.
-        let overwrites = program.ops.get(&value.0).is_some_and(|op| {
-            matches!(op.op.alias(value.1), Alias::MayOverwrite(i) if op.operands.get(i) == Some(&input))
-        });
-        if !overwrites {
-            let detail = format!("{what}: its op does not overwrite the input `{name}`");
-            return fail("in_place", detail);
-        }
-        // 2: its buffer holds the write and views of it only.
-        let views = views_of(program, value);
+        // 1: computed by a chain of overwrites that starts at the input itself.
+        let chain = overwrite_chain(graph, program, value);
+        let first = match chain.last() {
+            Some(&(node, operand)) if operand == input => node,
+            _ => {
+                let detail = format!("{what}: its ops do not overwrite the input `{name}`");
+                return fail("in_place", detail);
+            }
+        };
+        // 2: its buffer holds the write, views of it and the chain's other results only.
+        let mut held = views_of(program, value);
+        held.extend(chain[..chain.len() - 1].iter().map(|&(_, operand)| operand));
         let buffer = buffer_of.get(&value);
         if let Some((other, _)) =
-            (buffer_of.iter()).find(|(v, b)| Some(*b) == buffer && !views.contains(v))
+            (buffer_of.iter()).find(|(v, b)| Some(*b) == buffer && !held.contains(v))
         {
             let detail = format!("{what}: its buffer also holds {}", show(*other));
             return fail("in_place", detail);
         }
-        // 3: every other reader of the input (or a view of it) happens before the writer.
-        let Some(&writer) = step_of.get(&value.0) else {
+        // 3: every other reader of the input (or a view of it) happens before the chain's
+        // first op.
+        let Some(&writer) = step_of.get(&first) else {
             return fail("in_place", format!("{what}: its op is not scheduled"));
         };
         let input_views = views_of(program, input);
         for (&node, op) in &program.ops {
             let reads = op.operands.iter().any(|o| input_views.contains(o));
-            if node == value.0 || !reads || is_view(op.op) {
+            if node == first || !reads || is_view(op.op) {
                 continue;
             }
             match step_of.get(&node) {
@@ -87,6 +90,34 @@ pub(super) fn check_in_place(
         }
     }
     Ok(())
+}
+
+/// The ops that compute `value` each over the operand it may overwrite (`Alias::MayOverwrite`),
+/// last first: `value`'s op, and while that operand is the result of another such op, read by
+/// nothing but the chain's next op and neither an output nor a write, that op too.
+fn overwrite_chain(graph: &Graph, program: &Program, mut value: Value) -> Vec<(usize, Value)> {
+    let external: Vec<Value> = (graph.outputs().iter().chain(graph.writes()))
+        .map(|(_, v)| (v.node.index(), v.port))
+        .collect();
+    let mut chain = Vec::new();
+    while let Some(op) = program.ops.get(&value.0) {
+        let Alias::MayOverwrite(i) = op.op.alias(value.1) else {
+            break;
+        };
+        let Some(&operand) = op.operands.get(i) else {
+            break;
+        };
+        chain.push((value.0, operand));
+        let reads = (program.ops.values())
+            .flat_map(|reader| &reader.operands)
+            .filter(|&&o| o == operand)
+            .count();
+        if reads != 1 || external.contains(&operand) {
+            break;
+        }
+        value = operand;
+    }
+    chain
 }
 
 /// `value` and every value that is (transitively) a view of it. Ops are keyed by node index,

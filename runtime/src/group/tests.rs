@@ -52,9 +52,9 @@ pub(crate) fn accumulate() -> Graph {
     graph
 }
 
-/// `decay`: `s ← s·w + Σ x/2` (x summed over its first dim), output `z = softmax(s')`; the
+/// `decay`: `s ← w·s + Σ x/2` (x summed over its first dim), output `z = softmax(s')`; the
 /// same `s` and `w` as [`accumulate`], a per-run `x` of another shape, [8, 3, 4], and a larger
-/// arena.
+/// arena. The product may overwrite `w`, not `s`, so `s` is not written in place.
 pub(crate) fn decay() -> Graph {
     let mut graph = Graph::new("decay");
     let s = graph.input("s", InputKind::State, ty(&[3, 4])).unwrap();
@@ -63,7 +63,7 @@ pub(crate) fn decay() -> Graph {
     let half = graph.op1(Op::Scale { alpha: 0.5 }, &[x]).unwrap();
     let shape = [3, 4].into();
     let r = graph.op1(Op::SumToShape { shape }, &[half]).unwrap();
-    let a = graph.op1(Op::Mul, &[s, w]).unwrap();
+    let a = graph.op1(Op::Mul, &[w, s]).unwrap();
     let s2 = graph.op1(Op::Add, &[a, r]).unwrap();
     let z = graph.op1(Op::Softmax, &[s2]).unwrap();
     graph.output("z", z).unwrap();

@@ -12,7 +12,7 @@
 use kiln_ir::{DType, Op, Shape, TensorType};
 use kiln_kernels::attention::flash;
 use kiln_kernels::matmul::Transpose;
-use kiln_kernels::optim::AdamW;
+use kiln_kernels::optim::{AdamW, Scatter, TableState};
 use kiln_kernels::{activation, copy, elementwise, embedding, loss, norm, rope};
 use kiln_kernels::{Error, Result, TensorView, TensorViewMut};
 
@@ -294,8 +294,10 @@ fn run_kernels(
                 kiln_kernels::optim::adamw(p, &i[1], m, v, (step, grad_scale), &config)
             })
         }
-        // The gradient of each row made in a row of scratch, the named rows' bits after it.
-        Op::EmbeddingAdamW { config, .. } => {
+        // The gradient of each row made in a row of scratch, the named rows' bits after it;
+        // the rows the op does not update pass through, in the copy too.
+        Op::EmbeddingAdamW { config, rows, .. } => {
+            let (ids, grad, base) = op.embedding_update_ports().expect("an embedding update");
             let at = op.adamw().map_or(3, |(_, step)| step);
             let (step, config) = adamw_config(&config, &i[at], &i[at + 1])?;
             let dtype = i[0].dtype();
@@ -303,11 +305,25 @@ fn run_kernels(
             let row_bytes = conversion_bytes(dtype, row_dims) as usize;
             let (row, named) = workspace.split_at_mut(row_bytes.min(workspace.len()));
             let mut row = typed_workspace(row, dtype, row_dims, op)?;
-            let scatter = (&i[at + 2], &i[at + 3], i.get(at + 4));
-            updated([&i[0], &i[1], &i[2]], o, |p, m, v| {
-                let scratch = (&mut row, &mut *named);
-                kiln_kernels::optim::embedding_adamw((p, m, v), scatter, scratch, step, &config)
-            })
+            for (from, to) in i.iter().zip(o.iter_mut()) {
+                copy::copy(from, to)?;
+            }
+            let [p, m, v, copied @ ..] = o else {
+                unreachable!("the type rule gives an update three or four results")
+            };
+            let state = TableState {
+                param: p,
+                m,
+                v,
+                copy: copied.first_mut(),
+            };
+            let scatter = Scatter {
+                ids: &i[ids],
+                grad_out: grad.map(|g| &i[g]),
+                base: base.map(|b| &i[b]),
+            };
+            let scratch = (&mut row, &mut *named);
+            kiln_kernels::optim::embedding_adamw(state, rows, scatter, scratch, step, &config)
         }
         // The reference kernels run in a world of one rank, where the sum over the ranks is a
         // copy (the interpreter takes other worlds through its communicator: `interpret_in`).

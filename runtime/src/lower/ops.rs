@@ -497,19 +497,23 @@ impl Lowering<'_> {
                 launches.push(gpu::optim::adamw(update, n, hyper));
                 Ok(launches)
             }
-            Op::EmbeddingAdamW { config, onto, copy } => {
+            &Op::EmbeddingAdamW {
+                config, copy, rows, ..
+            } => {
+                let (ids, grad, base) =
+                    (self.op.embedding_update_ports()).expect("an embedding update");
                 let at = self.op.adamw().map_or(3, |(_, step)| step);
                 let param = self.operand(0, "param", F32)?;
                 let m = self.operand(1, "m", F32)?;
                 let v = self.operand(2, "v", F32)?;
-                let ids = self.operand(at + 2, "ids", I64)?;
-                let grad = self.operand(at + 3, "grad", F32)?;
-                let base = match onto {
-                    true => {
-                        let (base, stored) = self.stored(at + 4, "base")?;
+                let ids = self.operand(ids, "ids", I64)?;
+                let grad = grad.map(|g| self.operand(g, "grad", F32)).transpose()?;
+                let base = match base {
+                    Some(port) => {
+                        let (base, stored) = self.stored(port, "base")?;
                         Some((base.addr(), stored))
                     }
-                    false => None,
+                    None => None,
                 };
                 let [vocab, hidden] = two_dims(self, param, "param")?;
                 let tokens = size(ids.numel());
@@ -518,35 +522,42 @@ impl Lowering<'_> {
                     self.result(1, "m", F32)?,
                     self.result(2, "v", F32)?,
                 );
-                // Results not in place start as copies of their operands.
+                let new_copy = match copy {
+                    true => Some(self.result(3, "copy", DType::BF16)?),
+                    false => None,
+                };
+                // Results not in place start as copies of their operands: the rows the op
+                // does not update pass through.
                 let mut launches = Vec::new();
                 for (from, to) in [(param, new_param), (m, new_m), (v, new_v)] {
+                    launches.extend(copy_unless_same(to.addr(), from.addr(), byte_len(from)));
+                }
+                if let Some(to) = new_copy {
+                    let from = self.operand(3, "copy", DType::BF16)?;
                     launches.extend(copy_unless_same(to.addr(), from.addr(), byte_len(from)));
                 }
                 if vocab * hidden == 0 {
                     return Ok(launches);
                 }
                 let sizes = [tokens, hidden, vocab];
-                let bytes = gpu::embedding::embedding_adamw_workspace_bytes(sizes);
+                let bytes = gpu::embedding::embedding_adamw_workspace_bytes(rows, sizes);
                 let update = gpu::embedding::EmbeddingAdamW {
                     param: new_param.addr(),
                     m: new_m.addr(),
                     v: new_v.addr(),
-                    copy: match copy {
-                        true => Some(self.result(3, "copy", DType::BF16)?.addr()),
-                        false => None,
-                    },
+                    copy: new_copy.map(|c| c.addr()),
                     step: self.operand(at, "step", I64)?.addr(),
                     lr: self.operand(at + 1, "lr", DType::F64)?.addr(),
                     ids: ids.addr(),
-                    grad_out: grad.addr(),
+                    grad_out: grad.map(|g| g.addr()),
                     base,
                     workspace: self.workspace(bytes, new_param.addr())?,
                 };
                 launches.extend(gpu::embedding::embedding_adamw(
                     update,
+                    rows,
                     sizes,
-                    adamw_hyper(config),
+                    adamw_hyper(&config),
                     self.fault,
                 )?);
                 Ok(launches)
