@@ -39,14 +39,15 @@ pub(super) fn embedding_adamw_fusions(graph: &Graph, users: &Users) -> Vec<Fusio
         let ends: Vec<ValueId> = (0..3 + usize::from(copy))
             .map(|port| ValueId { node: update, port })
             .collect();
-        // state, step, lr, then the scatter's ids[, grad][, base].
+        // param, m, v[, copy], step, lr, then the scatter's ids[, grad][, base]: the unnamed
+        // rows' update on the state, the named rows' on the unnamed rows' results.
         let [ids, scatter_grad] = graph.operands(grad.node)[..2] else {
             continue;
         };
         let base = graph.operands(grad.node).get(2).copied();
-        let state: Vec<ValueId> = [0, 2, 3].iter().map(|&port| operands[port]).collect();
+        let mut state: Vec<ValueId> = [0, 2, 3].iter().map(|&port| operands[port]).collect();
+        state.extend(copy.then(|| operands[4]));
         let mut unnamed = state.clone();
-        unnamed.extend(copy.then(|| operands[4]));
         unnamed.extend(&operands[step..]);
         unnamed.push(ids);
         unnamed.extend(base);
@@ -54,14 +55,13 @@ pub(super) fn embedding_adamw_fusions(graph: &Graph, users: &Users) -> Vec<Fusio
         named.extend(&operands[step..]);
         named.extend([ids, scatter_grad]);
         named.extend(base);
+        // The unnamed rows' results have the state's types.
+        let mut typed = state;
+        typed.extend(&named[ends.len()..]);
         let ops = [
             (op(EmbeddingRows::Unnamed), unnamed),
-            (op(EmbeddingRows::Named), named.clone()),
+            (op(EmbeddingRows::Named), named),
         ];
-        // The named rows' update reads the unnamed rows' results, which have the state's types.
-        let mut typed = state;
-        typed.extend(copy.then(|| operands[4]));
-        typed.extend(&named[ends.len()..]);
         if !takes(graph, &ops[0].0, &ops[0].1) || !takes(graph, &ops[1].0, &typed) {
             continue;
         }
@@ -141,8 +141,7 @@ mod tests {
     }
 
     #[test]
-    fn an_update_becomes_its_unnamed_rows_then_its_named_rows_onto_a_base_or_not_with_a_copy_or_not(
-    ) {
+    fn an_update_becomes_its_unnamed_then_its_named_rows_with_a_base_or_copy_or_not() {
         for onto in [false, true] {
             for copy in [false, true] {
                 let fused = fuse(&update(onto, copy, false, false)).unwrap();
