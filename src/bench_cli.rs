@@ -58,7 +58,7 @@ pub struct BenchCli {
     #[arg(long, default_value_t = 30)]
     steps: usize,
     /// Fused linears of at most this many rows run the skinny kernel, larger ones
-    /// cuBLASLt (0: all on cuBLASLt; default 8).
+    /// cuBLASLt (0: all on cuBLASLt; default 16).
     #[arg(long)]
     linear_rows: Option<u64>,
     /// The fusion pass: on, or off for the unfused reference program.

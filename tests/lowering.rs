@@ -51,9 +51,9 @@ fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &
             graph.writes().len()
         );
         assert!(summary.kernels > 0);
-        // bf16 decode of up to 8 rows (the default `linear_rows`) runs every linear on the
+        // bf16 decode of up to 16 rows (the default `linear_rows`) runs every linear on the
         // skinny kernels, no GEMM.
-        let skinny = options.precision == Precision::Bf16 && options.batch <= 8;
+        let skinny = options.precision == Precision::Bf16 && options.batch <= 16;
         assert!(summary.gemms > 0 || (skinny && kind == ProgramKind::Decode));
     }
 }
@@ -105,6 +105,39 @@ fn official_programs_lower_with_every_write_in_place() {
         ..options
     };
     check(&config, &swiglu, 1, "qwen2.5-0.5b bf16-swiglu");
+}
+
+/// By default bf16 decode runs its linears on the skinny kernels up to 16 rows and on cuBLASLt
+/// past them (`LowerOptions::linear_rows`, measured in BENCHMARKS.md): no GEMM at 16 rows, one
+/// per weight of each linear (q, k and v are three) at 17.
+#[test]
+fn bf16_decode_takes_the_skinny_kernels_up_to_16_rows() {
+    let config = ModelConfig::tiny();
+    for (batch, skinny) in [(16, true), (17, false)] {
+        let options = ProgramOptions {
+            batch,
+            seq: 6,
+            max_seq: Some(12),
+            precision: Precision::Bf16,
+            ..Default::default()
+        };
+        let graph = build(ProgramKind::Decode, &config, &options).unwrap();
+        let weights: usize = (graph.node_indices())
+            .map(|n| match &graph.node(n).unwrap().kind {
+                kiln_ir::graph::NodeKind::Op(kiln_ir::Op::Linear { biases, .. }) => biases.len(),
+                _ => 0,
+            })
+            .sum();
+        let planned = plan(
+            &graph,
+            &PlanOptions::default(),
+            &kiln_runtime::Workspaces::Cuda,
+        );
+        let summary = lower_for_device(&graph, &planned.unwrap(), LowerOptions::default());
+        let gemms = summary.unwrap().gemms;
+        assert!(weights > 0);
+        assert_eq!(gemms, if skinny { 0 } else { weights }, "batch {batch}");
+    }
 }
 
 /// The HIP backend's lowering (`LowerOptions::portable`) of every tiny program and of the

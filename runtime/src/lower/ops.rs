@@ -72,12 +72,14 @@ impl Default for LowerOptions {
     }
 }
 
-/// The default of [`LowerOptions::linear_rows`], measured on the H200 (BENCHMARKS.md): against
-/// cuBLASLt the skinny kernels win at 1 row (CUDA cores; 0.5B decode 1.61 vs 1.85 ms), 2 and
-/// 8 rows (tensor cores; 0.5B 1.45 vs 1.73 and 1.55 vs 1.77 ms, 1.5B 2.37 vs 2.75 and 2.68 vs
-/// 2.92 ms) and lose at 32 (2.41 vs 2.17, 4.43 vs 3.74 ms). 9 to 31 rows are not measured and
-/// stay on cuBLASLt.
-pub(crate) const DEFAULT_LINEAR_ROWS: u64 = 8;
+/// The default of [`LowerOptions::linear_rows`] (BENCHMARKS.md). Against cuBLASLt the skinny
+/// kernels won on the H200 at 1 row (CUDA cores; 0.5B decode 1.61 vs 1.85 ms), 2 and 8 rows
+/// (tensor cores; 0.5B 1.45 vs 1.73 and 1.55 vs 1.77 ms, 1.5B 2.37 vs 2.75 and 2.68 vs 2.92
+/// ms). On an H100 (2026-12-06, bf16 decode at context 512, skinny vs cuBLASLt) they win at 12
+/// and 16 rows (0.5B 1.36 vs 1.67, 1.53 vs 1.76 ms; 1.5B 2.63 vs 2.89, 2.79 vs 3.03 ms), and
+/// past 16 only for the 0.5B model (24: 1.70 vs 1.83 ms, 28: 1.82 vs 1.89) while the 1.5B
+/// loses at 24 (3.37 vs 3.29 ms); both lose at 32 (0.5B 1.99 vs 1.95, 1.5B 3.93 vs 3.55 ms).
+pub(crate) const DEFAULT_LINEAR_ROWS: u64 = 16;
 
 /// The launches that compute `op`: read `i` (operands by port), overwrite `o` (results by
 /// port), scratch in `workspace` (address and bytes; `None` when the plan gives none); kernels
