@@ -51,10 +51,14 @@ fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &
             graph.writes().len()
         );
         assert!(summary.kernels > 0);
-        // bf16 decode of up to 16 rows (the default `linear_rows`) runs every linear on the
-        // skinny kernels, no GEMM.
-        let skinny = options.precision == Precision::Bf16 && options.batch <= 16;
-        assert!(summary.gemms > 0 || (skinny && kind == ProgramKind::Decode));
+        // bf16 inference of up to 16 rows (the default `linear_rows`: a decode's batch, a
+        // prefill's tokens) runs every linear on the skinny kernels, no GEMM.
+        let rows = match kind {
+            ProgramKind::Decode => options.batch,
+            _ => options.batch * options.seq,
+        };
+        let skinny = options.precision == Precision::Bf16 && rows <= 16;
+        assert!(summary.gemms > 0 || skinny, "{what} {}", kind.name());
     }
 }
 
