@@ -73,7 +73,7 @@ pub(crate) fn in_place_writes(
 
 /// The op that computes `value` and the operand it may overwrite there
 /// (`Alias::MayOverwrite`), if it may.
-pub(crate) fn overwritten_operand(program: &Program, value: Value) -> Option<(usize, Value)> {
+fn overwritten_operand(program: &Program, value: Value) -> Option<(usize, Value)> {
     let Producer::Op { op, port } = program.values[value].producer else {
         return None;
     };

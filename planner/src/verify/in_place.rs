@@ -31,6 +31,10 @@ pub(super) fn check_in_place(
         );
         return fail("in_place", detail);
     }
+    let mut reads: BTreeMap<Value, usize> = BTreeMap::new();
+    for operand in program.ops.values().flat_map(|op| &op.operands) {
+        *reads.entry(*operand).or_default() += 1;
+    }
     for (name, write) in graph.writes() {
         if !plan.in_place_writes.contains(name) {
             continue;
@@ -47,7 +51,7 @@ pub(super) fn check_in_place(
             );
         };
         // 1: computed by a chain of overwrites that starts at the input itself.
-        let chain = overwrite_chain(graph, program, value);
+        let chain = overwrite_chain(program, &reads, value);
         let first = match chain.last() {
             Some(&(node, operand)) if operand == input => node,
             _ => {
@@ -93,12 +97,14 @@ pub(super) fn check_in_place(
 }
 
 /// The ops that compute `value` each over the operand it may overwrite (`Alias::MayOverwrite`),
-/// last first: `value`'s op, and while that operand is the result of another such op, read by
-/// nothing but the chain's next op and neither an output nor a write, that op too.
-fn overwrite_chain(graph: &Graph, program: &Program, mut value: Value) -> Vec<(usize, Value)> {
-    let external: Vec<Value> = (graph.outputs().iter().chain(graph.writes()))
-        .map(|(_, v)| (v.node.index(), v.port))
-        .collect();
+/// last first: `value`'s op, and while that operand is the result of another such op, read
+/// once (`reads`: operand edges per value) and not kept after the run (neither an output nor a
+/// write), that op too.
+fn overwrite_chain(
+    program: &Program,
+    reads: &BTreeMap<Value, usize>,
+    mut value: Value,
+) -> Vec<(usize, Value)> {
     let mut chain = Vec::new();
     while let Some(op) = program.ops.get(&value.0) {
         let Alias::MayOverwrite(i) = op.op.alias(value.1) else {
@@ -108,11 +114,7 @@ fn overwrite_chain(graph: &Graph, program: &Program, mut value: Value) -> Vec<(u
             break;
         };
         chain.push((value.0, operand));
-        let reads = (program.ops.values())
-            .flat_map(|reader| &reader.operands)
-            .filter(|&&o| o == operand)
-            .count();
-        if reads != 1 || external.contains(&operand) {
+        if reads.get(&operand) != Some(&1) || program.kept.contains(&operand) {
             break;
         }
         value = operand;
