@@ -345,13 +345,13 @@ fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
             };
             let layers = config.num_hidden_layers;
             // q/k/v, o, gate/up with SwiGLU, down per layer, and the head. Past the skinny
-            // kernels' 32 rows, o, gate/up and down (but the last, which the final norm's rows
-            // leave through a slice) write the next linear's input rounded.
+            // kernels' default 16 rows, o, gate/up and down (but the last, which the final
+            // norm's rows leave through a slice) write the next linear's input rounded.
             let rows = match kind {
                 ProgramKind::Decode => batch,
                 _ => batch * seq,
             };
-            let rounded = match rows > kiln_ir::LINEAR_MAX_ROWS {
+            let rounded = match rows > kiln_ir::SKINNY_LINEAR_ROWS {
                 true => 3 * layers - 1,
                 false => 0,
             };

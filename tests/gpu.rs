@@ -460,7 +460,7 @@ fn a_rounded_product_is_its_f32_sum_rounded_once() {
 
 /// The lowering options of an op case: fused linears of up to 32 rows on the skinny kernels
 /// (the default sends more than 16 rows to cuBLASLt, which the tiny programs check with every
-/// linear there); more rows take cuBLASLt here too.
+/// linear there); more rows, and a rounded linear's, take cuBLASLt here too.
 fn case_options(op: &Op, options: LowerOptions) -> LowerOptions {
     match op {
         Op::Linear { .. } => LowerOptions {

@@ -113,9 +113,11 @@ fn official_programs_lower_with_every_write_in_place() {
 
 /// By default bf16 decode runs its linears on the skinny kernels up to 16 rows and on cuBLASLt
 /// past them (`LowerOptions::linear_rows`, measured in BENCHMARKS.md): no GEMM at 16 rows, one
-/// per weight of each linear (q, k and v are three) at 17.
+/// per weight of each linear (q, k and v are three) at 17, where the fusion pass has the
+/// linears' SwiGLU results and normed rows written rounded for the next GEMM.
 #[test]
 fn bf16_decode_takes_the_skinny_kernels_up_to_16_rows() {
+    use kiln_ir::{graph::NodeKind, Op};
     let config = ModelConfig::tiny();
     for (batch, skinny) in [(16, true), (17, false)] {
         let options = ProgramOptions {
@@ -126,12 +128,19 @@ fn bf16_decode_takes_the_skinny_kernels_up_to_16_rows() {
             ..Default::default()
         };
         let graph = build(ProgramKind::Decode, &config, &options).unwrap();
-        let weights: usize = (graph.node_indices())
-            .map(|n| match &graph.node(n).unwrap().kind {
-                kiln_ir::graph::NodeKind::Op(kiln_ir::Op::Linear { biases, .. }) => biases.len(),
-                _ => 0,
-            })
-            .sum();
+        let (mut weights, mut rounded) = (0, 0);
+        for n in graph.node_indices() {
+            let (op, is_rounded) = match &graph.node(n).unwrap().kind {
+                NodeKind::Op(Op::Rounded(op)) => (&**op, true),
+                NodeKind::Op(op) => (op, false),
+                _ => continue,
+            };
+            if let Op::Linear { biases, .. } = op {
+                weights += biases.len();
+                rounded += usize::from(is_rounded);
+            }
+        }
+        assert_eq!(rounded > 0, !skinny, "batch {batch}");
         let planned = plan(
             &graph,
             &PlanOptions::default(),

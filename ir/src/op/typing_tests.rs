@@ -885,11 +885,12 @@ fn linear_with_add_rmsnorm_gives_the_norms_results_of_the_residuals_shape() {
 }
 
 /// A linear writes its SwiGLU result or its normed rows rounded (the sum stays f32) where it
-/// has more rows than the skinny kernels take, and a linear with neither has no rounded form.
+/// has more rows than the skinny kernels take by default, and a linear with neither has no
+/// rounded form.
 #[test]
-fn a_rounded_linear_takes_more_rows_than_the_skinny_kernels() {
+fn a_rounded_linear_takes_more_rows_than_the_skinny_kernels_by_default() {
     let bf = |dims: &[usize]| ty(DType::BF16, dims);
-    let rows = crate::LINEAR_MAX_ROWS;
+    let rows = crate::SKINNY_LINEAR_ROWS;
     let rounded = |swiglu, add_rmsnorm| {
         Op::Rounded(Box::new(Op::Linear {
             biases: vec![false; if swiglu { 2 } else { 1 }],

@@ -27,7 +27,8 @@ mod tests;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LowerOptions {
     /// Fused linears (`Op::Linear`) of at most this many rows run the skinny kernel
-    /// (`kernels/cuda/linear.cu`), larger ones the vendor GEMM; 0 sends all to the GEMM.
+    /// (`kernels/cuda/linear.cu`), larger ones the vendor GEMM; 0 sends all to the GEMM. A
+    /// rounded linear (more rows than [`kiln_ir::SKINNY_LINEAR_ROWS`]) always takes the GEMM.
     pub linear_rows: u64,
     /// Split skinny linears finish inside their clusters of blocks, with no reduce launch
     /// (`kernels/cuda/linear_common.cuh`); only where the device has thread block clusters
@@ -79,7 +80,7 @@ impl Default for LowerOptions {
 /// and 16 rows (0.5B 1.36 vs 1.67, 1.53 vs 1.76 ms; 1.5B 2.63 vs 2.89, 2.79 vs 3.03 ms), and
 /// past 16 only for the 0.5B model (24: 1.70 vs 1.83 ms, 28: 1.82 vs 1.89) while the 1.5B
 /// loses at 24 (3.37 vs 3.29 ms); both lose at 32 (0.5B 1.99 vs 1.95, 1.5B 3.93 vs 3.55 ms).
-pub(crate) const DEFAULT_LINEAR_ROWS: u64 = 16;
+pub(crate) const DEFAULT_LINEAR_ROWS: u64 = kiln_ir::SKINNY_LINEAR_ROWS as u64;
 
 /// The launches that compute `op`: read `i` (operands by port), overwrite `o` (results by
 /// port), scratch in `workspace` (address and bytes; `None` when the plan gives none); kernels

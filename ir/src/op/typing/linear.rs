@@ -6,10 +6,15 @@ use crate::{DType, Error, Op, Result, TensorType};
 /// The most weight groups of one [`Op::Linear`].
 pub const LINEAR_MAX_GROUPS: usize = 3;
 
-/// The most rows of `x` the skinny linear kernels take (kernels/src/gpu/linear.rs). A linear of
-/// more rows runs on the vendor GEMM and its own SwiGLU and add + RMSNorm kernels, which can
-/// write their results rounded: only such a linear has a rounded form ([`Op::Rounded`]).
+/// The most rows of `x` the skinny linear kernels take (kernels/src/gpu/linear.rs).
 pub const LINEAR_MAX_ROWS: usize = 32;
+
+/// The most rows of `x` a linear runs on the skinny kernels by default (the CUDA lowering's
+/// `linear_rows`, chosen by timing: BENCHMARKS.md). A linear of more rows runs on the vendor
+/// GEMM and its own SwiGLU and add + RMSNorm kernels, which can write their results rounded:
+/// only such a linear has a rounded form ([`Op::Rounded`]), and a rounded linear runs there
+/// whatever the lowering's `linear_rows`.
+pub const SKINNY_LINEAR_ROWS: usize = 16;
 
 pub(super) fn linear_types(
     rule: &Rule<'_>,

@@ -147,14 +147,9 @@ pub(super) fn lower_linear(
         group.out = out_of(g);
     }
     let bf16_biases = bias.iter().flatten().all(|(b, _)| b.dtype == DType::BF16);
-    if shape.m <= options.linear_rows && bf16_biases && skinny.fits() {
-        if at.rounded {
-            // Unreached through the type rule (a rounded linear has more rows than fit).
-            return Err(at.unsupported(format!(
-                "the skinny kernel writes f32 results: a rounded linear of {} rows",
-                shape.m
-            )));
-        }
+    // The skinny kernels write f32 results: a rounded linear runs on the vendor GEMM (its type
+    // rule gives it more rows than the default `linear_rows`, not more than a larger one).
+    if shape.m <= options.linear_rows && !at.rounded && bf16_biases && skinny.fits() {
         let bytes = skinny.workspace_bytes();
         let workspace = (bytes > 0).then_some(at.workspace(bytes, x.addr())?);
         return Ok(match norm {
