@@ -85,9 +85,17 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
                 kiln_decode_widen(v_raw[u], v_chunk, v_values);
                 const int e0 = i * per;  // a vector never crosses a row
                 float* key = keys + (e0 / dim) * stride + e0 % dim;
+                if (stride % 4 == 0) {  // rows and vectors 16-byte aligned (dim % 4 == 0)
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    if (e < per) key[e] = k_values[e];
+                    for (int f = 0; f < per / 4; ++f) {
+                        ((float4*)key)[f] = make_float4(k_values[4 * f], k_values[4 * f + 1],
+                                                        k_values[4 * f + 2], k_values[4 * f + 3]);
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        if (e < per) key[e] = k_values[e];
+                    }
                 }
                 if (dense_vectors) {
                     float4* to = (float4*)(values + e0);
@@ -126,17 +134,142 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
     }
 }
 
+// Step 2 of the split (below): scores[h][key] = q[h] · keys[key] · scale for the chunk's keys.
+// Thread (key, team), teams = threads / chunk: heads team, team + teams, ... R at a time, so
+// each key's row is read from shared memory once for R heads (four floats a load where rows
+// are 16-byte aligned; q's rows are one address across the lanes). Each dot product runs as
+// four running sums over its terms d mod 4 (the last dim % 4 in sums[0]).
+template <int R>
+__device__ __forceinline__ void kiln_decode_scores(float* scores, const float* q_shared,
+                                                   const float* keys, int count, int chunk,
+                                                   int scores_stride, int group, int dim,
+                                                   int stride, float scale) {
+    const int teams = (int)blockDim.x / chunk;  // chunk <= 64 <= blockDim.x
+    const int key = (int)threadIdx.x % chunk, team = (int)threadIdx.x / chunk;
+    if (team >= teams || key >= count) return;
+    const float* k_row = keys + key * stride;
+    for (int h0 = team; h0 < group; h0 += teams * R) {
+        const float* q_rows[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int h = h0 + r * teams;
+            q_rows[r] = q_shared + (h < group ? h : h0) * dim;
+        }
+        float sums[R][4];
+#pragma unroll
+        for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = sums[r][2] = sums[r][3] = 0.0f;
+        int d = 0;
+        if (dim % 4 == 0) {
+#pragma unroll 2
+            for (; d + 4 <= dim; d += 4) {
+                const float4 k = *(const float4*)(k_row + d);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float4 q = *(const float4*)(q_rows[r] + d);
+                    sums[r][0] += q.x * k.x;
+                    sums[r][1] += q.y * k.y;
+                    sums[r][2] += q.z * k.z;
+                    sums[r][3] += q.w * k.w;
+                }
+            }
+        } else {
+            for (; d + 4 <= dim; d += 4) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) sums[r][u] += q_rows[r][d + u] * k_row[d + u];
+                }
+            }
+        }
+        for (; d < dim; ++d) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) sums[r][0] += q_rows[r][d] * k_row[d];
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int h = h0 + r * teams;
+            if (h < group) scores[h * scores_stride + key] = kiln_decode_total(sums[r]) * scale;
+        }
+    }
+}
+
+// Step 4 of the split: acc[h][d] = sum over the chunk's keys of p[h][key] · values[key][d],
+// into out[h · head_step + 2 + d]. Thread (d, team), teams = threads / dim: heads team,
+// team + teams, ... R at a time, so each value is read from shared memory once for R heads
+// (p four keys a load where rows are 16-byte aligned, one address across a warp's lanes).
+// Each sum runs as four running sums over its keys mod 4 (the last count % 4 in sums[0]).
+template <int R>
+__device__ __forceinline__ void kiln_decode_values(float* out, i64 head_step,
+                                                   const float* scores, const float* values,
+                                                   int count, int scores_stride, int group,
+                                                   int dim) {
+    const int threads = (int)blockDim.x;
+    const int teams = threads >= dim ? threads / dim : 1;
+    for (int i = (int)threadIdx.x; i < teams * dim; i += threads) {
+        const int d = i % dim, team = i / dim;
+        const float* v = values + d;
+        for (int h0 = team; h0 < group; h0 += teams * R) {
+            const float* p[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int h = h0 + r * teams;
+                p[r] = scores + (h < group ? h : h0) * scores_stride;
+            }
+            float sums[R][4];
+#pragma unroll
+            for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = sums[r][2] = sums[r][3] = 0.0f;
+            int key = 0;
+#pragma unroll 2
+            for (; key + 4 <= count; key += 4) {
+                float value[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) value[u] = v[(key + u) * dim];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float weight[4];
+                    if (dim % 4 == 0) {
+                        const float4 w = *(const float4*)(p[r] + key);
+                        weight[0] = w.x, weight[1] = w.y, weight[2] = w.z, weight[3] = w.w;
+                    } else {
+#pragma unroll
+                        for (int u = 0; u < 4; ++u) weight[u] = p[r][key + u];
+                    }
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) sums[r][u] += weight[u] * value[u];
+                }
+            }
+            for (; key < count; ++key) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) sums[r][0] += p[r][key] * v[key * dim];
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int h = h0 + r * teams;
+                if (h < group) out[h * head_step + 2 + d] = kiln_decode_total(sums[r]);
+            }
+        }
+    }
+}
+
+// Heads a thread takes at once: 1 where its team has one (teams = threads / width), else 2.
+__device__ __forceinline__ int kiln_decode_heads(int group, int width) {
+    const int teams = (int)blockDim.x >= width ? (int)blockDim.x / width : 1;
+    return group <= teams ? 1 : 2;
+}
+
 // One block per (chunk, KV head, b·T + t): the `group` query heads of one KV head share its
 // chunk of cache rows, read once. Dynamic shared memory, in floats: q [group][D], keys
-// [chunk][D + 1] (padded: the score loop reads rows, not columns), values [chunk][D], scores
-// [group][chunk]. Steps, each with the whole block:
+// [chunk][stride] (rows padded: D + 4 where D % 4 == 0, keeping them 16-byte aligned, else
+// D + 1; a quarter warp's row loads fall in distinct banks), values [chunk][D], scores
+// [group][chunk rounded up to 4]. Steps, each with the whole block:
 // 1. the chunk's keys and values widened to f32 (coalesced), and q: the rows below the
 //    position before the wait for the kernel before (the indices are graph inputs, and no op
 //    of the program writes those rows: the IR verifier's `attention caches` rule), q and the
 //    rows the step itself writes after it;
-// 2. one thread per (head, key) score, its dot product as four running sums;
+// 2. the scores (`kiln_decode_scores`);
 // 3. one warp per head: the chunk max m and sum l of exp(score - m) by fixed butterflies;
-// 4. one thread per (head, d): acc = sum over keys of p · v, as four running sums.
+// 4. acc = p · values (`kiln_decode_values`).
+// Every sum's order is fixed by the head's dims and the chunk, not by the batch or the group.
 template <typename C>
 __device__ void kiln_cached_attention_split(float* partials, const float* q, const C* k_cache,
                                             const C* v_cache, const i64* positions,
@@ -158,7 +291,9 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
     visible = visible < 0 ? 0 : (visible > capacity ? capacity : visible);
     const i64 first = split * chunk;
     const i64 count = visible > first ? (visible - first < chunk ? visible - first : chunk) : 0;
-    const i64 stride = head_dim + 1;
+    const int dim = (int)head_dim;
+    const int stride = dim % 4 == 0 ? dim + 4 : dim + 1;
+    const int scores_stride = ((int)chunk + 3) / 4 * 4;
     float* q_shared = kiln_shared;
     float* keys = q_shared + group * head_dim;
     float* values = keys + chunk * stride;
@@ -167,34 +302,30 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
 
     const C* k_chunk = k_cache + kv_first + first * head_dim;
     const C* v_chunk = v_cache + kv_first + first * head_dim;
-    const int dim = (int)head_dim;
     const i64 below = position - first;  // rows of the chunk below the position
     const int settled = (int)(below < 0 ? 0 : (below < count ? below : count));
-    kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, 0, settled, dim, (int)stride);
+    kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, 0, settled, dim, stride);
     kiln_grid_dependency_wait();
     if (bad && threadIdx.x == 0) kiln_raise(fault);
     kiln_decode_stage_q(q_shared, q, b, t, kv, group, q_heads, q_len, head_dim);
-    kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, settled, (int)count, dim, (int)stride);
+    kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, settled, (int)count, dim, stride);
     __syncthreads();
-    for (int i = threadIdx.x; i < (int)(group * count); i += threads) {
-        const int h = i / (int)count, key = i % (int)count;
-        const float* q_row = q_shared + h * head_dim;
-        const float* k_row = keys + key * stride;
-        float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        int d = 0;
-#pragma unroll 2
-        for (; d + 4 <= dim; d += 4) {
-#pragma unroll
-            for (int u = 0; u < 4; ++u) sums[u] += q_row[d + u] * k_row[d + u];
-        }
-        for (; d < dim; ++d) sums[0] += q_row[d] * k_row[d];
-        scores[h * chunk + key] = kiln_decode_total(sums) * scale;
+    if (kiln_decode_heads((int)group, (int)chunk) == 1) {
+        kiln_decode_scores<1>(scores, q_shared, keys, (int)count, (int)chunk, scores_stride,
+                              (int)group, dim, stride, scale);
+    } else {
+        kiln_decode_scores<2>(scores, q_shared, keys, (int)count, (int)chunk, scores_stride,
+                              (int)group, dim, stride, scale);
     }
     __syncthreads();
+    // The partial results of head 0 of the group; head h's are h · head_step floats on.
+    float* out = partials + (((b * q_heads + kv * group) * q_len + t) * splits + split) *
+                                (head_dim + 2);
+    const i64 head_step = q_len * splits * (head_dim + 2);
     const int lane = threadIdx.x % KILN_WARP;
     const i64 warps = threads / KILN_WARP;
     for (i64 h = threadIdx.x / KILN_WARP; h < group; h += warps) {
-        float* s = scores + h * chunk;
+        float* s = scores + h * scores_stride;
         float m = -__int_as_float(0x7f800000);
         for (i64 key = lane; key < count; key += KILN_WARP) m = kiln_max(m, s[key]);
         m = kiln_warp_max(m);
@@ -206,44 +337,31 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
         }
         l = kiln_warp_sum(l);
         if (lane == 0) {
-            float* out = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
-                                        (head_dim + 2);
-            out[0] = m;
-            out[1] = l;
+            out[h * head_step] = m;
+            out[h * head_step + 1] = l;
         }
     }
     __syncthreads();
-    for (i64 i = threadIdx.x; i < group * head_dim; i += threads) {
-        const i64 h = i / head_dim, d = i % head_dim;
-        const float* p = scores + h * chunk;
-        const float* v = values + d;
-        float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        int key = 0;
-#pragma unroll 2
-        for (; key + 4 <= (int)count; key += 4) {
-#pragma unroll
-            for (int u = 0; u < 4; ++u) sums[u] += p[key + u] * v[(key + u) * head_dim];
-        }
-        for (; key < (int)count; ++key) sums[0] += p[key] * v[key * head_dim];
-        float* out = partials + (((b * q_heads + kv * group + h) * q_len + t) * splits + split) *
-                                    (head_dim + 2);
-        out[2 + d] = kiln_decode_total(sums);
+    if (kiln_decode_heads((int)group, dim) == 1) {
+        kiln_decode_values<1>(out, head_step, scores, values, (int)count, scores_stride,
+                              (int)group, dim);
+    } else {
+        kiln_decode_values<2>(out, head_step, scores, values, (int)count, scores_stride,
+                              (int)group, dim);
     }
 }
 
-extern "C" __global__ void cached_attention_split_f32(float* partials, const float* q,
-                                                      const float* k_cache,
-                                                      const float* v_cache,
-                                                      const i64* positions, const i64* rows,
-                                                      i64 slots, i64 q_heads, i64 kv_heads,
-                                                      i64 q_len, i64 capacity, i64 head_dim,
-                                                      i64 chunk, float scale, int* fault) {
+// 256 threads (BLOCK_THREADS), at most 64 registers: four blocks a multiprocessor.
+extern "C" __global__ void __launch_bounds__(256, 4) cached_attention_split_f32(
+    float* partials, const float* q, const float* k_cache, const float* v_cache,
+    const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
+    i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
     // The body waits once the rows nothing writes are staged.
     kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
                                 kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
 
-extern "C" __global__ void cached_attention_split_f32_bf16(
+extern "C" __global__ void __launch_bounds__(256, 4) cached_attention_split_f32_bf16(
     float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {

@@ -25,7 +25,8 @@ pub fn splits(capacity: u64, head_dim: u64) -> u64 {
 fn split_shared_bytes(dims: &AttentionDims) -> u64 {
     let group = dims.q_heads / dims.kv_heads.max(1);
     let (d, chunk) = (dims.head_dim, key_chunk(dims.head_dim));
-    (group * d + chunk * (d + 1) + chunk * d + group * chunk) * 4
+    let key_stride = if d % 4 == 0 { d + 4 } else { d + 1 };
+    (group * d + chunk * key_stride + chunk * d + group * chunk.next_multiple_of(4)) * 4
 }
 
 /// The dynamic shared memory a block may take without opting in to more.

@@ -2,7 +2,8 @@
 //! few rows, else the vendor GEMM with the input's cast (none for a bf16 input), the biases,
 //! SwiGLU and the residual add + RMSNorm as kernels of their own — the unfused program's
 //! launches, in one op. Only that path writes a rounded linear's (`Op::Rounded`) SwiGLU result
-//! or normed rows in bf16: its type rule keeps it to more rows than the skinny kernel takes.
+//! or normed rows in bf16, so a rounded linear always takes it (its type rule keeps it to more
+//! rows than the skinny kernels take by default).
 
 use kiln_ir::{DType, TensorType};
 use kiln_kernels::gpu::linear::{
