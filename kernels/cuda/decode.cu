@@ -16,13 +16,23 @@ extern __shared__ float kiln_shared[];
 #define KILN_DECODE_VECTORS 2
 
 // q_shared[h][d] = q[b, kv * group + h, t, d] for the group's query heads: the block's
-// threads in turn, each issuing its loads before its stores.
+// threads in turn, four floats a load where the rows are 16-byte aligned.
 __device__ __forceinline__ void kiln_decode_stage_q(float* q_shared, const float* q, i64 b, i64 t,
-                                                    i64 kv, i64 group, i64 q_heads, i64 q_len,
-                                                    i64 head_dim) {
-    for (i64 i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
-        const i64 h = kv * group + i / head_dim;
-        q_shared[i] = q[((b * q_heads + h) * q_len + t) * head_dim + i % head_dim];
+                                                    i64 kv, int group, i64 q_heads, i64 q_len,
+                                                    int dim) {
+    const float* first = q + ((b * q_heads + kv * group) * q_len + t) * dim;
+    const i64 head_step = q_len * dim;  // between the group's heads
+    if (dim % 4 == 0 && ((unsigned long long)first & 15) == 0) {
+        const int quads = dim / 4;
+        for (int i = threadIdx.x; i < group * quads; i += blockDim.x) {
+            const int h = i / quads;
+            ((float4*)q_shared)[i] = *(const float4*)(first + h * head_step + 4 * (i - h * quads));
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < group * dim; i += blockDim.x) {
+        const int h = i / dim;
+        q_shared[i] = first[h * head_step + (i - h * dim)];
     }
 }
 
@@ -83,8 +93,8 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
                 float k_values[8], v_values[8];
                 kiln_decode_widen(k_raw[u], k_chunk, k_values);
                 kiln_decode_widen(v_raw[u], v_chunk, v_values);
-                const int e0 = i * per;  // a vector never crosses a row
-                float* key = keys + (e0 / dim) * stride + e0 % dim;
+                const int e0 = i * per, row = e0 / dim;  // a vector never crosses a row
+                float* key = keys + row * stride + (e0 - row * dim);
                 if (stride % 4 == 0) {  // rows and vectors 16-byte aligned (dim % 4 == 0)
 #pragma unroll
                     for (int f = 0; f < per / 4; ++f) {
@@ -127,7 +137,8 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
         for (int u = 0; u < KILN_DECODE_ROUND; ++u) {
             const int i = base + u * threads;
             if (i < end) {
-                keys[(i / dim) * stride + i % dim] = k_values[u];
+                const int row = i / dim;
+                keys[row * stride + (i - row * dim)] = k_values[u];
                 values[i] = v_values[u];
             }
         }
@@ -269,6 +280,8 @@ __device__ __forceinline__ int kiln_decode_heads(int group, int width) {
 // 2. the scores (`kiln_decode_scores`);
 // 3. one warp per head: the chunk max m and sum l of exp(score - m) by fixed butterflies;
 // 4. acc = p · values (`kiln_decode_values`).
+// A chunk above the position (no key visible) writes its empty partials (m = −inf, l = 0,
+// acc = 0) after the wait and stops.
 // Every sum's order is fixed by the head's dims and the chunk, not by the batch or the group.
 template <typename C>
 __device__ void kiln_cached_attention_split(float* partials, const float* q, const C* k_cache,
@@ -276,10 +289,11 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
                                             const i64* rows, i64 slots, i64 q_heads,
                                             i64 kv_heads, i64 q_len, i64 capacity, i64 head_dim,
                                             i64 chunk, float scale, int* fault) {
-    const i64 split = blockIdx.x, kv = blockIdx.y, row = blockIdx.z;
+    const i64 split = blockIdx.x, kv = blockIdx.y;
     const i64 splits = gridDim.x;
-    const i64 b = row / q_len, t = row % q_len;
-    const i64 group = q_heads / kv_heads;
+    // 32-bit quotients (grid sizes and head counts): a 64-bit division is a long routine.
+    const int b_t = blockIdx.z, b = b_t / (int)q_len, t = b_t - b * (int)q_len;
+    const i64 group = (int)q_heads / (int)kv_heads;
     // A position outside 0..=capacity - T or a slot outside the pool raises the fault word;
     // the clamp keeps every read inside the cache. A padding row (or a bad slot) reads no
     // key: its output is 0.
@@ -307,7 +321,18 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
     kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, 0, settled, dim, stride);
     kiln_grid_dependency_wait();
     if (bad && threadIdx.x == 0) kiln_raise(fault);
-    kiln_decode_stage_q(q_shared, q, b, t, kv, group, q_heads, q_len, head_dim);
+    // The partial results of head 0 of the group; head h's are h · head_step floats on.
+    float* out = partials + (((b * q_heads + kv * group) * q_len + t) * splits + split) *
+                                (head_dim + 2);
+    const i64 head_step = q_len * splits * (head_dim + 2);
+    if (count == 0) {  // no key of the chunk is visible: m = −inf, l = 0, acc = 0
+        for (int i = threadIdx.x; i < (int)group * (dim + 2); i += (int)threads) {
+            const int h = i / (dim + 2), e = i - h * (dim + 2);
+            out[h * head_step + e] = e == 0 ? -__int_as_float(0x7f800000) : 0.0f;
+        }
+        return;
+    }
+    kiln_decode_stage_q(q_shared, q, b, t, kv, (int)group, q_heads, q_len, dim);
     kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, settled, (int)count, dim, stride);
     __syncthreads();
     if (kiln_decode_heads((int)group, (int)chunk) == 1) {
@@ -318,19 +343,15 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
                               (int)group, dim, stride, scale);
     }
     __syncthreads();
-    // The partial results of head 0 of the group; head h's are h · head_step floats on.
-    float* out = partials + (((b * q_heads + kv * group) * q_len + t) * splits + split) *
-                                (head_dim + 2);
-    const i64 head_step = q_len * splits * (head_dim + 2);
     const int lane = threadIdx.x % KILN_WARP;
-    const i64 warps = threads / KILN_WARP;
-    for (i64 h = threadIdx.x / KILN_WARP; h < group; h += warps) {
+    const int warps = (int)threads / KILN_WARP;
+    for (int h = threadIdx.x / KILN_WARP; h < (int)group; h += warps) {
         float* s = scores + h * scores_stride;
         float m = -__int_as_float(0x7f800000);
-        for (i64 key = lane; key < count; key += KILN_WARP) m = kiln_max(m, s[key]);
+        for (int key = lane; key < (int)count; key += KILN_WARP) m = kiln_max(m, s[key]);
         m = kiln_warp_max(m);
         float l = 0.0f;
-        for (i64 key = lane; key < count; key += KILN_WARP) {
+        for (int key = lane; key < (int)count; key += KILN_WARP) {
             const float p = expf(s[key] - m);
             s[key] = p;
             l += p;
@@ -382,8 +403,8 @@ extern "C" __global__ void cached_attention_combine_f32(float* out, const float*
                                                         i64 q_heads, i64 q_len, i64 head_dim,
                                                         i64 splits) {
     kiln_grid_dependency_wait();
-    const i64 h = blockIdx.y, row = blockIdx.z;
-    const i64 b = row / q_len, t = row % q_len;
+    const i64 h = blockIdx.y;
+    const int b_t = blockIdx.z, b = b_t / (int)q_len, t = b_t - b * (int)q_len;
     const i64 q_index = (b * q_heads + h) * q_len + t;
     const i64 stride = head_dim + 2;
     const float* part = partials + q_index * splits * stride;
