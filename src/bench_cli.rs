@@ -58,7 +58,8 @@ pub struct BenchCli {
     #[arg(long, default_value_t = 30)]
     steps: usize,
     /// Fused linears of at most this many rows run the skinny kernel, larger ones
-    /// cuBLASLt (0: all on cuBLASLt; default 16).
+    /// cuBLASLt (0: all on cuBLASLt; default 32, the most it takes). Past 16 rows a linear
+    /// whose SwiGLU or norm output feeds the next GEMM writes it rounded, on cuBLASLt.
     #[arg(long)]
     linear_rows: Option<u64>,
     /// The fusion pass: on, or off for the unfused reference program.

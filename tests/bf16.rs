@@ -344,14 +344,14 @@ fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
                 ops.filter(|op| *op == name).count()
             };
             let layers = config.num_hidden_layers;
-            // q/k/v, o, gate/up with SwiGLU, down per layer, and the head. Past the skinny
-            // kernels' default 16 rows, o, gate/up and down (but the last, which the final
+            // q/k/v, o, gate/up with SwiGLU, down per layer, and the head. Past 16 rows
+            // (`UNROUNDED_LINEAR_MAX_ROWS`), o, gate/up and down (but the last, which the final
             // norm's rows leave through a slice) write the next linear's input rounded.
             let rows = match kind {
                 ProgramKind::Decode => batch,
                 _ => batch * seq,
             };
-            let rounded = match rows > kiln_ir::SKINNY_LINEAR_ROWS {
+            let rounded = match rows > kiln_ir::UNROUNDED_LINEAR_MAX_ROWS {
                 true => 3 * layers - 1,
                 false => 0,
             };

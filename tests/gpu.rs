@@ -459,8 +459,8 @@ fn a_rounded_product_is_its_f32_sum_rounded_once() {
 }
 
 /// The lowering options of an op case: fused linears of up to 32 rows on the skinny kernels
-/// (the default sends more than 16 rows to cuBLASLt, which the tiny programs check with every
-/// linear there); more rows, and a rounded linear's, take cuBLASLt here too.
+/// (the default too; the tiny programs check every linear on cuBLASLt); more rows, and a
+/// rounded linear's, take cuBLASLt.
 fn case_options(op: &Op, options: LowerOptions) -> LowerOptions {
     match op {
         Op::Linear { .. } => LowerOptions {

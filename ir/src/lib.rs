@@ -28,7 +28,7 @@ pub use graph::{Graph, InputKind, ValueId};
 pub use layout::{Layout, LayoutError};
 pub use op::{
     name_of_text, rope_kv, stores, AdamWConfig, Alias, EmbeddingRows, IndexRange, Op,
-    LINEAR_MAX_GROUPS, LINEAR_MAX_ROWS, PADDING_SLOT, SKINNY_LINEAR_ROWS,
+    LINEAR_MAX_GROUPS, LINEAR_MAX_ROWS, PADDING_SLOT, UNROUNDED_LINEAR_MAX_ROWS,
 };
 pub use print::print;
 pub use shape::{Shape, Strides};

@@ -17,7 +17,7 @@ pub mod rope_kv;
 mod typing;
 
 pub use index_range::{IndexRange, PADDING_SLOT};
-pub use typing::{stores, LINEAR_MAX_GROUPS, LINEAR_MAX_ROWS, SKINNY_LINEAR_ROWS};
+pub use typing::{stores, LINEAR_MAX_GROUPS, LINEAR_MAX_ROWS, UNROUNDED_LINEAR_MAX_ROWS};
 
 use std::fmt;
 
@@ -88,7 +88,7 @@ pub enum Op {
     /// RMSNorm's normed rows, prefill's attention output; and RoPE's q and k and v made
     /// head-major, which the bf16 FlashAttention reads rounded. bf16 inference makes them
     /// where a linear reads the result: the first norm, the attention's output, and a linear's
-    /// SwiGLU result or normed rows (of more rows than the skinny kernels take by default).
+    /// SwiGLU result or normed rows (of more than [`UNROUNDED_LINEAR_MAX_ROWS`] rows).
     Rounded(Box<Op>),
     /// `op`, its results as they are, then a bf16 copy of each of those it has a rounded form
     /// of ([`Op::rounded_results`]), rounded as it is written: the op and `Cast{bf16}` of
@@ -534,8 +534,8 @@ impl Op {
     /// FlashAttention's q, k and head-major v), the input gradients of the norms and RoPE
     /// (the GEMMs' gradient inputs), FlashAttention's output (the o GEMM's input), a linear's
     /// SwiGLU result and the normed rows of its add + RMSNorm (the next linear's input: of more
-    /// rows than the skinny kernels take by default, the type rule's condition); none of any
-    /// other op.
+    /// than [`UNROUNDED_LINEAR_MAX_ROWS`] rows, the type rule's condition); none of any other
+    /// op.
     pub fn rounded_results(&self) -> &'static [usize] {
         match self {
             Op::MatMul { .. }

@@ -926,7 +926,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             add_rmsnorm: Some(1e-6),
         };
         let name = format!("linear add_rmsnorm M={m} K={k} N={n} bias={bias} weight {norm_dtype}");
-        if m > kiln_ir::SKINNY_LINEAR_ROWS {
+        if m > kiln_ir::UNROUNDED_LINEAR_MAX_ROWS {
             // The normed rows rounded for the next linear (prefill), from a bf16 input too.
             let mut bf16_in = ins.clone();
             bf16_in[0] = bf(&[m, k]);

@@ -10,7 +10,7 @@ mod loss;
 
 use cache::{attention_types, cached_attention_types, kv_cache_write_types, rope_kv_write_types};
 use linear::linear_types;
-pub use linear::{LINEAR_MAX_GROUPS, LINEAR_MAX_ROWS, SKINNY_LINEAR_ROWS};
+pub use linear::{LINEAR_MAX_GROUPS, LINEAR_MAX_ROWS, UNROUNDED_LINEAR_MAX_ROWS};
 use loss::linear_cross_entropy_types;
 
 /// Checks of one op's operands; every error names the op and the operand port.
@@ -162,17 +162,17 @@ impl Op {
                     return Err(rule.attribute(format!("{op} writes no rounded copy too")));
                 }
                 // A product is rounded from bf16 operands (mixed precision's GEMMs) alone, a
-                // linear where more rows than the skinny kernels take by default run on the
-                // vendor GEMM.
+                // linear of more rows than the skinny kernels' f32 epilogues keep (run on the
+                // vendor GEMM).
                 let bf16 = |t: &TensorType| t.dtype == DType::BF16;
                 if matches!(**op, Op::MatMul { .. }) && !operands.first().is_some_and(bf16) {
                     return Err(rule.type_error(0, "bf16"));
                 }
                 let rows = operands.first().and_then(|x| x.dims().first().copied());
                 if matches!(**op, Op::Linear { .. })
-                    && rows.is_some_and(|m| m <= SKINNY_LINEAR_ROWS)
+                    && rows.is_some_and(|m| m <= UNROUNDED_LINEAR_MAX_ROWS)
                 {
-                    let want = format!("[M,K] with M > {SKINNY_LINEAR_ROWS}");
+                    let want = format!("[M,K] with M > {UNROUNDED_LINEAR_MAX_ROWS}");
                     return Err(rule.type_error(0, want));
                 }
                 let mut results = op.infer(operands)?;

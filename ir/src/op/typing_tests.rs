@@ -885,12 +885,12 @@ fn linear_with_add_rmsnorm_gives_the_norms_results_of_the_residuals_shape() {
 }
 
 /// A linear writes its SwiGLU result or its normed rows rounded (the sum stays f32) where it
-/// has more rows than the skinny kernels take by default, and a linear with neither has no
-/// rounded form.
+/// has more than `UNROUNDED_LINEAR_MAX_ROWS` rows, and a linear with neither has no rounded
+/// form.
 #[test]
-fn a_rounded_linear_takes_more_rows_than_the_skinny_kernels_by_default() {
+fn a_rounded_linear_takes_more_rows_than_an_unrounded_one() {
     let bf = |dims: &[usize]| ty(DType::BF16, dims);
-    let rows = crate::SKINNY_LINEAR_ROWS;
+    let rows = crate::UNROUNDED_LINEAR_MAX_ROWS;
     let rounded = |swiglu, add_rmsnorm| {
         Op::Rounded(Box::new(Op::Linear {
             biases: vec![false; if swiglu { 2 } else { 1 }],

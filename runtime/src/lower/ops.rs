@@ -28,7 +28,8 @@ mod tests;
 pub struct LowerOptions {
     /// Fused linears (`Op::Linear`) of at most this many rows run the skinny kernel
     /// (`kernels/cuda/linear.cu`), larger ones the vendor GEMM; 0 sends all to the GEMM. A
-    /// rounded linear (more rows than [`kiln_ir::SKINNY_LINEAR_ROWS`]) always takes the GEMM.
+    /// rounded linear (more rows than [`kiln_ir::UNROUNDED_LINEAR_MAX_ROWS`]) always takes the
+    /// GEMM.
     pub linear_rows: u64,
     /// Split skinny linears finish inside their clusters of blocks, with no reduce launch
     /// (`kernels/cuda/linear_common.cuh`); only where the device has thread block clusters
@@ -73,14 +74,14 @@ impl Default for LowerOptions {
     }
 }
 
-/// The default of [`LowerOptions::linear_rows`] (BENCHMARKS.md). Against cuBLASLt the skinny
-/// kernels won on the H200 at 1 row (CUDA cores; 0.5B decode 1.61 vs 1.85 ms), 2 and 8 rows
-/// (tensor cores; 0.5B 1.45 vs 1.73 and 1.55 vs 1.77 ms, 1.5B 2.37 vs 2.75 and 2.68 vs 2.92
-/// ms). On an H100 (2026-12-06, bf16 decode at context 512, skinny vs cuBLASLt) they win at 12
-/// and 16 rows (0.5B 1.36 vs 1.67, 1.53 vs 1.76 ms; 1.5B 2.63 vs 2.89, 2.79 vs 3.03 ms), and
-/// past 16 only for the 0.5B model (24: 1.70 vs 1.83 ms, 28: 1.82 vs 1.89) while the 1.5B
-/// loses at 24 (3.37 vs 3.29 ms); both lose at 32 (0.5B 1.99 vs 1.95, 1.5B 3.93 vs 3.55 ms).
-pub(crate) const DEFAULT_LINEAR_ROWS: u64 = kiln_ir::SKINNY_LINEAR_ROWS as u64;
+/// The default of [`LowerOptions::linear_rows`]: every row count the skinny kernels take
+/// (BENCHMARKS.md). Against cuBLASLt they won on the H200 at 1 row (CUDA cores; 0.5B decode
+/// 1.61 vs 1.85 ms), 2 and 8 rows (tensor cores), and on an H100 at 12 and 16 rows (0.5B 1.36
+/// vs 1.67, 1.53 vs 1.76 ms; 1.5B 2.63 vs 2.89, 2.79 vs 3.03 ms). Past 16 rows a linear with a
+/// SwiGLU or norm epilogue is rounded and takes cuBLASLt anyway; the others on the skinny
+/// kernels beat cuBLASLt at 24 and 32 rows (H100, 2026-12-06: 0.5B 1.55 vs 1.69 and 1.71 vs
+/// 1.78 ms; 1.5B 2.84 vs 3.09 and 3.11 vs 3.29 ms).
+pub(crate) const DEFAULT_LINEAR_ROWS: u64 = kiln_ir::LINEAR_MAX_ROWS as u64;
 
 /// The launches that compute `op`: read `i` (operands by port), overwrite `o` (results by
 /// port), scratch in `workspace` (address and bytes; `None` when the plan gives none); kernels

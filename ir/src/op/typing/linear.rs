@@ -6,15 +6,18 @@ use crate::{DType, Error, Op, Result, TensorType};
 /// The most weight groups of one [`Op::Linear`].
 pub const LINEAR_MAX_GROUPS: usize = 3;
 
-/// The most rows of `x` the skinny linear kernels take (kernels/src/gpu/linear.rs).
+/// The most rows of `x` the skinny linear kernels take (kernels/src/gpu/linear.rs), and the
+/// most a linear runs there by default (the CUDA lowering's `linear_rows`).
 pub const LINEAR_MAX_ROWS: usize = 32;
 
-/// The most rows of `x` a linear runs on the skinny kernels by default (the CUDA lowering's
-/// `linear_rows`, chosen by timing: BENCHMARKS.md). A linear of more rows runs on the vendor
-/// GEMM and its own SwiGLU and add + RMSNorm kernels, which can write their results rounded:
-/// only such a linear has a rounded form ([`Op::Rounded`]), and a rounded linear runs there
-/// whatever the lowering's `linear_rows`.
-pub const SKINNY_LINEAR_ROWS: usize = 16;
+/// The most rows of `x` of a linear without a rounded form. The skinny kernels write f32
+/// results; a linear of more rows has a rounded form ([`Op::Rounded`]): it runs on the vendor
+/// GEMM, whose own SwiGLU and add + RMSNorm kernels write the next linear's input rounded
+/// (no cast before that linear's GEMM), whatever the lowering's `linear_rows`. Up to 16 rows
+/// every linear on the skinny kernels measured fastest; past 16, those with a SwiGLU or norm
+/// epilogue rounded on the vendor GEMM and the others (q/k/v, the LM head) on the skinny
+/// kernels (BENCHMARKS.md).
+pub const UNROUNDED_LINEAR_MAX_ROWS: usize = 16;
 
 pub(super) fn linear_types(
     rule: &Rule<'_>,

@@ -3,7 +3,7 @@
 //! SwiGLU and the residual add + RMSNorm as kernels of their own — the unfused program's
 //! launches, in one op. Only that path writes a rounded linear's (`Op::Rounded`) SwiGLU result
 //! or normed rows in bf16, so a rounded linear always takes it (its type rule keeps it to more
-//! rows than the skinny kernels take by default).
+//! than `kiln_ir::UNROUNDED_LINEAR_MAX_ROWS` rows).
 
 use kiln_ir::{DType, TensorType};
 use kiln_kernels::gpu::linear::{
