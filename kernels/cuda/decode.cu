@@ -373,7 +373,9 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
 }
 
 // 256 threads (BLOCK_THREADS), at most 64 registers: four blocks a multiprocessor.
-extern "C" __global__ void __launch_bounds__(256, 4) cached_attention_split_f32(
+#define KILN_DECODE_BOUNDS __launch_bounds__(256, 4)
+
+extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32(
     float* partials, const float* q, const float* k_cache, const float* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
@@ -382,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) cached_attention_split_f32(
                                 kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) cached_attention_split_f32_bf16(
+extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_bf16(
     float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {

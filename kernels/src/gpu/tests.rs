@@ -31,11 +31,11 @@ fn parameter_kind(declaration: &str) -> Option<&'static str> {
     }
 }
 
-/// `source` as the signature checks read it: without the launch-bounds macro between `void`
+/// `source` as the signature checks read it: without the launch-bounds macros between `void`
 /// and a kernel's name, and with each entry-point macro (`#define KILN_..._ENTRY(params)`, one
 /// kernel a use) expanded where it is used, its definition dropped.
 pub(crate) fn expanded(source: &str) -> String {
-    let source = source.replace("KILN_NORM_BOUNDS ", "");
+    let source = (source.replace("KILN_NORM_BOUNDS ", "")).replace("KILN_DECODE_BOUNDS ", "");
     let mut macros: Vec<(String, Vec<&str>, String)> = Vec::new();
     let mut out = String::new();
     let mut lines = source.lines();
