@@ -271,8 +271,8 @@ __device__ __forceinline__ int kiln_decode_heads(int group, int width) {
 // One block per (chunk, KV head, b·T + t): the `group` query heads of one KV head share its
 // chunk of cache rows, read once. Dynamic shared memory, in floats: q [group][D], keys
 // [chunk][stride] (rows padded: D + 4 where D % 4 == 0, keeping them 16-byte aligned, else
-// D + 1; a quarter warp's row loads fall in distinct banks), values [chunk][D], scores
-// [group][chunk rounded up to 4]. Steps, each with the whole block:
+// D + 1; for D a multiple of 8 a quarter warp's row loads fall in distinct banks), values
+// [chunk][D], scores [group][chunk rounded up to 4]. Steps, each with the whole block:
 // 1. the chunk's keys and values widened to f32 (coalesced), and q: the rows below the
 //    position before the wait for the kernel before (the indices are graph inputs, and no op
 //    of the program writes those rows: the IR verifier's `attention caches` rule), q and the

@@ -162,8 +162,7 @@ impl Op {
                     return Err(rule.attribute(format!("{op} writes no rounded copy too")));
                 }
                 // A product is rounded from bf16 operands (mixed precision's GEMMs) alone, a
-                // linear of more rows than the skinny kernels' f32 epilogues keep (run on the
-                // vendor GEMM).
+                // linear of more than `UNROUNDED_LINEAR_MAX_ROWS` rows (on the vendor GEMM).
                 let bf16 = |t: &TensorType| t.dtype == DType::BF16;
                 if matches!(**op, Op::MatMul { .. }) && !operands.first().is_some_and(bf16) {
                     return Err(rule.type_error(0, "bf16"));

@@ -14,9 +14,10 @@ pub const LINEAR_MAX_ROWS: usize = 32;
 /// results; a linear of more rows has a rounded form ([`Op::Rounded`]): it runs on the vendor
 /// GEMM, whose own SwiGLU and add + RMSNorm kernels write the next linear's input rounded
 /// (no cast before that linear's GEMM), whatever the lowering's `linear_rows`. Up to 16 rows
-/// every linear on the skinny kernels measured fastest; past 16, those with a SwiGLU or norm
-/// epilogue rounded on the vendor GEMM and the others (q/k/v, the LM head) on the skinny
-/// kernels (BENCHMARKS.md).
+/// every linear on the skinny kernels measured fastest; at 24 and 32 rows the rounded ones on
+/// the vendor GEMM and the others (q/k/v, the LM head) on the skinny kernels beat every linear
+/// on the vendor GEMM (BENCHMARKS.md; every linear on the skinny kernels is not measured
+/// against that).
 pub const UNROUNDED_LINEAR_MAX_ROWS: usize = 16;
 
 pub(super) fn linear_types(

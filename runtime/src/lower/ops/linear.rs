@@ -149,7 +149,7 @@ pub(super) fn lower_linear(
     }
     let bf16_biases = bias.iter().flatten().all(|(b, _)| b.dtype == DType::BF16);
     // The skinny kernels write f32 results: a rounded linear runs on the vendor GEMM (its type
-    // rule gives it more rows than the default `linear_rows`, not more than a larger one).
+    // rule gives it more than `UNROUNDED_LINEAR_MAX_ROWS` rows, within `linear_rows` or not).
     if shape.m <= options.linear_rows && !at.rounded && bf16_biases && skinny.fits() {
         let bytes = skinny.workspace_bytes();
         let workspace = (bytes > 0).then_some(at.workspace(bytes, x.addr())?);
