@@ -145,6 +145,20 @@ __device__ __forceinline__ void kiln_decode_stage_rows(float* keys, float* value
     }
 }
 
+// rows[r] = the row of head h0 + r · teams in `base` (rows `row_stride` floats apart), for the
+// R heads a thread takes at once; a head past the group gets h0's row (its sums are computed
+// and never written).
+template <int R>
+__device__ __forceinline__ void kiln_decode_head_rows(const float* (&rows)[R], const float* base,
+                                                      int row_stride, int h0, int teams,
+                                                      int group) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int h = h0 + r * teams;
+        rows[r] = base + (h < group ? h : h0) * row_stride;
+    }
+}
+
 // Step 2 of the split (below): scores[h][key] = q[h] · keys[key] · scale for the chunk's keys.
 // Thread (key, team), teams = threads / chunk: heads team, team + teams, ... R at a time, so
 // each key's row is read from shared memory once for R heads (four floats a load where rows
@@ -161,11 +175,7 @@ __device__ __forceinline__ void kiln_decode_scores(float* scores, const float* q
     const float* k_row = keys + key * stride;
     for (int h0 = team; h0 < group; h0 += teams * R) {
         const float* q_rows[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int h = h0 + r * teams;
-            q_rows[r] = q_shared + (h < group ? h : h0) * dim;
-        }
+        kiln_decode_head_rows(q_rows, q_shared, dim, h0, teams, group);
         float sums[R][4];
 #pragma unroll
         for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = sums[r][2] = sums[r][3] = 0.0f;
@@ -221,11 +231,7 @@ __device__ __forceinline__ void kiln_decode_values(float* out, i64 head_step,
         const float* v = values + d;
         for (int h0 = team; h0 < group; h0 += teams * R) {
             const float* p[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const int h = h0 + r * teams;
-                p[r] = scores + (h < group ? h : h0) * scores_stride;
-            }
+            kiln_decode_head_rows(p, scores, scores_stride, h0, teams, group);
             float sums[R][4];
 #pragma unroll
             for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = sums[r][2] = sums[r][3] = 0.0f;
