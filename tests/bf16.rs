@@ -306,8 +306,8 @@ fn bf16_logits_stay_near_f32_and_the_planned_executor_equals_the_interpreter() {
 }
 
 /// The fusion pass rewrites the bf16 programs (every GEMM into a `linear`, gate/up with their
-/// SwiGLU, q/k/v grouped, decode's RoPEs and cache writes into one op per layer; past the
-/// skinny kernels' rows, the linears' inputs written rounded by their producers) and the CPU
+/// SwiGLU, q/k/v grouped, decode's RoPEs and cache writes into one op per layer; past 16 rows,
+/// the linears' inputs written rounded by their producers) and the CPU
 /// reference computes a fused op as its unfused ops, so fused and unfused programs give the
 /// same bits: logits and every cache.
 #[test]
@@ -319,6 +319,7 @@ fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
         let programs = [
             (ProgramKind::Prefill, 2, 5),
             (ProgramKind::Decode, 2, 5),
+            (ProgramKind::Decode, 20, 5),
             (ProgramKind::Prefill, 3, 12),
         ];
         for (kind, batch, seq) in programs {
@@ -345,14 +346,15 @@ fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
             };
             let layers = config.num_hidden_layers;
             // q/k/v, o, gate/up with SwiGLU, down per layer, and the head. Past 16 rows
-            // (`UNROUNDED_LINEAR_MAX_ROWS`), o, gate/up and down (but the last, which the final
-            // norm's rows leave through a slice) write the next linear's input rounded.
-            let rows = match kind {
-                ProgramKind::Decode => batch,
-                _ => batch * seq,
+            // (`UNROUNDED_LINEAR_MAX_ROWS`), o, gate/up and down write the next linear's input
+            // rounded: in decode the last down's normed rows too (the LM head's input), not in
+            // prefill, whose final norm reads the last token's row through a slice.
+            let (rows, last) = match kind {
+                ProgramKind::Decode => (batch, 1),
+                _ => (batch * seq, 0),
             };
             let rounded = match rows > kiln_ir::UNROUNDED_LINEAR_MAX_ROWS {
-                true => 3 * layers - 1,
+                true => 3 * layers - 1 + last,
                 false => 0,
             };
             let linears = count(&fused, "linear") + count(&fused, "rounded_linear");

@@ -53,7 +53,7 @@
 //!   too (`rounded_rope`, `rounded_contiguous`: q, k and the head-major v, which the bf16
 //!   FlashAttention rounds as it reads; in bf16 inference, a linear's input: `rounded_rmsnorm`,
 //!   `rounded_flash_attention`, and `rounded_linear`, a linear's SwiGLU result or normed rows past
-//!   the skinny kernels' rows). Where such a result is read both rounded and as it is, an op whose
+//!   [`UNROUNDED_LINEAR_MAX_ROWS`](crate::UNROUNDED_LINEAR_MAX_ROWS) rows). Where such a result is read both rounded and as it is, an op whose
 //!   kernel can write both ([`Op::also_roundable`]) becomes one [`Op::AlsoRounded`]
 //!   (`also_rounded_*`: the backward's input gradients of the norms and RoPE, v's gradient made
 //!   token-major, the train step's attention output);

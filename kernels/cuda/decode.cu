@@ -9,7 +9,7 @@
 // when rows is null); out [B,T,Hq,D]; partials
 // [B,Hq,T,splits,D+2] f32 as (m, l, acc[0..D]).
 
-extern __shared__ float kiln_shared[];
+extern __shared__ __align__(16) float kiln_shared[];  // float4 accesses below
 
 // Elements, or 16-byte vectors, each thread loads per round before storing them.
 #define KILN_DECODE_ROUND 8

@@ -843,3 +843,12 @@ fn every_kernel_waits_for_its_producers_first() {
         );
     }
 }
+
+/// The split attention kernel's register bound (decode.cu) is written for the block size its
+/// builder launches.
+#[test]
+fn the_split_kernels_bound_names_the_block_size_it_is_launched_with() {
+    let (_, source) = SOURCES.iter().find(|(name, _)| *name == "decode").unwrap();
+    let bound = format!("#define KILN_DECODE_BOUNDS __launch_bounds__({BLOCK_THREADS}, 4)");
+    assert!(source.contains(&bound), "decode.cu lacks `{bound}`");
+}
