@@ -5,6 +5,7 @@
 
 use kiln_frontend::model::{ModelConfig, Precision};
 use kiln_frontend::programs::{build, ProgramKind, ProgramOptions};
+use kiln_ir::{LINEAR_MAX_ROWS, UNROUNDED_LINEAR_MAX_ROWS};
 use kiln_kernels::gpu::SOURCES;
 use kiln_planner::{plan, PlanOptions};
 use kiln_runtime::{lower_for_device, LowerOptions};
@@ -57,7 +58,7 @@ fn check(config: &ModelConfig, options: &ProgramOptions, streams: usize, what: &
             ProgramKind::Decode => options.batch,
             _ => options.batch * options.seq,
         };
-        let skinny = options.precision == Precision::Bf16 && rows <= 16;
+        let skinny = options.precision == Precision::Bf16 && rows <= UNROUNDED_LINEAR_MAX_ROWS;
         assert!(summary.gemms > 0 || skinny, "{what} {}", kind.name());
     }
 }
@@ -143,16 +144,20 @@ fn bf16_decode_takes_the_skinny_kernels_where_they_won() {
             }
         }
         assert!(weights > rounded);
-        assert_eq!(rounded > 0, batch > 16, "batch {batch}");
+        assert_eq!(
+            rounded > 0,
+            batch > UNROUNDED_LINEAR_MAX_ROWS,
+            "batch {batch}"
+        );
         let planned = plan(
             &graph,
             &PlanOptions::default(),
             &kiln_runtime::Workspaces::Cuda,
         );
         let summary = lower_for_device(&graph, &planned.unwrap(), LowerOptions::default());
-        let want = match batch {
-            ..=32 => rounded,
-            _ => weights,
+        let want = match batch <= LINEAR_MAX_ROWS {
+            true => rounded,
+            false => weights,
         };
         assert_eq!(summary.unwrap().gemms, want, "batch {batch}");
     }

@@ -31,11 +31,15 @@ fn parameter_kind(declaration: &str) -> Option<&'static str> {
     }
 }
 
-/// `source` as the signature checks read it: without the launch-bounds macros between `void`
-/// and a kernel's name, and with each entry-point macro (`#define KILN_..._ENTRY(params)`, one
-/// kernel a use) expanded where it is used, its definition dropped.
+/// `source` as the signature checks read it: without the launch-bounds macros
+/// (`KILN_..._BOUNDS`, between `void` and a kernel's name), and with each entry-point macro
+/// (`#define KILN_..._ENTRY(params)`, one kernel a use) expanded where it is used, its
+/// definition dropped.
 pub(crate) fn expanded(source: &str) -> String {
-    let source = (source.replace("KILN_NORM_BOUNDS ", "")).replace("KILN_DECODE_BOUNDS ", "");
+    let bounds = |word: &&str| {
+        (word.strip_suffix(' ')).is_some_and(|w| w.starts_with("KILN_") && w.ends_with("_BOUNDS"))
+    };
+    let source: String = source.split_inclusive(' ').filter(|w| !bounds(w)).collect();
     let mut macros: Vec<(String, Vec<&str>, String)> = Vec::new();
     let mut out = String::new();
     let mut lines = source.lines();
