@@ -81,6 +81,10 @@ pub struct BenchCli {
     /// `--portable on`, which has no cuBLASLt.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     gemm_tune: Switch,
+    /// The cached attention's split kernel prefetches into L2 up to this many bytes (e.g.
+    /// 32MiB) of the weights of the linears after it; 0: none.
+    #[arg(long, value_parser = kiln::memory::parse_bytes)]
+    l2_prefetch: Option<u64>,
     /// Also time each step alone once and list the costliest ops (one stream).
     #[arg(long)]
     profile: bool,
@@ -148,6 +152,7 @@ impl BenchCli {
             clusters,
             portable,
             gemm_tune,
+            l2_prefetch,
             profile,
             timeline,
             memory_budget,
@@ -223,6 +228,7 @@ impl BenchCli {
             clusters: clusters == Switch::On,
             portable: portable == Switch::On,
             gemm_tune: gemm_tune == Switch::On,
+            l2_prefetch,
             profile,
             timeline,
             memory_budget,

@@ -285,3 +285,87 @@ fn parallel_programs_lower_each_all_reduce_to_one_collective() {
         assert_eq!(summary.collectives, collectives, "{}", kind.name());
     }
 }
+
+/// With `LowerOptions::l2_prefetch_bytes` of 32 MiB, each layer's cached attention split of the official bf16
+/// decode prefetches the weights of the linears after it up to the next layer's split, in
+/// their order (the o projection, gate, up, down, and the next layer's q, k, v: the ranges
+/// the kernel takes), whole while they fit the budget; without it (the default), nothing. A
+/// tiny model's weights are all below the least range worth a prefetch.
+#[test]
+fn decode_splits_prefetch_the_weights_of_the_linears_after_them() {
+    let (config, _) = kiln_frontend::hf::presets::preset("qwen2.5-0.5b").unwrap();
+    let options = ProgramOptions {
+        batch: 1,
+        seq: 512,
+        max_seq: Some(1024),
+        precision: Precision::Bf16,
+        ..Default::default()
+    };
+    let graph = build(ProgramKind::Decode, &config, &options).unwrap();
+    let planned = plan(
+        &graph,
+        &PlanOptions::default(),
+        &kiln_runtime::Workspaces::Cuda,
+    )
+    .unwrap();
+    let lower = |l2_prefetch_bytes| {
+        let options = LowerOptions {
+            l2_prefetch_bytes,
+            ..LowerOptions::default()
+        };
+        lower_for_device(&graph, &planned, options).unwrap()
+    };
+    let off = lower(0);
+    assert_eq!(off.prefetches.len(), config.num_hidden_layers);
+    assert!(off.prefetches.iter().all(Vec::is_empty));
+    let budget = 32 << 20;
+    let on = lower(budget);
+    assert_eq!(on.kernels, off.kernels);
+    let (h, i) = (config.hidden_size as u64, config.intermediate_size as u64);
+    let kv = (config.num_key_value_heads * config.head_dim) as u64;
+    let last = config.num_hidden_layers - 1;
+    for (layer, ranges) in on.prefetches.iter().enumerate() {
+        let p = format!("model.layers.{layer}.");
+        let mut want = vec![
+            (format!("{p}self_attn.o_proj.weight"), h * h * 2),
+            (format!("{p}mlp.gate_proj.weight"), h * i * 2),
+            (format!("{p}mlp.up_proj.weight"), h * i * 2),
+            (format!("{p}mlp.down_proj.weight"), i * h * 2),
+        ];
+        let layer_bytes: u64 = want.iter().map(|(_, bytes)| bytes).sum();
+        match layer {
+            // The tied LM head's table, as much as the budget leaves.
+            l if l == last => want.push((
+                "model.embed_tokens.weight".to_string(),
+                budget - layer_bytes,
+            )),
+            _ => {
+                let n = format!("model.layers.{}.self_attn.", layer + 1);
+                want.push((format!("{n}q_proj.weight"), h * h * 2));
+                want.push((format!("{n}k_proj.weight"), kv * h * 2));
+                want.push((format!("{n}v_proj.weight"), kv * h * 2));
+            }
+        }
+        assert_eq!(ranges, &want, "layer {layer}");
+        assert!(ranges.iter().map(|(_, bytes)| bytes).sum::<u64>() <= budget);
+    }
+    let options = ProgramOptions {
+        seq: 6,
+        max_seq: Some(12),
+        ..options
+    };
+    let tiny = build(ProgramKind::Decode, &ModelConfig::tiny(), &options).unwrap();
+    let tiny_plan = plan(
+        &tiny,
+        &PlanOptions::default(),
+        &kiln_runtime::Workspaces::Cuda,
+    )
+    .unwrap();
+    let options = LowerOptions {
+        l2_prefetch_bytes: 32 << 20,
+        ..LowerOptions::default()
+    };
+    let summary = lower_for_device(&tiny, &tiny_plan, options).unwrap();
+    assert!(!summary.prefetches.is_empty());
+    assert!(summary.prefetches.iter().all(Vec::is_empty));
+}

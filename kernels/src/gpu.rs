@@ -28,6 +28,7 @@ pub mod linear;
 pub mod loss;
 pub mod norm;
 pub mod optim;
+pub mod prefetch;
 pub mod rope;
 
 pub use launch::{
@@ -53,7 +54,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention_rows", module!("attention_rows.cu")),
     ("cache", module!("rope.cuh", "cache.cu")),
     ("copy", module!("copy.cu")),
-    ("decode", module!("decode.cu")),
+    ("decode", module!("prefetch.cuh", "decode.cu")),
     ("elementwise", module!("columns.cuh", "elementwise.cu")),
     ("embedding", module!("adamw.cuh", "embedding.cu")),
     ("flash", module!("mma.cuh", "flash.cu", "flash_backward.cu")),

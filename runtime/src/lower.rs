@@ -5,6 +5,7 @@
 //! program and checks the launches against their slots.
 
 mod ops;
+pub(crate) mod prefetch;
 
 use kiln_kernels::gpu::Addr;
 

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use kiln_ir::{Graph, InputKind, TensorType};
-use kiln_kernels::gpu::{Addr, Launch};
+use kiln_kernels::gpu::{prefetch, Addr, Launch};
 use kiln_planner::{BufferClass, Plan};
 
 use crate::error::{Error, Result};
@@ -132,7 +132,9 @@ fn extents(launch: &Launch) -> Vec<(Addr, u64)> {
             let [a, b, c] = g.spans();
             vec![(g.a, a), (g.b, b), (g.c, c)]
         }
-        Launch::Kernel(_) => launch.addresses().into_iter().map(|a| (a, 0)).collect(),
+        Launch::Kernel(kernel) => (launch.addresses().into_iter().map(|a| (a, 0)))
+            .chain(prefetch::ranges(kernel))
+            .collect(),
         Launch::AllReduce { buffers } => (buffers.iter())
             .flat_map(|&(src, dst, n)| [(src, n * 4), (dst, n * 4)])
             .collect(),
@@ -327,6 +329,9 @@ impl<'g> Builder<'g> {
             });
         }
 
+        if options.l2_prefetch_bytes > 0 {
+            crate::lower::prefetch::assign(&mut steps, &self.slots, options.l2_prefetch_bytes)?;
+        }
         let mut outputs = BTreeMap::new();
         for (name, value) in graph.outputs() {
             let key = (value.node.index(), value.port);
@@ -388,6 +393,9 @@ pub struct LoweringSummary {
     pub by_op: BTreeMap<String, (usize, usize)>,
     /// Per launch: `module.function` for kernels, `gemm`, `copy`, `all_reduce`.
     pub by_launch: BTreeMap<String, usize>,
+    /// Per host kernel of L2 prefetches, in issue order: the slots it prefetches and the
+    /// bytes of each (`LowerOptions::l2_prefetch_bytes`).
+    pub prefetches: Vec<Vec<(String, u64)>>,
 }
 
 /// What a launch is called in [`LoweringSummary::by_launch`].
@@ -422,12 +430,19 @@ pub fn lower_for_device(
     let (mut kernels, mut gemms, mut copies, mut collectives) = (0, 0, 0, 0);
     let mut modules = std::collections::BTreeSet::new();
     let mut by_launch = BTreeMap::<String, usize>::new();
+    let mut prefetches = Vec::new();
     for launch in launches {
         *by_launch.entry(launch_name(launch)).or_default() += 1;
         match launch {
             Launch::Kernel(kernel) => {
                 kernels += 1;
                 modules.insert(kernel.module);
+                if kernel.prefetch_host {
+                    let ranges = prefetch::ranges(kernel).into_iter();
+                    let named =
+                        ranges.map(|(a, n)| (program.slots[a.slot as usize].name.clone(), n));
+                    prefetches.push(named.collect());
+                }
             }
             Launch::Gemm(_) => gemms += 1,
             Launch::Copy { .. } => copies += 1,
@@ -445,5 +460,6 @@ pub fn lower_for_device(
         modules,
         by_op,
         by_launch,
+        prefetches,
     })
 }

@@ -46,6 +46,9 @@ pub struct BenchArgs {
     pub portable: bool,
     /// cuBLASLt's algorithms chosen by timing its candidates (`LowerOptions::tune_gemms`).
     pub gemm_tune: bool,
+    /// Bytes a host kernel prefetches of the next linears' weights into L2
+    /// (`LowerOptions::l2_prefetch_bytes`; None: the default).
+    pub l2_prefetch: Option<u64>,
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
@@ -92,6 +95,8 @@ pub struct BenchResult {
     pub portable: bool,
     /// Whether cuBLASLt's algorithms were chosen by timing its candidates.
     pub gemm_tune: bool,
+    /// The most bytes a host kernel prefetched of the next linears' weights into L2.
+    pub l2_prefetch_bytes: u64,
     pub steps: usize,
     pub median_ms: f64,
     pub p95_ms: f64,
@@ -295,6 +300,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         linear_rows: args.linear_rows.unwrap_or(defaults.linear_rows),
         clusters: defaults.clusters && args.clusters && device.supports_clusters(),
         tune_gemms: args.gemm_tune && defaults.vendor_gemm,
+        l2_prefetch_bytes: args.l2_prefetch.unwrap_or(defaults.l2_prefetch_bytes),
         ..defaults
     };
     let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options)?;
@@ -457,6 +463,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         clusters: options.clusters,
         portable: args.portable,
         gemm_tune: options.tune_gemms,
+        l2_prefetch_bytes: options.l2_prefetch_bytes,
         steps: args.steps,
         median_ms: median,
         p95_ms: percentile(&times, 0.95),

@@ -48,6 +48,9 @@ pub struct LowerOptions {
     /// they give the same bits); off, the first its heuristic names. On by default: measured
     /// 0.6 to 2.6% faster (BENCHMARKS.md).
     pub tune_gemms: bool,
+    /// Host kernels (the cached attention's split) prefetch into L2 up to this many bytes of
+    /// the parameters that the launches after them read (`lower/prefetch.rs`); 0: none.
+    pub l2_prefetch_bytes: u64,
 }
 
 impl LowerOptions {
@@ -70,6 +73,7 @@ impl Default for LowerOptions {
             vendor_gemm: true,
             portable_mma: false,
             tune_gemms: true,
+            l2_prefetch_bytes: 0,
         }
     }
 }

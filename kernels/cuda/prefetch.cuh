@@ -1,0 +1,42 @@
+// L2 prefetch of parameters a later kernel reads (sm_90 and later), for the modules that host
+// it (kernels/src/gpu.rs lists this header before them): a host kernel takes
+// KILN_PREFETCH_PARAMS last (up to eight ranges of bytes, a null pointer or 0 bytes for none;
+// the program fills them, kernels/src/gpu/prefetch.rs) and calls kiln_prefetch_l2 before its
+// wait: the ranges are cut into pieces of KILN_PREFETCH_PIECE bytes, the launch's threads
+// take one piece each in turn, and each piece is one bulk prefetch into L2. A prefetch is a
+// hint: it writes nothing and nothing waits for it. Elsewhere (older architectures, hipRTC)
+// it is empty.
+#define KILN_PREFETCH_PARAMS                                                                  \
+    const char *kiln_pf0, i64 kiln_pfn0, const char *kiln_pf1, i64 kiln_pfn1,               \
+        const char *kiln_pf2, i64 kiln_pfn2, const char *kiln_pf3, i64 kiln_pfn3,           \
+        const char *kiln_pf4, i64 kiln_pfn4, const char *kiln_pf5, i64 kiln_pfn5,           \
+        const char *kiln_pf6, i64 kiln_pfn6, const char *kiln_pf7, i64 kiln_pfn7
+#define KILN_PREFETCH_ARGS                                                                    \
+    kiln_pf0, kiln_pfn0, kiln_pf1, kiln_pfn1, kiln_pf2, kiln_pfn2, kiln_pf3, kiln_pfn3,       \
+        kiln_pf4, kiln_pfn4, kiln_pf5, kiln_pfn5, kiln_pf6, kiln_pfn6, kiln_pf7, kiln_pfn7
+#define KILN_PREFETCH_PIECE 16384
+__device__ __forceinline__ void kiln_prefetch_l2(KILN_PREFETCH_PARAMS) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const char* base[8] = {kiln_pf0, kiln_pf1, kiln_pf2, kiln_pf3,
+                           kiln_pf4, kiln_pf5, kiln_pf6, kiln_pf7};
+    const i64 given[8] = {kiln_pfn0, kiln_pfn1, kiln_pfn2, kiln_pfn3,
+                          kiln_pfn4, kiln_pfn5, kiln_pfn6, kiln_pfn7};
+    const i64 block = ((i64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    const i64 threads = (i64)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
+    i64 piece = block * blockDim.x + threadIdx.x;
+    for (int r = 0; r < 8; ++r) {
+        // Whole 16-byte units only (the bulk prefetch's size and address unit).
+        const i64 bytes = base[r] && given[r] > 0 ? given[r] / 16 * 16 : 0;
+        const i64 pieces = (bytes + KILN_PREFETCH_PIECE - 1) / KILN_PREFETCH_PIECE;
+        for (; piece < pieces; piece += threads) {
+            const i64 at = piece * KILN_PREFETCH_PIECE;
+            const i64 left = bytes - at;
+            const i64 size = left < KILN_PREFETCH_PIECE ? left : KILN_PREFETCH_PIECE;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base[r] + at),
+                         "r"((unsigned)size)
+                         : "memory");
+        }
+        piece -= pieces;  // this thread's next piece, counted from the next range's start
+    }
+#endif
+}
