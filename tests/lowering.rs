@@ -286,40 +286,45 @@ fn parallel_programs_lower_each_all_reduce_to_one_collective() {
     }
 }
 
-/// With `LowerOptions::l2_prefetch_bytes` of 32 MiB, each layer's cached attention split of the official bf16
-/// decode prefetches the weights of the linears after it up to the next layer's split, in
-/// their order (the o projection, gate, up, down, and the next layer's q, k, v: the ranges
-/// the kernel takes), whole while they fit the budget; without it (the default), nothing. A
-/// tiny model's weights are all below the least range worth a prefetch.
+/// With `LowerOptions::l2_prefetch_bytes` of 32 MiB, each layer's cached attention split of the
+/// official bf16 decode at batch 8 (256 blocks) prefetches the weights of the linears after it
+/// up to the next layer's split, in their order (the o projection, gate, up, down, and the
+/// next layer's q, k, v: the ranges the kernel takes), whole while they fit the budget;
+/// without it, nothing. At batch 1 the splits (32 blocks, fewer than the multiprocessors)
+/// prefetch nothing. A tiny model's weights are all below the least range worth a prefetch
+/// (its splits at batch 40 have 160 blocks).
 #[test]
 fn decode_splits_prefetch_the_weights_of_the_linears_after_them() {
     let (config, _) = kiln_frontend::hf::presets::preset("qwen2.5-0.5b").unwrap();
-    let options = ProgramOptions {
-        batch: 1,
+    let options = |batch| ProgramOptions {
+        batch,
         seq: 512,
         max_seq: Some(1024),
         precision: Precision::Bf16,
         ..Default::default()
     };
-    let graph = build(ProgramKind::Decode, &config, &options).unwrap();
-    let planned = plan(
-        &graph,
-        &PlanOptions::default(),
-        &kiln_runtime::Workspaces::Cuda,
-    )
-    .unwrap();
-    let lower = |l2_prefetch_bytes| {
+    let lower = |batch, l2_prefetch_bytes| {
+        let graph = build(ProgramKind::Decode, &config, &options(batch)).unwrap();
+        let planned = plan(
+            &graph,
+            &PlanOptions::default(),
+            &kiln_runtime::Workspaces::Cuda,
+        )
+        .unwrap();
         let options = LowerOptions {
             l2_prefetch_bytes,
             ..LowerOptions::default()
         };
         lower_for_device(&graph, &planned, options).unwrap()
     };
-    let off = lower(0);
+    let one = lower(1, 32 << 20);
+    assert_eq!(one.prefetches.len(), config.num_hidden_layers);
+    assert!(one.prefetches.iter().all(Vec::is_empty));
+    let off = lower(8, 0);
     assert_eq!(off.prefetches.len(), config.num_hidden_layers);
     assert!(off.prefetches.iter().all(Vec::is_empty));
     let budget = 32 << 20;
-    let on = lower(budget);
+    let on = lower(8, budget);
     assert_eq!(on.kernels, off.kernels);
     let (h, i) = (config.hidden_size as u64, config.intermediate_size as u64);
     let kv = (config.num_key_value_heads * config.head_dim) as u64;
@@ -349,10 +354,11 @@ fn decode_splits_prefetch_the_weights_of_the_linears_after_them() {
         assert_eq!(ranges, &want, "layer {layer}");
         assert!(ranges.iter().map(|(_, bytes)| bytes).sum::<u64>() <= budget);
     }
+    // 40 rows, 2 chunks and 2 KV heads: 160 blocks a split.
     let options = ProgramOptions {
         seq: 6,
-        max_seq: Some(12),
-        ..options
+        max_seq: Some(128),
+        ..options(40)
     };
     let tiny = build(ProgramKind::Decode, &ModelConfig::tiny(), &options).unwrap();
     let tiny_plan = plan(

@@ -21,9 +21,12 @@ __device__ __forceinline__ void kiln_prefetch_l2(KILN_PREFETCH_PARAMS) {
                            kiln_pf4, kiln_pf5, kiln_pf6, kiln_pf7};
     const i64 given[8] = {kiln_pfn0, kiln_pfn1, kiln_pfn2, kiln_pfn3,
                           kiln_pfn4, kiln_pfn5, kiln_pfn6, kiln_pfn7};
+    // Pieces go to the blocks in turn (thread 0 of every block, then thread 1, ...): each
+    // block's share, and its multiprocessor's bulk copy unit's, is as even as it can be.
+    const i64 blocks = (i64)gridDim.x * gridDim.y * gridDim.z;
     const i64 block = ((i64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const i64 threads = (i64)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
-    i64 piece = block * blockDim.x + threadIdx.x;
+    const i64 threads = blocks * blockDim.x;
+    i64 piece = (i64)threadIdx.x * blocks + block;
     for (int r = 0; r < 8; ++r) {
         // Whole 16-byte units only (the bulk prefetch's size and address unit).
         const i64 bytes = base[r] && given[r] > 0 ? given[r] / 16 * 16 : 0;

@@ -584,56 +584,59 @@ fn a_budgeted_train_step_gives_the_unbudgeted_bits_on_the_device() {
 
 /// L2 prefetches are hints: a bf16 decode whose attention splits prefetch the next linears'
 /// weights (`LowerOptions::l2_prefetch_bytes`; a model wide enough for its weights to pass the
-/// least range, 256 hidden and 1024 intermediate) gives the bits of the same decode without
-/// them, replayed twice at batch 1 and 8.
+/// least range, 256 hidden and 1024 intermediate; at batch 16 and 320 cache rows, its splits
+/// have 160 blocks, enough to host them) gives the bits of the same decode without them,
+/// replayed twice.
 #[test]
 fn l2_prefetch_gives_the_bits_of_no_prefetch() {
-    let Some(device) = device() else { return };
     let config = ModelConfig {
         hidden_size: 256,
         intermediate_size: 1024,
         num_attention_heads: 4,
         num_key_value_heads: 2,
         head_dim: 64,
+        max_position_embeddings: 512,
         ..ModelConfig::tiny()
     };
-    for batch in [1, 8] {
-        let options = ProgramOptions {
-            batch,
-            seq: 6,
-            max_seq: Some(80),
-            precision: Precision::Bf16,
-            ..Default::default()
-        };
-        let graph = build(ProgramKind::Decode, &config, &options).unwrap();
-        let values = program_inputs(&graph, &config, ProgramKind::Decode, &options, 43);
-        let planned = gpu_plan(&graph, 1);
-        let run = |l2_prefetch_bytes: u64| {
-            let options = LowerOptions {
-                l2_prefetch_bytes,
-                ..LowerOptions::default()
-            };
-            let summary = kiln_runtime::lower_for_device(&graph, &planned, options).unwrap();
-            let ranges: usize = summary.prefetches.iter().map(Vec::len).sum();
-            assert_eq!(ranges > 0, l2_prefetch_bytes > 0);
-            let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options).unwrap();
-            for (name, tensor) in &values {
-                if graph.input_named(name).is_some() {
-                    exe.set(name, tensor).unwrap();
-                }
-            }
-            for _ in 0..2 {
-                exe.run(RunMode::Graph).unwrap();
-            }
-            let names = graph.outputs().iter().chain(graph.writes());
-            (names.map(|(name, _)| (name.clone(), bits(&exe.get(name).unwrap()))))
-                .collect::<BTreeMap<_, _>>()
-        };
-        let (on, off) = (run(32 << 20), run(0));
-        assert_eq!(on, off, "batch {batch}");
-        println!(
-            "l2 prefetch, bf16 decode batch {batch}: {} values equal",
-            on.len()
-        );
+    let options = ProgramOptions {
+        batch: 16,
+        seq: 6,
+        max_seq: Some(320),
+        precision: Precision::Bf16,
+        ..Default::default()
+    };
+    let graph = build(ProgramKind::Decode, &config, &options).unwrap();
+    let values = program_inputs(&graph, &config, ProgramKind::Decode, &options, 43);
+    let planned = gpu_plan(&graph, 1);
+    let options = |l2_prefetch_bytes| LowerOptions {
+        l2_prefetch_bytes,
+        ..LowerOptions::default()
+    };
+    for bytes in [0, 32 << 20] {
+        let summary = kiln_runtime::lower_for_device(&graph, &planned, options(bytes)).unwrap();
+        let ranges: usize = summary.prefetches.iter().map(Vec::len).sum();
+        assert_eq!(ranges > 0, bytes > 0);
     }
+    let Some(device) = device() else { return };
+    let run = |l2_prefetch_bytes: u64| {
+        let options = options(l2_prefetch_bytes);
+        let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options).unwrap();
+        for (name, tensor) in &values {
+            if graph.input_named(name).is_some() {
+                exe.set(name, tensor).unwrap();
+            }
+        }
+        for _ in 0..2 {
+            exe.run(RunMode::Graph).unwrap();
+        }
+        let names = graph.outputs().iter().chain(graph.writes());
+        (names.map(|(name, _)| (name.clone(), bits(&exe.get(name).unwrap()))))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let (on, off) = (run(32 << 20), run(0));
+    assert_eq!(on, off);
+    println!(
+        "l2 prefetch, bf16 decode batch 16: {} values equal",
+        on.len()
+    );
 }

@@ -19,6 +19,15 @@ pub fn none() -> [Arg; ARGS] {
         .expect("ARGS args")
 }
 
+/// Whether host `kernel` has a block for each multiprocessor (of the GPUs the split rules fill),
+/// so that the prefetches spread over every multiprocessor's bulk copy unit. A host of fewer
+/// blocks (the decode split at batch 1: 32) issues them from a few, which then finish late:
+/// measured slower (BENCHMARKS.md), so it is given none.
+pub fn spreads(kernel: &Kernel) -> bool {
+    let (x, y, z) = kernel.grid;
+    u64::from(x) * u64::from(y) * u64::from(z) >= super::launch::SMS
+}
+
 /// Writes `ranges` (address, bytes) into host `kernel`'s prefetch args, the rest none.
 pub fn fill(kernel: &mut Kernel, ranges: &[(Addr, u64)]) -> Result<()> {
     let refuse = |reason: String| Error::Argument {

@@ -3,8 +3,9 @@
 //!
 //! A decode step reads each weight once, in kernels of a few microseconds whose loads wait on
 //! HBM while the kernels between them (RoPE, the cached attention) leave HBM idle. Each host
-//! kernel ([`prefetch`]: the cached attention's split) is given the parameters that the
-//! launches after it on its stream read, up to the next host: in their first reader's order,
+//! kernel ([`prefetch`]: the cached attention's split) of a block per multiprocessor at least
+//! ([`prefetch::spreads`]) is given the parameters that the launches after it on its stream
+//! read, up to the next host: in their first reader's order,
 //! at most [`prefetch::RANGES`] of them and the option's bytes in all (the last maybe only its
 //! first bytes), so that what is fetched still sits in L2 when its reader runs. A prefetch
 //! is a hint: it changes no result.
@@ -38,7 +39,9 @@ pub(crate) fn assign(steps: &mut [StepLaunches], slots: &[Slot], budget: u64) ->
             let ranges = choose(window, slots, budget);
             let (s, l) = order[host];
             if let Launch::Kernel(kernel) = &mut steps[s].launches[l] {
-                prefetch::fill(kernel, &ranges)?;
+                if prefetch::spreads(kernel) {
+                    prefetch::fill(kernel, &ranges)?;
+                }
             }
         }
     }
