@@ -2,10 +2,12 @@
 // it (kernels/src/gpu.rs lists this header before them): a host kernel takes
 // KILN_PREFETCH_PARAMS last (up to eight ranges of bytes, a null pointer or 0 bytes for none;
 // the program fills them, kernels/src/gpu/prefetch.rs) and calls kiln_prefetch_l2 before its
-// wait: the ranges are cut into pieces of KILN_PREFETCH_PIECE bytes, the launch's threads
-// take one piece each in turn, and each piece is one bulk prefetch into L2. A prefetch is a
-// hint: it writes nothing and nothing waits for it. Elsewhere (older architectures, hipRTC)
-// it is empty.
+// wait: the ranges are cut into pieces of KILN_PREFETCH_PIECE bytes, dealt to the launch's
+// blocks in turn, and each piece is one bulk prefetch into L2. A prefetch is a
+// hint: it writes nothing and nothing waits for it, but its issue occupies the block (a
+// multiprocessor's bulk copy unit takes its pieces one after another), so a host should have
+// a block per multiprocessor (kernels/src/gpu/prefetch.rs). Elsewhere (older architectures,
+// hipRTC) it is empty.
 #define KILN_PREFETCH_PARAMS                                                                  \
     const char *kiln_pf0, i64 kiln_pfn0, const char *kiln_pf1, i64 kiln_pfn1,               \
         const char *kiln_pf2, i64 kiln_pfn2, const char *kiln_pf3, i64 kiln_pfn3,           \

@@ -49,17 +49,17 @@ pub struct LowerOptions {
     /// 0.6 to 2.6% faster (BENCHMARKS.md).
     pub tune_gemms: bool,
     /// Host kernels (the cached attention's split) prefetch into L2 up to this many bytes of
-    /// the parameters that the launches after them read (`lower/prefetch.rs`); 0: none.
+    /// the parameters that the launches after them read (`lower/prefetch.rs`); 0: none, the
+    /// default. Measured on an H100 with 32 MiB (BENCHMARKS.md): 0.5B decode B=8 2.6% and
+    /// 1.5B B=32 1.3% faster, but B=16 0.8% slower and other rows unchanged, so it stays off.
     pub l2_prefetch_bytes: u64,
 }
 
 impl LowerOptions {
-    /// What the HIP backend runs: no vendor GEMM, no clusters, the portable tensor-core code,
-    /// no L2 prefetch (NVIDIA's bulk prefetch).
+    /// What the HIP backend runs: no vendor GEMM, no clusters, the portable tensor-core code.
     pub fn portable() -> Self {
         LowerOptions {
             clusters: false,
-            l2_prefetch_bytes: 0,
             vendor_gemm: false,
             portable_mma: true,
             ..LowerOptions::default()
@@ -75,7 +75,7 @@ impl Default for LowerOptions {
             vendor_gemm: true,
             portable_mma: false,
             tune_gemms: true,
-            l2_prefetch_bytes: DEFAULT_L2_PREFETCH_BYTES,
+            l2_prefetch_bytes: 0,
         }
     }
 }
@@ -88,11 +88,6 @@ impl Default for LowerOptions {
 /// kernels beat cuBLASLt at 24 and 32 rows (H100, 2026-12-06: 0.5B 1.55 vs 1.69 and 1.71 vs
 /// 1.78 ms; 1.5B 2.84 vs 3.09 and 3.11 vs 3.29 ms).
 pub(crate) const DEFAULT_LINEAR_ROWS: u64 = kiln_ir::LINEAR_MAX_ROWS as u64;
-
-/// The default of [`LowerOptions::l2_prefetch_bytes`]: well inside the 50 MB L2 of the H100
-/// and H200, which the launches between the prefetch and its readers also use
-/// (BENCHMARKS.md).
-pub(crate) const DEFAULT_L2_PREFETCH_BYTES: u64 = 32 << 20;
 
 /// The launches that compute `op`: read `i` (operands by port), overwrite `o` (results by
 /// port), scratch in `workspace` (address and bytes; `None` when the plan gives none); kernels
