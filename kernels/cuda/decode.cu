@@ -384,7 +384,30 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
 // 256 threads (BLOCK_THREADS), at most 64 registers: four blocks a multiprocessor.
 #define KILN_DECODE_BOUNDS __launch_bounds__(256, 4)
 
+// The entry points: each stored dtype without prefetches (the default program), and with the
+// L2 prefetches of kernels/cuda/prefetch.cuh (`_prefetch`, which the program picks when it
+// gives the split ranges to prefetch, kernels/src/gpu/prefetch.rs).
 extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32(
+    float* partials, const float* q, const float* k_cache, const float* v_cache,
+    const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
+    i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
+    // The body waits once the rows nothing writes are staged and the prefetches issued.
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault,
+                                KILN_NO_PREFETCH);
+}
+
+extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_bf16(
+    float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
+    const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
+    i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
+    // The body waits once the rows nothing writes are staged and the prefetches issued.
+    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault,
+                                KILN_NO_PREFETCH);
+}
+
+extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_prefetch(
     float* partials, const float* q, const float* k_cache, const float* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault, KILN_PREFETCH_PARAMS) {
@@ -394,7 +417,7 @@ extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32(
                                 KILN_PREFETCH_ARGS);
 }
 
-extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_bf16(
+extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_bf16_prefetch(
     float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault, KILN_PREFETCH_PARAMS) {

@@ -1,28 +1,37 @@
 // L2 prefetch of parameters a later kernel reads (sm_90 and later), for the modules that host
-// it (kernels/src/gpu.rs lists this header before them): a host kernel takes
-// KILN_PREFETCH_PARAMS last (up to eight ranges of bytes, a null pointer or 0 bytes for none;
-// the program fills them, kernels/src/gpu/prefetch.rs) and calls kiln_prefetch_l2 before its
-// wait: the ranges are cut into pieces of KILN_PREFETCH_PIECE bytes, dealt to the launch's
-// blocks in turn, and each piece is one bulk prefetch into L2. A prefetch is a
+// it (kernels/src/gpu.rs lists this header before them): a host kernel's prefetching entry
+// point takes KILN_PREFETCH_PARAMS last (up to eight ranges of bytes, each 16-byte aligned; a
+// null pointer or 0 bytes for none; the program fills them, kernels/src/gpu/prefetch.rs) and
+// calls kiln_prefetch_l2 before its wait; its plain entry point passes KILN_NO_PREFETCH, which
+// compiles to nothing. The ranges are cut into pieces of KILN_PREFETCH_PIECE bytes, dealt to
+// the launch's blocks in turn, and each piece is one bulk prefetch into L2. A prefetch is a
 // hint: it writes nothing and nothing waits for it, but its issue occupies the block (a
-// multiprocessor's bulk copy unit takes its pieces one after another), so a host should have
-// a block per multiprocessor (kernels/src/gpu/prefetch.rs). Elsewhere (older architectures,
-// hipRTC) it is empty.
+// multiprocessor's bulk copy unit takes its pieces one after another), so a host should have a
+// block per multiprocessor. Elsewhere (older architectures, hipRTC) it is empty.
 #define KILN_PREFETCH_PARAMS                                                                  \
-    const char *kiln_pf0, i64 kiln_pfn0, const char *kiln_pf1, i64 kiln_pfn1,               \
-        const char *kiln_pf2, i64 kiln_pfn2, const char *kiln_pf3, i64 kiln_pfn3,           \
-        const char *kiln_pf4, i64 kiln_pfn4, const char *kiln_pf5, i64 kiln_pfn5,           \
-        const char *kiln_pf6, i64 kiln_pfn6, const char *kiln_pf7, i64 kiln_pfn7
+    const char *kiln_prefetch_at0, i64 kiln_prefetch_bytes0, const char *kiln_prefetch_at1,  \
+        i64 kiln_prefetch_bytes1, const char *kiln_prefetch_at2, i64 kiln_prefetch_bytes2,    \
+        const char *kiln_prefetch_at3, i64 kiln_prefetch_bytes3,                              \
+        const char *kiln_prefetch_at4, i64 kiln_prefetch_bytes4,                              \
+        const char *kiln_prefetch_at5, i64 kiln_prefetch_bytes5,                              \
+        const char *kiln_prefetch_at6, i64 kiln_prefetch_bytes6,                              \
+        const char *kiln_prefetch_at7, i64 kiln_prefetch_bytes7
 #define KILN_PREFETCH_ARGS                                                                    \
-    kiln_pf0, kiln_pfn0, kiln_pf1, kiln_pfn1, kiln_pf2, kiln_pfn2, kiln_pf3, kiln_pfn3,       \
-        kiln_pf4, kiln_pfn4, kiln_pf5, kiln_pfn5, kiln_pf6, kiln_pfn6, kiln_pf7, kiln_pfn7
+    kiln_prefetch_at0, kiln_prefetch_bytes0, kiln_prefetch_at1, kiln_prefetch_bytes1,         \
+        kiln_prefetch_at2, kiln_prefetch_bytes2, kiln_prefetch_at3, kiln_prefetch_bytes3,     \
+        kiln_prefetch_at4, kiln_prefetch_bytes4, kiln_prefetch_at5, kiln_prefetch_bytes5,     \
+        kiln_prefetch_at6, kiln_prefetch_bytes6, kiln_prefetch_at7, kiln_prefetch_bytes7
+// The arguments of no range.
+#define KILN_NO_PREFETCH 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
 #define KILN_PREFETCH_PIECE 16384
 __device__ __forceinline__ void kiln_prefetch_l2(KILN_PREFETCH_PARAMS) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const char* base[8] = {kiln_pf0, kiln_pf1, kiln_pf2, kiln_pf3,
-                           kiln_pf4, kiln_pf5, kiln_pf6, kiln_pf7};
-    const i64 given[8] = {kiln_pfn0, kiln_pfn1, kiln_pfn2, kiln_pfn3,
-                          kiln_pfn4, kiln_pfn5, kiln_pfn6, kiln_pfn7};
+    const char* at[8] = {kiln_prefetch_at0, kiln_prefetch_at1, kiln_prefetch_at2,
+                         kiln_prefetch_at3, kiln_prefetch_at4, kiln_prefetch_at5,
+                         kiln_prefetch_at6, kiln_prefetch_at7};
+    const i64 given[8] = {kiln_prefetch_bytes0, kiln_prefetch_bytes1, kiln_prefetch_bytes2,
+                          kiln_prefetch_bytes3, kiln_prefetch_bytes4, kiln_prefetch_bytes5,
+                          kiln_prefetch_bytes6, kiln_prefetch_bytes7};
     // Pieces go to the blocks in turn (thread 0 of every block, then thread 1, ...): each
     // block's share, and its multiprocessor's bulk copy unit's, is as even as it can be.
     const i64 blocks = (i64)gridDim.x * gridDim.y * gridDim.z;
@@ -31,13 +40,13 @@ __device__ __forceinline__ void kiln_prefetch_l2(KILN_PREFETCH_PARAMS) {
     i64 piece = (i64)threadIdx.x * blocks + block;
     for (int r = 0; r < 8; ++r) {
         // Whole 16-byte units only (the bulk prefetch's size and address unit).
-        const i64 bytes = base[r] && given[r] > 0 ? given[r] / 16 * 16 : 0;
+        const i64 bytes = at[r] && given[r] > 0 ? given[r] / 16 * 16 : 0;
         const i64 pieces = (bytes + KILN_PREFETCH_PIECE - 1) / KILN_PREFETCH_PIECE;
         for (; piece < pieces; piece += threads) {
-            const i64 at = piece * KILN_PREFETCH_PIECE;
-            const i64 left = bytes - at;
+            const i64 offset = piece * KILN_PREFETCH_PIECE;
+            const i64 left = bytes - offset;
             const i64 size = left < KILN_PREFETCH_PIECE ? left : KILN_PREFETCH_PIECE;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base[r] + at),
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at[r] + offset),
                          "r"((unsigned)size)
                          : "memory");
         }

@@ -437,7 +437,7 @@ pub fn lower_for_device(
             Launch::Kernel(kernel) => {
                 kernels += 1;
                 modules.insert(kernel.module);
-                if kernel.prefetch_host {
+                if kernel.prefetch_host.is_some() {
                     let ranges = prefetch::ranges(kernel).into_iter();
                     let named =
                         ranges.map(|(a, n)| (program.slots[a.slot as usize].name.clone(), n));

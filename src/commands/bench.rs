@@ -95,7 +95,8 @@ pub struct BenchResult {
     pub portable: bool,
     /// Whether cuBLASLt's algorithms were chosen by timing its candidates.
     pub gemm_tune: bool,
-    /// The most bytes a host kernel prefetched of the next linears' weights into L2.
+    /// `--l2-prefetch`: the most bytes a host kernel may prefetch of the next linears' weights
+    /// into L2 (a host of fewer blocks than multiprocessors prefetches none).
     pub l2_prefetch_bytes: u64,
     pub steps: usize,
     pub median_ms: f64,

@@ -5,7 +5,7 @@
 use super::attention::AttentionDims;
 use super::cache::CacheRows;
 use super::launch::{grid_dim, size_arg, MAX_GRID_X, MAX_GRID_YZ};
-use super::{prefetch, Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS};
+use super::{Addr, Arg, Kernel, Launch, Stored, BLOCK_THREADS};
 use crate::Result;
 
 const MODULE: &str = "decode";
@@ -45,7 +45,8 @@ pub fn partials_bytes(dims: &AttentionDims) -> u64 {
 /// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
 /// (i64) of each batch row's cache row, with `partials` scratch of [`partials_bytes`]: the
 /// split launch, then the combine. A position outside `0..=Smax - T` or a slot outside the
-/// pool raises the `fault` word. The split kernel hosts L2 prefetches ([`prefetch`]).
+/// pool raises the `fault` word. The split kernel hosts L2 prefetches
+/// ([`prefetch`](super::prefetch)).
 pub fn cached_attention_f32(
     out: Addr,
     partials: Addr,
@@ -78,7 +79,7 @@ pub fn cached_attention_f32(
     let heads = grid_dim(SPLIT, "Hq", dims.q_heads, MAX_GRID_YZ)?;
     let kv_heads = grid_dim(SPLIT, "Hkv", dims.kv_heads, MAX_GRID_YZ)?;
     let [cache_rows, slots] = cache_rows.args(dims.batch);
-    let split_args: Vec<Arg> = [
+    let split_args = vec![
         Arg::Ptr(partials),
         Arg::Ptr(q),
         Arg::Ptr(k_cache),
@@ -94,25 +95,24 @@ pub fn cached_attention_f32(
         size_arg(key_chunk(dims.head_dim)),
         Arg::F32(scale),
         Arg::Ptr(fault),
-    ]
-    .into_iter()
-    .chain(prefetch::none())
-    .collect();
-    let mut split = Kernel::launch(
-        MODULE,
-        split_function,
-        (
+    ];
+    let split = Launch::Kernel(Kernel {
+        module: MODULE,
+        function: split_function,
+        grid: (
             grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?,
             kv_heads,
             rows,
         ),
-        (BLOCK_THREADS, 1, 1),
-        shared as u32,
-        split_args,
-    );
-    if let Launch::Kernel(kernel) = &mut split {
-        kernel.prefetch_host = true; // before its wait (`kiln_prefetch_l2`)
-    }
+        block: (BLOCK_THREADS, 1, 1),
+        shared_bytes: shared as u32,
+        cluster: (1, 1, 1),
+        args: split_args,
+        prefetch_host: Some(stored.pick(
+            "cached_attention_split_f32_prefetch",
+            "cached_attention_split_f32_bf16_prefetch",
+        )),
+    });
     let combine_args = vec![
         Arg::Ptr(out),
         Arg::Ptr(partials),

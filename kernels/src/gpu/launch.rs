@@ -55,10 +55,10 @@ pub struct Kernel {
     /// launched as clusters synchronize within them.
     pub cluster: (u32, u32, u32),
     pub args: Vec<Arg>,
-    /// Whether its last [`prefetch::ARGS`](super::prefetch::ARGS) args are L2 prefetch ranges
-    /// (`KILN_PREFETCH_PARAMS`), none until the program fills them
-    /// ([`prefetch::fill`](super::prefetch::fill)).
-    pub prefetch_host: bool,
+    /// The entry point of the same kernel that also takes L2 prefetch ranges after these
+    /// args (`KILN_PREFETCH_PARAMS`), which [`prefetch::fill`](super::prefetch::fill) switches
+    /// to when the program gives it some; `None` for a kernel that hosts no prefetch.
+    pub prefetch_host: Option<&'static str>,
 }
 
 /// The most blocks of a cluster that every device with clusters runs (CUDA's portable size).
@@ -306,7 +306,7 @@ impl Kernel {
             shared_bytes,
             cluster: (1, 1, 1),
             args,
-            prefetch_host: false,
+            prefetch_host: None,
         })
     }
 }

@@ -50,17 +50,10 @@ pub(crate) fn expanded(source: &str) -> String {
             .and_then(|rest| rest.split_once('('));
         if let Some((name, rest)) = head.filter(|(name, _)| name.ends_with("_ENTRY")) {
             let (params, first) = rest.split_once(')').expect("a macro's parameter list");
-            let mut body = first.trim_end_matches('\\').to_string();
-            let mut last = line;
-            while last.ends_with('\\') {
-                last = lines.next().expect("a continued line");
-                body.push('\n');
-                body.push_str(last.trim_end_matches('\\'));
-            }
             macros.push((
                 name.to_string(),
                 params.split(',').map(str::trim).collect(),
-                body,
+                macro_body(line, first, &mut lines),
             ));
             continue;
         }
@@ -85,6 +78,19 @@ pub(crate) fn expanded(source: &str) -> String {
     out
 }
 
+/// The body of the macro defined on `line` (its text there is `first`), with the lines its
+/// trailing backslashes continue it over, taken from `lines`.
+fn macro_body(line: &str, first: &str, lines: &mut std::str::Lines<'_>) -> String {
+    let mut body = first.trim_end_matches('\\').to_string();
+    let mut last = line;
+    while last.ends_with('\\') {
+        last = lines.next().expect("a continued line");
+        body.push('\n');
+        body.push_str(last.trim_end_matches('\\'));
+    }
+    body
+}
+
 /// `source` with each object-like `#define KILN_..._PARAMS` (a parameter list, maybe continued
 /// over lines) substituted where it is used, its definition dropped.
 fn expand_parameter_lists(source: &str) -> String {
@@ -96,14 +102,7 @@ fn expand_parameter_lists(source: &str) -> String {
             .and_then(|rest| rest.split_once(char::is_whitespace))
             .filter(|(name, _)| name.starts_with("KILN_") && name.ends_with("_PARAMS"));
         if let Some((name, first)) = definition {
-            let mut body = first.trim_end_matches('\\').to_string();
-            let mut last = line;
-            while last.ends_with('\\') {
-                last = lines.next().expect("a continued line");
-                body.push(' ');
-                body.push_str(last.trim_end_matches('\\'));
-            }
-            lists.push((name.to_string(), body));
+            lists.push((name.to_string(), macro_body(line, first, &mut lines)));
             continue;
         }
         let mut line = line.to_string();
@@ -606,7 +605,20 @@ fn every_launch() -> Vec<Launch> {
 
 #[test]
 fn every_builder_launches_a_kernel_of_its_module_with_its_signature() {
-    let launches = every_launch();
+    let mut launches = every_launch();
+    // A prefetch host's prefetching entry point, as the program fills it.
+    let filled: Vec<Launch> = (launches.iter())
+        .filter_map(|launch| match launch {
+            Launch::Kernel(kernel) if kernel.prefetch_host.is_some() => {
+                let mut kernel = kernel.clone();
+                prefetch::fill(&mut kernel, &[(addr(30), 4096)]).unwrap();
+                Some(Launch::Kernel(kernel))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(!filled.is_empty());
+    launches.extend(filled);
     let mut seen = std::collections::BTreeSet::new();
     for launch in &launches {
         let Launch::Kernel(kernel) = launch else {
@@ -817,7 +829,8 @@ fn clipping_splits_each_gradient_by_its_size_alone() {
 /// skinny linears' main kernels their first weight loads (parameters; linear_common.cuh), each
 /// beginning with its outputs and a body that waits before x is read and before anything is
 /// written; the cached attention's split kernels the cache rows below the positions
-/// (decode.cu), waiting before q is read and before anything but shared memory is written.
+/// (decode.cu) and, prefetching, the parameters of their ranges (prefetch.cuh), waiting before
+/// q is read and before anything but shared memory is written.
 #[test]
 fn every_kernel_waits_for_its_producers_first() {
     let mut kernels = 0;

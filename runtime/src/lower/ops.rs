@@ -50,8 +50,9 @@ pub struct LowerOptions {
     pub tune_gemms: bool,
     /// Host kernels (the cached attention's split) prefetch into L2 up to this many bytes of
     /// the parameters that the launches after them read (`lower/prefetch.rs`); 0: none, the
-    /// default. Measured on an H100 with 32 MiB (BENCHMARKS.md): 0.5B decode B=8 2.6% and
-    /// 1.5B B=32 1.3% faster, but B=16 0.8% slower and other rows unchanged, so it stays off.
+    /// default. Measured on an H100 with 32 MiB (BENCHMARKS.md): 0.5B decode B=8 2.6%, 1.5B
+    /// B=32 1.3% and 0.5B B=32 0.5% faster, but B=16 0.8% slower and B=1 (no range), B=24 and
+    /// 1.5B B=8 unchanged, so it stays off.
     pub l2_prefetch_bytes: u64,
 }
 
