@@ -286,13 +286,13 @@ fn parallel_programs_lower_each_all_reduce_to_one_collective() {
     }
 }
 
-/// With `LowerOptions::l2_prefetch_bytes` of 32 MiB, each layer's cached attention split of the
-/// official bf16 decode at batch 8 (256 blocks) prefetches the weights of the linears after it
-/// up to the next layer's split, in their order (the o projection, gate, up, down, and the
-/// next layer's q, k, v), whole while they fit the budget (the last layer's split not the
-/// tied LM head's table, past it); without it, nothing. At batch 1 the splits (32 blocks, fewer than the multiprocessors)
-/// prefetch nothing. A tiny model's weights are all below the least range worth a prefetch
-/// (its splits at batch 40 have 160 blocks).
+/// With `LowerOptions::l2_prefetch_bytes` of 32 MiB, each layer's cached attention split of
+/// the official bf16 decode at batch 8 (256 blocks) prefetches the weights of the linears
+/// after it up to the next layer's split, in their order (the o projection, gate, up, down,
+/// and the next layer's q, k, v), whole while they fit the budget (the last layer's split not
+/// the tied LM head's table, past it); without it, nothing. At batch 1 the splits (32 blocks,
+/// fewer than the multiprocessors) prefetch nothing. A tiny model's weights are all below the
+/// least range worth a prefetch (its splits at batch 40 have 160 blocks).
 #[test]
 fn decode_splits_prefetch_the_weights_of_the_linears_after_them() {
     let (config, _) = kiln_frontend::hf::presets::preset("qwen2.5-0.5b").unwrap();
@@ -348,7 +348,8 @@ fn decode_splits_prefetch_the_weights_of_the_linears_after_them() {
     // 40 rows, 2 chunks and 2 KV heads: 160 blocks a split, enough to host prefetches.
     let tiny_config = ModelConfig::tiny();
     let chunks = kiln_kernels::gpu::decode::splits(128, tiny_config.head_dim as u64);
-    assert!(chunks * tiny_config.num_key_value_heads as u64 * 40 >= 132);
+    let blocks = chunks * tiny_config.num_key_value_heads as u64 * 40;
+    assert!(blocks >= kiln_kernels::gpu::SMS);
     let options = ProgramOptions {
         seq: 6,
         max_seq: Some(128),

@@ -391,7 +391,7 @@ extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32(
     float* partials, const float* q, const float* k_cache, const float* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
-    // The body waits once the rows nothing writes are staged and the prefetches issued.
+    // The body waits once the rows nothing writes are staged.
     kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
                                 kv_heads, q_len, capacity, head_dim, chunk, scale, fault,
                                 KILN_NO_PREFETCH);
@@ -401,7 +401,7 @@ extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_bf16(
     float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
-    // The body waits once the rows nothing writes are staged and the prefetches issued.
+    // The body waits once the rows nothing writes are staged.
     kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
                                 kv_heads, q_len, capacity, head_dim, chunk, scale, fault,
                                 KILN_NO_PREFETCH);

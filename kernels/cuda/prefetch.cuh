@@ -39,7 +39,8 @@ __device__ __forceinline__ void kiln_prefetch_l2(KILN_PREFETCH_PARAMS) {
     const i64 threads = blocks * blockDim.x;
     i64 piece = (i64)threadIdx.x * blocks + block;
     for (int r = 0; r < 8; ++r) {
-        // Whole 16-byte units only (the bulk prefetch's size and address unit).
+        // Whole 16-byte units only (the bulk prefetch's size and address unit; the program
+        // gives only such ranges, this is a guard).
         const i64 bytes = at[r] && given[r] > 0 ? given[r] / 16 * 16 : 0;
         const i64 pieces = (bytes + KILN_PREFETCH_PIECE - 1) / KILN_PREFETCH_PIECE;
         for (; piece < pieces; piece += threads) {

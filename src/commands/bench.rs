@@ -46,7 +46,7 @@ pub struct BenchArgs {
     pub portable: bool,
     /// cuBLASLt's algorithms chosen by timing its candidates (`LowerOptions::tune_gemms`).
     pub gemm_tune: bool,
-    /// Bytes a host kernel prefetches of the next linears' weights into L2
+    /// The most bytes a host kernel prefetches of the next linears' weights into L2
     /// (`LowerOptions::l2_prefetch_bytes`; None: the default).
     pub l2_prefetch: Option<u64>,
     /// Also time every step alone once (eager, one stream) and report the ops that take

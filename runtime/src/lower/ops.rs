@@ -52,7 +52,8 @@ pub struct LowerOptions {
     /// the parameters that the launches after them read (`lower/prefetch.rs`); 0: none, the
     /// default. Measured on an H100 with 32 MiB (BENCHMARKS.md): 0.5B decode B=8 2.6%, 1.5B
     /// B=32 1.3% and 0.5B B=32 0.5% faster, but B=16 0.8% slower and B=1 (no range), B=24 and
-    /// 1.5B B=8 unchanged, so it stays off.
+    /// 1.5B B=8 unchanged (with the range choice of then, which also took part of a weight
+    /// past the budget; the whole-weight choice since is not measured), so it stays off.
     pub l2_prefetch_bytes: u64,
 }
 

@@ -47,6 +47,7 @@ pub(crate) fn assign(steps: &mut [StepLaunches], slots: &[Slot], budget: u64) ->
     Ok(())
 }
 
+/// Whether `launch` is a kernel that can host prefetches.
 fn is_host(launch: &Launch) -> bool {
     matches!(launch, Launch::Kernel(kernel) if kernel.prefetch_host.is_some())
 }
@@ -78,4 +79,117 @@ fn choose<'l>(
         left -= bytes;
     }
     ranges
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_kernels::gpu::{Arg, Kernel};
+
+    const MIB: u64 = 1 << 20;
+
+    /// The arena, then a parameter of each of `sizes` (slot i + 1).
+    fn slots(sizes: &[u64]) -> Vec<Slot> {
+        let param = |(i, &bytes)| Slot {
+            name: format!("w{i}"),
+            kind: SlotKind::Input(InputKind::Param),
+            bytes,
+        };
+        let arena = Slot {
+            name: "arena".to_string(),
+            kind: SlotKind::Arena,
+            bytes: 64 * MIB,
+        };
+        [arena]
+            .into_iter()
+            .chain(sizes.iter().enumerate().map(param))
+            .collect()
+    }
+
+    fn kernel(blocks: u32, host: bool, reads: &[u32]) -> Launch {
+        Launch::Kernel(Kernel {
+            module: "decode",
+            function: "cached_attention_split_f32_bf16",
+            grid: (blocks, 1, 1),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+            cluster: (1, 1, 1),
+            args: (reads.iter())
+                .map(|&slot| Arg::Ptr(Addr { slot, offset: 0 }))
+                .collect(),
+            prefetch_host: host.then_some("cached_attention_split_f32_bf16_prefetch"),
+        })
+    }
+
+    fn step(launches: Vec<Launch>) -> StepLaunches {
+        StepLaunches {
+            node: 0,
+            op: "op".to_string(),
+            stream: 0,
+            waits: vec![],
+            records: vec![],
+            launches,
+        }
+    }
+
+    /// The (slot, bytes) each host prefetches after [`assign`] with `budget`.
+    fn assigned(mut steps: Vec<StepLaunches>, slots: &[Slot], budget: u64) -> Vec<Vec<(u32, u64)>> {
+        assign(&mut steps, slots, budget).unwrap();
+        (steps.iter().flat_map(|s| &s.launches))
+            .filter_map(|launch| match launch {
+                Launch::Kernel(k) if k.prefetch_host.is_some() => Some(
+                    (prefetch::ranges(k).into_iter())
+                        .map(|(a, n)| (a.slot, n))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_host_takes_whole_weights_in_reading_order_until_one_does_not_fit() {
+        // 8 MiB, 20 MiB, 1 MiB, a 4 KiB bias, and the arena: with 16 MiB, the first alone (the
+        // second does not fit; the third is not taken past it).
+        let slots = slots(&[8 * MIB, 20 * MIB, MIB, 4096]);
+        let steps = vec![
+            step(vec![kernel(132, true, &[0])]),
+            step(vec![
+                kernel(4, false, &[4, 1, 0]),
+                kernel(4, false, &[2, 3, 1]),
+            ]),
+        ];
+        assert_eq!(
+            assigned(steps.clone(), &slots, 16 * MIB),
+            [vec![(1, 8 * MIB)]]
+        );
+        assert_eq!(
+            assigned(steps, &slots, 40 * MIB),
+            [vec![(1, 8 * MIB), (2, 20 * MIB), (3, MIB)]]
+        );
+    }
+
+    #[test]
+    fn a_host_takes_at_most_its_ranges_up_to_the_next_host() {
+        let slots = slots(&[MIB; 11]);
+        let all: Vec<u32> = (1..=10).collect();
+        let steps = vec![
+            step(vec![kernel(132, true, &[]), kernel(4, false, &all)]),
+            step(vec![kernel(132, true, &[]), kernel(4, false, &[11])]),
+        ];
+        let got = assigned(steps, &slots, 64 * MIB);
+        assert_eq!(got[0].len(), prefetch::RANGES);
+        assert_eq!(got[0][0], (1, MIB));
+        assert_eq!(got[1], [(11, MIB)]);
+    }
+
+    #[test]
+    fn a_host_of_fewer_blocks_than_multiprocessors_takes_none() {
+        let slots = slots(&[MIB]);
+        let steps = vec![step(vec![kernel(131, true, &[]), kernel(4, false, &[1])])];
+        assert_eq!(
+            assigned(steps, &slots, 64 * MIB),
+            [Vec::<(u32, u64)>::new()]
+        );
+    }
 }
