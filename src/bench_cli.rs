@@ -81,9 +81,9 @@ pub struct BenchCli {
     /// `--portable on`, which has no cuBLASLt.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     gemm_tune: Switch,
-    /// The cached attention's split kernel prefetches into L2 up to this many bytes (e.g.
-    /// 32MiB) of the weights of the linears after it, where it has a block per multiprocessor
-    /// (default 0: none).
+    /// Beside each cached attention's split of at least 8 rows, a launch on a side stream
+    /// prefetches into L2 up to this many bytes (e.g. 32MiB) of the weights of the linears
+    /// after it (default 32MiB; 0: none).
     #[arg(long, value_parser = kiln::memory::parse_bytes)]
     l2_prefetch: Option<u64>,
     /// Also time each step alone once and list the costliest ops (one stream).

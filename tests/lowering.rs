@@ -286,15 +286,15 @@ fn parallel_programs_lower_each_all_reduce_to_one_collective() {
     }
 }
 
-/// With `LowerOptions::l2_prefetch_bytes` of 32 MiB, each layer's cached attention split of
-/// the official bf16 decode at batch 8 (256 blocks) prefetches the weights of the linears
-/// after it up to the next layer's split, in their order (the o projection, gate, up, down,
-/// and the next layer's q, k, v), whole while they fit the budget (the last layer's split not
-/// the tied LM head's table, past it); without it, nothing. At batch 1 the splits (32 blocks,
-/// fewer than the multiprocessors) prefetch nothing. A tiny model's weights are all below the
-/// least range worth a prefetch (its splits at batch 40 have 160 blocks).
+/// By default (`LowerOptions::l2_prefetch_bytes`, 32 MiB), beside each layer's cached attention
+/// split of the official bf16 decode at batch 8, a launch on a side stream prefetches the
+/// weights of the linears after the split up to the next layer's, in their order (the o
+/// projection, gate, up, down, and the next layer's q, k, v), whole while they fit the budget
+/// (the last layer's not the tied LM head's table, past it); with 0 bytes, nothing. At batch 1
+/// (fewer rows than `MIN_ROWS`) nothing forks. A tiny model's weights are all below the least
+/// range worth a prefetch.
 #[test]
-fn decode_splits_prefetch_the_weights_of_the_linears_after_them() {
+fn decode_splits_fork_prefetches_of_the_weights_of_the_linears_after_them() {
     let (config, _) = kiln_frontend::hf::presets::preset("qwen2.5-0.5b").unwrap();
     let options = |batch| ProgramOptions {
         batch,
@@ -303,8 +303,8 @@ fn decode_splits_prefetch_the_weights_of_the_linears_after_them() {
         precision: Precision::Bf16,
         ..Default::default()
     };
-    let lower = |batch, l2_prefetch_bytes| {
-        let graph = build(ProgramKind::Decode, &config, &options(batch)).unwrap();
+    let lower = |config: &ModelConfig, options: &ProgramOptions, l2_prefetch_bytes| {
+        let graph = build(ProgramKind::Decode, config, options).unwrap();
         let planned = plan(
             &graph,
             &PlanOptions::default(),
@@ -317,15 +317,23 @@ fn decode_splits_prefetch_the_weights_of_the_linears_after_them() {
         };
         lower_for_device(&graph, &planned, options).unwrap()
     };
-    let one = lower(1, 32 << 20);
-    assert_eq!(one.prefetches.len(), config.num_hidden_layers);
-    assert!(one.prefetches.iter().all(Vec::is_empty));
-    let off = lower(8, 0);
-    assert_eq!(off.prefetches.len(), config.num_hidden_layers);
-    assert!(off.prefetches.iter().all(Vec::is_empty));
-    let budget = 32 << 20;
-    let on = lower(8, budget);
-    assert_eq!(on.kernels, off.kernels);
+    let default = LowerOptions::default().l2_prefetch_bytes;
+    assert_eq!(default, 32 << 20);
+    let side = |summary: &kiln_runtime::LoweringSummary| {
+        summary
+            .by_launch
+            .get("prefetch.prefetch_l2")
+            .copied()
+            .unwrap_or(0)
+    };
+    let one = lower(&config, &options(1), default);
+    assert!(one.prefetches.is_empty() && side(&one) == 0);
+    let off = lower(&config, &options(8), 0);
+    assert!(off.prefetches.is_empty() && side(&off) == 0);
+    let on = lower(&config, &options(8), default);
+    assert_eq!(side(&on), config.num_hidden_layers);
+    assert_eq!(on.kernels, off.kernels + config.num_hidden_layers);
+    assert_eq!(on.prefetches.len(), config.num_hidden_layers);
     let (h, i) = (config.hidden_size as u64, config.intermediate_size as u64);
     let kv = (config.num_key_value_heads * config.head_dim) as u64;
     let last = config.num_hidden_layers - 1;
@@ -345,28 +353,11 @@ fn decode_splits_prefetch_the_weights_of_the_linears_after_them() {
         }
         assert_eq!(ranges, &want, "layer {layer}");
     }
-    // 40 rows, 2 chunks and 2 KV heads: 160 blocks a split, enough to host prefetches.
-    let tiny_config = ModelConfig::tiny();
-    let chunks = kiln_kernels::gpu::decode::splits(128, tiny_config.head_dim as u64);
-    let blocks = chunks * tiny_config.num_key_value_heads as u64 * 40;
-    assert!(blocks >= kiln_kernels::gpu::SMS);
-    let options = ProgramOptions {
+    let tiny_options = ProgramOptions {
         seq: 6,
         max_seq: Some(128),
-        ..options(40)
+        ..options(8)
     };
-    let tiny = build(ProgramKind::Decode, &tiny_config, &options).unwrap();
-    let tiny_plan = plan(
-        &tiny,
-        &PlanOptions::default(),
-        &kiln_runtime::Workspaces::Cuda,
-    )
-    .unwrap();
-    let options = LowerOptions {
-        l2_prefetch_bytes: 32 << 20,
-        ..LowerOptions::default()
-    };
-    let summary = lower_for_device(&tiny, &tiny_plan, options).unwrap();
-    assert!(!summary.prefetches.is_empty());
-    assert!(summary.prefetches.iter().all(Vec::is_empty));
+    let tiny = lower(&ModelConfig::tiny(), &tiny_options, default);
+    assert!(tiny.prefetches.is_empty() && side(&tiny) == 0);
 }

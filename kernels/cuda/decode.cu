@@ -282,8 +282,7 @@ __device__ __forceinline__ int kiln_decode_heads(int group, int width) {
 // 1. the chunk's keys and values widened to f32 (coalesced), and q: the rows below the
 //    position before the wait for the kernel before (the indices are graph inputs, and no op
 //    of the program writes those rows: the IR verifier's `attention caches` rule), q and the
-//    rows the step itself writes after it; before the wait too, the L2 prefetches the
-//    program gives it (`kiln_prefetch_l2`: the weights of the linears after it);
+//    rows the step itself writes after it;
 // 2. the scores (`kiln_decode_scores`);
 // 3. one warp per head: the chunk max m and sum l of exp(score - m) by fixed butterflies;
 // 4. acc = p · values (`kiln_decode_values`).
@@ -295,8 +294,7 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
                                             const C* v_cache, const i64* positions,
                                             const i64* rows, i64 slots, i64 q_heads,
                                             i64 kv_heads, i64 q_len, i64 capacity, i64 head_dim,
-                                            i64 chunk, float scale, int* fault,
-                                            KILN_PREFETCH_PARAMS) {
+                                            i64 chunk, float scale, int* fault) {
     const i64 split = blockIdx.x, kv = blockIdx.y;
     const i64 splits = gridDim.x;
     // 32-bit quotients (grid sizes and head counts): a 64-bit division is a long routine.
@@ -327,7 +325,6 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
     const i64 below = position - first;  // rows of the chunk below the position
     const int settled = (int)(below < 0 ? 0 : (below < count ? below : count));
     kiln_decode_stage_rows(keys, values, k_chunk, v_chunk, 0, settled, dim, stride);
-    kiln_prefetch_l2(KILN_PREFETCH_ARGS);
     kiln_grid_dependency_wait();
     if (bad && threadIdx.x == 0) kiln_raise(fault);
     // The partial results of head 0 of the group; head h's are h · head_step floats on.
@@ -384,17 +381,13 @@ __device__ void kiln_cached_attention_split(float* partials, const float* q, con
 // 256 threads (BLOCK_THREADS), at most 64 registers: four blocks a multiprocessor.
 #define KILN_DECODE_BOUNDS __launch_bounds__(256, 4)
 
-// The entry points: each stored dtype without prefetches (the default program), and with the
-// L2 prefetches of kernels/cuda/prefetch.cuh (`_prefetch`, which the program picks when it
-// gives the split ranges to prefetch, kernels/src/gpu/prefetch.rs).
 extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32(
     float* partials, const float* q, const float* k_cache, const float* v_cache,
     const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
     // The body waits once the rows nothing writes are staged.
     kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
-                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault,
-                                KILN_NO_PREFETCH);
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
 
 extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_bf16(
@@ -403,28 +396,7 @@ extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_bf16(
     i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault) {
     // The body waits once the rows nothing writes are staged.
     kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
-                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault,
-                                KILN_NO_PREFETCH);
-}
-
-extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_prefetch(
-    float* partials, const float* q, const float* k_cache, const float* v_cache,
-    const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
-    i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault, KILN_PREFETCH_PARAMS) {
-    // The body waits once the rows nothing writes are staged and the prefetches issued.
-    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
-                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault,
-                                KILN_PREFETCH_ARGS);
-}
-
-extern "C" __global__ void KILN_DECODE_BOUNDS cached_attention_split_f32_bf16_prefetch(
-    float* partials, const float* q, const bf16_bits* k_cache, const bf16_bits* v_cache,
-    const i64* positions, const i64* rows, i64 slots, i64 q_heads, i64 kv_heads, i64 q_len,
-    i64 capacity, i64 head_dim, i64 chunk, float scale, int* fault, KILN_PREFETCH_PARAMS) {
-    // The body waits once the rows nothing writes are staged and the prefetches issued.
-    kiln_cached_attention_split(partials, q, k_cache, v_cache, positions, rows, slots, q_heads,
-                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault,
-                                KILN_PREFETCH_ARGS);
+                                kv_heads, q_len, capacity, head_dim, chunk, scale, fault);
 }
 
 // One block per (query head, b·T + t), a thread per output element d (blockDim >= head_dim,

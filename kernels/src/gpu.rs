@@ -54,7 +54,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention_rows", module!("attention_rows.cu")),
     ("cache", module!("rope.cuh", "cache.cu")),
     ("copy", module!("copy.cu")),
-    ("decode", module!("prefetch.cuh", "decode.cu")),
+    ("decode", module!("decode.cu")),
     ("elementwise", module!("columns.cuh", "elementwise.cu")),
     ("embedding", module!("adamw.cuh", "embedding.cu")),
     ("flash", module!("mma.cuh", "flash.cu", "flash_backward.cu")),
@@ -88,6 +88,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("loss", module!("loss.cu")),
     ("norm", module!("norm.cuh", "columns.cuh", "norm.cu")),
     ("optim", module!("adamw.cuh", "optim.cu")),
+    ("prefetch", module!("prefetch.cu")),
     ("rope", module!("rope.cuh", "rope.cu")),
 ];
 

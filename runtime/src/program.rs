@@ -329,8 +329,15 @@ impl<'g> Builder<'g> {
             });
         }
 
+        let (mut streams, mut events) = (plan.streams().max(1), plan.events);
         if options.l2_prefetch_bytes > 0 {
-            crate::lower::prefetch::assign(&mut steps, &self.slots, options.l2_prefetch_bytes)?;
+            let side = (streams, events);
+            let bytes = options.l2_prefetch_bytes;
+            let added = crate::lower::prefetch::assign(&mut steps, &self.slots, bytes, side)?;
+            if added > 0 {
+                streams += 1;
+                events += added;
+            }
         }
         let mut outputs = BTreeMap::new();
         for (name, value) in graph.outputs() {
@@ -345,8 +352,8 @@ impl<'g> Builder<'g> {
             slots: self.slots,
             steps,
             write_backs,
-            streams: plan.streams().max(1),
-            events: plan.events,
+            streams,
+            events,
             inputs,
             outputs,
             in_place_writes,
@@ -393,8 +400,8 @@ pub struct LoweringSummary {
     pub by_op: BTreeMap<String, (usize, usize)>,
     /// Per launch: `module.function` for kernels, `gemm`, `copy`, `all_reduce`.
     pub by_launch: BTreeMap<String, usize>,
-    /// Per host kernel of L2 prefetches, in issue order: the slots it prefetches and the
-    /// bytes of each (`LowerOptions::l2_prefetch_bytes`).
+    /// Per L2 prefetch launch, in issue order: the slots it prefetches and the bytes of each
+    /// (`LowerOptions::l2_prefetch_bytes`).
     pub prefetches: Vec<Vec<(String, u64)>>,
 }
 
@@ -437,10 +444,10 @@ pub fn lower_for_device(
             Launch::Kernel(kernel) => {
                 kernels += 1;
                 modules.insert(kernel.module);
-                if kernel.prefetch_host.is_some() {
-                    let ranges = prefetch::ranges(kernel).into_iter();
-                    let named =
-                        ranges.map(|(a, n)| (program.slots[a.slot as usize].name.clone(), n));
+                let ranges = prefetch::ranges(kernel);
+                if !ranges.is_empty() {
+                    let named = (ranges.into_iter())
+                        .map(|(a, n)| (program.slots[a.slot as usize].name.clone(), n));
                     prefetches.push(named.collect());
                 }
             }

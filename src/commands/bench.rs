@@ -46,7 +46,7 @@ pub struct BenchArgs {
     pub portable: bool,
     /// cuBLASLt's algorithms chosen by timing its candidates (`LowerOptions::tune_gemms`).
     pub gemm_tune: bool,
-    /// The most bytes a host kernel prefetches of the next linears' weights into L2
+    /// The most bytes each side-stream launch prefetches of the next linears' weights into L2
     /// (`LowerOptions::l2_prefetch_bytes`; None: the default).
     pub l2_prefetch: Option<u64>,
     /// Also time every step alone once (eager, one stream) and report the ops that take
@@ -95,8 +95,8 @@ pub struct BenchResult {
     pub portable: bool,
     /// Whether cuBLASLt's algorithms were chosen by timing its candidates.
     pub gemm_tune: bool,
-    /// `--l2-prefetch`: the most bytes a host kernel may prefetch of the next linears' weights
-    /// into L2 (a host of fewer blocks than multiprocessors prefetches none).
+    /// `--l2-prefetch`: the most bytes each side-stream launch may prefetch of the next
+    /// linears' weights into L2 (beside splits of at least 8 rows; fewer fork none).
     pub l2_prefetch_bytes: u64,
     pub steps: usize,
     pub median_ms: f64,

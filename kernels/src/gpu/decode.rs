@@ -42,11 +42,21 @@ pub fn partials_bytes(dims: &AttentionDims) -> u64 {
         * 4
 }
 
+/// The rows (B·T) of a cached attention's split launch from [`cached_attention_f32`] (its
+/// grid's z); `None` for any other launch. The program forks its L2 prefetches beside the
+/// splits of enough rows (`kernels/src/gpu/prefetch.rs`).
+pub fn split_rows(kernel: &Kernel) -> Option<u64> {
+    let split = [
+        "cached_attention_split_f32",
+        "cached_attention_split_f32_bf16",
+    ];
+    (kernel.module == MODULE && split.contains(&kernel.function)).then_some(kernel.grid.2.into())
+}
+
 /// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
 /// (i64) of each batch row's cache row, with `partials` scratch of [`partials_bytes`]: the
 /// split launch, then the combine. A position outside `0..=Smax - T` or a slot outside the
-/// pool raises the `fault` word. The split kernel hosts L2 prefetches
-/// ([`prefetch`](super::prefetch)).
+/// pool raises the `fault` word.
 pub fn cached_attention_f32(
     out: Addr,
     partials: Addr,
@@ -96,23 +106,18 @@ pub fn cached_attention_f32(
         Arg::F32(scale),
         Arg::Ptr(fault),
     ];
-    let split = Launch::Kernel(Kernel {
-        module: MODULE,
-        function: split_function,
-        grid: (
+    let split = Kernel::launch(
+        MODULE,
+        split_function,
+        (
             grid_dim(SPLIT, "splits", splits, MAX_GRID_X)?,
             kv_heads,
             rows,
         ),
-        block: (BLOCK_THREADS, 1, 1),
-        shared_bytes: shared as u32,
-        cluster: (1, 1, 1),
-        args: split_args,
-        prefetch_host: Some(stored.pick(
-            "cached_attention_split_f32_prefetch",
-            "cached_attention_split_f32_bf16_prefetch",
-        )),
-    });
+        (BLOCK_THREADS, 1, 1),
+        shared as u32,
+        split_args,
+    );
     let combine_args = vec![
         Arg::Ptr(out),
         Arg::Ptr(partials),

@@ -55,10 +55,6 @@ pub struct Kernel {
     /// launched as clusters synchronize within them.
     pub cluster: (u32, u32, u32),
     pub args: Vec<Arg>,
-    /// The entry point of the same kernel that also takes L2 prefetch ranges after these
-    /// args (`KILN_PREFETCH_PARAMS`), which [`prefetch::fill`](super::prefetch::fill) switches
-    /// to when the program gives it some; `None` for a kernel that hosts no prefetch.
-    pub prefetch_host: Option<&'static str>,
 }
 
 /// The most blocks of a cluster that every device with clusters runs (CUDA's portable size).
@@ -306,7 +302,6 @@ impl Kernel {
             shared_bytes,
             cluster: (1, 1, 1),
             args,
-            prefetch_host: None,
         })
     }
 }

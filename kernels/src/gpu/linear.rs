@@ -479,7 +479,6 @@ fn main_launch(
         shared_bytes: plan.shared_bytes() as u32, // at most 34 KB
         cluster: (1, if finish { grid.1 } else { 1 }, 1),
         args,
-        prefetch_host: None,
     };
     Ok((Launch::Kernel(main), (split && !finish).then_some(partial)))
 }

@@ -1,48 +1,38 @@
-//! L2 prefetch ranges: a host kernel's prefetching entry point (`KILN_PREFETCH_PARAMS` in
-//! `kernels/cuda/prefetch.cuh`) issues bulk prefetches into L2 of up to [`RANGES`] ranges of
-//! bytes before its wait, so that the parameters of the launches after it come from L2 rather
-//! than HBM. Its builder launches the plain entry point and names the prefetching one
-//! ([`Kernel::prefetch_host`]); the program chooses the ranges ([`fill`]) once every launch is
-//! known.
+//! L2 prefetch: a launch of its own ([`side_kernel`], `prefetch_l2` in
+//! `kernels/cuda/prefetch.cu`) issues bulk prefetches into L2 of up to [`RANGES`] ranges of
+//! bytes (`KILN_PREFETCH_PARAMS`), so that the parameters a
+//! program's next launches read come from L2 rather than HBM. The program runs it on a side
+//! stream beside the kernels before those launches and chooses the ranges once every launch
+//! is known (`runtime/src/lower/prefetch.rs`).
 
 use super::launch::SMS;
 use super::{Addr, Arg, Kernel};
 use crate::{Error, Result};
 
-/// Ranges a host kernel takes.
+const MODULE: &str = "prefetch";
+const FUNCTION: &str = "prefetch_l2";
+
+/// Ranges a side kernel takes.
 pub const RANGES: usize = 8;
-/// Its prefetch args: a pointer and a byte count per range.
+/// Its args: a pointer and a byte count per range.
 pub const ARGS: usize = 2 * RANGES;
 /// The unit of a range's start and length (the bulk prefetch's).
 pub const ALIGN: u64 = 16;
+/// Threads of a side kernel's block: one warp.
+const THREADS: u32 = 32;
 
-/// Whether host `kernel` has a block for each multiprocessor (of the GPUs the split rules fill),
-/// so that the prefetches spread over every multiprocessor's bulk copy unit. A host of fewer
-/// blocks (the decode split at batch 1: 32) issues them from a few, which then finish late:
-/// measured slower (BENCHMARKS.md), so it is given none.
-pub fn spreads(kernel: &Kernel) -> bool {
-    let (x, y, z) = kernel.grid;
-    u64::from(x) * u64::from(y) * u64::from(z) >= SMS
-}
-
-/// Has host `kernel` prefetch `ranges` (address, bytes; each a nonzero multiple of [`ALIGN`]): its
-/// prefetching entry point with the ranges after its args, the rest none. No range leaves
-/// the kernel as it is.
-pub fn fill(kernel: &mut Kernel, ranges: &[(Addr, u64)]) -> Result<()> {
+/// A launch that prefetches `ranges` (address, bytes; each a nonzero multiple of [`ALIGN`]; one
+/// to [`RANGES`] of them) and does nothing else: a block per multiprocessor, so that every
+/// multiprocessor's bulk copy unit takes a share of the pieces.
+pub fn side_kernel(ranges: &[(Addr, u64)]) -> Result<Kernel> {
     let refuse = |reason: String| Error::Argument {
-        op: kernel.function,
-        argument: "prefetch",
+        op: FUNCTION,
+        argument: "ranges",
         reason,
     };
-    let Some(entry) = kernel.prefetch_host else {
-        return Err(refuse("the kernel hosts no prefetch".to_string()));
-    };
-    if kernel.function == entry {
-        return Err(refuse("its prefetch ranges are already given".to_string()));
-    }
-    if ranges.len() > RANGES {
+    if ranges.is_empty() || ranges.len() > RANGES {
         return Err(refuse(format!(
-            "{} ranges, more than {RANGES}",
+            "{} ranges, not 1 to {RANGES}",
             ranges.len()
         )));
     }
@@ -52,26 +42,29 @@ pub fn fill(kernel: &mut Kernel, ranges: &[(Addr, u64)]) -> Result<()> {
             "{range:?} is not in whole {ALIGN}-byte units"
         )));
     }
-    if ranges.is_empty() {
-        return Ok(());
-    }
     let mut args = [Arg::Null, Arg::I64(0)].repeat(RANGES);
     for (i, &(addr, bytes)) in ranges.iter().enumerate() {
         let bytes = i64::try_from(bytes).map_err(|_| refuse(format!("{bytes} bytes")))?;
         args[2 * i] = Arg::Ptr(addr);
         args[2 * i + 1] = Arg::I64(bytes);
     }
-    kernel.function = entry;
-    kernel.args.extend(args);
-    Ok(())
+    Ok(Kernel {
+        module: MODULE,
+        function: FUNCTION,
+        grid: (SMS as u32, 1, 1),
+        block: (THREADS, 1, 1),
+        shared_bytes: 0,
+        cluster: (1, 1, 1),
+        args,
+    })
 }
 
-/// The ranges `kernel` prefetches: none unless [`fill`] gave it some.
+/// The ranges `kernel` prefetches: those of a [`side_kernel`], none for any other kernel.
 pub fn ranges(kernel: &Kernel) -> Vec<(Addr, u64)> {
-    if kernel.prefetch_host != Some(kernel.function) || kernel.args.len() < ARGS {
+    if (kernel.module, kernel.function) != (MODULE, FUNCTION) || kernel.args.len() != ARGS {
         return Vec::new();
     }
-    (kernel.args[kernel.args.len() - ARGS..].chunks(2))
+    (kernel.args.chunks(2))
         .filter_map(|pair| match pair {
             [Arg::Ptr(addr), Arg::I64(bytes)] if *bytes > 0 => Some((*addr, *bytes as u64)),
             _ => None,
@@ -83,76 +76,36 @@ pub fn ranges(kernel: &Kernel) -> Vec<(Addr, u64)> {
 mod tests {
     use super::*;
 
-    fn host(blocks: u32) -> Kernel {
-        Kernel {
-            module: "decode",
-            function: "cached_attention_split_f32_bf16",
-            grid: (blocks, 1, 1),
-            block: (256, 1, 1),
-            shared_bytes: 0,
-            cluster: (1, 1, 1),
-            args: vec![Arg::I32(7)],
-            prefetch_host: Some("cached_attention_split_f32_bf16_prefetch"),
-        }
-    }
-
     fn at(slot: u32, offset: u64) -> Addr {
         Addr { slot, offset }
     }
 
     #[test]
-    fn filled_ranges_switch_to_the_prefetching_entry_and_read_back() {
-        let mut kernel = host(132);
+    fn a_side_kernel_prefetches_its_ranges_and_reads_them_back() {
         let given = [(at(3, 0), 4096), (at(5, 32), 16)];
-        fill(&mut kernel, &given).unwrap();
-        assert_eq!(kernel.function, "cached_attention_split_f32_bf16_prefetch");
-        assert_eq!(kernel.args.len(), 1 + ARGS);
-        assert_eq!(kernel.args[0], Arg::I32(7));
+        let kernel = side_kernel(&given).unwrap();
+        assert_eq!((kernel.module, kernel.function), (MODULE, FUNCTION));
+        assert_eq!(kernel.grid, (SMS as u32, 1, 1));
         assert_eq!(ranges(&kernel), given);
         assert_eq!(
-            kernel.args[1 + 4..],
+            kernel.args[4..],
             [Arg::Null, Arg::I64(0)].repeat(RANGES - 2)
         );
-        // No range: the plain entry point, unchanged.
-        let mut plain = host(132);
-        fill(&mut plain, &[]).unwrap();
-        assert_eq!(plain, host(132));
-        // A plain entry point's args are not ranges, however they look.
+        // Another kernel's args are not ranges, however they look.
         let look_alike = Kernel {
-            args: [Arg::Ptr(at(3, 0)), Arg::I64(4096)].repeat(RANGES),
-            ..host(132)
+            module: "decode",
+            ..kernel.clone()
         };
         assert!(ranges(&look_alike).is_empty());
     }
 
     #[test]
-    fn fill_refuses_what_a_host_cannot_take() {
-        let refused = |kernel: &mut Kernel, ranges: &[(Addr, u64)]| {
-            fill(kernel, ranges).unwrap_err().to_string()
-        };
-        let mut plain = Kernel {
-            prefetch_host: None,
-            ..host(132)
-        };
-        assert!(refused(&mut plain, &[(at(1, 0), 16)]).contains("hosts no prefetch"));
-        let nine = vec![(at(1, 0), 16); RANGES + 1];
-        assert!(refused(&mut host(132), &nine).contains("more than 8"));
-        assert!(refused(&mut host(132), &[(at(1, 8), 16)]).contains("16-byte"));
-        assert!(refused(&mut host(132), &[(at(1, 0), 24)]).contains("16-byte"));
-        assert!(refused(&mut host(132), &[(at(1, 0), 0)]).contains("16-byte"));
-        let mut twice = host(132);
-        fill(&mut twice, &[(at(1, 0), 16)]).unwrap();
-        assert!(refused(&mut twice, &[(at(1, 0), 16)]).contains("already given"));
-    }
-
-    #[test]
-    fn a_host_spreads_from_a_block_per_multiprocessor() {
-        assert!(!spreads(&host(SMS as u32 - 1)));
-        assert!(spreads(&host(SMS as u32)));
-        let grid = Kernel {
-            grid: (16, 2, 8),
-            ..host(1)
-        };
-        assert!(spreads(&grid));
+    fn a_side_kernel_refuses_no_range_too_many_or_partial_units() {
+        let refused = |ranges: &[(Addr, u64)]| side_kernel(ranges).unwrap_err().to_string();
+        assert!(refused(&[]).contains("0 ranges"));
+        assert!(refused(&vec![(at(1, 0), 16); RANGES + 1]).contains("9 ranges"));
+        for partial in [(at(1, 8), 16), (at(1, 0), 24), (at(1, 0), 0)] {
+            assert!(refused(&[partial]).contains("16-byte"), "{partial:?}");
+        }
     }
 }

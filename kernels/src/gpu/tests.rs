@@ -606,19 +606,9 @@ fn every_launch() -> Vec<Launch> {
 #[test]
 fn every_builder_launches_a_kernel_of_its_module_with_its_signature() {
     let mut launches = every_launch();
-    // A prefetch host's prefetching entry point, as the program fills it.
-    let filled: Vec<Launch> = (launches.iter())
-        .filter_map(|launch| match launch {
-            Launch::Kernel(kernel) if kernel.prefetch_host.is_some() => {
-                let mut kernel = kernel.clone();
-                prefetch::fill(&mut kernel, &[(addr(30), 4096)]).unwrap();
-                Some(Launch::Kernel(kernel))
-            }
-            _ => None,
-        })
-        .collect();
-    assert!(!filled.is_empty());
-    launches.extend(filled);
+    // The L2 prefetch's launch, which the program adds.
+    let side = prefetch::side_kernel(&[(addr(30), 4096), (addr(31), 16)]).unwrap();
+    launches.push(Launch::Kernel(side));
     let mut seen = std::collections::BTreeSet::new();
     for launch in &launches {
         let Launch::Kernel(kernel) = launch else {
@@ -829,8 +819,7 @@ fn clipping_splits_each_gradient_by_its_size_alone() {
 /// skinny linears' main kernels their first weight loads (parameters; linear_common.cuh), each
 /// beginning with its outputs and a body that waits before x is read and before anything is
 /// written; the cached attention's split kernels the cache rows below the positions
-/// (decode.cu) and, prefetching, the parameters of their ranges (prefetch.cuh), waiting before
-/// q is read and before anything but shared memory is written.
+/// (decode.cu), waiting before q is read and before anything but shared memory is written.
 #[test]
 fn every_kernel_waits_for_its_producers_first() {
     let mut kernels = 0;
@@ -845,7 +834,7 @@ fn every_kernel_waits_for_its_producers_first() {
                     .iter()
                     .any(|call| first[..first.find('}').unwrap()].contains(call));
             let attention_waits_in_body = *module == "decode"
-                && first.starts_with("// The body waits once the rows nothing writes are staged")
+                && first.starts_with("// The body waits once the rows nothing writes are staged.")
                 && first[..first.find('}').unwrap()].contains("kiln_cached_attention_split(");
             assert!(
                 first.starts_with("kiln_grid_dependency_wait();")
@@ -873,8 +862,6 @@ fn every_kernel_waits_for_its_producers_first() {
             "{after}"
         );
     }
-    // Its prefetches (hints on parameters) are issued before the wait.
-    assert!(text.find("kiln_prefetch_l2(KILN_PREFETCH_ARGS);").unwrap() < wait);
     // The bodies that wait: once after the first step's weight loads (x is staged after it),
     // and again (a no-op then) before the results, for a block whose k range is empty.
     for (body, load, stage) in [

@@ -48,12 +48,11 @@ pub struct LowerOptions {
     /// they give the same bits); off, the first its heuristic names. On by default: measured
     /// 0.6 to 2.6% faster (BENCHMARKS.md).
     pub tune_gemms: bool,
-    /// Host kernels (the cached attention's split) prefetch into L2 up to this many bytes of
-    /// the parameters that the launches after them read (`lower/prefetch.rs`); 0: none, the
-    /// default. Measured on an H100 with 32 MiB (BENCHMARKS.md): 0.5B decode B=8 2.6%, 1.5B
-    /// B=32 1.3% and 0.5B B=32 0.5% faster, but B=16 0.8% slower and B=1 (no range), B=24 and
-    /// 1.5B B=8 unchanged (with the range choice of then, which also took part of a weight
-    /// past the budget; the whole-weight choice since is not measured), so it stays off.
+    /// Beside each cached attention's split of at least 8 rows, a launch on a side stream
+    /// prefetches into L2 up to this many bytes of the parameters that the launches after it
+    /// read (`lower/prefetch.rs`); 0: none. Measured on an H100 with 32 MiB, the default
+    /// (BENCHMARKS.md, 2026-12-06): bf16 decode of 0.5B B=16 3% and B=32 5.7% faster, 1.5B
+    /// B=32 2.4%, 0.5B B=8 0.7%; of one row 3% slower, so splits of fewer than 8 rows fork none.
     pub l2_prefetch_bytes: u64,
 }
 
@@ -77,10 +76,14 @@ impl Default for LowerOptions {
             vendor_gemm: true,
             portable_mma: false,
             tune_gemms: true,
-            l2_prefetch_bytes: 0,
+            l2_prefetch_bytes: DEFAULT_L2_PREFETCH_BYTES,
         }
     }
 }
+
+/// The default of [`LowerOptions::l2_prefetch_bytes`]: 32 MiB, a layer's o, gate, up and down
+/// and the next layer's q, k and v at 0.5B (29.8 MB); o and gate at 1.5B.
+pub(crate) const DEFAULT_L2_PREFETCH_BYTES: u64 = 32 << 20;
 
 /// The default of [`LowerOptions::linear_rows`]: every row count the skinny kernels take
 /// (BENCHMARKS.md). Against cuBLASLt they won on the H200 at 1 row (CUDA cores; 0.5B decode

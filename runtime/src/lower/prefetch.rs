@@ -2,15 +2,17 @@
 //! (`LowerOptions::l2_prefetch_bytes`).
 //!
 //! A decode step reads each weight once, in kernels of a few microseconds whose loads wait on
-//! HBM while the kernels between them (RoPE, the cached attention) leave HBM idle. Each host
-//! kernel ([`prefetch`]: the cached attention's split) of a block per multiprocessor at least
-//! ([`prefetch::spreads`]) is given the parameters that the launches after it on its stream
-//! read, up to the next host: whole, in their first reader's order, while they fit the
-//! option's bytes, at most [`prefetch::RANGES`] of them. A prefetch is a hint: it changes no
-//! result.
+//! HBM, while the kernels between them (RoPE, the cached attention) leave HBM idle. Beside
+//! each fork kernel (a cached attention's split of at least [`MIN_ROWS`] rows,
+//! [`decode::split_rows`]), a launch of its own on a side stream
+//! ([`prefetch::side_kernel`]) prefetches the parameters that the launches after the fork on
+//! its stream read, up to the next fork: whole, in their first reader's order, while they fit
+//! the option's bytes, at most [`prefetch::RANGES`] of them. It waits for the step before the
+//! fork's (an event that step records), so it runs beside the fork and what follows it. A
+//! prefetch is a hint: it changes no result.
 
 use kiln_ir::InputKind;
-use kiln_kernels::gpu::{prefetch, Addr, Launch};
+use kiln_kernels::gpu::{decode, prefetch, Addr, Launch};
 
 use crate::error::Result;
 use crate::program::{Slot, SlotKind, StepLaunches};
@@ -18,38 +20,67 @@ use crate::program::{Slot, SlotKind, StepLaunches};
 /// Parameters smaller than this are not worth a range (norm weights, biases).
 const MIN_BYTES: u64 = 64 << 10;
 
-/// Fills every host kernel's ranges in `steps`, at most `budget` bytes a host (see the module
-/// doc).
-pub(crate) fn assign(steps: &mut [StepLaunches], slots: &[Slot], budget: u64) -> Result<()> {
+/// The fewest rows of a split that forks prefetches. Measured on an H100 (BENCHMARKS.md,
+/// 2026-12-06): bf16 decode of one row was 3% slower with them (0.5B and 1.5B), of 8, 16 and
+/// 32 rows 0.5 to 5.7% faster.
+pub(crate) const MIN_ROWS: u64 = 8;
+
+/// Adds the side launches of the module doc to `steps`, each prefetching at most `budget`
+/// bytes, on stream `stream`, waiting for events numbered from `first_event` on (recorded by
+/// the steps before the forks). Returns the events it added.
+pub(crate) fn assign(
+    steps: &mut Vec<StepLaunches>,
+    slots: &[Slot],
+    budget: u64,
+    (stream, first_event): (usize, usize),
+) -> Result<usize> {
     let streams = steps.iter().map(|s| s.stream + 1).max().unwrap_or(0);
-    for stream in 0..streams {
-        // (step, launch) of every launch of the stream, in issue order.
+    let mut side = Vec::new();
+    for on in 0..streams {
+        // (step, launch) of every launch of stream `on`, in issue order.
         let order: Vec<(usize, usize)> = (steps.iter().enumerate())
-            .filter(|(_, step)| step.stream == stream)
+            .filter(|(_, step)| step.stream == on)
             .flat_map(|(s, step)| (0..step.launches.len()).map(move |l| (s, l)))
             .collect();
-        let hosts: Vec<usize> = (0..order.len())
-            .filter(|&i| is_host(&steps[order[i].0].launches[order[i].1]))
+        let forks: Vec<usize> = (0..order.len())
+            .filter(|&i| split_rows(&steps[order[i].0].launches[order[i].1]).is_some())
             .collect();
-        for (n, &host) in hosts.iter().enumerate() {
-            let (s, l) = order[host];
-            if !matches!(&steps[s].launches[l], Launch::Kernel(k) if prefetch::spreads(k)) {
+        for (n, &fork) in forks.iter().enumerate() {
+            let (s, l) = order[fork];
+            let rows = split_rows(&steps[s].launches[l]).unwrap_or(0);
+            // The step before the fork's on its stream records the event.
+            let Some(before) = (0..s).rev().find(|&b| steps[b].stream == on) else {
+                continue;
+            };
+            let end = forks.get(n + 1).copied().unwrap_or(order.len());
+            let window = order[fork + 1..end].iter();
+            let ranges = choose(window.map(|&(s, l)| &steps[s].launches[l]), slots, budget);
+            if rows < MIN_ROWS || ranges.is_empty() {
                 continue;
             }
-            let end = hosts.get(n + 1).copied().unwrap_or(order.len());
-            let window = order[host + 1..end].iter();
-            let ranges = choose(window.map(|&(s, l)| &steps[s].launches[l]), slots, budget);
-            if let Launch::Kernel(kernel) = &mut steps[s].launches[l] {
-                prefetch::fill(kernel, &ranges)?;
-            }
+            let event = first_event + side.len();
+            steps[before].records.push(event);
+            side.push(StepLaunches {
+                node: steps[s].node,
+                op: "l2_prefetch".to_string(),
+                stream,
+                waits: vec![event],
+                records: Vec::new(),
+                launches: vec![Launch::Kernel(prefetch::side_kernel(&ranges)?)],
+            });
         }
     }
-    Ok(())
+    let events = side.len();
+    steps.extend(side);
+    Ok(events)
 }
 
-/// Whether `launch` is a kernel that can host prefetches.
-fn is_host(launch: &Launch) -> bool {
-    matches!(launch, Launch::Kernel(kernel) if kernel.prefetch_host.is_some())
+/// The rows of `launch` if it is a cached attention's split.
+fn split_rows(launch: &Launch) -> Option<u64> {
+    match launch {
+        Launch::Kernel(kernel) => decode::split_rows(kernel),
+        _ => None,
+    }
 }
 
 /// The ranges of the parameters `launches` read (see the module doc).
@@ -87,6 +118,7 @@ mod tests {
     use kiln_kernels::gpu::{Arg, Kernel};
 
     const MIB: u64 = 1 << 20;
+    const SIDE: (usize, usize) = (1, 5);
 
     /// The arena, then a parameter of each of `sizes` (slot i + 1).
     fn slots(sizes: &[u64]) -> Vec<Slot> {
@@ -106,18 +138,21 @@ mod tests {
             .collect()
     }
 
-    fn kernel(blocks: u32, host: bool, reads: &[u32]) -> Launch {
+    /// A kernel reading `reads` (slots): a split of `rows` rows, or another kernel (`None`).
+    fn kernel(split: Option<u32>, reads: &[u32]) -> Launch {
         Launch::Kernel(Kernel {
             module: "decode",
-            function: "cached_attention_split_f32_bf16",
-            grid: (blocks, 1, 1),
+            function: match split {
+                Some(_) => "cached_attention_split_f32_bf16",
+                None => "cached_attention_combine_f32",
+            },
+            grid: (16, 2, split.unwrap_or(1)),
             block: (256, 1, 1),
             shared_bytes: 0,
             cluster: (1, 1, 1),
             args: (reads.iter())
                 .map(|&slot| Arg::Ptr(Addr { slot, offset: 0 }))
                 .collect(),
-            prefetch_host: host.then_some("cached_attention_split_f32_bf16_prefetch"),
         })
     }
 
@@ -132,64 +167,105 @@ mod tests {
         }
     }
 
-    /// The (slot, bytes) each host prefetches after [`assign`] with `budget`.
-    fn assigned(mut steps: Vec<StepLaunches>, slots: &[Slot], budget: u64) -> Vec<Vec<(u32, u64)>> {
-        assign(&mut steps, slots, budget).unwrap();
-        (steps.iter().flat_map(|s| &s.launches))
-            .filter_map(|launch| match launch {
-                Launch::Kernel(k) if k.prefetch_host.is_some() => Some(
-                    (prefetch::ranges(k).into_iter())
-                        .map(|(a, n)| (a.slot, n))
-                        .collect(),
-                ),
-                _ => None,
+    /// The (slot, bytes) each side launch prefetches after [`assign`] with `budget`.
+    fn prefetched(
+        mut steps: Vec<StepLaunches>,
+        slots: &[Slot],
+        budget: u64,
+    ) -> Vec<Vec<(u32, u64)>> {
+        let before = steps.len();
+        let events = assign(&mut steps, slots, budget, SIDE).unwrap();
+        assert_eq!(steps.len(), before + events);
+        (steps[before..].iter())
+            .map(|step| match &step.launches[..] {
+                [Launch::Kernel(k)] => (prefetch::ranges(k).into_iter())
+                    .map(|(a, n)| (a.slot, n))
+                    .collect(),
+                other => panic!("one side kernel: {other:?}"),
             })
             .collect()
     }
 
     #[test]
-    fn a_host_takes_whole_weights_in_reading_order_until_one_does_not_fit() {
-        // 8 MiB, 20 MiB, 1 MiB, a 4 KiB bias, and the arena: with 16 MiB, the first alone (the
-        // second does not fit; the third is not taken past it).
-        let slots = slots(&[8 * MIB, 20 * MIB, MIB, 4096]);
+    fn side_launches_wait_for_the_step_before_each_fork_and_prefetch_its_window() {
+        let slots = slots(&[MIB, 2 * MIB, 3 * MIB]);
         let steps = vec![
-            step(vec![kernel(132, true, &[0])]),
-            step(vec![
-                kernel(4, false, &[4, 1, 0]),
-                kernel(4, false, &[2, 3, 1]),
-            ]),
+            step(vec![kernel(None, &[1])]),
+            step(vec![kernel(Some(8), &[]), kernel(None, &[2])]),
+            step(vec![kernel(None, &[3])]),
+            step(vec![kernel(Some(8), &[]), kernel(None, &[1])]),
         ];
+        let mut forked = steps.clone();
+        assert_eq!(assign(&mut forked, &slots, 64 * MIB, SIDE).unwrap(), 2);
         assert_eq!(
-            assigned(steps.clone(), &slots, 16 * MIB),
-            [vec![(1, 8 * MIB)]]
+            (forked[0].records.clone(), forked[2].records.clone()),
+            (vec![5], vec![6])
         );
+        assert!(forked[1].records.is_empty() && forked[3].records.is_empty());
+        // The program's own launches are as they were.
+        for (s, step) in forked[..4].iter().enumerate() {
+            assert_eq!(step.launches, steps[s].launches);
+        }
+        for (step, event) in forked[4..].iter().zip([5, 6]) {
+            assert_eq!((step.stream, step.waits.clone()), (1, vec![event]));
+        }
         assert_eq!(
-            assigned(steps, &slots, 40 * MIB),
-            [vec![(1, 8 * MIB), (2, 20 * MIB), (3, MIB)]]
+            prefetched(steps, &slots, 64 * MIB),
+            [vec![(2, 2 * MIB), (3, 3 * MIB)], vec![(1, MIB)]]
         );
     }
 
     #[test]
-    fn a_host_takes_at_most_its_ranges_up_to_the_next_host() {
+    fn a_fork_takes_whole_weights_in_reading_order_until_one_does_not_fit() {
+        // 8 MiB, 20 MiB, 1 MiB, a 4 KiB bias, and the arena: with 16 MiB, the first alone (the
+        // second does not fit; the third is not taken past it).
+        let slots = slots(&[8 * MIB, 20 * MIB, MIB, 4096]);
+        let steps = vec![
+            step(vec![kernel(None, &[])]),
+            step(vec![kernel(Some(8), &[0])]),
+            step(vec![kernel(None, &[4, 1, 0]), kernel(None, &[2, 3, 1])]),
+        ];
+        assert_eq!(
+            prefetched(steps.clone(), &slots, 16 * MIB),
+            [vec![(1, 8 * MIB)]]
+        );
+        assert_eq!(
+            prefetched(steps.clone(), &slots, 40 * MIB),
+            [vec![(1, 8 * MIB), (2, 20 * MIB), (3, MIB)]]
+        );
+        // Nothing fits: no side launch, nothing recorded.
+        let mut none = steps.clone();
+        assert_eq!(assign(&mut none, &slots, MIB / 2, SIDE).unwrap(), 0);
+        assert_eq!(none, steps);
+    }
+
+    #[test]
+    fn a_fork_takes_at_most_its_ranges_up_to_the_next_fork() {
         let slots = slots(&[MIB; 11]);
         let all: Vec<u32> = (1..=10).collect();
         let steps = vec![
-            step(vec![kernel(132, true, &[]), kernel(4, false, &all)]),
-            step(vec![kernel(132, true, &[]), kernel(4, false, &[11])]),
+            step(vec![kernel(None, &[])]),
+            step(vec![kernel(Some(8), &[]), kernel(None, &all)]),
+            step(vec![kernel(Some(8), &[]), kernel(None, &[11])]),
         ];
-        let got = assigned(steps, &slots, 64 * MIB);
+        let got = prefetched(steps, &slots, 64 * MIB);
         assert_eq!(got[0].len(), prefetch::RANGES);
         assert_eq!(got[0][0], (1, MIB));
         assert_eq!(got[1], [(11, MIB)]);
     }
 
     #[test]
-    fn a_host_of_fewer_blocks_than_multiprocessors_takes_none() {
+    fn no_fork_from_a_split_of_too_few_rows_or_with_no_step_before_it() {
         let slots = slots(&[MIB]);
-        let steps = vec![step(vec![kernel(131, true, &[]), kernel(4, false, &[1])])];
-        assert_eq!(
-            assigned(steps, &slots, 64 * MIB),
-            [Vec::<(u32, u64)>::new()]
-        );
+        let few = vec![
+            step(vec![kernel(None, &[])]),
+            step(vec![
+                kernel(Some(MIN_ROWS as u32 - 1), &[]),
+                kernel(None, &[1]),
+            ]),
+        ];
+        assert!(prefetched(few, &slots, 64 * MIB).is_empty());
+        let first = vec![step(vec![kernel(Some(8), &[]), kernel(None, &[1])])];
+        assert!(prefetched(first, &slots, 64 * MIB).is_empty());
     }
 }

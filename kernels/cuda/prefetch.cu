@@ -1,13 +1,11 @@
-// L2 prefetch of parameters a later kernel reads (sm_90 and later), for the modules that host
-// it (kernels/src/gpu.rs lists this header before them): a host kernel's prefetching entry
-// point takes KILN_PREFETCH_PARAMS last (up to eight ranges of bytes, each 16-byte aligned; a
-// null pointer or 0 bytes for none; the program fills them, kernels/src/gpu/prefetch.rs) and
-// calls kiln_prefetch_l2 before its wait; its plain entry point passes KILN_NO_PREFETCH, which
-// compiles to nothing. The ranges are cut into pieces of KILN_PREFETCH_PIECE bytes, dealt to
-// the launch's blocks in turn, and each piece is one bulk prefetch into L2. A prefetch is a
-// hint: it writes nothing and nothing waits for it, but its issue occupies the block (a
-// multiprocessor's bulk copy unit takes its pieces one after another), so a host should have a
-// block per multiprocessor. Elsewhere (older architectures, hipRTC) it is empty.
+// L2 prefetch of parameters that later kernels read (sm_90 and later), for this module's
+// launch: KILN_PREFETCH_PARAMS are up to eight ranges of bytes, each 16-byte aligned (a null
+// pointer or 0 bytes for none; the program fills them, kernels/src/gpu/prefetch.rs). The
+// ranges are cut into pieces of KILN_PREFETCH_PIECE bytes, dealt to the launch's blocks in
+// turn, and each piece is one bulk prefetch into L2 (a multiprocessor's bulk copy unit takes
+// its pieces one after another, so the launch has a block per multiprocessor). A prefetch is a
+// hint: it writes nothing and nothing waits for it. Elsewhere (older architectures, hipRTC) it
+// is empty.
 #define KILN_PREFETCH_PARAMS                                                                  \
     const char *kiln_prefetch_at0, i64 kiln_prefetch_bytes0, const char *kiln_prefetch_at1,  \
         i64 kiln_prefetch_bytes1, const char *kiln_prefetch_at2, i64 kiln_prefetch_bytes2,    \
@@ -21,8 +19,6 @@
         kiln_prefetch_at2, kiln_prefetch_bytes2, kiln_prefetch_at3, kiln_prefetch_bytes3,     \
         kiln_prefetch_at4, kiln_prefetch_bytes4, kiln_prefetch_at5, kiln_prefetch_bytes5,     \
         kiln_prefetch_at6, kiln_prefetch_bytes6, kiln_prefetch_at7, kiln_prefetch_bytes7
-// The arguments of no range.
-#define KILN_NO_PREFETCH 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
 #define KILN_PREFETCH_PIECE 16384
 __device__ __forceinline__ void kiln_prefetch_l2(KILN_PREFETCH_PARAMS) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -54,4 +50,13 @@ __device__ __forceinline__ void kiln_prefetch_l2(KILN_PREFETCH_PARAMS) {
         piece -= pieces;  // this thread's next piece, counted from the next range's start
     }
 #endif
+}
+
+// The launch (kernels/src/gpu/prefetch.rs: `side_kernel`): the program issues it on a side
+// stream beside the kernels before the parameters' readers, so no kernel on the step's
+// critical path spends its time issuing the prefetches. Its wait is for the launch before it
+// on the side stream (an earlier prefetch), long finished.
+extern "C" __global__ void prefetch_l2(KILN_PREFETCH_PARAMS) {
+    kiln_grid_dependency_wait();
+    kiln_prefetch_l2(KILN_PREFETCH_ARGS);
 }
