@@ -86,6 +86,13 @@ pub struct BenchCli {
     /// after it (default 32MiB; 0: none).
     #[arg(long, value_parser = kiln::memory::parse_bytes)]
     l2_prefetch: Option<u64>,
+    /// The prefetching launch waits for the step this many steps before the split's (default
+    /// 1: after the RoPE and cache write).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    l2_prefetch_lead: Option<u16>,
+    /// Splits of fewer rows fork no prefetch (default 8).
+    #[arg(long)]
+    l2_prefetch_min_rows: Option<u64>,
     /// Also time each step alone once and list the costliest ops (one stream).
     #[arg(long)]
     profile: bool,
@@ -154,6 +161,8 @@ impl BenchCli {
             portable,
             gemm_tune,
             l2_prefetch,
+            l2_prefetch_lead,
+            l2_prefetch_min_rows,
             profile,
             timeline,
             memory_budget,
@@ -230,6 +239,8 @@ impl BenchCli {
             portable: portable == Switch::On,
             gemm_tune: gemm_tune == Switch::On,
             l2_prefetch,
+            l2_prefetch_lead: l2_prefetch_lead.map(usize::from),
+            l2_prefetch_min_rows,
             profile,
             timeline,
             memory_budget,

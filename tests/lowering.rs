@@ -291,7 +291,7 @@ fn parallel_programs_lower_each_all_reduce_to_one_collective() {
 /// weights of the linears after the split up to the next layer's, in their order (the o
 /// projection, gate, up, down, and the next layer's q, k, v), whole while they fit the budget
 /// (the last layer's not the tied LM head's table, past it); with 0 bytes, nothing. At batch 1
-/// (fewer rows than `MIN_ROWS`) nothing forks. A tiny model's weights are all below the least
+/// (fewer rows than `LowerOptions::l2_prefetch_min_rows`) nothing forks. A tiny model's weights are all below the least
 /// range worth a prefetch.
 #[test]
 fn decode_splits_fork_prefetches_of_the_weights_of_the_linears_after_them() {

@@ -332,8 +332,12 @@ impl<'g> Builder<'g> {
         let (mut streams, mut events) = (plan.streams().max(1), plan.events);
         if options.l2_prefetch_bytes > 0 {
             let side = (streams, events);
-            let bytes = options.l2_prefetch_bytes;
-            let added = crate::lower::prefetch::assign(&mut steps, &self.slots, bytes, side)?;
+            let fork = crate::lower::prefetch::Fork {
+                bytes: options.l2_prefetch_bytes,
+                lead: options.l2_prefetch_lead,
+                min_rows: options.l2_prefetch_min_rows,
+            };
+            let added = crate::lower::prefetch::assign(&mut steps, &self.slots, fork, side)?;
             if added > 0 {
                 streams += 1;
                 events += added;

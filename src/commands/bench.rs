@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// The most bytes each side-stream launch prefetches of the next linears' weights into L2
     /// (`LowerOptions::l2_prefetch_bytes`; None: the default).
     pub l2_prefetch: Option<u64>,
+    /// `LowerOptions::l2_prefetch_lead` (None: the default).
+    pub l2_prefetch_lead: Option<usize>,
+    /// `LowerOptions::l2_prefetch_min_rows` (None: the default).
+    pub l2_prefetch_min_rows: Option<u64>,
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
@@ -98,6 +102,8 @@ pub struct BenchResult {
     /// `--l2-prefetch`: the most bytes each side-stream launch may prefetch of the next
     /// linears' weights into L2 (beside splits of at least 8 rows; fewer fork none).
     pub l2_prefetch_bytes: u64,
+    pub l2_prefetch_lead: usize,
+    pub l2_prefetch_min_rows: u64,
     pub steps: usize,
     pub median_ms: f64,
     pub p95_ms: f64,
@@ -302,6 +308,8 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         clusters: defaults.clusters && args.clusters && device.supports_clusters(),
         tune_gemms: args.gemm_tune && defaults.vendor_gemm,
         l2_prefetch_bytes: args.l2_prefetch.unwrap_or(defaults.l2_prefetch_bytes),
+        l2_prefetch_lead: args.l2_prefetch_lead.unwrap_or(defaults.l2_prefetch_lead),
+        l2_prefetch_min_rows: (args.l2_prefetch_min_rows).unwrap_or(defaults.l2_prefetch_min_rows),
         ..defaults
     };
     let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options)?;
@@ -465,6 +473,8 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         portable: args.portable,
         gemm_tune: options.tune_gemms,
         l2_prefetch_bytes: options.l2_prefetch_bytes,
+        l2_prefetch_lead: options.l2_prefetch_lead,
+        l2_prefetch_min_rows: options.l2_prefetch_min_rows,
         steps: args.steps,
         median_ms: median,
         p95_ms: percentile(&times, 0.95),

@@ -54,6 +54,11 @@ pub struct LowerOptions {
     /// (BENCHMARKS.md, 2026-12-06): bf16 decode of 0.5B B=16 3% and B=32 5.7% faster, 1.5B
     /// B=32 2.4%, 0.5B B=8 0.7%; of one row 3% slower, so splits of fewer than 8 rows fork none.
     pub l2_prefetch_bytes: u64,
+    /// The prefetching side launch waits for the step this many steps (at least 1) before the
+    /// split's: 1, the default, forks it after the RoPE and cache write.
+    pub l2_prefetch_lead: usize,
+    /// Splits of fewer rows fork no prefetch: 8 by default (above).
+    pub l2_prefetch_min_rows: u64,
 }
 
 impl LowerOptions {
@@ -77,6 +82,8 @@ impl Default for LowerOptions {
             portable_mma: false,
             tune_gemms: true,
             l2_prefetch_bytes: DEFAULT_L2_PREFETCH_BYTES,
+            l2_prefetch_lead: 1,
+            l2_prefetch_min_rows: 8,
         }
     }
 }

@@ -3,13 +3,13 @@
 //!
 //! A decode step reads each weight once, in kernels of a few microseconds whose loads wait on
 //! HBM, while the kernels between them (RoPE, the cached attention) leave HBM idle. Beside
-//! each fork kernel (a cached attention's split of at least [`MIN_ROWS`] rows,
+//! each fork kernel (a cached attention's split of at least [`Fork::min_rows`] rows,
 //! [`decode::split_rows`]), a launch of its own on a side stream
 //! ([`prefetch::side_kernel`]) prefetches the parameters that the launches after the fork on
 //! its stream read, up to the next fork: whole, in their first reader's order, while they fit
-//! the option's bytes, at most [`prefetch::RANGES`] of them. It waits for the step before the
-//! fork's (an event that step records), so it runs beside the fork and what follows it. A
-//! prefetch is a hint: it changes no result.
+//! [`Fork::bytes`], at most [`prefetch::RANGES`] of them. It waits for the step
+//! [`Fork::lead`] steps before the fork's (an event that step records), so it runs beside the
+//! steps from there. A prefetch is a hint: it changes no result.
 
 use kiln_ir::InputKind;
 use kiln_kernels::gpu::{decode, prefetch, Addr, Launch};
@@ -20,18 +20,25 @@ use crate::program::{Slot, SlotKind, StepLaunches};
 /// Parameters smaller than this are not worth a range (norm weights, biases).
 const MIN_BYTES: u64 = 64 << 10;
 
-/// The fewest rows of a split that forks prefetches. Measured on an H100 (BENCHMARKS.md,
-/// 2026-12-06): bf16 decode of one row was 3% slower with them (0.5B and 1.5B), of 8, 16 and
-/// 32 rows 0.5 to 5.7% faster.
-pub(crate) const MIN_ROWS: u64 = 8;
+/// What the side launches prefetch and when (`LowerOptions`' `l2_prefetch_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Fork {
+    /// The most bytes a side launch prefetches.
+    pub bytes: u64,
+    /// The side launch waits for the step this many steps (at least 1) before the fork's on
+    /// its stream.
+    pub lead: usize,
+    /// The fewest rows of a split that forks.
+    pub min_rows: u64,
+}
 
-/// Adds the side launches of the module doc to `steps`, each prefetching at most `budget`
-/// bytes, on stream `stream`, waiting for events numbered from `first_event` on (recorded by
-/// the steps before the forks). Returns the events it added.
+/// Adds the side launches of the module doc to `steps`, on stream `stream`, waiting for
+/// events numbered from `first_event` on (recorded by the steps `fork.lead` before the forks).
+/// Returns the events it added.
 pub(crate) fn assign(
     steps: &mut Vec<StepLaunches>,
     slots: &[Slot],
-    budget: u64,
+    fork: Fork,
     (stream, first_event): (usize, usize),
 ) -> Result<usize> {
     let streams = steps.iter().map(|s| s.stream + 1).max().unwrap_or(0);
@@ -45,17 +52,22 @@ pub(crate) fn assign(
         let forks: Vec<usize> = (0..order.len())
             .filter(|&i| split_rows(&steps[order[i].0].launches[order[i].1]).is_some())
             .collect();
-        for (n, &fork) in forks.iter().enumerate() {
-            let (s, l) = order[fork];
+        for (n, &at) in forks.iter().enumerate() {
+            let (s, l) = order[at];
             let rows = split_rows(&steps[s].launches[l]).unwrap_or(0);
-            // The step before the fork's on its stream records the event.
-            let Some(before) = (0..s).rev().find(|&b| steps[b].stream == on) else {
+            // The step `lead` steps before the fork's on its stream records the event.
+            let mut earlier = (0..s).rev().filter(|&b| steps[b].stream == on);
+            let Some(before) = earlier.nth(fork.lead.max(1) - 1) else {
                 continue;
             };
             let end = forks.get(n + 1).copied().unwrap_or(order.len());
-            let window = order[fork + 1..end].iter();
-            let ranges = choose(window.map(|&(s, l)| &steps[s].launches[l]), slots, budget);
-            if rows < MIN_ROWS || ranges.is_empty() {
+            let window = order[at + 1..end].iter();
+            let ranges = choose(
+                window.map(|&(s, l)| &steps[s].launches[l]),
+                slots,
+                fork.bytes,
+            );
+            if rows < fork.min_rows || ranges.is_empty() {
                 continue;
             }
             let event = first_event + side.len();
@@ -119,6 +131,15 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
     const SIDE: (usize, usize) = (1, 5);
+    const MIN_ROWS: u64 = 8;
+
+    fn fork(bytes: u64) -> Fork {
+        Fork {
+            bytes,
+            lead: 1,
+            min_rows: MIN_ROWS,
+        }
+    }
 
     /// The arena, then a parameter of each of `sizes` (slot i + 1).
     fn slots(sizes: &[u64]) -> Vec<Slot> {
@@ -174,7 +195,7 @@ mod tests {
         budget: u64,
     ) -> Vec<Vec<(u32, u64)>> {
         let before = steps.len();
-        let events = assign(&mut steps, slots, budget, SIDE).unwrap();
+        let events = assign(&mut steps, slots, fork(budget), SIDE).unwrap();
         assert_eq!(steps.len(), before + events);
         (steps[before..].iter())
             .map(|step| match &step.launches[..] {
@@ -196,7 +217,10 @@ mod tests {
             step(vec![kernel(Some(8), &[]), kernel(None, &[1])]),
         ];
         let mut forked = steps.clone();
-        assert_eq!(assign(&mut forked, &slots, 64 * MIB, SIDE).unwrap(), 2);
+        assert_eq!(
+            assign(&mut forked, &slots, fork(64 * MIB), SIDE).unwrap(),
+            2
+        );
         assert_eq!(
             (forked[0].records.clone(), forked[2].records.clone()),
             (vec![5], vec![6])
@@ -210,9 +234,19 @@ mod tests {
             assert_eq!((step.stream, step.waits.clone()), (1, vec![event]));
         }
         assert_eq!(
-            prefetched(steps, &slots, 64 * MIB),
+            prefetched(steps.clone(), &slots, 64 * MIB),
             [vec![(2, 2 * MIB), (3, 3 * MIB)], vec![(1, MIB)]]
         );
+        // Two steps ahead: the second fork's event is recorded by the first fork's step; the
+        // first fork has no step two before it.
+        let mut ahead = steps;
+        let lead = Fork {
+            lead: 2,
+            ..fork(64 * MIB)
+        };
+        assert_eq!(assign(&mut ahead, &slots, lead, SIDE).unwrap(), 1);
+        assert_eq!(ahead[1].records, vec![5]);
+        assert!([0, 2, 3].iter().all(|&s| ahead[s].records.is_empty()));
     }
 
     #[test]
@@ -235,7 +269,7 @@ mod tests {
         );
         // Nothing fits: no side launch, nothing recorded.
         let mut none = steps.clone();
-        assert_eq!(assign(&mut none, &slots, MIB / 2, SIDE).unwrap(), 0);
+        assert_eq!(assign(&mut none, &slots, fork(MIB / 2), SIDE).unwrap(), 0);
         assert_eq!(none, steps);
     }
 
