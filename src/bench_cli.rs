@@ -93,10 +93,11 @@ pub struct BenchCli {
     /// Splits of fewer rows fork no prefetch (default 8).
     #[arg(long)]
     l2_prefetch_min_rows: Option<u64>,
-    /// Also time each step alone once and list the costliest ops (one stream).
+    /// Also time each step alone once and list the costliest ops (a plan of one stream; the
+    /// L2 prefetches are timed as steps of their own).
     #[arg(long)]
     profile: bool,
-    /// Also run once eagerly on the plan's streams with an event after every step: where the
+    /// Also run once eagerly on the program's streams with an event after every step: where the
     /// run ends, each stream's busy time, how long stream 0 waits for the others, the ops of
     /// the last 5% (--json lists every step).
     #[arg(long)]

@@ -290,9 +290,10 @@ fn parallel_programs_lower_each_all_reduce_to_one_collective() {
 /// split of the official bf16 decode at batch 8, a launch on a side stream prefetches the
 /// weights of the linears after the split up to the next layer's, in their order (the o
 /// projection, gate, up, down, and the next layer's q, k, v), whole while they fit the budget
-/// (the last layer's not the tied LM head's table, past it); with 0 bytes, nothing. At batch 1
-/// (fewer rows than `LowerOptions::l2_prefetch_min_rows`) nothing forks. A tiny model's weights are all below the least
-/// range worth a prefetch.
+/// (the last layer's not the tied LM head's table, past it), on a second stream; with 0 bytes,
+/// nothing. At batch 1 (fewer rows than `LowerOptions::l2_prefetch_min_rows`) nothing forks. A
+/// tiny model's weights are all below the least range worth a prefetch. The HIP backend's
+/// lowering (`LowerOptions::portable`) prefetches nothing.
 #[test]
 fn decode_splits_fork_prefetches_of_the_weights_of_the_linears_after_them() {
     let (config, _) = kiln_frontend::hf::presets::preset("qwen2.5-0.5b").unwrap();
@@ -326,12 +327,21 @@ fn decode_splits_fork_prefetches_of_the_weights_of_the_linears_after_them() {
             .copied()
             .unwrap_or(0)
     };
+    let splits = |summary: &kiln_runtime::LoweringSummary| {
+        (summary
+            .by_launch
+            .get("decode.cached_attention_split_f32_bf16")
+            .copied())
+        .unwrap_or(0)
+    };
+    let layers = config.num_hidden_layers;
     let one = lower(&config, &options(1), default);
-    assert!(one.prefetches.is_empty() && side(&one) == 0);
+    assert!(one.prefetches.is_empty() && side(&one) == 0 && one.streams == 1);
+    assert_eq!(splits(&one), layers);
     let off = lower(&config, &options(8), 0);
-    assert!(off.prefetches.is_empty() && side(&off) == 0);
+    assert!(off.prefetches.is_empty() && side(&off) == 0 && off.streams == 1);
     let on = lower(&config, &options(8), default);
-    assert_eq!(side(&on), config.num_hidden_layers);
+    assert_eq!((side(&on), splits(&on), on.streams), (layers, layers, 2));
     assert_eq!(on.kernels, off.kernels + config.num_hidden_layers);
     assert_eq!(on.prefetches.len(), config.num_hidden_layers);
     let (h, i) = (config.hidden_size as u64, config.intermediate_size as u64);
@@ -358,6 +368,18 @@ fn decode_splits_fork_prefetches_of_the_weights_of_the_linears_after_them() {
         max_seq: Some(128),
         ..options(8)
     };
-    let tiny = lower(&ModelConfig::tiny(), &tiny_options, default);
+    let tiny_config = ModelConfig::tiny();
+    let tiny = lower(&tiny_config, &tiny_options, default);
     assert!(tiny.prefetches.is_empty() && side(&tiny) == 0);
+    assert_eq!(splits(&tiny), tiny_config.num_hidden_layers);
+    // The HIP backend's lowering prefetches nothing (Hopper's bulk prefetch).
+    let graph = build(ProgramKind::Decode, &config, &options(8)).unwrap();
+    let planned = plan(
+        &graph,
+        &PlanOptions::default(),
+        &kiln_runtime::Workspaces::Cuda,
+    )
+    .unwrap();
+    let portable = lower_for_device(&graph, &planned, LowerOptions::portable()).unwrap();
+    assert!(portable.prefetches.is_empty() && portable.streams == 1);
 }

@@ -34,7 +34,7 @@ pub mod rope;
 pub use launch::{
     all_aligned, grid_dim, grid_stride_blocks, size_arg, Addr, Arg, Forms, Gemm, GemmDType, Kernel,
     Launch, Stored, BLOCK_THREADS, MAX_CLUSTER_BLOCKS, MAX_GRID_X, MAX_GRID_YZ,
-    MAX_PORTABLE_CLUSTER_BLOCKS, SLOT_ALIGN, SMS,
+    MAX_PORTABLE_CLUSTER_BLOCKS, SLOT_ALIGN,
 };
 
 /// A module's text: the shared prelude (`common.cuh`: bf16 bits, fixed-order reductions)

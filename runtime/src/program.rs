@@ -33,8 +33,9 @@ pub(crate) enum SlotKind {
     Input(InputKind),
     /// An output buffer (a program output, or a write that cannot be done in place).
     Output,
-    /// One i32 fault word per step, zeroed at allocation: a kernel that meets an invalid index
-    /// raises its step's word (kernels/cuda/common.cuh), the executable reports the step.
+    /// One i32 fault word per schedule step, zeroed at allocation: a kernel that meets an
+    /// invalid index raises its step's word (kernels/cuda/common.cuh), the executable reports
+    /// the step.
     Faults,
 }
 
@@ -46,9 +47,11 @@ pub(crate) struct Slot {
     pub bytes: u64,
 }
 
-/// One schedule step, lowered.
+/// One schedule step, lowered, or a step the lowering adds (an L2 prefetch on a side stream).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct StepLaunches {
+    /// The plan's schedule index (its fault word), `None` for a step the lowering adds.
+    pub schedule: Option<usize>,
     pub node: usize,
     pub op: String,
     pub stream: usize,
@@ -65,7 +68,10 @@ pub(crate) struct DeviceProgram {
     pub steps: Vec<StepLaunches>,
     /// Copies of writes that could not be done in place, run after every step.
     pub write_backs: Vec<Launch>,
+    /// Streams: the plan's, then a side stream for L2 prefetches where the lowering adds them.
     pub streams: usize,
+    /// The first `plan_streams` streams are the plan's; only they run GEMMs.
+    pub plan_streams: usize,
     pub events: usize,
     /// Graph inputs by name: slot and type.
     pub inputs: BTreeMap<String, (u32, TensorType)>,
@@ -77,7 +83,8 @@ pub(crate) struct DeviceProgram {
     /// The plan's arena and lower bound, bytes.
     pub arena_bytes: u64,
     pub lower_bound_bytes: u64,
-    /// The slot of the steps' fault words (word `i` at byte `4 i` belongs to step `i`).
+    /// The slot of the steps' fault words (word `i` at byte `4 i` belongs to the step of
+    /// schedule index `i`).
     pub fault_slot: u32,
     /// Whether the vendor GEMMs' algorithms are chosen by timing (`LowerOptions::tune_gemms`).
     pub tune_gemms: bool,
@@ -111,6 +118,40 @@ impl DeviceProgram {
                         slot.bytes
                     )));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the steps' events: each of `events` recorded once, and each wait after its
+    /// event's record, on another stream (so issuing the steps in order is a valid order, in
+    /// a capture and eagerly); GEMMs only on the plan's streams (they alone have workspaces).
+    pub fn check_events(&self) -> Result<()> {
+        let mut recorded = vec![None; self.events];
+        for (index, step) in self.steps.iter().enumerate() {
+            let what = || format!("step {index} (`{}`, stream {})", step.op, step.stream);
+            if step.stream >= self.streams {
+                return Err(self.error(format!("{} has no stream", what())));
+            }
+            for &event in &step.waits {
+                match recorded.get(event) {
+                    Some(Some(stream)) if *stream != step.stream => {}
+                    _ => {
+                        let reason =
+                            format!("{} waits for event {event} before it is recorded", what());
+                        return Err(self.error(reason));
+                    }
+                }
+            }
+            for &event in &step.records {
+                match recorded.get_mut(event) {
+                    Some(slot @ None) => *slot = Some(step.stream),
+                    _ => return Err(self.error(format!("{} records event {event} again", what()))),
+                }
+            }
+            let gemm = step.launches.iter().any(|l| matches!(l, Launch::Gemm(_)));
+            if gemm && step.stream >= self.plan_streams {
+                return Err(self.error(format!("{} runs a GEMM on a side stream", what())));
             }
         }
         Ok(())
@@ -320,6 +361,7 @@ impl<'g> Builder<'g> {
                 }
             }
             steps.push(StepLaunches {
+                schedule: Some(index),
                 node: step.node,
                 op: step.op.clone(),
                 stream: step.stream,
@@ -329,7 +371,8 @@ impl<'g> Builder<'g> {
             });
         }
 
-        let (mut streams, mut events) = (plan.streams().max(1), plan.events);
+        let (plan_streams, mut streams, mut events) =
+            (plan.streams().max(1), plan.streams().max(1), plan.events);
         if options.l2_prefetch_bytes > 0 {
             let side = (streams, events);
             let fork = crate::lower::prefetch::Fork {
@@ -357,6 +400,7 @@ impl<'g> Builder<'g> {
             steps,
             write_backs,
             streams,
+            plan_streams,
             events,
             inputs,
             outputs,
@@ -368,6 +412,7 @@ impl<'g> Builder<'g> {
             tune_gemms: options.tune_gemms,
         };
         program.check_addresses()?;
+        program.check_events()?;
         Ok(program)
     }
 
@@ -407,6 +452,8 @@ pub struct LoweringSummary {
     /// Per L2 prefetch launch, in issue order: the slots it prefetches and the bytes of each
     /// (`LowerOptions::l2_prefetch_bytes`).
     pub prefetches: Vec<Vec<(String, u64)>>,
+    /// Streams the program runs on: the plan's, and a side stream for the L2 prefetches.
+    pub streams: usize,
 }
 
 /// What a launch is called in [`LoweringSummary::by_launch`].
@@ -472,5 +519,6 @@ pub fn lower_for_device(
         by_op,
         by_launch,
         prefetches,
+        streams: program.streams,
     })
 }

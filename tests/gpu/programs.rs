@@ -585,7 +585,8 @@ fn a_budgeted_train_step_gives_the_unbudgeted_bits_on_the_device() {
 /// L2 prefetches are hints: a bf16 decode whose side stream's launches prefetch the next
 /// linears' weights (`LowerOptions::l2_prefetch_bytes`, the default; a model wide enough for
 /// its weights to pass the least range, 256 hidden and 1024 intermediate, at batch 16) gives
-/// the bits of the same decode without them, replayed twice.
+/// the bits of the same decode without them, replayed twice and run eagerly twice; its
+/// timeline and profile show the prefetches.
 #[test]
 fn l2_prefetch_gives_the_bits_of_no_prefetch() {
     let config = ModelConfig {
@@ -624,7 +625,7 @@ fn l2_prefetch_gives_the_bits_of_no_prefetch() {
         );
     }
     let Some(device) = device() else { return };
-    let run = |l2_prefetch_bytes: u64| {
+    let run = |l2_prefetch_bytes: u64, mode: RunMode| {
         let options = options(l2_prefetch_bytes);
         let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options).unwrap();
         for (name, tensor) in &values {
@@ -633,16 +634,32 @@ fn l2_prefetch_gives_the_bits_of_no_prefetch() {
             }
         }
         for _ in 0..2 {
-            exe.run(RunMode::Graph).unwrap();
+            exe.run(mode).unwrap();
         }
         let names = graph.outputs().iter().chain(graph.writes());
-        (names.map(|(name, _)| (name.clone(), bits(&exe.get(name).unwrap()))))
-            .collect::<BTreeMap<_, _>>()
+        let values = (names.map(|(name, _)| (name.clone(), bits(&exe.get(name).unwrap()))))
+            .collect::<BTreeMap<_, _>>();
+        (values, exe)
     };
-    let (on, off) = (run(default), run(0));
+    let (off, _) = run(0, RunMode::Graph);
+    let (on, exe) = run(default, RunMode::Graph);
+    let (eager, _) = run(default, RunMode::Eager);
     assert_eq!(on, off);
+    assert_eq!(eager, off);
+    // The prefetches run on the side stream, each once the step before its split has ended;
+    // profiling issues every step on one stream, the prefetches included.
+    let timeline = exe.timeline().unwrap();
+    let prefetches: Vec<_> = timeline.iter().filter(|s| s.op == "l2_prefetch").collect();
+    assert_eq!(prefetches.len(), config.num_hidden_layers);
+    assert!(prefetches.iter().all(|s| s.stream == 1));
+    let profiled = exe.profile().unwrap();
+    let profiled = profiled
+        .iter()
+        .filter(|(_, op, _)| op == "l2_prefetch")
+        .count();
+    assert_eq!(profiled, config.num_hidden_layers);
     println!(
-        "l2 prefetch, bf16 decode batch 16: {} values equal",
+        "l2 prefetch, bf16 decode batch 16: {} values equal (graph and eager)",
         on.len()
     );
 }

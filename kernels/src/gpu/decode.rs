@@ -42,15 +42,17 @@ pub fn partials_bytes(dims: &AttentionDims) -> u64 {
         * 4
 }
 
+/// The split kernel's entry points: f32 caches, bf16 caches.
+const SPLITS: [&str; 2] = [
+    "cached_attention_split_f32",
+    "cached_attention_split_f32_bf16",
+];
+
 /// The rows (B·T) of a cached attention's split launch from [`cached_attention_f32`] (its
 /// grid's z); `None` for any other launch. The program forks its L2 prefetches beside the
-/// splits of enough rows (`kernels/src/gpu/prefetch.rs`).
+/// splits of enough rows (`runtime/src/lower/prefetch.rs`).
 pub fn split_rows(kernel: &Kernel) -> Option<u64> {
-    let split = [
-        "cached_attention_split_f32",
-        "cached_attention_split_f32_bf16",
-    ];
-    (kernel.module == MODULE && split.contains(&kernel.function)).then_some(kernel.grid.2.into())
+    (kernel.module == MODULE && SPLITS.contains(&kernel.function)).then_some(kernel.grid.2.into())
 }
 
 /// `out [B,T,Hq,D]` over the caches `[S,Hkv,Smax,D]` (`dims.kv_len` = Smax) at `positions [B]`
@@ -65,11 +67,8 @@ pub fn cached_attention_f32(
     (dims, scale, stored): (AttentionDims, f32, Stored),
     fault: Addr,
 ) -> Result<Vec<Launch>> {
-    let split_function = stored.pick(
-        "cached_attention_split_f32",
-        "cached_attention_split_f32_bf16",
-    );
-    const SPLIT: &str = "cached_attention_split_f32";
+    let split_function = stored.pick(SPLITS[0], SPLITS[1]);
+    const SPLIT: &str = SPLITS[0];
     const COMBINE: &str = "cached_attention_combine_f32";
     let shared = split_shared_bytes(&dims);
     if shared > MAX_SHARED_BYTES || dims.kv_heads == 0 {

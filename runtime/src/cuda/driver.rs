@@ -52,8 +52,11 @@ impl Driver for CudaDevice {
     }
 
     fn lower_options(&self, options: LowerOptions) -> LowerOptions {
+        // Clusters and the bulk L2 prefetch are sm_90's.
+        let hopper = self.supports_clusters();
         LowerOptions {
-            clusters: options.clusters && self.supports_clusters(),
+            clusters: options.clusters && hopper,
+            l2_prefetch_bytes: if hopper { options.l2_prefetch_bytes } else { 0 },
             ..options
         }
     }

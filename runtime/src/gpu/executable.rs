@@ -6,9 +6,11 @@
 //! the code that issues launches allocates nothing on the device. An abandoned capture (a
 //! failing launch) is ended by a guard, so the stream can run eagerly again.
 //!
-//! Streams and events come from the plan: step `i` waits for its events on its stream, issues
-//! its launches there and records its events. Each stream has its own GEMM workspace: GEMMs on
-//! one stream run in order, so no two that may overlap share scratch memory.
+//! Streams and events come from the program (the plan's, and a side stream where the lowering
+//! adds L2 prefetches): step `i` waits for its events on its stream, issues its launches there
+//! and records its events. Each of the plan's streams has its own GEMM workspace: GEMMs on one
+//! stream run in order, so no two that may overlap share scratch memory; a side stream runs
+//! no GEMM (`DeviceProgram::check_events`).
 //!
 //! Kernels are launched with programmatic stream serialization where the device supports it
 //! (sm_90 and later; [`GpuExecutable::set_programmatic_launch`]): a kernel is scheduled while
@@ -312,7 +314,9 @@ impl<D: Driver> GpuExecutable<D> {
     /// milliseconds. For finding where a step's time goes, not for step timings (the events
     /// add gaps).
     pub fn profile(&self) -> Result<Vec<(usize, String, f32)>> {
-        if self.streams.len() != 1 {
+        // Every step is issued on stream 0 in order (the L2 prefetches on a side stream too:
+        // they wait for a step before them).
+        if self.program.plan_streams != 1 {
             let reason = "profiling times steps on one stream; plan with --streams 1";
             return Err(super::error(D::BACKEND, "profile", reason));
         }

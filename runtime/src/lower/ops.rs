@@ -48,26 +48,31 @@ pub struct LowerOptions {
     /// they give the same bits); off, the first its heuristic names. On by default: measured
     /// 0.6 to 2.6% faster (BENCHMARKS.md).
     pub tune_gemms: bool,
-    /// Beside each cached attention's split of at least 8 rows, a launch on a side stream
-    /// prefetches into L2 up to this many bytes of the parameters that the launches after it
-    /// read (`lower/prefetch.rs`); 0: none. Measured on an H100 with 32 MiB, the default
-    /// (BENCHMARKS.md, 2026-12-06): bf16 decode of 0.5B B=16 3% and B=32 5.7% faster, 1.5B
-    /// B=32 2.4%, 0.5B B=8 0.7%; of one row 3% slower, so splits of fewer than 8 rows fork none.
+    /// Beside each cached attention's split of at least `l2_prefetch_min_rows` rows, a launch
+    /// on a side stream prefetches into L2 up to this many bytes of the parameters that the
+    /// launches after it read (`lower/prefetch.rs`); 0: none (the HIP backend, and CUDA
+    /// devices before sm_90). Measured on an H100 with 32 MiB, the default (BENCHMARKS.md,
+    /// 2026-12-06, two calls): bf16 decode of 0.5B B=8 0.1 to 0.7%, B=16 3%, B=32 5.6% faster,
+    /// 1.5B B=32 2.4%.
     pub l2_prefetch_bytes: u64,
     /// The prefetching side launch waits for the step this many steps (at least 1) before the
-    /// split's: 1, the default, forks it after the RoPE and cache write.
+    /// split's. 1, the default, forks it after the RoPE and cache write; 2 and 3 measured 6 to
+    /// 9% slower than none at 8 to 32 rows (BENCHMARKS.md).
     pub l2_prefetch_lead: usize,
-    /// Splits of fewer rows fork no prefetch: 8 by default (above).
+    /// Splits of fewer rows fork no prefetch: 8 by default, since one row measured 3% slower
+    /// with it (0.5B and 1.5B, lead 1; 0.5B with leads 2 and 3 too).
     pub l2_prefetch_min_rows: u64,
 }
 
 impl LowerOptions {
-    /// What the HIP backend runs: no vendor GEMM, no clusters, the portable tensor-core code.
+    /// What the HIP backend runs: no vendor GEMM, no clusters, the portable tensor-core code,
+    /// no L2 prefetch (Hopper's bulk prefetch).
     pub fn portable() -> Self {
         LowerOptions {
             clusters: false,
             vendor_gemm: false,
             portable_mma: true,
+            l2_prefetch_bytes: 0,
             ..LowerOptions::default()
         }
     }

@@ -42,48 +42,65 @@ pub(crate) fn assign(
     (stream, first_event): (usize, usize),
 ) -> Result<usize> {
     let streams = steps.iter().map(|s| s.stream + 1).max().unwrap_or(0);
-    let mut side = Vec::new();
+    // (the step that records its event, the side step).
+    let mut side: Vec<(usize, StepLaunches)> = Vec::new();
     for on in 0..streams {
         // (step, launch) of every launch of stream `on`, in issue order.
         let order: Vec<(usize, usize)> = (steps.iter().enumerate())
             .filter(|(_, step)| step.stream == on)
             .flat_map(|(s, step)| (0..step.launches.len()).map(move |l| (s, l)))
             .collect();
-        let forks: Vec<usize> = (0..order.len())
-            .filter(|&i| split_rows(&steps[order[i].0].launches[order[i].1]).is_some())
+        // (position in `order`, rows) of every split.
+        let forks: Vec<(usize, u64)> = (order.iter().enumerate())
+            .filter_map(|(i, &(s, l))| Some((i, split_rows(&steps[s].launches[l])?)))
             .collect();
-        for (n, &at) in forks.iter().enumerate() {
-            let (s, l) = order[at];
-            let rows = split_rows(&steps[s].launches[l]).unwrap_or(0);
+        for (n, &(at, rows)) in forks.iter().enumerate() {
+            if rows < fork.min_rows {
+                continue;
+            }
+            let s = order[at].0;
             // The step `lead` steps before the fork's on its stream records the event.
             let mut earlier = (0..s).rev().filter(|&b| steps[b].stream == on);
             let Some(before) = earlier.nth(fork.lead.max(1) - 1) else {
                 continue;
             };
-            let end = forks.get(n + 1).copied().unwrap_or(order.len());
+            let end = forks.get(n + 1).map_or(order.len(), |&(next, _)| next);
             let window = order[at + 1..end].iter();
             let ranges = choose(
                 window.map(|&(s, l)| &steps[s].launches[l]),
                 slots,
                 fork.bytes,
             );
-            if rows < fork.min_rows || ranges.is_empty() {
+            if ranges.is_empty() {
                 continue;
             }
             let event = first_event + side.len();
             steps[before].records.push(event);
-            side.push(StepLaunches {
+            let step = StepLaunches {
+                schedule: None,
                 node: steps[s].node,
                 op: "l2_prefetch".to_string(),
                 stream,
                 waits: vec![event],
                 records: Vec::new(),
                 launches: vec![Launch::Kernel(prefetch::side_kernel(&ranges)?)],
-            });
+            };
+            side.push((before, step));
         }
     }
+    // Each side step right after the step that records its event: issued in order, eagerly
+    // too, it runs beside the steps from there.
     let events = side.len();
-    steps.extend(side);
+    side.sort_by_key(|&(before, _)| before);
+    let mut side = side.into_iter().peekable();
+    let mut placed = Vec::with_capacity(steps.len() + events);
+    for (index, step) in std::mem::take(steps).into_iter().enumerate() {
+        placed.push(step);
+        while let Some((_, step)) = side.next_if(|(before, _)| *before == index) {
+            placed.push(step);
+        }
+    }
+    *steps = placed;
     Ok(events)
 }
 
@@ -179,6 +196,7 @@ mod tests {
 
     fn step(launches: Vec<Launch>) -> StepLaunches {
         StepLaunches {
+            schedule: Some(0),
             node: 0,
             op: "op".to_string(),
             stream: 0,
@@ -197,7 +215,7 @@ mod tests {
         let before = steps.len();
         let events = assign(&mut steps, slots, fork(budget), SIDE).unwrap();
         assert_eq!(steps.len(), before + events);
-        (steps[before..].iter())
+        (steps.iter().filter(|step| step.schedule.is_none()))
             .map(|step| match &step.launches[..] {
                 [Launch::Kernel(k)] => (prefetch::ranges(k).into_iter())
                     .map(|(a, n)| (a.slot, n))
@@ -210,27 +228,37 @@ mod tests {
     #[test]
     fn side_launches_wait_for_the_step_before_each_fork_and_prefetch_its_window() {
         let slots = slots(&[MIB, 2 * MIB, 3 * MIB]);
-        let steps = vec![
-            step(vec![kernel(None, &[1])]),
-            step(vec![kernel(Some(8), &[]), kernel(None, &[2])]),
-            step(vec![kernel(None, &[3])]),
-            step(vec![kernel(Some(8), &[]), kernel(None, &[1])]),
-        ];
+        let steps: Vec<StepLaunches> = [
+            vec![kernel(None, &[1])],
+            vec![kernel(Some(8), &[]), kernel(None, &[2])],
+            vec![kernel(None, &[3])],
+            vec![kernel(Some(8), &[]), kernel(None, &[1])],
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(index, launches)| StepLaunches {
+            schedule: Some(index),
+            ..step(launches)
+        })
+        .collect();
         let mut forked = steps.clone();
         assert_eq!(
             assign(&mut forked, &slots, fork(64 * MIB), SIDE).unwrap(),
             2
         );
+        // Each side step right after the step that records its event; the program's own
+        // steps in their order, their launches as they were.
+        let order: Vec<Option<usize>> = forked.iter().map(|s| s.schedule).collect();
+        assert_eq!(order, [Some(0), None, Some(1), Some(2), None, Some(3)]);
         assert_eq!(
-            (forked[0].records.clone(), forked[2].records.clone()),
+            (forked[0].records.clone(), forked[3].records.clone()),
             (vec![5], vec![6])
         );
-        assert!(forked[1].records.is_empty() && forked[3].records.is_empty());
-        // The program's own launches are as they were.
-        for (s, step) in forked[..4].iter().enumerate() {
-            assert_eq!(step.launches, steps[s].launches);
+        for step in forked.iter().filter(|s| s.schedule.is_some()) {
+            let planned = &steps[step.schedule.unwrap()];
+            assert_eq!(step.launches, planned.launches);
         }
-        for (step, event) in forked[4..].iter().zip([5, 6]) {
+        for (step, event) in [(&forked[1], 5), (&forked[4], 6)] {
             assert_eq!((step.stream, step.waits.clone()), (1, vec![event]));
         }
         assert_eq!(
@@ -246,7 +274,32 @@ mod tests {
         };
         assert_eq!(assign(&mut ahead, &slots, lead, SIDE).unwrap(), 1);
         assert_eq!(ahead[1].records, vec![5]);
-        assert!([0, 2, 3].iter().all(|&s| ahead[s].records.is_empty()));
+        assert_eq!(ahead[2].schedule, None);
+        assert!([0, 3, 4].iter().all(|&s| ahead[s].records.is_empty()));
+    }
+
+    #[test]
+    fn the_step_before_a_fork_is_the_one_before_it_on_its_stream() {
+        let slots = slots(&[MIB]);
+        let on = |stream, launches| StepLaunches {
+            stream,
+            ..step(launches)
+        };
+        // The split on stream 1, after a step on stream 0 and one on stream 1.
+        let steps = vec![
+            on(1, vec![kernel(None, &[])]),
+            on(0, vec![kernel(None, &[])]),
+            on(1, vec![kernel(Some(8), &[]), kernel(None, &[1])]),
+        ];
+        let mut forked = steps.clone();
+        let side = (2, 0);
+        assert_eq!(
+            assign(&mut forked, &slots, fork(64 * MIB), side).unwrap(),
+            1
+        );
+        assert_eq!(forked[0].records, vec![0]);
+        assert!(forked[2].records.is_empty());
+        assert_eq!((forked[1].stream, forked[1].waits.clone()), (2, vec![0]));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Several GPU executables over one device memory (see [`crate::group`]): the group allocates
 //! the arena (the largest plan's bytes), one slot per param and state name, and max(streams)
-//! streams with a GEMM workspace each; every member takes handles to those and allocates only
-//! its own per-run input, output and fault slots. An allocation is freed when its last holder
+//! streams, each of the plans' streams with a GEMM workspace; every member takes handles to
+//! those and allocates only its own per-run input, output and fault slots. An allocation is freed when its last holder
 //! drops.
 
 use std::sync::{Arc, Mutex};
@@ -53,12 +53,14 @@ impl<D: Driver> GpuExecutable<D> {
             .map(|(graph, plan)| DeviceProgram::new(graph, plan, options))
             .collect::<Result<Vec<_>>>()?;
         let streams = lowered.iter().map(|p| p.streams).max().unwrap_or(1);
+        // GEMMs run on the plans' streams only (`DeviceProgram::check_events`).
+        let gemm_streams = lowered.iter().map(|p| p.plan_streams).max().unwrap_or(1);
         let workspace = device.gemm_workspace_bytes();
         let shared = Shared {
             streams: (0..streams)
                 .map(|_| device.new_stream())
                 .collect::<Result<_>>()?,
-            gemm_workspaces: (0..streams)
+            gemm_workspaces: (0..gemm_streams)
                 .map(|_| DeviceAlloc::new(device, workspace, 0).map(Arc::new))
                 .collect::<Result<_>>()?,
             arena: Arc::new(DeviceAlloc::new(device, memory.arena_bytes as usize, 0xFF)?),
@@ -115,7 +117,7 @@ impl<D: Driver> GpuExecutable<D> {
         let mut executable = GpuExecutable {
             device: device.clone(),
             streams: shared.streams[..program.streams].to_vec(),
-            gemm_workspaces: shared.gemm_workspaces[..program.streams].to_vec(),
+            gemm_workspaces: shared.gemm_workspaces[..program.plan_streams].to_vec(),
             program,
             events,
             fork,

@@ -43,7 +43,8 @@ impl<D: Driver> GpuExecutable<D> {
         // The slot's own range; the streams are idle.
         let main = Some(&self.streams[0]);
         self.device.fill_and_wait(slot.ptr, 0, slot.bytes, main)?;
-        let op = (self.program.steps.get(step)).map_or("?", |s| s.op.as_str());
+        let raiser = (self.program.steps.iter()).find(|s| s.schedule == Some(step));
+        let op = raiser.map_or("?", |s| s.op.as_str());
         Err(Error::DeviceFault {
             program: self.program.name.clone(),
             step,
