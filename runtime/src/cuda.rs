@@ -6,10 +6,10 @@
 //! loaded all at once on first use: each one's cubin for the device's architecture from the
 //! on-disk [`KernelCache`](crate::kernel_cache::KernelCache), the missing ones compiled by
 //! NVRTC in parallel (and stored); [`CudaDevice::kernel_report`] says what that took. cudarc's automatic
-//! event tracking is disabled: streams and events come from the plan. The device is the
-//! [`Driver`] of the shared GPU host logic; a [`CudaExecutable`] runs one planned program, with
-//! a GEMM workspace per stream (preallocated, so GEMMs can be captured; never shared by GEMMs
-//! that may run at once).
+//! event tracking is disabled: streams and events come from the lowered program. The device is
+//! the [`Driver`] of the shared GPU host logic; a [`CudaExecutable`] runs one planned program,
+//! with a GEMM workspace per plan stream (preallocated, so GEMMs can be captured; never shared
+//! by GEMMs that may run at once).
 //!
 //! Destructors cannot return errors: a failed free or destroy is recorded (the driver's in the
 //! context, cudarc's way; cuBLASLt's in [`ReleaseErrors`]) and reported by the next

@@ -57,7 +57,7 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// `options` as this device can run them (clusters where it has them, ...).
     fn lower_options(&self, options: LowerOptions) -> LowerOptions;
     fn supports_programmatic_launch(&self) -> bool;
-    /// Bytes of the vendor GEMM's workspace, one per stream.
+    /// Bytes of the vendor GEMM's workspace, one per plan stream.
     fn gemm_workspace_bytes(&self) -> usize;
 
     /// `bytes` bytes (at least 1) of device memory.

@@ -133,20 +133,22 @@ impl DeviceProgram {
             if step.stream >= self.streams {
                 return Err(self.error(format!("{} has no stream", what())));
             }
+            let events = step.waits.iter().chain(&step.records);
+            if let Some(event) = events.copied().find(|&e| e >= self.events) {
+                let reason = format!("{} names event {event} of {}", what(), self.events);
+                return Err(self.error(reason));
+            }
             for &event in &step.waits {
-                match recorded.get(event) {
-                    Some(Some(stream)) if *stream != step.stream => {}
-                    _ => {
-                        let reason =
-                            format!("{} waits for event {event} before it is recorded", what());
-                        return Err(self.error(reason));
-                    }
-                }
+                let reason = match recorded[event] {
+                    Some(stream) if stream != step.stream => continue,
+                    Some(_) => format!("{} waits for event {event} of its own stream", what()),
+                    None => format!("{} waits for event {event} before it is recorded", what()),
+                };
+                return Err(self.error(reason));
             }
             for &event in &step.records {
-                match recorded.get_mut(event) {
-                    Some(slot @ None) => *slot = Some(step.stream),
-                    _ => return Err(self.error(format!("{} records event {event} again", what()))),
+                if recorded[event].replace(step.stream).is_some() {
+                    return Err(self.error(format!("{} records event {event} again", what())));
                 }
             }
             let gemm = step.launches.iter().any(|l| matches!(l, Launch::Gemm(_)));
@@ -521,4 +523,98 @@ pub fn lower_for_device(
         prefetches,
         streams: program.streams,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_kernels::gpu::{Gemm, GemmDType, Kernel};
+
+    fn step(stream: usize, waits: &[usize], records: &[usize], launch: Launch) -> StepLaunches {
+        StepLaunches {
+            schedule: None,
+            node: 0,
+            op: "op".to_string(),
+            stream,
+            waits: waits.to_vec(),
+            records: records.to_vec(),
+            launches: vec![launch],
+        }
+    }
+
+    fn kernel() -> Launch {
+        Kernel::launch("copy", "copy", (1, 1, 1), (32, 1, 1), 0, Vec::new())
+    }
+
+    fn gemm() -> Launch {
+        let at = Addr { slot: 0, offset: 0 };
+        Launch::Gemm(Gemm {
+            dtype: GemmDType::F32,
+            out: GemmDType::F32,
+            a: at,
+            b: at,
+            c: at,
+            m: 1,
+            n: 1,
+            k: 1,
+            batch: 1,
+            transpose_a: false,
+            transpose_b: false,
+            lda: 1,
+            ldb: 1,
+            ldc: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            accumulate: false,
+        })
+    }
+
+    /// A program of `steps` on two plan streams and a side stream, with two events.
+    fn program(steps: Vec<StepLaunches>) -> DeviceProgram {
+        DeviceProgram {
+            name: "p".to_string(),
+            slots: Vec::new(),
+            steps,
+            write_backs: Vec::new(),
+            streams: 3,
+            plan_streams: 2,
+            events: 2,
+            inputs: BTreeMap::new(),
+            outputs: BTreeMap::new(),
+            in_place_writes: Vec::new(),
+            copied_writes: Vec::new(),
+            arena_bytes: 0,
+            lower_bound_bytes: 0,
+            fault_slot: 0,
+            tune_gemms: false,
+        }
+    }
+
+    fn refused(steps: Vec<StepLaunches>) -> String {
+        program(steps).check_events().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn events_are_recorded_once_and_waited_for_later_on_another_stream() {
+        let valid = vec![
+            step(0, &[], &[0], gemm()),
+            step(1, &[0], &[1], gemm()),
+            step(2, &[0], &[], kernel()),
+            step(0, &[1], &[], kernel()),
+        ];
+        program(valid).check_events().unwrap();
+        let early = vec![step(1, &[0], &[], kernel()), step(0, &[], &[0], kernel())];
+        assert!(refused(early).contains("waits for event 0 before it is recorded"));
+        let own = vec![step(0, &[], &[0], kernel()), step(0, &[0], &[], kernel())];
+        assert!(refused(own).contains("of its own stream"));
+        let twice = vec![step(0, &[], &[0], kernel()), step(1, &[], &[0], kernel())];
+        assert!(refused(twice).contains("records event 0 again"));
+        let unknown = vec![step(0, &[], &[2], kernel())];
+        assert!(refused(unknown).contains("names event 2 of 2"));
+        let nowhere = vec![step(3, &[], &[], kernel())];
+        assert!(refused(nowhere).contains("has no stream"));
+        let side_gemm = vec![step(2, &[], &[], gemm())];
+        assert!(refused(side_gemm).contains("runs a GEMM on a side stream"));
+    }
 }

@@ -56,7 +56,7 @@ pub struct BenchArgs {
     /// Also time every step alone once (eager, one stream) and report the ops that take
     /// the most time.
     pub profile: bool,
-    /// Also run once eagerly on the plan's streams with an event after every step, and
+    /// Also run once eagerly on the program's streams with an event after every step, and
     /// report how the streams overlap.
     pub timeline: bool,
     /// Train: the most arena bytes; values the backward reads are recomputed to fit.
@@ -100,7 +100,8 @@ pub struct BenchResult {
     /// Whether cuBLASLt's algorithms were chosen by timing its candidates.
     pub gemm_tune: bool,
     /// `--l2-prefetch`: the most bytes each side-stream launch may prefetch of the next
-    /// linears' weights into L2 (beside splits of at least 8 rows; fewer fork none).
+    /// linears' weights into L2 (beside splits of at least `l2_prefetch_min_rows` rows; 0
+    /// before sm_90).
     pub l2_prefetch_bytes: u64,
     pub l2_prefetch_lead: usize,
     pub l2_prefetch_min_rows: u64,
@@ -131,7 +132,8 @@ pub struct BenchResult {
     /// With `--profile`: the same by op text and first result type (`cast{to=bf16} ->
     /// bf16[2048,896]`).
     pub profile_shapes: Vec<(String, usize, f64)>,
-    /// With `--timeline`: every step of one eager run on the plan's streams, in plan order.
+    /// With `--timeline`: every step of one eager run on the program's streams, in issue order
+    /// (the plan's, each L2 prefetch after the step it waits for).
     pub timeline: Vec<TimelineStep>,
     /// Train: the loss of the last step; prefill/decode: max |logit| (a sanity check that the
     /// numbers are finite and not all zero).
@@ -307,7 +309,11 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         linear_rows: args.linear_rows.unwrap_or(defaults.linear_rows),
         clusters: defaults.clusters && args.clusters && device.supports_clusters(),
         tune_gemms: args.gemm_tune && defaults.vendor_gemm,
-        l2_prefetch_bytes: args.l2_prefetch.unwrap_or(defaults.l2_prefetch_bytes),
+        // Hopper's bulk prefetch: none before sm_90 (`Driver::lower_options`).
+        l2_prefetch_bytes: match device.supports_clusters() {
+            true => args.l2_prefetch.unwrap_or(defaults.l2_prefetch_bytes),
+            false => 0,
+        },
         l2_prefetch_lead: args.l2_prefetch_lead.unwrap_or(defaults.l2_prefetch_lead),
         l2_prefetch_min_rows: (args.l2_prefetch_min_rows).unwrap_or(defaults.l2_prefetch_min_rows),
         ..defaults

@@ -98,7 +98,7 @@ pub struct GpuExecutable<D: Driver> {
     /// By the program's slot index: the group's arena and shared input slots, this member's
     /// per-run input, output and fault slots.
     slots: Vec<Arc<DeviceAlloc<D>>>,
-    /// One vendor GEMM workspace per stream, the group's.
+    /// One vendor GEMM workspace per plan stream, the group's (side streams run no GEMM).
     gemm_workspaces: Vec<Arc<DeviceAlloc<D>>>,
     /// The group's: held while work is issued or slots are copied, so that the work of two
     /// members never interleaves.
@@ -317,7 +317,7 @@ impl<D: Driver> GpuExecutable<D> {
         // Every step is issued on stream 0 in order (the L2 prefetches on a side stream too:
         // they wait for a step before them).
         if self.program.plan_streams != 1 {
-            let reason = "profiling times steps on one stream; plan with --streams 1";
+            let reason = "profiling times steps on one stream; plan with one stream";
             return Err(super::error(D::BACKEND, "profile", reason));
         }
         let _issuing = issuing::<D>(&self.issue)?;

@@ -91,16 +91,14 @@ pub(crate) fn assign(
     // Each side step right after the step that records its event: issued in order, eagerly
     // too, it runs beside the steps from there.
     let events = side.len();
-    side.sort_by_key(|&(before, _)| before);
-    let mut side = side.into_iter().peekable();
-    let mut placed = Vec::with_capacity(steps.len() + events);
-    for (index, step) in std::mem::take(steps).into_iter().enumerate() {
-        placed.push(step);
-        while let Some((_, step)) = side.next_if(|(before, _)| *before == index) {
-            placed.push(step);
-        }
+    let mut after: Vec<Vec<StepLaunches>> = vec![Vec::new(); steps.len()];
+    for (before, step) in side {
+        after[before].push(step);
     }
-    *steps = placed;
+    let program = std::mem::take(steps).into_iter().zip(after);
+    *steps = program
+        .flat_map(|(step, side)| std::iter::once(step).chain(side))
+        .collect();
     Ok(events)
 }
 
@@ -300,6 +298,39 @@ mod tests {
         assert_eq!(forked[0].records, vec![0]);
         assert!(forked[2].records.is_empty());
         assert_eq!((forked[1].stream, forked[1].waits.clone()), (2, vec![0]));
+    }
+
+    #[test]
+    fn side_steps_of_forks_on_two_streams_each_follow_their_own_recording_step() {
+        let slots = slots(&[MIB, 2 * MIB]);
+        let on = |stream, schedule, launches| StepLaunches {
+            stream,
+            schedule: Some(schedule),
+            ..step(launches)
+        };
+        // Stream 0's fork is found first but its event is recorded later (step 2) than
+        // stream 1's (step 0).
+        let steps = vec![
+            on(1, 0, vec![kernel(None, &[])]),
+            on(1, 1, vec![kernel(Some(8), &[]), kernel(None, &[2])]),
+            on(0, 2, vec![kernel(None, &[])]),
+            on(0, 3, vec![kernel(Some(8), &[]), kernel(None, &[1])]),
+        ];
+        let mut forked = steps;
+        assert_eq!(
+            assign(&mut forked, &slots, fork(64 * MIB), (2, 0)).unwrap(),
+            2
+        );
+        let order: Vec<Option<usize>> = forked.iter().map(|s| s.schedule).collect();
+        assert_eq!(order, [Some(0), None, Some(1), Some(2), None, Some(3)]);
+        assert_eq!(
+            (forked[3].records.clone(), forked[0].records.clone()),
+            (vec![0], vec![1])
+        );
+        assert_eq!(
+            (forked[4].waits.clone(), forked[1].waits.clone()),
+            (vec![0], vec![1])
+        );
     }
 
     #[test]

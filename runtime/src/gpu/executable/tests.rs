@@ -145,7 +145,7 @@ fn an_invalid_index_is_refused_on_the_host_and_reported_from_the_device() {
     }
 }
 
-/// Every stream has a GEMM workspace of its own (GEMMs of two streams may run at once).
+/// Every plan stream has a GEMM workspace of its own (GEMMs of two streams may run at once).
 #[test]
 fn each_stream_has_its_own_gemm_workspace() {
     let Some(device) = device() else { return };
