@@ -304,7 +304,7 @@ fn decode_splits_fork_prefetches_of_the_weights_of_the_linears_after_them() {
         precision: Precision::Bf16,
         ..Default::default()
     };
-    let lower = |config: &ModelConfig, options: &ProgramOptions, l2_prefetch_bytes| {
+    let lower = |config: &ModelConfig, options: &ProgramOptions, lowering: LowerOptions| {
         let graph = build(ProgramKind::Decode, config, options).unwrap();
         let planned = plan(
             &graph,
@@ -312,35 +312,26 @@ fn decode_splits_fork_prefetches_of_the_weights_of_the_linears_after_them() {
             &kiln_runtime::Workspaces::Cuda,
         )
         .unwrap();
-        let options = LowerOptions {
-            l2_prefetch_bytes,
-            ..LowerOptions::default()
-        };
-        lower_for_device(&graph, &planned, options).unwrap()
+        lower_for_device(&graph, &planned, lowering).unwrap()
     };
     let default = LowerOptions::default().l2_prefetch_bytes;
     assert_eq!(default, 32 << 20);
-    let side = |summary: &kiln_runtime::LoweringSummary| {
-        summary
-            .by_launch
-            .get("prefetch.prefetch_l2")
-            .copied()
-            .unwrap_or(0)
+    let bytes = |l2_prefetch_bytes| LowerOptions {
+        l2_prefetch_bytes,
+        ..LowerOptions::default()
     };
-    let splits = |summary: &kiln_runtime::LoweringSummary| {
-        (summary
-            .by_launch
-            .get("decode.cached_attention_split_f32_bf16")
-            .copied())
-        .unwrap_or(0)
+    let launches = |summary: &kiln_runtime::LoweringSummary, name: &str| {
+        summary.by_launch.get(name).copied().unwrap_or(0)
     };
+    let side = |summary: &_| launches(summary, "prefetch.prefetch_l2");
+    let splits = |summary: &_| launches(summary, "decode.cached_attention_split_f32_bf16");
     let layers = config.num_hidden_layers;
-    let one = lower(&config, &options(1), default);
+    let one = lower(&config, &options(1), bytes(default));
     assert!(one.prefetches.is_empty() && side(&one) == 0 && one.streams == 1);
     assert_eq!(splits(&one), layers);
-    let off = lower(&config, &options(8), 0);
+    let off = lower(&config, &options(8), bytes(0));
     assert!(off.prefetches.is_empty() && side(&off) == 0 && off.streams == 1);
-    let on = lower(&config, &options(8), default);
+    let on = lower(&config, &options(8), bytes(default));
     assert_eq!((side(&on), splits(&on), on.streams), (layers, layers, 2));
     assert_eq!(on.kernels, off.kernels + config.num_hidden_layers);
     assert_eq!(on.prefetches.len(), config.num_hidden_layers);
@@ -369,17 +360,10 @@ fn decode_splits_fork_prefetches_of_the_weights_of_the_linears_after_them() {
         ..options(8)
     };
     let tiny_config = ModelConfig::tiny();
-    let tiny = lower(&tiny_config, &tiny_options, default);
+    let tiny = lower(&tiny_config, &tiny_options, bytes(default));
     assert!(tiny.prefetches.is_empty() && side(&tiny) == 0);
     assert_eq!(splits(&tiny), tiny_config.num_hidden_layers);
     // The HIP backend's lowering prefetches nothing (Hopper's bulk prefetch).
-    let graph = build(ProgramKind::Decode, &config, &options(8)).unwrap();
-    let planned = plan(
-        &graph,
-        &PlanOptions::default(),
-        &kiln_runtime::Workspaces::Cuda,
-    )
-    .unwrap();
-    let portable = lower_for_device(&graph, &planned, LowerOptions::portable()).unwrap();
+    let portable = lower(&config, &options(8), LowerOptions::portable());
     assert!(portable.prefetches.is_empty() && portable.streams == 1);
 }

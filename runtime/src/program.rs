@@ -373,16 +373,11 @@ impl<'g> Builder<'g> {
             });
         }
 
-        let (plan_streams, mut streams, mut events) =
-            (plan.streams().max(1), plan.streams().max(1), plan.events);
+        let plan_streams = plan.streams().max(1);
+        let (mut streams, mut events) = (plan_streams, plan.events);
         if options.l2_prefetch_bytes > 0 {
             let side = (streams, events);
-            let fork = crate::lower::prefetch::Fork {
-                bytes: options.l2_prefetch_bytes,
-                lead: options.l2_prefetch_lead,
-                min_rows: options.l2_prefetch_min_rows,
-            };
-            let added = crate::lower::prefetch::assign(&mut steps, &self.slots, fork, side)?;
+            let added = crate::lower::prefetch::assign(&mut steps, &self.slots, &options, side)?;
             if added > 0 {
                 streams += 1;
                 events += added;

@@ -17,6 +17,7 @@ use kiln_frontend::model::ModelConfig;
 use kiln_frontend::programs::{build, example_inputs, plan_program, ProgramKind, ProgramOptions};
 use kiln_planner::PlanOptions;
 use kiln_runtime::cuda::{CudaDevice, CudaExecutable};
+use kiln_runtime::gpu::Driver;
 use kiln_runtime::{LowerOptions, RunMode};
 use serde::Serialize;
 
@@ -305,19 +306,17 @@ pub fn bench(args: &BenchArgs) -> Result<BenchResult> {
         true => LowerOptions::portable(),
         false => LowerOptions::default(),
     };
-    let options = LowerOptions {
+    // As this device runs them (no clusters or bulk L2 prefetch before sm_90), so the result
+    // reports what ran.
+    let options = device.lower_options(LowerOptions {
         linear_rows: args.linear_rows.unwrap_or(defaults.linear_rows),
-        clusters: defaults.clusters && args.clusters && device.supports_clusters(),
+        clusters: defaults.clusters && args.clusters,
         tune_gemms: args.gemm_tune && defaults.vendor_gemm,
-        // Hopper's bulk prefetch: none before sm_90 (`Driver::lower_options`).
-        l2_prefetch_bytes: match device.supports_clusters() {
-            true => args.l2_prefetch.unwrap_or(defaults.l2_prefetch_bytes),
-            false => 0,
-        },
+        l2_prefetch_bytes: args.l2_prefetch.unwrap_or(defaults.l2_prefetch_bytes),
         l2_prefetch_lead: args.l2_prefetch_lead.unwrap_or(defaults.l2_prefetch_lead),
         l2_prefetch_min_rows: (args.l2_prefetch_min_rows).unwrap_or(defaults.l2_prefetch_min_rows),
         ..defaults
-    };
+    });
     let mut exe = CudaExecutable::with_options(&device, &graph, &planned, options)?;
     let pdl = exe.set_programmatic_launch(args.pdl);
     startup.bind_ms = lap();

@@ -1,9 +1,8 @@
 //! L2 prefetch: a launch of its own ([`side_kernel`], `prefetch_l2` in
 //! `kernels/cuda/prefetch.cu`) issues bulk prefetches into L2 of up to [`RANGES`] ranges of
-//! bytes (`KILN_PREFETCH_PARAMS`), so that the parameters a program's next launches read come
-//! from L2 rather than HBM. The program runs it on a side
-//! stream beside the kernels before those launches and chooses the ranges once every launch
-//! is known (`runtime/src/lower/prefetch.rs`).
+//! bytes, so that the parameters a program's next launches read come from L2 rather than HBM.
+//! The program runs it on a side stream beside the kernels before those launches and chooses
+//! the ranges once every launch is known (`runtime/src/lower/prefetch.rs`).
 
 use super::launch::SMS;
 use super::{Addr, Arg, Kernel};

@@ -32,15 +32,14 @@ fn parameter_kind(declaration: &str) -> Option<&'static str> {
 }
 
 /// `source` as the signature checks read it: without the launch-bounds macros
-/// (`KILN_..._BOUNDS`, between `void` and a kernel's name), with each parameter-list macro
-/// (`#define KILN_..._PARAMS`) and each entry-point macro (`#define KILN_..._ENTRY(params)`,
-/// one kernel a use) expanded where it is used, their definitions dropped.
+/// (`KILN_..._BOUNDS`, between `void` and a kernel's name), and with each entry-point macro
+/// (`#define KILN_..._ENTRY(params)`, one kernel a use) expanded where it is used, its
+/// definition dropped.
 pub(crate) fn expanded(source: &str) -> String {
     let bounds = |word: &&str| {
         (word.strip_suffix(' ')).is_some_and(|w| w.starts_with("KILN_") && w.ends_with("_BOUNDS"))
     };
     let source: String = source.split_inclusive(' ').filter(|w| !bounds(w)).collect();
-    let source = expand_parameter_lists(&source);
     let mut macros: Vec<(String, Vec<&str>, String)> = Vec::new();
     let mut out = String::new();
     let mut lines = source.lines();
@@ -50,10 +49,17 @@ pub(crate) fn expanded(source: &str) -> String {
             .and_then(|rest| rest.split_once('('));
         if let Some((name, rest)) = head.filter(|(name, _)| name.ends_with("_ENTRY")) {
             let (params, first) = rest.split_once(')').expect("a macro's parameter list");
+            let mut body = first.trim_end_matches('\\').to_string();
+            let mut last = line;
+            while last.ends_with('\\') {
+                last = lines.next().expect("a continued line");
+                body.push('\n');
+                body.push_str(last.trim_end_matches('\\'));
+            }
             macros.push((
                 name.to_string(),
                 params.split(',').map(str::trim).collect(),
-                macro_body(line, first, &mut lines),
+                body,
             ));
             continue;
         }
@@ -78,43 +84,6 @@ pub(crate) fn expanded(source: &str) -> String {
     out
 }
 
-/// The body of the macro defined on `line` (its text there is `first`), with the lines its
-/// trailing backslashes continue it over, taken from `lines`.
-fn macro_body(line: &str, first: &str, lines: &mut std::str::Lines<'_>) -> String {
-    let mut body = first.trim_end_matches('\\').to_string();
-    let mut last = line;
-    while last.ends_with('\\') {
-        last = lines.next().expect("a continued line");
-        body.push('\n');
-        body.push_str(last.trim_end_matches('\\'));
-    }
-    body
-}
-
-/// `source` with each object-like `#define KILN_..._PARAMS` (a parameter list, maybe continued
-/// over lines) substituted where it is used, its definition dropped.
-fn expand_parameter_lists(source: &str) -> String {
-    let mut lists: Vec<(String, String)> = Vec::new();
-    let mut out = String::new();
-    let mut lines = source.lines();
-    while let Some(line) = lines.next() {
-        let definition = (line.strip_prefix("#define "))
-            .and_then(|rest| rest.split_once(char::is_whitespace))
-            .filter(|(name, _)| name.starts_with("KILN_") && name.ends_with("_PARAMS"));
-        if let Some((name, first)) = definition {
-            lists.push((name.to_string(), macro_body(line, first, &mut lines)));
-            continue;
-        }
-        let mut line = line.to_string();
-        for (name, body) in &lists {
-            line = substitute(&line, &[name.as_str()], &[body.as_str()]);
-        }
-        out.push_str(&line);
-        out.push('\n');
-    }
-    out
-}
-
 /// `body` with each identifier among `params` outside string literals replaced by its argument,
 /// as the preprocessor does.
 fn substitute(body: &str, params: &[&str], args: &[&str]) -> String {
@@ -136,22 +105,6 @@ fn substitute(body: &str, params: &[&str], args: &[&str]) -> String {
     }
     out.pop();
     out
-}
-
-#[test]
-fn parameter_list_macros_expand_where_used() {
-    let source = "\
-#define KILN_EXTRA_PARAMS                \\
-    const char *extra, i64 extra_bytes
-extern \"C\" __global__ void host(float* x, KILN_EXTRA_PARAMS) {}
-";
-    let text = expanded(source);
-    assert!(!text.contains("#define"), "{text}");
-    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(
-        words.contains("void host(float* x, const char *extra, i64 extra_bytes) {}"),
-        "{text}"
-    );
 }
 
 #[test]

@@ -3,42 +3,31 @@
 //!
 //! A decode step reads each weight once, in kernels of a few microseconds whose loads wait on
 //! HBM, while the kernels between them (RoPE, the cached attention) leave HBM idle. Beside
-//! each fork kernel (a cached attention's split of at least [`Fork::min_rows`] rows,
+//! each fork kernel (a cached attention's split of at least `l2_prefetch_min_rows` rows,
 //! [`decode::split_rows`]), a launch of its own on a side stream
 //! ([`prefetch::side_kernel`]) prefetches the parameters that the launches after the fork on
 //! its stream read, up to the next fork: whole, in their first reader's order, while they fit
-//! [`Fork::bytes`], at most [`prefetch::RANGES`] of them. It waits for the step
-//! [`Fork::lead`] steps before the fork's (an event that step records), so it runs beside the
+//! `l2_prefetch_bytes`, at most [`prefetch::RANGES`] of them (the [`LowerOptions`]). It waits
+//! for the step `l2_prefetch_lead` steps before the fork's (an event that step records), so it runs beside the
 //! steps from there. A prefetch is a hint: it changes no result.
 
 use kiln_ir::InputKind;
 use kiln_kernels::gpu::{decode, prefetch, Addr, Launch};
 
+use super::LowerOptions;
 use crate::error::Result;
 use crate::program::{Slot, SlotKind, StepLaunches};
 
 /// Parameters smaller than this are not worth a range (norm weights, biases).
 const MIN_BYTES: u64 = 64 << 10;
 
-/// What the side launches prefetch and when (`LowerOptions`' `l2_prefetch_*`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Fork {
-    /// The most bytes a side launch prefetches.
-    pub bytes: u64,
-    /// The side launch waits for the step this many steps (at least 1) before the fork's on
-    /// its stream.
-    pub lead: usize,
-    /// The fewest rows of a split that forks.
-    pub min_rows: u64,
-}
-
-/// Adds the side launches of the module doc to `steps`, on stream `stream`, waiting for
-/// events numbered from `first_event` on (recorded by the steps `fork.lead` before the forks).
-/// Returns the events it added.
+/// Adds the side launches of the module doc to `steps` as `options` ask, on stream `stream`,
+/// waiting for events numbered from `first_event` on (recorded by the steps
+/// `options.l2_prefetch_lead` before the forks). Returns the events it added.
 pub(crate) fn assign(
     steps: &mut Vec<StepLaunches>,
     slots: &[Slot],
-    fork: Fork,
+    options: &LowerOptions,
     (stream, first_event): (usize, usize),
 ) -> Result<usize> {
     let streams = steps.iter().map(|s| s.stream + 1).max().unwrap_or(0);
@@ -55,13 +44,13 @@ pub(crate) fn assign(
             .filter_map(|(i, &(s, l))| Some((i, split_rows(&steps[s].launches[l])?)))
             .collect();
         for (n, &(at, rows)) in forks.iter().enumerate() {
-            if rows < fork.min_rows {
+            if rows < options.l2_prefetch_min_rows {
                 continue;
             }
             let s = order[at].0;
             // The step `lead` steps before the fork's on its stream records the event.
             let mut earlier = (0..s).rev().filter(|&b| steps[b].stream == on);
-            let Some(before) = earlier.nth(fork.lead.max(1) - 1) else {
+            let Some(before) = earlier.nth(options.l2_prefetch_lead.max(1) - 1) else {
                 continue;
             };
             let end = forks.get(n + 1).map_or(order.len(), |&(next, _)| next);
@@ -69,7 +58,7 @@ pub(crate) fn assign(
             let ranges = choose(
                 window.map(|&(s, l)| &steps[s].launches[l]),
                 slots,
-                fork.bytes,
+                options.l2_prefetch_bytes,
             );
             if ranges.is_empty() {
                 continue;
@@ -148,11 +137,12 @@ mod tests {
     const SIDE: (usize, usize) = (1, 5);
     const MIN_ROWS: u64 = 8;
 
-    fn fork(bytes: u64) -> Fork {
-        Fork {
-            bytes,
-            lead: 1,
-            min_rows: MIN_ROWS,
+    fn fork(l2_prefetch_bytes: u64) -> LowerOptions {
+        LowerOptions {
+            l2_prefetch_bytes,
+            l2_prefetch_lead: 1,
+            l2_prefetch_min_rows: MIN_ROWS,
+            ..LowerOptions::default()
         }
     }
 
@@ -211,7 +201,7 @@ mod tests {
         budget: u64,
     ) -> Vec<Vec<(u32, u64)>> {
         let before = steps.len();
-        let events = assign(&mut steps, slots, fork(budget), SIDE).unwrap();
+        let events = assign(&mut steps, slots, &fork(budget), SIDE).unwrap();
         assert_eq!(steps.len(), before + events);
         (steps.iter().filter(|step| step.schedule.is_none()))
             .map(|step| match &step.launches[..] {
@@ -241,7 +231,7 @@ mod tests {
         .collect();
         let mut forked = steps.clone();
         assert_eq!(
-            assign(&mut forked, &slots, fork(64 * MIB), SIDE).unwrap(),
+            assign(&mut forked, &slots, &fork(64 * MIB), SIDE).unwrap(),
             2
         );
         // Each side step right after the step that records its event; the program's own
@@ -266,11 +256,11 @@ mod tests {
         // Two steps ahead: the second fork's event is recorded by the first fork's step; the
         // first fork has no step two before it.
         let mut ahead = steps;
-        let lead = Fork {
-            lead: 2,
+        let lead = LowerOptions {
+            l2_prefetch_lead: 2,
             ..fork(64 * MIB)
         };
-        assert_eq!(assign(&mut ahead, &slots, lead, SIDE).unwrap(), 1);
+        assert_eq!(assign(&mut ahead, &slots, &lead, SIDE).unwrap(), 1);
         assert_eq!(ahead[1].records, vec![5]);
         assert_eq!(ahead[2].schedule, None);
         assert!([0, 3, 4].iter().all(|&s| ahead[s].records.is_empty()));
@@ -292,7 +282,7 @@ mod tests {
         let mut forked = steps.clone();
         let side = (2, 0);
         assert_eq!(
-            assign(&mut forked, &slots, fork(64 * MIB), side).unwrap(),
+            assign(&mut forked, &slots, &fork(64 * MIB), side).unwrap(),
             1
         );
         assert_eq!(forked[0].records, vec![0]);
@@ -318,7 +308,7 @@ mod tests {
         ];
         let mut forked = steps;
         assert_eq!(
-            assign(&mut forked, &slots, fork(64 * MIB), (2, 0)).unwrap(),
+            assign(&mut forked, &slots, &fork(64 * MIB), (2, 0)).unwrap(),
             2
         );
         let order: Vec<Option<usize>> = forked.iter().map(|s| s.schedule).collect();
@@ -353,7 +343,7 @@ mod tests {
         );
         // Nothing fits: no side launch, nothing recorded.
         let mut none = steps.clone();
-        assert_eq!(assign(&mut none, &slots, fork(MIB / 2), SIDE).unwrap(), 0);
+        assert_eq!(assign(&mut none, &slots, &fork(MIB / 2), SIDE).unwrap(), 0);
         assert_eq!(none, steps);
     }
 

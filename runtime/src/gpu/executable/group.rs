@@ -1,8 +1,8 @@
 //! Several GPU executables over one device memory (see [`crate::group`]): the group allocates
 //! the arena (the largest plan's bytes), one slot per param and state name, and max(streams)
 //! streams, each of the plans' streams with a GEMM workspace; every member takes handles to
-//! those and allocates only its own per-run input, output and fault slots. An allocation is freed when its last holder
-//! drops.
+//! those and allocates only its own per-run input, output and fault slots. An allocation is
+//! freed when its last holder drops.
 
 use std::sync::{Arc, Mutex};
 
