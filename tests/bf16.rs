@@ -306,7 +306,8 @@ fn bf16_logits_stay_near_f32_and_the_planned_executor_equals_the_interpreter() {
 }
 
 /// The fusion pass rewrites the bf16 programs (every GEMM into a `linear`, gate/up with their
-/// SwiGLU, q/k/v grouped, decode's RoPEs and cache writes into one op per layer; past 16 rows,
+/// SwiGLU, q/k/v grouped, the RoPEs and cache writes into one op per layer, decode's into the
+/// q/k/v linear; past 16 rows,
 /// the linears' inputs written rounded by their producers) and the CPU
 /// reference computes a fused op as its unfused ops, so fused and unfused programs give the
 /// same bits: logits and every cache.
@@ -366,9 +367,26 @@ fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
             // epilogue (the first layer's norm has no add).
             assert_eq!(count(&fused, "add_rmsnorm"), 0);
             assert_eq!(count(&unfused, "add_rmsnorm"), 2 * layers);
-            // The RoPEs and cache writes, one op per layer (prefill's v made head-major in it,
-            // and its FlashAttention's operands staged by it).
-            assert_eq!(count(&fused, "rope_kv_write"), layers, "{}", kind.name());
+            // The RoPEs and cache writes, one op per layer: decode's the q/k/v linear's
+            // epilogue, prefill's a `rope_kv_write` (v made head-major in it, and its
+            // FlashAttention's operands staged by it).
+            let in_linears = (fused.node_indices())
+                .filter(|&n| {
+                    matches!(
+                        fused.node(n).map(|n| &n.kind),
+                        Some(kiln_ir::graph::NodeKind::Op(kiln_ir::Op::Linear {
+                            rope_kv: Some(_),
+                            ..
+                        }))
+                    )
+                })
+                .count();
+            let (fused_linears, apart) = match kind {
+                ProgramKind::Decode => (layers, 0),
+                _ => (0, layers),
+            };
+            assert_eq!(in_linears, fused_linears, "{}", kind.name());
+            assert_eq!(count(&fused, "rope_kv_write"), apart, "{}", kind.name());
             let unfused_ops = ["rope", "kv_cache_write", "contiguous"];
             let left: usize = unfused_ops.iter().map(|op| count(&fused, op)).sum();
             assert_eq!(left, 0, "{}", kind.name());

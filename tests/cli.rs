@@ -133,15 +133,23 @@ fn plan_by_launches_counts_every_launch() {
     };
     assert_eq!(column("by_op"), total);
     assert_eq!(column("by_launch"), total);
-    // Each decode layer's q/k/v linear, RoPE and cache writes, and attention launch.
+    // Each decode layer's q/k/v linear (RoPE and the cache writes its epilogue, finished by
+    // linear_reduce_rope at two rows) and attention launch.
     let ops = table["by_op"].as_array().unwrap();
-    for op in ["linear", "cached_attention", "rope_kv_write"] {
+    for op in ["linear", "cached_attention"] {
         assert!(
             ops.iter()
                 .any(|r| r["op"] == op && r["steps"].as_u64() > Some(0)),
             "{op}: {table}"
         );
     }
+    let launches = table["by_launch"].as_array().unwrap();
+    let reduce_rope = |r: &&serde_json::Value| r["launch"] == "linear.linear_reduce_rope";
+    let layers = launches
+        .iter()
+        .find(reduce_rope)
+        .map(|r| r["launches"].as_u64());
+    assert_eq!(layers, Some(Some(2)), "{table}");
 
     let text = kiln(&[&args[..], &["--backend", "any", "--verify"]].concat());
     let stderr = String::from_utf8_lossy(&text.stderr);

@@ -63,6 +63,11 @@
 //!
 //! and on the program those make:
 //!
+//! - `linear_rope`: a decode attention's `RopeKvWrite` whose q, k and v are the results of one
+//!   q/k/v `Linear` (through reshapes, read by nothing else) becomes that linear's `rope_kv`
+//!   epilogue: the projection, its biases (the rotations' too), RoPE and the cache append in
+//!   one op, whose kernels finish each pair of rotated columns together (no q, k or v is
+//!   written apart);
 //! - `embedding_adamw`: an `AdamW` or `AdamWCopy` (no gradient scale) of an `EmbeddingBackward`
 //!   read by that update alone is two [`Op::EmbeddingAdamW`]s, the rows no id names and then,
 //!   on its results, the named rows: the `[V,H]` gradient is never written and read back, and
@@ -86,6 +91,7 @@ use adamw_copy::with_copies;
 use add_rmsnorm::with_add_rmsnorm;
 use embedding_adamw::embedding_adamw_fusions;
 use embedding_onto::embedding_onto_fusions;
+use linear_rope::linear_rope_fusions;
 use rope_kv::rope_kv_fusions;
 use round_trip::round_trip_rewrites;
 use rounded::rounded_fusions;
@@ -97,6 +103,7 @@ mod adamw_copy;
 mod add_rmsnorm;
 mod embedding_adamw;
 mod embedding_onto;
+mod linear_rope;
 mod rope_kv;
 mod round_trip;
 mod rounded;
@@ -151,6 +158,7 @@ impl Fusion {
             biases: members.iter().map(|m| m.bias.is_some()).collect(),
             swiglu: swiglu.is_some(),
             add_rmsnorm: None,
+            rope_kv: None,
         };
         let ends = match swiglu {
             Some((node, views)) => {
@@ -219,8 +227,11 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
     let mut last = rounded_fusions(&shared, &shared_users);
     last.extend(embedding_onto_fusions(&shared, &shared_users));
     let last = with_fusions(shared, &last)?;
-    // On that program, where a tied table's gradient is one scatter onto the LM head's.
-    let updates = embedding_adamw_fusions(&last, &self::users(&last));
+    // On that program, where a tied table's gradient is one scatter onto the LM head's, and
+    // q/k/v and their RoPE and cache write are each one op.
+    let last_users = self::users(&last);
+    let mut updates = embedding_adamw_fusions(&last, &last_users);
+    updates.extend(linear_rope_fusions(&last, &last_users));
     with_fusions(last, &updates)
 }
 

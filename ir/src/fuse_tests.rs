@@ -103,6 +103,7 @@ fn a_value_read_rounded_through_a_reshape_is_written_rounded_only_if_no_view_nee
         biases: vec![false],
         swiglu: false,
         add_rmsnorm: None,
+        rope_kv: None,
     };
     let flat = Op::Reshape {
         shape: Shape::new(&[40, 8]),

@@ -257,12 +257,19 @@ pub enum Op {
     /// Some(eps)` (one group, no SwiGLU), two more operands `residual [..., N]` (`M` rows, f32)
     /// and `norm_weight [N]` (stored), and the results `(sum, rmsnorm(sum))` of residual's
     /// shape: `AddRmsNorm{eps}` of `y` viewed as residual's shape (the residual add and the
-    /// next norm in the linear's epilogue). The weights are params the program does not write
-    /// (the verifier checks it): the kernels read them early.
+    /// next norm in the linear's epilogue). With `rope_kv: Some(theta)` (three groups q, k, v,
+    /// no SwiGLU, no norm), operands `k_cache, v_cache, rope_positions [B,T], positions [B][,
+    /// rows [B]]` follow the biases and the results are `RopeKvWrite{theta}`'s `(q_rot
+    /// [B,Hq,T,D], k_cache, v_cache)` on `y_0, y_1` viewed as `[B,T,H,D]` and `y_2` as
+    /// `[B,Hkv,T,D]` (`M = B·T` rows; D the caches' head size): the decode step's projection,
+    /// RoPE and cache append in one op ([`rope_kv::LinearRopeKv`] names its ports). The weights
+    /// are params the program does not write (the verifier checks it): the kernels read them
+    /// early.
     Linear {
         biases: Vec<bool>,
         swiglu: bool,
         add_rmsnorm: Option<f64>,
+        rope_kv: Option<f64>,
     },
 }
 
@@ -430,6 +437,7 @@ impl Op {
                 biases,
                 swiglu,
                 add_rmsnorm,
+                rope_kv,
             } => {
                 let biases: Vec<String> = biases.iter().map(bool::to_string).collect();
                 let mut attributes = vec![
@@ -438,6 +446,7 @@ impl Op {
                 ];
                 // Printed only when fused, so plain linears read as before.
                 attributes.extend(add_rmsnorm.map(|eps| ("add_rmsnorm_eps", f(&eps))));
+                attributes.extend(rope_kv.map(|theta| ("rope_kv_theta", f(&theta))));
                 attributes
             }
             Op::Embedding
@@ -630,6 +639,14 @@ impl Op {
             // The caches are written where they are.
             (Op::RopeKvWrite { .. }, 1) => Alias::MayOverwrite(3),
             (Op::RopeKvWrite { .. }, 2) => Alias::MayOverwrite(4),
+            (
+                Op::Linear {
+                    biases,
+                    rope_kv: Some(_),
+                    ..
+                },
+                1 | 2,
+            ) => Alias::MayOverwrite(rope_kv::LinearRopeKv::of(biases).k_cache + output - 1),
             _ => Alias::Fresh,
         }
     }

@@ -16,7 +16,7 @@
 //!   (its kernels read them before waiting for the kernel before them).
 //! - `attention caches`: a `CachedAttention`'s positions (and rows) are graph inputs or views
 //!   of them, and each of its caches is a graph input or a KV write (`KvCacheWrite`,
-//!   `RopeKvWrite`) into one at those same positions (and rows): its kernel reads the cache
+//!   `RopeKvWrite`, a `Linear` with `rope_kv`) into one at those same positions (and rows): its kernel reads the cache
 //!   rows below the positions, which no op of the program writes, before waiting for the
 //!   kernel before it.
 //!
@@ -33,7 +33,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 use crate::graph::{Edge, Node, NodeKind};
-use crate::op::rope_kv::{self, RopeKvParts};
+use crate::op::rope_kv::{self, LinearRopeKv, RopeKvParts};
 use crate::{Alias, Error, Graph, InputKind, Op, Result, TensorType, ValueId};
 
 /// Checks every rule of the module doc; the first violation found is the error.
@@ -412,6 +412,16 @@ fn check_attention_caches(graph: &Graph) -> Result<()> {
                         .map(|&i| write[i])
                         .collect();
                     (into, at)
+                }
+                Some(NodeKind::Op(Op::Linear {
+                    biases,
+                    rope_kv: Some(_),
+                    ..
+                })) if (1..=2).contains(&cache.port) => {
+                    let write = graph.operands(cache.node);
+                    let ports = LinearRopeKv::of(biases);
+                    let at = write.get(ports.positions..).unwrap_or_default().to_vec();
+                    (write[ports.k_cache + cache.port - 1], at)
                 }
                 _ => return fail(format!("cache {cache}, neither an input nor a KV write")),
             };

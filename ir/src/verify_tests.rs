@@ -440,6 +440,7 @@ fn linear_weights_rejects_a_weight_that_is_no_param_or_is_written() {
         biases: vec![false, false],
         swiglu: true,
         add_rmsnorm: None,
+        rope_kv: None,
     };
     let rounded = Op::Rounded(Box::new(linear.clone()));
     for (op, name) in [(linear, "linear"), (rounded, "rounded_linear")] {

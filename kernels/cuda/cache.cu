@@ -6,24 +6,6 @@
 // two batch rows take are skipped and raise the fault word. The cache C is f32 or bf16 (new
 // rows rounded into a bf16 cache); `fresh` is f32.
 
-// The element of cache [S,H,Smax,D] that element d of head h of new row t of batch row b
-// goes to, or -1 when it goes nowhere: a padding row, or a block that would not fit the cache,
-// a slot outside the pool or a slot two batch rows take (which raise the fault word).
-__device__ __forceinline__ i64 kiln_cache_at(const i64* positions, const i64* rows, i64 slots,
-                                             i64 b, i64 h, i64 t, i64 d, i64 heads,
-                                             i64 capacity, i64 block, i64 head_dim,
-                                             int* fault) {
-    const i64 start = positions[b];
-    const i64 slot = kiln_slot(rows, b, slots);
-    if (start < 0 || start + block > capacity || slot == KILN_BAD_SLOT ||
-        kiln_slot_taken(rows, b)) {
-        kiln_raise(fault);
-        return -1;
-    }
-    if (slot == KILN_PADDING_SLOT) return -1;
-    return ((slot * heads + h) * capacity + start + t) * head_dim + d;
-}
-
 template <typename C>
 __device__ void kiln_kv_cache_write(C* cache, const float* fresh, const i64* positions,
                                     const i64* rows, i64 slots, i64 batch, i64 heads,
@@ -151,8 +133,8 @@ __device__ void kiln_rope_kv_stage(unsigned short* q_rows, unsigned short* k_row
                     hi += kiln_load(bias, h * dim + i + half);
                 }
                 const float cos_a = cos_at[i], sin_a = sin_at[i];
-                const float rotated_lo = lo * cos_a - hi * sin_a;
-                const float rotated_hi = hi * cos_a + lo * sin_a;
+                const float rotated_lo = kiln_rope_lo(lo, hi, cos_a, sin_a);
+                const float rotated_hi = kiln_rope_hi(lo, hi, cos_a, sin_a);
                 const i64 dst = ((b * heads + h) * seq + t) * head_dim + i;
                 unsigned short* out = query ? q_rows : k_rows;
                 out[dst] = kiln_f32_to_f16(rotated_lo);

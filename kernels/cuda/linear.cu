@@ -45,6 +45,15 @@
 // cluster's barrier says every partial is written (kiln_linear_cluster_finish). The same bits
 // either way. The tensor-core kernels keep linear_reduce: in clusters they measured slower.
 //
+// RoPE and cache epilogue (a q/k/v `Linear` with `rope_kv`, decode's projection, RoPE and
+// cache append in one op). Groups 0, 1, 2 are q, k, v, each n a multiple of the head size D.
+// The launch always leaves partial sums (one split's are y itself, written there without
+// bias), and the finish takes a pair of columns (i, i + D/2) of a q or k head at a time: both
+// summed, biased, rotated at the row's position (rope.cuh, as the RoPE kernels) and written to
+// q_rot [B,Hq,T,D] or into the k cache; v's columns are summed, biased and written into the v
+// cache (y_2 viewed as [B,Hkv,T,D]), as the cache kernels write (cache.cuh). In clusters (a
+// tile's pairs lie in the tile: 128 % D == 0, the builder checks it) or by linear_reduce_rope.
+//
 // Determinism. Each lane adds its products in increasing k; the 8 lanes of a team combine by a
 // fixed butterfly; splits combine in increasing order. No atomics, nothing depends on timing.
 
@@ -289,13 +298,85 @@ __device__ __forceinline__ void kiln_linear_finish(const KilnLinearOut& out, con
     }
 }
 
+// The RoPE and cache epilogue's outputs (see the header): bf16 caches [S,Hkv,Smax,D], the
+// rope positions [B,T] (row r = b * seq + t), the cache positions [B] and rows (or null).
+struct KilnLinearRope {
+    float* q_rot;
+    bf16_bits *k_cache, *v_cache;
+    const i64 *rope_positions, *positions, *rows;
+    i64 slots, seq, capacity, head_dim;
+    float theta;
+    int* fault;
+};
+
+// The struct from the kernels' parameters of those names (the signature checks of
+// kernels/src/gpu/tests.rs read parameter lists as written).
+#define KILN_LINEAR_ROPE                                                                     \
+    const KilnLinearRope rope = {q_rot,  k_cache,  v_cache,  rope_positions, positions, rows, \
+                                 slots,  seq,      capacity, head_dim,       theta,     fault}
+
+// Output (r, v) of a q/k/v launch with the RoPE and cache epilogue (v < n0 + n1 + n2), from
+// `partial` as kiln_linear_finish reads it: column i < D/2 of a q or k head finishes its pair
+// with column i + D/2 (which itself does nothing); a v column its element of the v cache.
+__device__ __forceinline__ void kiln_linear_rope_finish(const KilnLinearOut& out,
+                                                        const KilnLinearRope& rope,
+                                                        const float* partial, i64 r, i64 v,
+                                                        i64 n0, i64 n1, i64 n2, i64 m,
+                                                        i64 splits) {
+    const i64 n_virtual = n0 + n1 + n2;
+    const float* at = partial + r * n_virtual + v;
+    const i64 split_stride = m * n_virtual;
+    const i64 d = rope.head_dim, half = d / 2, seq = rope.seq;
+    int g = 0;
+    i64 j = 0;
+    kiln_linear_locate(v, n0, n1, &g, &j);
+    if (g == 2) {
+        const float value = kiln_linear_biased(out, 2, j, kiln_linear_split_sum(at, split_stride,
+                                                                                 splits));
+        // y_2 [M, n2] viewed as [B,Hkv,T,D].
+        const i64 heads = n2 / d, flat = r * n2 + j;
+        const i64 b = flat / (heads * seq * d), h = (flat / (seq * d)) % heads;
+        const i64 cache_at = kiln_cache_at(rope.positions, rope.rows, rope.slots, b, h,
+                                           (flat / d) % seq, flat % d, heads, rope.capacity,
+                                           seq, d, rope.fault);
+        if (cache_at >= 0) kiln_store(rope.v_cache, cache_at, value);
+        return;
+    }
+    const i64 i = j % d;
+    if (i >= half) return;
+    const float lo = kiln_linear_biased(out, g, j, kiln_linear_split_sum(at, split_stride, splits));
+    const float hi = kiln_linear_biased(out, g, j + half,
+                                        kiln_linear_split_sum(at + half, split_stride, splits));
+    const i64 position = rope.rope_positions[r];
+    if (position < 0) kiln_raise(rope.fault);
+    float cos_a, sin_a;
+    kiln_rope_angle(rope.theta, position, i, d, &cos_a, &sin_a);
+    const float rotated_lo = kiln_rope_lo(lo, hi, cos_a, sin_a);
+    const float rotated_hi = kiln_rope_hi(lo, hi, cos_a, sin_a);
+    const i64 b = r / seq, t = r % seq, h = j / d;
+    if (g == 0) {
+        const i64 dst = ((b * (n0 / d) + h) * seq + t) * d + i;
+        rope.q_rot[dst] = rotated_lo;
+        rope.q_rot[dst + half] = rotated_hi;
+        return;
+    }
+    const i64 cache_at = kiln_cache_at(rope.positions, rope.rows, rope.slots, b, h, t, i, n1 / d,
+                                       rope.capacity, seq, d, rope.fault);
+    if (cache_at >= 0) {
+        kiln_store(rope.k_cache, cache_at, rotated_lo);
+        kiln_store(rope.k_cache, cache_at + half, rotated_hi);
+    }
+}
+
 // The finish of a split launch inside the kernel, with no reduce launch: the builder launches
 // each column tile's gridDim.y splits as one cluster (at most 16 blocks, Hopper's limit).
 // Once every block of the cluster has written its partial sums (kiln_cluster_sync orders
 // them, in global memory, before the reads), block y finishes the y-th of gridDim.y
 // contiguous shares of the tile's m * width outputs (width = the tile's 128 virtual columns,
-// or its 64 outputs with SwiGLU), each by kiln_linear_finish. Every thread of the block calls it.
+// or its 64 outputs with SwiGLU), each by kiln_linear_finish, or with `rope` (not null) by
+// kiln_linear_rope_finish. Every thread of the block calls it.
 __device__ __forceinline__ void kiln_linear_cluster_finish(const KilnLinearOut& out,
+                                                           const KilnLinearRope* rope,
                                                            const float* partial, i64 n0, i64 n1,
                                                            i64 n2, i64 m, int swiglu) {
     kiln_cluster_sync();
@@ -309,7 +390,12 @@ __device__ __forceinline__ void kiln_linear_cluster_finish(const KilnLinearOut& 
     const i64 end = begin + share < count ? begin + share : count;
     for (i64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
         const i64 v = (i64)blockIdx.x * width + i % width;
-        if (v < n_out) kiln_linear_finish(out, partial, i / width, v, n0, n1, n2, m, splits, swiglu);
+        if (v >= n_out) continue;
+        if (rope != nullptr) {
+            kiln_linear_rope_finish(out, *rope, partial, i / width, v, n0, n1, n2, m, splits);
+        } else {
+            kiln_linear_finish(out, partial, i / width, v, n0, n1, n2, m, splits, swiglu);
+        }
     }
 }
 
@@ -328,7 +414,27 @@ extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* par
     KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                 split_k, stage_k, swiglu);
-    if (cluster_finish) kiln_linear_cluster_finish(out, partial, n0, n1, n2, m, swiglu);
+    if (cluster_finish) kiln_linear_cluster_finish(out, nullptr, partial, n0, n1, n2, m, swiglu);
+}
+
+// linear_r1 of a q/k/v launch with the RoPE and cache epilogue, finished in its clusters (the
+// builder launches it with k split into 2 to 16 ranges, one cluster per column tile).
+extern "C" __global__ void linear_r1_rope(float* y0, float* y1, float* y2, float* partial,
+                                          const bf16_bits* w0, const bf16_bits* w1,
+                                          const bf16_bits* w2, const bf16_bits* b0,
+                                          const bf16_bits* b1, const bf16_bits* b2, int has_b0,
+                                          int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
+                                          i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32,
+                                          i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k,
+                                          float* q_rot, bf16_bits* k_cache, bf16_bits* v_cache,
+                                          const i64* rope_positions, const i64* positions,
+                                          const i64* rows, i64 slots, i64 seq, i64 capacity,
+                                          i64 head_dim, float theta, int* fault) {
+    KILN_LINEAR_OUT;
+    KILN_LINEAR_ROPE;
+    kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx, split_k,
+                           stage_k, 0);
+    kiln_linear_cluster_finish(out, &rope, partial, n0, n1, n2, m, 0);
 }
 
 extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const float* partial,
@@ -341,6 +447,26 @@ extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const 
     const i64 n_out = swiglu ? n0 : n0 + n1 + n2;
     KILN_FOR_EACH(i, m * n_out) {
         kiln_linear_finish(out, partial, i / n_out, i % n_out, n0, n1, n2, m, splits, swiglu);
+    }
+}
+
+// linear_reduce of a q/k/v launch with the RoPE and cache epilogue (any main kernel's partial
+// sums, one split's included).
+extern "C" __global__ void linear_reduce_rope(const float* partial, const bf16_bits* b0,
+                                              const bf16_bits* b1, const bf16_bits* b2,
+                                              int has_b0, int has_b1, int has_b2, i64 n0, i64 n1,
+                                              i64 n2, i64 m, i64 splits, float* q_rot,
+                                              bf16_bits* k_cache, bf16_bits* v_cache,
+                                              const i64* rope_positions, const i64* positions,
+                                              const i64* rows, i64 slots, i64 seq, i64 capacity,
+                                              i64 head_dim, float theta, int* fault) {
+    kiln_grid_dependency_wait();
+    const KilnLinearOut out = {nullptr, nullptr, nullptr, b0, b1, b2, has_b0, has_b1, has_b2,
+                               0,       0,       0};
+    KILN_LINEAR_ROPE;
+    KILN_FOR_EACH(i, m * (n0 + n1 + n2)) {
+        kiln_linear_rope_finish(out, rope, partial, i / (n0 + n1 + n2), i % (n0 + n1 + n2), n0,
+                                n1, n2, m, splits);
     }
 }
 

@@ -11,6 +11,14 @@ __device__ __forceinline__ void kiln_rope_angle(float theta, i64 position, i64 i
     *sin_out = sinf(angle);
 }
 
+// Elements i and i + D/2 of a head, (lo, hi), rotated by the angle of (cos_a, sin_a).
+__device__ __forceinline__ float kiln_rope_lo(float lo, float hi, float cos_a, float sin_a) {
+    return lo * cos_a - hi * sin_a;
+}
+__device__ __forceinline__ float kiln_rope_hi(float lo, float hi, float cos_a, float sin_a) {
+    return hi * cos_a + lo * sin_a;
+}
+
 // Pair `index` of x [B,T,H,D] (+ bias [H*D] when `has_bias`) at positions [B,T]: element i <
 // D/2 of head h of token (b, t), rotated with element i + D/2 into `lo` and `hi`.
 struct KilnRopePair {
@@ -37,5 +45,6 @@ __device__ __forceinline__ KilnRopePair kiln_rope_pair(const float* x, const i64
         lo += kiln_load(bias, h * head_dim + i);
         hi += kiln_load(bias, h * head_dim + i + half);
     }
-    return {token / seq, token % seq, h, i, lo * cos_a - hi * sin_a, hi * cos_a + lo * sin_a};
+    return {token / seq, token % seq, h, i, kiln_rope_lo(lo, hi, cos_a, sin_a),
+            kiln_rope_hi(lo, hi, cos_a, sin_a)};
 }

@@ -52,7 +52,7 @@ macro_rules! module {
 pub const SOURCES: &[(&str, &str)] = &[
     ("activation", module!("activation.cu")),
     ("attention_rows", module!("attention_rows.cu")),
-    ("cache", module!("rope.cuh", "cache.cu")),
+    ("cache", module!("rope.cuh", "cache.cuh", "cache.cu")),
     ("copy", module!("copy.cu")),
     ("decode", module!("decode.cu")),
     ("elementwise", module!("columns.cuh", "elementwise.cu")),
@@ -70,7 +70,13 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gemm", module!("gemm.cu")),
     (
         "linear",
-        module!("norm.cuh", "linear_common.cuh", "linear.cu"),
+        module!(
+            "norm.cuh",
+            "rope.cuh",
+            "cache.cuh",
+            "linear_common.cuh",
+            "linear.cu"
+        ),
     ),
     (
         "linear_mma",

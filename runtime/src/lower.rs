@@ -11,6 +11,7 @@ use kiln_kernels::gpu::Addr;
 
 use crate::placed::ValueLayout;
 
+pub(crate) use ops::linear::rope_kv_workspace_bytes as linear_rope_kv_workspace_bytes;
 pub(crate) use ops::linear::workspace_bytes as linear_workspace_bytes;
 pub(crate) use ops::lower_op;
 pub use ops::LowerOptions;

@@ -102,6 +102,11 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
             add_rmsnorm: Some(eps),
             ..
         } => crate::interpret::linear::add_rmsnorm_workspace_bytes(operands, *eps),
+        Op::Linear {
+            biases,
+            rope_kv: Some(theta),
+            ..
+        } => crate::interpret::linear::rope_kv_workspace_bytes(operands, biases, *theta),
         Op::Linear { biases, swiglu, .. } => {
             let weights: Vec<&[usize]> = (1..=biases.len()).map(|p| dims(operands, p)).collect();
             let x = operands
@@ -130,6 +135,9 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
 fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
     match op {
         Op::Rounded(inner) | Op::AlsoRounded(inner) => return cuda(inner, operands),
+        Op::Linear {
+            rope_kv: Some(_), ..
+        } => return crate::lower::linear_rope_kv_workspace_bytes(operands),
         Op::Linear { biases, swiglu, .. } => {
             return crate::lower::linear_workspace_bytes(operands, biases.len(), *swiglu)
         }

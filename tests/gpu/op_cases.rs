@@ -897,9 +897,46 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             biases: biases.to_vec(),
             swiglu,
             add_rmsnorm: None,
+            rope_kv: None,
         };
         let name = format!(
             "linear M={m} K={k} N={widths:?} biases={biases:?} swiglu={swiglu} x {x_dtype}"
+        );
+        cases.push((name, op, ins));
+    }
+    // The q/k/v linear with the RoPE and cache epilogue, bf16 caches in a pool: one row finished
+    // in clusters (0.5B's and 1.5B's layers, k and v biased as the rotation biases them), on
+    // tensor cores by linear_reduce_rope (8 rows), one split (y written as the partial sums),
+    // two tokens a row (T = 2: v viewed head-major across them), a head of 256 (no cluster
+    // finish: a pair may leave its tile), f32 caches and rows past the skinny kernels (the plain
+    // linear, then the RopeKvWrite kernel).
+    for &(b, t, k, hq, hkv, d, bias, cache_dtype) in &[
+        (1, 1, 896, 14, 2, 64, true, DType::BF16),
+        (1, 1, 1536, 12, 2, 128, true, DType::BF16),
+        (8, 1, 896, 14, 2, 64, true, DType::BF16),
+        (3, 1, 64, 4, 2, 16, false, DType::BF16),
+        (2, 2, 256, 4, 2, 32, true, DType::BF16),
+        (1, 1, 512, 2, 1, 256, false, DType::BF16),
+        (2, 1, 128, 4, 2, 32, true, DType::F32),
+        (40, 1, 128, 6, 2, 16, true, DType::BF16),
+    ] {
+        let (m, smax) = (b * t, 40);
+        let mut ins = vec![f(&[m, k])];
+        ins.extend([hq, hkv, hkv].map(|h| In::W(DType::BF16, vec![h * d, k])));
+        ins.extend([hq, hkv].into_iter().filter(|_| bias).map(|h| bf(&[h * d])));
+        ins.push(bf(&[hkv * d]));
+        let cache = In::F(cache_dtype, vec![b + 3, hkv, smax, d]);
+        ins.extend([cache.clone(), cache]);
+        ins.extend([In::Ids(vec![b, t], 4096), In::Ids(vec![b], smax - t + 1)]);
+        ins.push(In::Slots(b, b + 3));
+        let op = Op::Linear {
+            biases: vec![bias, bias, true],
+            swiglu: false,
+            add_rmsnorm: None,
+            rope_kv: Some(1e6),
+        };
+        let name = format!(
+            "linear rope_kv B={b} T={t} K={k} Hq={hq} Hkv={hkv} D={d} q/k bias={bias} caches {cache_dtype}"
         );
         cases.push((name, op, ins));
     }
@@ -924,6 +961,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             biases: vec![bias],
             swiglu: false,
             add_rmsnorm: Some(1e-6),
+            rope_kv: None,
         };
         let name = format!("linear add_rmsnorm M={m} K={k} N={n} bias={bias} weight {norm_dtype}");
         if m > kiln_ir::UNROUNDED_LINEAR_MAX_ROWS {
@@ -955,6 +993,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             biases: vec![false, false],
             swiglu: true,
             add_rmsnorm: None,
+            rope_kv: None,
         };
         let name = format!("rounded_linear M={m} K={k} N={n} swiglu x {x_dtype}");
         cases.push((name, rounded(op), ins));

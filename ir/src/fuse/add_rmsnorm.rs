@@ -48,6 +48,7 @@ pub(super) fn with_add_rmsnorm(graph: &Graph, users: &Users, mut fusion: Fusion)
         biases: biases.clone(),
         swiglu: false,
         add_rmsnorm: Some(eps),
+        rope_kv: None,
     };
     fusion.at = norm;
     fusion.operands.extend([*residual, *weight]);

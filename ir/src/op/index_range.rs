@@ -75,6 +75,26 @@ impl Op {
             (Op::KvCacheWrite, 3) => Some(IndexRange::slot_of(dim(0, 0)?)),
             (Op::CachedAttention { .. }, 4) => Some(IndexRange::slot_of(dim(1, 0)?)),
             (Op::Rope { .. } | Op::RopeBackward { .. }, 1) => Some(IndexRange::below(usize::MAX)),
+            (
+                Op::Linear {
+                    biases,
+                    rope_kv: Some(_),
+                    ..
+                },
+                _,
+            ) => {
+                let ports = super::rope_kv::LinearRopeKv::of(biases);
+                let cache = dim(ports.k_cache, 0)?;
+                if port == ports.positions {
+                    // The positions of the T new keys (rope positions [B,T]) in the cache.
+                    let (block, capacity) = (dim(ports.rope_positions, 1)?, dim(ports.k_cache, 2)?);
+                    Some(IndexRange::below((capacity + 1).saturating_sub(block)))
+                } else if port == ports.rows {
+                    Some(IndexRange::slot_of(cache))
+                } else {
+                    (port == ports.rope_positions).then_some(IndexRange::below(usize::MAX))
+                }
+            }
             (Op::RopeKvWrite { theta, bias, .. }, _) => {
                 let parts = super::rope_kv::RopeKvParts::of(*theta, *bias, operands.len())?;
                 match parts.indices.iter().position(|&p| p == port) {

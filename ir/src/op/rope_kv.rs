@@ -61,3 +61,36 @@ impl RopeKvParts {
         7 + usize::from(pooled) + if bias { 2 } else { 0 }
     }
 }
+
+/// Ports of a fused `Linear` with `rope_kv` (see the op's doc): after x, the three weights and
+/// the biases come the caches, the rope positions, the positions and (pooled) the rows, in
+/// `RopeKvWrite`'s order from [`K_CACHE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearRopeKv {
+    pub k_cache: usize,
+    pub v_cache: usize,
+    pub rope_positions: usize,
+    pub positions: usize,
+    /// The pooled form's rows (an operand only when the op has `rows + 1` operands).
+    pub rows: usize,
+}
+
+impl LinearRopeKv {
+    /// The ports of a `Linear{biases, rope_kv: Some(_)}`.
+    pub fn of(biases: &[bool]) -> LinearRopeKv {
+        let k_cache = 1 + biases.len() + biases.iter().filter(|&&b| b).count();
+        LinearRopeKv {
+            k_cache,
+            v_cache: k_cache + 1,
+            rope_positions: k_cache + 2,
+            positions: k_cache + 3,
+            rows: k_cache + 4,
+        }
+    }
+
+    /// `RopeKvWrite`'s port standing for this op's `port` (one of the cache operands' and
+    /// indices'), `None` for the linear's own operands.
+    pub fn rope_port(&self, port: usize) -> Option<usize> {
+        port.checked_sub(self.k_cache).map(|p| p + K_CACHE)
+    }
+}

@@ -603,7 +603,8 @@ impl Op {
                 biases,
                 swiglu,
                 add_rmsnorm,
-            } => linear_types(&rule, biases, *swiglu, *add_rmsnorm),
+                rope_kv,
+            } => linear_types(&rule, biases, *swiglu, (*add_rmsnorm, *rope_kv)),
             Op::Reshape { shape } => {
                 rule.arity(1)?;
                 let a = &operands[0];

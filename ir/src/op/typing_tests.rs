@@ -861,6 +861,7 @@ fn linear_with_add_rmsnorm_gives_the_norms_results_of_the_residuals_shape() {
         biases: vec![false; groups],
         swiglu,
         add_rmsnorm: Some(1e-6),
+        rope_kv: None,
     };
     let bf = |dims: &[usize]| ty(DType::BF16, dims);
     let (x, w, residual) = (f32t(&[2, 8]), bf(&[6, 8]), f32t(&[2, 1, 6]));
@@ -896,6 +897,7 @@ fn a_rounded_linear_takes_more_rows_than_an_unrounded_one() {
             biases: vec![false; if swiglu { 2 } else { 1 }],
             swiglu,
             add_rmsnorm,
+            rope_kv: None,
         }))
     };
     let swiglu = |m: usize| vec![f32t(&[m, 8]), bf(&[6, 8]), bf(&[6, 8])];
@@ -964,4 +966,79 @@ fn embedding_adamw_takes_the_update_then_its_rows_scatter_operands_and_returns_t
     let mut narrow = operands(false, EmbeddingRows::Named, None);
     narrow[6] = f32t(&[2, 3, 5]);
     rejects_operand(op(false, false, EmbeddingRows::Named), &narrow, 6);
+}
+
+#[test]
+fn linear_with_rope_kv_types_as_its_linear_and_rope_kv_write_and_names_its_own_ports() {
+    let op = |biases: [bool; 3]| Op::Linear {
+        biases: biases.to_vec(),
+        swiglu: false,
+        add_rmsnorm: None,
+        rope_kv: Some(1e4),
+    };
+    let bf = |dims: &[usize]| ty(DType::BF16, dims);
+    // B=2, T=1 (M=2), K=16, Hq=4, Hkv=2, D=8.
+    // With rows: a pool of 5 slots of 16 positions; without, each batch row's own cache.
+    let cache = |rows: bool| bf(&[if rows { 5 } else { 2 }, 2, 16, 8]);
+    let operands = |biases: [bool; 3], rows: bool| {
+        let mut o = vec![f32t(&[2, 16]), bf(&[32, 16]), bf(&[16, 16]), bf(&[16, 16])];
+        let biased = [32, 16, 16].into_iter().zip(biases).filter(|&(_, b)| b);
+        o.extend(biased.map(|(n, _)| bf(&[n])));
+        o.extend([cache(rows), cache(rows), i64t(&[2, 1]), i64t(&[2])]);
+        o.extend(rows.then(|| i64t(&[2])));
+        o
+    };
+    let results = |rows| vec![f32t(&[2, 4, 1, 8]), cache(rows), cache(rows)];
+    let all = [true; 3];
+    accepts(op(all), &operands(all, true), &results(true));
+    let v_bias = [false, false, true];
+    accepts(op(v_bias), &operands(v_bias, false), &results(false));
+    rejects_arity(op(all), &operands(all, true)[..9], "11 or 12");
+    rejects_attribute(
+        Op::Linear {
+            biases: vec![false; 2],
+            swiglu: false,
+            add_rmsnorm: None,
+            rope_kv: Some(1e4),
+        },
+        &operands(all, false)[..3],
+        "three groups",
+    );
+    // Widths that are no whole heads of the caches' head size are the weight's fault.
+    let mut bad = operands(all, true);
+    bad[2] = bf(&[12, 16]);
+    bad[5] = bf(&[12]);
+    rejects_operand(op(all), &bad, 2);
+    // RopeKvWrite's errors name this op's ports: v heads the cache does not hold (the v
+    // weight's, as RopeKvWrite blames its v), a v cache not of rank 4, positions of another
+    // batch.
+    let mut bad = operands(all, true);
+    bad[3] = bf(&[24, 16]);
+    bad[6] = bf(&[24]);
+    rejects_operand(op(all), &bad, 3);
+    let mut bad = operands(all, true);
+    bad[8] = bf(&[5, 2, 16]);
+    rejects_operand(op(all), &bad, 8);
+    let mut bad = operands(all, true);
+    bad[10] = i64t(&[3]);
+    rejects_operand(op(all), &bad, 10);
+    // Rope positions of B·T ≠ M rows.
+    let mut bad = operands(all, true);
+    bad[9] = i64t(&[3, 1]);
+    rejects_operand(op(all), &bad, 9);
+    // The positions' ranges and the caches' aliases follow the ports.
+    let types = operands(all, true);
+    let range = op(all).index_range(10, &types).unwrap();
+    assert!(range.contains(15) && !range.contains(16));
+    let range = op(all).index_range(11, &types).unwrap();
+    assert!(range.contains(4) && !range.contains(5) && range.contains(crate::PADDING_SLOT));
+    assert!(op(all).index_range(9, &types).is_some());
+    assert_eq!(op(all).index_range(8, &types), None);
+    assert_eq!(op(all).alias(1), crate::Alias::MayOverwrite(7));
+    assert_eq!(op(all).alias(2), crate::Alias::MayOverwrite(8));
+    assert_eq!(op(all).alias(0), crate::Alias::Fresh);
+    assert_eq!(
+        op(all).to_string(),
+        "linear{biases=[true,true,true], swiglu=false, rope_kv_theta=10000.0}"
+    );
 }

@@ -27,6 +27,7 @@
 //! Qwen2.5-0.5B, k = 896, unsplit at 32 rows, 9 blocks for 132 SMs; this bound is a choice
 //! without a measurement yet).
 
+use super::cache::CacheRows;
 use super::launch::{
     all_aligned, grid_dim, grid_stride, size_arg, MAX_CLUSTER_BLOCKS, MAX_GRID_X, MAX_GRID_YZ, SMS,
 };
@@ -440,18 +441,34 @@ fn main_launch(
     let partial = match (split, workspace) {
         (false, _) => spec.groups[0].out, // never written
         (true, Some(at)) if all_aligned(&[at], 4) => at,
-        (true, at) => {
-            let bytes = spec.workspace_bytes();
-            let reason = format!("{at:?}: {bytes} bytes, 4-byte aligned, are needed");
-            return Err(Error::Argument {
-                op: OP,
-                argument: "workspace",
-                reason,
-            });
-        }
+        (true, at) => return Err(workspace_error(at, spec.workspace_bytes())),
     };
     let finish = plan.cluster_finish(clusters);
-    let (module, function) = main_function(&plan);
+    let mut tail = vec![Arg::I32(i32::from(spec.swiglu))];
+    if !plan.tensor_cores {
+        tail.push(Arg::I32(i32::from(finish)));
+    }
+    let main = main_kernel(spec, &plan, partial, (main_function(&plan), finish), tail)?;
+    Ok((Launch::Kernel(main), (split && !finish).then_some(partial)))
+}
+
+fn workspace_error(at: Option<Addr>, bytes: u64) -> Error {
+    Error::Argument {
+        op: OP,
+        argument: "workspace",
+        reason: format!("{at:?}: {bytes} bytes, 4-byte aligned, are needed"),
+    }
+}
+
+/// The main kernel `function` of `plan` (in clusters of a tile's splits with `cluster`): the
+/// groups' arguments, x's, the plan's, then `tail`.
+fn main_kernel(
+    spec: &SkinnyLinear,
+    plan: &LinearPlan,
+    partial: Addr,
+    ((module, function), cluster): ((&'static str, &'static str), bool),
+    tail: Vec<Arg>,
+) -> Result<Kernel> {
     let grid = (
         grid_dim(function, "columns", plan.column_tiles, MAX_GRID_X)?,
         grid_dim(function, "splits", plan.splits, MAX_GRID_YZ)?,
@@ -466,21 +483,131 @@ fn main_launch(
         size_arg(spec.ldx),
         size_arg(plan.split_k),
         size_arg(plan.stage_k),
-        Arg::I32(i32::from(spec.swiglu)),
     ]);
-    if !plan.tensor_cores {
-        args.push(Arg::I32(i32::from(finish)));
-    }
-    let main = Kernel {
+    args.extend(tail);
+    Ok(Kernel {
         module,
         function,
         grid,
         block: (THREADS, 1, 1),
         shared_bytes: plan.shared_bytes() as u32, // at most 34 KB
-        cluster: (1, if finish { grid.1 } else { 1 }, 1),
+        cluster: (1, if cluster { grid.1 } else { 1 }, 1),
         args,
-    };
-    Ok((Launch::Kernel(main), (split && !finish).then_some(partial)))
+    })
+}
+
+/// The RoPE and cache epilogue of a q/k/v linear (a `Linear` with `rope_kv`): `q_rot
+/// [B,Hq,T,D]` f32, the bf16 caches `[S,Hkv,Smax,D]` written in place at `positions [B]` (and
+/// `rows`), the rotation at `rope_positions [B,T]` (`m = B·T` rows), `theta` as the CPU rounds
+/// it.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeEpilogue {
+    pub q_rot: Addr,
+    pub k_cache: Addr,
+    pub v_cache: Addr,
+    pub rope_positions: Addr,
+    pub positions: Addr,
+    pub rows: CacheRows,
+    pub seq: u64,
+    pub capacity: u64,
+    pub head_dim: u64,
+    pub theta: f32,
+}
+
+impl RopeEpilogue {
+    /// The kernels' rope arguments (`KILN_LINEAR_ROPE_PARAMS`) for `m` rows.
+    fn args(&self, m: u64, fault: Addr) -> Vec<Arg> {
+        let [rows, slots] = self.rows.args(m / self.seq.max(1));
+        vec![
+            Arg::Ptr(self.q_rot),
+            Arg::Ptr(self.k_cache),
+            Arg::Ptr(self.v_cache),
+            Arg::Ptr(self.rope_positions),
+            Arg::Ptr(self.positions),
+            rows,
+            slots,
+            size_arg(self.seq),
+            size_arg(self.capacity),
+            size_arg(self.head_dim),
+            Arg::F32(self.theta),
+            Arg::Ptr(fault),
+        ]
+    }
+}
+
+impl SkinnyLinear {
+    /// Bytes of scratch [`skinny_linear_rope`] needs: the partial sums, one split's too.
+    pub fn rope_workspace_bytes(&self) -> u64 {
+        self.plan().splits * self.m * self.virtual_columns() * F32_BYTES
+    }
+}
+
+/// `spec` (q, k and v: three groups without SwiGLU, each `n` a multiple of the head size; the
+/// groups' `out` and `ldo` are not used) with the RoPE and cache epilogue: the main kernel,
+/// finished in its clusters (`linear_r1_rope`: one row, k split into 2 to
+/// [`MAX_CLUSTER_BLOCKS`] ranges, a head size dividing the 128-column tile, a device with
+/// clusters) or by `linear_reduce_rope`. One split's sums are y itself, written into the
+/// workspace without bias. `workspace` holds [`rope_workspace_bytes`](SkinnyLinear::rope_workspace_bytes).
+pub fn skinny_linear_rope(
+    spec: &SkinnyLinear,
+    workspace: Addr,
+    rope: RopeEpilogue,
+    clusters: bool,
+    fault: Addr,
+) -> Result<Vec<Launch>> {
+    spec.check()?;
+    let d = rope.head_dim;
+    if spec.groups.len() != 3 || spec.swiglu {
+        refuse(
+            "rope",
+            "takes three groups (q, k, v) without swiglu".to_string(),
+        )?;
+    }
+    if d == 0 || !d.is_multiple_of(2) || spec.groups.iter().any(|g| !g.n.is_multiple_of(d)) {
+        let widths: Vec<u64> = spec.groups.iter().map(|g| g.n).collect();
+        refuse(
+            "rope",
+            format!("head size {d} must be even and divide n = {widths:?}"),
+        )?;
+    }
+    if rope.seq == 0 || !spec.m.is_multiple_of(rope.seq) {
+        refuse(
+            "rope",
+            format!("{} rows are not batches of {} tokens", spec.m, rope.seq),
+        )?;
+    }
+    if !all_aligned(&[workspace], 4) {
+        return Err(workspace_error(
+            Some(workspace),
+            spec.rope_workspace_bytes(),
+        ));
+    }
+    let plan = spec.plan();
+    let columns = spec.virtual_columns();
+    let mut main_spec = spec.clone();
+    let mut offset = 0;
+    for group in &mut main_spec.groups {
+        // One split writes y into the workspace as the partial sums, unbiased; more write
+        // partials there (and never y).
+        (group.out, group.ldo, group.bias) = match plan.splits {
+            1 => (workspace.add(offset * F32_BYTES), columns, None),
+            _ => (workspace, group.n, group.bias),
+        };
+        offset += group.n;
+    }
+    let rope_args = rope.args(spec.m, fault);
+    if plan.cluster_finish(clusters) && TILE_COLUMNS.is_multiple_of(d) {
+        let function = (MODULE, "linear_r1_rope");
+        let main = main_kernel(&main_spec, &plan, workspace, (function, true), rope_args)?;
+        return Ok(vec![Launch::Kernel(main)]);
+    }
+    let (main, _) = main_launch(&main_spec, Some(workspace), false)?;
+    let mut args = vec![Arg::Ptr(workspace)];
+    args.extend(group_args(spec, &[], false).into_iter().skip(3).take(9));
+    args.extend([size_arg(spec.m), size_arg(plan.splits)]);
+    args.extend(rope_args);
+    let reduce = grid_stride(MODULE, "linear_reduce_rope", spec.m * columns, args);
+    Ok(vec![main, reduce])
 }
 
 #[cfg(test)]

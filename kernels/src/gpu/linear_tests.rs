@@ -359,6 +359,16 @@ fn launches_name_linear_kernels_with_their_signatures() {
         assert_eq!(count, launches[1].args.len(), "{reduce}");
         seen.insert(launches[1].function);
     }
+    // The RoPE and cache epilogue's: in clusters at one row, else its reduce.
+    let qkv = layer(1, 896, &[896, 128, 128]);
+    for clusters in [true, false] {
+        let launched = skinny_linear_rope(&qkv, addr(9), rope(64), clusters, addr(30));
+        for kernel in kernels(launched.unwrap()) {
+            let count = parameters(kernel.module, kernel.function);
+            assert_eq!(count, Some(kernel.args.len()), "{}", kernel.function);
+            seen.insert(kernel.function);
+        }
+    }
     let defined: usize = (SOURCES.iter())
         .filter(|(name, _)| [MODULE, MMA_MODULE].contains(name))
         .map(|(_, source)| source.matches("extern \"C\" __global__ void ").count())
@@ -397,4 +407,89 @@ fn swiglu_writes_group_zero_and_missing_groups_have_no_columns() {
     };
     let main = &kernels(skinny_linear(&f32_input, None, true).unwrap())[0];
     assert_eq!(main.args[19..21], [Arg::Ptr(addr(0)), Arg::I32(1)]);
+}
+
+fn rope(head_dim: u64) -> RopeEpilogue {
+    RopeEpilogue {
+        q_rot: addr(20),
+        k_cache: addr(21),
+        v_cache: addr(22),
+        rope_positions: addr(23),
+        positions: addr(24),
+        rows: CacheRows::Own,
+        seq: 1,
+        capacity: 64,
+        head_dim,
+        theta: 1e4,
+    }
+}
+
+/// The RoPE and cache epilogue: one row of split k finishes in its clusters (one launch) where
+/// the head divides the tile, else the reduce; one split writes y into the workspace, at its
+/// columns and unbiased, for the reduce to finish; heads that do not divide the groups, two
+/// groups and rows that are no whole tokens are refused.
+#[test]
+fn the_rope_epilogue_finishes_pairs_in_clusters_or_by_its_reduce() {
+    let names = |spec: &SkinnyLinear, head_dim, clusters| {
+        let launches = skinny_linear_rope(spec, addr(9), rope(head_dim), clusters, addr(30));
+        let kernels = kernels(launches.unwrap());
+        kernels.iter().map(|k| k.function).collect::<Vec<_>>()
+    };
+    let qkv = layer(1, 896, &[896, 128, 128]);
+    assert_eq!(names(&qkv, 64, true), ["linear_r1_rope"]);
+    assert_eq!(names(&qkv, 64, false), ["linear_r1", "linear_reduce_rope"]);
+    let wide = layer(1, 512, &[512, 256, 256]);
+    assert_eq!(names(&wide, 256, true), ["linear_r1", "linear_reduce_rope"]);
+    let rows = layer(8, 896, &[896, 128, 128]);
+    assert_eq!(
+        names(&rows, 64, true),
+        ["linear_mma_r8", "linear_reduce_rope"]
+    );
+    for kernel in kernels(skinny_linear_rope(&qkv, addr(9), rope(64), true, addr(30)).unwrap()) {
+        assert_eq!(kernel.cluster, (1, kernel.grid.1, 1));
+        assert_eq!(
+            parameters(kernel.module, kernel.function),
+            Some(kernel.args.len())
+        );
+    }
+    // One split (k = 64): y at the workspace's columns, no bias; the reduce adds the biases.
+    let small = layer(3, 64, &[64, 32, 32]);
+    assert_eq!(small.plan().splits, 1);
+    assert_eq!(small.rope_workspace_bytes(), 3 * 128 * 4);
+    let launches = skinny_linear_rope(&small, addr(9), rope(16), true, addr(30)).unwrap();
+    let [main, reduce] = &kernels(launches)[..] else {
+        panic!("two launches");
+    };
+    let outs: Vec<&Arg> = main.args[..3].iter().collect();
+    let at = |offset| Arg::Ptr(Addr { slot: 9, offset });
+    assert_eq!(outs, [&at(0), &at(64 * 4), &at(96 * 4)]);
+    assert!(
+        main.args[10..13].iter().all(|a| *a == Arg::I32(0)),
+        "{:?}",
+        main.args
+    );
+    assert_eq!(reduce.args[4..7], [Arg::I32(1), Arg::I32(1), Arg::I32(1)]);
+    // Refusals.
+    let refused = |spec: &SkinnyLinear, head_dim| match skinny_linear_rope(
+        spec,
+        addr(9),
+        rope(head_dim),
+        true,
+        addr(30),
+    ) {
+        Err(Error::Argument { argument, .. }) => argument,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(refused(&qkv, 48), "rope");
+    assert_eq!(refused(&qkv, 7), "rope");
+    assert_eq!(refused(&layer(1, 896, &[896, 128]), 64), "rope");
+    let two_tokens = RopeEpilogue { seq: 2, ..rope(64) };
+    let launched = skinny_linear_rope(&qkv, addr(9), two_tokens, true, addr(30));
+    assert!(matches!(
+        launched,
+        Err(Error::Argument {
+            argument: "rope",
+            ..
+        })
+    ));
 }

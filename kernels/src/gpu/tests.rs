@@ -458,6 +458,36 @@ fn every_launch() -> Vec<Launch> {
             launches.extend(launched);
         }
     }
+    // q/k/v with the RoPE and cache epilogue: one row finished in clusters (linear_r1_rope),
+    // eight rows by linear_reduce_rope.
+    for (m, clusters) in [(1, true), (8, true), (1, false)] {
+        let spec = SkinnyLinear {
+            x: addr(0),
+            x_dtype: GemmDType::BF16,
+            m,
+            k: 896,
+            ldx: 896,
+            groups: vec![group(1, 896), group(4, 128), group(7, 128)],
+            swiglu: false,
+        };
+        let rope = linear::RopeEpilogue {
+            q_rot: addr(10),
+            k_cache: addr(11),
+            v_cache: addr(12),
+            rope_positions: addr(13),
+            positions: addr(14),
+            rows: super::cache::CacheRows::Pool {
+                rows: addr(15),
+                slots: 4,
+            },
+            seq: 1,
+            capacity: 64,
+            head_dim: 64,
+            theta: 1e6,
+        };
+        let launched = linear::skinny_linear_rope(&spec, addr(9), rope, clusters, addr(16));
+        launches.extend(launched.unwrap());
+    }
     let kernels = pipelines.into_iter().flatten();
     launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
     // The tiled GEMM of every dtype combination.

@@ -2,7 +2,10 @@
 //! in their order, on the same kernels — the cast of `x` to bf16, each group's bf16 product
 //! (f32 accumulation), the bias added as `Add` adds it, SwiGLU — so a fused program equals its
 //! unfused one bit for bit on the CPU and the GPU's fused kernels are checked against it.
+//! With the `rope_kv` epilogue, the three results go to scratch and `RopeKvWrite`'s own
+//! reference takes them (viewed as its q, k and v) from there.
 
+use kiln_ir::rope_kv::LinearRopeKv;
 use kiln_ir::{DType, Op, Shape, TensorType};
 use kiln_kernels::matmul::{matmul, matmul_workspace_len, Transpose};
 use kiln_kernels::{activation, copy, Error, Result, TensorView, TensorViewMut};
@@ -233,4 +236,94 @@ pub(crate) fn linear_add_rmsnorm(
     let y = TensorView::contiguous(y.into_view().data(), residual.shape().clone())?;
     let operands = [y, residual.clone(), weight.clone()];
     run_op(&Op::AddRmsNorm { eps }, &operands, o, rest)
+}
+
+/// The views `RopeKvWrite` reads of a `Linear` with `rope_kv`'s results `[M, n_g]`: q and k
+/// `[B,T,H,D]`, v `[B,H,T,D]`, B and T the rope positions', D the caches' head size (the type
+/// rule's views).
+fn rope_views(widths: &[usize], k_cache: &[usize], rope_positions: &[usize]) -> Vec<Vec<usize>> {
+    let (&[.., d], &[b, t]) = (k_cache, rope_positions) else {
+        return vec![];
+    };
+    let heads = |g: usize| widths.get(g).map_or(0, |n| n / d.max(1));
+    vec![
+        vec![b, t, heads(0), d],
+        vec![b, t, heads(1), d],
+        vec![b, heads(2), t, d],
+    ]
+}
+
+/// The workspace of a `Linear{biases}` with `rope_kv{theta}` over `operands`: its three
+/// results (f32), then the more of the linear's own scratch and `RopeKvWrite`'s.
+pub(crate) fn rope_kv_workspace_bytes(operands: &[TensorType], biases: &[bool], theta: f64) -> u64 {
+    let ports = LinearRopeKv::of(biases);
+    let (Some(x), Some(weights), Some(cache), Some(positions)) = (
+        operands.first(),
+        operands.get(1..=3),
+        operands.get(ports.k_cache),
+        operands.get(ports.rope_positions),
+    ) else {
+        return 0;
+    };
+    let m = x.dims().first().copied().unwrap_or(0);
+    let weights: Vec<&[usize]> = weights.iter().map(TensorType::dims).collect();
+    let widths: Vec<usize> = weights
+        .iter()
+        .map(|w| w.first().copied().unwrap_or(0))
+        .collect();
+    let results: usize = widths.iter().map(|&n| region(DType::F32, m * n)).sum();
+    let linear = workspace_bytes((x.dtype, x.dims()), &weights, false);
+    let mut rope_operands = Vec::with_capacity(operands.len());
+    for dims in rope_views(&widths, cache.dims(), positions.dims()) {
+        let Ok(view) = TensorType::new(DType::F32, dims) else {
+            return 0;
+        };
+        rope_operands.push(view);
+    }
+    rope_operands.extend_from_slice(&operands[ports.k_cache..]);
+    let rope = super::rope_kv::workspace_bytes((theta, false, None), &rope_operands);
+    (results as u64).saturating_add(linear.max(rope))
+}
+
+/// Runs a `Linear{biases}` with the `rope_kv{theta}` epilogue: the linear into its three
+/// results at the front of the workspace, then `RopeKvWrite{theta}` of them (viewed as its q,
+/// k and v) and the op's caches and indices into `o`.
+pub(crate) fn linear_rope_kv(
+    i: &[TensorView<'_>],
+    o: &mut [TensorViewMut<'_>],
+    (biases, theta): (&[bool], f64),
+    workspace: &mut [u8],
+) -> Result<()> {
+    let ports = LinearRopeKv::of(biases);
+    if i.len() <= ports.positions || biases.len() != 3 {
+        return Err(Error::Argument {
+            op: "linear",
+            argument: "operands",
+            reason: "the rope_kv epilogue takes three groups, caches and positions".to_string(),
+        });
+    }
+    let m = i[0].shape().dims().first().copied().unwrap_or(0);
+    let widths: Vec<usize> = (1..=3).map(|g| i[g].shape().dims()[0]).collect();
+    let mut rest = workspace;
+    let mut results = Vec::with_capacity(3);
+    for &n in &widths {
+        let (here, after) = split(rest, region(DType::F32, m * n))?;
+        rest = after;
+        results.push(view(here, DType::F32, &[m, n])?);
+    }
+    linear(&i[..ports.k_cache], &mut results, (biases, false), rest)?;
+    let views = rope_views(
+        &widths,
+        i[ports.k_cache].shape().dims(),
+        i[ports.rope_positions].shape().dims(),
+    );
+    let mut operands = Vec::with_capacity(i.len());
+    for (result, dims) in results.into_iter().zip(views) {
+        operands.push(TensorView::contiguous(
+            result.into_view().data(),
+            Shape::new(&dims),
+        )?);
+    }
+    operands.extend(i[ports.k_cache..].iter().cloned());
+    super::rope_kv::rope_kv_write((theta, false, None), &operands, o, rest)
 }

@@ -340,12 +340,18 @@ fn run_kernels(
             biases,
             swiglu,
             add_rmsnorm: None,
+            rope_kv: None,
         } => super::linear::linear(i, o, (&biases, swiglu), workspace),
         Op::Linear {
             biases,
             add_rmsnorm: Some(eps),
             ..
         } => super::linear::linear_add_rmsnorm(i, o, (&biases, eps), workspace),
+        Op::Linear {
+            biases,
+            rope_kv: Some(theta),
+            ..
+        } => super::linear::linear_rope_kv(i, o, (&biases, theta), workspace),
         Op::RopeKvWrite {
             theta,
             bias,

@@ -172,8 +172,14 @@ impl Lowering<'_> {
             } => matmul::lower_matmul(self, [*transpose_a, *transpose_b]),
             Op::Linear {
                 biases,
+                rope_kv: Some(theta),
+                ..
+            } => linear::lower_linear_rope_kv(self, biases, *theta, options),
+            Op::Linear {
+                biases,
                 swiglu,
                 add_rmsnorm,
+                rope_kv: None,
             } => linear::lower_linear(self, (biases, *swiglu, *add_rmsnorm), options),
             _ => self.dense(options),
         }

@@ -1,6 +1,7 @@
 //! The type rule of the fused [`Op::Linear`](crate::Op::Linear).
 
 use super::Rule;
+use crate::op::rope_kv;
 use crate::{DType, Error, Op, Result, TensorType};
 
 /// The most weight groups of one [`Op::Linear`].
@@ -24,7 +25,7 @@ pub(super) fn linear_types(
     rule: &Rule<'_>,
     biases: &[bool],
     swiglu: bool,
-    add_rmsnorm: Option<f64>,
+    (add_rmsnorm, rope_kv): (Option<f64>, Option<f64>),
 ) -> Result<Vec<TensorType>> {
     let groups = biases.len();
     if !(1..=LINEAR_MAX_GROUPS).contains(&groups) || (swiglu && groups != 2) {
@@ -32,11 +33,25 @@ pub(super) fn linear_types(
             "{groups} weight groups (1 to {LINEAR_MAX_GROUPS}; swiglu takes exactly 2)"
         )));
     }
-    if add_rmsnorm.is_some() && (groups != 1 || swiglu) {
+    if add_rmsnorm.is_some() && (groups != 1 || swiglu || rope_kv.is_some()) {
         return Err(rule.attribute("add_rmsnorm takes one group without swiglu"));
     }
+    if rope_kv.is_some() && (groups != 3 || swiglu) {
+        return Err(rule.attribute("rope_kv takes three groups (q, k, v) without swiglu"));
+    }
     let linear_operands = 1 + groups + biases.iter().filter(|&&b| b).count();
-    rule.arity(linear_operands + if add_rmsnorm.is_some() { 2 } else { 0 })?;
+    match rope_kv {
+        // The caches, the rope positions, the positions, and the rows of a pooled cache.
+        Some(_) if !(4..=5).contains(&rule.operands.len().saturating_sub(linear_operands)) => {
+            return Err(Error::Arity {
+                op: rule.op.to_string(),
+                expected: format!("{} or {}", linear_operands + 4, linear_operands + 5),
+                got: rule.operands.len(),
+            });
+        }
+        Some(_) => {}
+        None => rule.arity(linear_operands + if add_rmsnorm.is_some() { 2 } else { 0 })?,
+    }
     let x = &rule.operands[0];
     let &[m, k] = x.dims() else {
         return Err(rule.type_error(0, "f32 or bf16 [M,K]"));
@@ -64,6 +79,9 @@ pub(super) fn linear_types(
     }
     if let Some(eps) = add_rmsnorm {
         return add_rmsnorm_types(rule, linear_operands, [m, widths[0]], eps);
+    }
+    if let Some(theta) = rope_kv {
+        return rope_kv_types(rule, linear_operands, (m, &widths), theta);
     }
     widths
         .iter()
@@ -105,4 +123,60 @@ fn add_rmsnorm_types(
             },
             other => other,
         })
+}
+
+/// The RoPE and cache epilogue: the results of `RopeKvWrite{theta}` on the groups' outputs
+/// (`[M, H·D]` each) viewed as its q, k and v, with `B·T = M` from the rope positions `[B,T]`
+/// and `D` the caches' head size (its errors renamed to this op and its ports: a view's to its
+/// weight's).
+fn rope_kv_types(
+    rule: &Rule<'_>,
+    first: usize,
+    (m, widths): (usize, &[usize]),
+    theta: f64,
+) -> Result<Vec<TensorType>> {
+    let &[.., d] = rule.rank(first, 4, "[S,Hkv,Smax,D]")? else {
+        unreachable!("rank checked")
+    };
+    let rope_positions = first + 2;
+    let (b, t) = match *rule.operands[rope_positions].dims() {
+        [b, t] if b.checked_mul(t) == Some(m) => (b, t),
+        _ => return Err(rule.type_error(rope_positions, format!("int [B,T] with B·T = {m}"))),
+    };
+    let mut heads = Vec::with_capacity(3);
+    for (group, &n) in widths.iter().enumerate() {
+        if d == 0 || n % d != 0 {
+            let k = rule.operands[0].dims()[1];
+            return Err(rule.type_error(1 + group, format!("bf16 [H·{d},{k}]")));
+        }
+        heads.push(n / d);
+    }
+    let mut operands = vec![
+        TensorType::new(DType::F32, [b, t, heads[0], d])?,
+        TensorType::new(DType::F32, [b, t, heads[1], d])?,
+        TensorType::new(DType::F32, [b, heads[2], t, d])?,
+    ];
+    operands.extend_from_slice(&rule.operands[first..]);
+    let op = Op::RopeKvWrite {
+        theta,
+        bias: false,
+        staged: None,
+    };
+    op.infer(&operands).map_err(|error| match error {
+        Error::Type {
+            port,
+            expected,
+            got,
+            ..
+        } => Error::Type {
+            op: rule.op.to_string(),
+            port: match port.checked_sub(rope_kv::K_CACHE) {
+                Some(past) => first + past,
+                None => 1 + port,
+            },
+            expected,
+            got,
+        },
+        other => other,
+    })
 }

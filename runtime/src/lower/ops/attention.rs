@@ -12,7 +12,7 @@ use super::{byte_len, copy_unless_same, size, Lowering, F32, I64};
 use crate::error::Result;
 
 /// `[a, b, c, d]` of a rank-4 tensor.
-fn dims4(at: &Lowering<'_>, dims: &[usize], name: &str) -> Result<[u64; 4]> {
+pub(super) fn dims4(at: &Lowering<'_>, dims: &[usize], name: &str) -> Result<[u64; 4]> {
     match *dims {
         [a, b, c, d] => Ok([size(a), size(b), size(c), size(d)]),
         _ => Err(at.unsupported(format!("`{name}` {dims:?} is not rank 4"))),
@@ -21,7 +21,11 @@ fn dims4(at: &Lowering<'_>, dims: &[usize], name: &str) -> Result<[u64; 4]> {
 
 /// Where the cache op's batch rows find their cache rows: operand `port` (`rows [B]` i64,
 /// slots of a pool of `cache[0]` rows) when the op has it, else their own.
-fn pooled_rows(at: &Lowering<'_>, port: usize, cache: &[usize]) -> Result<cache::CacheRows> {
+pub(super) fn pooled_rows(
+    at: &Lowering<'_>,
+    port: usize,
+    cache: &[usize],
+) -> Result<cache::CacheRows> {
     if at.i.len() <= port {
         return Ok(cache::CacheRows::Own);
     }

@@ -3,16 +3,20 @@
 //! SwiGLU and the residual add + RMSNorm as kernels of their own — the unfused program's
 //! launches, in one op. Only that path writes a rounded linear's (`Op::Rounded`) SwiGLU result
 //! or normed rows in bf16, so a rounded linear always takes it (its type rule keeps it to more
-//! than `kiln_ir::UNROUNDED_LINEAR_MAX_ROWS` rows).
+//! than `kiln_ir::UNROUNDED_LINEAR_MAX_ROWS` rows). With the `rope_kv` epilogue (q, k, v), the
+//! skinny kernels finish RoPE and the cache append themselves; elsewhere the plain linear
+//! writes q, k and v to scratch and the `RopeKvWrite` kernel takes them.
 
+use kiln_ir::rope_kv::LinearRopeKv;
 use kiln_ir::{DType, TensorType};
 use kiln_kernels::gpu::linear::{
-    skinny_linear, skinny_linear_add_rmsnorm, LinearGroup, NormEpilogue, SkinnyLinear,
-    LINEAR_MAX_ROWS,
+    skinny_linear, skinny_linear_add_rmsnorm, skinny_linear_rope, LinearGroup, NormEpilogue,
+    RopeEpilogue, SkinnyLinear, LINEAR_MAX_ROWS,
 };
-use kiln_kernels::gpu::{self, Addr, Gemm, GemmDType, Launch, SLOT_ALIGN};
+use kiln_kernels::gpu::{self, cache, Addr, Gemm, GemmDType, Launch, SLOT_ALIGN};
 
-use super::{size, LowerOptions, Lowering, F32};
+use super::attention::{dims4, pooled_rows};
+use super::{byte_len, copy_unless_same, size, DeviceTensor, LowerOptions, Lowering, F32};
 use crate::error::Result;
 
 /// Sizes of one linear: `x [m,k]`, the groups' widths.
@@ -57,6 +61,15 @@ impl Shape {
         }
     }
 
+    /// Bytes of each group's f32 result, each a multiple of the slot alignment.
+    fn results_bytes(&self) -> [u64; 3] {
+        let bytes = |g: usize| {
+            let n = self.widths.get(g).copied().unwrap_or(0);
+            (self.m * n * 4).div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+        };
+        [bytes(0), bytes(1), bytes(2)]
+    }
+
     /// The vendor-GEMM path's scratch: (the input rounded to bf16, the SwiGLU inputs), bytes,
     /// each a multiple of the slot alignment.
     fn gemm_regions(&self, swiglu: bool) -> [u64; 2] {
@@ -90,35 +103,76 @@ pub(crate) fn workspace_bytes(operands: &[TensorType], groups: usize, swiglu: bo
     skinny_bytes.max(shape.gemm_regions(swiglu).iter().sum())
 }
 
+/// A linear's inputs: `x`, the groups' weights and biases (with their storage).
+struct Inputs<'a> {
+    x: &'a DeviceTensor,
+    weights: Vec<&'a DeviceTensor>,
+    bias: Vec<Option<(&'a DeviceTensor, gpu::Stored)>>,
+}
+
+impl<'a> Inputs<'a> {
+    /// The inputs of a linear of `biases`, and the port after its biases.
+    fn of(at: &'a Lowering<'_>, biases: &[bool]) -> Result<(Inputs<'a>, usize)> {
+        let groups = biases.len();
+        let x = at.port(at.i, "operand", 0, "x")?;
+        at.expect_dtype(x, "x", &[F32, DType::BF16])?;
+        at.expect_contiguous(x, "x")?;
+        let weights = (1..=groups)
+            .map(|port| at.operand(port, "weight", DType::BF16))
+            .collect::<Result<Vec<_>>>()?;
+        let mut bias_port = 1 + groups;
+        let mut bias = Vec::with_capacity(groups);
+        for &has_bias in biases {
+            bias.push(match has_bias {
+                true => {
+                    bias_port += 1;
+                    Some(at.stored(bias_port - 1, "bias")?)
+                }
+                false => None,
+            });
+        }
+        Ok((Inputs { x, weights, bias }, bias_port))
+    }
+
+    fn shape(&self) -> Shape {
+        let dims: Vec<&[usize]> = self.weights.iter().map(|w| w.dims()).collect();
+        Shape::of((self.x.dtype, self.x.dims()), &dims)
+    }
+
+    /// The skinny kernels' spec writing group g to `outs[g]` (SwiGLU: the one output).
+    fn skinny(&self, shape: &Shape, swiglu: bool, outs: &[Addr]) -> SkinnyLinear {
+        let mut skinny = shape.skinny(swiglu);
+        skinny.x = self.x.addr();
+        for (g, group) in skinny.groups.iter_mut().enumerate() {
+            group.w = self.weights[g].addr();
+            group.bias = self.bias[g].map(|(b, _)| b.addr());
+            group.out = outs[if swiglu { 0 } else { g }];
+        }
+        skinny
+    }
+
+    /// Whether every bias is bf16 (the skinny kernels' only storage).
+    fn bf16_biases(&self) -> bool {
+        self.bias
+            .iter()
+            .flatten()
+            .all(|(b, _)| b.dtype == DType::BF16)
+    }
+}
+
 pub(super) fn lower_linear(
     at: &Lowering<'_>,
     (biases, swiglu, add_rmsnorm): (&[bool], bool, Option<f64>),
     options: LowerOptions,
 ) -> Result<Vec<Launch>> {
     let groups = biases.len();
-    let x = at.port(at.i, "operand", 0, "x")?;
-    at.expect_dtype(x, "x", &[F32, DType::BF16])?;
-    at.expect_contiguous(x, "x")?;
-    let weights = (1..=groups)
-        .map(|port| at.operand(port, "weight", DType::BF16))
-        .collect::<Result<Vec<_>>>()?;
-    let mut bias_port = 1 + groups;
-    let mut bias = Vec::with_capacity(groups);
-    for &has_bias in biases {
-        bias.push(match has_bias {
-            true => {
-                bias_port += 1;
-                Some(at.stored(bias_port - 1, "bias")?)
-            }
-            false => None,
-        });
-    }
+    let (inputs, bias_port) = Inputs::of(at, biases)?;
     // With the norm epilogue the product goes to the sum, which the epilogue completes. The
     // SwiGLU result and the normed rows may be rounded.
     let outs = (0..if swiglu { 1 } else { groups })
         .map(|port| at.rounded_result(port, "out"))
         .collect::<Result<Vec<_>>>()?;
-    let (norm, normed_stored) = match add_rmsnorm {
+    let norm = match add_rmsnorm {
         Some(eps) => {
             let (weight, stored) = at.stored(bias_port + 1, "norm_weight")?;
             let (normed, normed_stored) = at.rounded_result(1, "normed")?;
@@ -129,38 +183,63 @@ pub(super) fn lower_linear(
                 normed: normed.addr(),
                 eps: Lowering::f32_attribute(eps),
             };
-            (Some(norm), normed_stored)
+            Some((norm, normed_stored))
         }
-        None => (None, gpu::Stored::F32),
+        None => None,
     };
-    let dims: Vec<&[usize]> = weights.iter().map(|w| w.dims()).collect();
-    let shape = Shape::of((x.dtype, x.dims()), &dims);
+    let outs: Vec<(Addr, gpu::Stored)> = outs.iter().map(|(t, s)| (t.addr(), *s)).collect();
+    let outputs = Outputs {
+        outs: &outs,
+        swiglu,
+        norm,
+    };
+    plain_linear(at, &inputs, outputs, 0, options)
+}
+
+/// Where a plain linear writes: group g's result to `outs[g]` (with SwiGLU the one result; with
+/// the norm epilogue the sum, then the normed rows as `norm` says).
+struct Outputs<'o> {
+    outs: &'o [(Addr, gpu::Stored)],
+    swiglu: bool,
+    norm: Option<(NormEpilogue, gpu::Stored)>,
+}
+
+/// The launches of a linear over `inputs` writing `outputs`, its scratch from `offset` bytes
+/// into the op's workspace: the skinny kernels where they take it, else the vendor GEMM with
+/// the input's cast, the biases, SwiGLU and the norm as kernels of their own.
+fn plain_linear(
+    at: &Lowering<'_>,
+    inputs: &Inputs<'_>,
+    Outputs { outs, swiglu, norm }: Outputs<'_>,
+    offset: u64,
+    options: LowerOptions,
+) -> Result<Vec<Launch>> {
+    let x = inputs.x;
+    let shape = inputs.shape();
     if shape.m == 0 || shape.widths.contains(&0) {
         return Ok(vec![]);
     }
+    let scratch =
+        |bytes: u64| -> Result<Addr> { Ok(at.workspace(offset + bytes, x.addr())?.add(offset)) };
     // Group g's result: its output, or with SwiGLU the one output for both.
-    let out_of = |g: usize| outs[if swiglu { 0 } else { g }].0.addr();
-    let mut skinny = shape.skinny(swiglu);
-    skinny.x = x.addr();
-    for (g, group) in skinny.groups.iter_mut().enumerate() {
-        group.w = weights[g].addr();
-        group.bias = bias[g].map(|(b, _)| b.addr());
-        group.out = out_of(g);
-    }
-    let bf16_biases = bias.iter().flatten().all(|(b, _)| b.dtype == DType::BF16);
+    let out_of = |g: usize| outs[if swiglu { 0 } else { g }].0;
+    let addresses: Vec<Addr> = outs.iter().map(|(a, _)| *a).collect();
+    let skinny = inputs.skinny(&shape, swiglu, &addresses);
     // The skinny kernels write f32 results: a rounded linear runs on the vendor GEMM (its type
     // rule gives it more than `UNROUNDED_LINEAR_MAX_ROWS` rows, within `linear_rows` or not).
-    if shape.m <= options.linear_rows && !at.rounded && bf16_biases && skinny.fits() {
+    if shape.m <= options.linear_rows && !at.rounded && inputs.bf16_biases() && skinny.fits() {
         let bytes = skinny.workspace_bytes();
-        let workspace = (bytes > 0).then_some(at.workspace(bytes, x.addr())?);
+        let workspace = (bytes > 0).then_some(scratch(bytes)?);
         return Ok(match norm {
-            Some(norm) => skinny_linear_add_rmsnorm(&skinny, workspace, norm, options.clusters)?,
+            Some((norm, _)) => {
+                skinny_linear_add_rmsnorm(&skinny, workspace, norm, options.clusters)?
+            }
             None => skinny_linear(&skinny, workspace, options.clusters)?,
         });
     }
     // The vendor GEMM: round x, one GEMM per group, biases, SwiGLU.
     let [rounded_bytes, temp_bytes] = shape.gemm_regions(swiglu);
-    let workspace = at.workspace(rounded_bytes + temp_bytes, x.addr())?;
+    let workspace = scratch(rounded_bytes + temp_bytes)?;
     let mut launches = Vec::new();
     let input = match x.dtype {
         DType::F32 => {
@@ -183,7 +262,7 @@ pub(super) fn lower_linear(
             dtype: GemmDType::BF16,
             out: GemmDType::F32,
             a: input,
-            b: weights[g].addr(),
+            b: inputs.weights[g].addr(),
             c: target,
             m: shape.m,
             n,
@@ -199,7 +278,7 @@ pub(super) fn lower_linear(
             stride_c: shape.m * n,
             accumulate: false,
         }));
-        if let Some((b, stored)) = bias[g] {
+        if let Some((b, stored)) = inputs.bias[g] {
             let (a, b) = ((target, gpu::Stored::F32), (b.addr(), stored));
             launches.push(gpu::elementwise::add(target, a, b, shape.m * n, n));
         }
@@ -213,7 +292,7 @@ pub(super) fn lower_linear(
             shape.m * n,
         ));
     }
-    if let Some(norm) = norm {
+    if let Some((norm, normed_stored)) = norm {
         // sum = y + residual over y in place, then its norm.
         launches.push(gpu::norm::add_rmsnorm_f32(
             out_of(0),
@@ -226,5 +305,127 @@ pub(super) fn lower_linear(
             norm.eps,
         )?);
     }
+    Ok(launches)
+}
+
+/// The workspace of a q/k/v linear with the `rope_kv` epilogue over `operands`: the fused
+/// kernels' partial sums, or where they do not run, q, k and v and the plain linear's scratch
+/// after them (the larger of the two).
+pub(crate) fn rope_kv_workspace_bytes(operands: &[TensorType]) -> u64 {
+    let (Some(x), Some(weights)) = (operands.first(), operands.get(1..=3)) else {
+        return 0;
+    };
+    let weights: Vec<&[usize]> = weights.iter().map(TensorType::dims).collect();
+    let shape = Shape::of((x.dtype, x.dims()), &weights);
+    let fused = match (1..=LINEAR_MAX_ROWS).contains(&shape.m) {
+        true => shape.skinny(false).rope_workspace_bytes(),
+        false => 0,
+    };
+    let results: u64 = shape.results_bytes().iter().sum();
+    fused.max(results.saturating_add(workspace_bytes(operands, 3, false)))
+}
+
+/// A q/k/v linear with the RoPE and cache epilogue (`Linear` with `rope_kv`): the skinny
+/// kernels finishing each rotated pair (no q, k or v written apart) where they take the layer
+/// (bf16 caches, up to `linear_rows` rows), else the plain linear into the workspace and
+/// `RopeKvWrite`'s kernel reading it: the unfused program's launches, in one op. The caches
+/// are written in place (copied first when the planner gave a result its own slot).
+pub(super) fn lower_linear_rope_kv(
+    at: &Lowering<'_>,
+    biases: &[bool],
+    theta: f64,
+    options: LowerOptions,
+) -> Result<Vec<Launch>> {
+    let (inputs, _) = Inputs::of(at, biases)?;
+    let ports = LinearRopeKv::of(biases);
+    let (k_cache, cache_stored) = at.stored(ports.k_cache, "k_cache")?;
+    let v_cache = at.operand(ports.v_cache, "v_cache", k_cache.dtype)?;
+    let rope_positions = at.operand(ports.rope_positions, "rope_positions", DType::I64)?;
+    let positions = at.operand(ports.positions, "positions", DType::I64)?;
+    let rows = pooled_rows(at, ports.rows, k_cache.dims())?;
+    let q_rot = at.result(0, "q_rot", F32)?;
+    let k_out = at.result(1, "k_cache", k_cache.dtype)?;
+    let v_out = at.result(2, "v_cache", k_cache.dtype)?;
+    let [batch, q_heads, seq, head_dim] = dims4(at, q_rot.dims(), "q_rot")?;
+    let [_, kv_heads, capacity, _] = dims4(at, k_cache.dims(), "k_cache")?;
+    let mut launches = copy_unless_same(k_out.addr(), k_cache.addr(), byte_len(k_cache));
+    launches.extend(copy_unless_same(
+        v_out.addr(),
+        v_cache.addr(),
+        byte_len(v_cache),
+    ));
+    let shape = inputs.shape();
+    if shape.m == 0 {
+        return Ok(launches);
+    }
+    let theta = Lowering::f32_attribute(theta);
+    let fused =
+        shape.m <= options.linear_rows && cache_stored == gpu::Stored::BF16 && inputs.bf16_biases();
+    if fused {
+        let skinny = inputs.skinny(&shape, false, &[q_rot.addr(); 3]);
+        if skinny.fits() {
+            let rope = RopeEpilogue {
+                q_rot: q_rot.addr(),
+                k_cache: k_out.addr(),
+                v_cache: v_out.addr(),
+                rope_positions: rope_positions.addr(),
+                positions: positions.addr(),
+                rows,
+                seq,
+                capacity,
+                head_dim,
+                theta,
+            };
+            let workspace = at.workspace(skinny.rope_workspace_bytes(), q_rot.addr())?;
+            launches.extend(skinny_linear_rope(
+                &skinny,
+                workspace,
+                rope,
+                options.clusters,
+                at.fault,
+            )?);
+            return Ok(launches);
+        }
+    }
+    // q, k and v at the workspace's front, the linear's scratch after them.
+    let [q_bytes, k_bytes, v_bytes] = shape.results_bytes();
+    let q = at.workspace(q_bytes + k_bytes + v_bytes, q_rot.addr())?;
+    let (k, v) = (q.add(q_bytes), q.add(q_bytes + k_bytes));
+    let outs = [q, k, v].map(|addr| (addr, gpu::Stored::F32));
+    let offset = q_bytes + k_bytes + v_bytes;
+    let outputs = Outputs {
+        outs: &outs,
+        swiglu: false,
+        norm: None,
+    };
+    launches.extend(plain_linear(at, &inputs, outputs, offset, options)?);
+    let addresses = cache::RopeKvWrite {
+        q_rot: q_rot.addr(),
+        k_cache: k_out.addr(),
+        v_cache: v_out.addr(),
+        q,
+        k,
+        v,
+        rope_positions: rope_positions.addr(),
+        positions: positions.addr(),
+        rows,
+        biases: None,
+        staged: None,
+    };
+    let dims = cache::RopeKvDims {
+        batch,
+        seq,
+        q_heads,
+        kv_heads,
+        capacity,
+        head_dim,
+    };
+    let stored = (cache_stored, cache_stored);
+    launches.push(cache::rope_kv_write_f32(
+        addresses,
+        (dims, theta),
+        stored,
+        at.fault,
+    ));
     Ok(launches)
 }

@@ -508,6 +508,7 @@ fn linear_takes_the_skinny_kernel_up_to_its_row_limit_and_the_gemm_beyond() {
         biases: vec![false, true],
         swiglu: true,
         add_rmsnorm: None,
+        rope_kv: None,
     };
     let lower = |rows: usize, limit: u64| {
         let x = placed(0, 0, &ty(F32, &[rows, 64]));
@@ -543,6 +544,7 @@ fn the_norm_epilogue_is_the_reduce_with_split_k_else_the_norm_in_place() {
         biases: vec![true],
         swiglu: false,
         add_rmsnorm: Some(1e-6),
+        rope_kv: None,
     };
     let lower = |rows: usize, k: usize, limit: u64| {
         let x = placed(0, 0, &ty(F32, &[rows, k]));
