@@ -16,7 +16,8 @@
 //!    and replayed, against the interpreter (relative error <= 1e-5; parameters and moments after
 //!    AdamW <= 1e-4; with bf16 GEMM inputs <= 1e-2); replay equal to eager bit for bit; two steps carry their state (caches,
 //!    parameters, moments) on the device.
-//! 3. Decode replayed at many positions after a prefill equals the full forward.
+//! 3. Decode replayed at many positions after a prefill equals the full forward; the q/k/v
+//!    linear with its RoPE and cache epilogue gives the bits of its unfused ops.
 //! 4. The schedulers (`gpu/engine.rs`).
 //! 5. The C ABI with device descriptors and a caller's stream (`gpu/c_abi.rs`).
 //! 6. A world of one rank through NCCL, in a build with `--features nccl` (`gpu/nccl.rs`).
@@ -454,6 +455,101 @@ fn a_rounded_product_is_its_f32_sum_rounded_once() {
                 "{what} {m}x{n}x{k}: {moved} of {} elements moved (over 2%)",
                 got.len()
             );
+        }
+    }
+}
+
+/// The q/k/v linear with the RoPE and cache epilogue (the `linear_rope` fusion) gives the bits
+/// of its unfused ops on the device: the skinny linear, then `RopeKvWrite`'s kernel — the same
+/// sums in the same order, the same bias adds and the same rotation (rope.cuh) — finished in
+/// clusters at one row (0.5B's and 1.5B's layers) and by its reduce at eight rows.
+#[test]
+fn the_rope_epilogue_gives_the_bits_of_its_unfused_ops() {
+    let Some(device) = device() else { return };
+    let mut rng = testing::rng("gpu_rope_epilogue");
+    let ty = |dtype, dims: &[usize]| TensorType::new(dtype, dims).unwrap();
+    for &(b, k, hq, hkv, d) in &[
+        (1, 896, 14, 2, 64),
+        (8, 896, 14, 2, 64),
+        (1, 1536, 12, 2, 128),
+    ] {
+        let (smax, bf16) = (64, DType::BF16);
+        let mut graph = Graph::new("qkv");
+        let mut values = BTreeMap::new();
+        let mut inputs = BTreeMap::new();
+        let specs = [
+            ("x", InputKind::Input, ty(DType::F32, &[b, k])),
+            ("wq", InputKind::Param, ty(bf16, &[hq * d, k])),
+            ("wk", InputKind::Param, ty(bf16, &[hkv * d, k])),
+            ("wv", InputKind::Param, ty(bf16, &[hkv * d, k])),
+            ("bq", InputKind::Param, ty(bf16, &[hq * d])),
+            ("bk", InputKind::Param, ty(bf16, &[hkv * d])),
+            ("bv", InputKind::Param, ty(bf16, &[hkv * d])),
+            ("k_cache", InputKind::Input, ty(bf16, &[b, hkv, smax, d])),
+            ("v_cache", InputKind::Input, ty(bf16, &[b, hkv, smax, d])),
+        ];
+        for (name, kind, t) in specs {
+            values.insert(name.to_string(), random(&mut rng, &t));
+            inputs.insert(name, graph.input(name, kind, t).unwrap());
+        }
+        let positions = graph.input("positions", InputKind::Input, ty(DType::I64, &[b]));
+        let positions = positions.unwrap();
+        let ids = testing::indices(&mut rng, b, smax);
+        values.insert("positions".into(), Tensor::from_vec(ids, [b]).unwrap());
+        let view = |graph: &mut Graph, value, dims: &[usize]| {
+            let shape = kiln_ir::Shape::new(dims);
+            graph.op1(Op::Reshape { shape }, &[value]).unwrap()
+        };
+        let linear = Op::Linear {
+            biases: vec![false, false, true],
+            swiglu: false,
+            add_rmsnorm: None,
+            rope_kv: None,
+        };
+        let operands = ["x", "wq", "wk", "wv", "bv"].map(|name| inputs[name]);
+        let ys = graph.op(linear, &operands).unwrap();
+        let q = view(&mut graph, ys[0], &[b, 1, hq, d]);
+        let k_new = view(&mut graph, ys[1], &[b, 1, hkv, d]);
+        let v = view(&mut graph, ys[2], &[b, hkv, 1, d]);
+        let rope_positions = view(&mut graph, positions, &[b, 1]);
+        let mut rope_operands = vec![q, k_new, v, inputs["k_cache"], inputs["v_cache"]];
+        rope_operands.extend([rope_positions, positions, inputs["bq"], inputs["bk"]]);
+        let rope = Op::RopeKvWrite {
+            theta: 1e6,
+            bias: true,
+            staged: None,
+        };
+        let written = graph.op(rope, &rope_operands).unwrap();
+        for (port, value) in written.iter().enumerate() {
+            graph.output(&format!("out{port}"), *value).unwrap();
+        }
+        let fused = kiln_ir::fuse(&graph).unwrap();
+        let epilogues = (fused.node_indices())
+            .filter(|&n| {
+                let kind = fused.node(n).map(|n| &n.kind);
+                matches!(
+                    kind,
+                    Some(kiln_ir::graph::NodeKind::Op(Op::Linear {
+                        rope_kv: Some(_),
+                        ..
+                    }))
+                )
+            })
+            .count();
+        assert_eq!(epilogues, 1, "the rule fuses the pair");
+        let options = LowerOptions {
+            linear_rows: 32,
+            ..LowerOptions::default()
+        };
+        let run = |graph: &Graph| {
+            let workspaces = &kiln_runtime::Workspaces::Cuda;
+            let planned = plan(graph, &PlanOptions::default(), workspaces).unwrap();
+            let run = (RunMode::Graph, options);
+            run_on_gpu(&device, (graph, &planned), &values, run, 3)
+        };
+        let (apart, together) = (run(&graph), run(&fused));
+        for (port, (a, t)) in apart.iter().zip(&together).enumerate() {
+            assert_eq!(bits(t), bits(a), "B={b} K={k} D={d}: out{port}");
         }
     }
 }

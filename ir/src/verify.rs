@@ -16,9 +16,9 @@
 //!   (its kernels read them before waiting for the kernel before them).
 //! - `attention caches`: a `CachedAttention`'s positions (and rows) are graph inputs or views
 //!   of them, and each of its caches is a graph input or a KV write (`KvCacheWrite`,
-//!   `RopeKvWrite`, a `Linear` with `rope_kv`) into one at those same positions (and rows): its kernel reads the cache
-//!   rows below the positions, which no op of the program writes, before waiting for the
-//!   kernel before it.
+//!   `RopeKvWrite`, a `Linear` with `rope_kv`) into one at those same positions (and rows):
+//!   its kernel reads the cache rows below the positions, which no op of the program writes,
+//!   before waiting for the kernel before it.
 //!
 //! Rules run in this order because later ones read what earlier ones establish (`types` reads
 //! operands that `ports` has found connected; `writes` looks inputs up by names that `outputs`

@@ -11,12 +11,14 @@ __device__ __forceinline__ void kiln_rope_angle(float theta, i64 position, i64 i
     *sin_out = sinf(angle);
 }
 
-// Elements i and i + D/2 of a head, (lo, hi), rotated by the angle of (cos_a, sin_a).
+// Elements i and i + D/2 of a head, (lo, hi), rotated by the angle of (cos_a, sin_a): each
+// product and the sum rounded apart, as the CPU does (no FMA contraction), so every kernel
+// that rotates, fused or not, gives the same bits.
 __device__ __forceinline__ float kiln_rope_lo(float lo, float hi, float cos_a, float sin_a) {
-    return lo * cos_a - hi * sin_a;
+    return __fsub_rn(__fmul_rn(lo, cos_a), __fmul_rn(hi, sin_a));
 }
 __device__ __forceinline__ float kiln_rope_hi(float lo, float hi, float cos_a, float sin_a) {
-    return hi * cos_a + lo * sin_a;
+    return __fadd_rn(__fmul_rn(hi, cos_a), __fmul_rn(lo, sin_a));
 }
 
 // Pair `index` of x [B,T,H,D] (+ bias [H*D] when `has_bias`) at positions [B,T]: element i <

@@ -5,7 +5,7 @@
 use petgraph::graph::NodeIndex;
 
 use super::{only_read_by, op_of, takes, Fusion, Users};
-use crate::op::rope_kv::{RopeKvParts, K, K_CACHE, POSITIONS, Q, V};
+use crate::op::rope_kv::{LinearRopeKv, RopeKvParts, K, K_CACHE, POSITIONS, Q, V};
 use crate::{Graph, Op, ValueId};
 
 /// The rule at every `RopeKvWrite` it matches.
@@ -105,25 +105,21 @@ fn linear_rope_fusion(graph: &Graph, users: &Users, write: NodeIndex) -> Option<
     })
 }
 
-/// Whether the unfused q, k and v (`operands`) are the fused op's views of its results: q and k
-/// `[B,T,H,D]`, v `[B,H,T,D]`, B and T the rope positions', D the caches' head size.
+/// Whether the unfused q, k and v (`operands`) are the fused op's views of its results
+/// ([`LinearRopeKv::views`]).
 fn same_views(graph: &Graph, operands: &[ValueId], fused: &[ValueId]) -> bool {
     let dims = |v: ValueId| graph.value_type(v).ok().map(|t| t.dims().to_vec());
-    let (Some(cache), Some(rope_positions)) =
-        (dims(operands[K_CACHE]), dims(operands[K_CACHE + 2]))
+    let widths: Option<Vec<usize>> = (fused[1..4].iter())
+        .map(|&w| dims(w).and_then(|d| d.first().copied()))
+        .collect();
+    let (Some(widths), Some(cache), Some(positions)) =
+        (widths, dims(operands[K_CACHE]), dims(operands[K_CACHE + 2]))
     else {
         return false;
     };
-    let (&[.., d], &[b, t]) = (&cache[..], &rope_positions[..]) else {
-        return false;
-    };
-    let width = |group: usize| dims(fused[1 + group]).and_then(|w| w.first().map(|n| n / d.max(1)));
-    let (Some(hq), Some(hk), Some(hv)) = (width(0), width(1), width(2)) else {
-        return false;
-    };
-    dims(operands[Q]) == Some(vec![b, t, hq, d])
-        && dims(operands[K]) == Some(vec![b, t, hk, d])
-        && dims(operands[V]) == Some(vec![b, hv, t, d])
+    LinearRopeKv::views(&widths, &cache, &positions).is_some_and(|views| {
+        (views.into_iter().zip([Q, K, V])).all(|(view, port)| dims(operands[port]) == Some(view))
+    })
 }
 
 #[cfg(test)]
@@ -137,9 +133,9 @@ mod tests {
 
     /// One decode attention's front (B=2, T=1, K=16, Hq=4, Hkv=2, D=8): q/k/v as one linear
     /// (v biased), reshaped, rotated with q's and k's biases and written into the caches by a
-    /// `RopeKvWrite`, read by a `CachedAttention`; `q_bias_in_linear` moves q's bias into the
-    /// linear, `keep_q` also outputs q's view.
-    fn front(q_bias_in_linear: bool, keep_q: bool) -> Graph {
+    /// `RopeKvWrite`, read by a `CachedAttention`; `linear_q_bias` gives the linear a q bias,
+    /// `rope_biases` the rotations theirs, `keep_q` also outputs q's view.
+    fn front(linear_q_bias: bool, rope_biases: bool, keep_q: bool) -> Graph {
         let mut g = Graph::new("front");
         let mut input = |name: &str, kind, t| g.input(name, kind, t).unwrap();
         let x = input("x", InputKind::Input, ty(DType::BF16, &[2, 16]));
@@ -160,10 +156,10 @@ mod tests {
         let q_bias = bias(&mut g, "bq", 32);
         let v_bias = bias(&mut g, "bv", 16);
         let mut operands = vec![x, w[0], w[1], w[2]];
-        operands.extend(q_bias_in_linear.then_some(q_bias));
+        operands.extend(linear_q_bias.then_some(q_bias));
         operands.push(v_bias);
         let linear = Op::Linear {
-            biases: vec![q_bias_in_linear, false, true],
+            biases: vec![linear_q_bias, false, true],
             swiglu: false,
             add_rmsnorm: None,
             rope_kv: None,
@@ -178,13 +174,13 @@ mod tests {
         let v = view(&mut g, ys[2], &[2, 2, 1, 8]);
         let rope_positions = view(&mut g, positions, &[2, 1]);
         let mut rope_operands = vec![q, k, v, k_cache, v_cache, rope_positions, positions];
-        if !q_bias_in_linear {
+        if rope_biases {
             let k_bias = bias(&mut g, "bk", 16);
             rope_operands.extend([q_bias, k_bias]);
         }
         let rope = Op::RopeKvWrite {
             theta: 1e4,
-            bias: !q_bias_in_linear,
+            bias: rope_biases,
             staged: None,
         };
         let written = g.op(rope, &rope_operands).unwrap();
@@ -213,7 +209,7 @@ mod tests {
 
     #[test]
     fn the_rotation_and_cache_write_of_a_linears_results_become_its_epilogue() {
-        let fused = fuse(&front(false, false)).unwrap();
+        let fused = fuse(&front(false, true, false)).unwrap();
         crate::verify(&fused).unwrap();
         let ops = ops(&fused);
         let linear = Op::Linear {
@@ -261,25 +257,27 @@ mod tests {
     }
 
     #[test]
-    fn a_linear_with_its_own_q_bias_and_a_q_read_elsewhere_keep_the_ops_apart() {
+    fn two_q_biases_and_a_q_read_elsewhere_keep_the_ops_apart() {
+        let fused = |linear_q_bias, rope_biases, keep_q| {
+            let ops = ops(&fuse(&front(linear_q_bias, rope_biases, keep_q)).unwrap());
+            let in_linear = (ops.iter()).any(|op| {
+                matches!(
+                    op,
+                    Op::Linear {
+                        rope_kv: Some(_),
+                        ..
+                    }
+                )
+            });
+            let apart = ops.iter().any(|op| matches!(op, Op::RopeKvWrite { .. }));
+            assert_ne!(in_linear, apart, "{ops:?}");
+            in_linear
+        };
         // Without the rotation's biases, the linear's own q bias fuses as it is.
-        let fused = ops(&fuse(&front(true, false)).unwrap());
-        assert!(fused.iter().any(|op| matches!(
-            op,
-            Op::Linear {
-                rope_kv: Some(_),
-                ..
-            }
-        )));
+        assert!(fused(true, false, false));
+        // A q bias in the linear and another in the rotation: two adds, not one.
+        assert!(!fused(true, true, false));
         // q's view also an output: q must exist, the ops stay apart.
-        let fused = ops(&fuse(&front(false, true)).unwrap());
-        assert!(!fused.iter().any(|op| matches!(
-            op,
-            Op::Linear {
-                rope_kv: Some(_),
-                ..
-            }
-        )));
-        assert!(fused.iter().any(|op| matches!(op, Op::RopeKvWrite { .. })));
+        assert!(!fused(false, true, true));
     }
 }

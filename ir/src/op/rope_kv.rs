@@ -88,9 +88,20 @@ impl LinearRopeKv {
         }
     }
 
-    /// `RopeKvWrite`'s port standing for this op's `port` (one of the cache operands' and
-    /// indices'), `None` for the linear's own operands.
-    pub fn rope_port(&self, port: usize) -> Option<usize> {
-        port.checked_sub(self.k_cache).map(|p| p + K_CACHE)
+    /// The views `RopeKvWrite` takes of the op's results `y_g [M, widths[g]]` as its q, k and
+    /// v: `[B,T,Hq,D]`, `[B,T,Hkv,D]` and `[B,Hkv,T,D]`, with B and T the rope positions'
+    /// (`[B,T]`) and D the k cache's head size (`[S,Hkv,Smax,D]`); `None` where those are not
+    /// of that rank, D is 0 or a width is no whole number of heads (at least one).
+    pub fn views(
+        widths: &[usize],
+        k_cache: &[usize],
+        rope_positions: &[usize],
+    ) -> Option<[Vec<usize>; 3]> {
+        let (&[_, _, _, d], &[b, t], &[nq, nk, nv]) = (k_cache, rope_positions, widths) else {
+            return None;
+        };
+        let heads = |n: usize| (d > 0 && n > 0 && n.is_multiple_of(d)).then(|| n / d);
+        let (hq, hk, hv) = (heads(nq)?, heads(nk)?, heads(nv)?);
+        Some([vec![b, t, hq, d], vec![b, t, hk, d], vec![b, hv, t, d]])
     }
 }

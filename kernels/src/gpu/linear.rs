@@ -515,7 +515,7 @@ pub struct RopeEpilogue {
 }
 
 impl RopeEpilogue {
-    /// The kernels' rope arguments (`KILN_LINEAR_ROPE_PARAMS`) for `m` rows.
+    /// The kernels' RoPE and cache arguments (`q_rot` to `fault`) for `m` rows.
     fn args(&self, m: u64, fault: Addr) -> Vec<Arg> {
         let [rows, slots] = self.rows.args(m / self.seq.max(1));
         vec![
@@ -547,7 +547,8 @@ impl SkinnyLinear {
 /// finished in its clusters (`linear_r1_rope`: one row, k split into 2 to
 /// [`MAX_CLUSTER_BLOCKS`] ranges, a head size dividing the 128-column tile, a device with
 /// clusters) or by `linear_reduce_rope`. One split's sums are y itself, written into the
-/// workspace without bias. `workspace` holds [`rope_workspace_bytes`](SkinnyLinear::rope_workspace_bytes).
+/// workspace without bias. `workspace` holds
+/// [`rope_workspace_bytes`](SkinnyLinear::rope_workspace_bytes).
 pub fn skinny_linear_rope(
     spec: &SkinnyLinear,
     workspace: Addr,

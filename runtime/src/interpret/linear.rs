@@ -238,21 +238,6 @@ pub(crate) fn linear_add_rmsnorm(
     run_op(&Op::AddRmsNorm { eps }, &operands, o, rest)
 }
 
-/// The views `RopeKvWrite` reads of a `Linear` with `rope_kv`'s results `[M, n_g]`: q and k
-/// `[B,T,H,D]`, v `[B,H,T,D]`, B and T the rope positions', D the caches' head size (the type
-/// rule's views).
-fn rope_views(widths: &[usize], k_cache: &[usize], rope_positions: &[usize]) -> Vec<Vec<usize>> {
-    let (&[.., d], &[b, t]) = (k_cache, rope_positions) else {
-        return vec![];
-    };
-    let heads = |g: usize| widths.get(g).map_or(0, |n| n / d.max(1));
-    vec![
-        vec![b, t, heads(0), d],
-        vec![b, t, heads(1), d],
-        vec![b, heads(2), t, d],
-    ]
-}
-
 /// The workspace of a `Linear{biases}` with `rope_kv{theta}` over `operands`: its three
 /// results (f32), then the more of the linear's own scratch and `RopeKvWrite`'s.
 pub(crate) fn rope_kv_workspace_bytes(operands: &[TensorType], biases: &[bool], theta: f64) -> u64 {
@@ -273,8 +258,11 @@ pub(crate) fn rope_kv_workspace_bytes(operands: &[TensorType], biases: &[bool], 
         .collect();
     let results: usize = widths.iter().map(|&n| region(DType::F32, m * n)).sum();
     let linear = workspace_bytes((x.dtype, x.dims()), &weights, false);
+    let Some(views) = LinearRopeKv::views(&widths, cache.dims(), positions.dims()) else {
+        return 0;
+    };
     let mut rope_operands = Vec::with_capacity(operands.len());
-    for dims in rope_views(&widths, cache.dims(), positions.dims()) {
+    for dims in views {
         let Ok(view) = TensorType::new(DType::F32, dims) else {
             return 0;
         };
@@ -312,11 +300,16 @@ pub(crate) fn linear_rope_kv(
         results.push(view(here, DType::F32, &[m, n])?);
     }
     linear(&i[..ports.k_cache], &mut results, (biases, false), rest)?;
-    let views = rope_views(
+    let views = LinearRopeKv::views(
         &widths,
         i[ports.k_cache].shape().dims(),
         i[ports.rope_positions].shape().dims(),
-    );
+    )
+    .ok_or_else(|| Error::Argument {
+        op: "linear",
+        argument: "rope_kv",
+        reason: "its widths are no whole heads of the caches' head size".to_string(),
+    })?;
     let mut operands = Vec::with_capacity(i.len());
     for (result, dims) in results.into_iter().zip(views) {
         operands.push(TensorView::contiguous(

@@ -56,8 +56,9 @@ pub struct LowerOptions {
     /// 1.5B B=32 2.4%.
     pub l2_prefetch_bytes: u64,
     /// The prefetching side launch waits for the step this many steps (at least 1) before the
-    /// split's. 1, the default, forks it after the RoPE and cache write; 2 and 3 measured 6 to
-    /// 9% slower than none at 8 to 32 rows (BENCHMARKS.md).
+    /// split's. 1, the default, forks it after the step before the split (the RoPE and cache
+    /// write then, the q/k/v linear with them in its epilogue since); 2 and 3 measured 6 to 9%
+    /// slower than none at 8 to 32 rows (BENCHMARKS.md, before that fusion).
     pub l2_prefetch_lead: usize,
     /// Splits of fewer rows fork no prefetch: 8 by default, since one row measured 3% slower
     /// with it (0.5B and 1.5B, lead 1; 0.5B with leads 2 and 3 too).

@@ -135,27 +135,23 @@ fn rope_kv_types(
     (m, widths): (usize, &[usize]),
     theta: f64,
 ) -> Result<Vec<TensorType>> {
-    let &[.., d] = rule.rank(first, 4, "[S,Hkv,Smax,D]")? else {
-        unreachable!("rank checked")
-    };
+    let cache = rule.rank(first, 4, "[S,Hkv,Smax,D]")?;
     let rope_positions = first + 2;
-    let (b, t) = match *rule.operands[rope_positions].dims() {
-        [b, t] if b.checked_mul(t) == Some(m) => (b, t),
-        _ => return Err(rule.type_error(rope_positions, format!("int [B,T] with B·T = {m}"))),
-    };
-    let mut heads = Vec::with_capacity(3);
-    for (group, &n) in widths.iter().enumerate() {
-        if d == 0 || n % d != 0 {
-            let k = rule.operands[0].dims()[1];
-            return Err(rule.type_error(1 + group, format!("bf16 [H·{d},{k}]")));
-        }
-        heads.push(n / d);
+    let positions = rule.operands[rope_positions].dims();
+    if !matches!(*positions, [b, t] if b.checked_mul(t) == Some(m)) {
+        return Err(rule.type_error(rope_positions, format!("int [B,T] with B·T = {m}")));
     }
-    let mut operands = vec![
-        TensorType::new(DType::F32, [b, t, heads[0], d])?,
-        TensorType::new(DType::F32, [b, t, heads[1], d])?,
-        TensorType::new(DType::F32, [b, heads[2], t, d])?,
-    ];
+    let Some(views) = rope_kv::LinearRopeKv::views(widths, cache, positions) else {
+        // A width that is no whole number of heads (at least one) of the caches' head size.
+        let (d, k) = (cache[3], rule.operands[0].dims()[1]);
+        let group = (widths.iter())
+            .position(|&n| d == 0 || n == 0 || !n.is_multiple_of(d))
+            .unwrap_or(0);
+        return Err(rule.type_error(1 + group, format!("bf16 [H·{d},{k}] with H ≥ 1")));
+    };
+    let mut operands = (views.into_iter())
+        .map(|dims| TensorType::new(DType::F32, dims))
+        .collect::<Result<Vec<_>>>()?;
     operands.extend_from_slice(&rule.operands[first..]);
     let op = Op::RopeKvWrite {
         theta,
