@@ -41,6 +41,18 @@ impl Rule<'_> {
         }
     }
 
+    /// The operand count is one of two (a plain and a pooled form).
+    fn arity_either(&self, [first, second]: [usize; 2]) -> Result<()> {
+        match self.operands.len() {
+            n if n == first || n == second => Ok(()),
+            got => Err(Error::Arity {
+                op: self.op.to_string(),
+                expected: format!("{first} or {second}"),
+                got,
+            }),
+        }
+    }
+
     fn float(&self, port: usize) -> Result<&TensorType> {
         let t = &self.operands[port];
         if matches!(t.dtype, DType::F32 | DType::F64) {
@@ -96,6 +108,25 @@ impl Rule<'_> {
             Ok(dims)
         } else {
             Err(self.type_error(port, format!("{} {layout}", self.operands[port].dtype)))
+        }
+    }
+
+    /// `error`, from the type rule of one of this op's parts (an unfused op it stands for),
+    /// as this op's: a `Type` error names this op and the port `port_of` gives for the part's.
+    fn renamed(&self, error: Error, port_of: impl Fn(usize) -> usize) -> Error {
+        match error {
+            Error::Type {
+                port,
+                expected,
+                got,
+                ..
+            } => Error::Type {
+                op: self.op.to_string(),
+                port: port_of(port),
+                expected,
+                got,
+            },
+            other => other,
         }
     }
 

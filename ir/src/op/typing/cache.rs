@@ -7,7 +7,7 @@
 
 use super::Rule;
 use crate::op::rope_kv::{RopeKvParts, K, K_CACHE, Q, V, V_CACHE};
-use crate::{stores, DType, Error, Op, Result, TensorType};
+use crate::{stores, DType, Op, Result, TensorType};
 
 /// `(q [B,Hq,T,D], k [B,Hkv,S,D], v) -> (out [B,T,Hq,D], probs [B,Hq,T,S])`, `S >= T`; with
 /// `flash` (FlashAttention's rounding, bf16 or f16), `(out, lse [B,Hq,T])` f32, each of q, k, v
@@ -147,13 +147,9 @@ pub(super) fn rope_kv_write_types(
         )));
     }
     let count = rule.operands.len();
+    rule.arity_either([false, true].map(|pooled| RopeKvParts::arity(bias, pooled)))?;
     let Some(parts) = RopeKvParts::of(theta, bias, count) else {
-        let [plain, pooled] = [false, true].map(|p| RopeKvParts::arity(bias, p));
-        return Err(Error::Arity {
-            op: rule.op.to_string(),
-            expected: format!("{plain} or {pooled}"),
-            got: count,
-        });
+        return Err(rule.attribute(format!("{count} operands are neither form's")));
     };
     // The staged form's v is token-major; its parts see it head-major (as unfused).
     let (k, v) = (rule.operands[K].dims(), rule.operands[V].dims());
@@ -174,19 +170,10 @@ pub(super) fn rope_kv_write_types(
                 None => Ok(rotated.cloned().expect("the k write follows the k rope")),
             })
             .collect::<Result<_>>()?;
-        op.infer(&types).map_err(|error| match error {
-            Error::Type {
-                port,
-                expected,
-                got,
-                ..
-            } => Error::Type {
-                op: rule.op.to_string(),
-                port: ports.get(port).copied().flatten().unwrap_or(K),
-                expected,
-                got,
-            },
-            other => other,
+        op.infer(&types).map_err(|error| {
+            rule.renamed(error, |port| {
+                ports.get(port).copied().flatten().unwrap_or(K)
+            })
         })
     };
     let some = |ports: &[usize]| ports.iter().copied().map(Some).collect::<Vec<_>>();

@@ -2,7 +2,7 @@
 
 use super::Rule;
 use crate::op::rope_kv;
-use crate::{DType, Error, Op, Result, TensorType};
+use crate::{DType, Op, Result, TensorType};
 
 /// The most weight groups of one [`Op::Linear`].
 pub const LINEAR_MAX_GROUPS: usize = 3;
@@ -42,14 +42,7 @@ pub(super) fn linear_types(
     let linear_operands = 1 + groups + biases.iter().filter(|&&b| b).count();
     match rope_kv {
         // The caches, the rope positions, the positions, and the rows of a pooled cache.
-        Some(_) if !(4..=5).contains(&rule.operands.len().saturating_sub(linear_operands)) => {
-            return Err(Error::Arity {
-                op: rule.op.to_string(),
-                expected: format!("{} or {}", linear_operands + 4, linear_operands + 5),
-                got: rule.operands.len(),
-            });
-        }
-        Some(_) => {}
+        Some(_) => rule.arity_either([linear_operands + 4, linear_operands + 5])?,
         None => rule.arity(linear_operands + if add_rmsnorm.is_some() { 2 } else { 0 })?,
     }
     let x = &rule.operands[0];
@@ -109,20 +102,7 @@ fn add_rmsnorm_types(
     let operands = [y, residual.clone(), rule.operands[port + 1].clone()];
     Op::AddRmsNorm { eps }
         .infer(&operands)
-        .map_err(|error| match error {
-            Error::Type {
-                port: p,
-                expected,
-                got,
-                ..
-            } => Error::Type {
-                op: rule.op.to_string(),
-                port: port + p - 1,
-                expected,
-                got,
-            },
-            other => other,
-        })
+        .map_err(|error| rule.renamed(error, |p| port + p - 1))
 }
 
 /// The RoPE and cache epilogue: the results of `RopeKvWrite{theta}` on the groups' outputs
@@ -158,21 +138,11 @@ fn rope_kv_types(
         bias: false,
         staged: None,
     };
-    op.infer(&operands).map_err(|error| match error {
-        Error::Type {
-            port,
-            expected,
-            got,
-            ..
-        } => Error::Type {
-            op: rule.op.to_string(),
-            port: match port.checked_sub(rope_kv::K_CACHE) {
-                Some(past) => first + past,
-                None => 1 + port,
-            },
-            expected,
-            got,
-        },
-        other => other,
+    // A view's error is its weight's.
+    op.infer(&operands).map_err(|error| {
+        rule.renamed(error, |port| match port.checked_sub(rope_kv::K_CACHE) {
+            Some(past) => first + past,
+            None => 1 + port,
+        })
     })
 }
