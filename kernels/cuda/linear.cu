@@ -422,17 +422,13 @@ extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* par
 // to two blocks of 256 threads per SM, as linear_r1 runs (the split rule counts on it): 122
 // registers, no spills (130 unbounded: one block per SM).
 #define KILN_LINEAR_R1_BOUNDS __launch_bounds__(256, 2)
-extern "C" __global__ void KILN_LINEAR_R1_BOUNDS linear_r1_rope(float* y0, float* y1, float* y2, float* partial,
-                                          const bf16_bits* w0, const bf16_bits* w1,
-                                          const bf16_bits* w2, const bf16_bits* b0,
-                                          const bf16_bits* b1, const bf16_bits* b2, int has_b0,
-                                          int has_b1, int has_b2, i64 n0, i64 n1, i64 n2,
-                                          i64 ldo0, i64 ldo1, i64 ldo2, const void* x, int x_f32,
-                                          i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k,
-                                          float* q_rot, bf16_bits* k_cache, bf16_bits* v_cache,
-                                          const i64* rope_positions, const i64* positions,
-                                          const i64* rows, i64 slots, i64 seq, i64 capacity,
-                                          i64 head_dim, float theta, int* fault) {
+extern "C" __global__ void KILN_LINEAR_R1_BOUNDS linear_r1_rope(
+    float* y0, float* y1, float* y2, float* partial, const bf16_bits* w0, const bf16_bits* w1,
+    const bf16_bits* w2, const bf16_bits* b0, const bf16_bits* b1, const bf16_bits* b2,
+    int has_b0, int has_b1, int has_b2, i64 n0, i64 n1, i64 n2, i64 ldo0, i64 ldo1, i64 ldo2,
+    const void* x, int x_f32, i64 m, i64 k, i64 ldx, i64 split_k, i64 stage_k, float* q_rot,
+    bf16_bits* k_cache, bf16_bits* v_cache, const i64* rope_positions, const i64* positions,
+    const i64* rows, i64 slots, i64 seq, i64 capacity, i64 head_dim, float theta, int* fault) {
     KILN_LINEAR_OUT;
     KILN_LINEAR_ROPE;
     kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx, split_k,
