@@ -75,25 +75,35 @@ impl Op {
             (Op::KvCacheWrite, 3) => Some(IndexRange::slot_of(dim(0, 0)?)),
             (Op::CachedAttention { .. }, 4) => Some(IndexRange::slot_of(dim(1, 0)?)),
             (Op::Rope { .. } | Op::RopeBackward { .. }, 1) => Some(IndexRange::below(usize::MAX)),
+            // The epilogue's caches and indices: `RopeKvWrite`'s ranges on its views of the
+            // linear's results.
             (
                 Op::Linear {
                     biases,
-                    rope_kv: Some(_),
+                    rope_kv: Some(theta),
                     ..
                 },
                 _,
             ) => {
                 let ports = super::rope_kv::LinearRopeKv::of(biases);
-                let cache = dim(ports.k_cache, 0)?;
-                if port == ports.positions {
-                    // The positions of the T new keys (rope positions [B,T]) in the cache.
-                    let (block, capacity) = (dim(ports.rope_positions, 1)?, dim(ports.k_cache, 2)?);
-                    Some(IndexRange::below((capacity + 1).saturating_sub(block)))
-                } else if port == ports.rows {
-                    Some(IndexRange::slot_of(cache))
-                } else {
-                    (port == ports.rope_positions).then_some(IndexRange::below(usize::MAX))
-                }
+                let rope_port = port.checked_sub(ports.k_cache)? + super::rope_kv::K_CACHE;
+                let widths: Vec<usize> = (1..=3).map(|g| dim(g, 0)).collect::<Option<_>>()?;
+                let (cache, positions) = (
+                    operands.get(ports.k_cache)?,
+                    operands.get(ports.rope_positions)?,
+                );
+                let views =
+                    super::rope_kv::LinearRopeKv::views(&widths, cache.dims(), positions.dims())?;
+                let mut types = (views.into_iter())
+                    .map(|dims| TensorType::new(crate::DType::F32, dims).ok())
+                    .collect::<Option<Vec<_>>>()?;
+                types.extend_from_slice(&operands[ports.k_cache..]);
+                let op = Op::RopeKvWrite {
+                    theta: *theta,
+                    bias: false,
+                    staged: None,
+                };
+                op.index_range(rope_port, &types)
             }
             (Op::RopeKvWrite { theta, bias, .. }, _) => {
                 let parts = super::rope_kv::RopeKvParts::of(*theta, *bias, operands.len())?;

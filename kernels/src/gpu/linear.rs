@@ -263,12 +263,15 @@ impl SkinnyLinear {
     /// Bytes of scratch the launches need: the partial sums `[splits][m][virtual columns]` f32
     /// when k is split, else 0. The caller supplies them (4-byte aligned).
     pub fn workspace_bytes(&self) -> u64 {
-        let plan = self.plan();
-        if plan.splits > 1 {
-            plan.splits * self.m * self.virtual_columns() * F32_BYTES
-        } else {
-            0
+        match self.plan().splits > 1 {
+            true => self.partial_bytes(),
+            false => 0,
         }
+    }
+
+    /// Bytes of the partial sums `[splits][m][virtual columns]` f32.
+    fn partial_bytes(&self) -> u64 {
+        self.plan().splits * self.m * self.virtual_columns() * F32_BYTES
     }
 }
 
@@ -515,6 +518,43 @@ pub struct RopeEpilogue {
 }
 
 impl RopeEpilogue {
+    /// The same rotation and cache writes as `RopeKvWrite`'s kernel takes them, from `spec`'s
+    /// results `[q, k, v]` written apart (f32, `[m, n_g]` each), no biases (the linear added
+    /// them): where the skinny kernels do not finish the epilogue themselves.
+    pub fn unfused(
+        &self,
+        spec: &SkinnyLinear,
+        [q, k, v]: [Addr; 3],
+    ) -> (super::cache::RopeKvWrite, super::cache::RopeKvDims) {
+        let heads = |g: usize| {
+            spec.groups
+                .get(g)
+                .map_or(0, |group| group.n / self.head_dim.max(1))
+        };
+        let addresses = super::cache::RopeKvWrite {
+            q_rot: self.q_rot,
+            k_cache: self.k_cache,
+            v_cache: self.v_cache,
+            q,
+            k,
+            v,
+            rope_positions: self.rope_positions,
+            positions: self.positions,
+            rows: self.rows,
+            biases: None,
+            staged: None,
+        };
+        let dims = super::cache::RopeKvDims {
+            batch: spec.m / self.seq.max(1),
+            seq: self.seq,
+            q_heads: heads(0),
+            kv_heads: heads(1),
+            capacity: self.capacity,
+            head_dim: self.head_dim,
+        };
+        (addresses, dims)
+    }
+
     /// The kernels' RoPE and cache arguments (`q_rot` to `fault`) for `m` rows.
     fn args(&self, m: u64, fault: Addr) -> Vec<Arg> {
         let [rows, slots] = self.rows.args(m / self.seq.max(1));
@@ -538,7 +578,7 @@ impl RopeEpilogue {
 impl SkinnyLinear {
     /// Bytes of scratch [`skinny_linear_rope`] needs: the partial sums, one split's too.
     pub fn rope_workspace_bytes(&self) -> u64 {
-        self.plan().splits * self.m * self.virtual_columns() * F32_BYTES
+        self.partial_bytes()
     }
 }
 

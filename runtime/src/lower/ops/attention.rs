@@ -8,7 +8,7 @@ use kiln_kernels::gpu::flash::{self, FlashBackward, FlashForward};
 use kiln_kernels::gpu::Launch;
 use kiln_kernels::gpu::{cache, decode};
 
-use super::{byte_len, copy_unless_same, size, Lowering, F32, I64};
+use super::{byte_len, copy_unless_same, size, DeviceTensor, Lowering, F32, I64};
 use crate::error::Result;
 
 /// `[a, b, c, d]` of a rank-4 tensor.
@@ -208,6 +208,14 @@ pub(super) fn lower_attention(at: &Lowering<'_>) -> Result<Vec<Launch>> {
     }
 }
 
+/// The copies of caches written in place, `(result, cache)`, into results the planner gave
+/// slots of their own (none where a result is its cache).
+pub(super) fn copied_caches(caches: [(&DeviceTensor, &DeviceTensor); 2]) -> Vec<Launch> {
+    (caches.into_iter())
+        .flat_map(|(out, cache)| copy_unless_same(out.addr(), cache.addr(), byte_len(cache)))
+        .collect()
+}
+
 /// The fused RoPE + KV-cache write: one launch, the caches written in place (copied first
 /// when the planner gave a result its own slot, as `KvCacheWrite`); the staged form's rows
 /// f16.
@@ -255,12 +263,7 @@ fn lower_rope_kv_write(
     let [batch, seq, q_heads, head_dim] = dims4(at, q.dims(), "q")?;
     let [_, _, kv_heads, _] = dims4(at, k.dims(), "k")?;
     let [_, _, capacity, _] = dims4(at, k_cache.dims(), "k_cache")?;
-    let mut launches = copy_unless_same(k_out.addr(), k_cache.addr(), byte_len(k_cache));
-    launches.extend(copy_unless_same(
-        v_out.addr(),
-        v_cache.addr(),
-        byte_len(v_cache),
-    ));
+    let mut launches = copied_caches([(k_out, k_cache), (v_out, v_cache)]);
     if q.numel() > 0 {
         let addresses = cache::RopeKvWrite {
             q_rot: q_rot.addr(),

@@ -15,8 +15,8 @@ use kiln_kernels::gpu::linear::{
 };
 use kiln_kernels::gpu::{self, cache, Addr, Gemm, GemmDType, Launch, SLOT_ALIGN};
 
-use super::attention::{dims4, pooled_rows};
-use super::{byte_len, copy_unless_same, size, DeviceTensor, LowerOptions, Lowering, F32};
+use super::attention::{copied_caches, dims4, pooled_rows};
+use super::{size, DeviceTensor, LowerOptions, Lowering, F32};
 use crate::error::Result;
 
 /// Sizes of one linear: `x [m,k]`, the groups' widths.
@@ -346,46 +346,37 @@ pub(super) fn lower_linear_rope_kv(
     let q_rot = at.result(0, "q_rot", F32)?;
     let k_out = at.result(1, "k_cache", k_cache.dtype)?;
     let v_out = at.result(2, "v_cache", k_cache.dtype)?;
-    let [batch, q_heads, seq, head_dim] = dims4(at, q_rot.dims(), "q_rot")?;
-    let [_, kv_heads, capacity, _] = dims4(at, k_cache.dims(), "k_cache")?;
-    let mut launches = copy_unless_same(k_out.addr(), k_cache.addr(), byte_len(k_cache));
-    launches.extend(copy_unless_same(
-        v_out.addr(),
-        v_cache.addr(),
-        byte_len(v_cache),
-    ));
+    let [_, _, seq, head_dim] = dims4(at, q_rot.dims(), "q_rot")?;
+    let [_, _, capacity, _] = dims4(at, k_cache.dims(), "k_cache")?;
+    let mut launches = copied_caches([(k_out, k_cache), (v_out, v_cache)]);
     let shape = inputs.shape();
     if shape.m == 0 {
         return Ok(launches);
     }
-    let theta = Lowering::f32_attribute(theta);
-    let fused =
-        shape.m <= options.linear_rows && cache_stored == gpu::Stored::BF16 && inputs.bf16_biases();
+    let rope = RopeEpilogue {
+        q_rot: q_rot.addr(),
+        k_cache: k_out.addr(),
+        v_cache: v_out.addr(),
+        rope_positions: rope_positions.addr(),
+        positions: positions.addr(),
+        rows,
+        seq,
+        capacity,
+        head_dim,
+        theta: Lowering::f32_attribute(theta),
+    };
+    let skinny = inputs.skinny(&shape, false, &[q_rot.addr(); 3]);
+    let fused = shape.m <= options.linear_rows
+        && cache_stored == gpu::Stored::BF16
+        && inputs.bf16_biases()
+        && skinny.fits();
     if fused {
-        let skinny = inputs.skinny(&shape, false, &[q_rot.addr(); 3]);
-        if skinny.fits() {
-            let rope = RopeEpilogue {
-                q_rot: q_rot.addr(),
-                k_cache: k_out.addr(),
-                v_cache: v_out.addr(),
-                rope_positions: rope_positions.addr(),
-                positions: positions.addr(),
-                rows,
-                seq,
-                capacity,
-                head_dim,
-                theta,
-            };
-            let workspace = at.workspace(skinny.rope_workspace_bytes(), q_rot.addr())?;
-            launches.extend(skinny_linear_rope(
-                &skinny,
-                workspace,
-                rope,
-                options.clusters,
-                at.fault,
-            )?);
-            return Ok(launches);
-        }
+        let workspace = at.workspace(skinny.rope_workspace_bytes(), q_rot.addr())?;
+        let clusters = options.clusters;
+        launches.extend(skinny_linear_rope(
+            &skinny, workspace, rope, clusters, at.fault,
+        )?);
+        return Ok(launches);
     }
     // q, k and v at the workspace's front, the linear's scratch after them.
     let [q_bytes, k_bytes, v_bytes] = shape.results_bytes();
@@ -399,31 +390,11 @@ pub(super) fn lower_linear_rope_kv(
         norm: None,
     };
     launches.extend(plain_linear(at, &inputs, outputs, offset, options)?);
-    let addresses = cache::RopeKvWrite {
-        q_rot: q_rot.addr(),
-        k_cache: k_out.addr(),
-        v_cache: v_out.addr(),
-        q,
-        k,
-        v,
-        rope_positions: rope_positions.addr(),
-        positions: positions.addr(),
-        rows,
-        biases: None,
-        staged: None,
-    };
-    let dims = cache::RopeKvDims {
-        batch,
-        seq,
-        q_heads,
-        kv_heads,
-        capacity,
-        head_dim,
-    };
+    let (addresses, dims) = rope.unfused(&skinny, [q, k, v]);
     let stored = (cache_stored, cache_stored);
     launches.push(cache::rope_kv_write_f32(
         addresses,
-        (dims, theta),
+        (dims, rope.theta),
         stored,
         at.fault,
     ));
