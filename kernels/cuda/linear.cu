@@ -315,87 +315,179 @@ struct KilnLinearRope {
     const KilnLinearRope rope = {q_rot,  k_cache,  v_cache,  rope_positions, positions, rows, \
                                  slots,  seq,      capacity, head_dim,       theta,     fault}
 
+// kiln_linear_split_sum of two columns (at and at + offset) in the same rounds of loads: each
+// column's splits added in increasing order, so each sum has the bits of kiln_linear_split_sum.
+__device__ __forceinline__ void kiln_linear_split_sum_pair(const float* at, i64 offset,
+                                                           i64 stride, i64 splits, float* lo,
+                                                           float* hi) {
+    float sum_lo = at[0], sum_hi = at[offset];
+    for (i64 s0 = 1; s0 < splits; s0 += KILN_LINEAR_ROUND) {
+        float part_lo[KILN_LINEAR_ROUND], part_hi[KILN_LINEAR_ROUND];
+#pragma unroll
+        for (int u = 0; u < KILN_LINEAR_ROUND; ++u) {
+            const bool in = s0 + u < splits;
+            part_lo[u] = in ? at[(s0 + u) * stride] : 0.0f;
+            part_hi[u] = in ? at[(s0 + u) * stride + offset] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_LINEAR_ROUND; ++u) {
+            if (s0 + u < splits) {
+                sum_lo += part_lo[u];
+                sum_hi += part_hi[u];
+            }
+        }
+    }
+    *lo = sum_lo;
+    *hi = sum_hi;
+}
+
+// One output of a q/k/v launch with the RoPE and cache epilogue, as far as the kernel's inputs
+// give it (kiln_linear_rope_item): everything but the partial sums, so that a cluster finds it
+// before its barrier and only the sums, the rotation and the stores follow the wait.
+struct KilnLinearRopeItem {
+    i64 at = -1;    // the item's column's first partial sum (lo's) in `partial`; < 0: none
+    i64 half = 0;   // hi's column from lo's (D/2); 0 for a v column
+    i64 dst = -1;  // into q_rot (group 0) or the item's cache; < 0: no store (padding row)
+    int g = 0;     // the group: 0 q, 1 k, 2 v
+    int has_lo = 0, has_hi = 0;
+    float bias_lo = 0.0f, bias_hi = 0.0f;
+    float cos_a = 0.0f, sin_a = 0.0f;
+};
+
 // Output (r, v) of a q/k/v launch with the RoPE and cache epilogue (v < n0 + n1 + n2), from
 // `partial` as kiln_linear_finish reads it: column i < D/2 of a q or k head finishes its pair
 // with column i + D/2 (which itself does nothing); a v column its element of the v cache.
-__device__ __forceinline__ void kiln_linear_rope_finish(const KilnLinearOut& out,
-                                                        const KilnLinearRope& rope,
-                                                        const float* partial, i64 r, i64 v,
-                                                        i64 n0, i64 n1, i64 n2, i64 m,
-                                                        i64 splits) {
-    const i64 n_virtual = n0 + n1 + n2;
-    const float* at = partial + r * n_virtual + v;
-    const i64 split_stride = m * n_virtual;
+__device__ __forceinline__ KilnLinearRopeItem kiln_linear_rope_item(const KilnLinearOut& out,
+                                                                    const KilnLinearRope& rope,
+                                                                    i64 r, i64 v, i64 n0, i64 n1,
+                                                                    i64 n2) {
+    KilnLinearRopeItem item;
     const i64 d = rope.head_dim, half = d / 2, seq = rope.seq;
     int g = 0;
     i64 j = 0;
     kiln_linear_locate(v, n0, n1, &g, &j);
+    item.g = g;
+    const bf16_bits* bias = g == 0 ? out.b0 : (g == 1 ? out.b1 : out.b2);
+    const int has = g == 0 ? out.has_b0 : (g == 1 ? out.has_b1 : out.has_b2);
     if (g == 2) {
-        const float value = kiln_linear_biased(out, 2, j, kiln_linear_split_sum(at, split_stride,
-                                                                                 splits));
+        item.at = r * (n0 + n1 + n2) + v;
+        item.has_lo = has;
+        if (has) item.bias_lo = kiln_bf16_to_f32(bias[j]);
         // y_2 [M, n2] viewed as [B,Hkv,T,D].
         const i64 heads = n2 / d, flat = r * n2 + j;
         const i64 b = flat / (heads * seq * d), h = (flat / (seq * d)) % heads;
-        const i64 cache_at = kiln_cache_at(rope.positions, rope.rows, rope.slots, b, h,
-                                           (flat / d) % seq, flat % d, heads, rope.capacity,
-                                           seq, d, rope.fault);
-        if (cache_at >= 0) kiln_store(rope.v_cache, cache_at, value);
-        return;
+        item.dst = kiln_cache_at(rope.positions, rope.rows, rope.slots, b, h, (flat / d) % seq,
+                                 flat % d, heads, rope.capacity, seq, d, rope.fault);
+        return item;
     }
     const i64 i = j % d;
-    if (i >= half) return;
-    const float lo = kiln_linear_biased(out, g, j, kiln_linear_split_sum(at, split_stride, splits));
-    const float hi = kiln_linear_biased(out, g, j + half,
-                                        kiln_linear_split_sum(at + half, split_stride, splits));
+    if (i >= half) return item;
+    item.at = r * (n0 + n1 + n2) + v;
+    item.half = half;
+    item.has_lo = item.has_hi = has;
+    if (has) {
+        item.bias_lo = kiln_bf16_to_f32(bias[j]);
+        item.bias_hi = kiln_bf16_to_f32(bias[j + half]);
+    }
     const i64 position = rope.rope_positions[r];
     if (position < 0) kiln_raise(rope.fault);
-    float cos_a, sin_a;
-    kiln_rope_angle(rope.theta, position, i, d, &cos_a, &sin_a);
-    const float rotated_lo = kiln_rope_lo(lo, hi, cos_a, sin_a);
-    const float rotated_hi = kiln_rope_hi(lo, hi, cos_a, sin_a);
+    kiln_rope_angle(rope.theta, position, i, d, &item.cos_a, &item.sin_a);
     const i64 b = r / seq, t = r % seq, h = j / d;
-    if (g == 0) {
-        const i64 dst = ((b * (n0 / d) + h) * seq + t) * d + i;
-        rope.q_rot[dst] = rotated_lo;
-        rope.q_rot[dst + half] = rotated_hi;
+    item.dst = g == 0 ? ((b * (n0 / d) + h) * seq + t) * d + i
+                      : kiln_cache_at(rope.positions, rope.rows, rope.slots, b, h, t, i, n1 / d,
+                                      rope.capacity, seq, d, rope.fault);
+    return item;
+}
+
+// The item's sums over `splits` splits of `partial` (`split_stride` floats apart), its biases,
+// its rotation and its stores.
+__device__ __forceinline__ void kiln_linear_rope_finish(const KilnLinearRopeItem& item,
+                                                        const KilnLinearRope& rope,
+                                                        const float* partial, i64 split_stride,
+                                                        i64 splits) {
+    if (item.at < 0) return;
+    if (item.g == 2) {
+        float value = kiln_linear_split_sum(partial + item.at, split_stride, splits);
+        if (item.has_lo) value = value + item.bias_lo;
+        if (item.dst >= 0) kiln_store(rope.v_cache, item.dst, value);
         return;
     }
-    const i64 cache_at = kiln_cache_at(rope.positions, rope.rows, rope.slots, b, h, t, i, n1 / d,
-                                       rope.capacity, seq, d, rope.fault);
-    if (cache_at >= 0) {
-        kiln_store(rope.k_cache, cache_at, rotated_lo);
-        kiln_store(rope.k_cache, cache_at + half, rotated_hi);
+    float lo, hi;
+    kiln_linear_split_sum_pair(partial + item.at, item.half, split_stride, splits, &lo, &hi);
+    if (item.has_lo) lo = lo + item.bias_lo;
+    if (item.has_hi) hi = hi + item.bias_hi;
+    const float rotated_lo = kiln_rope_lo(lo, hi, item.cos_a, item.sin_a);
+    const float rotated_hi = kiln_rope_hi(lo, hi, item.cos_a, item.sin_a);
+    if (item.dst < 0) return;
+    if (item.g == 0) {
+        rope.q_rot[item.dst] = rotated_lo;
+        rope.q_rot[item.dst + item.half] = rotated_hi;
+    } else {
+        kiln_store(rope.k_cache, item.dst, rotated_lo);
+        kiln_store(rope.k_cache, item.dst + item.half, rotated_hi);
     }
 }
+
+// The y-th of gridDim.y contiguous shares of `count` outputs: [begin, end).
+__device__ __forceinline__ void kiln_linear_cluster_share(i64 count, i64* begin, i64* end) {
+    const i64 splits = gridDim.y;
+    const i64 share = (count + splits - 1) / splits;
+    *begin = (i64)blockIdx.y * share;
+    *end = *begin + share < count ? *begin + share : count;
+}
+
+// The tile's virtual columns (a team's 4 columns each).
+#define KILN_LINEAR_TILE ((i64)(blockDim.x / KILN_LINEAR_TEAM) * KILN_LINEAR_COLS)
 
 // The finish of a split launch inside the kernel, with no reduce launch: the builder launches
 // each column tile's gridDim.y splits as one cluster (at most 16 blocks, Hopper's limit).
 // Once every block of the cluster has written its partial sums (kiln_cluster_sync orders
-// them, in global memory, before the reads), block y finishes the y-th of gridDim.y
-// contiguous shares of the tile's m * width outputs (width = the tile's 128 virtual columns,
-// or its 64 outputs with SwiGLU), each by kiln_linear_finish, or with `rope` (not null) by
-// kiln_linear_rope_finish. Every thread of the block calls it.
+// them, in global memory, before the reads), block y finishes its share
+// (kiln_linear_cluster_share) of the tile's m * width outputs (width = the tile's 128
+// virtual columns, or its 64 outputs with SwiGLU), each by kiln_linear_finish. Every thread of
+// the block calls it.
 __device__ __forceinline__ void kiln_linear_cluster_finish(const KilnLinearOut& out,
-                                                           const KilnLinearRope* rope,
                                                            const float* partial, i64 n0, i64 n1,
                                                            i64 n2, i64 m, int swiglu) {
     kiln_cluster_sync();
-    const i64 tile = (blockDim.x / KILN_LINEAR_TEAM) * KILN_LINEAR_COLS;  // a team's 4 columns
     const i64 n_out = swiglu ? n0 : n0 + n1 + n2;
-    const i64 width = swiglu ? tile / 2 : tile;
-    const i64 splits = gridDim.y;
-    const i64 count = m * width;
-    const i64 share = (count + splits - 1) / splits;
-    const i64 begin = (i64)blockIdx.y * share;
-    const i64 end = begin + share < count ? begin + share : count;
+    const i64 width = swiglu ? KILN_LINEAR_TILE / 2 : KILN_LINEAR_TILE;
+    i64 begin = 0, end = 0;
+    kiln_linear_cluster_share(m * width, &begin, &end);
     for (i64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
         const i64 v = (i64)blockIdx.x * width + i % width;
         if (v >= n_out) continue;
-        if (rope != nullptr) {
-            kiln_linear_rope_finish(out, *rope, partial, i / width, v, n0, n1, n2, m, splits);
-        } else {
-            kiln_linear_finish(out, partial, i / width, v, n0, n1, n2, m, splits, swiglu);
-        }
+        kiln_linear_finish(out, partial, i / width, v, n0, n1, n2, m, gridDim.y, swiglu);
+    }
+}
+
+// Output i of the cluster's tile (row i / tile) with the RoPE and cache epilogue.
+__device__ __forceinline__ KilnLinearRopeItem kiln_linear_rope_tile_item(
+    const KilnLinearOut& out, const KilnLinearRope& rope, i64 i, i64 n0, i64 n1, i64 n2) {
+    const i64 v = (i64)blockIdx.x * KILN_LINEAR_TILE + i % KILN_LINEAR_TILE;
+    if (v >= n0 + n1 + n2) return {};
+    return kiln_linear_rope_item(out, rope, i / KILN_LINEAR_TILE, v, n0, n1, n2);
+}
+
+// kiln_linear_cluster_finish with the RoPE and cache epilogue: output i of the block's share
+// by kiln_linear_rope_item and kiln_linear_rope_finish. A thread's first item (its only one
+// while the share fits the block) is found before the cluster's barrier, since it reads the
+// kernel's inputs alone, so that its loads and its angle overlap the wait for the other splits.
+__device__ __forceinline__ void kiln_linear_rope_cluster_finish(const KilnLinearOut& out,
+                                                                const KilnLinearRope& rope,
+                                                                const float* partial, i64 n0,
+                                                                i64 n1, i64 n2, i64 m) {
+    i64 begin = 0, end = 0;
+    kiln_linear_cluster_share(m * KILN_LINEAR_TILE, &begin, &end);
+    i64 i = begin + threadIdx.x;
+    KilnLinearRopeItem item;
+    if (i < end) item = kiln_linear_rope_tile_item(out, rope, i, n0, n1, n2);
+    kiln_cluster_sync();
+    const i64 split_stride = m * (n0 + n1 + n2);
+    while (i < end) {
+        kiln_linear_rope_finish(item, rope, partial, split_stride, gridDim.y);
+        i += blockDim.x;
+        if (i < end) item = kiln_linear_rope_tile_item(out, rope, i, n0, n1, n2);
     }
 }
 
@@ -414,7 +506,7 @@ extern "C" __global__ void linear_r1(float* y0, float* y1, float* y2, float* par
     KILN_LINEAR_OUT;  // the body waits for the producers (kiln_linear_wait_once)
     kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx,
                                 split_k, stage_k, swiglu);
-    if (cluster_finish) kiln_linear_cluster_finish(out, nullptr, partial, n0, n1, n2, m, swiglu);
+    if (cluster_finish) kiln_linear_cluster_finish(out, partial, n0, n1, n2, m, swiglu);
 }
 
 // linear_r1 of a q/k/v launch with the RoPE and cache epilogue, finished in its clusters (the
@@ -433,7 +525,7 @@ extern "C" __global__ void KILN_LINEAR_R1_BOUNDS linear_r1_rope(
     KILN_LINEAR_ROPE;
     kiln_linear_body<1, 4>(out, partial, w0, w1, w2, n0, n1, n2, x, x_f32, m, k, ldx, split_k,
                            stage_k, 0);
-    kiln_linear_cluster_finish(out, &rope, partial, n0, n1, n2, m, 0);
+    kiln_linear_rope_cluster_finish(out, rope, partial, n0, n1, n2, m);
 }
 
 extern "C" __global__ void linear_reduce(float* y0, float* y1, float* y2, const float* partial,
@@ -463,9 +555,11 @@ extern "C" __global__ void linear_reduce_rope(const float* partial, const bf16_b
     const KilnLinearOut out = {nullptr, nullptr, nullptr, b0, b1, b2, has_b0, has_b1, has_b2,
                                0,       0,       0};
     KILN_LINEAR_ROPE;
-    KILN_FOR_EACH(i, m * (n0 + n1 + n2)) {
-        kiln_linear_rope_finish(out, rope, partial, i / (n0 + n1 + n2), i % (n0 + n1 + n2), n0,
-                                n1, n2, m, splits);
+    const i64 n_out = n0 + n1 + n2;
+    KILN_FOR_EACH(i, m * n_out) {
+        const KilnLinearRopeItem item =
+            kiln_linear_rope_item(out, rope, i / n_out, i % n_out, n0, n1, n2);
+        kiln_linear_rope_finish(item, rope, partial, m * n_out, splits);
     }
 }
 
