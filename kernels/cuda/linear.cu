@@ -276,45 +276,6 @@ __device__ __forceinline__ float kiln_linear_split_sum(const float* at, i64 stri
     return sum;
 }
 
-// Output (r, v) of a split launch (v < n0 with SwiGLU, else < n0 + n1 + n2) from `partial`
-// ([splits][m][virtual columns], the main kernels' layout): the splits summed in increasing
-// order, bias added, the epilogue applied. linear_reduce and the cluster finish both use it,
-// so either gives the same bits.
-__device__ __forceinline__ void kiln_linear_finish(const KilnLinearOut& out, const float* partial,
-                                                   i64 r, i64 v, i64 n0, i64 n1, i64 n2, i64 m,
-                                                   i64 splits, int swiglu) {
-    const i64 n_virtual = swiglu ? 2 * n0 : n0 + n1 + n2;
-    const float* at = partial + r * n_virtual + v;
-    const i64 split_stride = m * n_virtual;
-    const float sum = kiln_linear_split_sum(at, split_stride, splits);
-    if (swiglu) {
-        const float up = kiln_linear_split_sum(at + n0, split_stride, splits);
-        kiln_linear_write_swiglu(out, r, v, sum, up);
-    } else {
-        int g = 0;
-        i64 j = 0;
-        kiln_linear_locate(v, n0, n1, &g, &j);
-        kiln_linear_write(out, g, r, j, sum);
-    }
-}
-
-// The RoPE and cache epilogue's outputs (see the header): bf16 caches [S,Hkv,Smax,D], the
-// rope positions [B,T] (row r = b * seq + t), the cache positions [B] and rows (or null).
-struct KilnLinearRope {
-    float* q_rot;
-    bf16_bits *k_cache, *v_cache;
-    const i64 *rope_positions, *positions, *rows;
-    i64 slots, seq, capacity, head_dim;
-    float theta;
-    int* fault;
-};
-
-// The struct from the kernels' parameters of those names (the signature checks of
-// kernels/src/gpu/tests.rs read parameter lists as written).
-#define KILN_LINEAR_ROPE                                                                     \
-    const KilnLinearRope rope = {q_rot,  k_cache,  v_cache,  rope_positions, positions, rows, \
-                                 slots,  seq,      capacity, head_dim,       theta,     fault}
-
 // kiln_linear_split_sum of two columns (at and at + offset) in the same rounds of loads: each
 // column's splits added in increasing order, so each sum has the bits of kiln_linear_split_sum.
 __device__ __forceinline__ void kiln_linear_split_sum_pair(const float* at, i64 offset,
@@ -340,6 +301,45 @@ __device__ __forceinline__ void kiln_linear_split_sum_pair(const float* at, i64 
     *lo = sum_lo;
     *hi = sum_hi;
 }
+
+// Output (r, v) of a split launch (v < n0 with SwiGLU, else < n0 + n1 + n2) from `partial`
+// ([splits][m][virtual columns], the main kernels' layout): the splits summed in increasing
+// order, bias added, the epilogue applied. linear_reduce and the cluster finish both use it,
+// so either gives the same bits.
+__device__ __forceinline__ void kiln_linear_finish(const KilnLinearOut& out, const float* partial,
+                                                   i64 r, i64 v, i64 n0, i64 n1, i64 n2, i64 m,
+                                                   i64 splits, int swiglu) {
+    const i64 n_virtual = swiglu ? 2 * n0 : n0 + n1 + n2;
+    const float* at = partial + r * n_virtual + v;
+    const i64 split_stride = m * n_virtual;
+    if (swiglu) {  // gate's and up's splits in the same rounds
+        float gate, up;
+        kiln_linear_split_sum_pair(at, n0, split_stride, splits, &gate, &up);
+        kiln_linear_write_swiglu(out, r, v, gate, up);
+    } else {
+        int g = 0;
+        i64 j = 0;
+        kiln_linear_locate(v, n0, n1, &g, &j);
+        kiln_linear_write(out, g, r, j, kiln_linear_split_sum(at, split_stride, splits));
+    }
+}
+
+// The RoPE and cache epilogue's outputs (see the header): bf16 caches [S,Hkv,Smax,D], the
+// rope positions [B,T] (row r = b * seq + t), the cache positions [B] and rows (or null).
+struct KilnLinearRope {
+    float* q_rot;
+    bf16_bits *k_cache, *v_cache;
+    const i64 *rope_positions, *positions, *rows;
+    i64 slots, seq, capacity, head_dim;
+    float theta;
+    int* fault;
+};
+
+// The struct from the kernels' parameters of those names (the signature checks of
+// kernels/src/gpu/tests.rs read parameter lists as written).
+#define KILN_LINEAR_ROPE                                                                     \
+    const KilnLinearRope rope = {q_rot,  k_cache,  v_cache,  rope_positions, positions, rows, \
+                                 slots,  seq,      capacity, head_dim,       theta,     fault}
 
 // One output of a q/k/v launch with the RoPE and cache epilogue, as far as the kernel's inputs
 // give it (kiln_linear_rope_item): everything but the partial sums, so that a cluster finds it
