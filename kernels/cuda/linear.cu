@@ -342,8 +342,8 @@ struct KilnLinearRope {
                                  slots,  seq,      capacity, head_dim,       theta,     fault}
 
 // One output of a q/k/v launch with the RoPE and cache epilogue, as far as the kernel's inputs
-// give it (kiln_linear_rope_item): everything but the partial sums, so that a cluster finds it
-// before its barrier and only the sums, the rotation and the stores follow the wait.
+// give it (kiln_linear_rope_item): everything but the partial sums, which a cluster finds
+// before its barrier, so that only the sums, the rotation and the stores follow the wait.
 struct KilnLinearRopeItem {
     i64 at = -1;    // the item's column's first partial sum (lo's) in `partial`; < 0: none
     i64 half = 0;   // hi's column from lo's (D/2); 0 for a v column
@@ -472,7 +472,8 @@ __device__ __forceinline__ KilnLinearRopeItem kiln_linear_rope_tile_item(
 // kiln_linear_cluster_finish with the RoPE and cache epilogue: output i of the block's share
 // by kiln_linear_rope_item and kiln_linear_rope_finish. A thread's first item (its only one
 // while the share fits the block) is found before the cluster's barrier, since it reads the
-// kernel's inputs alone, so that its loads and its angle overlap the wait for the other splits.
+// kernel's inputs alone. Measured (BENCHMARKS.md, thirty-third session): no faster at one row
+// than finding it after the barrier, since the split that arrives last finds its items too.
 __device__ __forceinline__ void kiln_linear_rope_cluster_finish(const KilnLinearOut& out,
                                                                 const KilnLinearRope& rope,
                                                                 const float* partial, i64 n0,
