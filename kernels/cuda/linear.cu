@@ -342,8 +342,8 @@ struct KilnLinearRope {
                                  slots,  seq,      capacity, head_dim,       theta,     fault}
 
 // One output of a q/k/v launch with the RoPE and cache epilogue, as far as the kernel's inputs
-// give it (kiln_linear_rope_item): everything but the partial sums, which a cluster finds
-// before its barrier, so that only the sums, the rotation and the stores follow the wait.
+// give it (kiln_linear_rope_item): everything but the partial sums. A cluster finds an item
+// before its barrier; only the sums, the rotation and the stores follow the wait.
 struct KilnLinearRopeItem {
     i64 at = -1;    // the item's column's first partial sum (lo's) in `partial`; < 0: none
     i64 half = 0;   // hi's column from lo's (D/2); 0 for a v column
