@@ -748,8 +748,8 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     // after a prefix (T < S), GQA ratios 1 and > 1, head dims padded (5, 24, 40, 72) and
     // exact (16, 64, 128). The backward takes random out and lse: its kernels compute the same
     // function of any operands. The forward runs in two warp groups below 132 blocks
-    // (B·Hq·⌈T/64⌉) and in one from there: the last four cases (168, 132, 168 and 144 blocks;
-    // head dims 64, 128, 24 padded to 32, and 16).
+    // (B·Hq·⌈T/64⌉) and in one from there: the last five cases (168, 132, 168, 144 and 140
+    // blocks; head dims 64, 128, 24 padded to 32, 16, and 40 padded to 64).
     for &(b, hq, hkv, t, keys, d) in &[
         (1, 2, 2, 1, 1, 64),
         (1, 3, 1, 2, 9, 5),
@@ -764,6 +764,7 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
         (1, 12, 2, 700, 760, 128),
         (2, 12, 2, 390, 400, 24),
         (1, 12, 4, 720, 720, 16),
+        (1, 14, 7, 600, 620, 40),
     ] {
         let s = format!("B={b} Hq={hq} Hkv={hkv} T={t} S={keys} D={d}");
         let scale = 1.0 / (d as f64).sqrt();
