@@ -386,6 +386,7 @@ fn vjp(graph: &mut Graph, site: &Site, out: &[Option<ValueId>]) -> Result<Vec<Op
         | Op::Argmax
         | Op::CrossEntropyBackward { .. }
         | Op::LinearCrossEntropyBackward { .. }
+        | Op::LinearCrossEntropyGrad { .. }
         | Op::AdamW(_)
         | Op::AdamWCopy(_)
         | Op::EmbeddingAdamW { .. }

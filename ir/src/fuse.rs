@@ -35,6 +35,9 @@
 //!   value: the backward's rounding of a rounded value's gradient for its GEMM;
 //! - `adamw_copy`: an `AdamW` whose new param a `CastInto` rounds into the param's persistent
 //!   bf16 copy (mixed precision) becomes one [`Op::AdamWCopy`], which writes the copy too;
+//! - `loss_grad`: a bf16 `LinearCrossEntropy` and its backward, whose `grad_loss` is a graph
+//!   input (the train step's seed), become one [`Op::LinearCrossEntropyGrad`] at the loss:
+//!   the LM head's logits are computed once instead of again in the backward;
 //! - `shared`, on the fused program: an op that repeats an earlier one (the same op on the
 //!   same operands: mixed precision's casts of one normed input for q, k and v, or for gate
 //!   and up) is the earlier op's result;
@@ -92,6 +95,7 @@ use add_rmsnorm::with_add_rmsnorm;
 use embedding_adamw::embedding_adamw_fusions;
 use embedding_onto::embedding_onto_fusions;
 use linear_rope::linear_rope_fusions;
+use loss_grad::loss_grad_fusions;
 use rope_kv::rope_kv_fusions;
 use round_trip::round_trip_rewrites;
 use rounded::rounded_fusions;
@@ -104,6 +108,7 @@ mod add_rmsnorm;
 mod embedding_adamw;
 mod embedding_onto;
 mod linear_rope;
+mod loss_grad;
 mod rope_kv;
 mod round_trip;
 mod rounded;
@@ -209,6 +214,7 @@ pub fn fuse(graph: &Graph) -> Result<Graph> {
         }
     }
     fusions.extend(rope_kv_fusions(graph, &users));
+    fusions.extend(loss_grad_fusions(graph, &users));
     let taken: BTreeSet<NodeIndex> = fusions.iter().flat_map(|f| f.replaced.clone()).collect();
     fusions.extend(widened_fusions(graph, &users, &taken));
     let fusions = with_copies(graph, fusions);

@@ -142,3 +142,53 @@ fn a_value_read_rounded_through_a_reshape_is_written_rounded_only_if_no_view_nee
     assert_eq!(ops(&build(1)), ["rmsnorm", "reshape", "linear"]);
     assert_eq!(ops(&build(2)), ["rmsnorm", "reshape", "linear", "scale"]);
 }
+
+/// `loss_grad`: the LM-head loss and its backward on bf16 operands, the seed an input made
+/// after the loss (as autodiff adds it), are one op standing for the loss and both gradients;
+/// f32 operands, a computed `grad_loss`, or an `lse` read elsewhere keep the two ops.
+#[test]
+fn loss_grad_takes_the_loss_and_its_backward_where_the_seed_is_an_input() {
+    let f32 = |dims: &[usize]| TensorType::new(DType::F32, dims.to_vec()).unwrap();
+    let build = |dtype: DType, computed_seed: bool, keep_lse: bool| {
+        let ty = |dims: &[usize]| TensorType::new(dtype, dims.to_vec()).unwrap();
+        let mut g = Graph::new("loss_grad");
+        let x = g.input("x", InputKind::Input, ty(&[3, 4])).unwrap();
+        let w = g.input("w", InputKind::Param, ty(&[9, 4])).unwrap();
+        let i64s = TensorType::new(DType::I64, vec![3]).unwrap();
+        let t = g.input("t", InputKind::Input, i64s).unwrap();
+        let op = Op::LinearCrossEntropy { ignore_index: -100 };
+        let r = g.op(op, &[x, w, t]).unwrap();
+        let seed = g.input("loss_seed", InputKind::Input, f32(&[])).unwrap();
+        let seed = match computed_seed {
+            true => g.op1(Op::Scale { alpha: 2.0 }, &[seed]).unwrap(),
+            false => seed,
+        };
+        let op = Op::LinearCrossEntropyBackward { ignore_index: -100 };
+        let grads = g.op(op, &[x, w, t, r[1], seed]).unwrap();
+        g.output("loss", r[0]).unwrap();
+        g.output("grad_x", grads[0]).unwrap();
+        g.output("grad_w", grads[1]).unwrap();
+        if keep_lse {
+            g.output("lse", r[1]).unwrap();
+        }
+        g
+    };
+    let fused = fuse(&build(DType::BF16, false, false)).unwrap();
+    crate::verify(&fused).unwrap();
+    assert_eq!(ops(&fused), ["linear_cross_entropy_grad"]);
+    let node = fused.outputs()[0].1.node;
+    let outputs: Vec<ValueId> = fused.outputs().iter().map(|(_, v)| *v).collect();
+    let ports: Vec<ValueId> = (0..3).map(|port| ValueId { node, port }).collect();
+    assert_eq!(outputs, ports, "the loss and both gradients, in order");
+    for (dtype, computed, keep) in [
+        (DType::F32, false, false),
+        (DType::BF16, true, false),
+        (DType::BF16, false, true),
+    ] {
+        let names = ops(&fuse(&build(dtype, computed, keep)).unwrap());
+        assert!(
+            names.contains(&"linear_cross_entropy_backward".to_string()),
+            "{dtype:?} computed={computed} keep={keep}: {names:?}"
+        );
+    }
+}

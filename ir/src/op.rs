@@ -201,6 +201,12 @@ pub enum Op {
     /// `(x, weight, targets, lse, grad_loss []) -> (grad_x, grad_weight)` of `x`'s and
     /// `weight`'s types; the chunk's logit gradient enters its products rounded to their dtype.
     LinearCrossEntropyBackward { ignore_index: i64 },
+    /// `(x, weight, targets, grad_loss []) -> (loss [], grad_x, grad_weight)`:
+    /// `LinearCrossEntropy` and its backward in one, where `grad_loss` is known before the loss
+    /// (the train step's seed): each row's gradient is made as soon as its logits are, so the
+    /// logits are computed once, not twice, and `lse` never exists. Made by the fusion pass
+    /// for bf16 `x` and `weight`; equal to the two ops it replaces.
+    LinearCrossEntropyGrad { ignore_index: i64 },
     /// `(param, grad, m, v, step [] i64, lr [] f64[, grad_scale [] f32]) -> (param, m, v)`
     /// updated, from `grad · grad_scale` when the scale is given (gradient clipping). The
     /// gradient is a stored operand ([`stores`]): bf16 for an f32 param where the fusion pass
@@ -343,6 +349,7 @@ impl Op {
             Op::CrossEntropyBackward { .. } => "cross_entropy_backward",
             Op::LinearCrossEntropy { .. } => "linear_cross_entropy",
             Op::LinearCrossEntropyBackward { .. } => "linear_cross_entropy_backward",
+            Op::LinearCrossEntropyGrad { .. } => "linear_cross_entropy_grad",
             Op::AdamW(_) => "adamw",
             Op::AdamWCopy(_) => "adamw_copy",
             Op::EmbeddingAdamW { .. } => "embedding_adamw",
@@ -408,7 +415,8 @@ impl Op {
             Op::CrossEntropy { ignore_index }
             | Op::CrossEntropyBackward { ignore_index }
             | Op::LinearCrossEntropy { ignore_index }
-            | Op::LinearCrossEntropyBackward { ignore_index } => {
+            | Op::LinearCrossEntropyBackward { ignore_index }
+            | Op::LinearCrossEntropyGrad { ignore_index } => {
                 vec![("ignore_index", ignore_index.to_string())]
             }
             Op::ClipGradNorm { max_norm } => vec![("max_norm", f(max_norm))],

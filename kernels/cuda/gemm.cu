@@ -124,8 +124,8 @@ extern "C" __global__ void gemm_bf16(float* c, const bf16_bits* a, const bf16_bi
     KILN_GEMM_CALL;
 }
 
-// bf16 A and B, bf16 C: each f32 sum rounded to nearest even as it is written. The builder
-// passes accumulate = 0 (a bf16 C is overwritten: `Gemm`'s doc).
+// bf16 A and B, bf16 C: each f32 sum (plus C widened when accumulating) rounded to nearest
+// even as it is written.
 extern "C" __global__ void gemm_bf16_to_bf16(bf16_bits* c, const bf16_bits* a,
                                              const bf16_bits* b, i64 m, i64 n, i64 k, i64 lda,
                                              i64 ldb, i64 ldc, i64 stride_a, i64 stride_b,

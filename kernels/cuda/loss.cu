@@ -305,3 +305,91 @@ extern "C" __global__ void chunked_ce_grad_bf16(bf16_bits* grad, const float* lo
     kiln_chunked_ce_grad(grad, logits, targets, lse, scale, rows, width, first_column, vocab,
                          ignore_index, fault);
 }
+
+// The LM-head loss and its gradient in one (LinearCrossEntropyGrad, kernels/src/gpu/loss.rs):
+// row r of a chunk's logits [rows, vocab] (f32) gives row_loss[r] and the row's gradient
+// (exp(x - lse) - [j == target]) * scale[0] in Out, written over the logits in place: the
+// gradient's row r starts where the logits' row r does, so a bf16 row fills the first half of
+// its row's bytes. The row's max and sum come first (kiln_row_max_sum, which also gives the
+// target's logit to thread 0 before anything is written); then each segment of KILN_CE_HELD
+// vectors a thread is loaded by every thread before a barrier and written after it: what a
+// segment writes lies within the segments loaded by then. An ignored row: loss 0, gradient 0;
+// a target outside 0..V: NaN for both, and the fault word. One block per row.
+template <typename Out>
+__device__ void kiln_fused_ce_row(float* logits, float* row_loss, const i64* targets,
+                                  const float* scale, i64 rows, i64 vocab, i64 ignore_index,
+                                  int* fault) {
+    const i64 r = blockIdx.x;
+    if (r >= rows) return;
+    const i64 target = targets[r];
+    float* row = logits + r * vocab;
+    Out* out = (Out*)row;
+    float fill = 0.0f;  // an ignored row's loss and gradient
+    if (target != ignore_index && (target < 0 || target >= vocab)) {
+        if (threadIdx.x == 0) kiln_raise(fault);
+        fill = __int_as_float(0x7fc00000);
+    }
+    if (target == ignore_index || fill != 0.0f) {
+        if (threadIdx.x == 0) row_loss[r] = fill;
+        for (i64 j = threadIdx.x; j < vocab; j += blockDim.x) kiln_store(out, j, fill);
+        return;
+    }
+    const KilnMaxSum ms = kiln_row_max_sum(row, vocab);
+    const float log_sum = logf(ms.sum);
+    const float lse = ms.max + log_sum;
+    if (threadIdx.x == 0) row_loss[r] = log_sum - (row[target] - ms.max);
+    const float per_row = scale[0];
+    const bool vectors = vocab % 4 == 0 && ((unsigned long long)row & 15) == 0;
+    const i64 span = (i64)KILN_CE_HELD * 4 * blockDim.x;
+    for (i64 first = 0; first < vocab; first += span) {
+        float held[KILN_CE_HELD][4];
+#pragma unroll
+        for (int u = 0; u < KILN_CE_HELD; ++u) {
+            const i64 j = first + ((i64)u * blockDim.x + threadIdx.x) * 4;
+            if (vectors && j < vocab) {
+                const float4 v = *(const float4*)(row + j);
+                held[u][0] = v.x;
+                held[u][1] = v.y;
+                held[u][2] = v.z;
+                held[u][3] = v.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) held[u][e] = j + e < vocab ? row[j + e] : 0.0f;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < KILN_CE_HELD; ++u) {
+            const i64 j = first + ((i64)u * blockDim.x + threadIdx.x) * 4;
+            float g[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float one_hot = j + e == target ? 1.0f : 0.0f;
+                g[e] = (expf(held[u][e] - lse) - one_hot) * per_row;
+            }
+            if (vectors && j < vocab) {
+                kiln_ce_grad_store(out, j, make_float4(g[0], g[1], g[2], g[3]));
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (j + e < vocab) kiln_store(out, j + e, g[e]);
+                }
+            }
+        }
+    }
+}
+
+extern "C" __global__ void fused_ce_rows_f32(float* logits, float* row_loss, const i64* targets,
+                                             const float* scale, i64 rows, i64 vocab,
+                                             i64 ignore_index, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_fused_ce_row<float>(logits, row_loss, targets, scale, rows, vocab, ignore_index, fault);
+}
+
+extern "C" __global__ void fused_ce_rows_bf16(float* logits, float* row_loss,
+                                              const i64* targets, const float* scale, i64 rows,
+                                              i64 vocab, i64 ignore_index, int* fault) {
+    kiln_grid_dependency_wait();
+    kiln_fused_ce_row<bf16_bits>(logits, row_loss, targets, scale, rows, vocab, ignore_index,
+                                 fault);
+}

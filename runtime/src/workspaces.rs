@@ -90,6 +90,11 @@ fn cpu_kernel(op: &Op, operands: &[TensorType]) -> u64 {
                     ))
                 })
         }
+        // The forward's `lse`, which the backward reads.
+        Op::LinearCrossEntropyGrad { .. } => match dims(operands, 0) {
+            &[rows, _] => crate::interpret::ops::conversion_bytes(DType::F32, &[rows]),
+            _ => 0,
+        },
         Op::AttentionBackward { .. } => match dims(operands, 1) {
             &[_, _, keys, _] => (keys as u64).saturating_mul(size),
             _ => 0,
@@ -142,7 +147,8 @@ fn cuda(op: &Op, operands: &[TensorType]) -> u64 {
             return crate::lower::linear_workspace_bytes(operands, biases.len(), *swiglu)
         }
         Op::LinearCrossEntropy { ignore_index }
-        | Op::LinearCrossEntropyBackward { ignore_index } => {
+        | Op::LinearCrossEntropyBackward { ignore_index }
+        | Op::LinearCrossEntropyGrad { ignore_index } => {
             return linear_loss_bytes(op, operands, *ignore_index)
         }
         Op::FlashAttention { .. } | Op::FlashAttentionBackward { .. } => {
@@ -218,7 +224,8 @@ fn flash_bytes(op: &Op, operands: &[TensorType]) -> u64 {
 }
 
 /// The chunked LM-head loss's workspace: one chunk of logits and the rows' scratch
-/// ([`LinearLoss`](kiln_kernels::gpu::loss::LinearLoss)).
+/// ([`LinearLoss`](kiln_kernels::gpu::loss::LinearLoss)): a vocabulary chunk for the loss or
+/// its backward, a chunk of whole rows for both in one.
 fn linear_loss_bytes(op: &Op, operands: &[TensorType], ignore_index: i64) -> u64 {
     let dtype = operands
         .first()
@@ -231,6 +238,7 @@ fn linear_loss_bytes(op: &Op, operands: &[TensorType], ignore_index: i64) -> u64
     let loss = kiln_kernels::gpu::loss::LinearLoss::new(sizes, dtype, ignore_index);
     match op {
         Op::LinearCrossEntropy { .. } => loss.forward_workspace_bytes(),
+        Op::LinearCrossEntropyGrad { .. } => loss.fused_workspace_bytes(),
         _ => loss.backward_workspace_bytes(),
     }
 }

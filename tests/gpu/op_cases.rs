@@ -713,13 +713,16 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
     }
     // The LM head with its loss over vocabulary chunks: one chunk, and two (the second
     // partial) where N·V·4 bytes pass the chunk budget; f32 and bf16 operands. The backward
-    // takes a random lse: its kernels compute the same function of any operands.
+    // takes a random lse: its kernels compute the same function of any operands. Both in one
+    // (`linear_cross_entropy_grad`) goes over chunks of rows: one, and two where N·V·4 bytes
+    // pass `FUSED_LOGITS_BYTES` (the last case, 600 rows each).
     for &(n, h, v, dtype) in &[
         (1, 8, 50, DType::F32),
         (7, 24, 300, DType::F32),
         (33, 64, 1000, DType::BF16),
         (600, 16, 30_000, DType::F32),
         (300, 32, 60_000, DType::BF16),
+        (1200, 16, 151_936, DType::BF16),
     ] {
         let s = format!("N={n} H={h} V={v} {dtype}");
         let operands = || {
@@ -729,6 +732,16 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 In::Ids(vec![n], v),
             ]
         };
+        let mut both = operands();
+        both.push(f(&[]));
+        cases.push((
+            format!("linear_cross_entropy_grad {s}"),
+            Op::LinearCrossEntropyGrad { ignore_index: -100 },
+            both,
+        ));
+        if v > 100_000 {
+            continue; // the vocabulary chunks are checked at the sizes above
+        }
         let mut backward = operands();
         backward.extend([f(&[n]), f(&[])]);
         cases.extend([

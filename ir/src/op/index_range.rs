@@ -63,7 +63,8 @@ impl Op {
             }
             (
                 Op::LinearCrossEntropy { ignore_index }
-                | Op::LinearCrossEntropyBackward { ignore_index },
+                | Op::LinearCrossEntropyBackward { ignore_index }
+                | Op::LinearCrossEntropyGrad { ignore_index },
                 2,
             ) => Some(IndexRange {
                 ignored: Some(*ignore_index),

@@ -532,9 +532,9 @@ impl Op {
                     one(TensorType::new(logits.dtype, Shape::scalar())?)
                 }
             }
-            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
-                linear_cross_entropy_types(&rule)
-            }
+            Op::LinearCrossEntropy { .. }
+            | Op::LinearCrossEntropyBackward { .. }
+            | Op::LinearCrossEntropyGrad { .. } => linear_cross_entropy_types(&rule),
             Op::AdamW(c) | Op::AdamWCopy(c) => {
                 adamw_config(&rule, c)?;
                 let step = matches!(self, Op::AdamWCopy(_)) as usize + 4;

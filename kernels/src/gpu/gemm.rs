@@ -157,12 +157,7 @@ fn instance(gemm: &Gemm) -> Result<&'static str> {
     match (gemm.dtype, gemm.out, gemm.accumulate) {
         (GemmDType::F32, GemmDType::F32, _) => Ok("gemm_f32"),
         (GemmDType::BF16, GemmDType::F32, _) => Ok("gemm_bf16"),
-        (GemmDType::BF16, GemmDType::BF16, false) => Ok("gemm_bf16_to_bf16"),
-        (GemmDType::BF16, GemmDType::BF16, true) => Err(argument_error(
-            OP,
-            "accumulate",
-            "a bf16 C is overwritten, never added to (accumulate needs an f32 C)".into(),
-        )),
+        (GemmDType::BF16, GemmDType::BF16, _) => Ok("gemm_bf16_to_bf16"),
         (GemmDType::F32, GemmDType::BF16, _) => Err(argument_error(
             OP,
             "out",

@@ -119,12 +119,13 @@ const CASES: [Case; 7] = [
 ];
 
 /// (A and B, C, accumulate): every combination `Gemm` defines.
-const MODES: [(GemmDType, GemmDType, bool); 5] = [
+const MODES: [(GemmDType, GemmDType, bool); 6] = [
     (GemmDType::F32, GemmDType::F32, false),
     (GemmDType::F32, GemmDType::F32, true),
     (GemmDType::BF16, GemmDType::F32, false),
     (GemmDType::BF16, GemmDType::F32, true),
     (GemmDType::BF16, GemmDType::BF16, false),
+    (GemmDType::BF16, GemmDType::BF16, true),
 ];
 
 /// One product in emulated device memory (slots: A, B, C) and the values it holds: A, B and C

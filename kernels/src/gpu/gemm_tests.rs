@@ -147,16 +147,6 @@ fn bad_descriptors_are_refused_naming_the_field() {
         ),
         (
             Gemm {
-                dtype: GemmDType::BF16,
-                out: GemmDType::BF16,
-                accumulate: true,
-                ..base.clone()
-            },
-            ("gemm", "accumulate"),
-            "f32 C",
-        ),
-        (
-            Gemm {
                 lda: 8,
                 ..base.clone()
             },

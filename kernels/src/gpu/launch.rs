@@ -167,9 +167,10 @@ impl Forms {
 /// `op(B_b)` is `[k,n]`. `A_b` is stored row-major with leading dimension `lda` (elements
 /// between rows) as `[m,k]`, or as `[k,m]` when `transpose_a`; likewise `B_b` as `[k,n]` or
 /// `[n,k]` when `transpose_b`; `C_b` row-major `[m,n]` with `ldc`. Batch strides are in
-/// elements. A and B are of `dtype`; C is of `out`: f32, overwritten (beta = 0), or added to
-/// when `accumulate` (beta = 1: `C = op(A)·op(B) + C`), or bf16 (bf16 A and B, overwritten:
-/// the f32 sum rounded to nearest even as it is written). Accumulation is f32 (no TF32).
+/// elements. A and B are of `dtype`; C is of `out`, overwritten (beta = 0) or added to when
+/// `accumulate` (beta = 1: `C = op(A)·op(B) + C`): f32, or bf16 (bf16 A and B: the f32 sum,
+/// plus C widened when accumulating, rounded to nearest even as it is written). Accumulation
+/// is f32 (no TF32).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gemm {
     pub dtype: GemmDType,

@@ -1,6 +1,7 @@
 //! Builders of `loss.cu`: cross-entropy (a row pass into scratch, then one block for the mean)
 //! and its backward (one block per row); the chunked LM-head loss ([`LinearLoss`]), GEMMs and
-//! row kernels over one vocabulary chunk at a time.
+//! row kernels over one vocabulary chunk at a time, or with its gradient in one
+//! ([`LinearLoss::fused`]) over chunks of whole rows.
 
 use super::copy::cast_f32_to_bf16;
 use super::launch::{block_per, grid_stride, size_arg};
@@ -88,6 +89,34 @@ pub struct LinearLoss {
     /// Vocabulary columns per chunk ([`crate::loss::chunked::chunk_columns`] unless a test
     /// asks for more chunks).
     pub columns: u64,
+    /// [`Self::fused`]'s rows per chunk ([`fused_chunk_rows`] unless a test asks for more
+    /// chunks).
+    pub chunk_rows: u64,
+}
+
+/// The most bytes of f32 logits one row chunk of [`LinearLoss::fused`] takes: 1024 rows of
+/// Qwen2's 151 936 columns (two chunks at 2048 tokens), where the vocabulary chunks of the
+/// loss and its backward take 64 MiB.
+pub const FUSED_LOGITS_BYTES: u64 = 640 << 20;
+
+/// Rows per chunk of [`LinearLoss::fused`]: as few chunks as keep each chunk's logits within
+/// [`FUSED_LOGITS_BYTES`], of equal rows but the last.
+pub fn fused_chunk_rows(rows: u64, vocab: u64) -> u64 {
+    let most = (FUSED_LOGITS_BYTES / (vocab.max(1) * 4)).max(1);
+    rows.div_ceil(rows.div_ceil(most).max(1)).max(1)
+}
+
+/// [`LinearLoss::fused`]'s operands and results: `x`, `weight`, `targets [N]` (i64), the scalar
+/// `grad_loss`; `loss []` (f32), `grad_x` and `grad_weight` of the GEMM dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct LinearLossGrad {
+    pub x: Addr,
+    pub weight: Addr,
+    pub targets: Addr,
+    pub grad_loss: Addr,
+    pub loss: Addr,
+    pub grad_x: Addr,
+    pub grad_weight: Addr,
 }
 
 /// The forward's operands and results: `x`, `weight`, `targets [N]` (i64); `loss []`, `lse
@@ -143,6 +172,7 @@ impl LinearLoss {
             dtype,
             ignore_index,
             columns: columns as u64,
+            chunk_rows: fused_chunk_rows(rows, vocab),
         }
     }
 
@@ -190,6 +220,143 @@ impl LinearLoss {
         self.regions(Addr { slot: 0, offset: 0 }).backward_end
     }
 
+    /// [`Self::fused`]'s workspace: one row chunk's f32 logits (its gradient written over
+    /// them), each row's loss, and `grad_loss / C`.
+    pub fn fused_workspace_bytes(&self) -> u64 {
+        self.fused_regions().iter().sum()
+    }
+
+    fn fused_regions(&self) -> [u64; 3] {
+        let aligned = |bytes: u64| bytes.next_multiple_of(SLOT_ALIGN);
+        let chunk = self.chunk_rows.min(self.rows);
+        [
+            aligned(chunk * self.vocab * 4),
+            aligned(self.rows * 4),
+            aligned(4),
+        ]
+    }
+
+    /// `loss`, `grad_x` and `grad_weight` in one (`LinearCrossEntropyGrad`; workspace of
+    /// [`Self::fused_workspace_bytes`]). For each chunk of [`Self::chunk_rows`] rows: the
+    /// logits over the whole vocabulary (one GEMM), each row's loss and its gradient written
+    /// over them in the GEMM dtype (`fused_ce_rows_*`), then that gradient's two products: the
+    /// chunk's rows of `grad_x`, and `grad_weight`, added to from the second chunk on (a bf16
+    /// weight gradient is rounded once per chunk). The rows' mean loss last. A target outside
+    /// `0..V` (other than the ignored one) raises the `fault` word.
+    pub fn fused(&self, io: &LinearLossGrad, workspace: Addr, fault: Addr) -> Result<Vec<Launch>> {
+        let (n, h, v) = (self.rows, self.hidden, self.vocab);
+        let [logits_bytes, row_loss_bytes, _] = self.fused_regions();
+        let logits = workspace;
+        let row_loss = workspace.add(logits_bytes);
+        let scale = row_loss.add(row_loss_bytes);
+        let size = self.dtype.size_bytes();
+        // The gradient's row stride in its own elements: it lies in the rows of f32 logits.
+        let ld = v * 4 / size;
+        let rows_function = match self.dtype {
+            GemmDType::F32 => "fused_ce_rows_f32",
+            GemmDType::BF16 => "fused_ce_rows_bf16",
+        };
+        let mut launches = Vec::new();
+        if n > 0 {
+            launches.push(self.scale(scale, io.targets, io.grad_loss));
+        }
+        let chunk_rows = self.chunk_rows.max(1);
+        for first in (0..n).step_by(chunk_rows as usize) {
+            let rows = chunk_rows.min(n - first);
+            let x = io.x.add(first * h * size);
+            if v > 0 {
+                launches.push(self.rows_logits((x, rows), io.weight, logits, (0, v)));
+            }
+            let args = vec![
+                Arg::Ptr(logits),
+                Arg::Ptr(row_loss.add(first * 4)),
+                Arg::Ptr(io.targets.add(first * 8)),
+                Arg::Ptr(scale),
+                size_arg(rows),
+                size_arg(v),
+                Arg::I64(self.ignore_index),
+                Arg::Ptr(fault),
+            ];
+            launches.push(block_per(MODULE, rows_function, "rows", rows, args)?);
+            if h == 0 || v == 0 {
+                continue;
+            }
+            let product = |a, b, c, [m, n, k]: [u64; 3], transpose_a, accumulate| {
+                Launch::Gemm(Gemm {
+                    dtype: self.dtype,
+                    out: self.dtype,
+                    a,
+                    b,
+                    c,
+                    m,
+                    n,
+                    k,
+                    batch: 1,
+                    transpose_a,
+                    transpose_b: false,
+                    lda: ld,
+                    ldb: h,
+                    ldc: h,
+                    stride_a: 0,
+                    stride_b: 0,
+                    stride_c: m * n,
+                    accumulate,
+                })
+            };
+            // grad_x[chunk] = dL · weight: [rows, H].
+            let grad_x = io.grad_x.add(first * h * size);
+            launches.push(product(
+                logits,
+                io.weight,
+                grad_x,
+                [rows, h, v],
+                false,
+                false,
+            ));
+            // grad_weight (+)= dLᵀ · x[chunk]: [V, H].
+            let grad_weight = io.grad_weight;
+            launches.push(product(
+                logits,
+                x,
+                grad_weight,
+                [v, h, rows],
+                true,
+                first > 0,
+            ));
+        }
+        let zero = |at: Addr, elements: u64| match self.dtype {
+            GemmDType::F32 => super::embedding::zero_f32(at, elements),
+            GemmDType::BF16 => super::embedding::zero_bf16(at, elements),
+        };
+        if n > 0 && h > 0 && v == 0 {
+            launches.push(zero(io.grad_x, n * h));
+        }
+        if n == 0 && h > 0 && v > 0 {
+            launches.push(zero(io.grad_weight, v * h));
+        }
+        launches.push(cross_entropy_mean_f32(
+            io.loss,
+            row_loss,
+            io.targets,
+            n,
+            self.ignore_index,
+        ));
+        Ok(launches)
+    }
+
+    /// `scale[0] = grad_loss / (rows not ignored)`, one block.
+    fn scale(&self, scale: Addr, targets: Addr, grad_loss: Addr) -> Launch {
+        let args = vec![
+            Arg::Ptr(scale),
+            Arg::Ptr(targets),
+            Arg::Ptr(grad_loss),
+            size_arg(self.rows),
+            Arg::I64(self.ignore_index),
+        ];
+        let block = (BLOCK_THREADS, 1, 1);
+        Kernel::launch(MODULE, "chunked_ce_scale_f32", (1, 1, 1), block, 0, args)
+    }
+
     /// `(first column, width)` of each chunk.
     fn chunks(&self) -> impl Iterator<Item = (u64, u64)> {
         let (vocab, columns) = (self.vocab, self.columns.max(1));
@@ -205,9 +372,20 @@ impl LinearLoss {
     }
 
     /// The chunk's logits `x · weight[start..start + width]ᵀ` into the workspace.
-    fn logits(&self, x: Addr, weight: Addr, logits: Addr, (start, width): (u64, u64)) -> Launch {
+    fn logits(&self, x: Addr, weight: Addr, logits: Addr, chunk: (u64, u64)) -> Launch {
+        self.rows_logits((x, self.rows), weight, logits, chunk)
+    }
+
+    /// The logits of `rows` rows of x from `x` on, over a vocabulary chunk.
+    fn rows_logits(
+        &self,
+        (x, rows): (Addr, u64),
+        weight: Addr,
+        logits: Addr,
+        (start, width): (u64, u64),
+    ) -> Launch {
         if self.hidden == 0 {
-            return super::embedding::zero_f32(logits, self.rows * width);
+            return super::embedding::zero_f32(logits, rows * width);
         }
         Launch::Gemm(Gemm {
             dtype: self.dtype,
@@ -215,7 +393,7 @@ impl LinearLoss {
             a: x,
             b: self.weight_rows(weight, start),
             c: logits,
-            m: self.rows,
+            m: rows,
             n: width,
             k: self.hidden,
             batch: 1,
@@ -226,7 +404,7 @@ impl LinearLoss {
             ldc: width,
             stride_a: 0,
             stride_b: 0,
-            stride_c: self.rows * width,
+            stride_c: rows * width,
             accumulate: false,
         })
     }
@@ -303,16 +481,7 @@ impl LinearLoss {
         let accumulator = if bf16 { r.grad_x } else { io.grad_x };
         let mut launches = Vec::new();
         if n > 0 {
-            let args = vec![
-                Arg::Ptr(r.scale),
-                Arg::Ptr(io.targets),
-                Arg::Ptr(io.grad_loss),
-                size_arg(n),
-                Arg::I64(self.ignore_index),
-            ];
-            let block = (BLOCK_THREADS, 1, 1);
-            let scale = Kernel::launch(MODULE, "chunked_ce_scale_f32", (1, 1, 1), block, 0, args);
-            launches.push(scale);
+            launches.push(self.scale(r.scale, io.targets, io.grad_loss));
         }
         for chunk @ (start, width) in self.chunks() {
             let rows_out = io.grad_weight.add(start * h * size);

@@ -1,5 +1,6 @@
-//! The chunked LM-head loss's launches run on a CPU model (the GEMM as [`Gemm`] defines it, the
-//! row kernels of loss.cu, the cast and the zero fill re-stated) against the CPU reference:
+//! The chunked LM-head loss's launches, and those of the loss with its gradient in one, run on a
+//! CPU model (the GEMM as [`Gemm`] defines it, the row kernels of loss.cu, the cast and the
+//! zero fill re-stated) against the CPU reference:
 //! every GEMM descriptor, chunk offset and workspace region is checked without a GPU; the GPU
 //! test (tests/gpu.rs) checks the kernels themselves.
 
@@ -100,7 +101,10 @@ impl Memory {
                     sum += self.operand(g.dtype, g.a, a) * self.operand(g.dtype, g.b, b);
                 }
                 let c = i * g.ldc + j;
-                let prior = if g.accumulate { self.f32(g.c, c) } else { 0.0 };
+                let prior = match g.accumulate {
+                    true => self.operand(g.out, g.c, c),
+                    false => 0.0,
+                };
                 // A bf16 D is the f32 sum rounded as it is written.
                 self.set_operand(g.out, g.c, c, sum + prior);
             }
@@ -221,6 +225,48 @@ impl Memory {
                                 * self.f32(scale, 0)
                         };
                         self.set_operand(dtype, grad, at, value);
+                    }
+                }
+            }
+            "fused_ce_rows_f32" | "fused_ce_rows_bf16" => {
+                let dtype = match k.function.ends_with("bf16") {
+                    true => GemmDType::BF16,
+                    false => GemmDType::F32,
+                };
+                let (logits, row_loss, targets, scale, fault) =
+                    (ptr(0), ptr(1), ptr(2), ptr(3), ptr(7));
+                let [rows, vocab] = [int(4), int(5)].map(|v| v as u64);
+                let ignore = int(6);
+                // The gradient's row r starts where the logits' row r does.
+                let ld = vocab * 4 / dtype.size_bytes();
+                for r in 0..rows {
+                    let row: Vec<f32> = (0..vocab)
+                        .map(|j| self.f32(logits, r * vocab + j))
+                        .collect();
+                    let t = self.i64(targets, r);
+                    let fill = match t == ignore || !(0..vocab as i64).contains(&t) {
+                        true if t == ignore => Some(0.0),
+                        true => {
+                            self.bytes(fault, 0, 4).copy_from_slice(&1i32.to_le_bytes());
+                            Some(f32::NAN)
+                        }
+                        false => None,
+                    };
+                    if let Some(fill) = fill {
+                        self.set_f32(row_loss, r, fill);
+                        for j in 0..vocab {
+                            self.set_operand(dtype, logits, r * ld + j, fill);
+                        }
+                        continue;
+                    }
+                    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                    let log_sum = row.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+                    let lse = max + log_sum;
+                    self.set_f32(row_loss, r, log_sum - (row[t as usize] - max));
+                    for (j, &v) in row.iter().enumerate() {
+                        let one_hot = f32::from(u8::from(j as i64 == t));
+                        let value = ((v - lse).exp() - one_hot) * self.f32(scale, 0);
+                        self.set_operand(dtype, logits, r * ld + j as u64, value);
                     }
                 }
             }
@@ -354,6 +400,75 @@ fn check(dtype: GemmDType, [rows, hidden, vocab]: [usize; 3], columns: u64) {
     }
 }
 
+/// The fused pipeline (chunks of `chunk_rows` rows) on the model against the CPU reference: the
+/// loss, and both gradients within the bf16 rounding of each chunk's share of the weight's.
+fn check_fused(dtype: GemmDType, [rows, hidden, vocab]: [usize; 3], chunk_rows: u64) {
+    let mut rng = testing::rng("linear_loss_fused");
+    let x = testing::to_f32(&testing::uniform(&mut rng, rows * hidden, -1.0, 1.0));
+    let w = testing::to_f32(&testing::uniform(&mut rng, vocab * hidden, -1.0, 1.0));
+    let mut targets = testing::indices(&mut rng, rows, vocab.max(1));
+    if rows > 1 {
+        targets[rows / 2] = IGNORE; // an ignored row among counted ones
+    }
+    let elem = dtype.size_bytes() as usize;
+    let mut loss = LinearLoss::new([rows, hidden, vocab].map(|d| d as u64), dtype, IGNORE);
+    loss.chunk_rows = chunk_rows;
+    let poison = |bytes: usize| vec![0xA5u8; bytes];
+    let mut memory = Memory(vec![
+        bytes_of(&x, dtype),
+        bytes_of(&w, dtype),
+        targets.iter().flat_map(|t| t.to_le_bytes()).collect(),
+        poison(4),
+        Vec::new(),
+        poison(loss.fused_workspace_bytes() as usize),
+        vec![0; 4],
+        0.5f32.to_le_bytes().to_vec(),
+        poison(rows * hidden * elem),
+        poison(vocab * hidden * elem),
+    ]);
+    let io = LinearLossGrad {
+        x: addr(X),
+        weight: addr(W),
+        targets: addr(TARGETS),
+        grad_loss: addr(GRAD_LOSS),
+        loss: addr(LOSS),
+        grad_x: addr(GRAD_X),
+        grad_weight: addr(GRAD_W),
+    };
+    memory.run(&loss.fused(&io, addr(WORK), addr(FAULT)).unwrap());
+    assert_eq!(memory.0[FAULT], vec![0; 4], "no target is out of range");
+
+    let what = format!("fused {dtype:?} {rows}x{hidden}x{vocab} by {chunk_rows} rows");
+    let want = reference(dtype, &x, &w, &targets, [rows, hidden, vocab]);
+    let got = |slot: usize, dtype: GemmDType| values_of(&memory.0[slot], dtype);
+    assert_close(
+        &format!("{what} loss"),
+        &got(LOSS, GemmDType::F32),
+        &want[0],
+        1e-5,
+        0.0,
+    );
+    let chunks = rows.div_ceil(chunk_rows as usize) as f64;
+    for (name, slot, want, roundings) in [
+        ("grad_x", GRAD_X, &want[2], 1.0),
+        ("grad_weight", GRAD_W, &want[3], chunks),
+    ] {
+        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let rtol = if dtype == GemmDType::BF16 {
+            1e-2 * roundings
+        } else {
+            1e-5
+        };
+        assert_close(
+            &format!("{what} {name}"),
+            &got(slot, dtype),
+            want,
+            rtol,
+            rtol * scale,
+        );
+    }
+}
+
 /// The CPU reference's loss, lse, grad_x and grad_weight (its own chunks) on the operands as
 /// `dtype` stores them.
 fn reference(
@@ -430,6 +545,29 @@ fn the_pipeline_on_a_model_of_its_launches_is_the_reference() {
 }
 
 #[test]
+fn the_fused_pipeline_on_a_model_of_its_launches_is_the_reference() {
+    for dtype in [GemmDType::F32, GemmDType::BF16] {
+        check_fused(dtype, [7, 8, 300], 3); // three chunks, the last partial
+        check_fused(dtype, [4, 6, 129], 4); // one chunk, rows of an odd width
+        check_fused(dtype, [5, 3, 40], 1);
+    }
+}
+
+#[test]
+fn the_fused_chunks_are_whole_rows_within_the_bound() {
+    let loss = LinearLoss::new([2048, 896, 151_936], GemmDType::BF16, IGNORE);
+    assert_eq!(loss.chunk_rows, 1024);
+    let logits = 1024 * 151_936 * 4;
+    assert!(logits <= FUSED_LOGITS_BYTES);
+    assert_eq!(loss.fused_workspace_bytes(), logits + 2048 * 4 + 256);
+    // 1500 rows: two chunks of 750, not 1104 and 396.
+    assert_eq!(fused_chunk_rows(1500, 151_936), 750);
+    assert_eq!(fused_chunk_rows(512, 151_936), 512);
+    assert_eq!(fused_chunk_rows(3, 0), 3);
+    assert_eq!(fused_chunk_rows(0, 10), 1);
+}
+
+#[test]
 fn workspace_regions_are_one_chunk_and_the_rows_scratch() {
     let loss = LinearLoss::new([2048, 896, 151_936], GemmDType::BF16, IGNORE);
     assert_eq!(loss.columns, 8192);
@@ -462,6 +600,21 @@ fn empty_sizes_launch_only_what_has_elements() {
         assert!(
             matches!(forward.last(), Some(Launch::Kernel(k)) if k.function == "cross_entropy_mean_f32")
         );
+        let io = LinearLossGrad {
+            x: addr(X),
+            weight: addr(W),
+            targets: addr(TARGETS),
+            grad_loss: addr(GRAD_LOSS),
+            loss: addr(LOSS),
+            grad_x: addr(GRAD_X),
+            grad_weight: addr(GRAD_W),
+        };
+        let fused = loss.fused(&io, addr(WORK), addr(FAULT)).unwrap();
+        for launch in &fused {
+            if let Launch::Gemm(g) = launch {
+                assert!(g.m > 0 && g.n > 0 && g.k > 0, "{launch:?}");
+            }
+        }
         let backward = loss.backward(&BACKWARD, addr(WORK), addr(FAULT)).unwrap();
         for launch in &backward {
             if let Launch::Gemm(g) = launch {

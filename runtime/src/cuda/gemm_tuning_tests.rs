@@ -108,7 +108,7 @@ fn bytes<T: Copy>(values: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) }
 }
 
-/// bf16 `[m,k] · [n,k]ᵀ` into f32 C (overwritten and accumulated) and into bf16 C: each
+/// bf16 `[m,k] · [n,k]ᵀ` into f32 C and into bf16 C, each overwritten and accumulated: each
 /// algorithm the heuristic names gives the f64 product within f32 (bf16) rounding, and tuning
 /// the same description twice chooses the same one.
 #[test]
@@ -121,6 +121,15 @@ fn every_candidate_computes_the_product_and_the_choice_is_kept() {
         .map(|i| bf16::from_f32(value(i + 7, 0.03)))
         .collect();
     let c0: Vec<f32> = (0..m * n).map(|i| value(i + 3, 0.5)).collect();
+    // A bf16 C holds c0 rounded.
+    let c0_bf16: Vec<bf16> = c0.iter().map(|&c| bf16::from_f32(c)).collect();
+    let c_start = |out: GemmDType| match out {
+        GemmDType::F32 => (bytes(&c0), c0.clone()),
+        GemmDType::BF16 => (
+            bytes(&c0_bf16),
+            c0_bf16.iter().map(|c| c.to_f32()).collect(),
+        ),
+    };
     let stream = device.new_stream().unwrap();
     let buffer = |data: &[u8]| {
         let ptr = device.malloc(data.len()).unwrap();
@@ -134,8 +143,10 @@ fn every_candidate_computes_the_product_and_the_choice_is_kept() {
         (GemmDType::F32, false),
         (GemmDType::F32, true),
         (GemmDType::BF16, false),
+        (GemmDType::BF16, true),
     ] {
         let gemm = product(m, n, k, out, accumulate);
+        let (c_bytes, c_values) = c_start(out);
         let want: Vec<f64> = (0..m * n)
             .map(|i| {
                 let (r, col) = (i / n, i % n);
@@ -145,7 +156,7 @@ fn every_candidate_computes_the_product_and_the_choice_is_kept() {
                     })
                     .sum();
                 dot + if accumulate {
-                    f64::from(c0[i as usize])
+                    f64::from(c_values[i as usize])
                 } else {
                     0.0
                 }
@@ -164,7 +175,7 @@ fn every_candidate_computes_the_product_and_the_choice_is_kept() {
         };
         let (mut prepared, algos) = candidates();
         for (index, &algo) in algos.iter().enumerate() {
-            device.upload(pc, bytes(&c0), &stream).unwrap();
+            device.upload(pc, c_bytes, &stream).unwrap();
             prepared.set_algo(algo);
             let raw = stream.cu_stream() as _;
             let ws = (workspace, GEMM_WORKSPACE_BYTES);
@@ -210,14 +221,14 @@ fn every_candidate_computes_the_product_and_the_choice_is_kept() {
         );
         // Timing works here (`tune` would fall back to the heuristic's first), and writes
         // nothing of the program's: C keeps its bits.
-        device.upload(pc, bytes(&c0), &stream).unwrap();
+        device.upload(pc, c_bytes, &stream).unwrap();
         device.synchronize(&stream).unwrap();
         let fastest = fastest(&device, &gemm, &mut prepared, &algos).unwrap();
         let left = prepared.algo() == algos[0].0 && prepared.c == pc;
         assert!(left, "timing leaves the matmul as it was");
-        let mut kept = vec![0u8; std::mem::size_of_val(&c0[..])];
+        let mut kept = vec![0u8; c_bytes.len()];
         device.download(&mut kept, pc, Some(&stream)).unwrap();
-        assert!(kept == bytes(&c0), "timing wrote the matmul's C");
+        assert!(kept == c_bytes, "timing wrote the matmul's C");
         tune(&device, &gemm, &mut prepared, &algos);
         let (mut again, algos_again) = candidates();
         tune(&device, &gemm, &mut again, &algos_again);

@@ -283,6 +283,31 @@ fn run_kernels(
                 &mut grad_weight[0],
             )
         }
+        // The forward then the backward, `lse` in the workspace: the two ops' bits.
+        Op::LinearCrossEntropyGrad { ignore_index } => {
+            let rows = i[0].shape().rows();
+            let mut lse = typed_workspace(workspace, DType::F32, &[rows], op)?;
+            let (loss, grads) = o.split_at_mut(1);
+            loss::chunked::linear_cross_entropy(
+                &i[0],
+                &i[1],
+                &i[2],
+                ignore_index,
+                &mut loss[0],
+                &mut lse,
+            )?;
+            let (grad_x, grad_weight) = grads.split_at_mut(1);
+            loss::chunked::linear_cross_entropy_backward(
+                &i[0],
+                &i[1],
+                &i[2],
+                &lse.into_view(),
+                &i[3],
+                ignore_index,
+                &mut grad_x[0],
+                &mut grad_weight[0],
+            )
+        }
         Op::AdamW(config) | Op::AdamWCopy(config) => {
             let at = op.adamw().map_or(4, |(_, step)| step);
             let grad_scale = i

@@ -488,9 +488,9 @@ impl Lowering<'_> {
             | Op::RopeKvWrite { .. } => attention::lower_attention(self),
             Op::Embedding | Op::EmbeddingBackward { .. } => self.embedding(),
             Op::CrossEntropy { .. } | Op::CrossEntropyBackward { .. } => self.cross_entropy(),
-            Op::LinearCrossEntropy { .. } | Op::LinearCrossEntropyBackward { .. } => {
-                self.linear_cross_entropy()
-            }
+            Op::LinearCrossEntropy { .. }
+            | Op::LinearCrossEntropyBackward { .. }
+            | Op::LinearCrossEntropyGrad { .. } => self.linear_cross_entropy(),
             Op::AdamW(config) | Op::AdamWCopy(config) => {
                 let param = self.operand(0, "param", F32)?;
                 let (grad, grad_dtype) = self.stored(1, "grad")?;

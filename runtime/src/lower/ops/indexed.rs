@@ -98,7 +98,7 @@ impl Lowering<'_> {
         }
     }
 
-    /// The chunked LM-head loss and its backward ([`gpu::loss::LinearLoss`]).
+    /// The chunked LM-head loss, its backward, and both in one ([`gpu::loss::LinearLoss`]).
     pub(super) fn linear_cross_entropy(&self) -> Result<Vec<Launch>> {
         let x = self.operand(0, "x", self.i.first().map_or(F32, |x| x.dtype))?;
         self.expect_dtype(x, "x", &[F32, DType::BF16])?;
@@ -108,7 +108,8 @@ impl Lowering<'_> {
         let [vocab, _] = two_dims(self, weight, "weight")?;
         let dtype = gpu::GemmDType::of(x.dtype).expect("dtype checked above");
         let (Op::LinearCrossEntropy { ignore_index }
-        | Op::LinearCrossEntropyBackward { ignore_index }) = self.op
+        | Op::LinearCrossEntropyBackward { ignore_index }
+        | Op::LinearCrossEntropyGrad { ignore_index }) = self.op
         else {
             unreachable!("linear_cross_entropy lowers only the chunked loss ops")
         };
@@ -124,6 +125,19 @@ impl Lowering<'_> {
                 };
                 let workspace = self.workspace(loss.forward_workspace_bytes(), io.loss)?;
                 Ok(loss.forward(&io, workspace, self.fault)?)
+            }
+            Op::LinearCrossEntropyGrad { .. } => {
+                let io = gpu::loss::LinearLossGrad {
+                    x: x.addr(),
+                    weight: weight.addr(),
+                    targets: targets.addr(),
+                    grad_loss: self.operand(3, "grad_loss", F32)?.addr(),
+                    loss: self.result(0, "loss", F32)?.addr(),
+                    grad_x: self.result(1, "grad_x", x.dtype)?.addr(),
+                    grad_weight: self.result(2, "grad_weight", x.dtype)?.addr(),
+                };
+                let workspace = self.workspace(loss.fused_workspace_bytes(), io.loss)?;
+                Ok(loss.fused(&io, workspace, self.fault)?)
             }
             _ => {
                 let io = gpu::loss::LinearLossBackward {
