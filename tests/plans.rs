@@ -147,6 +147,64 @@ fn tiny_budgeted_train_plan_snapshot() {
     });
 }
 
+/// A budget that the train step's LM-head loss with its gradient in one op cannot meet (its
+/// chunk of whole rows: 1024 rows of a 40 000-token vocabulary, 164 MB of f32 logits) is met
+/// by the loss and its backward as two ops (chunks of 64 MiB), which `plan_program` plans
+/// instead; a budget the fused op meets keeps it.
+#[test]
+fn a_budget_the_fused_loss_cannot_meet_plans_the_loss_as_two_ops() {
+    let config = ModelConfig {
+        vocab_size: 40_000,
+        max_position_embeddings: 512,
+        ..ModelConfig::tiny()
+    };
+    let options = ProgramOptions {
+        batch: 2,
+        seq: 512,
+        precision: kiln_frontend::model::Precision::Bf16Gemm,
+        ..Default::default()
+    };
+    let graph = build(ProgramKind::Train, &config, &options).unwrap();
+    let workspaces = kiln_runtime::Workspaces::Any;
+    let names = |graph: &kiln_ir::Graph| -> Vec<String> {
+        (graph.node_indices())
+            .filter_map(|node| match &graph.node(node)?.kind {
+                kiln_ir::graph::NodeKind::Op(op) => Some(op.name().to_string()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(names(&graph).contains(&"linear_cross_entropy_grad".to_string()));
+    let unbudgeted = plan(&graph, &Default::default(), &workspaces).unwrap();
+    for (budget, split) in [(120_000_000, true), (unbudgeted.arena_bytes, false)] {
+        let (planned_graph, planned) = kiln_frontend::programs::plan_program(
+            graph.clone(),
+            &Default::default(),
+            &workspaces,
+            Some(budget),
+        )
+        .unwrap();
+        verify_plan(&planned_graph, &planned, &workspaces).unwrap();
+        assert!(
+            planned.arena_bytes <= budget,
+            "{} > {budget}",
+            planned.arena_bytes
+        );
+        let ops = names(&planned_graph);
+        let two = ops.contains(&"linear_cross_entropy_backward".to_string());
+        assert_eq!(two, split, "budget {budget}");
+        assert_eq!(
+            ops.contains(&"linear_cross_entropy_grad".to_string()),
+            !split
+        );
+    }
+    assert!(
+        unbudgeted.arena_bytes > 164_000_000,
+        "{}",
+        unbudgeted.arena_bytes
+    );
+}
+
 /// The rank programs of data- and tensor-parallel runs: every `all_reduce` on the
 /// communication stream (one past the compute streams) and nothing else there; a bucket's
 /// all-reduce runs while the backward still computes, and updates follow it before the

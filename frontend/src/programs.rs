@@ -351,8 +351,11 @@ mod tests;
 
 /// Plans `graph`; with a `memory_budget` (arena bytes), recomputes in the backward what the
 /// plan must drop to fit ([`kiln_planner::plan_within`]), and returns the graph it planned
-/// (the given one when it fits as it is). A budget needs a train program: its backward
-/// begins at the first reader of `loss_seed`.
+/// (the given one when it fits as it is). Where no plan of `graph` fits, its LM-head loss with
+/// the gradient in one op goes back to the loss and its backward
+/// ([`kiln_ir::fuse::split_loss_grads`]), whose vocabulary chunks need less scratch, and that
+/// graph is planned within the budget. A budget needs a train program: its backward begins at
+/// the first reader of `loss_seed`.
 pub fn plan_program(
     graph: Graph,
     options: &kiln_planner::PlanOptions,
@@ -363,6 +366,33 @@ pub fn plan_program(
         let plan = kiln_planner::plan(&graph, options, workspaces)?;
         return Ok((graph, plan));
     };
+    match plan_within(&graph, options, workspaces, budget) {
+        Err(kiln_planner::Error::Budget { .. }) if has_loss_grad(&graph) => {
+            let split = kiln_ir::fuse::split_loss_grads(&graph)?;
+            plan_within(&split, options, workspaces, budget)
+        }
+        planned => planned,
+    }
+}
+
+fn has_loss_grad(graph: &Graph) -> bool {
+    (graph.node_indices()).any(|node| {
+        matches!(
+            graph.node(node).map(|n| &n.kind),
+            Some(kiln_ir::graph::NodeKind::Op(
+                kiln_ir::Op::LinearCrossEntropyGrad { .. }
+            ))
+        )
+    })
+}
+
+/// [`kiln_planner::plan_within`] from `graph`'s `loss_seed`.
+fn plan_within(
+    graph: &Graph,
+    options: &kiln_planner::PlanOptions,
+    workspaces: &dyn kiln_planner::WorkspaceNeeds,
+    budget: u64,
+) -> kiln_planner::Result<(Graph, kiln_planner::Plan)> {
     let seed = (graph.inputs().into_iter())
         .find(|&(_, name, _, _)| name == "loss_seed")
         .map(|(value, ..)| value)
@@ -374,6 +404,6 @@ pub fn plan_program(
                 graph.name()
             ),
         })?;
-    let budgeted = kiln_planner::plan_within(&graph, options, workspaces, (budget, seed))?;
+    let budgeted = kiln_planner::plan_within(graph, options, workspaces, (budget, seed))?;
     Ok((budgeted.graph, budgeted.plan))
 }

@@ -96,6 +96,7 @@ use embedding_adamw::embedding_adamw_fusions;
 use embedding_onto::embedding_onto_fusions;
 use linear_rope::linear_rope_fusions;
 use loss_grad::loss_grad_fusions;
+pub use loss_grad::split_loss_grads;
 use rope_kv::rope_kv_fusions;
 use round_trip::round_trip_rewrites;
 use rounded::rounded_fusions;

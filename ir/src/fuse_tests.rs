@@ -180,6 +180,17 @@ fn loss_grad_takes_the_loss_and_its_backward_where_the_seed_is_an_input() {
     let outputs: Vec<ValueId> = fused.outputs().iter().map(|(_, v)| *v).collect();
     let ports: Vec<ValueId> = (0..3).map(|port| ValueId { node, port }).collect();
     assert_eq!(outputs, ports, "the loss and both gradients, in order");
+    // Split back (a memory budget's fallback): the two ops, the same outputs' types.
+    let split = split_loss_grads(&fused).unwrap();
+    crate::verify(&split).unwrap();
+    let pair = ["linear_cross_entropy", "linear_cross_entropy_backward"];
+    assert_eq!(ops(&split), pair);
+    let types = |g: &Graph| -> Vec<TensorType> {
+        (g.outputs().iter())
+            .map(|(_, v)| g.value_type(*v).unwrap().clone())
+            .collect()
+    };
+    assert_eq!(types(&split), types(&fused));
     for (dtype, computed, keep) in [
         (DType::F32, false, false),
         (DType::BF16, true, false),
