@@ -353,7 +353,8 @@ fn every_launch() -> Vec<Launch> {
         attention::attention_f32(forward, dims, 0.5).unwrap(),
         attention::attention_backward_f32(backward, dims, 0.5).unwrap(),
     ];
-    // The chunked LM-head loss in f32 and bf16 (its GEMMs are not kernels).
+    // The chunked LM-head loss, and with its gradient in one, in f32 and bf16 (its GEMMs are
+    // not kernels).
     for dtype in [GemmDType::F32, GemmDType::BF16] {
         let loss = loss::LinearLoss::new([3, 8, 300], dtype, -100);
         let forward = loss::LinearLossForward {
@@ -372,9 +373,19 @@ fn every_launch() -> Vec<Launch> {
             grad_x: addr(6),
             grad_weight: addr(7),
         };
+        let fused = loss::LinearLossGrad {
+            x: addr(0),
+            weight: addr(1),
+            targets: addr(2),
+            grad_loss: addr(5),
+            loss: addr(3),
+            grad_x: addr(6),
+            grad_weight: addr(7),
+        };
         let both = [
             loss.forward(&forward, addr(8), addr(9)).unwrap(),
             loss.backward(&backward, addr(8), addr(9)).unwrap(),
+            loss.fused(&fused, addr(8), addr(9)).unwrap(),
         ];
         let kernels = both.into_iter().flatten();
         launches.extend(kernels.filter(|launch| matches!(launch, Launch::Kernel(_))));
