@@ -168,9 +168,10 @@ impl Forms {
 /// between rows) as `[m,k]`, or as `[k,m]` when `transpose_a`; likewise `B_b` as `[k,n]` or
 /// `[n,k]` when `transpose_b`; `C_b` row-major `[m,n]` with `ldc`. Batch strides are in
 /// elements. A and B are of `dtype`; C is of `out`, overwritten (beta = 0) or added to when
-/// `accumulate` (beta = 1: `C = op(A)·op(B) + C`): f32, or bf16 (bf16 A and B: the f32 sum,
-/// plus C widened when accumulating, rounded to nearest even as it is written). Accumulation
-/// is f32 (no TF32).
+/// `accumulate` (beta = 1: `C = op(A)·op(B) + C`): f32, or bf16 (bf16 A and B: the f32 sum
+/// rounded to nearest even as it is written; added to a bf16 C, the sum may be rounded to bf16
+/// before C is added, as cuBLASLt's algorithms may do, while the tiled kernel adds C widened
+/// and rounds once). Accumulation is f32 (no TF32).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gemm {
     pub dtype: GemmDType,

@@ -241,7 +241,8 @@ impl LinearLoss {
     /// logits over the whole vocabulary (one GEMM), each row's loss and its gradient written
     /// over them in the GEMM dtype (`fused_ce_rows_*`), then that gradient's two products: the
     /// chunk's rows of `grad_x`, and `grad_weight`, added to from the second chunk on (a bf16
-    /// weight gradient is rounded once per chunk). The rows' mean loss last. A target outside
+    /// weight gradient is rounded once per chunk, and on cuBLASLt each later chunk's share may
+    /// be rounded before it is added: [`Gemm`]). The rows' mean loss last. A target outside
     /// `0..V` (other than the ignored one) raises the `fault` word.
     pub fn fused(&self, io: &LinearLossGrad, workspace: Addr, fault: Addr) -> Result<Vec<Launch>> {
         let (n, h, v) = (self.rows, self.hidden, self.vocab);
