@@ -27,6 +27,27 @@ __device__ __forceinline__ KilnMaxSum kiln_merge(KilnMaxSum a, KilnMaxSum b) {
 // the same bits. Elements past the row are -inf.
 #define KILN_CE_HELD 8
 
+// This thread's elements of the segment of `row` from `first` into `held` (-inf past the row).
+__device__ __forceinline__ void kiln_ce_load(float (&held)[KILN_CE_HELD][4], const float* row,
+                                             i64 first, i64 width, bool vectors) {
+#pragma unroll
+    for (int u = 0; u < KILN_CE_HELD; ++u) {
+        const i64 j = first + ((i64)u * blockDim.x + threadIdx.x) * 4;
+        if (vectors && j < width) {
+            const float4 v = *(const float4*)(row + j);
+            held[u][0] = v.x;
+            held[u][1] = v.y;
+            held[u][2] = v.z;
+            held[u][3] = v.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                held[u][e] = j + e < width ? row[j + e] : -__int_as_float(0x7f800000);
+            }
+        }
+    }
+}
+
 __device__ KilnMaxSum kiln_row_max_sum(const float* row, i64 width) {
     __shared__ float scratch[KILN_WARP];
     const bool vectors = width % 4 == 0 && ((unsigned long long)row & 15) == 0;
@@ -36,22 +57,7 @@ __device__ KilnMaxSum kiln_row_max_sum(const float* row, i64 width) {
     acc.sum = 0.0f;
     for (i64 first = 0; first < width; first += segment) {
         float held[KILN_CE_HELD][4];
-#pragma unroll
-        for (int u = 0; u < KILN_CE_HELD; ++u) {
-            const i64 j = first + ((i64)u * blockDim.x + threadIdx.x) * 4;
-            if (vectors && j < width) {
-                const float4 v = *(const float4*)(row + j);
-                held[u][0] = v.x;
-                held[u][1] = v.y;
-                held[u][2] = v.z;
-                held[u][3] = v.w;
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    held[u][e] = j + e < width ? row[j + e] : -__int_as_float(0x7f800000);
-                }
-            }
-        }
+        kiln_ce_load(held, row, first, width, vectors);
         float m = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int u = 0; u < KILN_CE_HELD; ++u) {
@@ -343,20 +349,7 @@ __device__ void kiln_fused_ce_row(float* logits, float* row_loss, const i64* tar
     const i64 span = (i64)KILN_CE_HELD * 4 * blockDim.x;
     for (i64 first = 0; first < vocab; first += span) {
         float held[KILN_CE_HELD][4];
-#pragma unroll
-        for (int u = 0; u < KILN_CE_HELD; ++u) {
-            const i64 j = first + ((i64)u * blockDim.x + threadIdx.x) * 4;
-            if (vectors && j < vocab) {
-                const float4 v = *(const float4*)(row + j);
-                held[u][0] = v.x;
-                held[u][1] = v.y;
-                held[u][2] = v.z;
-                held[u][3] = v.w;
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) held[u][e] = j + e < vocab ? row[j + e] : 0.0f;
-            }
-        }
+        kiln_ce_load(held, row, first, vocab, vectors);
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < KILN_CE_HELD; ++u) {

@@ -23,7 +23,7 @@ const GRAD_LOSS: usize = 7;
 const GRAD_X: usize = 8;
 const GRAD_W: usize = 9;
 
-/// The operands and results of both passes, one slot each.
+/// The operands and results of both passes, and of both in one, one slot each.
 const FORWARD: LinearLossForward = LinearLossForward {
     x: addr(X),
     weight: addr(W),
@@ -37,6 +37,15 @@ const BACKWARD: LinearLossBackward = LinearLossBackward {
     targets: addr(TARGETS),
     lse: addr(LSE),
     grad_loss: addr(GRAD_LOSS),
+    grad_x: addr(GRAD_X),
+    grad_weight: addr(GRAD_W),
+};
+const FUSED: LinearLossGrad = LinearLossGrad {
+    x: addr(X),
+    weight: addr(W),
+    targets: addr(TARGETS),
+    grad_loss: addr(GRAD_LOSS),
+    loss: addr(LOSS),
     grad_x: addr(GRAD_X),
     grad_weight: addr(GRAD_W),
 };
@@ -335,138 +344,121 @@ fn values_of(bytes: &[u8], dtype: GemmDType) -> Vec<f64> {
     }
 }
 
-/// The device pipeline (chunks of `columns`) on the model against the CPU reference.
-fn check(dtype: GemmDType, [rows, hidden, vocab]: [usize; 3], columns: u64) {
-    let mut rng = testing::rng("linear_loss_pipeline");
-    let x = testing::to_f32(&testing::uniform(&mut rng, rows * hidden, -1.0, 1.0));
-    let w = testing::to_f32(&testing::uniform(&mut rng, vocab * hidden, -1.0, 1.0));
-    let mut targets = testing::indices(&mut rng, rows, vocab.max(1));
-    if rows > 1 {
-        targets[0] = IGNORE; // an ignored row among counted ones
-    }
-    let elem = dtype.size_bytes() as usize;
-    let mut loss = LinearLoss::new([rows, hidden, vocab].map(|d| d as u64), dtype, IGNORE);
-    loss.columns = columns;
-    let poison = |bytes: usize| vec![0xA5u8; bytes];
-    let workspace = loss
-        .forward_workspace_bytes()
-        .max(loss.backward_workspace_bytes());
-    let mut memory = Memory(vec![
-        bytes_of(&x, dtype),
-        bytes_of(&w, dtype),
-        targets.iter().flat_map(|t| t.to_le_bytes()).collect(),
-        poison(4),
-        poison(rows * 4),
-        poison(workspace as usize),
-        vec![0; 4],
-        0.5f32.to_le_bytes().to_vec(),
-        poison(rows * hidden * elem),
-        poison(vocab * hidden * elem),
-    ]);
-    memory.run(&loss.forward(&FORWARD, addr(WORK), addr(FAULT)).unwrap());
-    memory.run(&loss.backward(&BACKWARD, addr(WORK), addr(FAULT)).unwrap());
-    assert_eq!(memory.0[FAULT], vec![0; 4], "no target is out of range");
+/// Random operands of `sizes` (the row at `ignored` ignored where there are several rows) in
+/// the model's memory, every result and the workspace (`workspace` bytes) poisoned.
+struct Case {
+    dtype: GemmDType,
+    sizes: [usize; 3],
+    x: Vec<f32>,
+    w: Vec<f32>,
+    targets: Vec<i64>,
+    memory: Memory,
+}
 
-    let what = format!("{dtype:?} {rows}x{hidden}x{vocab} by {columns}");
-    let want = reference(dtype, &x, &w, &targets, [rows, hidden, vocab]);
-    let got = |slot: usize, dtype: GemmDType| values_of(&memory.0[slot], dtype);
-    assert_close(
-        &format!("{what} loss"),
-        &got(LOSS, GemmDType::F32),
-        &want[0],
-        1e-5,
-        0.0,
-    );
-    assert_close(
-        &format!("{what} lse"),
-        &got(LSE, GemmDType::F32),
-        &want[1],
-        1e-5,
-        1e-5,
-    );
-    for (name, slot, want) in [
-        ("grad_x", GRAD_X, &want[2]),
-        ("grad_weight", GRAD_W, &want[3]),
-    ] {
-        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let rtol = if dtype == GemmDType::BF16 { 1e-2 } else { 1e-5 };
-        assert_close(
-            &format!("{what} {name}"),
-            &got(slot, dtype),
-            want,
-            rtol,
-            rtol * scale,
-        );
+impl Case {
+    fn new(
+        seed: &str,
+        dtype: GemmDType,
+        sizes: [usize; 3],
+        ignored: usize,
+        workspace: u64,
+    ) -> Case {
+        let [rows, hidden, vocab] = sizes;
+        let mut rng = testing::rng(seed);
+        let x = testing::to_f32(&testing::uniform(&mut rng, rows * hidden, -1.0, 1.0));
+        let w = testing::to_f32(&testing::uniform(&mut rng, vocab * hidden, -1.0, 1.0));
+        let mut targets = testing::indices(&mut rng, rows, vocab.max(1));
+        if rows > 1 {
+            targets[ignored] = IGNORE; // an ignored row among counted ones
+        }
+        let elem = dtype.size_bytes() as usize;
+        let poison = |bytes: usize| vec![0xA5u8; bytes];
+        let memory = Memory(vec![
+            bytes_of(&x, dtype),
+            bytes_of(&w, dtype),
+            targets.iter().flat_map(|t| t.to_le_bytes()).collect(),
+            poison(4),
+            poison(rows * 4),
+            poison(workspace as usize),
+            vec![0; 4],
+            0.5f32.to_le_bytes().to_vec(),
+            poison(rows * hidden * elem),
+            poison(vocab * hidden * elem),
+        ]);
+        Case {
+            dtype,
+            sizes,
+            x,
+            w,
+            targets,
+            memory,
+        }
     }
+
+    /// The loss (and `lse` where the launches wrote it) and both gradients against the CPU
+    /// reference: bf16 gradients within 1e-2 relative for each of `roundings` (the weight
+    /// gradient's chunks of the fused loss, rounded each).
+    fn check(&mut self, what: &str, lse: bool, [x_roundings, w_roundings]: [f64; 2]) {
+        assert_eq!(
+            self.memory.0[FAULT],
+            vec![0; 4],
+            "no target is out of range"
+        );
+        let dtype = self.dtype;
+        let want = reference(dtype, &self.x, &self.w, &self.targets, self.sizes);
+        let got = |slot: usize, dtype: GemmDType| values_of(&self.memory.0[slot], dtype);
+        let loss = got(LOSS, GemmDType::F32);
+        assert_close(&format!("{what} loss"), &loss, &want[0], 1e-5, 0.0);
+        if lse {
+            let lse = got(LSE, GemmDType::F32);
+            assert_close(&format!("{what} lse"), &lse, &want[1], 1e-5, 1e-5);
+        }
+        for (name, slot, want, roundings) in [
+            ("grad_x", GRAD_X, &want[2], x_roundings),
+            ("grad_weight", GRAD_W, &want[3], w_roundings),
+        ] {
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let rtol = match dtype {
+                GemmDType::BF16 => 1e-2 * roundings,
+                GemmDType::F32 => 1e-5,
+            };
+            let got = got(slot, dtype);
+            assert_close(&format!("{what} {name}"), &got, want, rtol, rtol * scale);
+        }
+    }
+}
+
+/// The device pipeline (chunks of `columns`) on the model against the CPU reference.
+fn check(dtype: GemmDType, sizes: [usize; 3], columns: u64) {
+    let mut loss = LinearLoss::new(sizes.map(|d| d as u64), dtype, IGNORE);
+    loss.columns = columns;
+    let workspace = (loss.forward_workspace_bytes()).max(loss.backward_workspace_bytes());
+    let mut case = Case::new("linear_loss_pipeline", dtype, sizes, 0, workspace);
+    case.memory
+        .run(&loss.forward(&FORWARD, addr(WORK), addr(FAULT)).unwrap());
+    case.memory
+        .run(&loss.backward(&BACKWARD, addr(WORK), addr(FAULT)).unwrap());
+    let [rows, hidden, vocab] = sizes;
+    case.check(
+        &format!("{dtype:?} {rows}x{hidden}x{vocab} by {columns}"),
+        true,
+        [1.0, 1.0],
+    );
 }
 
 /// The fused pipeline (chunks of `chunk_rows` rows) on the model against the CPU reference: the
 /// loss, and both gradients within the bf16 rounding of each chunk's share of the weight's.
-fn check_fused(dtype: GemmDType, [rows, hidden, vocab]: [usize; 3], chunk_rows: u64) {
-    let mut rng = testing::rng("linear_loss_fused");
-    let x = testing::to_f32(&testing::uniform(&mut rng, rows * hidden, -1.0, 1.0));
-    let w = testing::to_f32(&testing::uniform(&mut rng, vocab * hidden, -1.0, 1.0));
-    let mut targets = testing::indices(&mut rng, rows, vocab.max(1));
-    if rows > 1 {
-        targets[rows / 2] = IGNORE; // an ignored row among counted ones
-    }
-    let elem = dtype.size_bytes() as usize;
-    let mut loss = LinearLoss::new([rows, hidden, vocab].map(|d| d as u64), dtype, IGNORE);
+fn check_fused(dtype: GemmDType, sizes: [usize; 3], chunk_rows: u64) {
+    let mut loss = LinearLoss::new(sizes.map(|d| d as u64), dtype, IGNORE);
     loss.chunk_rows = chunk_rows;
-    let poison = |bytes: usize| vec![0xA5u8; bytes];
-    let mut memory = Memory(vec![
-        bytes_of(&x, dtype),
-        bytes_of(&w, dtype),
-        targets.iter().flat_map(|t| t.to_le_bytes()).collect(),
-        poison(4),
-        Vec::new(),
-        poison(loss.fused_workspace_bytes() as usize),
-        vec![0; 4],
-        0.5f32.to_le_bytes().to_vec(),
-        poison(rows * hidden * elem),
-        poison(vocab * hidden * elem),
-    ]);
-    let io = LinearLossGrad {
-        x: addr(X),
-        weight: addr(W),
-        targets: addr(TARGETS),
-        grad_loss: addr(GRAD_LOSS),
-        loss: addr(LOSS),
-        grad_x: addr(GRAD_X),
-        grad_weight: addr(GRAD_W),
-    };
-    memory.run(&loss.fused(&io, addr(WORK), addr(FAULT)).unwrap());
-    assert_eq!(memory.0[FAULT], vec![0; 4], "no target is out of range");
-
+    let [rows, hidden, vocab] = sizes;
+    let workspace = loss.fused_workspace_bytes();
+    let mut case = Case::new("linear_loss_fused", dtype, sizes, rows / 2, workspace);
+    case.memory
+        .run(&loss.fused(&FUSED, addr(WORK), addr(FAULT)).unwrap());
     let what = format!("fused {dtype:?} {rows}x{hidden}x{vocab} by {chunk_rows} rows");
-    let want = reference(dtype, &x, &w, &targets, [rows, hidden, vocab]);
-    let got = |slot: usize, dtype: GemmDType| values_of(&memory.0[slot], dtype);
-    assert_close(
-        &format!("{what} loss"),
-        &got(LOSS, GemmDType::F32),
-        &want[0],
-        1e-5,
-        0.0,
-    );
     let chunks = rows.div_ceil(chunk_rows as usize) as f64;
-    for (name, slot, want, roundings) in [
-        ("grad_x", GRAD_X, &want[2], 1.0),
-        ("grad_weight", GRAD_W, &want[3], chunks),
-    ] {
-        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let rtol = if dtype == GemmDType::BF16 {
-            1e-2 * roundings
-        } else {
-            1e-5
-        };
-        assert_close(
-            &format!("{what} {name}"),
-            &got(slot, dtype),
-            want,
-            rtol,
-            rtol * scale,
-        );
-    }
+    case.check(&what, false, [1.0, chunks]);
 }
 
 /// The CPU reference's loss, lse, grad_x and grad_weight (its own chunks) on the operands as
@@ -600,16 +592,7 @@ fn empty_sizes_launch_only_what_has_elements() {
         assert!(
             matches!(forward.last(), Some(Launch::Kernel(k)) if k.function == "cross_entropy_mean_f32")
         );
-        let io = LinearLossGrad {
-            x: addr(X),
-            weight: addr(W),
-            targets: addr(TARGETS),
-            grad_loss: addr(GRAD_LOSS),
-            loss: addr(LOSS),
-            grad_x: addr(GRAD_X),
-            grad_weight: addr(GRAD_W),
-        };
-        let fused = loss.fused(&io, addr(WORK), addr(FAULT)).unwrap();
+        let fused = loss.fused(&FUSED, addr(WORK), addr(FAULT)).unwrap();
         for launch in &fused {
             if let Launch::Gemm(g) = launch {
                 assert!(g.m > 0 && g.n > 0 && g.k > 0, "{launch:?}");
