@@ -50,7 +50,7 @@ pub struct BenchCli {
     #[arg(long, value_enum, default_value_t = BenchMode::Graph)]
     mode: BenchMode,
     /// Streams (1 = serial). Default: 2 for a one-GPU train step (its weight gradients'
-    /// GEMMs and updates overlap the rest of the backward), 1 otherwise.
+    /// GEMMs and updates overlap the rest of the backward), 1 otherwise and with --profile.
     #[arg(long)]
     streams: Option<usize>,
     #[arg(long, default_value_t = 5)]
@@ -93,8 +93,8 @@ pub struct BenchCli {
     /// Splits of fewer rows fork no prefetch (default 8).
     #[arg(long)]
     l2_prefetch_min_rows: Option<u64>,
-    /// Also time each step alone once and list the costliest ops (a plan of one stream; the
-    /// L2 prefetches are timed as steps of their own).
+    /// Also time each step alone once and list the costliest ops (a plan of one stream, the
+    /// default with it; the L2 prefetches are timed as steps of their own).
     #[arg(long)]
     profile: bool,
     /// Also run once eagerly on the program's streams with an event after every step: where the
@@ -213,7 +213,13 @@ impl BenchCli {
         };
         let one_gpu_train =
             kind == ProgramKind::Train && data_parallel.is_none() && tensor_parallel.is_none();
-        let streams = streams.unwrap_or(if one_gpu_train { 2 } else { 1 });
+        let streams = streams.unwrap_or(if one_gpu_train && !profile { 2 } else { 1 });
+        if profile && streams > 1 {
+            anyhow::bail!(
+                "--profile times each step alone on one stream: pass --streams 1, or leave \
+                 --streams out (it is then 1)"
+            );
+        }
         let args = commands::BenchArgs {
             model,
             seed,

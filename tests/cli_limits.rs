@@ -161,6 +161,15 @@ fn bench_options_are_checked_before_the_device() {
         &[&bench[..], &["--program", "train", "--batch", "0"]].concat(),
         "--batch 0: must be at least 1",
     );
+    refused(
+        &[
+            &bench[..],
+            &["--program", "train", "--profile", "--streams", "2"],
+        ]
+        .concat(),
+        "--profile times each step alone on one stream: pass --streams 1, or leave --streams \
+         out (it is then 1)",
+    );
     // Taken (and what it needs is looked for) only once the options are valid.
     let tuned = ["--program", "prefill", "--seq", "8", "--gemm-tune", "on"];
     refused(
