@@ -205,7 +205,8 @@ pub enum Op {
     /// `LinearCrossEntropy` and its backward in one, where `grad_loss` is known before the loss
     /// (the train step's seed): each row's gradient is made as soon as its logits are, so the
     /// logits are computed once, not twice, and `lse` never exists. Made by the fusion pass
-    /// for bf16 `x` and `weight`; equal to the two ops it replaces.
+    /// for bf16 `x` and `weight`. Its CPU reference runs the two ops' (the same bits); the GPU
+    /// kernels go over chunks of whole rows, so their sums take another order.
     LinearCrossEntropyGrad { ignore_index: i64 },
     /// `(param, grad, m, v, step [] i64, lr [] f64[, grad_scale [] f32]) -> (param, m, v)`
     /// updated, from `grad · grad_scale` when the scale is given (gradient clipping). The
