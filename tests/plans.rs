@@ -167,12 +167,7 @@ fn a_budget_the_fused_loss_cannot_meet_plans_the_loss_as_two_ops() {
     let graph = build(ProgramKind::Train, &config, &options).unwrap();
     let workspaces = kiln_runtime::Workspaces::Any;
     let names = |graph: &kiln_ir::Graph| -> Vec<String> {
-        (graph.node_indices())
-            .filter_map(|node| match &graph.node(node)?.kind {
-                kiln_ir::graph::NodeKind::Op(op) => Some(op.name().to_string()),
-                _ => None,
-            })
-            .collect()
+        (graph.ops()).map(|(_, op)| op.name().to_string()).collect()
     };
     assert!(names(&graph).contains(&"linear_cross_entropy_grad".to_string()));
     let unbudgeted = plan(&graph, &Default::default(), &workspaces).unwrap();

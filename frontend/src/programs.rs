@@ -376,14 +376,7 @@ pub fn plan_program(
 }
 
 fn has_loss_grad(graph: &Graph) -> bool {
-    (graph.node_indices()).any(|node| {
-        matches!(
-            graph.node(node).map(|n| &n.kind),
-            Some(kiln_ir::graph::NodeKind::Op(
-                kiln_ir::Op::LinearCrossEntropyGrad { .. }
-            ))
-        )
-    })
+    (graph.ops()).any(|(_, op)| matches!(op, Op::LinearCrossEntropyGrad { .. }))
 }
 
 /// [`kiln_planner::plan_within`] from `graph`'s `loss_seed`.

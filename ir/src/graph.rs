@@ -316,6 +316,14 @@ impl Graph {
         self.graph.node_indices()
     }
 
+    /// The op nodes and their ops, in insertion order (inputs left out).
+    pub fn ops(&self) -> impl Iterator<Item = (NodeIndex, &Op)> + '_ {
+        (self.graph.node_indices()).filter_map(|node| match &self.graph[node].kind {
+            NodeKind::Op(op) => Some((node, op)),
+            NodeKind::Input { .. } => None,
+        })
+    }
+
     /// A node, if it exists.
     pub fn node(&self, node: NodeIndex) -> Option<&Node> {
         self.graph.node_weight(node)
