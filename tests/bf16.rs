@@ -337,13 +337,7 @@ fn fused_programs_equal_the_unfused_ones_bit_for_bit() {
             let unfused = build(kind, &config, &options(false)).unwrap();
             kiln_ir::verify(&fused).unwrap();
             let count = |graph: &kiln_ir::Graph, name: &str| {
-                let ops = graph
-                    .node_indices()
-                    .filter_map(|n| match &graph.node(n)?.kind {
-                        kiln_ir::graph::NodeKind::Op(op) => Some(op.name()),
-                        _ => None,
-                    });
-                ops.filter(|op| *op == name).count()
+                (graph.ops()).filter(|(_, op)| op.name() == name).count()
             };
             let layers = config.num_hidden_layers;
             // q/k/v, o, gate/up with SwiGLU, down per layer, and the head. Past 16 rows

@@ -448,11 +448,8 @@ fn fused_mixed_precision_train_steps_equal_the_unfused_ones_bit_for_bit() {
         let unfused = build(ProgramKind::Train, &config, &options(false)).unwrap();
         kiln_ir::verify(&fused).unwrap();
         let ops = |graph: &kiln_ir::Graph| -> Vec<(kiln_ir::Op, Vec<kiln_ir::ValueId>)> {
-            (graph.node_indices())
-                .filter_map(|n| match &graph.node(n)?.kind {
-                    kiln_ir::graph::NodeKind::Op(op) => Some((op.clone(), graph.operands(n))),
-                    _ => None,
-                })
+            (graph.ops())
+                .map(|(n, op)| (op.clone(), graph.operands(n)))
                 .collect()
         };
         let count = |graph, name: &str| {

@@ -561,11 +561,8 @@ fn without_dead_ops(graph: &Graph) -> Result<Graph> {
 /// Every op of `graph` with its operands, in node order (the rules' tests read fused graphs so).
 #[cfg(test)]
 fn ops_with_operands(graph: &Graph) -> Vec<(Op, Vec<ValueId>)> {
-    (graph.node_indices())
-        .filter_map(|n| match &graph.node(n)?.kind {
-            NodeKind::Op(op) => Some((op.clone(), graph.operands(n))),
-            NodeKind::Input { .. } => None,
-        })
+    (graph.ops())
+        .map(|(n, op)| (op.clone(), graph.operands(n)))
         .collect()
 }
 

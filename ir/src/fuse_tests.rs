@@ -9,9 +9,7 @@ fn bf16(dims: &[usize]) -> TensorType {
 }
 
 fn ops(graph: &Graph) -> Vec<String> {
-    (graph.node_indices())
-        .filter_map(|n| op_of(graph, n).map(|op| op.name().to_string()))
-        .collect()
+    graph.ops().map(|(_, op)| op.name().to_string()).collect()
 }
 
 /// `round_trip`: rounding back a widened dense bf16 value (through reshapes) is that value,

@@ -199,12 +199,7 @@ mod tests {
     }
 
     fn ops(graph: &Graph) -> Vec<Op> {
-        (graph.node_indices())
-            .filter_map(|n| match &graph.node(n)?.kind {
-                NodeKind::Op(op) => Some(op.clone()),
-                _ => None,
-            })
-            .collect()
+        graph.ops().map(|(_, op)| op.clone()).collect()
     }
 
     #[test]

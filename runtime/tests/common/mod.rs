@@ -19,12 +19,7 @@ pub fn random_bf16(rng: &mut StdRng, dims: &[usize]) -> Tensor {
 
 /// The IR text of each op of `graph`, in node order (`Op`'s `Display`: name and attributes).
 pub fn op_texts(graph: &Graph) -> Vec<String> {
-    (graph.node_indices())
-        .filter_map(|n| match &graph.node(n)?.kind {
-            kiln_ir::graph::NodeKind::Op(op) => Some(op.to_string()),
-            _ => None,
-        })
-        .collect()
+    (graph.ops()).map(|(_, op)| op.to_string()).collect()
 }
 
 /// An f32 tensor of uniform values in `[-1, 1)`, and the same values as a plain vector.
