@@ -90,11 +90,10 @@ __device__ void kiln_rope_kv(float* q_rot, C* k_cache, C* v_cache, const float* 
 // cache writes from v [B,T,Hkv,D] token-major like k, and the rotated queries written as f16
 // q_rows [B,Hq,T,D] instead of q_rot, the rotated keys as k_rows and v head-major as v_rows,
 // [B,Hkv,T,D] f16 (rounded to nearest even, as FlashAttention's staging rounds them): the rows
-// its f16 kernels read. A block takes one token (b, t) at a time: its first D/2 threads compute
-// the token's angles (kiln_rope_angle, as every RoPE kernel does) into shared memory (D
-// floats, dynamic) once for all of its heads, then its threads take the token's query pairs,
-// key pairs and value elements in turn, consecutive threads on consecutive elements.
-extern __shared__ float kiln_rope_angles[];
+// its f16 kernels read. A block takes one token (b, t) at a time: its threads compute the
+// token's angles (kiln_rope_token_angles, as every RoPE kernel does) into shared memory (D
+// floats, dynamic: kiln_rope_angles) once for all of its heads, then take the token's query
+// pairs, key pairs and value elements in turn, consecutive threads on consecutive elements.
 template <typename C, typename B>
 __device__ void kiln_rope_kv_stage(unsigned short* q_rows, unsigned short* k_rows,
                                    unsigned short* v_rows, C* k_cache, C* v_cache,
@@ -111,11 +110,7 @@ __device__ void kiln_rope_kv_stage(unsigned short* q_rows, unsigned short* k_row
     const int items = pairs + (int)kv_heads * dim;
     for (i64 token = blockIdx.x; token < batch * seq; token += gridDim.x) {
         const i64 b = token / seq, t = token % seq;
-        const i64 position = rope_positions[token];
-        for (int i = threadIdx.x; i < half; i += blockDim.x) {
-            if (position < 0) kiln_raise(fault);
-            kiln_rope_angle(theta, position, i, head_dim, &cos_at[i], &sin_at[i]);
-        }
+        kiln_rope_token_angles(theta, rope_positions[token], head_dim, cos_at, sin_at, fault);
         __syncthreads();
         for (int e = threadIdx.x; e < items; e += blockDim.x) {
             if (e < pairs) {

@@ -5,7 +5,8 @@
 // itself when there is one chunk, else a partial that column_sums_finish_f32 (elementwise.cu)
 // adds in increasing chunk order. Fixed orders: the same bits on every run. Chunks give a
 // column sum of many rows enough blocks to keep loads in flight (one block per 32 columns
-// walks every row one load after another).
+// walks every row one load after another), and each thread loads four rows' terms before it
+// adds them, in row order.
 #define KILN_COLUMN_ROW_LANES 16
 
 template <typename Term>
@@ -17,9 +18,17 @@ __device__ __forceinline__ void kiln_column_sums(float* out, i64 rows, i64 cols,
     const i64 end = first + chunk_rows < rows ? first + chunk_rows : rows;
     float sum = 0.0f;
     if (col < cols) {
-        for (i64 row = first + threadIdx.y; row < end; row += KILN_COLUMN_ROW_LANES) {
-            sum += term(row, col);
+        constexpr i64 lanes = KILN_COLUMN_ROW_LANES;
+        i64 row = first + threadIdx.y;
+        for (; row + 3 * lanes < end; row += 4 * lanes) {
+            const float t0 = term(row, col), t1 = term(row + lanes, col);
+            const float t2 = term(row + 2 * lanes, col), t3 = term(row + 3 * lanes, col);
+            sum += t0;
+            sum += t1;
+            sum += t2;
+            sum += t3;
         }
+        for (; row < end; row += lanes) sum += term(row, col);
     }
     partial[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();

@@ -155,6 +155,13 @@ __device__ __forceinline__ void kiln_store(float* p, i64 i, float v) { p[i] = v;
 __device__ __forceinline__ void kiln_store(bf16_bits* p, i64 i, float v) {
     p[i] = kiln_f32_to_bf16(v);
 }
+// A result in its forms (kernels/src/gpu/launch.rs `Forms`): f32 where `f32` is not null,
+// rounded to bf16 where `rounded` is not null, either or both.
+__device__ __forceinline__ void kiln_store_forms(float* f32, bf16_bits* rounded, i64 i,
+                                                 float v) {
+    if (f32 != nullptr) f32[i] = v;
+    if (rounded != nullptr) rounded[i] = kiln_f32_to_bf16(v);
+}
 // Four elements at once, as `kiln_load4` reads them.
 __device__ __forceinline__ void kiln_store4(float4* p, i64 i, float4 v) { p[i] = v; }
 __device__ __forceinline__ void kiln_store4(uint2* p, i64 i, float4 v) {

@@ -446,8 +446,7 @@ __device__ __forceinline__ void kiln_flash_forward(float* out, bf16_bits* rounde
             if (row < q_len && d < hd) {
                 const i64 at = ((b * q_len + row) * q_heads + h) * hd + d;
                 const float value = o[n][c] * (c < 2 ? inv0 : inv1);
-                if (out != nullptr) out[at] = value;
-                if (rounded != nullptr) rounded[at] = kiln_f32_to_bf16(value);
+                kiln_store_forms(out, rounded, at, value);
             }
         }
     }

@@ -127,7 +127,9 @@ extern "C" __global__ void add_rmsnorm_f32_bf16_bf16_out(float* sum_out, bf16_bi
 // and rstd saved to `rstd_out[row]` for the grad_weight kernel. `grad_sum` is read only when
 // `has_grad_sum` is nonzero (it may then alias nothing valid). grad_x is written in f32 where
 // `grad_x` is not null and rounded to bf16 where `rounded` is not null (mixed precision's
-// input of the GEMMs it feeds), either or both.
+// input of the GEMMs it feeds), either or both. As the forward, a row of up to
+// KILN_NORM_HELD · blockDim columns is held in registers, every load issued before the first
+// sum; longer rows take the loop. Each element's arithmetic and order are the same either way.
 extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, bf16_bits* rounded,
                                                      float* rstd_out, const float* x,
                                                      const float* weight, const float* grad_out,
@@ -137,10 +139,44 @@ extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, bf16_bits* r
     __shared__ float scratch[KILN_WARP];
     const i64 row = blockIdx.x;
     if (row >= rows) return;
-    const float* x_row = x + row * hidden;
-    const float* g_row = grad_out + row * hidden;
+    const i64 base = row * hidden;
+    const float* x_row = x + base;
+    const float* g_row = grad_out + base;
     float squares = 0.0f;
     float projection = 0.0f;
+    if (hidden <= KILN_NORM_HELD * (i64)blockDim.x) {
+        float xs[KILN_NORM_HELD], gs[KILN_NORM_HELD], ws[KILN_NORM_HELD], sums[KILN_NORM_HELD];
+#pragma unroll
+        for (int u = 0; u < KILN_NORM_HELD; ++u) {
+            const i64 j = threadIdx.x + u * (i64)blockDim.x;
+            const bool inside = j < hidden;
+            xs[u] = inside ? x_row[j] : 0.0f;
+            gs[u] = inside ? g_row[j] : 0.0f;
+            ws[u] = inside ? weight[j] : 0.0f;
+            sums[u] = inside && has_grad_sum ? grad_sum[base + j] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KILN_NORM_HELD; ++u) {
+            if (threadIdx.x + u * (i64)blockDim.x < hidden) {
+                squares += xs[u] * xs[u];
+                projection += gs[u] * ws[u] * xs[u];
+            }
+        }
+        const float rstd = kiln_inverse_rms(kiln_block_sum(squares, scratch), hidden, eps);
+        projection = kiln_block_sum(projection, scratch);
+        const float through_rstd = rstd * rstd * rstd * projection / (float)hidden;
+#pragma unroll
+        for (int u = 0; u < KILN_NORM_HELD; ++u) {
+            const i64 j = threadIdx.x + u * (i64)blockDim.x;
+            if (j < hidden) {
+                float gx = rstd * ws[u] * gs[u] - xs[u] * through_rstd;
+                if (has_grad_sum) gx += sums[u];
+                kiln_store_forms(grad_x, rounded, base + j, gx);
+            }
+        }
+        if (threadIdx.x == 0) rstd_out[row] = rstd;
+        return;
+    }
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
         float v = x_row[j];
         squares += v * v;
@@ -151,9 +187,8 @@ extern "C" __global__ void rmsnorm_backward_rows_f32(float* grad_x, bf16_bits* r
     const float through_rstd = rstd * rstd * rstd * projection / (float)hidden;
     for (i64 j = threadIdx.x; j < hidden; j += blockDim.x) {
         float gx = rstd * weight[j] * g_row[j] - x_row[j] * through_rstd;
-        if (has_grad_sum) gx += grad_sum[row * hidden + j];
-        if (grad_x != nullptr) grad_x[row * hidden + j] = gx;
-        if (rounded != nullptr) rounded[row * hidden + j] = kiln_f32_to_bf16(gx);
+        if (has_grad_sum) gx += grad_sum[base + j];
+        kiln_store_forms(grad_x, rounded, base + j, gx);
     }
     if (threadIdx.x == 0) rstd_out[row] = rstd;
 }

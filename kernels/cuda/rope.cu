@@ -1,5 +1,5 @@
-// Split-half RoPE (rope.cuh) with the layout change [B,T,H,D] -> [B,H,T,D], and its backward.
-// One thread per (token, head, i < D/2) pair of elements.
+// Split-half RoPE (rope.cuh) with the layout change [B,T,H,D] -> [B,H,T,D], and its backward,
+// token-major (kiln_rope_by_token): a token's angles computed once for all its heads.
 
 // x [B,T,H,D] (+ bias [H*D] when `has_bias`), positions [B,T] i64 -> out [B,H,T,D].
 // The bias B is f32 or bf16 (a stored operand); out O is f32, or bf16 rounded as written
@@ -8,15 +8,21 @@ template <typename O, typename B>
 __device__ void kiln_rope(O* out, const float* x, const i64* positions, const B* bias,
                           int has_bias, i64 batch, i64 seq, i64 heads, i64 head_dim, float theta,
                           int* fault) {
-    const i64 half = head_dim / 2;
-    const i64 pairs = batch * seq * heads * half;
-    KILN_FOR_EACH(index, pairs) {
-        const KilnRopePair p = kiln_rope_pair(x, positions, bias, has_bias, index, seq, heads,
-                                              head_dim, theta, fault);
-        const i64 dst = ((p.b * heads + p.h) * seq + p.t) * head_dim + p.i;
-        kiln_store(out, dst, p.lo);
-        kiln_store(out, dst + half, p.hi);
-    }
+    const int half = (int)(head_dim / 2);
+    kiln_rope_by_token(
+        batch, seq, heads, head_dim, positions, theta, fault,
+        [&](i64 token, i64 b, i64 t, int h, int i, float cos_a, float sin_a) {
+            const i64 src = (token * heads + h) * head_dim;
+            float lo = x[src + i];
+            float hi = x[src + i + half];
+            if (has_bias) {
+                lo += kiln_load(bias, h * head_dim + i);
+                hi += kiln_load(bias, h * head_dim + i + half);
+            }
+            const i64 dst = ((b * heads + h) * seq + t) * head_dim + i;
+            kiln_store(out, dst, kiln_rope_lo(lo, hi, cos_a, sin_a));
+            kiln_store(out, dst + half, kiln_rope_hi(lo, hi, cos_a, sin_a));
+        });
 }
 
 extern "C" __global__ void rope_f32(float* out, const float* x, const i64* positions,
@@ -52,33 +58,20 @@ extern "C" __global__ void rope_f32_bf16_bf16_out(bf16_bits* out, const float* x
 // grad_out [B,H,T,D], positions [B,T] -> grad_x [B,T,H,D] (the inverse rotation), in f32
 // where `grad_x` is not null and rounded to bf16 where `rounded` is not null (mixed
 // precision's input of the GEMMs it feeds), either or both.
-__device__ __forceinline__ void kiln_rope_backward_store(float* grad_x, bf16_bits* rounded,
-                                                         i64 at, float value) {
-    if (grad_x != nullptr) grad_x[at] = value;
-    if (rounded != nullptr) rounded[at] = kiln_f32_to_bf16(value);
-}
-
 extern "C" __global__ void rope_backward_f32(float* grad_x, bf16_bits* rounded,
                                              const float* grad_out, const i64* positions,
                                              i64 batch, i64 seq, i64 heads, i64 head_dim,
                                              float theta, int* fault) {
     kiln_grid_dependency_wait();
-    const i64 half = head_dim / 2;
-    const i64 pairs = batch * seq * heads * half;
-    KILN_FOR_EACH(index, pairs) {
-        const i64 i = index % half;
-        const i64 h = (index / half) % heads;
-        const i64 token = index / (half * heads);
-        const i64 t = token % seq;
-        const i64 b = token / seq;
-        if (positions[token] < 0) kiln_raise(fault);
-        float cos_a, sin_a;
-        kiln_rope_angle(theta, positions[token], i, head_dim, &cos_a, &sin_a);
-        const i64 src = ((b * heads + h) * seq + t) * head_dim;
-        const i64 dst = (token * heads + h) * head_dim;
-        float lo = grad_out[src + i];
-        float hi = grad_out[src + i + half];
-        kiln_rope_backward_store(grad_x, rounded, dst + i, lo * cos_a + hi * sin_a);
-        kiln_rope_backward_store(grad_x, rounded, dst + i + half, hi * cos_a - lo * sin_a);
-    }
+    const int half = (int)(head_dim / 2);
+    kiln_rope_by_token(
+        batch, seq, heads, head_dim, positions, theta, fault,
+        [&](i64 token, i64 b, i64 t, int h, int i, float cos_a, float sin_a) {
+            const i64 src = ((b * heads + h) * seq + t) * head_dim;
+            const i64 dst = (token * heads + h) * head_dim;
+            float lo = grad_out[src + i];
+            float hi = grad_out[src + i + half];
+            kiln_store_forms(grad_x, rounded, dst + i, lo * cos_a + hi * sin_a);
+            kiln_store_forms(grad_x, rounded, dst + i + half, hi * cos_a - lo * sin_a);
+        });
 }

@@ -11,6 +11,18 @@ __device__ __forceinline__ void kiln_rope_angle(float theta, i64 position, i64 i
     *sin_out = sinf(angle);
 }
 
+// The angles of one token's D/2 pairs (kiln_rope_angle) into cos_at[D/2] and sin_at[D/2],
+// shared by the block's threads; a negative position raises the fault word. The caller
+// syncs the block before reading them.
+__device__ __forceinline__ void kiln_rope_token_angles(float theta, i64 position, i64 head_dim,
+                                                       float* cos_at, float* sin_at,
+                                                       int* fault) {
+    for (int i = threadIdx.x; i < (int)(head_dim / 2); i += blockDim.x) {
+        if (position < 0) kiln_raise(fault);
+        kiln_rope_angle(theta, position, i, head_dim, &cos_at[i], &sin_at[i]);
+    }
+}
+
 // Elements i and i + D/2 of a head, (lo, hi), rotated by the angle of (cos_a, sin_a): each
 // product and the sum rounded apart, as the CPU does (no FMA contraction), so every kernel
 // that rotates, fused or not, gives the same bits.
@@ -49,4 +61,30 @@ __device__ __forceinline__ KilnRopePair kiln_rope_pair(const float* x, const i64
     }
     return {token / seq, token % seq, h, i, kiln_rope_lo(lo, hi, cos_a, sin_a),
             kiln_rope_hi(lo, hi, cos_a, sin_a)};
+}
+
+// The token-major RoPE loop: a block takes one token of [tokens] at a time, its threads
+// compute the token's angles once into shared memory (D floats, dynamic: kiln_rope_angles),
+// then take the token's heads · D/2 pairs, consecutive threads on consecutive elements,
+// calling pair(token, b, t, h, i, cos_a, sin_a) for each (token = b · seq + t).
+extern __shared__ float kiln_rope_angles[];
+template <typename Pair>
+__device__ __forceinline__ void kiln_rope_by_token(i64 batch, i64 seq, i64 heads, i64 head_dim,
+                                                   const i64* positions, float theta,
+                                                   int* fault, Pair pair) {
+    const int half = (int)(head_dim / 2);
+    const int pairs = (int)heads * half;
+    float* cos_at = kiln_rope_angles;
+    float* sin_at = kiln_rope_angles + half;
+    for (i64 token = blockIdx.x; token < batch * seq; token += gridDim.x) {
+        const i64 b = token / seq, t = token - b * seq;
+        kiln_rope_token_angles(theta, positions[token], head_dim, cos_at, sin_at, fault);
+        __syncthreads();
+        for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
+            const int h = e / half, i = e - h * half;
+            pair(token, b, t, h, i, cos_at[i], sin_at[i]);
+        }
+        // The next token's angles wait for every thread to be done with these.
+        __syncthreads();
+    }
 }

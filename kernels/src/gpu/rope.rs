@@ -1,8 +1,9 @@
-//! Builders of `rope.cu`: split-half RoPE `[B,T,H,D] → [B,H,T,D]` and its backward, one thread
-//! per pair of rotated elements.
+//! Builders of `rope.cu`: split-half RoPE `[B,T,H,D] → [B,H,T,D]` and its backward, a block
+//! per token at a time (the token's angles computed once into shared memory), a thread per
+//! pair of rotated elements.
 
-use super::launch::{grid_stride, size_arg};
-use super::{Addr, Arg, Forms, Launch, Stored};
+use super::launch::{size_arg, BLOCK_THREADS, MAX_GRID_X};
+use super::{Addr, Arg, Forms, Kernel, Launch, Stored};
 
 const MODULE: &str = "rope";
 
@@ -16,8 +17,24 @@ pub struct RopeDims {
 }
 
 impl RopeDims {
-    fn pairs(&self) -> u64 {
-        self.batch * self.seq * self.heads * (self.head_dim / 2)
+    /// A launch of `function` over the tokens: a block per token (up to the grid's limit,
+    /// past which blocks loop), a warp per 32 of its pairs up to [`BLOCK_THREADS`], the
+    /// token's `head_dim` angles (cos and sin) in dynamic shared memory.
+    fn by_token(&self, function: &'static str, args: Vec<Arg>) -> Launch {
+        let blocks = (self.batch * self.seq).clamp(1, MAX_GRID_X) as u32;
+        let pairs = self.heads * (self.head_dim / 2);
+        let threads = pairs
+            .next_multiple_of(32)
+            .clamp(32, u64::from(BLOCK_THREADS)) as u32;
+        let shared = (self.head_dim * 4) as u32;
+        Kernel::launch(
+            MODULE,
+            function,
+            (blocks, 1, 1),
+            (threads, 1, 1),
+            shared,
+            args,
+        )
     }
 
     fn args(&self) -> [Arg; 4] {
@@ -56,7 +73,7 @@ pub fn rope_f32(
         (Stored::F32, Stored::BF16) => "rope_f32_bf16_out",
         (Stored::BF16, Stored::BF16) => "rope_f32_bf16_bf16_out",
     };
-    grid_stride(MODULE, function, dims.pairs(), args)
+    dims.by_token(function, args)
 }
 
 /// `grad_x [B,T,H,D]` from `grad_out [B,H,T,D]`, in f32, rounded to bf16, or both; `dims`
@@ -71,5 +88,5 @@ pub fn rope_backward_f32(
     args.extend([Arg::Ptr(grad_out), Arg::Ptr(positions)]);
     args.extend(dims.args());
     args.extend([Arg::F32(theta), Arg::Ptr(fault)]);
-    grid_stride(MODULE, "rope_backward_f32", dims.pairs(), args)
+    dims.by_token("rope_backward_f32", args)
 }
