@@ -332,9 +332,9 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
             ]);
         }
     }
-    // Column sums of many rows, split over chunks of rows (2, 7 and 16 chunks, the last
+    // Column sums of many rows, split over chunks of rows (2, 7, 16 and 19 chunks, the last
     // shorter in the second): the bias gradients and the norms' weight gradients.
-    for &(rows, h) in &[(300, 896), (1000, 96), (2048, 128)] {
+    for &(rows, h) in &[(300, 896), (1000, 96), (2048, 128), (4096, 896)] {
         let s = format!("rows={rows} H={h}");
         cases.extend([
             (
@@ -351,6 +351,33 @@ pub(crate) fn cases() -> Vec<(String, Op, Vec<In>)> {
                 format!("add_rmsnorm_backward {s}"),
                 Op::AddRmsNormBackward { eps: 1e-6 },
                 vec![f(&[rows, h]), f(&[h]), f(&[rows, h]), f(&[rows, h])],
+            ),
+        ]);
+    }
+    // Norm rows on each side of their kernels' cut (norm.cu): held in registers up to 2048
+    // columns (eight values a thread), the loop past it.
+    for &(rows, h) in &[(9, 1000), (3, 2048), (2, 2049), (3, 5000)] {
+        let s = format!("rows={rows} H={h}");
+        cases.extend([
+            (
+                format!("rmsnorm {s}"),
+                Op::RmsNorm { eps: 1e-6 },
+                vec![f(&[rows, h]), f(&[h])],
+            ),
+            (
+                format!("rounded_add_rmsnorm bf16 weight {s}"),
+                rounded(Op::AddRmsNorm { eps: 1e-6 }),
+                vec![f(&[rows, h]), f(&[rows, h]), bf(&[h])],
+            ),
+            (
+                format!("add_rmsnorm_backward {s}"),
+                Op::AddRmsNormBackward { eps: 1e-6 },
+                vec![f(&[rows, h]), f(&[h]), f(&[rows, h]), f(&[rows, h])],
+            ),
+            (
+                format!("also_rounded_rmsnorm_backward {s}"),
+                also_rounded(Op::RmsNormBackward { eps: 1e-6 }),
+                vec![f(&[rows, h]), f(&[h]), f(&[rows, h])],
             ),
         ]);
     }
