@@ -2,11 +2,31 @@
 //! saves each row's rstd, then a column pass for grad_weight, split over chunks of rows with a
 //! finish launch where the rows are many: `columns.rs`).
 
-use super::launch::{block_per, size_arg};
-use super::{Addr, Arg, Forms, Launch, Stored};
+use super::launch::{grid_dim, size_arg, BLOCK_THREADS, MAX_GRID_X};
+use super::{Addr, Arg, Forms, Kernel, Launch, Stored};
 use crate::Result;
 
 const MODULE: &str = "norm";
+
+/// Values of a row each thread holds in registers (the C header's `KILN_NORM_HELD`).
+const HELD: u64 = 8;
+
+/// A launch of a row kernel of `norm.cu`: a block per row (`rows > 0`), of as few warps as hold
+/// the row at [`HELD`] values a thread (896 columns: 128 threads, 7 values each), at most
+/// [`BLOCK_THREADS`] (longer rows loop). Fewer threads a row leave room on each SM for more
+/// rows at once, and give each thread more loads in flight before the row's barriers.
+fn rows_launch(function: &'static str, rows: u64, hidden: u64, args: Vec<Arg>) -> Result<Launch> {
+    let blocks = grid_dim(function, "rows", rows, MAX_GRID_X)?;
+    let threads = (hidden.div_ceil(HELD).next_multiple_of(32)).clamp(32, u64::from(BLOCK_THREADS));
+    Ok(Kernel::launch(
+        MODULE,
+        function,
+        (blocks, 1, 1),
+        (threads as u32, 1, 1),
+        0,
+        args,
+    ))
+}
 
 /// The kernel of a norm (`add`: with the residual add) for a weight and normed rows of these
 /// storages (`_bf16`: a bf16 weight; `_bf16_out`: bf16 rows rounded as written).
@@ -41,8 +61,7 @@ pub fn rmsnorm_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ];
-    let function = function(false, stored, out_stored);
-    block_per(MODULE, function, "rows", rows, args)
+    rows_launch(function(false, stored, out_stored), rows, hidden, args)
 }
 
 /// `sum = x + residual`, `out = rmsnorm(sum) · weight` (`rows > 0`): `sum` f32, `out` f32 or
@@ -68,8 +87,7 @@ pub fn add_rmsnorm_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ];
-    let function = function(true, stored, out_stored);
-    block_per(MODULE, function, "rows", rows, args)
+    rows_launch(function(true, stored, out_stored), rows, hidden, args)
 }
 
 /// Where the backward's row pass reads and writes.
@@ -108,7 +126,7 @@ pub fn rmsnorm_backward_rows_f32(
         size_arg(hidden),
         Arg::F32(eps),
     ]);
-    block_per(MODULE, FUNCTION, "rows", rows, args)
+    rows_launch(FUNCTION, rows, hidden, args)
 }
 
 /// Where the column pass's partials start in the norm backwards' workspace (after each row's
@@ -136,4 +154,40 @@ pub fn rmsnorm_backward_weight_f32(
     let args = [x, grad_out, rstd].map(Arg::Ptr).to_vec();
     let function = (MODULE, "rmsnorm_backward_weight_f32");
     super::columns::column_sums(function, grad_weight, args, [rows, hidden], workspace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(launch: Launch) -> ((u32, u32, u32), (u32, u32, u32)) {
+        let Launch::Kernel(kernel) = launch else {
+            panic!("{launch:?}")
+        };
+        (kernel.grid, kernel.block)
+    }
+
+    #[test]
+    fn a_row_takes_the_warps_that_hold_it_at_eight_values_a_thread() {
+        let at = Addr { slot: 0, offset: 0 };
+        let norm = |rows, hidden| {
+            let launch = rmsnorm_f32((at, Stored::F32), at, (at, Stored::F32), rows, hidden, 1e-6);
+            shape(launch.unwrap())
+        };
+        assert_eq!(norm(2048, 896), ((2048, 1, 1), (128, 1, 1)));
+        assert_eq!(norm(3, 1536), ((3, 1, 1), (192, 1, 1)));
+        assert_eq!(norm(1, 8), ((1, 1, 1), (32, 1, 1)));
+        // Past 2048 columns a block of 256 loops over the row.
+        assert_eq!(norm(2, 2049), ((2, 1, 1), (256, 1, 1)));
+        let rows = RmsNormBackwardRows {
+            grad_x: Forms::f32(at),
+            rstd: at,
+            x: at,
+            weight: at,
+            grad_out: at,
+            grad_sum: None,
+        };
+        let backward = rmsnorm_backward_rows_f32(rows, 9, 1000, 1e-6).unwrap();
+        assert_eq!(shape(backward), ((9, 1, 1), (128, 1, 1)));
+    }
 }
