@@ -446,13 +446,6 @@ fn rebuild(
     }
     let mut new = Graph::new(graph.name());
     let mut map: BTreeMap<ValueId, ValueId> = BTreeMap::new();
-    // Operands precede their readers, so every value read is mapped by then.
-    let mapped = |map: &BTreeMap<ValueId, ValueId>, v: &ValueId| {
-        map.get(v).copied().ok_or_else(|| crate::Error::Invalid {
-            rule: "fuse: operands before readers",
-            detail: format!("{v} is read before the fused graph defines it"),
-        })
-    };
     for node in graph.node_indices() {
         let Some(old) = graph.node(node) else {
             continue;
@@ -487,23 +480,49 @@ fn rebuild(
             }
             None => {}
         }
-        let results = match &old.kind {
-            NodeKind::Input { name, kind } => {
-                vec![new.input(name, *kind, old.outputs[0].clone())?]
-            }
-            NodeKind::Op(op) => {
-                let operands = (graph.operands(node).iter())
-                    .map(|v| mapped(&map, v))
-                    .collect::<Result<Vec<_>>>()?;
-                new.op(op.clone(), &operands)?
-            }
-        };
-        for (port, result) in results.into_iter().enumerate() {
-            map.insert(ValueId { node, port }, result);
-        }
+        copy_node(graph, node, (&mut new, &mut map), |_| None)?;
     }
     carry_over(graph, &mut new, &map)?;
     Ok(new)
+}
+
+/// `value` of the old graph as `map` has it in the new one. Operands precede their readers,
+/// so every value read is mapped by then.
+pub(crate) fn mapped(map: &BTreeMap<ValueId, ValueId>, value: &ValueId) -> Result<ValueId> {
+    map.get(value)
+        .copied()
+        .ok_or_else(|| crate::Error::Invalid {
+            rule: "rebuild: operands before readers",
+            detail: format!("{value} is read before the rebuilt graph defines it"),
+        })
+}
+
+/// Node `node` of `graph` as it is into `new` (an input, or its op over its operands mapped
+/// through `map`, or read `instead` where that names another value), its results mapped.
+pub(crate) fn copy_node(
+    graph: &Graph,
+    node: NodeIndex,
+    (new, map): (&mut Graph, &mut BTreeMap<ValueId, ValueId>),
+    instead: impl Fn(&ValueId) -> Option<ValueId>,
+) -> Result<()> {
+    let Some(old) = graph.node(node) else {
+        return Ok(());
+    };
+    let results = match &old.kind {
+        NodeKind::Input { name, kind } => {
+            vec![new.input(name, *kind, old.outputs[0].clone())?]
+        }
+        NodeKind::Op(op) => {
+            let operands = (graph.operands(node).iter())
+                .map(|v| instead(v).map_or_else(|| mapped(map, v), Ok))
+                .collect::<Result<Vec<_>>>()?;
+            new.op(op.clone(), &operands)?
+        }
+    };
+    for (port, result) in results.into_iter().enumerate() {
+        map.insert(ValueId { node, port }, result);
+    }
+    Ok(())
 }
 
 /// `graph`'s outputs, writes, derived states and value names into `new`, through `map` (old

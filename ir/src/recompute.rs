@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use petgraph::graph::NodeIndex;
 
+use crate::fuse::mapped;
 use crate::graph::{Graph, NodeKind};
 use crate::{Error, Op, Result, ValueId};
 
@@ -238,42 +239,18 @@ pub fn recompute(
     let mut clones: BTreeMap<ValueId, ValueId> = BTreeMap::new();
     let by_value: BTreeMap<ValueId, &Candidate> = chosen.iter().map(|c| (c.value, c)).collect();
     for node in graph.node_indices() {
-        let Some(old) = graph.node(node) else {
-            continue;
-        };
         for candidate in at.get(&node).into_iter().flatten() {
             emit(graph, candidate, (&by_value, &map), (&mut new, &mut clones))?;
         }
-        let results = match &old.kind {
-            NodeKind::Input { name, kind } => {
-                vec![new.input(name, *kind, old.outputs[0].clone())?]
-            }
-            NodeKind::Op(op) => {
-                let operands = (graph.operands(node).iter())
-                    .map(|v| match clones.get(v) {
-                        Some(&clone) if node >= backward_from => Ok(clone),
-                        _ => mapped(&map, v),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                new.op(op.clone(), &operands)?
-            }
-        };
-        for (port, result) in results.into_iter().enumerate() {
-            map.insert(ValueId { node, port }, result);
-        }
+        // The backward reads the clones.
+        let clone = |v: &ValueId| clones.get(v).copied().filter(|_| node >= backward_from);
+        crate::fuse::copy_node(graph, node, (&mut new, &mut map), clone)?;
     }
     crate::fuse::carry_over(graph, &mut new, &map)?;
     let pairs = (chosen.iter())
         .map(|c| Ok((mapped(&map, &c.value)?, clones[&c.value])))
         .collect::<Result<Vec<_>>>()?;
     Ok((new, pairs))
-}
-
-fn mapped(map: &BTreeMap<ValueId, ValueId>, v: &ValueId) -> Result<ValueId> {
-    map.get(v).copied().ok_or_else(|| Error::Invalid {
-        rule: "recompute: operands before readers",
-        detail: format!("{v} is read before the graph defines it"),
-    })
 }
 
 /// Emits `candidate`'s chain into `new` (once), reading clones of chosen values where they

@@ -68,37 +68,26 @@ pub fn split_loss_grads(graph: &Graph) -> crate::Result<Graph> {
     let mut new = Graph::new(graph.name());
     let mut map = std::collections::BTreeMap::new();
     for node in graph.node_indices() {
-        let Some(old) = graph.node(node) else {
+        let Some(&NodeKind::Op(Op::LinearCrossEntropyGrad { ignore_index })) =
+            graph.node(node).map(|old| &old.kind)
+        else {
+            super::copy_node(graph, node, (&mut new, &mut map), |_| None)?;
             continue;
         };
         let operands = (graph.operands(node).iter())
-            .map(|v| {
-                map.get(v).copied().ok_or_else(|| crate::Error::Invalid {
-                    rule: "split_loss_grads: operands before readers",
-                    detail: format!("{v} is read before it is defined"),
-                })
-            })
-            .collect::<crate::Result<Vec<ValueId>>>()?;
-        let results = match &old.kind {
-            NodeKind::Input { name, kind } => {
-                vec![new.input(name, *kind, old.outputs[0].clone())?]
-            }
-            &NodeKind::Op(Op::LinearCrossEntropyGrad { ignore_index }) => {
-                let &[x, weight, targets, grad_loss] = operands.as_slice() else {
-                    return Err(crate::Error::Invalid {
-                        rule: "split_loss_grads: operands",
-                        detail: format!("{node:?} has {} operands, not 4", operands.len()),
-                    });
-                };
-                let forward = Op::LinearCrossEntropy { ignore_index };
-                let loss = new.op(forward, &[x, weight, targets])?;
-                let backward = Op::LinearCrossEntropyBackward { ignore_index };
-                let grads = new.op(backward, &[x, weight, targets, loss[1], grad_loss])?;
-                vec![loss[0], grads[0], grads[1]]
-            }
-            NodeKind::Op(op) => new.op(op.clone(), &operands)?,
+            .map(|v| super::mapped(&map, v))
+            .collect::<crate::Result<Vec<_>>>()?;
+        let &[x, weight, targets, grad_loss] = operands.as_slice() else {
+            return Err(crate::Error::Invalid {
+                rule: "split_loss_grads: operands",
+                detail: format!("{node:?} has {} operands, not 4", operands.len()),
+            });
         };
-        for (port, result) in results.into_iter().enumerate() {
+        let forward = Op::LinearCrossEntropy { ignore_index };
+        let loss = new.op(forward, &[x, weight, targets])?;
+        let backward = Op::LinearCrossEntropyBackward { ignore_index };
+        let grads = new.op(backward, &[x, weight, targets, loss[1], grad_loss])?;
+        for (port, result) in [loss[0], grads[0], grads[1]].into_iter().enumerate() {
             map.insert(ValueId { node, port }, result);
         }
     }
