@@ -47,8 +47,10 @@
 #   anchor: the PyTorch anchor (ANCHORS.md's torch_anchor.py, given as BIN_DIR/torch_anchor.py)
 #   profile: each kernel's time and DRAM bytes (ncu gpu__time_duration.sum and dram__bytes.sum,
 #           clocks and caches not reset) in one eager bf16 decode (B=1) and prefill (T=512)
-#           step of Qwen2.5-0.5B, as tables
-#           (tools/device/ncu_table.py) in OUT_DIR/ncu_<program>.md beside the CSVs
+#           step of Qwen2.5-0.5B, then the bf16-swiglu train step at $PROFILE_TRAIN_SEQ (default
+#           2048; 0: none) of every build in $BUILDS (default `kiln`), its kernels those whose
+#           names match $PROFILE_KERNELS (an ncu regex; default all), as tables
+#           (tools/device/ncu_table.py) in OUT_DIR/ncu_<program>[_<build>].md beside the CSVs
 set -uo pipefail
 bin=$1; out=$2; shift 2
 
@@ -364,6 +366,18 @@ PY
           >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err" || echo "ncu $name FAILED (see ncu_$name.err)"
         python3 "$(dirname "$0")/ncu_table.py" "$out/ncu_$name.csv" | tee "$out/ncu_$name.md"
       done
+      train_seq=${PROFILE_TRAIN_SEQ:-2048}
+      if [ "$train_seq" != 0 ]; then
+        for build in ${BUILDS:-kiln}; do
+          name=train_$build
+          ncu --clock-control none --cache-control none -k "regex:${PROFILE_KERNELS:-.}" \
+            --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+            "$bin/$build" bench --model qwen2.5-0.5b --program train --precision bf16-swiglu \
+            --seq "$train_seq" --mode eager --warmup 0 --steps 1 \
+            >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err" || echo "ncu $name FAILED (see ncu_$name.err)"
+          python3 "$(dirname "$0")/ncu_table.py" "$out/ncu_$name.csv" | tee "$out/ncu_$name.md"
+        done
+      fi
       ;;
     anchor)
       PYTHONUNBUFFERED=1 python3 "$bin/torch_anchor.py" qwen2.5-0.5b ds-r1-qwen-1.5b 2>&1 | tee "$out/anchor.log"
