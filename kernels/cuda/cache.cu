@@ -121,25 +121,18 @@ __device__ void kiln_rope_kv_stage(unsigned short* q_rows, unsigned short* k_row
                 const float* x = query ? q : k;
                 const B* bias = query ? q_bias : k_bias;
                 const i64 src = (token * heads + h) * head_dim;
-                float lo = x[src + i];
-                float hi = x[src + i + half];
-                if (has_bias) {
-                    lo += kiln_load(bias, h * dim + i);
-                    hi += kiln_load(bias, h * dim + i + half);
-                }
-                const float cos_a = cos_at[i], sin_a = sin_at[i];
-                const float rotated_lo = kiln_rope_lo(lo, hi, cos_a, sin_a);
-                const float rotated_hi = kiln_rope_hi(lo, hi, cos_a, sin_a);
+                const KilnRotated r =
+                    kiln_rope_rotate(x + src, bias, has_bias, h, i, dim, cos_at[i], sin_at[i]);
                 const i64 dst = ((b * heads + h) * seq + t) * head_dim + i;
                 unsigned short* out = query ? q_rows : k_rows;
-                out[dst] = kiln_f32_to_f16(rotated_lo);
-                out[dst + half] = kiln_f32_to_f16(rotated_hi);
+                out[dst] = kiln_f32_to_f16(r.lo);
+                out[dst + half] = kiln_f32_to_f16(r.hi);
                 if (!query) {
                     const i64 at = kiln_cache_at(positions, rows, slots, b, h, t, i, kv_heads,
                                                  capacity, seq, head_dim, fault);
                     if (at >= 0) {
-                        kiln_store(k_cache, at, rotated_lo);
-                        kiln_store(k_cache, at + half, rotated_hi);
+                        kiln_store(k_cache, at, r.lo);
+                        kiln_store(k_cache, at + half, r.hi);
                     }
                 }
             } else {

@@ -13,15 +13,11 @@ __device__ void kiln_rope(O* out, const float* x, const i64* positions, const B*
         batch, seq, heads, head_dim, positions, theta, fault,
         [&](i64 token, i64 b, i64 t, int h, int i, float cos_a, float sin_a) {
             const i64 src = (token * heads + h) * head_dim;
-            float lo = x[src + i];
-            float hi = x[src + i + half];
-            if (has_bias) {
-                lo += kiln_load(bias, h * head_dim + i);
-                hi += kiln_load(bias, h * head_dim + i + half);
-            }
+            const KilnRotated r =
+                kiln_rope_rotate(x + src, bias, has_bias, h, i, (int)head_dim, cos_a, sin_a);
             const i64 dst = ((b * heads + h) * seq + t) * head_dim + i;
-            kiln_store(out, dst, kiln_rope_lo(lo, hi, cos_a, sin_a));
-            kiln_store(out, dst + half, kiln_rope_hi(lo, hi, cos_a, sin_a));
+            kiln_store(out, dst, r.lo);
+            kiln_store(out, dst + half, r.hi);
         });
 }
 

@@ -33,6 +33,27 @@ __device__ __forceinline__ float kiln_rope_hi(float lo, float hi, float cos_a, f
     return __fadd_rn(__fmul_rn(hi, cos_a), __fmul_rn(lo, sin_a));
 }
 
+// Elements i and i + D/2 of head h of a token's row `x_row` (+ bias [H*D] when `has_bias`),
+// rotated by the angle of (cos_a, sin_a): the rotation every RoPE kernel applies. A row's
+// offsets are 32-bit.
+struct KilnRotated {
+    float lo, hi;
+};
+
+template <typename B>
+__device__ __forceinline__ KilnRotated kiln_rope_rotate(const float* x_row, const B* bias,
+                                                        int has_bias, int h, int i, int head_dim,
+                                                        float cos_a, float sin_a) {
+    const int half = head_dim / 2;
+    float lo = x_row[i];
+    float hi = x_row[i + half];
+    if (has_bias) {
+        lo += kiln_load(bias, h * head_dim + i);
+        hi += kiln_load(bias, h * head_dim + i + half);
+    }
+    return {kiln_rope_lo(lo, hi, cos_a, sin_a), kiln_rope_hi(lo, hi, cos_a, sin_a)};
+}
+
 // Pair `index` of x [B,T,H,D] (+ bias [H*D] when `has_bias`) at positions [B,T]: element i <
 // D/2 of head h of token (b, t), rotated with element i + D/2 into `lo` and `hi`.
 struct KilnRopePair {
@@ -53,14 +74,9 @@ __device__ __forceinline__ KilnRopePair kiln_rope_pair(const float* x, const i64
     float cos_a, sin_a;
     kiln_rope_angle(theta, positions[token], i, head_dim, &cos_a, &sin_a);
     const i64 src = (token * heads + h) * head_dim;
-    float lo = x[src + i];
-    float hi = x[src + i + half];
-    if (has_bias) {
-        lo += kiln_load(bias, h * head_dim + i);
-        hi += kiln_load(bias, h * head_dim + i + half);
-    }
-    return {token / seq, token % seq, h, i, kiln_rope_lo(lo, hi, cos_a, sin_a),
-            kiln_rope_hi(lo, hi, cos_a, sin_a)};
+    const KilnRotated r =
+        kiln_rope_rotate(x + src, bias, has_bias, (int)h, (int)i, (int)head_dim, cos_a, sin_a);
+    return {token / seq, token % seq, h, i, r.lo, r.hi};
 }
 
 // The token-major RoPE loop: a block takes one token of [tokens] at a time, its threads
