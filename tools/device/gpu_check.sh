@@ -77,6 +77,20 @@ last_row() {
   python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); \
     print(sys.argv[2], {k: r[k] for k in sys.argv[3:] if k in r})" "$file" "$label" "$@"
 }
+
+# ncu's time and DRAM bytes of each kernel (those whose names match the ncu regex KERNELS) of
+# one eager step of `kiln bench ARGS...`, into OUT_DIR/ncu_NAME.csv, then as a table into
+# ncu_NAME.md. The clocks left as replay runs them, and each kernel's caches as its predecessor
+# left them (ncu's defaults, base clocks and flushed caches, overstate short kernels).
+ncu_step() {
+  local name=$1 kernels=$2
+  shift 2
+  ncu --clock-control none --cache-control none -k "regex:$kernels" \
+    --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+    "$@" --mode eager --warmup 0 --steps 1 \
+    >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err" || echo "ncu $name FAILED (see ncu_$name.err)"
+  python3 "$(dirname "$0")/ncu_table.py" "$out/ncu_$name.csv" | tee "$out/ncu_$name.md"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 
 for what in "$@"; do
@@ -356,26 +370,14 @@ PY
       ;;
     profile)
       for program in "decode --batch 1" "prefill --seq 512"; do
-        name=${program%% *}
-        # The clocks left as replay runs them, and each kernel's caches as its predecessor
-        # left them (ncu's defaults, base clocks and flushed caches, overstate short kernels).
-        ncu --clock-control none --cache-control none \
-          --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
-          "$bin/kiln" bench --model qwen2.5-0.5b \
-          --program $program --precision bf16 --mode eager --warmup 0 --steps 1 \
-          >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err" || echo "ncu $name FAILED (see ncu_$name.err)"
-        python3 "$(dirname "$0")/ncu_table.py" "$out/ncu_$name.csv" | tee "$out/ncu_$name.md"
+        ncu_step "${program%% *}" . "$bin/kiln" bench --model qwen2.5-0.5b --program $program \
+          --precision bf16
       done
       train_seq=${PROFILE_TRAIN_SEQ:-2048}
       if [ "$train_seq" != 0 ]; then
         for build in ${BUILDS:-kiln}; do
-          name=train_$build
-          ncu --clock-control none --cache-control none -k "regex:${PROFILE_KERNELS:-.}" \
-            --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
-            "$bin/$build" bench --model qwen2.5-0.5b --program train --precision bf16-swiglu \
-            --seq "$train_seq" --mode eager --warmup 0 --steps 1 \
-            >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err" || echo "ncu $name FAILED (see ncu_$name.err)"
-          python3 "$(dirname "$0")/ncu_table.py" "$out/ncu_$name.csv" | tee "$out/ncu_$name.md"
+          ncu_step "train_$build" "${PROFILE_KERNELS:-.}" "$bin/$build" bench \
+            --model qwen2.5-0.5b --program train --precision bf16-swiglu --seq "$train_seq"
         done
       fi
       ;;
