@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use petgraph::graph::NodeIndex;
 
-use crate::fuse::mapped;
+use crate::fuse::{carry_over, copy_node, mapped};
 use crate::graph::{Graph, NodeKind};
 use crate::{Error, Op, Result, ValueId};
 
@@ -244,9 +244,9 @@ pub fn recompute(
         }
         // The backward reads the clones.
         let clone = |v: &ValueId| clones.get(v).copied().filter(|_| node >= backward_from);
-        crate::fuse::copy_node(graph, node, (&mut new, &mut map), clone)?;
+        copy_node(graph, node, (&mut new, &mut map), clone)?;
     }
-    crate::fuse::carry_over(graph, &mut new, &map)?;
+    carry_over(graph, &mut new, &map)?;
     let pairs = (chosen.iter())
         .map(|c| Ok((mapped(&map, &c.value)?, clones[&c.value])))
         .collect::<Result<Vec<_>>>()?;
