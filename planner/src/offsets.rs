@@ -8,7 +8,8 @@
 //! lowest gap (first fit) or the tightest gap (best fit, ties to the lowest) among the items
 //! already placed that conflict with the new one. All run; the smallest arena wins, ties to
 //! the first in [`portfolio`] order. Where the winner is more than 1% above the lower bound,
-//! a bounded local search over its placement order follows ([`search`]).
+//! a bounded local search over the placement order follows ([`search`]), from each
+//! heuristic's placement in turn, the smallest first, until one gets within 1%.
 //!
 //! The lower bound is the peak over steps of the summed (aligned) sizes of the items live at
 //! that step (by lifetime). Items live at one step pairwise conflict, so any valid placement
@@ -321,7 +322,7 @@ pub(crate) struct Placement {
 
 /// Runs every heuristic of the portfolio and keeps the smallest arena (ties to the first),
 /// then, where that is more than 1% above `lower` (the items' [`lower_bound`]), the
-/// [`search`] from it. The items' total size must fit in `u64`; then no offset overflows,
+/// [`search`] from each heuristic's placement, the smallest first, until one gets within 1%. The items' total size must fit in `u64`; then no offset overflows,
 /// since an item never lands above the sum of the sizes placed before it.
 pub(crate) fn place_best(items: &[ArenaItem], lower: u64) -> Result<Placement> {
     items
@@ -330,34 +331,40 @@ pub(crate) fn place_best(items: &[ArenaItem], lower: u64) -> Result<Placement> {
         .ok_or_else(|| Error::Overflow {
             what: "the total size of arena buffers".to_string(),
         })?;
-    let mut best: Option<(Greedy, Vec<u64>, u64)> = None;
+    let mut placed = Vec::new();
     let mut candidates = Vec::new();
     for heuristic in portfolio() {
         let offsets = heuristic.place(items);
         let arena = arena_size(items, &offsets);
         candidates.push((heuristic.name().to_string(), arena));
-        if best.as_ref().is_none_or(|(_, _, b)| arena < *b) {
-            best = Some((heuristic, offsets, arena));
-        }
+        placed.push((heuristic, offsets, arena));
     }
-    let (heuristic, mut offsets, arena) = best.expect("the portfolio has heuristics");
-    let mut strategy = heuristic.name().to_string();
-    if !within_one_percent(arena, lower) {
-        // Random swaps alone, then (unless they got within 1%) with the top moves; neither
-        // finds the smaller arena on every program, so the smaller of the two is kept.
-        let start = (offsets.clone(), arena);
-        let mut found = search(items, &heuristic, start.clone(), (lower, false));
+    // The smallest arena first, ties to the first in portfolio order (a stable sort).
+    placed.sort_by_key(|(_, _, arena)| *arena);
+    let (heuristic, offsets, arena) = &placed[0];
+    let (mut strategy, mut offsets, mut arena) =
+        (heuristic.name().to_string(), offsets.clone(), *arena);
+    // Where the winner is more than 1% above the bound: the search from each heuristic's
+    // placement, the smallest arena first, until one gets within 1%. From one start, random
+    // swaps alone, then (unless they got within 1%) with the top moves; neither finds the
+    // smaller arena on every program, nor does one start, so the smallest found is kept.
+    for (heuristic, start_offsets, start_arena) in &placed {
+        if within_one_percent(arena, lower) {
+            break;
+        }
+        let start = (start_offsets.clone(), *start_arena);
+        let mut found = search(items, heuristic, start.clone(), (lower, false));
         if !within_one_percent(found.1, lower) {
-            let moved = search(items, &heuristic, start, (lower, true));
+            let moved = search(items, heuristic, start, (lower, true));
             if moved.1 < found.1 {
                 found = moved;
             }
         }
         let (searched_offsets, searched) = found;
-        let name = format!("{strategy}+search");
+        let name = format!("{}+search", heuristic.name());
         candidates.push((name.clone(), searched));
         if searched < arena {
-            (strategy, offsets) = (name, searched_offsets);
+            (strategy, offsets, arena) = (name, searched_offsets, searched);
         }
     }
     Ok(Placement {
