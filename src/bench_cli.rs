@@ -98,8 +98,9 @@ pub struct BenchCli {
     #[arg(long)]
     profile: bool,
     /// Also run once eagerly on the program's streams with an event after every step: where the
-    /// run ends, each stream's busy time, how long stream 0 waits for the others, the ops of
-    /// the last 5% (--json lists every step).
+    /// run ends, each stream's busy time, how long more than one stream is busy and how long
+    /// none is, how long stream 0 waits for the others, the ops of the last 5% (--json lists
+    /// every step).
     #[arg(long)]
     timeline: bool,
     /// Train: the most arena bytes the plan may take (e.g. 3.3GiB); values the backward

@@ -637,8 +637,9 @@ pub fn table(r: &BenchResult) -> String {
         .collect()
 }
 
-/// The `--timeline` summary: where the run ends, each stream's busy time, how long stream 0
-/// stood waiting for the others, and the ops that end in the run's last 5%.
+/// The `--timeline` summary: where the run ends, each stream's busy time, how long more than
+/// one stream is busy (the streams' busy times less the time any is) and how long none is,
+/// how long stream 0 stood waiting for the others, and the ops that end in the run's last 5%.
 fn timeline_rows(steps: &[TimelineStep]) -> Vec<(&'static str, String)> {
     let Some(end) = steps.iter().map(|s| s.end_ms).reduce(f32::max) else {
         return Vec::new();
@@ -654,15 +655,19 @@ fn timeline_rows(steps: &[TimelineStep]) -> Vec<(&'static str, String)> {
         }
         last_end[step.stream] = step.end_ms;
     }
+    let any = busy_union(steps);
+    let both = busy.iter().sum::<f32>() - any;
     let busy: Vec<String> = (busy.iter().enumerate())
         .map(|(i, ms)| format!("stream {i} {ms:.3}"))
         .collect();
     let mut rows = vec![(
         "timeline",
         format!(
-            "eager, an event after every step: ends at {end:.3} ms; busy ms: {}; stream 0 \
-             waits {waited:.3} ms on the others",
-            busy.join(", ")
+            "eager, an event after every step: ends at {end:.3} ms; busy ms: {}; more than \
+             one stream busy {both:.3} ms, none {:.3} ms; stream 0 waits {waited:.3} ms on the \
+             others",
+            busy.join(", "),
+            end - any,
         ),
     )];
     let mut tail: Vec<&TimelineStep> = (steps.iter()).filter(|s| s.end_ms >= 0.95 * end).collect();
@@ -680,6 +685,25 @@ fn timeline_rows(steps: &[TimelineStep]) -> Vec<(&'static str, String)> {
     rows
 }
 
+/// Milliseconds in which at least one stream runs a step: the union of the steps' spans.
+fn busy_union(steps: &[TimelineStep]) -> f32 {
+    let mut spans: Vec<(f32, f32)> = steps.iter().map(|s| (s.start_ms, s.end_ms)).collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut total = 0.0;
+    let mut open: Option<(f32, f32)> = None;
+    for (start, end) in spans {
+        open = match open {
+            Some((first, last)) if start <= last => Some((first, last.max(end))),
+            Some((first, last)) => {
+                total += last - first;
+                Some((start, end))
+            }
+            None => Some((start, end)),
+        };
+    }
+    total + open.map_or(0.0, |(first, last)| last - first)
+}
+
 /// (key, count, total ms) of `steps`' (key, ms), costliest first.
 fn summed(steps: impl Iterator<Item = (String, f32)>) -> Vec<(String, usize, f64)> {
     let mut by_key: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
@@ -691,4 +715,44 @@ fn summed(steps: impl Iterator<Item = (String, f32)>) -> Vec<(String, usize, f64
     let mut summed: Vec<_> = by_key.into_iter().map(|(k, (n, ms))| (k, n, ms)).collect();
     summed.sort_by(|a, b| b.2.total_cmp(&a.2));
     summed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(stream: usize, start_ms: f32, end_ms: f32) -> TimelineStep {
+        TimelineStep {
+            op: "add".to_string(),
+            stream,
+            start_ms,
+            end_ms,
+        }
+    }
+
+    #[test]
+    fn the_timeline_summary_splits_the_run_into_overlap_and_gaps() {
+        // Stream 0: 0–2 and 5–6; stream 1: 1–3 (overlapping 1–2), then 3–4 (touching).
+        let steps = [
+            step(0, 0.0, 2.0),
+            step(1, 1.0, 3.0),
+            step(1, 3.0, 4.0),
+            step(0, 5.0, 6.0),
+        ];
+        assert_eq!(busy_union(&steps), 5.0);
+        let rows = timeline_rows(&steps);
+        let summary = &rows[0].1;
+        assert!(summary.contains("ends at 6.000 ms"), "{summary}");
+        assert!(
+            summary.contains("stream 0 3.000, stream 1 3.000"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("more than one stream busy 1.000 ms, none 1.000 ms"),
+            "{summary}"
+        );
+        // Stream 0's second step starts 3 ms after its first ended.
+        assert!(summary.contains("stream 0 waits 3.000 ms"), "{summary}");
+        assert!(timeline_rows(&[]).is_empty());
+    }
 }
