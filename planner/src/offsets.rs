@@ -322,8 +322,9 @@ pub(crate) struct Placement {
 
 /// Runs every heuristic of the portfolio and keeps the smallest arena (ties to the first),
 /// then, where that is more than 1% above `lower` (the items' [`lower_bound`]), the
-/// [`search`] from each heuristic's placement, the smallest first, until one gets within 1%. The items' total size must fit in `u64`; then no offset overflows,
-/// since an item never lands above the sum of the sizes placed before it.
+/// [`search`] from each heuristic's placement, the smallest first, until one gets within 1%.
+/// The items' total size must fit in `u64`; then no offset overflows, since an item never
+/// lands above the sum of the sizes placed before it.
 pub(crate) fn place_best(items: &[ArenaItem], lower: u64) -> Result<Placement> {
     items
         .iter()
